@@ -1,0 +1,33 @@
+#include "cli/backends.h"
+
+#include "cpu/cpu_backend.h"
+#include "util/error.h"
+#ifdef LILAC_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+namespace lilac::cli {
+
+bool cuda_available() {
+#ifdef LILAC_HAVE_CUDA
+  return cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Backend> open_backend(const Model& model, const std::string& device) {
+  std::string d = device == "auto" ? (cuda_available() ? "cuda" : "cpu") : device;
+  if (d == "cpu") return std::make_unique<cpu::CpuBackend>(model.config, model.weights);
+  if (d == "cuda") {
+#ifdef LILAC_HAVE_CUDA
+    if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
+    return cuda::make_cuda_backend(model);
+#else
+    fail("--device cuda: this build of lilac has no CUDA backend (nvcc was not found at build time)");
+#endif
+  }
+  fail("unknown device '{}' (expected cpu, cuda or auto)", device);
+}
+
+}  // namespace lilac::cli

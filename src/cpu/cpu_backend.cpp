@@ -1,0 +1,168 @@
+#include "cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "cpu/attention.h"
+#include "cpu/gated_deltanet.h"
+#include "cpu/linear.h"
+#include "cpu/moe.h"
+#include "cpu/norm.h"
+#include "util/error.h"
+
+namespace lilac::cpu {
+
+CpuBackend::CpuBackend(const ModelConfig& config, const ModelWeights& weights, ThreadPool& pool)
+    : cfg_(config), w_(weights), pool_(pool), inv_freq_(rope_inv_freq(config.rope_theta, config.rotary_dim, config.rope_inv_freq_bf16)) {}
+
+std::unique_ptr<SequenceState> CpuBackend::new_sequence(int64_t max_context) {
+  auto st = std::make_unique<CpuSequenceState>();
+  st->max_context = max_context;
+  const int64_t n_attn = cfg_.count_layers(LayerType::FullAttention);
+  const int64_t n_gdn = cfg_.count_layers(LayerType::GatedDeltaNet);
+  st->k_cache.resize(static_cast<size_t>(n_attn));
+  st->v_cache.resize(static_cast<size_t>(n_attn));
+  st->conv_state.assign(size_t(n_gdn),
+                        std::vector<float>(size_t((cfg_.gdn_conv_kernel - 1) * cfg_.gdn_conv_channels()), 0.f));
+  st->recurrent.assign(size_t(n_gdn), std::vector<float>(size_t(cfg_.gdn_value_heads * cfg_.gdn_key_dim *
+                                                                 cfg_.gdn_value_dim),
+                                                         0.f));
+  return st;
+}
+
+std::unique_ptr<SequenceState> CpuBackend::clone(const SequenceState& state) {
+  return std::make_unique<CpuSequenceState>(static_cast<const CpuSequenceState&>(state));
+}
+
+size_t CpuBackend::state_bytes(const SequenceState& state) const {
+  const auto& st = static_cast<const CpuSequenceState&>(state);
+  size_t n = 0;
+  for (const auto* group : {&st.k_cache, &st.v_cache, &st.conv_state, &st.recurrent})
+    for (const auto& v : *group) n += v.capacity() * sizeof(float);
+  return n;
+}
+
+void CpuBackend::full_attention(int64_t layer, const float* x, int64_t T, CpuSequenceState& st, float* out) {
+  const auto& a = w_.layers[size_t(layer)].attn;
+  const int64_t H = cfg_.hidden, nh = cfg_.heads, kvh = cfg_.kv_heads, hd = cfg_.head_dim;
+  const int64_t pos0 = st.position(), slot = cfg_.slot_of_layer(layer);
+  const std::string p = fmt::format("layer{}.attn.", layer);
+
+  std::vector<float> qg(size_t(T * nh * 2 * hd)), q(size_t(T * nh * hd)), gate(size_t(T * nh * hd));
+  std::vector<float> k(size_t(T * kvh * hd)), v(size_t(T * kvh * hd));
+  matmul(a.q_proj, x, T, H, qg.data(), nh * 2 * hd, pool_);
+  matmul(a.k_proj, x, T, H, k.data(), kvh * hd, pool_);
+  matmul(a.v_proj, x, T, H, v.data(), kvh * hd, pool_);
+  split_query_gate(qg.data(), T, nh, hd, q.data(), gate.data());
+  for (int64_t i = 0; i < T * nh; ++i) rms_norm(&q[size_t(i * hd)], a.q_norm_scale.data(), hd, cfg_.rms_eps, &q[size_t(i * hd)]);
+  for (int64_t i = 0; i < T * kvh; ++i) rms_norm(&k[size_t(i * hd)], a.k_norm_scale.data(), hd, cfg_.rms_eps, &k[size_t(i * hd)]);
+  rope(q.data(), T, nh, hd, cfg_.rotary_dim, pos0, inv_freq_.data());
+  rope(k.data(), T, kvh, hd, cfg_.rotary_dim, pos0, inv_freq_.data());
+  emit(p + "q", q.data(), {T, nh, hd});
+  emit(p + "k", k.data(), {T, kvh, hd});
+  emit(p + "v", v.data(), {T, kvh, hd});
+
+  auto& kc = st.k_cache[size_t(slot)];
+  auto& vc = st.v_cache[size_t(slot)];
+  kc.resize(size_t((pos0 + T) * kvh * hd));
+  vc.resize(size_t((pos0 + T) * kvh * hd));
+  std::memcpy(&kc[size_t(pos0 * kvh * hd)], k.data(), k.size() * 4);
+  std::memcpy(&vc[size_t(pos0 * kvh * hd)], v.data(), v.size() * 4);
+
+  std::vector<float> o(size_t(T * nh * hd));
+  attention(q.data(), kc.data(), vc.data(), pos0, T, nh, kvh, hd, o.data(), pool_);
+  for (size_t i = 0; i < o.size(); ++i) o[i] *= sigmoid(gate[i]);
+  emit(p + "gated", o.data(), {T, nh * hd});
+  matmul(a.o_proj, o.data(), T, nh * hd, out, H, pool_);
+}
+
+void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSequenceState& st, float* out) {
+  const auto& g = w_.layers[size_t(layer)].gdn;
+  const int64_t H = cfg_.hidden, C = cfg_.gdn_conv_channels(), K = cfg_.gdn_conv_kernel;
+  const int64_t Hk = cfg_.gdn_key_heads, Hv = cfg_.gdn_value_heads, Dk = cfg_.gdn_key_dim, Dv = cfg_.gdn_value_dim;
+  const int64_t slot = cfg_.slot_of_layer(layer);
+  const std::string p = fmt::format("layer{}.gdn.", layer);
+
+  std::vector<float> qkv(size_t(T * C)), z(size_t(T * Hv * Dv)), a(size_t(T * Hv)), b(size_t(T * Hv));
+  matmul(g.in_proj_qkv, x, T, H, qkv.data(), C, pool_);
+  matmul(g.in_proj_z, x, T, H, z.data(), Hv * Dv, pool_);
+  matmul(g.in_proj_b, x, T, H, b.data(), Hv, pool_);
+  matmul(g.in_proj_a, x, T, H, a.data(), Hv, pool_);
+
+  std::vector<float> conv(size_t(T * C));
+  causal_conv_silu(qkv.data(), T, C, K, g.conv.data(), st.conv_state[size_t(slot)].data(), conv.data());
+  emit(p + "conv", conv.data(), {T, C});
+
+  std::vector<float> q(size_t(T * Hk * Dk)), k(size_t(T * Hk * Dk)), v(size_t(T * Hv * Dv));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* c = &conv[size_t(t * C)];
+    std::memcpy(&q[size_t(t * Hk * Dk)], c, size_t(Hk * Dk) * 4);
+    std::memcpy(&k[size_t(t * Hk * Dk)], c + Hk * Dk, size_t(Hk * Dk) * 4);
+    std::memcpy(&v[size_t(t * Hv * Dv)], c + 2 * Hk * Dk, size_t(Hv * Dv) * 4);
+  }
+  const float q_scale = 1.f / std::sqrt(float(Dk));
+  for (int64_t i = 0; i < T * Hk; ++i) {
+    l2_norm(&q[size_t(i * Dk)], Dk, 1e-6f, q_scale);
+    l2_norm(&k[size_t(i * Dk)], Dk, 1e-6f, 1.f);
+  }
+  std::vector<float> gl(size_t(T * Hv)), beta(size_t(T * Hv));
+  gdn_gates(a.data(), b.data(), T, Hv, g.neg_exp_A.data(), g.dt_bias.data(), gl.data(), beta.data());
+  emit(p + "g", gl.data(), {T, Hv});
+  emit(p + "beta", beta.data(), {T, Hv});
+
+  std::vector<float> core(size_t(T * Hv * Dv));
+  gdn_recurrence(q.data(), k.data(), v.data(), gl.data(), beta.data(), T, Hk, Hv, Dk, Dv,
+                 st.recurrent[size_t(slot)].data(), core.data(), pool_);
+  emit(p + "core", core.data(), {T, Hv, Dv});
+  for (int64_t i = 0; i < T * Hv; ++i)
+    gated_rms_norm(&core[size_t(i * Dv)], &z[size_t(i * Dv)], g.norm_scale.data(), Dv, cfg_.rms_eps,
+                   &core[size_t(i * Dv)]);
+  emit(p + "normed", core.data(), {T, Hv * Dv});
+  matmul(g.out_proj, core.data(), T, Hv * Dv, out, H, pool_);
+}
+
+void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,
+                         bool all_logits) {
+  auto& st = static_cast<CpuSequenceState&>(state);
+  const int64_t T = int64_t(ids.size()), H = cfg_.hidden, V = cfg_.vocab;
+  if (T == 0) return;
+  if (st.position() + T > st.max_context)
+    fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(), T,
+         st.max_context);
+  const int64_t n_out = all_logits ? T : 1;
+  if (!logits.empty() && int64_t(logits.size()) < n_out * V)
+    fail("forward: logits buffer holds {} floats, needs {}", logits.size(), n_out * V);
+  for (int32_t id : ids)
+    if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
+
+  std::vector<float> h(size_t(T * H)), xn(size_t(T * H)), mix(size_t(T * H));
+  for (int64_t t = 0; t < T; ++t) widen_row(w_.embed.row(ids[size_t(t)]), w_.embed.dtype, H, &h[size_t(t * H)]);
+  emit("hidden.0", h.data(), {T, H});
+
+  for (int64_t i = 0; i < cfg_.layers; ++i) {
+    const LayerWeights& L = w_.layers[size_t(i)];
+    for (int64_t t = 0; t < T; ++t)
+      rms_norm(&h[size_t(t * H)], L.input_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
+    if (L.type == LayerType::FullAttention) full_attention(i, xn.data(), T, st, mix.data());
+    else gated_deltanet(i, xn.data(), T, st, mix.data());
+    emit(fmt::format("layer{}.mixer_out", i), mix.data(), {T, H});
+    for (size_t j = 0; j < h.size(); ++j) h[j] += mix[j];
+    for (int64_t t = 0; t < T; ++t)
+      rms_norm(&h[size_t(t * H)], L.post_attention_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
+    moe_forward(L.moe, cfg_, xn.data(), T, mix.data(), pool_, trace_ ? &trace_ : nullptr, fmt::format("layer{}.moe", i));
+    emit(fmt::format("layer{}.moe_out", i), mix.data(), {T, H});
+    for (size_t j = 0; j < h.size(); ++j) h[j] += mix[j];
+    emit(fmt::format("hidden.{}", i + 1), h.data(), {T, H});
+  }
+  st.advance(T);
+  if (logits.empty()) return;
+
+  const float* rows = &h[size_t((T - n_out) * H)];
+  for (int64_t t = 0; t < n_out; ++t)
+    rms_norm(rows + t * H, w_.final_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
+  emit("final_norm", xn.data(), {n_out, H});
+  matmul(w_.lm_head, xn.data(), n_out, H, logits.data(), V, pool_);
+  emit("logits", logits.data(), {n_out, V});
+}
+
+}  // namespace lilac::cpu

@@ -1,0 +1,364 @@
+#include "io/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "util/error.h"
+#include "util/half.h"
+
+namespace fs = std::filesystem;
+
+namespace lilac {
+
+using nlohmann::json;
+
+std::string format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::BF16: return "bf16";
+    case WeightFormat::FP8: return "fp8";
+    case WeightFormat::MLX4: return "mlx-4bit";
+  }
+  return "?";
+}
+
+std::string layout_name(ExpertLayout l) {
+  switch (l) {
+    case ExpertLayout::Fused: return "hub (fused gate_up_proj / down_proj)";
+    case ExpertLayout::PerExpert: return "per-expert (experts.E.*.weight)";
+    case ExpertLayout::Mixed: return "mixed (fused and per-expert layers)";
+    case ExpertLayout::Stacked: return "stacked (switch_mlp)";
+  }
+  return "?";
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
+  auto ck = std::make_unique<Checkpoint>();
+  ck->dir_ = dir;
+  if (!fs::is_directory(dir)) fail("{}: not a directory", dir);
+  fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  // shard file name -> tensor names the index puts there
+  std::map<std::string, std::vector<std::string>> shards;
+  if (fs::exists(index_path)) {
+    std::ifstream in(index_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    json index = json::parse(ss.str(), nullptr, false);
+    if (index.is_discarded() || !index.is_object()) fail("{}: not valid JSON", index_path.string());
+    if (!index.contains("weight_map") || !index["weight_map"].is_object())
+      fail("{}: missing \"weight_map\" object", index_path.string());
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+      if (!it.value().is_string())
+        fail("{}: weight_map[\"{}\"] is not a file name", index_path.string(), it.key());
+      std::string shard = it.value().get<std::string>();
+      if (shard.find('/') != std::string::npos || shard == "..")
+        fail("{}: weight_map[\"{}\"] = \"{}\" is not a plain file name", index_path.string(), it.key(), shard);
+      shards[shard].push_back(it.key());
+    }
+    if (shards.empty()) fail("{}: weight_map is empty", index_path.string());
+  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    shards["model.safetensors"] = {};
+  } else {
+    fail("{}: no model.safetensors or model.safetensors.index.json", dir);
+  }
+
+  for (const auto& [shard, names] : shards) {
+    fs::path p = fs::path(dir) / shard;
+    if (!fs::exists(p))
+      fail("{}: missing shard '{}' (the index puts {} tensors there, e.g. '{}')", dir, shard, names.size(),
+           names.empty() ? "" : names.front());
+    auto file = SafetensorsFile::open(p.string());
+    for (const auto& t : file->tensors()) {
+      auto [it, inserted] = ck->tensors_.emplace(t.name, CheckpointTensor{file.get(), &t});
+      if (!inserted)
+        fail("{}: tensor '{}' appears in both {} and {}", dir, t.name, it->second.file->path(), file->path());
+    }
+    for (const auto& name : names) {
+      if (!file->find(name))
+        fail("{}: the index puts tensor '{}' in {}, but that file does not hold it", dir, name, p.string());
+    }
+    if (!names.empty()) {
+      std::set<std::string> listed(names.begin(), names.end());
+      for (const auto& t : file->tensors())
+        if (!listed.count(t.name))
+          fail("{}: {} holds tensor '{}', which the index does not list for that file", dir, p.string(), t.name);
+    }
+    ck->files_.push_back(std::move(file));
+  }
+  return ck;
+}
+
+WeightFormat Checkpoint::format() const {
+  bool fp8 = false;
+  for (const auto& [name, t] : tensors_) {
+    if (name.size() > 7 && name.ends_with(".scales") && t.info->dtype != DType::F8_E4M3) return WeightFormat::MLX4;
+    if (t.info->dtype == DType::F8_E4M3) fp8 = true;
+  }
+  return fp8 ? WeightFormat::FP8 : WeightFormat::BF16;
+}
+
+uint64_t Checkpoint::total_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, t] : tensors_) n += t.info->nbytes();
+  return n;
+}
+
+namespace {
+
+// Maps a checkpoint name to the text model's canonical name ("layers.3.mlp.gate.weight",
+// "lm_head.weight", "mtp.fc.weight"), or "" for tensors outside the text model (vision).
+std::string canonical_name(const std::string& name) {
+  static const char* kSkip[] = {"model.visual.", "visual.", "vision_tower.", "model.vision_tower."};
+  for (const char* s : kSkip)
+    if (name.starts_with(s)) return "";
+  static const std::pair<const char*, const char*> kPrefixes[] = {
+      {"model.language_model.", ""}, {"language_model.model.", ""}, {"language_model.lm_head.", "lm_head."},
+      {"model.mtp.", "mtp."}, {"model.", ""}};
+  for (const auto& [from, to] : kPrefixes)
+    if (name.starts_with(from)) return to + name.substr(std::string(from).size());
+  return name;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+class Binder {
+ public:
+  Binder(const Checkpoint& ck, LoadReport& rep) : rep_(rep) {
+    for (const auto& [name, t] : ck.tensors()) {
+      std::string c = canonical_name(name);
+      if (c.empty()) {
+        ++skipped_;
+        continue;
+      }
+      if (!canon_.emplace(c, std::make_pair(name, t)).second)
+        rep_.problems.push_back(fmt::format("tensor '{}' duplicates '{}' under another prefix", name, canon_[c].first));
+    }
+    if (skipped_) rep_.notes.push_back(fmt::format("skipped {} vision tensors", skipped_));
+  }
+
+  bool has(const std::string& c) const { return canon_.count(c) > 0; }
+
+  const CheckpointTensor* get(const std::string& c, const std::vector<int64_t>& shape, bool float_only = true) {
+    auto it = canon_.find(c);
+    if (it == canon_.end()) {
+      rep_.problems.push_back(fmt::format("missing tensor '{}'", c));
+      return nullptr;
+    }
+    used_.insert(c);
+    const auto& [orig, t] = it->second;
+    if (float_only && !is_float_weight(t.info->dtype)) {
+      rep_.problems.push_back(fmt::format("tensor '{}' ({}): dtype {} is not BF16, F16 or F32", orig,
+                                          t.file->path(), dtype_name(t.info->dtype)));
+      return nullptr;
+    }
+    if (t.info->shape != shape) {
+      rep_.problems.push_back(fmt::format("tensor '{}' ({}): shape {}, expected {} from config.json", orig,
+                                          t.file->path(), shape_str(t.info->shape), shape_str(shape)));
+      return nullptr;
+    }
+    rep_.tensors_used++;
+    rep_.parameters += t.info->numel();
+    rep_.bytes += t.info->nbytes();
+    return &t;
+  }
+
+  Matrix matrix(const std::string& c, int64_t rows, int64_t cols) {
+    Matrix m;
+    m.name = c;
+    m.rows = rows;
+    m.cols = cols;
+    if (const CheckpointTensor* t = get(c, {rows, cols})) {
+      m.data = t->data();
+      m.dtype = t->info->dtype;
+      m.name = t->info->name;
+    }
+    return m;
+  }
+
+  // A float vector of n values converted to f32 (+1 for zero-centred norm weights).
+  std::vector<float> vec(const std::string& c, const std::vector<int64_t>& shape, float add = 0.f) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    std::vector<float> out(size_t(n), add);
+    if (const CheckpointTensor* t = get(c, shape)) {
+      const uint8_t* p = t->data();
+      for (int64_t i = 0; i < n; ++i) {
+        float v = 0;
+        if (t->info->dtype == DType::F32) std::memcpy(&v, p + 4 * i, 4);
+        else {
+          uint16_t h;
+          std::memcpy(&h, p + 2 * i, 2);
+          v = t->info->dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+        out[size_t(i)] = add + v;
+      }
+    }
+    return out;
+  }
+
+  // Fused expert tensors: gate_up [E, 2I, H] and down [E, H, I] viewed per expert.
+  void fused_experts(const std::string& prefix, const ModelConfig& cfg, MoeWeights& moe) {
+    int64_t E = cfg.experts, I = cfg.expert_intermediate, H = cfg.hidden;
+    const CheckpointTensor* gu = get(prefix + "gate_up_proj", {E, 2 * I, H});
+    const CheckpointTensor* dn = get(prefix + "down_proj", {E, H, I});
+    moe.experts.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      auto& x = moe.experts[size_t(e)];
+      x.gate = {nullptr, DType::BF16, I, H, prefix + "gate_up_proj"};
+      x.up = {nullptr, DType::BF16, I, H, prefix + "gate_up_proj"};
+      x.down = {nullptr, DType::BF16, H, I, prefix + "down_proj"};
+      if (gu) {
+        size_t es = dtype_size(gu->info->dtype);
+        const uint8_t* base = gu->data() + size_t(e) * size_t(2 * I * H) * es;
+        x.gate.data = base;
+        x.up.data = base + size_t(I * H) * es;
+        x.gate.dtype = x.up.dtype = gu->info->dtype;
+      }
+      if (dn) {
+        x.down.data = dn->data() + size_t(e) * size_t(H * I) * dtype_size(dn->info->dtype);
+        x.down.dtype = dn->info->dtype;
+      }
+    }
+  }
+
+  void per_expert(const std::string& prefix, const ModelConfig& cfg, MoeWeights& moe) {
+    int64_t E = cfg.experts, I = cfg.expert_intermediate, H = cfg.hidden;
+    moe.experts.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      std::string p = prefix + std::to_string(e) + ".";
+      moe.experts[size_t(e)] = {matrix(p + "gate_proj.weight", I, H), matrix(p + "up_proj.weight", I, H),
+                                matrix(p + "down_proj.weight", H, I)};
+    }
+  }
+
+  void report_unused() {
+    for (const auto& [c, entry] : canon_)
+      if (!used_.count(c))
+        rep_.problems.push_back(fmt::format("unexpected tensor '{}' ({}): not part of this config's text model",
+                                            entry.first, entry.second.file->path()));
+  }
+
+  int fused_layers = 0, per_expert_layers = 0;
+
+ private:
+  LoadReport& rep_;
+  std::map<std::string, std::pair<std::string, CheckpointTensor>> canon_;
+  std::set<std::string> used_;
+  int64_t skipped_ = 0;
+};
+
+LayerWeights bind_layer(Binder& b, const ModelConfig& cfg, const std::string& p, LayerType type) {
+  const int64_t H = cfg.hidden;
+  LayerWeights L;
+  L.type = type;
+  L.input_norm_scale = b.vec(p + "input_layernorm.weight", {H}, 1.f);
+  L.post_attention_norm_scale = b.vec(p + "post_attention_layernorm.weight", {H}, 1.f);
+  if (type == LayerType::FullAttention) {
+    auto& a = L.attn;
+    std::string s = p + "self_attn.";
+    a.q_proj = b.matrix(s + "q_proj.weight", cfg.q_proj_rows(), H);
+    a.k_proj = b.matrix(s + "k_proj.weight", cfg.kv_dim(), H);
+    a.v_proj = b.matrix(s + "v_proj.weight", cfg.kv_dim(), H);
+    a.o_proj = b.matrix(s + "o_proj.weight", H, cfg.heads * cfg.head_dim);
+    a.q_norm_scale = b.vec(s + "q_norm.weight", {cfg.head_dim}, 1.f);
+    a.k_norm_scale = b.vec(s + "k_norm.weight", {cfg.head_dim}, 1.f);
+  } else {
+    auto& g = L.gdn;
+    std::string s = p + "linear_attn.";
+    const int64_t C = cfg.gdn_conv_channels(), Hv = cfg.gdn_value_heads;
+    g.in_proj_qkv = b.matrix(s + "in_proj_qkv.weight", C, H);
+    g.in_proj_z = b.matrix(s + "in_proj_z.weight", cfg.gdn_v_channels(), H);
+    g.in_proj_b = b.matrix(s + "in_proj_b.weight", Hv, H);
+    g.in_proj_a = b.matrix(s + "in_proj_a.weight", Hv, H);
+    g.out_proj = b.matrix(s + "out_proj.weight", H, cfg.gdn_v_channels());
+    g.conv = b.vec(s + "conv1d.weight", {C, 1, cfg.gdn_conv_kernel});
+    std::vector<float> a_log = b.vec(s + "A_log", {Hv});
+    g.neg_exp_A.resize(a_log.size());
+    for (size_t i = 0; i < a_log.size(); ++i) g.neg_exp_A[i] = -std::exp(a_log[i]);
+    g.dt_bias = b.vec(s + "dt_bias", {Hv});
+    g.norm_scale = b.vec(s + "norm.weight", {cfg.gdn_value_dim});
+  }
+  auto& m = L.moe;
+  std::string s = p + "mlp.";
+  m.router = b.matrix(s + "gate.weight", cfg.experts, H);
+  if (b.has(s + "experts.gate_up_proj") || b.has(s + "experts.down_proj")) {
+    b.fused_experts(s + "experts.", cfg, m);
+    b.fused_layers++;
+  } else {
+    b.per_expert(s + "experts.", cfg, m);
+    b.per_expert_layers++;
+  }
+  m.shared_gate = b.matrix(s + "shared_expert.gate_proj.weight", cfg.shared_intermediate, H);
+  m.shared_up = b.matrix(s + "shared_expert.up_proj.weight", cfg.shared_intermediate, H);
+  m.shared_down = b.matrix(s + "shared_expert.down_proj.weight", H, cfg.shared_intermediate);
+  m.shared_expert_gate = b.matrix(s + "shared_expert_gate.weight", 1, H);
+  return L;
+}
+
+}  // namespace
+
+ModelWeights bind_weights(const Checkpoint& ck, const ModelConfig& cfg, LoadReport& rep) {
+  ModelWeights w;
+  if (ck.format() != WeightFormat::BF16) {
+    rep.problems.push_back(fmt::format("{}: {} checkpoints are not supported by this build yet", ck.dir(),
+                                       format_name(ck.format())));
+    return w;
+  }
+  Binder b(ck, rep);
+  const int64_t H = cfg.hidden;
+  w.embed = b.matrix("embed_tokens.weight", cfg.vocab, H);
+  if (b.has("lm_head.weight") || !cfg.tie_word_embeddings) w.lm_head = b.matrix("lm_head.weight", cfg.vocab, H);
+  else w.lm_head = w.embed;
+  w.final_norm_scale = b.vec("norm.weight", {H}, 1.f);
+  for (int64_t i = 0; i < cfg.layers; ++i)
+    w.layers.push_back(bind_layer(b, cfg, fmt::format("layers.{}.", i), cfg.layer_types[size_t(i)]));
+
+  if (b.has("mtp.fc.weight")) {
+    MtpWeights m;
+    m.fc = b.matrix("mtp.fc.weight", H, 2 * H);
+    m.pre_fc_norm_embedding_scale = b.vec("mtp.pre_fc_norm_embedding.weight", {H}, 1.f);
+    m.pre_fc_norm_hidden_scale = b.vec("mtp.pre_fc_norm_hidden.weight", {H}, 1.f);
+    m.final_norm_scale = b.vec("mtp.norm.weight", {H}, 1.f);
+    int64_t n = std::max<int64_t>(cfg.mtp_layers, 1);
+    for (int64_t i = 0; i < n; ++i)
+      m.layers.push_back(bind_layer(b, cfg, fmt::format("mtp.layers.{}.", i), LayerType::FullAttention));
+    w.mtp = std::move(m);
+  } else if (cfg.mtp_layers > 0) {
+    rep.notes.push_back("config has mtp_num_hidden_layers but the checkpoint has no mtp.* tensors (MTP off)");
+  }
+  b.report_unused();
+  rep.layout = b.per_expert_layers == 0 ? ExpertLayout::Fused
+               : b.fused_layers == 0    ? ExpertLayout::PerExpert
+                                        : ExpertLayout::Mixed;
+  return w;
+}
+
+std::unique_ptr<Model> load_model(const std::string& dir) {
+  auto m = std::make_unique<Model>();
+  m->config = load_model_config(dir);
+  m->checkpoint = Checkpoint::open(dir);
+  m->weights = bind_weights(*m->checkpoint, m->config, m->report);
+  if (!m->report.problems.empty()) {
+    std::string msg = fmt::format("{}: checkpoint does not match config.json ({} problems):", dir,
+                                  m->report.problems.size());
+    size_t shown = 0;
+    for (const auto& p : m->report.problems) {
+      if (++shown > 20) {
+        msg += fmt::format("\n  ... and {} more (run `lilac inspect --model {}`)", m->report.problems.size() - 20, dir);
+        break;
+      }
+      msg += "\n  " + p;
+    }
+    throw Error(msg);
+  }
+  return m;
+}
+
+}  // namespace lilac

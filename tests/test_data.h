@@ -1,0 +1,25 @@
+// Where the tests find their data (copied into the repo from the HF fixtures) and scratch space.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace lilac::test {
+
+inline std::string data_path(const std::string& rel) { return std::string(LILAC_TEST_DATA) + "/" + rel; }
+
+// A fresh empty directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string str(const std::string& rel = "") const { return rel.empty() ? path_.string() : (path_ / rel).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace lilac::test
