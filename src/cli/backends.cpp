@@ -2,14 +2,16 @@
 
 #include "cpu/cpu_backend.h"
 #include "util/error.h"
-#ifdef LILAC_HAVE_CUDA
+// The CUDA backend's assembly lands after its kernels; until then a CUDA build offers cpu only.
+#if defined(LILAC_HAVE_CUDA) && __has_include("cuda/cuda_backend.h")
+#define LILAC_CUDA_BACKEND 1
 #include "cuda/cuda_backend.h"
 #endif
 
 namespace lilac::cli {
 
 bool cuda_available() {
-#ifdef LILAC_HAVE_CUDA
+#ifdef LILAC_CUDA_BACKEND
   return cuda::device_count() > 0;
 #else
   return false;
@@ -20,7 +22,7 @@ std::unique_ptr<Backend> open_backend(const Model& model, const std::string& dev
   std::string d = device == "auto" ? (cuda_available() ? "cuda" : "cpu") : device;
   if (d == "cpu") return std::make_unique<cpu::CpuBackend>(model.config, model.weights);
   if (d == "cuda") {
-#ifdef LILAC_HAVE_CUDA
+#ifdef LILAC_CUDA_BACKEND
     if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
     return cuda::make_cuda_backend(model);
 #else
