@@ -1,34 +1,9 @@
-// Shared CUDA helpers: error checking, bf16 conversions, warp reductions, device buffers.
-// Every launcher in src/cuda takes a cudaStream_t and never synchronises (decode steps are
-// captured into one CUDA graph), and checks cudaGetLastError() after its launch.
+// Device-side helpers for .cu files (warp/block reductions, activations), plus common.h.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <utility>
+#include "cuda/common.h"
 
 namespace lilac::cuda {
-
-using bf16 = __nv_bfloat16;
-
-// Throws lilac::Error "CUDA error <name> (<string>) at <file>:<line>: <expr>".
-[[noreturn]] void fail_cuda(cudaError_t err, const char* expr, const char* file, int line);
-
-#define LILAC_CUDA_CHECK(expr)                                                             \
-  do {                                                                                     \
-    cudaError_t lilac_err_ = (expr);                                                       \
-    if (lilac_err_ != cudaSuccess) ::lilac::cuda::fail_cuda(lilac_err_, #expr, __FILE__, __LINE__); \
-  } while (0)
-// After a kernel launch: catches bad launch configurations at once (not async faults).
-#define LILAC_CUDA_LAUNCHED() LILAC_CUDA_CHECK(cudaGetLastError())
-
-int device_count();
-
-inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -56,43 +31,5 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
-
-// An owning device allocation of n elements of T (cudaMalloc; never managed memory).
-template <typename T>
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) { resize(n); }
-  ~DeviceBuffer() { release(); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      ptr_ = std::exchange(o.ptr_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-    }
-    return *this;
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void resize(size_t n) {
-    release();
-    if (n) LILAC_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), n * sizeof(T)));
-    n_ = n;
-  }
-  T* get() const { return ptr_; }
-  size_t size() const { return n_; }
-  size_t bytes() const { return n_ * sizeof(T); }
-
- private:
-  void release() {
-    if (ptr_) cudaFree(ptr_);
-    ptr_ = nullptr;
-    n_ = 0;
-  }
-  T* ptr_ = nullptr;
-  size_t n_ = 0;
-};
 
 }  // namespace lilac::cuda

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/common.cuh"
+#include "cuda/common.h"
 #include "util/half.h"
 
 namespace lilac::test {
