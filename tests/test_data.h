@@ -1,12 +1,19 @@
 // Where the tests find their data (copied into the repo from the HF fixtures) and scratch space.
 #pragma once
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
 namespace lilac::test {
 
-inline std::string data_path(const std::string& rel) { return std::string(LILAC_TEST_DATA) + "/" + rel; }
+// The build-time location, unless LILAC_TEST_DATA overrides it at run time (the GPU machine runs
+// binaries built elsewhere, over a copy of the repository at another path).
+inline std::string data_root() {
+  const char* env = std::getenv("LILAC_TEST_DATA");
+  return env && *env ? env : LILAC_TEST_DATA;
+}
+inline std::string data_path(const std::string& rel) { return data_root() + "/" + rel; }
 
 // A fresh empty directory under the system temp dir, removed when the object dies.
 class TempDir {
