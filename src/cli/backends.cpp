@@ -33,3 +33,27 @@ std::unique_ptr<Backend> open_backend(const Model& model, const std::string& dev
 }
 
 }  // namespace lilac::cli
+
+namespace lilac::cli {
+
+std::unique_ptr<Backend> open_synthetic_backend(const std::string& device, const std::string& weights, uint64_t seed) {
+  if (device == "cpu") fail("--synthetic needs the cuda device: the full-size model (70 GB) is generated on the GPU");
+#ifdef LILAC_CUDA_BACKEND
+  if (!cuda_available()) fail("--synthetic: no CUDA device is visible");
+  return cuda::make_synthetic_backend(weights, seed);
+#else
+  (void)weights;
+  (void)seed;
+  fail("--synthetic: this build of lilac has no CUDA backend");
+#endif
+}
+
+std::vector<std::string> backend_report(Backend& backend) {
+#ifdef LILAC_CUDA_BACKEND
+  if (auto* c = dynamic_cast<cuda::CudaBackend*>(&backend)) return c->kernel_breakdown();
+#endif
+  (void)backend;
+  return {};
+}
+
+}  // namespace lilac::cli

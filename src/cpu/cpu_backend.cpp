@@ -15,6 +15,10 @@ namespace lilac::cpu {
 CpuBackend::CpuBackend(const ModelConfig& config, const ModelWeights& weights, ThreadPool& pool)
     : cfg_(config), w_(weights), pool_(pool), inv_freq_(rope_inv_freq(config.rope_theta, config.rotary_dim, config.rope_inv_freq_bf16)) {}
 
+std::string CpuBackend::device_description() const {
+  return fmt::format("cpu: {} threads", pool_.size());
+}
+
 std::unique_ptr<SequenceState> CpuBackend::new_sequence(int64_t max_context) {
   auto st = std::make_unique<CpuSequenceState>();
   st->max_context = max_context;

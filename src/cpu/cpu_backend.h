@@ -28,6 +28,7 @@ class CpuBackend : public Backend {
   CpuBackend(const ModelConfig& config, const ModelWeights& weights, ThreadPool& pool = ThreadPool::global());
 
   std::string name() const override { return "cpu"; }
+  std::string device_description() const override;
   const ModelConfig& config() const override { return cfg_; }
   std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override;
   void forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/sampling.h"
 #include "model/config.h"
 
 namespace lilac {
@@ -27,14 +28,25 @@ class SequenceState {
   virtual ~SequenceState() = default;
   int64_t position() const { return position_; }
 
+  // Sampling set up by Backend::begin_sampling: parameters and the penalty history (prompt ids
+  // seen, output counts). Backends that sample on the device keep their own copy in sync.
+  SamplingParams sampling;
+  PenaltyState penalties;
+  bool penalties_active = false;
+
  protected:
   int64_t position_ = 0;
 };
+
+// One sampled token: its id, its raw logprob and the requested top logprobs.
+using StepResult = SampleResult;
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // The hardware, for logs and bench results ("NVIDIA H200 (132 SMs, ...)", "cpu: 16 threads").
+  virtual std::string device_description() const { return name(); }
   virtual const ModelConfig& config() const = 0;
 
   // A fresh sequence (empty cache, zero recurrent state) able to hold max_context tokens.
@@ -46,6 +58,19 @@ class Backend {
   virtual void forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,
                        bool all_logits) = 0;
 
+  // Generation API (engine, bench). begin_sampling fixes the sampling parameters and resets the
+  // penalty history to `prompt` (all ids the model has seen in this request). step() feeds `ids`
+  // (a prompt chunk, or the previous sampled token), samples the next token from the last
+  // position (sample_index = the Philox counter: the number of tokens sampled so far in this
+  // request), records it as an output for the penalties, and returns it. The base implementation
+  // runs forward() and the CPU sampler; the CUDA backend samples on the device.
+  virtual void begin_sampling(SequenceState& state, std::span<const int32_t> prompt, const SamplingParams& params);
+  virtual StepResult step(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index);
+  // The number of ids the sampler may choose from (the tokenizer's size; the model's vocab may
+  // be padded). Defaults to the model's vocab.
+  void set_sampling_vocab(int32_t n) { sampling_vocab_ = n; }
+  int32_t sampling_vocab() const { return sampling_vocab_ > 0 ? sampling_vocab_ : int32_t(config().vocab); }
+
   // A deep copy of a state (a snapshot for prompt reuse) and the bytes it occupies.
   virtual std::unique_ptr<SequenceState> clone(const SequenceState& state) = 0;
   virtual size_t state_bytes(const SequenceState& state) const = 0;
@@ -55,6 +80,7 @@ class Backend {
 
  protected:
   TraceFn trace_;
+  int32_t sampling_vocab_ = 0;
 };
 
 }  // namespace lilac

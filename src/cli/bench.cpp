@@ -1,0 +1,104 @@
+// `lilac bench`: the PERFORMANCE.md protocol on a checkpoint or on a synthetic full-size model.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "bench/bench.h"
+#include "cli/backends.h"
+#include "cli/command.h"
+#include "io/checkpoint.h"
+#include "model/qwen36.h"
+#include "util/error.h"
+
+namespace lilac::cli {
+namespace {
+
+struct BenchCliOptions {
+  std::string model, device = "auto", weights = "bf16", json_out, lengths;
+  bool synthetic = false;
+  int rounds = 3, decode = 64;
+  int64_t prefill_chunk = 0;
+  uint64_t seed = 1;
+};
+
+std::vector<int64_t> parse_lengths(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      long long x = std::stoll(item, &used);
+      if (used != item.size() || x <= 0) throw std::invalid_argument(item);
+      v.push_back(x);
+    } catch (const std::exception&) {
+      fail("--lengths: '{}' is not a positive integer", item);
+    }
+  }
+  return v;
+}
+
+int run_bench_cli(const BenchCliOptions& o) {
+  if (o.synthetic == !o.model.empty()) fail("give exactly one of --model DIR or --synthetic");
+  if (o.rounds < 1 || o.decode < 1) fail("--rounds and --decode must be >= 1");
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Backend> backend;
+  std::string model_name;
+  BenchOptions bo;
+  if (o.synthetic) {
+    backend = open_synthetic_backend(o.device, o.weights, o.seed);
+    model_name = "synthetic Qwen3.6-35B-A3B (random weights, random router: near-uniform routing)";
+    bo.n_real_tokens = kQwen36RealTokens;
+  } else {
+    model = load_model(o.model);
+    backend = open_backend(*model, o.device);
+    model_name = o.model;
+  }
+  if (!o.lengths.empty()) bo.lengths = parse_lengths(o.lengths);
+  bo.rounds = o.rounds;
+  bo.decode_steps = o.decode;
+  bo.prefill_chunk = o.prefill_chunk;
+  bo.bytes_per_weight = o.weights == "q4" ? 4.5 / 8 : 2.0;
+  bo.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  std::fprintf(stderr, "bench: %s on %s\n", model_name.c_str(), backend->device_description().c_str());
+  auto rows = run_bench(*backend, bo);
+  std::printf("%s", bench_table(rows).c_str());
+  for (const auto& line : backend_report(*backend)) std::printf("%s\n", line.c_str());
+  if (!o.json_out.empty()) {
+    nlohmann::json header = {{"engine", std::string("lilac ") + LILAC_VERSION},
+                             {"commit", LILAC_GIT_COMMIT},
+                             {"gpu", backend->device_description()},
+                             {"device", backend->name()},
+                             {"weights", o.weights},
+                             {"model", model_name},
+                             {"rounds", o.rounds},
+                             {"decode_steps", o.decode},
+                             {"bytes_per_weight", bo.bytes_per_weight},
+                             {"copy_bandwidth_bytes_s", bo.copy_bandwidth},
+                             {"matmul_flops_s", bo.matmul_rate}};
+    auto j = bench_json(rows, header);
+    j["breakdown"] = backend_report(*backend);
+    std::ofstream out(o.json_out);
+    out << j.dump(2) << "\n";
+    if (!out) fail("{}: cannot write", o.json_out);
+  }
+  return 0;
+}
+
+const Command kBench{"bench", "Benchmark prefill and decode over context lengths (PERFORMANCE.md)", [](CLI::App& app) {
+                       auto o = std::make_shared<BenchCliOptions>();
+                       app.add_option("--model", o->model, "Model directory");
+                       app.add_flag("--synthetic", o->synthetic, "Full-size model with random weights made on the GPU");
+                       app.add_option("--device", o->device, "cuda, cpu or auto")->default_val("auto");
+                       app.add_option("--weights", o->weights, "bf16 or q4")->default_val("bf16");
+                       app.add_option("--lengths", o->lengths, "Comma-separated context lengths (default: the ten)");
+                       app.add_option("--rounds", o->rounds, "Timed rounds per length (median)")->default_val(3);
+                       app.add_option("--decode", o->decode, "Decode steps per round")->default_val(64);
+                       app.add_option("--prefill-chunk", o->prefill_chunk, "Prefill in chunks of this many tokens");
+                       app.add_option("--seed", o->seed, "Seed of the synthetic weights")->default_val(1);
+                       app.add_option("--json", o->json_out, "Write results as JSON here");
+                       return Runner([o] { return run_bench_cli(*o); });
+                     }};
+
+}  // namespace
+}  // namespace lilac::cli

@@ -1,0 +1,52 @@
+// Prompt reuse across turns. The KV cache could be truncated to a common prefix, the Gated
+// DeltaNet state cannot, so reuse works from snapshots: a copy of the whole sequence state after
+// some exact token sequence (after each prompt and after each answer of recent conversations).
+// A new prompt starts from the longest snapshot whose tokens are a prefix of it. Least recently
+// used snapshots are evicted to stay within a byte budget.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/backend.h"
+
+namespace lilac {
+
+class PrefixCache {
+ public:
+  PrefixCache(Backend& backend, size_t budget_bytes) : backend_(backend), budget_(budget_bytes) {}
+
+  // Stores a snapshot (a clone) of `state`, which has consumed exactly `tokens`. Replaces an
+  // entry with the same tokens; skipped when the snapshot alone exceeds the budget.
+  void store(const SequenceState& state, std::span<const int32_t> tokens);
+
+  // The longest snapshot whose tokens are a prefix of `prompt` (at most prompt.size() - 1 tokens,
+  // so at least one token is left to feed and sample from). Returns a fresh clone the caller owns
+  // and the number of prompt tokens it covers; {nullptr, 0} when nothing matches.
+  std::pair<std::unique_ptr<SequenceState>, size_t> lookup(std::span<const int32_t> prompt);
+
+  size_t bytes() const { return bytes_; }
+  size_t entries() const { return entries_.size(); }
+  void clear();
+
+ private:
+  struct Entry {
+    std::vector<int32_t> tokens;
+    std::unique_ptr<SequenceState> state;
+    size_t bytes;
+  };
+  void evict_to(size_t budget);
+
+  Backend& backend_;
+  size_t budget_;
+  size_t bytes_ = 0;
+  std::list<Entry> entries_;  // most recently used first
+};
+
+// Length of the common prefix of two id sequences.
+size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
+
+}  // namespace lilac

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds lilac with the CUDA backend HERE (no GPU needed) into .device-build/, ready to be
+# carried to the GPU machine: binaries with RPATH $ORIGIN/lib, and beside them in lib/ the Debian
+# shared libraries the GPU machine's image lacks (ldd lists them; glibc/libstdc++ come from there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=.device-build
+cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILAC_CUDA=ON -DLILAC_WERROR=ON >/dev/null
+cmake --build build/device -j "$(nproc)" --target lilac lilac_cuda_tests "$@"
+rm -rf "$out" && mkdir -p "$out/lib"
+for t in lilac lilac_cuda_tests lilac_cuda_bench lilac_cuda_bench_seq lilac_cuda_bench_gemm; do
+  [ -f "build/device/$t" ] && cp "build/device/$t" "$out/"
+done
+# Shared libraries to carry: everything ldd resolves except the C/C++ runtime and the driver.
+for bin in "$out"/lilac*; do
+  ldd "$bin" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -Lu "$lib" "$out/lib/"; done
+done
+du -sh "$out"
