@@ -1,8 +1,8 @@
-// lilac_cuda_bench_gemm: GPU microbenchmark of the prefill GEMM (every model shape at M = 512, 2048,
-// 8192, every tiling and the automatic choice) and of the MoE prefill block (T = 512, 2048, 8192,
-// synthetic uniform router; mma.sync and wgmma kernels). CUDA events, 3 warm-up runs, median of
-// 25; inputs random (never zeros), rotated over several copies when they would fit in L2.
-// Usage: lilac_cuda_bench_gemm [--quick]   (--quick: M = T = 2048 only)
+// lilac_cuda_bench_gemm: GPU microbenchmark of the prefill GEMM (every model shape at M = 512,
+// 2048, 8192, every tiling and the automatic choice) and of the MoE prefill block (T = 512, 2048,
+// 8192, synthetic uniform router; mma.sync and wgmma kernels). CUDA events, 3 warm-up runs, median
+// of 25; inputs random (never zeros), rotated over several copies when they would fit in L2. Usage:
+// lilac_cuda_bench_gemm [--quick]   (--quick: M = T = 2048 only)
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -24,16 +24,19 @@ constexpr double kPeakTflops = 790.0;  // measured bf16 dense rate of the H200 (
 constexpr int kWarmup = 3, kRuns = 25;
 
 __global__ void fill_bf16(bf16* p, size_t n, uint64_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + i;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     x ^= x >> 31;
-    p[i] = __float2bfloat16(scale * (float(int64_t(x >> 40) - (int64_t(1) << 23)) / float(1 << 23)));
+    p[i] =
+        __float2bfloat16(scale * (float(int64_t(x >> 40) - (int64_t(1) << 23)) / float(1 << 23)));
   }
 }
 __global__ void fill_f32(float* p, size_t n, uint64_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + i;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -91,11 +94,12 @@ void bench_gemm(const std::vector<int>& Ms) {
                           {"shared_gate_up", 1024, 2048, GemmOut::StoreBF16},
                           {"shared_down", 2048, 512, GemmOut::AccumulateF32},
                           {"lm_head", 248320, 2048, GemmOut::StoreBF16}};
-  const GemmTile tiles[] = {GemmTile::Auto, GemmTile::Mma128x256, GemmTile::Mma128x128, GemmTile::Mma64x128,
-                            GemmTile::Wgmma128x256};
-  std::printf("\n== gemm: C[M,N] = A[M,K] . W[N,K]^T (median of %d, %% of %.0f TFLOP/s) ==\n", kRuns, kPeakTflops);
-  std::printf("%-15s %6s %6s %5s %5s  %-13s %10s %8s %6s\n", "shape", "N", "K", "M", "out", "tile", "us", "TFLOP/s",
-              "%peak");
+  const GemmTile tiles[] = {GemmTile::Auto, GemmTile::Mma128x256, GemmTile::Mma128x128,
+                            GemmTile::Mma64x128, GemmTile::Wgmma128x256};
+  std::printf("\n== gemm: C[M,N] = A[M,K] . W[N,K]^T (median of %d, %% of %.0f TFLOP/s) ==\n",
+              kRuns, kPeakTflops);
+  std::printf("%-15s %6s %6s %5s %5s  %-13s %10s %8s %6s\n", "shape", "N", "K", "M", "out", "tile",
+              "us", "TFLOP/s", "%peak");
   for (const Shape& s : shapes) {
     for (int M : Ms) {
       const size_t a_n = size_t(M) * s.K, w_n = size_t(s.N) * s.K, c_n = size_t(M) * s.N;
@@ -113,16 +117,17 @@ void bench_gemm(const std::vector<int>& Ms) {
       const double flop = 2.0 * M * double(s.N) * s.K;
       for (GemmTile tile : tiles) {
         const double us = median_us([&](int i) {
-          lilac::cuda::gemm(A[size_t(i % sets)].get(), M, s.K, W[size_t(i % sets)].get(), s.N, C.get(), s.mode,
-                            nullptr, tile);
+          lilac::cuda::gemm(A[size_t(i % sets)].get(), M, s.K, W[size_t(i % sets)].get(), s.N,
+                            C.get(), s.mode, nullptr, tile);
         });
         const double tf = flop / us * 1e-6;
-        const std::string name = tile == GemmTile::Auto
-                                     ? std::string("auto=") + lilac::cuda::gemm_tile_name(
-                                                                  lilac::cuda::gemm_auto_tile(M, s.N, s.K))
-                                     : lilac::cuda::gemm_tile_name(tile);
-        std::printf("%-15s %6d %6d %5d %5s  %-13s %10.1f %8.1f %5.1f%%\n", s.name, s.N, s.K, M, mode_name(s.mode),
-                    name.c_str(), us, tf, 100.0 * tf / kPeakTflops);
+        const std::string name =
+            tile == GemmTile::Auto
+                ? std::string("auto=") +
+                      lilac::cuda::gemm_tile_name(lilac::cuda::gemm_auto_tile(M, s.N, s.K))
+                : lilac::cuda::gemm_tile_name(tile);
+        std::printf("%-15s %6d %6d %5d %5s  %-13s %10.1f %8.1f %5.1f%%\n", s.name, s.N, s.K, M,
+                    mode_name(s.mode), name.c_str(), us, tf, 100.0 * tf / kPeakTflops);
       }
     }
   }
@@ -130,39 +135,51 @@ void bench_gemm(const std::vector<int>& Ms) {
 
 void bench_moe(const std::vector<int>& Ts) {
   const int E = 256, k = 8, I = 512, Is = 512, H = 2048, stride = E + 1;
-  std::printf("\n== MoE prefill block (E %d, k %d, I %d, Is %d, H %d; uniform random router) ==\n", E, k, I, Is, H);
-  DeviceBuffer<bf16> gate_up(size_t(E) * 2 * I * H), down(size_t(E) * H * I), sgu(size_t(2) * Is * H),
-      sdown(size_t(H) * Is), router(size_t(stride) * H);
+  std::printf("\n== MoE prefill block (E %d, k %d, I %d, Is %d, H %d; uniform random router) ==\n",
+              E, k, I, Is, H);
+  DeviceBuffer<bf16> gate_up(size_t(E) * 2 * I * H), down(size_t(E) * H * I),
+      sgu(size_t(2) * Is * H), sdown(size_t(H) * Is), router(size_t(stride) * H);
   random_fill(gate_up.get(), gate_up.size(), 1, 0.038f);  // sqrt(3 / H)
   random_fill(down.get(), down.size(), 2, 0.076f);        // sqrt(3 / I)
   random_fill(sgu.get(), sgu.size(), 3, 0.038f);
   random_fill(sdown.get(), sdown.size(), 4, 0.076f);
   random_fill(router.get(), router.size(), 5, 0.038f);
-  std::printf("%6s %-9s %9s %9s %9s %9s %9s %9s %10s %8s %6s\n", "T", "path", "route", "gate_up", "down", "sh_gu",
-              "sh_down", "combine", "block us", "TFLOP/s", "%peak");
+  std::printf("%6s %-9s %9s %9s %9s %9s %9s %9s %10s %8s %6s\n", "T", "path", "route", "gate_up",
+              "down", "sh_gu", "sh_down", "combine", "block us", "TFLOP/s", "%peak");
   for (int T : Ts) {
     const size_t P = size_t(T) * k;
     DeviceBuffer<bf16> x(size_t(T) * H), act(P * I), act_s(size_t(T) * Is);
-    DeviceBuffer<float> logits(size_t(T) * stride), y(P * H), shared(size_t(T) * H), h(size_t(T) * H);
+    DeviceBuffer<float> logits(size_t(T) * stride), y(P * H), shared(size_t(T) * H),
+        h(size_t(T) * H);
     random_fill(x.get(), x.size(), 6, 1.7f);
     random_fill(h.get(), h.size(), 7, 1.f);
-    lilac::cuda::gemm(x.get(), T, H, router.get(), stride, logits.get(), GemmOut::StoreF32, nullptr);
+    lilac::cuda::gemm(x.get(), T, H, router.get(), stride, logits.get(), GemmOut::StoreF32,
+                      nullptr);
     DeviceBuffer<uint8_t> ws(lilac::cuda::moe_routing_workspace_bytes(T, E, k));
     const lilac::cuda::MoeRouting r = lilac::cuda::moe_routing_layout(ws.get(), T, E, k);
     const double flop = 2.0 * double(P) * 3.0 * I * H + 2.0 * T * 3.0 * Is * H;
     for (bool wg : {false, true}) {
       auto route = [&](int) { lilac::cuda::moe_route(logits.get(), stride, T, E, k, r, nullptr); };
-      auto gu = [&](int) { lilac::cuda::moe_grouped_gate_up(x.get(), H, gate_up.get(), I, r, act.get(), nullptr, wg); };
-      auto dn = [&](int) { lilac::cuda::moe_grouped_down(act.get(), I, down.get(), H, r, y.get(), nullptr, wg); };
-      auto sgu_f = [&](int) { lilac::cuda::moe_shared_gate_up(x.get(), T, H, sgu.get(), Is, act_s.get(), nullptr, wg); };
+      auto gu = [&](int) {
+        lilac::cuda::moe_grouped_gate_up(x.get(), H, gate_up.get(), I, r, act.get(), nullptr, wg);
+      };
+      auto dn = [&](int) {
+        lilac::cuda::moe_grouped_down(act.get(), I, down.get(), H, r, y.get(), nullptr, wg);
+      };
+      auto sgu_f = [&](int) {
+        lilac::cuda::moe_shared_gate_up(x.get(), T, H, sgu.get(), Is, act_s.get(), nullptr, wg);
+      };
       auto sdn = [&](int) {
-        lilac::cuda::gemm(act_s.get(), T, Is, sdown.get(), H, shared.get(), GemmOut::StoreF32, nullptr);
+        lilac::cuda::gemm(act_s.get(), T, Is, sdown.get(), H, shared.get(), GemmOut::StoreF32,
+                          nullptr);
       };
       auto comb = [&](int) {
-        lilac::cuda::moe_combine(y.get(), r, logits.get(), stride, shared.get(), H, h.get(), nullptr);
+        lilac::cuda::moe_combine(y.get(), r, logits.get(), stride, shared.get(), H, h.get(),
+                                 nullptr);
       };
       const double t_route = median_us(route);
-      const double t_gu = median_us(gu), t_dn = median_us(dn), t_sgu = median_us(sgu_f), t_sdn = median_us(sdn);
+      const double t_gu = median_us(gu), t_dn = median_us(dn), t_sgu = median_us(sgu_f),
+                   t_sdn = median_us(sdn);
       const double t_comb = median_us(comb);
       const double t_all = median_us([&](int i) {
         route(i);
@@ -173,8 +190,9 @@ void bench_moe(const std::vector<int>& Ts) {
         comb(i);
       });
       const double tf = flop / t_all * 1e-6;
-      std::printf("%6d %-9s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f %8.1f %5.1f%%\n", T, wg ? "wgmma" : "mma.sync",
-                  t_route, t_gu, t_dn, t_sgu, t_sdn, t_comb, t_all, tf, 100.0 * tf / kPeakTflops);
+      std::printf("%6d %-9s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f %8.1f %5.1f%%\n", T,
+                  wg ? "wgmma" : "mma.sync", t_route, t_gu, t_dn, t_sgu, t_sdn, t_comb, t_all, tf,
+                  100.0 * tf / kPeakTflops);
     }
   }
 }
@@ -186,8 +204,10 @@ int main(int argc, char** argv) {
   try {
     cudaDeviceProp prop{};
     LILAC_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
-    const std::vector<int> sizes = quick ? std::vector<int>{2048} : std::vector<int>{512, 2048, 8192};
+    std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major,
+                prop.minor);
+    const std::vector<int> sizes =
+        quick ? std::vector<int>{2048} : std::vector<int>{512, 2048, 8192};
     bench_gemm(sizes);
     bench_moe(sizes);
   } catch (const std::exception& e) {

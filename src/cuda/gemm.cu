@@ -80,7 +80,8 @@ __device__ __forceinline__ RowSet<LOADS> dense_rows(const bf16* base, int first,
 // C[row, col .. col+1] (=|+=) (v0, v1), clipped to M x N. VEC: N is even and C suitably aligned,
 // so a pair starting at an even column is whole and can be one 8-byte (4-byte for bf16) access.
 template <GemmOut MODE, bool VEC>
-__device__ __forceinline__ void store_pair(void* C, int M, int N, int row, int col, float v0, float v1) {
+__device__ __forceinline__ void store_pair(void* C, int M, int N, int row, int col, float v0,
+                                           float v1) {
   if (row >= M || col >= N) return;
   const size_t off = size_t(row) * size_t(N) + size_t(col);
   if constexpr (MODE == GemmOut::StoreBF16) {
@@ -115,8 +116,8 @@ __device__ __forceinline__ void store_pair(void* C, int M, int N, int row, int c
 
 template <class Cfg, GemmOut MODE, bool VEC>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
-    gemm_mma_kernel(const bf16* __restrict__ A, const bf16* __restrict__ W, void* __restrict__ C, int M, int N,
-                    int K, int tiles_m, int tiles_n) {
+    gemm_mma_kernel(const bf16* __restrict__ A, const bf16* __restrict__ W, void* __restrict__ C,
+                    int M, int N, int K, int tiles_m, int tiles_n) {
   extern __shared__ __align__(1024) unsigned char smem[];
   int tm, tn;
   raster(blockIdx.x, tiles_m, tiles_n, tm, tn);
@@ -139,8 +140,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 
 template <class Cfg, GemmOut MODE, bool VEC>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
-    gemm_wgmma_kernel(const bf16* __restrict__ A, const bf16* __restrict__ W, void* __restrict__ C, int M, int N,
-                      int K, int tiles_m, int tiles_n) {
+    gemm_wgmma_kernel(const bf16* __restrict__ A, const bf16* __restrict__ W, void* __restrict__ C,
+                      int M, int N, int K, int tiles_m, int tiles_n) {
 #if defined(LILAC_SM90A)
   extern __shared__ __align__(1024) unsigned char smem[];
   int tm, tn;
@@ -195,7 +196,8 @@ const DeviceInfo& device_info() {
 // Raises a kernel's dynamic shared-memory limit once (per process; the engine uses one device).
 template <class Kernel>
 void allow_smem(Kernel kernel, int bytes) {
-  LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  LILAC_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
 template <class Cfg, GemmOut MODE, bool VEC, bool WGMMA>
@@ -211,7 +213,8 @@ void launch(const bf16* A, int M, int K, const bf16* W, int N, void* C, cudaStre
   const int tiles_m = ceil_div(M, Cfg::BM), tiles_n = ceil_div(N, Cfg::BN);
   const int64_t blocks = int64_t(tiles_m) * tiles_n;
   if (blocks > 0x7fffffff) fail("gemm: {} x {} needs {} blocks", M, N, blocks);
-  kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(A, W, C, M, N, K, tiles_m, tiles_n);
+  kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(A, W, C, M, N, K, tiles_m,
+                                                                      tiles_n);
   LILAC_CUDA_LAUNCHED();
 }
 
@@ -267,19 +270,26 @@ GemmTile choose(int M, int N, const DeviceInfo& dev) {
 
 const char* gemm_tile_name(GemmTile tile) {
   switch (tile) {
-    case GemmTile::Auto: return "auto";
-    case GemmTile::Mma128x256: return "mma128x256";
-    case GemmTile::Mma128x128: return "mma128x128";
-    case GemmTile::Mma64x128: return "mma64x128";
-    case GemmTile::Wgmma128x256: return "wgmma128x256";
+    case GemmTile::Auto:
+      return "auto";
+    case GemmTile::Mma128x256:
+      return "mma128x256";
+    case GemmTile::Mma128x128:
+      return "mma128x128";
+    case GemmTile::Mma64x128:
+      return "mma64x128";
+    case GemmTile::Wgmma128x256:
+      return "wgmma128x256";
   }
   return "?";
 }
 
-GemmTile gemm_auto_tile(int M, int N, int /*K*/) { return choose(M, N, device_info()); }
+GemmTile gemm_auto_tile(int M, int N, int /*K*/) {
+  return choose(M, N, device_info());
+}
 
-void gemm(const bf16* A, int M, int K, const bf16* W, int N, void* C, GemmOut mode, cudaStream_t stream,
-          GemmTile tile) {
+void gemm(const bf16* A, int M, int K, const bf16* W, int N, void* C, GemmOut mode,
+          cudaStream_t stream, GemmTile tile) {
   if (M < 1 || N < 1 || K < 8 || K % 8 != 0)
     fail("gemm: bad shape M {} N {} K {} (M, N >= 1; K a positive multiple of 8)", M, N, K);
   if ((reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(W)) % 16 != 0)
@@ -290,11 +300,15 @@ void gemm(const bf16* A, int M, int K, const bf16* W, int N, void* C, GemmOut mo
   const uintptr_t need = mode == GemmOut::StoreBF16 ? 4 : 8;
   const bool vec = N % 2 == 0 && reinterpret_cast<uintptr_t>(C) % need == 0;
   switch (tile) {
-    case GemmTile::Wgmma128x256: return dispatch<CfgW, true>(A, M, K, W, N, C, mode, vec, stream);
-    case GemmTile::Mma128x256: return dispatch<CfgL, false>(A, M, K, W, N, C, mode, vec, stream);
-    case GemmTile::Mma128x128: return dispatch<CfgM, false>(A, M, K, W, N, C, mode, vec, stream);
+    case GemmTile::Wgmma128x256:
+      return dispatch<CfgW, true>(A, M, K, W, N, C, mode, vec, stream);
+    case GemmTile::Mma128x256:
+      return dispatch<CfgL, false>(A, M, K, W, N, C, mode, vec, stream);
+    case GemmTile::Mma128x128:
+      return dispatch<CfgM, false>(A, M, K, W, N, C, mode, vec, stream);
     case GemmTile::Mma64x128:
-    case GemmTile::Auto: return dispatch<CfgS, false>(A, M, K, W, N, C, mode, vec, stream);
+    case GemmTile::Auto:
+      return dispatch<CfgS, false>(A, M, K, W, N, C, mode, vec, stream);
   }
 }
 

@@ -30,14 +30,15 @@ constexpr int kBK = 64;  // k elements per pipeline stage (one 128-byte smem row
 
 template <int BM_, int BN_, int WM_, int STAGES_, int MIN_BLOCKS_>
 struct Config {
-  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = 64, STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = 64, STAGES = STAGES_,
+                       MIN_BLOCKS = MIN_BLOCKS_;
   static constexpr int MT = WM / 16;  // m16 tiles per warp
   static constexpr int NT = WN / 8;   // n8 tiles per warp (8)
   static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
   static constexpr int THREADS = WARPS_M * WARPS_N * 32;
   static constexpr int A_STAGE = BM * kBK, B_STAGE = BN * kBK;  // elements per stage
   static constexpr int SMEM_BYTES = STAGES * (A_STAGE + B_STAGE) * 2;
-  static constexpr int ROW_STEP = THREADS / 8;  // rows covered by one pass of the block's threads
+  static constexpr int ROW_STEP = THREADS / 8;   // rows covered by one pass of the block's threads
   static constexpr int A_LOADS = BM / ROW_STEP;  // 16-byte chunks per thread per stage
   static constexpr int B_LOADS = BN / ROW_STEP;
   static_assert(WM == 64 || WM == 32, "warp tile is 64 or 32 rows by 64 columns");
@@ -56,9 +57,12 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // 16-byte global -> shared copy; when !pred, zero-fills the 16 bytes (src-size 0, nothing read).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
   const int n = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+               : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -71,9 +75,11 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 }
 
 // D = A . B + D, m16n8k16, A row-major (4 regs), B column-major (2 regs), f32 accumulators.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -90,12 +96,17 @@ struct RowSet {
 };
 
 // Thread-fixed geometry of the cp.async loads: chunk (tid & 7) of rows (tid >> 3) + i * ROW_STEP.
-__device__ __forceinline__ int load_chunk() { return threadIdx.x & 7; }
-__device__ __forceinline__ int load_row0() { return threadIdx.x >> 3; }
+__device__ __forceinline__ int load_chunk() {
+  return threadIdx.x & 7;
+}
+__device__ __forceinline__ int load_row0() {
+  return threadIdx.x >> 3;
+}
 
 // Issues the cp.async copies of k-tile kt of one operand into a stage buffer (element offset).
 template <class Cfg, int LOADS>
-__device__ __forceinline__ void load_operand(const RowSet<LOADS>& rows, uint32_t stage_base, int kt, int K) {
+__device__ __forceinline__ void load_operand(const RowSet<LOADS>& rows, uint32_t stage_base, int kt,
+                                             int K) {
   const int c = load_chunk();
   const int r0 = load_row0();
   const int k = kt * kBK + c * 8;
@@ -116,7 +127,8 @@ __device__ __forceinline__ void load_operand(const RowSet<LOADS>& rows, uint32_t
 // 1024-byte aligned. Leaves no cp.async in flight; does not synchronise at the end (the caller's
 // epilogue does not touch shared memory).
 template <class Cfg>
-__device__ __forceinline__ void mainloop(float (&acc)[Cfg::MT][Cfg::NT][4], const RowSet<Cfg::A_LOADS>& a_rows,
+__device__ __forceinline__ void mainloop(float (&acc)[Cfg::MT][Cfg::NT][4],
+                                         const RowSet<Cfg::A_LOADS>& a_rows,
                                          const RowSet<Cfg::B_LOADS>& b_rows, int K, bf16* smem) {
   constexpr int S = Cfg::STAGES;
   const uint32_t sA = smem_u32(smem);
@@ -130,8 +142,8 @@ __device__ __forceinline__ void mainloop(float (&acc)[Cfg::MT][Cfg::NT][4], cons
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
 
-  // Prologue: k-tiles 0 .. S-2 into stages 0 .. S-2, one commit group each (empty past KT, so the
-  // group count stays uniform: after issuing group g, tile g is group g).
+        // Prologue: k-tiles 0 .. S-2 into stages 0 .. S-2, one commit group each (empty past KT, so
+        // the group count stays uniform: after issuing group g, tile g is group g).
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
     if (s < KT) {
@@ -175,7 +187,8 @@ __device__ __forceinline__ void mainloop(float (&acc)[Cfg::MT][Cfg::NT][4], cons
         ldmatrix_x4(af[i], a_base + uint32_t(i * 16 * 128) + uint32_t(((2 * kk + a_hi) ^ sw) << 4));
 #pragma unroll
       for (int jj = 0; jj < Cfg::NT / 2; ++jj)
-        ldmatrix_x4(bfr[jj], b_base + uint32_t(jj * 16 * 128) + uint32_t(((2 * kk + b_hi) ^ sw) << 4));
+        ldmatrix_x4(bfr[jj],
+                    b_base + uint32_t(jj * 16 * 128) + uint32_t(((2 * kk + b_hi) ^ sw) << 4));
 #pragma unroll
       for (int i = 0; i < Cfg::MT; ++i)
 #pragma unroll
@@ -201,9 +214,9 @@ struct WarpOrigin {
 template <class Cfg>
 __device__ __forceinline__ WarpOrigin warp_origin() {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  return {(warp / Cfg::WARPS_N) * Cfg::WM + (lane >> 2), (warp % Cfg::WARPS_N) * Cfg::WN + 2 * (lane & 3)};
+  return {(warp / Cfg::WARPS_N) * Cfg::WM + (lane >> 2),
+          (warp % Cfg::WARPS_N) * Cfg::WN + 2 * (lane & 3)};
 }
-
 
 // ---- sm_90a: warpgroup MMA (wgmma) ------------------------------------------------------------
 // Compiled only in the sm_90a pass (__CUDA_ARCH_FEAT_SM90_ALL); in the compute_80 PTX the kernels
@@ -221,7 +234,8 @@ __device__ __forceinline__ WarpOrigin warp_origin() {
 // engine then runs PREFETCH = STAGES - 1 - INFLIGHT k-tiles ahead.
 template <int BN_, int STAGES_, int INFLIGHT_, int MIN_BLOCKS_>
 struct WgConfig {
-  static constexpr int BM = 128, BN = BN_, STAGES = STAGES_, INFLIGHT = INFLIGHT_, MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr int BM = 128, BN = BN_, STAGES = STAGES_, INFLIGHT = INFLIGHT_,
+                       MIN_BLOCKS = MIN_BLOCKS_;
   static constexpr int THREADS = 256, ROW_STEP = THREADS / 8;
   static constexpr int A_LOADS = BM / ROW_STEP, B_LOADS = BN / ROW_STEP;
   static constexpr int A_STAGE = BM * kBK, B_STAGE = BN * kBK;
@@ -277,7 +291,8 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 }
 
 // D (64 x N, f32) += A (64 x 16, smem desc) . B (N x 16, smem desc)^T; both operands K-major.
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a,
+                                                 uint64_t desc_b) {
 #if defined(LILAC_SM90A)
   asm volatile(
       "{\n"
@@ -291,25 +306,29 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
       "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127"
       "}, %128, %129, p, 1, 1, 0, 0;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(desc_a), "l"(desc_b), "r"(1));
 #else
   (void)d;
@@ -331,14 +350,16 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
       "}, %64, %65, p, 1, 1, 0, 0;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(1));
 #else
   (void)d;
@@ -360,8 +381,10 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t desc_a, 
 // proxy, one barrier (which also proves every warpgroup retired the wgmma groups that read the
 // stage about to be refilled), refill, then 4 wgmma (k16 each) as one group.
 template <class Cfg>
-__device__ __forceinline__ void wgmma_mainloop(float (&acc)[Cfg::NACC], const RowSet<Cfg::A_LOADS>& a_rows,
-                                               const RowSet<Cfg::B_LOADS>& b_rows, int K, unsigned char* smem_raw) {
+__device__ __forceinline__ void wgmma_mainloop(float (&acc)[Cfg::NACC],
+                                               const RowSet<Cfg::A_LOADS>& a_rows,
+                                               const RowSet<Cfg::B_LOADS>& b_rows, int K,
+                                               unsigned char* smem_raw) {
 #pragma unroll
   for (int i = 0; i < Cfg::NACC; ++i) acc[i] = 0.f;
 #if defined(LILAC_SM90A)
@@ -399,7 +422,8 @@ __device__ __forceinline__ void wgmma_mainloop(float (&acc)[Cfg::NACC], const Ro
     const uint64_t db = sw128_desc(sB + uint32_t(stage * Cfg::B_STAGE * 2));
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_tile<Cfg::BN>(acc, da + uint64_t(2 * kk), db + uint64_t(2 * kk));
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      wgmma_tile<Cfg::BN>(acc, da + uint64_t(2 * kk), db + uint64_t(2 * kk));
     wgmma_commit();
     wgmma_wait<Cfg::INFLIGHT>();
     fence_operands(acc);

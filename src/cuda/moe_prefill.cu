@@ -15,15 +15,16 @@
 //
 // Routing (moe_route), no host round trip:
 //  1. moe_topk_kernel: one warp per token; each lane holds E/32 logits; softmax max and sum by warp
-//     reductions; k rounds of warp arg-max over (logit desc, index asc) pick the top-k (selection by
-//     logit: softmax is monotonic, so this is the top-k of p with ties to the lower index, without
-//     exp rounding creating ties); w_j = p_j / sum of the k selected p.
+//     reductions; k rounds of warp arg-max over (logit desc, index asc) pick the top-k (selection
+//     by logit: softmax is monotonic, so this is the top-k of p with ties to the lower index,
+//     without exp rounding creating ties); w_j = p_j / sum of the k selected p.
 //  2. moe_rank_kernel: pairs p = t*k + j in chunks of kChunk = 2048 (one block, 8 warps of 256
 //     pairs); within a warp, 32 pairs at a time, __match_any_sync groups equal experts, the rank
 //     is the count of equal-expert lanes below plus a running per-warp, per-expert count in shared
 //     memory; then per-expert prefix over the 8 warps -> rank of p within its chunk (stable: in
 //     pair order, hence token order) and the chunk's per-expert counts.
-//  3. moe_scan_kernel (one block, a thread per expert): prefix over chunks per expert (chunk bases),
+//  3. moe_scan_kernel (one block, a thread per expert): prefix over chunks per expert (chunk
+//  bases),
 //     then block-wide exclusive scans of the expert totals (-> expert_offsets) and of their tile
 //     counts ceil(n_e / 128) (-> the tile table in expert order, num_tiles).
 //  4. moe_scatter_kernel: pos = offsets[e] + chunk_base[c][e] + rank -> sorted_token,
@@ -57,16 +58,18 @@ using tile::Config;
 using tile::RowSet;
 using tile::WgConfig;
 
-constexpr int kChunk = 2048;             // pairs per counting-sort chunk
-constexpr int kChunkWarps = 8;           // warps per chunk block
+constexpr int kChunk = 2048;                      // pairs per counting-sort chunk
+constexpr int kChunkWarps = 8;                    // warps per chunk block
 constexpr int kWarpPairs = kChunk / kChunkWarps;  // 256 pairs per warp
 constexpr int kBatches = kWarpPairs / 32;         // 8 batches of 32
 
-// ---- routing -------------------------------------------------------------------------------------
+// ---- routing
+// -------------------------------------------------------------------------------------
 
 template <int PER>  // logits per lane: E <= 32 * PER
-__global__ void __launch_bounds__(256) moe_topk_kernel(const float* __restrict__ logits, int stride, int T, int E,
-                                                       int k, int32_t* __restrict__ idx, float* __restrict__ w) {
+__global__ void __launch_bounds__(256)
+    moe_topk_kernel(const float* __restrict__ logits, int stride, int T, int E, int k,
+                    int32_t* __restrict__ idx, float* __restrict__ w) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * 8 + warp;
   if (t >= T) return;
@@ -184,8 +187,9 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* sh, int& total) 
 }
 
 __global__ void __launch_bounds__(1024)
-    moe_scan_kernel(int32_t* __restrict__ chunk_base, int num_chunks, int E, int BM, int32_t* __restrict__ offsets,
-                    int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_row0, int32_t* __restrict__ num_tiles) {
+    moe_scan_kernel(int32_t* __restrict__ chunk_base, int num_chunks, int E, int BM,
+                    int32_t* __restrict__ offsets, int32_t* __restrict__ tile_expert,
+                    int32_t* __restrict__ tile_row0, int32_t* __restrict__ num_tiles) {
   __shared__ int sh[32];
   const int e = threadIdx.x;
   int n = 0;
@@ -214,10 +218,11 @@ __global__ void __launch_bounds__(1024)
 }
 
 __global__ void __launch_bounds__(256)
-    moe_scatter_kernel(const int32_t* __restrict__ idx, const float* __restrict__ w, const int32_t* __restrict__ chunk_rank,
-                       const int32_t* __restrict__ chunk_base, const int32_t* __restrict__ offsets, int P, int E, int k,
-                       int32_t* __restrict__ sorted_token, float* __restrict__ sorted_weight,
-                       int32_t* __restrict__ pair_position) {
+    moe_scatter_kernel(const int32_t* __restrict__ idx, const float* __restrict__ w,
+                       const int32_t* __restrict__ chunk_rank,
+                       const int32_t* __restrict__ chunk_base, const int32_t* __restrict__ offsets,
+                       int P, int E, int k, int32_t* __restrict__ sorted_token,
+                       float* __restrict__ sorted_weight, int32_t* __restrict__ pair_position) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= P) return;
   const int e = idx[p];
@@ -227,7 +232,8 @@ __global__ void __launch_bounds__(256)
   pair_position[p] = pos;
 }
 
-// ---- grouped GEMMs -------------------------------------------------------------------------------
+// ---- grouped GEMMs
+// -------------------------------------------------------------------------------
 
 using GateUpMma = Config<128, 128, 64, 3, 2>;  // 64 act columns per block
 using DownMma = Config<128, 128, 64, 3, 2>;
@@ -240,8 +246,9 @@ struct TileWork {
   int e, row0, row_end;
 };
 template <int BM, bool GROUPED>
-__device__ __forceinline__ bool tile_work(int tile, int dense_rows, const int32_t* offsets, const int32_t* tile_expert,
-                                          const int32_t* tile_row0, const int32_t* num_tiles, TileWork& w) {
+__device__ __forceinline__ bool tile_work(int tile, int dense_rows, const int32_t* offsets,
+                                          const int32_t* tile_expert, const int32_t* tile_row0,
+                                          const int32_t* num_tiles, TileWork& w) {
   if constexpr (GROUPED) {
     if (tile >= *num_tiles) return false;
     w.e = tile_expert[tile];
@@ -258,7 +265,8 @@ __device__ __forceinline__ bool tile_work(int tile, int dense_rows, const int32_
 // A rows of the tile: sorted rows s in [row0, row_end), each the x row of token sorted_token[s]
 // (or of token s when sorted_token is null).
 template <class Cfg>
-__device__ __forceinline__ RowSet<Cfg::A_LOADS> gather_rows(const bf16* x, int ld, const int32_t* sorted_token,
+__device__ __forceinline__ RowSet<Cfg::A_LOADS> gather_rows(const bf16* x, int ld,
+                                                            const int32_t* sorted_token,
                                                             const TileWork& w) {
   RowSet<Cfg::A_LOADS> s;
   s.valid = 0;
@@ -274,9 +282,11 @@ __device__ __forceinline__ RowSet<Cfg::A_LOADS> gather_rows(const bf16* x, int l
 }
 
 // B rows of a gate_up tile: local row r -> group r / (2 HALF); the first HALF rows of a group are
-// gate rows of outputs n0 + group * HALF + [0, HALF), the next HALF the up rows of the same outputs.
+// gate rows of outputs n0 + group * HALF + [0, HALF), the next HALF the up rows of the same
+// outputs.
 template <class Cfg, int HALF>
-__device__ __forceinline__ RowSet<Cfg::B_LOADS> gate_up_rows(const bf16* w_e, int I, int H, int n0) {
+__device__ __forceinline__ RowSet<Cfg::B_LOADS> gate_up_rows(const bf16* w_e, int I, int H,
+                                                             int n0) {
   RowSet<Cfg::B_LOADS> s;
   s.valid = 0;
 #pragma unroll
@@ -293,7 +303,8 @@ __device__ __forceinline__ RowSet<Cfg::B_LOADS> gate_up_rows(const bf16* w_e, in
 }
 
 template <class Cfg>
-__device__ __forceinline__ RowSet<Cfg::B_LOADS> plain_rows(const bf16* w_e, int rows, int K, int n0) {
+__device__ __forceinline__ RowSet<Cfg::B_LOADS> plain_rows(const bf16* w_e, int rows, int K,
+                                                           int n0) {
   RowSet<Cfg::B_LOADS> s;
   s.valid = 0;
 #pragma unroll
@@ -306,8 +317,8 @@ __device__ __forceinline__ RowSet<Cfg::B_LOADS> plain_rows(const bf16* w_e, int 
   return s;
 }
 
-__device__ __forceinline__ void store_act(bf16* act, int I, int row, int row_end, int col, float g0, float u0, float g1,
-                                          float u1) {
+__device__ __forceinline__ void store_act(bf16* act, int I, int row, int row_end, int col, float g0,
+                                          float u0, float g1, float u1) {
   if (row < row_end && col < I)  // I even and col even: the pair is whole
     *reinterpret_cast<__nv_bfloat162*>(act + size_t(row) * size_t(I) + col) =
         __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
@@ -324,17 +335,20 @@ struct GroupArgs {
 
 template <class Cfg, bool GROUPED>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
-    moe_gate_up_mma_kernel(const bf16* __restrict__ x, int H, const bf16* __restrict__ gate_up, int I, GroupArgs g,
-                           bf16* __restrict__ act) {
+    moe_gate_up_mma_kernel(const bf16* __restrict__ x, int H, const bf16* __restrict__ gate_up,
+                           int I, GroupArgs g, bf16* __restrict__ act) {
   extern __shared__ __align__(1024) unsigned char smem[];
   constexpr int HALF = 32, COLS = Cfg::BN / 2;
   const int n_nt = (I + COLS - 1) / COLS;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
   TileWork w;
-  if (!tile_work<Cfg::BM, GROUPED>(tile, g.dense_rows, g.offsets, g.tile_expert, g.tile_row0, g.num_tiles, w)) return;
+  if (!tile_work<Cfg::BM, GROUPED>(tile, g.dense_rows, g.offsets, g.tile_expert, g.tile_row0,
+                                   g.num_tiles, w))
+    return;
   const int n0 = nt * COLS;
   const auto a_rows = gather_rows<Cfg>(x, H, g.sorted_token, w);
-  const auto b_rows = gate_up_rows<Cfg, HALF>(gate_up + size_t(w.e) * 2 * size_t(I) * size_t(H), I, H, n0);
+  const auto b_rows =
+      gate_up_rows<Cfg, HALF>(gate_up + size_t(w.e) * 2 * size_t(I) * size_t(H), I, H, n0);
   float acc[Cfg::MT][Cfg::NT][4];
   tile::mainloop<Cfg>(acc, a_rows, b_rows, H, reinterpret_cast<bf16*>(smem));
 
@@ -347,25 +361,30 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int row = row_base + i * 16, col = col_base + j * 8;
-      store_act(act, I, row, w.row_end, col, acc[i][j][0], acc[i][j + 4][0], acc[i][j][1], acc[i][j + 4][1]);
-      store_act(act, I, row + 8, w.row_end, col, acc[i][j][2], acc[i][j + 4][2], acc[i][j][3], acc[i][j + 4][3]);
+      store_act(act, I, row, w.row_end, col, acc[i][j][0], acc[i][j + 4][0], acc[i][j][1],
+                acc[i][j + 4][1]);
+      store_act(act, I, row + 8, w.row_end, col, acc[i][j][2], acc[i][j + 4][2], acc[i][j][3],
+                acc[i][j + 4][3]);
     }
 }
 
 template <class Cfg, bool GROUPED>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
-    moe_gate_up_wgmma_kernel(const bf16* __restrict__ x, int H, const bf16* __restrict__ gate_up, int I, GroupArgs g,
-                             bf16* __restrict__ act) {
+    moe_gate_up_wgmma_kernel(const bf16* __restrict__ x, int H, const bf16* __restrict__ gate_up,
+                             int I, GroupArgs g, bf16* __restrict__ act) {
 #if defined(LILAC_SM90A)
   extern __shared__ __align__(1024) unsigned char smem[];
   constexpr int HALF = Cfg::BN / 2, COLS = Cfg::BN / 2;
   const int n_nt = (I + COLS - 1) / COLS;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
   TileWork w;
-  if (!tile_work<Cfg::BM, GROUPED>(tile, g.dense_rows, g.offsets, g.tile_expert, g.tile_row0, g.num_tiles, w)) return;
+  if (!tile_work<Cfg::BM, GROUPED>(tile, g.dense_rows, g.offsets, g.tile_expert, g.tile_row0,
+                                   g.num_tiles, w))
+    return;
   const int n0 = nt * COLS;
   const auto a_rows = gather_rows<Cfg>(x, H, g.sorted_token, w);
-  const auto b_rows = gate_up_rows<Cfg, HALF>(gate_up + size_t(w.e) * 2 * size_t(I) * size_t(H), I, H, n0);
+  const auto b_rows =
+      gate_up_rows<Cfg, HALF>(gate_up + size_t(w.e) * 2 * size_t(I) * size_t(H), I, H, n0);
   float acc[Cfg::NACC];
   tile::wgmma_mainloop<Cfg>(acc, a_rows, b_rows, H, smem);
 
@@ -387,20 +406,22 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #endif
 }
 
-__device__ __forceinline__ void store_y(float* y, int H, int row, int row_end, int col, float v0, float v1) {
+__device__ __forceinline__ void store_y(float* y, int H, int row, int row_end, int col, float v0,
+                                        float v1) {
   if (row < row_end && col < H)  // H even
     *reinterpret_cast<float2*>(y + size_t(row) * size_t(H) + col) = make_float2(v0, v1);
 }
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
-    moe_down_mma_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ down, int H, GroupArgs g,
-                        float* __restrict__ y) {
+    moe_down_mma_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ down, int H,
+                        GroupArgs g, float* __restrict__ y) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const int n_nt = (H + Cfg::BN - 1) / Cfg::BN;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
   TileWork w;
-  if (!tile_work<Cfg::BM, true>(tile, 0, g.offsets, g.tile_expert, g.tile_row0, g.num_tiles, w)) return;
+  if (!tile_work<Cfg::BM, true>(tile, 0, g.offsets, g.tile_expert, g.tile_row0, g.num_tiles, w))
+    return;
   const int n0 = nt * Cfg::BN;
   const auto a_rows = gather_rows<Cfg>(act, I, nullptr, w);
   const auto b_rows = plain_rows<Cfg>(down + size_t(w.e) * size_t(H) * size_t(I), H, I, n0);
@@ -420,14 +441,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
-    moe_down_wgmma_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ down, int H, GroupArgs g,
-                          float* __restrict__ y) {
+    moe_down_wgmma_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ down, int H,
+                          GroupArgs g, float* __restrict__ y) {
 #if defined(LILAC_SM90A)
   extern __shared__ __align__(1024) unsigned char smem[];
   const int n_nt = (H + Cfg::BN - 1) / Cfg::BN;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
   TileWork w;
-  if (!tile_work<Cfg::BM, true>(tile, 0, g.offsets, g.tile_expert, g.tile_row0, g.num_tiles, w)) return;
+  if (!tile_work<Cfg::BM, true>(tile, 0, g.offsets, g.tile_expert, g.tile_row0, g.num_tiles, w))
+    return;
   const int n0 = nt * Cfg::BN;
   const auto a_rows = gather_rows<Cfg>(act, I, nullptr, w);
   const auto b_rows = plain_rows<Cfg>(down + size_t(w.e) * size_t(H) * size_t(I), H, I, n0);
@@ -448,11 +470,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #endif
 }
 
-// ---- combine -------------------------------------------------------------------------------------
+// ---- combine
+// -------------------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(256)
-    moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w, const int32_t* __restrict__ pos, int k,
-                       const float* __restrict__ logits, int stride, int E, const float* __restrict__ shared, int H,
+    moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
+                       const int32_t* __restrict__ pos, int k, const float* __restrict__ logits,
+                       int stride, int E, const float* __restrict__ shared, int H,
                        float* __restrict__ h) {
   __shared__ int sp[32];
   __shared__ float sw[32];
@@ -489,7 +513,8 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// ---- host ----------------------------------------------------------------------------------------
+// ---- host
+// ----------------------------------------------------------------------------------------
 
 bool device_is_sm90() {
   static int cached[16];
@@ -508,14 +533,18 @@ bool device_is_sm90() {
 
 // Raises the kernel's dynamic shared-memory limit (once) and checks the grid size.
 template <class Kernel>
-void prepare_launch(Kernel kernel, std::once_flag& once, int smem, int64_t blocks, const char* what) {
+void prepare_launch(Kernel kernel, std::once_flag& once, int smem, int64_t blocks,
+                    const char* what) {
   std::call_once(once, [&] {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    LILAC_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   });
   if (blocks < 1 || blocks > 0x7fffffff) fail("{}: {} blocks", what, blocks);
 }
 
-size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+size_t align256(size_t n) {
+  return (n + 255) & ~size_t(255);
+}
 
 struct Sizes {
   int P, chunks, max_tiles;
@@ -546,7 +575,8 @@ size_t moe_routing_workspace_bytes(int T, int E, int k) {
 }
 
 MoeRouting moe_routing_layout(void* workspace, int T, int E, int k) {
-  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) fail("moe routing: workspace must be 256-byte aligned");
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    fail("moe routing: workspace must be 256-byte aligned");
   const Sizes s = sizes_of(T, E, k);
   char* p = static_cast<char*>(workspace);
   auto take = [&](size_t bytes) {
@@ -575,36 +605,43 @@ MoeRouting moe_routing_layout(void* workspace, int T, int E, int k) {
   return r;
 }
 
-void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRouting& r, cudaStream_t stream) {
+void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
+               cudaStream_t stream) {
   check_routing(r, "moe_route");
-  if (r.T != T || r.E != E || r.k != k) fail("moe_route: workspace laid out for T {} E {} k {}", r.T, r.E, r.k);
-  if (E > 512 || k > 32 || stride < E) fail("moe_route: E {} (<= 512), k {} (<= 32), stride {}", E, k, stride);
+  if (r.T != T || r.E != E || r.k != k)
+    fail("moe_route: workspace laid out for T {} E {} k {}", r.T, r.E, r.k);
+  if (E > 512 || k > 32 || stride < E)
+    fail("moe_route: E {} (<= 512), k {} (<= 32), stride {}", E, k, stride);
   const int P = T * k;
   const unsigned topk_blocks = unsigned(ceil_div(T, 8));
   if (E <= 128)
-    moe_topk_kernel<4><<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+    moe_topk_kernel<4>
+        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
   else if (E <= 256)
-    moe_topk_kernel<8><<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+    moe_topk_kernel<8>
+        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
   else
-    moe_topk_kernel<16><<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+    moe_topk_kernel<16>
+        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
   LILAC_CUDA_LAUNCHED();
-  moe_rank_kernel<<<unsigned(r.num_chunks), kChunkWarps * 32, size_t(kChunkWarps) * E * 4, stream>>>(
-      r.topk_idx, P, E, r.chunk_rank, r.chunk_base);
+  moe_rank_kernel<<<unsigned(r.num_chunks), kChunkWarps * 32, size_t(kChunkWarps) * E * 4,
+                    stream>>>(r.topk_idx, P, E, r.chunk_rank, r.chunk_base);
   LILAC_CUDA_LAUNCHED();
-  moe_scan_kernel<<<1, 1024, 0, stream>>>(r.chunk_base, r.num_chunks, E, kMoeTileRows, r.expert_offsets, r.tile_expert,
-                                          r.tile_row0, r.num_tiles);
+  moe_scan_kernel<<<1, 1024, 0, stream>>>(r.chunk_base, r.num_chunks, E, kMoeTileRows,
+                                          r.expert_offsets, r.tile_expert, r.tile_row0,
+                                          r.num_tiles);
   LILAC_CUDA_LAUNCHED();
-  moe_scatter_kernel<<<unsigned(ceil_div(P, 256)), 256, 0, stream>>>(r.topk_idx, r.topk_weight, r.chunk_rank,
-                                                                      r.chunk_base, r.expert_offsets, P, E, k,
-                                                                      r.sorted_token, r.sorted_weight, r.pair_position);
+  moe_scatter_kernel<<<unsigned(ceil_div(P, 256)), 256, 0, stream>>>(
+      r.topk_idx, r.topk_weight, r.chunk_rank, r.chunk_base, r.expert_offsets, P, E, k,
+      r.sorted_token, r.sorted_weight, r.pair_position);
   LILAC_CUDA_LAUNCHED();
 }
 
 namespace {
 
 template <class Cfg, bool GROUPED, bool WG>
-void launch_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const GroupArgs& g, int tiles, bf16* act,
-                    cudaStream_t stream) {
+void launch_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const GroupArgs& g, int tiles,
+                    bf16* act, cudaStream_t stream) {
   auto kernel = [] {
     if constexpr (WG)
       return moe_gate_up_wgmma_kernel<Cfg, GROUPED>;
@@ -619,8 +656,8 @@ void launch_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const Grou
 }
 
 template <class Cfg, bool WG>
-void launch_down(const bf16* act, int I, const bf16* down, int H, const GroupArgs& g, int tiles, float* y,
-                 cudaStream_t stream) {
+void launch_down(const bf16* act, int I, const bf16* down, int H, const GroupArgs& g, int tiles,
+                 float* y, cudaStream_t stream) {
   auto kernel = [] {
     if constexpr (WG)
       return moe_down_wgmma_kernel<Cfg>;
@@ -635,7 +672,8 @@ void launch_down(const bf16* act, int I, const bf16* down, int H, const GroupArg
 }
 
 void check_dims(int H, int I, const char* what) {
-  if (H < 8 || I < 8 || H % 8 != 0 || I % 8 != 0) fail("{}: H {} and I {} must be positive multiples of 8", what, H, I);
+  if (H < 8 || I < 8 || H % 8 != 0 || I % 8 != 0)
+    fail("{}: H {} and I {} must be positive multiples of 8", what, H, I);
 }
 
 GroupArgs group_args(const MoeRouting& r) {
@@ -644,8 +682,8 @@ GroupArgs group_args(const MoeRouting& r) {
 
 }  // namespace
 
-void moe_grouped_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const MoeRouting& r, bf16* act,
-                         cudaStream_t stream, bool use_wgmma) {
+void moe_grouped_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const MoeRouting& r,
+                         bf16* act, cudaStream_t stream, bool use_wgmma) {
   check_routing(r, "moe_grouped_gate_up");
   check_dims(H, I, "moe_grouped_gate_up");
   const GroupArgs g = group_args(r);
@@ -667,8 +705,8 @@ void moe_shared_gate_up(const bf16* x, int T, int H, const bf16* shared_gate_up,
     launch_gate_up<GateUpMma, false, false>(x, H, shared_gate_up, Is, g, tiles, act, stream);
 }
 
-void moe_grouped_down(const bf16* act, int I, const bf16* down, int H, const MoeRouting& r, float* y,
-                      cudaStream_t stream, bool use_wgmma) {
+void moe_grouped_down(const bf16* act, int I, const bf16* down, int H, const MoeRouting& r,
+                      float* y, cudaStream_t stream, bool use_wgmma) {
   check_routing(r, "moe_grouped_down");
   check_dims(H, I, "moe_grouped_down");
   const GroupArgs g = group_args(r);
@@ -678,12 +716,13 @@ void moe_grouped_down(const bf16* act, int I, const bf16* down, int H, const Moe
     launch_down<DownMma, false>(act, I, down, H, g, r.max_tiles, y, stream);
 }
 
-void moe_combine(const float* y, const MoeRouting& r, const float* logits, int stride, const float* shared, int H,
-                 float* h, cudaStream_t stream) {
+void moe_combine(const float* y, const MoeRouting& r, const float* logits, int stride,
+                 const float* shared, int H, float* h, cudaStream_t stream) {
   check_routing(r, "moe_combine");
-  if (H % 4 != 0 || stride <= r.E) fail("moe_combine: H {} (multiple of 4), stride {} (> E {})", H, stride, r.E);
-  moe_combine_kernel<<<unsigned(r.T), 256, 0, stream>>>(y, r.topk_weight, r.pair_position, r.k, logits, stride, r.E,
-                                                         shared, H, h);
+  if (H % 4 != 0 || stride <= r.E)
+    fail("moe_combine: H {} (multiple of 4), stride {} (> E {})", H, stride, r.E);
+  moe_combine_kernel<<<unsigned(r.T), 256, 0, stream>>>(y, r.topk_weight, r.pair_position, r.k,
+                                                        logits, stride, r.E, shared, H, h);
   LILAC_CUDA_LAUNCHED();
 }
 

@@ -27,9 +27,12 @@ using cuda::GemmTile;
 
 const char* mode_name(GemmOut m) {
   switch (m) {
-    case GemmOut::StoreF32: return "f32";
-    case GemmOut::StoreBF16: return "bf16";
-    case GemmOut::AccumulateF32: return "accumulate";
+    case GemmOut::StoreF32:
+      return "f32";
+    case GemmOut::StoreBF16:
+      return "bf16";
+    case GemmOut::AccumulateF32:
+      return "accumulate";
   }
   return "?";
 }
@@ -100,20 +103,24 @@ class GemmChecker {
     for (GemmTile tile : tiles) {
       for (GemmOut mode : modes) {
         const std::string what = "gemm M " + std::to_string(M) + " N " + std::to_string(N) + " K " +
-                                 std::to_string(K) + " " + cuda::gemm_tile_name(tile) + " " + mode_name(mode);
+                                 std::to_string(K) + " " + cuda::gemm_tile_name(tile) + " " +
+                                 mode_name(mode);
         std::vector<float> c0;  // initial C for the accumulate mode, on the checked rows
         if (mode == GemmOut::AccumulateF32) {
           std::vector<float> init(size_t(M) * N);
           const uint64_t cseed = aseed ^ 0x5bd1e995u;
           ThreadPool::global().parallel_for(
-              init.size(), [&](size_t b, size_t e) {
+              init.size(),
+              [&](size_t b, size_t e) {
                 for (size_t i = b; i < e; ++i) init[i] = hash_uniform(cseed, i, 4.f);
               },
               1 << 16);
-          LILAC_CUDA_CHECK(cudaMemcpy(c_dev.get(), init.data(), init.size() * 4, cudaMemcpyHostToDevice));
+          LILAC_CUDA_CHECK(
+              cudaMemcpy(c_dev.get(), init.data(), init.size() * 4, cudaMemcpyHostToDevice));
           c0.resize(R * size_t(N));
           for (size_t i = 0; i < R; ++i)
-            std::copy_n(init.begin() + ptrdiff_t(size_t(rows[i]) * N), N, c0.begin() + ptrdiff_t(i * N));
+            std::copy_n(init.begin() + ptrdiff_t(size_t(rows[i]) * N), N,
+                        c0.begin() + ptrdiff_t(i * N));
         } else {
           poison(c_dev);
         }
@@ -125,15 +132,16 @@ class GemmChecker {
         if (mode == GemmOut::StoreBF16) {
           std::vector<uint16_t> row_bits(static_cast<size_t>(N));
           for (size_t i = 0; i < R; ++i) {
-            LILAC_CUDA_CHECK(cudaMemcpy(row_bits.data(), reinterpret_cast<const uint16_t*>(c_dev.get()) +
-                                                             size_t(rows[i]) * N,
-                                        size_t(N) * 2, cudaMemcpyDeviceToHost));
+            LILAC_CUDA_CHECK(
+                cudaMemcpy(row_bits.data(),
+                           reinterpret_cast<const uint16_t*>(c_dev.get()) + size_t(rows[i]) * N,
+                           size_t(N) * 2, cudaMemcpyDeviceToHost));
             for (int j = 0; j < N; ++j) got[i * N + j] = bf16_to_f32(row_bits[size_t(j)]);
           }
         } else {
           for (size_t i = 0; i < R; ++i)
-            LILAC_CUDA_CHECK(cudaMemcpy(&got[i * N], c_dev.get() + size_t(rows[i]) * N, size_t(N) * 4,
-                                        cudaMemcpyDeviceToHost));
+            LILAC_CUDA_CHECK(cudaMemcpy(&got[i * N], c_dev.get() + size_t(rows[i]) * N,
+                                        size_t(N) * 4, cudaMemcpyDeviceToHost));
         }
         const bool bf16_out = mode == GemmOut::StoreBF16, acc = mode == GemmOut::AccumulateF32;
         EXPECT_TRUE(check_elements(
@@ -147,7 +155,9 @@ class GemmChecker {
               if (acc) t += std::ldexp(std::fabs(double(ref[i])) + std::fabs(double(c0[i])), -22);
               return t;
             },
-            [&](size_t i) { return "row " + std::to_string(rows[i / N]) + ", col " + std::to_string(i % N); },
+            [&](size_t i) {
+              return "row " + std::to_string(rows[i / N]) + ", col " + std::to_string(i % N);
+            },
             what))
             << "(" << R << " of " << M << " rows checked)";
       }
@@ -163,9 +173,10 @@ class GemmChecker {
   Matrix W_;
 };
 
-const std::vector<GemmOut> kAllModes = {GemmOut::StoreF32, GemmOut::StoreBF16, GemmOut::AccumulateF32};
-const std::vector<GemmTile> kAllTiles = {GemmTile::Mma128x256, GemmTile::Mma128x128, GemmTile::Mma64x128,
-                                         GemmTile::Wgmma128x256};
+const std::vector<GemmOut> kAllModes = {GemmOut::StoreF32, GemmOut::StoreBF16,
+                                        GemmOut::AccumulateF32};
+const std::vector<GemmTile> kAllTiles = {GemmTile::Mma128x256, GemmTile::Mma128x128,
+                                         GemmTile::Mma64x128, GemmTile::Wgmma128x256};
 const std::vector<int> kModelM = {1, 7, 128, 1000, 4096};
 
 struct Shape {
@@ -175,8 +186,8 @@ struct Shape {
 
 TEST(Gemm, ModelShapesAuto) {
   LILAC_REQUIRE_GPU();
-  const Shape shapes[] = {{"gdn in_proj", 12352, 2048}, {"out_proj / o_proj", 2048, 4096},
-                          {"attention qkv", 9216, 2048}, {"router + shared gate", 257, 2048},
+  const Shape shapes[] = {{"gdn in_proj", 12352, 2048},   {"out_proj / o_proj", 2048, 4096},
+                          {"attention qkv", 9216, 2048},  {"router + shared gate", 257, 2048},
                           {"shared gate_up", 1024, 2048}, {"shared down", 2048, 512}};
   uint64_t seed = 11;
   for (const Shape& s : shapes) {
@@ -219,9 +230,12 @@ TEST(Gemm, AwkwardShapesEveryTile) {
 
 // The contract's preconditions are enforced (before any device work).
 TEST(Gemm, RejectsBadShapes) {
-  EXPECT_THROW(cuda::gemm(nullptr, 4, 12, nullptr, 8, nullptr, GemmOut::StoreF32, nullptr), Error);  // K % 8
-  EXPECT_THROW(cuda::gemm(nullptr, 0, 16, nullptr, 8, nullptr, GemmOut::StoreF32, nullptr), Error);  // M = 0
-  EXPECT_THROW(cuda::gemm(nullptr, 4, 16, nullptr, 0, nullptr, GemmOut::StoreF32, nullptr), Error);  // N = 0
+  EXPECT_THROW(cuda::gemm(nullptr, 4, 12, nullptr, 8, nullptr, GemmOut::StoreF32, nullptr),
+               Error);  // K % 8
+  EXPECT_THROW(cuda::gemm(nullptr, 0, 16, nullptr, 8, nullptr, GemmOut::StoreF32, nullptr),
+               Error);  // M = 0
+  EXPECT_THROW(cuda::gemm(nullptr, 4, 16, nullptr, 0, nullptr, GemmOut::StoreF32, nullptr),
+               Error);  // N = 0
 }
 
 }  // namespace

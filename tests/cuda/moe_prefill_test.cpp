@@ -28,7 +28,8 @@
 namespace lilac::test {
 namespace {
 
-// ---- routing reference -----------------------------------------------------------------------------
+// ---- routing reference
+// -----------------------------------------------------------------------------
 
 struct RouteRef {
   std::vector<int32_t> idx, offsets, sorted_token, pair_position, tile_expert, tile_row0;
@@ -42,7 +43,9 @@ RouteRef route_ref(const std::vector<float>& logits, int stride, int T, int E, i
   const size_t P = size_t(T) * k;
   r.idx.resize(P);
   r.w.resize(P);
-  for (int t = 0; t < T; ++t) cpu::router_top_k(&logits[size_t(t) * stride], E, k, &r.idx[size_t(t) * k], &r.w[size_t(t) * k]);
+  for (int t = 0; t < T; ++t)
+    cpu::router_top_k(&logits[size_t(t) * stride], E, k, &r.idx[size_t(t) * k],
+                      &r.w[size_t(t) * k]);
   std::vector<int32_t> count(size_t(E), 0);
   for (int32_t e : r.idx) ++count[size_t(e)];
   r.offsets.assign(size_t(E) + 1, 0);
@@ -73,14 +76,15 @@ std::vector<T> download_n(const T* d, size_t n) {
   return h;
 }
 
-::testing::AssertionResult same_ints(const std::vector<int32_t>& got, const std::vector<int32_t>& want,
-                                     const std::string& what) {
+::testing::AssertionResult same_ints(const std::vector<int32_t>& got,
+                                     const std::vector<int32_t>& want, const std::string& what) {
   if (got.size() != want.size())
-    return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs " << want.size();
+    return ::testing::AssertionFailure()
+           << what << ": size " << got.size() << " vs " << want.size();
   for (size_t i = 0; i < got.size(); ++i)
     if (got[i] != want[i])
-      return ::testing::AssertionFailure() << what << ": first difference at [" << i << "]: gpu " << got[i]
-                                           << " vs cpu " << want[i];
+      return ::testing::AssertionFailure() << what << ": first difference at [" << i << "]: gpu "
+                                           << got[i] << " vs cpu " << want[i];
   return ::testing::AssertionSuccess();
 }
 
@@ -90,15 +94,19 @@ void expect_routing(const cuda::MoeRouting& r, const RouteRef& ref, const std::s
   const size_t P = size_t(r.T) * r.k;
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_TRUE(same_ints(download_n(r.topk_idx, P), ref.idx, what + " topk_idx"));
-  EXPECT_TRUE(same_ints(download_n(r.expert_offsets, size_t(r.E) + 1), ref.offsets, what + " expert_offsets"));
+  EXPECT_TRUE(same_ints(download_n(r.expert_offsets, size_t(r.E) + 1), ref.offsets,
+                        what + " expert_offsets"));
   EXPECT_TRUE(same_ints(download_n(r.sorted_token, P), ref.sorted_token, what + " sorted_token"));
-  EXPECT_TRUE(same_ints(download_n(r.pair_position, P), ref.pair_position, what + " pair_position"));
+  EXPECT_TRUE(
+      same_ints(download_n(r.pair_position, P), ref.pair_position, what + " pair_position"));
   const int num_tiles = download_n(r.num_tiles, 1)[0];
   EXPECT_EQ(num_tiles, ref.num_tiles) << what << " num_tiles";
   EXPECT_LE(num_tiles, r.max_tiles) << what;
   if (num_tiles == ref.num_tiles) {
-    EXPECT_TRUE(same_ints(download_n(r.tile_expert, size_t(num_tiles)), ref.tile_expert, what + " tile_expert"));
-    EXPECT_TRUE(same_ints(download_n(r.tile_row0, size_t(num_tiles)), ref.tile_row0, what + " tile_row0"));
+    EXPECT_TRUE(same_ints(download_n(r.tile_expert, size_t(num_tiles)), ref.tile_expert,
+                          what + " tile_expert"));
+    EXPECT_TRUE(
+        same_ints(download_n(r.tile_row0, size_t(num_tiles)), ref.tile_row0, what + " tile_row0"));
   }
   const auto w = download_n(r.topk_weight, P), sw = download_n(r.sorted_weight, P);
   EXPECT_TRUE(all_close(w, ref.w, 1e-7, 4e-6, what + " topk_weight"));
@@ -144,14 +152,15 @@ TEST(MoeRoute, MatchesCountingSort) {
     int T, E, k, stride;
     bool skew;
   };
-  const Case cases[] = {{1, 256, 8, 257, false},   {5, 256, 8, 257, true},    {300, 256, 8, 257, false},
-                        {300, 256, 8, 257, true},  {2048, 256, 8, 257, true}, {8192, 256, 8, 257, false},
-                        {8192, 256, 8, 257, true}, {37, 16, 4, 17, false},    {1000, 16, 4, 17, true},
-                        {777, 100, 6, 103, false}, {513, 512, 32, 513, true}, {64, 8, 1, 9, false}};
+  const Case cases[] = {
+      {1, 256, 8, 257, false},   {5, 256, 8, 257, true},    {300, 256, 8, 257, false},
+      {300, 256, 8, 257, true},  {2048, 256, 8, 257, true}, {8192, 256, 8, 257, false},
+      {8192, 256, 8, 257, true}, {37, 16, 4, 17, false},    {1000, 16, 4, 17, true},
+      {777, 100, 6, 103, false}, {513, 512, 32, 513, true}, {64, 8, 1, 9, false}};
   uint64_t seed = 7;
   for (const Case& c : cases) {
-    const std::string what = "T " + std::to_string(c.T) + " E " + std::to_string(c.E) + " k " + std::to_string(c.k) +
-                             (c.skew ? " skewed" : " uniform");
+    const std::string what = "T " + std::to_string(c.T) + " E " + std::to_string(c.E) + " k " +
+                             std::to_string(c.k) + (c.skew ? " skewed" : " uniform");
     const auto L = synthetic_logits(c.T, c.E, c.k, c.stride, c.skew, seed++);
     const RouteRef ref = route_ref(L, c.stride, c.T, c.E, c.k);
     auto d_logits = upload(L);
@@ -162,7 +171,8 @@ TEST(MoeRoute, MatchesCountingSort) {
   }
 }
 
-// ---- whole block ------------------------------------------------------------------------------------
+// ---- whole block
+// ------------------------------------------------------------------------------------
 
 struct MoeShape {
   const char* name;
@@ -180,7 +190,8 @@ struct MoeModel {
   cuda::DeviceBuffer<cuda::bf16> d_gate_up, d_down, d_sgu, d_sdown;
 
   explicit MoeModel(const MoeShape& shape) : s(shape) {
-    const float sh = std::sqrt(3.f / float(s.H)), si = std::sqrt(3.f / float(s.I)), sis = std::sqrt(3.f / float(s.Is));
+    const float sh = std::sqrt(3.f / float(s.H)), si = std::sqrt(3.f / float(s.I)),
+                sis = std::sqrt(3.f / float(s.Is));
     gate_up = random_bf16_bits(size_t(s.E) * 2 * s.I * s.H, sh, 1001);
     down = random_bf16_bits(size_t(s.E) * s.H * s.I, si, 1002);
     sgu = random_bf16_bits(size_t(2) * s.Is * s.H, sh, 1003);
@@ -218,7 +229,9 @@ double dot_f64(const uint16_t* a, const float* x, int n) {
   for (int i = 0; i < n; ++i) s += double(bf16_to_f32(a[i])) * double(x[i]);
   return s;
 }
-double silu_f64(double g) { return g / (1.0 + std::exp(-g)); }
+double silu_f64(double g) {
+  return g / (1.0 + std::exp(-g));
+}
 
 // Rows to check of a [rows, ...] intermediate: all, or `must` plus random ones up to `limit`.
 std::vector<int> pick_rows(int rows, const std::set<int>& must, int limit, uint32_t seed) {
@@ -236,8 +249,9 @@ std::vector<int> pick_rows(int rows, const std::set<int>& must, int limit, uint3
 // act[row, i] = bf16(silu(x_tok . gate_i) * (x_tok . up_i)) for gate/up stacked [2I, H] rows `w`.
 ::testing::AssertionResult check_act(const std::vector<int>& rows, const std::vector<int>& token_of,
                                      const std::vector<int>& expert_of, const std::vector<float>& x,
-                                     const uint16_t* w, const std::vector<double>& w_norm, int I, int H,
-                                     const std::vector<float>& act, const std::string& what) {
+                                     const uint16_t* w, const std::vector<double>& w_norm, int I,
+                                     int H, const std::vector<float>& act,
+                                     const std::string& what) {
   const size_t R = rows.size();
   std::vector<double> want(R * size_t(I)), tol(R * size_t(I));
   const double gamma = dot_tolerance(H);
@@ -253,7 +267,8 @@ std::vector<int> pick_rows(int rows, const std::set<int>& must, int limit, uint3
         const double g = dot_f64(w + (base + size_t(i)) * H, xt, H);
         const double u = dot_f64(w + (base + size_t(I + i)) * H, xt, H);
         const double v = silu_f64(g) * u;
-        const double dg = gamma * xn * w_norm[base + size_t(i)], du = gamma * xn * w_norm[base + size_t(I + i)];
+        const double dg = gamma * xn * w_norm[base + size_t(i)],
+                     du = gamma * xn * w_norm[base + size_t(I + i)];
         want[ri * I + size_t(i)] = v;
         // bf16 rounding of the result, plus the propagated f32 accumulation error of g and u
         // (|d silu / dg| <= 1.1).
@@ -263,9 +278,12 @@ std::vector<int> pick_rows(int rows, const std::set<int>& must, int limit, uint3
     }
   });
   return check_elements(
-      R * size_t(I), [&](size_t i) { return act[size_t(rows[i / I]) * I + i % I]; }, [&](size_t i) { return want[i]; },
-      [&](size_t i) { return tol[i]; },
-      [&](size_t i) { return "row " + std::to_string(rows[i / I]) + ", col " + std::to_string(i % I); }, what);
+      R * size_t(I), [&](size_t i) { return act[size_t(rows[i / I]) * I + i % I]; },
+      [&](size_t i) { return want[i]; }, [&](size_t i) { return tol[i]; },
+      [&](size_t i) {
+        return "row " + std::to_string(rows[i / I]) + ", col " + std::to_string(i % I);
+      },
+      what);
 }
 
 struct BlockCase {
@@ -277,8 +295,8 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
   const MoeModel& m = model_of(s);
   const int T = c.T, E = s.E, k = s.k, I = s.I, Is = s.Is, H = s.H, stride = E + 1;
   const size_t P = size_t(T) * k;
-  const std::string what =
-      std::string(s.name) + " T " + std::to_string(T) + (c.skew ? " skewed" : " uniform") + " routing";
+  const std::string what = std::string(s.name) + " T " + std::to_string(T) +
+                           (c.skew ? " skewed" : " uniform") + " routing";
   SCOPED_TRACE(what);
 
   // Inputs: x with an optional common direction b (entries +-1); the router's expert-3 row
@@ -310,7 +328,8 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
 
   MoeWeights w;
   w.router = bf16_matrix(router_bits.data(), E, H, "router");
-  w.shared_expert_gate = bf16_matrix(router_bits.data() + size_t(E) * H, 1, H, "shared_expert_gate");
+  w.shared_expert_gate =
+      bf16_matrix(router_bits.data() + size_t(E) * H, 1, H, "shared_expert_gate");
   w.experts.resize(size_t(E));
   for (int e = 0; e < E; ++e) {
     const uint16_t* gu = m.gate_up.data() + size_t(e) * 2 * I * H;
@@ -344,7 +363,8 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
   const std::vector<int> toks = pick_rows(T, {0, T - 1}, 256, uint32_t(seed + 1));
   std::vector<int> expert_of(P), identity(static_cast<size_t>(T)), zeros(static_cast<size_t>(T), 0);
   for (int e = 0; e < E; ++e)
-    for (int r = ref.offsets[size_t(e)]; r < ref.offsets[size_t(e) + 1]; ++r) expert_of[size_t(r)] = e;
+    for (int r = ref.offsets[size_t(e)]; r < ref.offsets[size_t(e) + 1]; ++r)
+      expert_of[size_t(r)] = e;
   for (int t = 0; t < T; ++t) identity[size_t(t)] = t;
   const std::vector<int> sorted_token(ref.sorted_token.begin(), ref.sorted_token.end());
 
@@ -368,15 +388,17 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
     cuda::moe_grouped_gate_up(d_x.get(), H, m.d_gate_up.get(), I, ws.r, d_act.get(), nullptr, wg);
     cuda::moe_grouped_down(d_act.get(), I, m.d_down.get(), H, ws.r, d_y.get(), nullptr, wg);
     cuda::moe_shared_gate_up(d_x.get(), T, H, m.d_sgu.get(), Is, d_act_s.get(), nullptr, wg);
-    cuda::gemm(d_act_s.get(), T, Is, m.d_sdown.get(), H, d_shared.get(), cuda::GemmOut::StoreF32, nullptr);
-    cuda::moe_combine(d_y.get(), ws.r, d_logits.get(), stride, d_shared.get(), H, d_h.get(), nullptr);
+    cuda::gemm(d_act_s.get(), T, Is, m.d_sdown.get(), H, d_shared.get(), cuda::GemmOut::StoreF32,
+               nullptr);
+    cuda::moe_combine(d_y.get(), ws.r, d_logits.get(), stride, d_shared.get(), H, d_h.get(),
+                      nullptr);
     LILAC_CUDA_CHECK(cudaDeviceSynchronize());
 
     expect_routing(ws.r, ref, what + " " + path);
 
     const auto act = download_bf16_as_f32(d_act);
-    EXPECT_TRUE(check_act(rows, sorted_token, expert_of, x, m.gate_up.data(), m.gate_up_norm, I, H, act,
-                          "act (" + path + ")"));
+    EXPECT_TRUE(check_act(rows, sorted_token, expert_of, x, m.gate_up.data(), m.gate_up_norm, I, H,
+                          act, "act (" + path + ")"));
     const auto act_s = download_bf16_as_f32(d_act_s);
     EXPECT_TRUE(check_act(toks, identity, zeros, x, m.sgu.data(), m.sgu_norm, Is, H, act_s,
                           "shared act (" + path + ")"));
@@ -404,7 +426,9 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
       EXPECT_TRUE(check_elements(
           R * size_t(H), [&](size_t i) { return y[size_t(rows[i / H]) * H + i % H]; },
           [&](size_t i) { return want[i]; }, [&](size_t i) { return tol[i]; },
-          [&](size_t i) { return "sorted row " + std::to_string(rows[i / H]) + ", col " + std::to_string(i % H); },
+          [&](size_t i) {
+            return "sorted row " + std::to_string(rows[i / H]) + ", col " + std::to_string(i % H);
+          },
           "y (" + path + ")"));
     }
 
@@ -416,15 +440,21 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
     std::vector<double> rms(static_cast<size_t>(T));
     for (int t = 0; t < T; ++t) {
       double s2 = 0;
-      for (int cidx = 0; cidx < H; ++cidx) s2 += double(out[size_t(t) * H + cidx]) * out[size_t(t) * H + cidx];
+      for (int cidx = 0; cidx < H; ++cidx)
+        s2 += double(out[size_t(t) * H + cidx]) * out[size_t(t) * H + cidx];
       rms[size_t(t)] = std::sqrt(s2 / H);
     }
     EXPECT_TRUE(check_elements(
-        size_t(T) * H, [&](size_t i) { return h[i]; }, [&](size_t i) { return double(h0[i]) + double(out[i]); },
+        size_t(T) * H, [&](size_t i) { return h[i]; },
+        [&](size_t i) { return double(h0[i]) + double(out[i]); },
         [&](size_t i) {
-          return std::ldexp(rms[i / size_t(H)], -6) + std::ldexp(std::fabs(double(h0[i]) + out[i]), -20) + 1e-30;
+          return std::ldexp(rms[i / size_t(H)], -6) +
+                 std::ldexp(std::fabs(double(h0[i]) + out[i]), -20) + 1e-30;
         },
-        [&](size_t i) { return "token " + std::to_string(i / size_t(H)) + ", col " + std::to_string(i % size_t(H)); },
+        [&](size_t i) {
+          return "token " + std::to_string(i / size_t(H)) + ", col " +
+                 std::to_string(i % size_t(H));
+        },
         "h (" + path + ")"));
   }
 }
@@ -448,12 +478,14 @@ TEST(MoeRoute, WorkspaceLayout) {
   for (int T : {1, 5, 300, 8192}) {
     const size_t bytes = cuda::moe_routing_workspace_bytes(T, 256, 8);
     std::vector<uint8_t> fake(bytes + 256);
-    void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(fake.data()) + 255) & ~uintptr_t(255));
+    void* base =
+        reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(fake.data()) + 255) & ~uintptr_t(255));
     const cuda::MoeRouting r = cuda::moe_routing_layout(base, T, 256, 8);
     const int P = T * 8;
     // sum over experts of ceil(n_e / BM) with sum n_e = P and at most min(E, P) non-empty experts.
     const int nonempty = std::min(256, P);
-    const int worst = (P - nonempty) / cuda::kMoeTileRows + nonempty;  // each non-empty expert one partial tile
+    const int worst =
+        (P - nonempty) / cuda::kMoeTileRows + nonempty;  // each non-empty expert one partial tile
     EXPECT_GE(r.max_tiles, worst) << "T " << T;
     const auto end = reinterpret_cast<uintptr_t>(r.num_tiles) + 4;
     EXPECT_LE(end, reinterpret_cast<uintptr_t>(base) + bytes) << "T " << T;

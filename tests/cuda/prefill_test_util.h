@@ -34,7 +34,8 @@ inline float hash_uniform(uint64_t seed, uint64_t i, float scale) {
 inline std::vector<uint16_t> random_bf16_bits(size_t n, float scale, uint64_t seed) {
   std::vector<uint16_t> v(n);
   ThreadPool::global().parallel_for(
-      n, [&](size_t b, size_t e) {
+      n,
+      [&](size_t b, size_t e) {
         for (size_t i = b; i < e; ++i) v[i] = f32_to_bf16(hash_uniform(seed, i, scale));
       },
       1 << 16);
@@ -73,7 +74,9 @@ inline std::vector<double> row_norms(const uint16_t* bits, int64_t rows, int64_t
 // doubled for margin: (K/8 + 96) * 2^-23. At K = 2048 that is 3.5e-5 ||a|| ||b||, 1.6e-3 of a
 // typical |a . b| for random data, yet 14x smaller than one product |a_k b_k| of such data, so a
 // dropped or doubled k-chunk cannot pass.
-inline double dot_tolerance(int64_t K) { return (double(K) / 8.0 + 96.0) * std::ldexp(1.0, -23); }
+inline double dot_tolerance(int64_t K) {
+  return (double(K) / 8.0 + 96.0) * std::ldexp(1.0, -23);
+}
 
 // Compares got vs want element-wise with tolerance tol(i); reports the count, the first and the
 // worst failing elements, naming them through `where(i)` (e.g. "row 5, col 17").
@@ -96,9 +99,10 @@ inline ::testing::AssertionResult check_elements(size_t n, const std::function<f
   }
   if (bad == 0) return ::testing::AssertionSuccess();
   std::ostringstream os;
-  os << what << ": " << bad << " of " << n << " elements out of tolerance; first at " << where(first) << ": gpu "
-     << got(first) << " vs cpu " << want(first) << " (tol " << tol(first) << "); worst at " << where(worst)
-     << ": gpu " << got(worst) << " vs cpu " << want(worst) << " (tol " << tol(worst) << ")";
+  os << what << ": " << bad << " of " << n << " elements out of tolerance; first at "
+     << where(first) << ": gpu " << got(first) << " vs cpu " << want(first) << " (tol "
+     << tol(first) << "); worst at " << where(worst) << ": gpu " << got(worst) << " vs cpu "
+     << want(worst) << " (tol " << tol(worst) << ")";
   return ::testing::AssertionFailure() << os.str();
 }
 
