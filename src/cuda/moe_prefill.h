@@ -1,11 +1,11 @@
 // Mixture-of-experts prefill on the GPU (MODEL.md section 2, "MoE"), T tokens at once, with the
 // tokens grouped by expert on the device (no host round trip, no readback of counts):
-//   moe_route            top-k per token + stable counting sort of the T*k (token, slot) pairs
-//   moe_grouped_gate_up  act[s] = bf16(silu(x[tok(s)] . gate_e) * (x[tok(s)] . up_e)), sorted rows
-//   s moe_grouped_down     y[s] = act[s] . down_e^T (f32, sorted order) moe_shared_gate_up   the
-//   shared expert's act (same kernel, every token, one "expert") gemm(...)            shared
-//   expert's down projection (the caller; gemm.h) moe_combine          h[t] += sum_j w_tj y[pos(t,
-//   j)] + sigmoid(logit_tE) shared[t]
+// - moe_route: top-k per token + stable counting sort of the T*k (token, slot) pairs;
+// - moe_grouped_gate_up: act[s] = bf16(silu(x[tok(s)] . gate_e) * (x[tok(s)] . up_e)), sorted rows;
+// - moe_grouped_down: y[s] = act[s] . down_e^T (f32, sorted order);
+// - moe_shared_gate_up: the shared expert's act (same kernel, every token, one "expert"); its
+//   down projection is a plain gemm (gemm.h) by the caller;
+// - moe_combine: h[t] += sum_j w_tj y[pos(t, j)] + sigmoid(logit_tE) shared[t].
 // Design and roofline numbers: moe_prefill.cu.
 #pragma once
 
