@@ -14,8 +14,9 @@ extern const char* const kQwen35Regex;
 extern const char* const kGpt2Regex;
 
 // HF tokenizers' regexes (Oniguruma, Rust regex) take \s as the Unicode White_Space set. PCRE2's
-// UCP \s differs (it adds U+180E and misses U+0085), so \s and \S are rewritten to an explicit
-// class of those 25 code points, inside and outside bracket classes. Throws lilac::Error on a \S
+// UCP \s (10.42) also matches U+180E MONGOLIAN VOWEL SEPARATOR (white space before Unicode 6.3),
+// so \s and \S are rewritten to an explicit class of the 25 White_Space code points, inside and
+// outside bracket classes. Throws lilac::Error on a \S
 // inside a bracket class (not expressible; no known tokenizer uses it).
 std::string rewrite_whitespace_classes(const std::string& pattern);
 

@@ -80,7 +80,12 @@ void load_pre_tokenizer(BpeTokenizer& t, const json& p, const std::string& src,
   }
   if (!byte_level) fail("{}: the pre_tokenizer has no ByteLevel step (byte-level BPE only)", src);
   if (!regex_override.empty()) pattern = regex_override;
-  if (!pattern.empty()) t.splitter = std::make_unique<RegexSplitter>(pattern);
+  if (pattern.empty()) return;
+  try {
+    t.splitter = std::make_unique<RegexSplitter>(pattern);
+  } catch (const Error& e) {
+    fail("{}: {}", src, e.what());
+  }
 }
 
 void load_model(BpeTokenizer& t, TokenizerFile& f, const std::string& src) {

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../test_data.h"
 #include "tokenizer/tokenizer.h"
@@ -41,6 +43,18 @@ inline const Tokenizer& qwen35_tokenizer() {
 inline const nlohmann::json& tokenizer_golden() {
   static const nlohmann::json j = tok::read_json_file(data_path("tokenizer/tokenizer-golden.json"));
   return j;
+}
+
+// The fixture's added tokens (content -> id), read from the file itself.
+inline const std::vector<std::pair<std::string, int32_t>>& qwen3_added_tokens() {
+  static const auto added = [] {
+    std::vector<std::pair<std::string, int32_t>> out;
+    auto f = tok::parse_tokenizer_json(tok::read_file_maybe_gz(qwen3_tokenizer_path()), "fixture");
+    for (const auto& a : f.rest["added_tokens"])
+      out.emplace_back(a["content"].get<std::string>(), a["id"].get<int32_t>());
+    return out;
+  }();
+  return added;
 }
 
 }  // namespace lilac::test
