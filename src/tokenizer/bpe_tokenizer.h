@@ -12,6 +12,7 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/vocab_index.h"
 
 namespace lilac::tok {
 
@@ -88,7 +89,7 @@ class BpeTokenizer final : public Tokenizer {
   bool ignore_merges = false;
   std::unique_ptr<RegexSplitter> splitter;  // null: the whole segment is one piece
   Bpe bpe;
-  std::unordered_map<std::string, int32_t> vocab;  // BPE token bytes -> id
+  VocabIndex vocab;  // BPE token bytes -> id (over id_bytes_)
   std::vector<AddedToken> added;
   AddedMatcher raw_matcher, normalized_matcher;  // tokens with normalized false / true
   std::vector<std::string> id_bytes_;            // every id's bytes ("" for unused ids)

@@ -122,9 +122,9 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
     return;
   }
   if (ignore_merges) {
-    auto it = vocab.find(std::string(piece));
-    if (it != vocab.end()) {
-      out.push_back(it->second);
+    int32_t id = vocab.find(piece);
+    if (id >= 0) {
+      out.push_back(id);
       return;
     }
   }
@@ -204,8 +204,8 @@ std::string BpeTokenizer::decode(std::span<const int32_t> ids, bool skip_special
 std::optional<int32_t> BpeTokenizer::token_id(std::string_view token) const {
   for (const AddedToken& a : added)
     if (a.content == token) return a.id;
-  auto it = vocab.find(std::string(token));
-  if (it != vocab.end()) return it->second;
+  int32_t id = vocab.find(token);
+  if (id >= 0) return id;
   return std::nullopt;
 }
 

@@ -107,30 +107,30 @@ void load_model(BpeTokenizer& t, TokenizerFile& f, const std::string& src) {
   for (const auto& [tok, id] : f.vocab) max_id = std::max(max_id, id);
   if (max_id >= kMaxId) fail("{}: model.vocab id {} is too large", src, max_id);
   t.id_bytes_.assign(size_t(max_id + 1), std::string());
-  t.vocab.reserve(f.vocab.size());
   std::vector<uint8_t> seen(size_t(max_id + 1), 0);
   for (auto& [tok, id] : f.vocab) {
     if (seen[id]) fail("{}: model.vocab: id {} is used twice", src, id);
     seen[id] = 1;
     bool mapped;
-    std::string bytes = bl.to_bytes(tok, &mapped);
-    if (mapped && bytes.size() == 1) t.bpe.set_byte_id(uint8_t(bytes[0]), int32_t(id));
-    t.id_bytes_[id] = bytes;
-    t.vocab.emplace(std::move(bytes), int32_t(id));
+    t.id_bytes_[id] = bl.to_bytes(tok, &mapped);
+    if (mapped && t.id_bytes_[id].size() == 1)
+      t.bpe.set_byte_id(uint8_t(t.id_bytes_[id][0]), int32_t(id));
   }
+  t.vocab.build(t.id_bytes_, seen);
   // Merges name tokens by their strings; the merged token is the concatenation (HF requires all
   // three in the vocab).
   uint32_t rank = 0;
-  std::string joined;
+  std::string ba, bb;
   for (const auto& [a, b] : f.merges) {
-    std::string ba = bl.to_bytes(a), bb = bl.to_bytes(b);
-    auto ia = t.vocab.find(ba), ib = t.vocab.find(bb);
-    joined = ba + bb;
-    auto im = t.vocab.find(joined);
-    if (ia == t.vocab.end() || ib == t.vocab.end() || im == t.vocab.end())
+    ba = bl.to_bytes(a);
+    bb = bl.to_bytes(b);
+    int32_t ia = t.vocab.find(ba), ib = t.vocab.find(bb);
+    ba += bb;
+    int32_t im = t.vocab.find(ba);
+    if (ia < 0 || ib < 0 || im < 0)
       fail("{}: model.merges[{}] (\"{}\", \"{}\") names a token that is not in the vocab", src,
            rank, a, b);
-    t.bpe.add_merge(ia->second, ib->second, im->second, rank++);
+    t.bpe.add_merge(ia, ib, im, rank++);
   }
   t.bpe.finish();
   f.vocab.clear();
