@@ -3,8 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "tokenizer/unicode.h"
 #include "tokenizer_fixtures.h"
@@ -160,6 +162,31 @@ TEST(TokenizerApi, StreamRealIds) {
   EXPECT_EQ(out + d.flush(), text);
   // A character cut across ids: some push must have returned nothing.
   EXPECT_GT(empty_pushes, 0);
+}
+
+// One tokenizer shared by threads (the server's case): the shared piece cache must not mix
+// results up. Each thread checks every golden string many times over.
+TEST(TokenizerApi, ConcurrentEncodeAgrees) {
+  const Tokenizer& tok = qwen35_tokenizer();
+  const nlohmann::json& g = tokenizer_golden();
+  std::vector<std::string> strings;
+  std::vector<std::vector<int32_t>> want;
+  for (size_t i = 0; i < g["strings"].size(); ++i) {
+    strings.push_back(g["strings"][i].get<std::string>());
+    want.push_back(g["variants"]["qwen35_regex"]["ids"][i].get<std::vector<int32_t>>());
+  }
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round)
+        for (size_t k = 0; k < strings.size(); ++k) {
+          size_t i = (k * 7 + size_t(t) * 13 + size_t(round)) % strings.size();
+          if (tok.encode(strings[i]) != want[i]) ++mismatches;
+        }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 }  // namespace
