@@ -46,7 +46,7 @@ class AddedMatcher {
 
  private:
   std::vector<const AddedToken*> tokens_;         // longest first
-  std::array<std::vector<uint16_t>, 256> first_;  // by first byte: indexes into tokens_
+  std::array<std::vector<uint32_t>, 256> first_;  // by first byte: indexes into tokens_
 };
 
 // A bounded, thread-safe map from pre-token bytes to their BPE ids. Sharded by hash so that

@@ -58,7 +58,7 @@ void AddedMatcher::build(std::vector<const AddedToken*> tokens) {
   tokens_ = std::move(tokens);
   for (auto& v : first_) v.clear();
   for (size_t i = 0; i < tokens_.size(); ++i)
-    first_[uint8_t(tokens_[i]->content[0])].push_back(uint16_t(i));
+    first_[uint8_t(tokens_[i]->content[0])].push_back(uint32_t(i));
 }
 
 bool AddedMatcher::find(std::string_view text, size_t from, size_t& start, size_t& stop,
@@ -66,7 +66,7 @@ bool AddedMatcher::find(std::string_view text, size_t from, size_t& start, size_
   for (size_t i = from; i < text.size(); ++i) {
     const auto& cands = first_[uint8_t(text[i])];
     if (cands.empty()) continue;
-    for (uint16_t k : cands) {
+    for (uint32_t k : cands) {
       const std::string& c = tokens_[k]->content;
       if (text.size() - i < c.size() || std::memcmp(text.data() + i, c.data(), c.size()) != 0)
         continue;
