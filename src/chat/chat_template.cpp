@@ -130,7 +130,7 @@ class JinjaChatTemplate final : public ChatTemplate {
     jinja::Dict ctx = special_;
     if (options.extra.is_object())
       for (auto it = options.extra.begin(); it != options.extra.end(); ++it)
-        ctx.set(jinja::Value(it.key()), jinja::Value::from_json(ojson(it.value())));
+        ctx.set(jinja::Value(it.key()), jinja::Value::from_json(it.value()));
     ctx.set(jinja::Value("messages"), jinja::Value::from_json(normalise_messages(messages)));
     ctx.set(jinja::Value("tools"), jinja::Value::from_json(tools));
     ctx.set(jinja::Value("add_generation_prompt"), jinja::Value(options.add_generation_prompt));

@@ -15,7 +15,8 @@ struct ChatOptions {
   bool add_generation_prompt = true;
   std::optional<bool> enable_thinking;  // unset: the template's default (thinking on)
   bool preserve_thinking = false;
-  nlohmann::json extra = nlohmann::json::object();  // other chat_template_kwargs, passed through
+  // Other chat_template_kwargs, passed through as template variables (ordered: tojson keeps order).
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
 };
 
 class ChatTemplate {

@@ -67,6 +67,7 @@ struct MacroDef {
   std::vector<std::pair<std::string, ExprPtr>> params;  // default may be null
   Body body;
   bool uses_varargs = false, uses_kwargs = false, uses_caller = false;
+  std::vector<std::string> undefined;  // see Stmt::undefined
 };
 
 enum class StmtKind : uint8_t {
@@ -96,11 +97,17 @@ struct Stmt {
   std::vector<std::pair<ExprPtr, Body>> branches;
   std::vector<std::pair<Target, ExprPtr>> assigns;
   std::shared_ptr<MacroDef> macro;
+  bool uses_loop = true;  // For: the body mentions `loop` (else the loop object is not built)
+  // Names that start undefined in the scope of `body` (For, SetBlock, FilterBlock, With) and of
+  // `else_body` (For), shadowing outer values: Jinja2 decides this statically, see
+  // jinja_scopes.cpp.
+  std::vector<std::string> undefined, else_undefined;
 };
 
 struct Program {
   std::string name;
   Body body;
+  std::vector<std::string> undefined;  // see Stmt::undefined
 };
 
 }  // namespace lilac::jinja

@@ -20,7 +20,7 @@ namespace lilac::jinja {
 inline constexpr int kMaxEvalDepth = 1500;
 inline constexpr int64_t kMaxIterations = 5'000'000;
 inline constexpr size_t kMaxStringBytes = size_t(64) << 20;
-inline constexpr size_t kMaxListItems = size_t(4) << 20;
+inline constexpr size_t kMaxListItems = size_t(1) << 20;
 
 // raise_exception(msg) from the template: its message is the user-facing error.
 struct RaisedError : Error {
@@ -48,6 +48,9 @@ class Params {
   std::vector<Value> vals_;
 };
 
+// The error for using an Undefined where a value is needed (its hint says which name).
+[[noreturn]] void undefined_error(const Value& v);
+
 class Evaluator {
  public:
   Evaluator(const Program& prog, const Value& context);
@@ -65,8 +68,34 @@ class Evaluator {
   Value get_item(const Value& obj, const Value& key);
 
  private:
+  // One scope: its own names (few, so a vector) and the enclosing scope.
   struct Frame;
   using FramePtr = std::shared_ptr<Frame>;
+  struct Frame {
+    std::vector<std::pair<std::string, Value>> vars;
+    FramePtr parent;
+    const Value* find(const std::string& n) const {
+      for (const auto& [k, v] : vars)
+        if (k == n) return &v;
+      return nullptr;
+    }
+    void set(const std::string& n, Value v) {
+      for (auto& [k, x] : vars)
+        if (k == n) {
+          x = std::move(v);
+          return;
+        }
+      vars.emplace_back(n, std::move(v));
+    }
+  };
+  // Bounds eval()/exec() nesting (kMaxEvalDepth).
+  struct DepthGuard {
+    int& d;
+    explicit DepthGuard(int& depth) : d(depth) {
+      if (++d > kMaxEvalDepth) fail("maximum recursion depth exceeded");
+    }
+    ~DepthGuard() { --d; }
+  };
   enum class Flow { Normal, Break, Continue };
 
   const Program& prog_;
@@ -89,6 +118,9 @@ class Evaluator {
   Flow exec(const Stmt& s);
   Flow exec_inner(const Stmt& s);
   Flow exec_for(const Stmt& s);
+  // A scope below the current one, with `undefined` bound to Undefined (see jinja_scopes.cpp).
+  FramePtr new_frame(const std::vector<std::string>& undefined);
+  Flow exec_in(const Body& body, FramePtr frame);
   std::string capture(const Body& body, FramePtr frame);
   Value lookup(const std::string& name) const;
   void assign(const Target& t, const Value& v);

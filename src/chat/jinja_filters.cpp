@@ -302,7 +302,8 @@ Value f_round(Evaluator&, const Value& v, CallArgs& a) {
     std::snprintf(buf, sizeof buf, "%.*f", int(std::min<int64_t>(prec, 300)), x);
     return Value(std::strtod(buf, nullptr));
   }
-  return Value(std::nearbyint(x / scale) * scale);
+  double factor = std::pow(10.0, double(-prec));
+  return Value(std::nearbyint(x / factor) * factor);
 }
 
 Value f_map(Evaluator& ev, const Value& v, CallArgs& a) {
@@ -416,6 +417,9 @@ Value f_indent(Evaluator&, const Value& v, CallArgs& a) {
                         ? p[0].str()
                         : std::string(size_t(std::clamp<int64_t>(p.int_or(0, 4), 0, 1024)), ' ');
   bool first = p.bool_or(1, false), blank = p.bool_or(2, false);
+  // Jinja2 appends "\n" to the value itself, which only a str supports.
+  if (v.is_undefined()) fail("{}", v.str().empty() ? "value is undefined" : v.str());
+  if (!v.is_string()) fail("unsupported operand type(s) for +=: '{}' and 'str'", v.type_name());
   std::string s =
       v.to_str() + "\n";  // Jinja appends a newline so splitlines keeps a trailing empty line
   std::vector<std::string> lines = text::splitlines(s, false);
@@ -494,11 +498,17 @@ Value f_striptags(Evaluator&, const Value& v, CallArgs& a) {
 
 Value f_truncate(Evaluator&, const Value& v, CallArgs& a) {
   Params p("truncate", a, {"length", "killwords", "end", "leeway"});
-  std::string s = v.to_str(), end = p.str_or(2, "...");
+  std::string end = p.str_or(2, "...");
   int64_t length = p.int_or(0, 255), leeway = p.int_or(3, 5);
-  int64_t n = int64_t(text::cp_length(s)), end_len = int64_t(text::cp_length(end));
+  int64_t end_len = int64_t(text::cp_length(end));
   if (length < end_len) fail("expected length >= {}, got {}", end_len, length);
-  if (n <= length + leeway) return Value(s);
+  // Python's len() and slicing on the value itself: only a short sequence passes unchanged.
+  if (!v.is_string()) {
+    if (!v.is_undefined() && py_len(v) <= length + leeway) return v;
+    fail("truncate: expected a string, got {}", v.type_name());
+  }
+  std::string s = v.str();
+  if (int64_t(text::cp_length(s)) <= length + leeway) return Value(s);
   std::vector<size_t> off = text::cp_offsets(s);
   std::string head = s.substr(0, off[size_t(length - end_len)]);
   if (p.bool_or(1, false)) return Value(head + end);

@@ -70,12 +70,22 @@ class Lexer {
   LexOptions opt_;
   std::vector<size_t> line_starts_;
   std::vector<Token> out_;
+  mutable size_t col_pos_ = 0;  // locate()'s last position and its column
+  mutable int col_ = 1;
 
+  // Columns count code points. Tokens are located left to right, so the count continues from the
+  // previous position on the same line (a long one-line template stays linear).
   void locate(size_t pos, Token& t) const {
     auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), pos);
     size_t ls = *(it - 1);
     t.line = int(it - line_starts_.begin());
-    t.col = int(text::cp_length(std::string_view(src_).substr(ls, pos - ls))) + 1;
+    if (col_pos_ < ls || col_pos_ > pos) {
+      col_pos_ = ls;
+      col_ = 1;
+    }
+    col_ += int(text::cp_length(std::string_view(src_).substr(col_pos_, pos - col_pos_)));
+    col_pos_ = pos;
+    t.col = col_;
   }
 
   [[noreturn]] void error(size_t pos, const std::string& msg) const {

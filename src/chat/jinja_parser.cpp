@@ -33,6 +33,7 @@ class Parser {
   int depth_ = 0;
   std::vector<int> loop_depth_{0};  // for-loops open in the current macro (or top level)
   std::vector<MacroDef*> macros_;
+  int loop_refs_ = 0;  // how many times the name `loop` has been parsed
 
   struct DepthGuard {
     Parser& p;
@@ -117,6 +118,15 @@ class Parser {
 
   // ---- statements ----------------------------------------------------------------------------
 
+  static std::string expected(std::initializer_list<const char*> ends) {
+    std::string want;
+    for (const char* e : ends) {
+      if (!want.empty()) want.append(" or ");
+      want.append(1, '\'').append(e).append(1, '\'');
+    }
+    return want;
+  }
+
   // Parses until `{% <one of ends> ...`; consumes `{%` and the end word, stores it in *found.
   Body subparse(std::initializer_list<const char*> ends, std::string* found,
                 const Token* opener = nullptr) {
@@ -126,10 +136,8 @@ class Parser {
       const Token& t = cur();
       if (t.type == Tok::Eof) {
         if (ends.size() == 0) return body;
-        std::string want;
-        for (const char* e : ends) want += (want.empty() ? "'" : " or '") + std::string(e) + "'";
         error(opener ? *opener : t,
-              fmt::format("unexpected end of template: this block needs {}", want));
+              fmt::format("unexpected end of template: this block needs {}", expected(ends)));
       }
       if (t.type == Tok::Data) {
         auto s = std::make_unique<Stmt>();
@@ -155,6 +163,13 @@ class Parser {
           advance();
           if (found) *found = word.text;
           return body;
+        }
+        if (word.type == Tok::Name &&
+            (word.text.rfind("end", 0) == 0 || word.text == "elif" || word.text == "else")) {
+          if (ends.size() == 0)
+            error(word, fmt::format("unexpected '{}' (no open block it closes)", word.text));
+          error(word, fmt::format("unexpected '{}': the block opened at line {} needs {}",
+                                  word.text, opener ? opener->line : word.line, expected(ends)));
         }
         advance();
         body.push_back(parse_statement(t));
@@ -263,9 +278,11 @@ class Parser {
     if (is_name("recursive")) error(cur(), "recursive loops are not supported");
     expect_block_end();
     ++loop_depth_.back();
+    int refs_before = loop_refs_;
     std::string found;
     s->body = subparse({"endfor", "else"}, &found, &open);
     --loop_depth_.back();
+    s->uses_loop = loop_refs_ != refs_before;
     if (found == "else") {
       expect_block_end();
       s->else_body = subparse({"endfor"}, nullptr, &open);
@@ -533,6 +550,7 @@ class Parser {
         else {
           e->kind = ExprKind::Name;
           e->name = t.text;
+          if (t.text == "loop") ++loop_refs_;
           for (MacroDef* m : macros_) {
             if (t.text == "varargs") m->uses_varargs = true;
             if (t.text == "kwargs") m->uses_kwargs = true;
@@ -667,7 +685,7 @@ class Parser {
     std::string n = expect_name();
     while (is_op(".")) {
       advance();
-      n += "." + expect_name();
+      n.append(1, '.').append(expect_name());  // (not += "." + ...: GCC 12 -Wrestrict bug)
     }
     return n;
   }
@@ -728,7 +746,9 @@ class Parser {
 }  // namespace
 
 std::unique_ptr<Program> parse(const std::vector<Token>& tokens, const std::string& name) {
-  return Parser(tokens, name).run();
+  std::unique_ptr<Program> prog = Parser(tokens, name).run();
+  analyze_scopes(*prog);
+  return prog;
 }
 
 }  // namespace lilac::jinja

@@ -23,6 +23,10 @@
 namespace lilac::jinja {
 
 // Throws lilac::Error "NAME:LINE:COL: syntax error: ..." on a malformed template.
+// The result has its scopes analysed (analyze_scopes).
 std::unique_ptr<Program> parse(const std::vector<Token>& tokens, const std::string& name);
+
+// jinja_scopes.cpp: fills the `undefined` lists of the program, its blocks and macros.
+void analyze_scopes(Program& prog);
 
 }  // namespace lilac::jinja

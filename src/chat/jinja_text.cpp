@@ -146,11 +146,57 @@ bool is_word_char(uint32_t c) {
   return l ? bool(iswalnum_l(wint_t(c), l)) : !is_space(c);
 }
 
-std::string upper(std::string_view s) {
-  return map_cps(s, to_upper);
+// Python applies Unicode's full case mappings (SpecialCasing.txt), which may change the length;
+// the C library only has the one-to-one ones. These are the unconditional multi-character
+// mappings of Latin text that chat templates can meet.
+static const char* special_upper(uint32_t c) {
+  switch (c) {
+    case 0xDF:
+      return "SS";  // ß
+    case 0x149:
+      return "\u02BCN";  // ŉ
+    case 0xFB00:
+      return "FF";
+    case 0xFB01:
+      return "FI";
+    case 0xFB02:
+      return "FL";
+    case 0xFB03:
+      return "FFI";
+    case 0xFB04:
+      return "FFL";
+    case 0xFB05:
+    case 0xFB06:
+      return "ST";
+    default:
+      return nullptr;
+  }
 }
+
+std::string upper(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    uint32_t c = next_cp(s, i);
+    if (const char* sp = special_upper(c))
+      out += sp;
+    else
+      append_cp(out, to_upper(c));
+  }
+  return out;
+}
+
 std::string lower(std::string_view s) {
-  return map_cps(s, to_lower);
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    uint32_t c = next_cp(s, i);
+    if (c == 0x130)
+      out += "i\u0307";  // İ: i + combining dot above
+    else
+      append_cp(out, to_lower(c));
+  }
+  return out;
 }
 
 std::string capitalize(std::string_view s) {

@@ -59,7 +59,7 @@ int run_render(const RenderArgs& a) {
   if (req.contains("chat_template_kwargs")) {
     if (!req["chat_template_kwargs"].is_object())
       fail("\"chat_template_kwargs\" must be an object");
-    opt.extra = nlohmann::json(req["chat_template_kwargs"]);
+    opt.extra = req["chat_template_kwargs"];
   }
   ojson tools = req.contains("tools") ? req["tools"] : ojson();
   std::string out = tmpl->render(req["messages"], tools, opt);
