@@ -27,6 +27,22 @@ std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
+// nlohmann's copy and conversion recurse, so a request nested absurdly deep would overflow the
+// stack before the engine's own bound (jinja::kMaxNesting) is reached: measure it first, without
+// recursion.
+template <typename Json>
+void check_depth(const Json& j, const char* what) {
+  std::vector<std::pair<const Json*, int>> todo{{&j, 1}};
+  while (!todo.empty()) {
+    auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (depth > jinja::kMaxNesting)
+      fail("{} nested more than {} levels deep", what, jinja::kMaxNesting);
+    if (v->is_structured())
+      for (const auto& child : *v) todo.emplace_back(&child, depth + 1);
+  }
+}
+
 bool blank(const std::string& s) {
   return s.find_first_not_of(" \t\r\n") == std::string::npos;
 }
@@ -119,6 +135,9 @@ class JinjaChatTemplate final : public ChatTemplate {
 
   std::string render(const ojson& messages, const ojson& tools,
                      const ChatOptions& options) const override {
+    check_depth(messages, "messages");
+    check_depth(tools, "tools");
+    check_depth(options.extra, "chat_template_kwargs");
     if (!tools.is_null() && !tools.is_array()) fail("tools must be an array");
     if (tools.is_array())
       for (size_t k = 0; k < tools.size(); ++k)
@@ -159,6 +178,8 @@ jinja::Dict qwen36_special_tokens() {
 
 std::string ChatTemplate::render(const nlohmann::json& messages, const nlohmann::json& tools,
                                  const ChatOptions& options) const {
+  check_depth(messages, "messages");
+  check_depth(tools, "tools");
   return render(ojson(messages), ojson(tools), options);
 }
 

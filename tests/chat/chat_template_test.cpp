@@ -10,6 +10,10 @@
 #include "chat/chat_template.h"
 #include "util/error.h"
 
+namespace lilac {
+extern const std::string_view kBuiltinQwen36Template;  // generated from the .jinja at build time
+}
+
 namespace lilac::test {
 namespace {
 
@@ -118,6 +122,22 @@ TEST(ChatTemplate, BadRequestsNameTheField) {
   EXPECT_EQ(error_of(*t, ojson::parse(R"([{"role": "user", "content": "q"}])"),
                      ojson::parse(R"({"type": "function"})")),
             "tools must be an array");
+}
+
+TEST(ChatTemplate, AbsurdlyDeepRequestsAreRejectedNotACrash) {
+  auto t = ChatTemplate::builtin_qwen36();
+  std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  ojson messages = ojson::parse(R"([{"role": "user", "content": "q", "extra": 0}])");
+  messages[0]["extra"] = ojson::parse(deep);
+  EXPECT_EQ(error_of(*t, messages), "messages nested more than 512 levels deep");
+  nlohmann::json plain = nlohmann::json::parse(R"([{"role": "user", "content": "q"}])");
+  plain[0]["extra"] = nlohmann::json::parse(deep);
+  EXPECT_THROW(t->render(plain, nlohmann::json(), ChatOptions{}), Error);
+}
+
+TEST(ChatTemplate, BuiltinTextIsTheFixtureFile) {
+  EXPECT_EQ(std::string(kBuiltinQwen36Template),
+            slurp(data_path("tokenizer/chat_template_qwen36.jinja")));
 }
 
 TEST(ChatTemplate, SyntaxErrorsNameTheSourceAndLine) {
