@@ -1,8 +1,10 @@
-// Microbenchmarks of the sequence-mixing kernels (attention, Gated DeltaNet) at the real model's
-// shapes: heads 16, kv 2, hd 256, R 64; GDN Hk 16, Hv 32, Dk = Dv = 128, K 4. CUDA events, a
-// warm-up, the median of >= 20 runs; decode inputs rotate over the model's layers (10 attention,
-// 30 GDN) so that, as in a real decode step, a layer's state is not already in L2.
-//   lilac_cuda_bench_seq            prints one table
+// lilac_cuda_bench_seq: times the sequence-mixing kernels (attention, Gated DeltaNet) at the real
+// model's shapes: heads 16, kv 2, hd 256, R 64; GDN Hk 16, Hv 32, Dk = Dv = 128, K 4.
+// Decode kernels: a CUDA graph of 20 launches rotating over the model's layers (10 attention
+// layers' KV caches, 30 GDN layers' states: as in a decode step, a layer's data is not in L2),
+// replayed
+// >= 21 times with CUDA events; the median per launch. Prefill kernels: CUDA events around single
+// launches after a warm-up, median of >= 20. Prints one table; usage: lilac_cuda_bench_seq.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -20,17 +22,20 @@ namespace {
 
 constexpr double kCopyGBs = 4300.0;  // H200 device-to-device copy bandwidth (PERFORMANCE.md)
 
-// Median over `reps` runs of fn(i) in microseconds, after `warm` untimed runs.
-double time_us(const std::function<void(int)>& fn, int warm = 3, int reps = 21) {
+cudaStream_t g_stream = nullptr;
+
+// Median over `reps` runs of fn(i, stream) in microseconds, after `warm` untimed runs.
+double time_us(const std::function<void(int, cudaStream_t)>& fn, int warm = 3, int reps = 21) {
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());  // fills and copies on the default stream are done
   cudaEvent_t a, b;
   LILAC_CUDA_CHECK(cudaEventCreate(&a));
   LILAC_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < warm; ++i) fn(i);
+  for (int i = 0; i < warm; ++i) fn(i, g_stream);
   std::vector<float> ms(static_cast<size_t>(reps));
   for (int i = 0; i < reps; ++i) {
-    LILAC_CUDA_CHECK(cudaEventRecord(a));
-    fn(warm + i);
-    LILAC_CUDA_CHECK(cudaEventRecord(b));
+    LILAC_CUDA_CHECK(cudaEventRecord(a, g_stream));
+    fn(warm + i, g_stream);
+    LILAC_CUDA_CHECK(cudaEventRecord(b, g_stream));
     LILAC_CUDA_CHECK(cudaEventSynchronize(b));
     LILAC_CUDA_CHECK(cudaEventElapsedTime(&ms[size_t(i)], a, b));
   }
@@ -38,6 +43,26 @@ double time_us(const std::function<void(int)>& fn, int warm = 3, int reps = 21) 
   LILAC_CUDA_CHECK(cudaEventDestroy(b));
   std::sort(ms.begin(), ms.end());
   return 1000.0 * ms[ms.size() / 2];
+}
+
+// Per-launch time of fn(i, stream) inside a CUDA graph of `launches` launches (i = 0..launches-1),
+// median over `replays` timed replays. Also proves the launcher is capturable.
+double time_graph_us(const std::function<void(int, cudaStream_t)>& fn, int launches = 20,
+                     int replays = 21) {
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int i = 0; i < launches; ++i) fn(i, g_stream);  // warm-up outside the capture
+  LILAC_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  LILAC_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < launches; ++i) fn(i, g_stream);
+  LILAC_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+  LILAC_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double us =
+      time_us([&](int, cudaStream_t s) { LILAC_CUDA_CHECK(cudaGraphLaunch(exec, s)); }, 2, replays);
+  LILAC_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  LILAC_CUDA_CHECK(cudaGraphDestroy(graph));
+  return us / launches;
 }
 
 uint64_t g_key = 1;
@@ -72,10 +97,10 @@ void bench_attention() {
   for (int ctx = 256; ctx <= kMaxCtx; ctx *= 2) {
     const int p = ctx - 1;
     LILAC_CUDA_CHECK(cudaMemcpy(pos.get(), &p, 4, cudaMemcpyHostToDevice));
-    const double us = time_us([&](int i) {
+    const double us = time_graph_us([&](int i, cudaStream_t s) {
       const int l = i % kAttnLayers;
       attention_decode(q.get(), gate.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), pos.get(),
-                       kHeads, kKv, kHd, kMaxCtx, ws.get(), out.get(), nullptr);
+                       kHeads, kKv, kHd, kMaxCtx, ws.get(), out.get(), s);
     });
     const double gbs = double(ctx) * 2048.0 / us * 1e-3;
     std::printf("%10d %10.2f %10.0f %7.0f%%\n", ctx, us, gbs, 100.0 * gbs / kCopyGBs);
@@ -94,11 +119,12 @@ void bench_attention() {
     DeviceBuffer<bf16> qb(size_t(T) * kHeads * kHd), gb(qb.size());
     const int p = 0;
     LILAC_CUDA_CHECK(cudaMemcpy(pos.get(), &p, 4, cudaMemcpyHostToDevice));
-    const double us = time_us([&](int i) {
+    const auto launch = [&](int i, cudaStream_t s) {
       qk_norm_rope_store(qkv.get(), T, pos.get(), qn.get(), kn.get(), inv.get(), kHeads, kKv, kHd,
                          kR, 1e-6f, qb.get(), gb.get(), kc[size_t(i % kAttnLayers)].get(),
-                         vc[size_t(i % kAttnLayers)].get(), kMaxCtx, nullptr);
-    });
+                         vc[size_t(i % kAttnLayers)].get(), kMaxCtx, s);
+    };
+    const double us = T == 1 ? time_graph_us(launch) : time_us(launch);
     const double bytes = double(T) * (P * 4.0 + 2.0 * kHeads * kHd * 2 + 2.0 * kKv * kHd * 2);
     std::printf("qk_norm_rope_store T=%-6d %10.2f us %8.0f GB/s\n", T, us, bytes / us * 1e-3);
   }
@@ -113,9 +139,9 @@ void bench_attention() {
     fill(qp.get(), qp.size(), 0.f, 1.7f);
     fill(gp.get(), gp.size(), 0.f, 1.7f);
     const double us = time_us(
-        [&](int) {
+        [&](int, cudaStream_t s) {
           attention_prefill(qp.get(), gp.get(), kc[0].get(), vc[0].get(), c.pos0, c.T, kHeads, kKv,
-                            kHd, kMaxCtx, op.get(), nullptr);
+                            kHd, kMaxCtx, op.get(), s);
         },
         2, 20);
     const double flops = 4.0 * kHd * kHeads * (double(c.T) * c.pos0 + double(c.T) * (c.T + 1) / 2);
@@ -151,14 +177,14 @@ void bench_gdn() {
   DeviceBuffer<float> ws(gdn_decode_workspace_floats(kHk, kHv, kDv));
   gdn_decode_workspace_init(ws.get(), kHk, kHv, kDv, nullptr);
   DeviceBuffer<bf16> out(size_t(kHv) * kDv);
-  const double us = time_us(
-      [&](int i) {
+  const double us = time_graph_us(
+      [&](int i, cudaStream_t s) {
         GdnLayer& L = layers[size_t(i % kGdnLayers)];
         gdn_decode(proj[size_t(i % kGdnLayers)].get(), L.taps.get(), L.conv.get(),
                    L.neg_exp_A.get(), L.dt_bias.get(), L.norm_w.get(), L.state.get(), kHk, kHv, kDk,
-                   kDv, kK, 1e-6f, ws.get(), out.get(), nullptr);
+                   kDv, kK, 1e-6f, ws.get(), out.get(), s);
       },
-      5, 61);
+      kGdnLayers, 21);
   const double bytes = 2.0 * kHv * kDk * kDv * 4 + 2.0 * (kK - 1) * kC * 4 + double(kC) * kK * 4 +
                        kP * 4.0 + kHv * kDv * 2.0;
   std::printf("gdn_decode: %.2f us, %.0f GB/s (%.1f MB moved), %.0f%% of copy\n", us,
@@ -172,10 +198,10 @@ void bench_gdn() {
     DeviceBuffer<bf16> po(size_t(T) * kHv * kDv);
     GdnLayer& L = layers[0];
     const double t_us = time_us(
-        [&](int) {
+        [&](int, cudaStream_t s) {
           gdn_prefill(pp.get(), T, L.taps.get(), L.conv.get(), L.neg_exp_A.get(), L.dt_bias.get(),
                       L.norm_w.get(), L.state.get(), kHk, kHv, kDk, kDv, kK, 1e-6f, pws.get(),
-                      po.get(), nullptr);
+                      po.get(), s);
         },
         2, 20);
     std::printf("%8d %12.3f %14.0f\n", T, t_us * 1e-3, T / t_us * 1e6);
@@ -191,8 +217,10 @@ int main() {
     LILAC_CUDA_CHECK(cudaGetDevice(&dev));
     LILAC_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     std::printf("lilac_cuda_bench_seq on %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+    LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     bench_attention();
     bench_gdn();
+    LILAC_CUDA_CHECK(cudaStreamDestroy(g_stream));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

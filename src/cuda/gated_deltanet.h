@@ -3,8 +3,8 @@
 // q [Hk, Dk], k [Hk, Dk], v [Hv, Dv]), z [Hv, Dv], b [Hv], a [Hv]. conv_taps [C, K] f32; conv_state
 // [K-1, C] f32 (oldest row first); recurrent state [Hv, Dk, Dv] f32; norm_scale [Dv] (plain w);
 // output bf16 [T, Hv*Dv] = w * rmsnorm(o) * silu(z) per value head. Value head v reads key head
-// v / (Hv / Hk). Supported: Dk in {32, 64, 128}, Dv a multiple of 32 (<= 256 - Dk for prefill...
-// see gated_deltanet_prefill.cu), Hv a multiple of Hk, K <= 8.
+// v / (Hv / Hk). Supported: Dk in {32, 64, 128}, Dv a multiple of 32, Hv a multiple of Hk; conv
+// kernel K in 2..4 (decode) / 1..8 (prefill). Both launchers throw lilac::Error on other shapes.
 #pragma once
 
 #include <cuda_runtime.h>
