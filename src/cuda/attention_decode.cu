@@ -38,7 +38,7 @@ using namespace attn;
 
 constexpr unsigned kFull = 0xffffffffu;
 
-// ---- qk_norm_rope_store -----------------------------------------------------------------------
+// ---- qk_norm_rope_store
 
 template <int N>
 __device__ __forceinline__ void load_f32(const float* p, float (&x)[N]) {
@@ -131,7 +131,7 @@ __global__ void qk_norm_rope_store_kernel(
   }
 }
 
-// ---- attention_decode ---------------------------------------------------------------------------
+// ---- attention_decode
 
 constexpr int kDecKeys = 64;  // keys per tile: 16 per warp
 constexpr int kDecWarps = 4;

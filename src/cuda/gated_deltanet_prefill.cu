@@ -72,7 +72,7 @@ PrefillWs carve(float* ws, int T, int Hk, int Hv, int Dk, int Dv) {
   return p;
 }
 
-// ---- 1. conv + SiLU + l2norm + gates ------------------------------------------------------------
+// ---- 1. conv + SiLU + l2norm + gates
 __global__ void __launch_bounds__(kThreads)
     gdn_prep_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
                     const float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
@@ -116,7 +116,6 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- 2. per chunk: K K^T, Q K^T, then per value head G, A, P, W, U~
-// -------------------------------
 template <int DK>
 constexpr int chunk_smem_floats() {
   return 64 * (DK + 4) + 64 * std::max(DK + 4, 68) + 2 * 64 * 65 + 3 * 64 + 32;
@@ -268,7 +267,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- 3. the state through the chunks
-// ----------------------------------------------------------------
 template <int DK>
 constexpr int state_smem_floats() {
   return DK * 36 + 128 * (DK + 4) + 64 * (DK + 4) + 64 * 68 + 3 * 64 * 36 + 64;
@@ -457,7 +455,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- 4. gated norm, conv state
-// ---------------------------------------------------------------------
 __global__ void __launch_bounds__(kThreads)
     gdn_out_kernel(const float* __restrict__ proj, int T, const float* __restrict__ o_all,
                    const float* __restrict__ norm_w, int Hk, int Hv, int Dk, int Dv, int K,
