@@ -449,11 +449,15 @@ void qk_norm_rope_store(const float* qkv, int T, const int32_t* d_pos0, const fl
 }
 
 int attention_decode_splits(int kv_heads, int max_ctx) {
-  int dev = 0, sms = 0;
+  // The SM count, read once per device (no device query while a graph is being captured).
+  static int sm_count[64] = {};
+  int dev = 0;
   LILAC_CUDA_CHECK(cudaGetDevice(&dev));
-  LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (dev < 0 || dev >= 64) fail("attention_decode_splits: device {}", dev);
+  if (sm_count[dev] == 0)
+    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count[dev], cudaDevAttrMultiProcessorCount, dev));
   // One block per SM (the K/V stages take most of its shared memory), all resident in one wave.
-  const int by_sm = std::max(1, sms / std::max(1, kv_heads));
+  const int by_sm = std::max(1, sm_count[dev] / std::max(1, kv_heads));
   const int by_ctx = std::max(1, (max_ctx + kDecKeys - 1) / kDecKeys);
   return std::min({by_sm, by_ctx, kMaxSplits});
 }
