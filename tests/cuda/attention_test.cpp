@@ -91,11 +91,13 @@ std::vector<float> cpu_cache_from_gpu(const std::vector<uint16_t>& bits, const A
 
 // A random cache: rows < valid random N(0, 1) bf16, rows >= valid NaN (must never be read).
 std::vector<uint16_t> random_cache(const AttnDims& d, int max_ctx, int valid, uint32_t seed) {
-  std::vector<float> f = random_floats(size_t(d.kv) * max_ctx * d.hd, 1.f, seed);
-  std::vector<uint16_t> bits = to_bf16_rounding(f);
+  std::vector<float> f = random_floats(size_t(d.kv) * valid * d.hd, 1.f, seed);
+  const std::vector<uint16_t> vb = to_bf16_rounding(f);
+  std::vector<uint16_t> bits(size_t(d.kv) * max_ctx * d.hd, 0xffff);
   for (int h = 0; h < d.kv; ++h)
-    for (int p = valid; p < max_ctx; ++p)
-      for (int i = 0; i < d.hd; ++i) bits[(size_t(h) * max_ctx + p) * d.hd + i] = 0xffff;
+    std::copy(vb.begin() + ptrdiff_t(size_t(h) * valid * d.hd),
+              vb.begin() + ptrdiff_t(size_t(h + 1) * valid * d.hd),
+              bits.begin() + ptrdiff_t(size_t(h) * max_ctx * d.hd));
   return bits;
 }
 
@@ -200,7 +202,7 @@ std::vector<RopeCase> rope_cases() {
   for (const AttnDims& d : {kReal, kTiny})
     for (int T : {1, 3, 17, 200})
       for (int pos0 : {0, 5, 1000}) c.push_back({d, T, pos0});
-  c.push_back({kReal, 1, 131000});  // large angles
+  c.push_back({kTiny, 2, 131000});  // large angles (the slow path of sincosf)
   return c;
 }
 std::string rope_name(const ::testing::TestParamInfo<RopeCase>& i) {
@@ -213,15 +215,16 @@ INSTANTIATE_TEST_SUITE_P(Shapes, QkNormRopeStore, ::testing::ValuesIn(rope_cases
 
 struct DecodeCase {
   AttnDims d;
-  int n;  // keys: the query sits at position n - 1
+  int n;        // keys: the query sits at position n - 1
+  int max_ctx;  // 0: n + 5
 };
 
 class AttentionDecode : public ::testing::TestWithParam<DecodeCase> {};
 
 TEST_P(AttentionDecode, MatchesCpu) {
   LILAC_REQUIRE_GPU();
-  const auto [d, n] = GetParam();
-  const int max_ctx = n + 5;
+  const auto [d, n, ctx] = GetParam();
+  const int max_ctx = ctx ? ctx : n + 5;  // a large max_ctx: many splits, most of them empty
   const uint32_t seed = uint32_t(n * 131 + d.hd);
   const std::vector<uint16_t> kbits = random_cache(d, max_ctx, n, seed),
                               vbits = random_cache(d, max_ctx, n, seed + 1);
@@ -251,12 +254,14 @@ TEST_P(AttentionDecode, MatchesCpu) {
 std::vector<DecodeCase> decode_cases() {
   std::vector<DecodeCase> c;
   for (const AttnDims& d : {kReal, kTiny})
-    for (int n : {1, 2, 17, 63, 64, 65, 200, 1000, 4097, 40000}) c.push_back({d, n});
+    for (int n : {1, 2, 17, 63, 64, 65, 200, 1000, 4097, 40000}) c.push_back({d, n, 0});
+  for (int n : {1, 300, 5000}) c.push_back({kReal, n, 131072});  // as the engine: fixed capacity
   return c;
 }
 INSTANTIATE_TEST_SUITE_P(Contexts, AttentionDecode, ::testing::ValuesIn(decode_cases()),
                          [](const ::testing::TestParamInfo<DecodeCase>& i) {
-                           return std::string(i.param.d.name) + "_n" + std::to_string(i.param.n);
+                           return std::string(i.param.d.name) + "_n" + std::to_string(i.param.n) +
+                                  (i.param.max_ctx ? "_cap" + std::to_string(i.param.max_ctx) : "");
                          });
 
 // ---- attention_prefill --------------------------------------------------------------------------
