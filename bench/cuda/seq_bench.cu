@@ -93,6 +93,7 @@ void bench_attention() {
   std::printf(
       "attention_decode: %d splits (max_ctx %d); bytes = K+V of the context (2 KiB/token)\n",
       attention_decode_splits(kKv, kMaxCtx), kMaxCtx);
+  std::printf("(10 layers' caches rotate: up to 2K context they fit the 60 MB L2 together)\n");
   std::printf("%10s %10s %10s %8s\n", "context", "us", "GB/s", "of copy");
   for (int ctx = 256; ctx <= kMaxCtx; ctx *= 2) {
     const int p = ctx - 1;
