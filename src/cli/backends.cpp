@@ -2,16 +2,14 @@
 
 #include "cpu/cpu_backend.h"
 #include "util/error.h"
-// The CUDA backend's assembly lands after its kernels; until then a CUDA build offers cpu only.
-#if defined(LILAC_HAVE_CUDA) && __has_include("cuda/cuda_backend.h")
-#define LILAC_CUDA_BACKEND 1
+#ifdef LILAC_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
 
 namespace lilac::cli {
 
 bool cuda_available() {
-#ifdef LILAC_CUDA_BACKEND
+#ifdef LILAC_HAVE_CUDA
   return cuda::device_count() > 0;
 #else
   return false;
@@ -22,7 +20,7 @@ std::unique_ptr<Backend> open_backend(const Model& model, const std::string& dev
   std::string d = device == "auto" ? (cuda_available() ? "cuda" : "cpu") : device;
   if (d == "cpu") return std::make_unique<cpu::CpuBackend>(model.config, model.weights);
   if (d == "cuda") {
-#ifdef LILAC_CUDA_BACKEND
+#ifdef LILAC_HAVE_CUDA
     if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
     return cuda::make_cuda_backend(model);
 #else
@@ -38,7 +36,7 @@ namespace lilac::cli {
 
 std::unique_ptr<Backend> open_synthetic_backend(const std::string& device, const std::string& weights, uint64_t seed) {
   if (device == "cpu") fail("--synthetic needs the cuda device: the full-size model (70 GB) is generated on the GPU");
-#ifdef LILAC_CUDA_BACKEND
+#ifdef LILAC_HAVE_CUDA
   if (!cuda_available()) fail("--synthetic: no CUDA device is visible");
   return cuda::make_synthetic_backend(weights, seed);
 #else
@@ -49,7 +47,7 @@ std::unique_ptr<Backend> open_synthetic_backend(const std::string& device, const
 }
 
 std::vector<std::string> backend_report(Backend& backend) {
-#ifdef LILAC_CUDA_BACKEND
+#ifdef LILAC_HAVE_CUDA
   if (auto* c = dynamic_cast<cuda::CudaBackend*>(&backend)) return c->kernel_breakdown();
 #endif
   (void)backend;

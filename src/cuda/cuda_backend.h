@@ -1,0 +1,71 @@
+// The CUDA backend: the forward pass of MODEL.md section 2 in the hand-written kernels of
+// src/cuda (docs/cuda-design.md), over a DeviceModel. A decode step is one CUDA graph replay
+// (embed -> 40 layers -> lm_head -> sampling -> position advance) that reads the token and the
+// position from device memory, so no host round trip happens inside a step; prefill runs in
+// chunks with GEMMs on tensor cores and device-side grouping of tokens by expert.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/common.h"
+#include "cuda/device_model.h"
+#include "model/backend.h"
+
+namespace lilac::cuda {
+
+struct CudaOptions {
+  int64_t prefill_chunk = 4096;  // tokens per prefill launch sequence (workspace sized for it)
+  bool use_graphs = true;        // decode steps as CUDA graph replays
+};
+
+class CudaSequenceState;
+struct Workspace;
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options = {});
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  std::string device_description() const override;
+  const ModelConfig& config() const override { return model_->config; }
+  std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override;
+  void forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,
+               bool all_logits) override;
+  void begin_sampling(SequenceState& state, std::span<const int32_t> prompt, const SamplingParams& params) override;
+  StepResult step(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index) override;
+  std::unique_ptr<SequenceState> clone(const SequenceState& state) override;
+  size_t state_bytes(const SequenceState& state) const override;
+
+  // Per-kernel times of one decode step and one prefill chunk (CUDA events around each launch,
+  // un-graphed), measured on a scratch sequence at the context of the last forward call.
+  std::vector<std::string> kernel_breakdown();
+
+  const DeviceModel& model() const { return *model_; }
+
+  // Per-launch timing for kernel_breakdown (defined in cuda_backend.cpp).
+  struct Timer;
+
+ private:
+  friend class CudaSequenceState;
+  void prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T, float* logits, bool all_logits, Timer* timer);
+  void decode_launches(CudaSequenceState& st, bool sample, Timer* timer);
+  void run_decode(CudaSequenceState& st, bool sample);
+  void layer_prefill(CudaSequenceState& st, int64_t layer, int T, int pos0, Timer* timer);
+  void layer_decode(CudaSequenceState& st, int64_t layer, Timer* timer);
+  void sample_launches(CudaSequenceState& st, Timer* timer);
+
+  std::shared_ptr<DeviceModel> model_;
+  CudaOptions options_;
+  std::unique_ptr<Workspace> ws_;
+  cudaStream_t stream_ = nullptr;
+  int64_t last_context_ = 0;
+};
+
+// Backends for the CLI: from a loaded checkpoint, or the full-size synthetic model.
+std::unique_ptr<CudaBackend> make_cuda_backend(const Model& model);
+std::unique_ptr<CudaBackend> make_synthetic_backend(const std::string& weights, uint64_t seed);
+
+}  // namespace lilac::cuda

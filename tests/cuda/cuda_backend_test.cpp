@@ -1,0 +1,193 @@
+// The assembled CUDA backend (label gpu): the tiny-a fixture against HF's logits, the CUDA backend
+// against the CPU backend on the full-size synthetic model's first layers, and determinism.
+#include "cuda/cuda_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "../test_data.h"
+#include "cpu/cpu_backend.h"
+#include "cuda_test_util.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "model/qwen36.h"
+
+namespace lilac::test {
+namespace {
+
+// ||a - b|| / ||b|| and max |a - b|.
+std::pair<double, double> rel_and_max(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0, mx = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double d = double(a[i]) - double(b[i]);
+    num += d * d;
+    den += double(b[i]) * double(b[i]);
+    mx = std::isnan(d) ? INFINITY : std::max(mx, std::fabs(d));
+  }
+  return {std::sqrt(num / std::max(den, 1e-30)), mx};
+}
+
+int32_t argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
+
+TEST(CudaBackend, TinyAMatchesTheHFFixture) {
+  LILAC_REQUIRE_GPU();
+  for (const char* dir : {"tiny-a", "tiny-a-per-expert"}) {
+    auto model = load_model(data_path(dir));
+    model->config.rope_inv_freq_bf16 = true;  // as the fixture (docs/model-notes.md)
+    auto backend = cuda::make_cuda_backend(*model);
+    auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
+    auto prompt = read_i32(*ref, "prompt_ids");
+    auto want_prefill = read_f32(*ref, "prefill_logits");
+    auto want_ids = read_i32(*ref, "decode_ids");
+    auto want_decode = read_f32(*ref, "decode_logits");
+    const int64_t V = model->config.vocab;
+    auto seq = backend->new_sequence(64);
+    std::vector<float> logits(prompt.size() * size_t(V));
+    backend->forward(*seq, prompt, logits, true);
+    // bf16 activations: about 5e-2 absolute on logits of scale ~4 (fixtures README).
+    EXPECT_TRUE(all_close(logits, want_prefill, 5e-2, 0, std::string(dir) + " prefill_logits"));
+    int32_t next = argmax(&logits[(prompt.size() - 1) * size_t(V)], V);
+    std::vector<float> step(static_cast<size_t>(V));
+    for (size_t j = 0; j < want_ids.size(); ++j) {
+      ASSERT_EQ(next, want_ids[j]) << dir << ": greedy id differs at decode step " << j;
+      backend->forward(*seq, std::span(&next, 1), step, false);
+      std::vector<float> want(want_decode.begin() + j * V, want_decode.begin() + (j + 1) * V);
+      EXPECT_TRUE(all_close(step, want, 5e-2, 0, std::string(dir) + " decode step " + std::to_string(j)));
+      next = argmax(step.data(), V);
+    }
+  }
+}
+
+TEST(CudaBackend, ChunkedPrefillAndGraphedDecodeAgree) {
+  LILAC_REQUIRE_GPU();
+  auto model = load_model(data_path("tiny-a"));
+  auto backend = cuda::make_cuda_backend(*model);
+  auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
+  auto prompt = read_i32(*ref, "prompt_ids");
+  const size_t V = size_t(model->config.vocab);
+  auto whole = backend->new_sequence(64);
+  std::vector<float> a(prompt.size() * V), b(prompt.size() * V);
+  backend->forward(*whole, prompt, a, true);
+  // The same prompt as 13 + 27 tokens, then one at a time (decode graph): bf16 rounding differs
+  // only through reduction order.
+  auto split = backend->new_sequence(64);
+  backend->forward(*split, std::span(prompt).first(13), std::span(b).first(13 * V), true);
+  backend->forward(*split, std::span(prompt).subspan(13), std::span(b).subspan(13 * V), true);
+  EXPECT_TRUE(all_close(b, a, 2e-2, 0, "13 + 27"));
+  auto ones = backend->new_sequence(64);
+  for (size_t t = 0; t < prompt.size(); ++t)
+    backend->forward(*ones, std::span(prompt).subspan(t, 1), std::span(b).subspan(t * V, V), false);
+  EXPECT_TRUE(all_close(b, a, 2e-2, 0, "40 x 1"));
+  // A clone continues exactly like its source (same kernels, same inputs: bitwise).
+  auto c = backend->clone(*ones);
+  std::vector<float> x(V), y(V);
+  int32_t tok = 7;
+  backend->forward(*ones, std::span(&tok, 1), x, false);
+  backend->forward(*c, std::span(&tok, 1), y, false);
+  EXPECT_EQ(x, y);
+}
+
+TEST(CudaBackend, DeviceSamplingMatchesTheCpuSamplerOnTheSameLogits) {
+  LILAC_REQUIRE_GPU();
+  auto model = load_model(data_path("tiny-a"));
+  auto backend = cuda::make_cuda_backend(*model);
+  const size_t V = size_t(model->config.vocab);
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 50;
+  p.top_p = 0.9f;
+  p.seed = 11;
+  auto seq = backend->new_sequence(64);
+  auto probe = backend->new_sequence(64);
+  backend->begin_sampling(*seq, {}, p);
+  std::vector<int32_t> ids = {1, 2, 3, 4, 5};
+  std::vector<float> logits(V);
+  // The probe sequence gives the logits the sampler sees at each step.
+  backend->forward(*probe, ids, logits, false);
+  StepResult r = backend->step(*seq, ids, 0);
+  EXPECT_EQ(r.token, sample_token(logits.data(), int32_t(V), p, nullptr, 0).token);
+  for (uint64_t i = 1; i < 20; ++i) {
+    int32_t t = r.token;
+    backend->forward(*probe, std::span(&t, 1), logits, false);
+    r = backend->step(*seq, std::span(&t, 1), i);
+    EXPECT_EQ(r.token, sample_token(logits.data(), int32_t(V), p, nullptr, i).token) << "step " << i;
+  }
+}
+
+// The full-size architecture with synthetic weights, truncated to its first four layers (three
+// Gated DeltaNet, one attention): the CUDA backend against the CPU backend on the same numbers.
+TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
+  LILAC_REQUIRE_GPU();
+  ModelConfig cfg = qwen36_35b_a3b_config();
+  const int64_t layers = 4;
+  const uint64_t seed = 5;
+  auto host = cuda::synthetic_host_model(cfg, seed, layers);
+  cpu::CpuBackend cpu_backend(host->config, host->weights);
+  auto gpu_backend = cuda::CudaBackend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed)));
+  std::vector<int32_t> prompt = {17, 248044, 9, 100000, 3, 77777, 12345, 5};
+  std::map<std::string, std::vector<float>> cpu_trace, gpu_trace;
+  auto recorder = [](std::map<std::string, std::vector<float>>& into) {
+    return [&into](const std::string& name, const float* d, const std::vector<int64_t>& shape) {
+      if (!name.starts_with("hidden.")) return;
+      int64_t n = 1;
+      for (auto s : shape) n *= s;
+      into[name].assign(d, d + n);
+    };
+  };
+  cpu_backend.set_trace(recorder(cpu_trace));
+  gpu_backend.set_trace(recorder(gpu_trace));
+  const size_t V = size_t(cfg.vocab);
+  std::vector<float> cpu_logits(V), gpu_logits(V);
+  auto cs = cpu_backend.new_sequence(16);
+  auto gs = gpu_backend.new_sequence(16);
+  cpu_backend.forward(*cs, prompt, cpu_logits, false);
+  gpu_backend.forward(*gs, prompt, gpu_logits, false);
+  for (int64_t i = 0; i <= layers; ++i) {
+    std::string name = "hidden." + std::to_string(i);
+    ASSERT_TRUE(gpu_trace.count(name)) << name;
+    auto [rel, mx] = rel_and_max(gpu_trace[name], cpu_trace[name]);
+    EXPECT_LT(rel, 2e-2) << name << " (max abs " << mx << ")";
+  }
+  auto [rel, mx] = rel_and_max(gpu_logits, cpu_logits);
+  EXPECT_LT(rel, 3e-2) << "logits (max abs " << mx << ")";
+  // One decode step through the graph path as well.
+  cpu_backend.set_trace(nullptr);
+  gpu_backend.set_trace(nullptr);
+  int32_t t = 4242;
+  cpu_backend.forward(*cs, std::span(&t, 1), cpu_logits, false);
+  gpu_backend.forward(*gs, std::span(&t, 1), gpu_logits, false);
+  auto [rel2, mx2] = rel_and_max(gpu_logits, cpu_logits);
+  EXPECT_LT(rel2, 3e-2) << "decode logits (max abs " << mx2 << ")";
+}
+
+TEST(CudaBackend, SyntheticGreedyDecodeIsDeterministic) {
+  LILAC_REQUIRE_GPU();
+  ModelConfig cfg = qwen36_35b_a3b_config();
+  cfg.layers = 8;
+  cfg.layer_types.resize(8);
+  cuda::CudaBackend backend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3)));
+  auto run = [&] {
+    auto seq = backend.new_sequence(512);
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    std::vector<int32_t> prompt(300);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 2654435761u) % kQwen36RealTokens);
+    backend.begin_sampling(*seq, prompt, greedy);
+    std::vector<int32_t> out;
+    StepResult r = backend.step(*seq, prompt, 0);
+    for (int i = 1; i <= 64; ++i) {
+      out.push_back(r.token);
+      r = backend.step(*seq, std::span(&out.back(), 1), uint64_t(i));
+    }
+    return out;
+  };
+  auto a = run();
+  auto b = run();
+  EXPECT_EQ(a, b);
+  for (int32_t id : a) EXPECT_LT(id, kQwen36RealTokens);
+}
+
+}  // namespace
+}  // namespace lilac::test
