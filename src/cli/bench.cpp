@@ -9,6 +9,7 @@
 #include "io/checkpoint.h"
 #include "model/qwen36.h"
 #include "util/error.h"
+#include "util/version.h"
 
 namespace lilac::cli {
 namespace {
@@ -65,8 +66,8 @@ int run_bench_cli(const BenchCliOptions& o) {
   std::printf("%s", bench_table(rows).c_str());
   for (const auto& line : backend_report(*backend)) std::printf("%s\n", line.c_str());
   if (!o.json_out.empty()) {
-    nlohmann::json header = {{"engine", std::string("lilac ") + LILAC_VERSION},
-                             {"commit", LILAC_GIT_COMMIT},
+    nlohmann::json header = {{"engine", std::string("lilac ") + version()},
+                             {"commit", git_commit()},
                              {"gpu", backend->device_description()},
                              {"device", backend->name()},
                              {"weights", o.weights},

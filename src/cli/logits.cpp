@@ -13,6 +13,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "util/error.h"
+#include "util/version.h"
 
 namespace lilac::cli {
 namespace {
@@ -144,7 +145,7 @@ int run_logits(const LogitsOptions& o) {
                        {"prefill_logits", DType::F32, {T, V}, bytes(prefill)},
                        {"decode_ids", DType::I32, {int64_t(ids.size())}, bytes(ids)},
                        {"decode_logits", DType::F32, {int64_t(o.decode), V}, bytes(decode)}},
-                      {{"producer", std::string("lilac ") + LILAC_GIT_COMMIT}, {"device", backend->name()}});
+                      {{"producer", std::string("lilac ") + git_commit()}, {"device", backend->name()}});
     std::fprintf(stderr, "wrote %s (%lld prompt tokens, %d decoded, device %s)\n", o.out.c_str(), (long long)T,
                  o.decode, backend->name().c_str());
   }
