@@ -2,7 +2,8 @@
 
 namespace lilac::server {
 
-Generation::Generation(Engine& engine, GenerationRequest request, ParseOptions parse) : parse_(std::move(parse)) {
+Generation::Generation(Engine& engine, GenerationRequest request, ParseOptions parse)
+    : parse_(std::move(parse)) {
   cancelled_ = request.cancelled;
   std::weak_ptr<Channel> weak = channel_;
   request.on_token = [weak](const TokenEvent& ev) {
@@ -61,8 +62,10 @@ GenerationChunk Generation::next(std::chrono::milliseconds timeout) {
   for (auto& ev : events) {
     if (ev.id >= 0) out.logprobs.push_back({ev.id, ev.logprob, std::move(ev.top_logprobs)});
     if (ev.text.empty()) continue;
-    if (parser_) absorb(parser_->push(ev.text), out);
-    else out.content += ev.text;
+    if (parser_)
+      absorb(parser_->push(ev.text), out);
+    else
+      out.content += ev.text;
   }
   if (finished) {
     result_ = future_.get();

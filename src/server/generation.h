@@ -32,14 +32,16 @@ struct GenerationChunk {
   std::vector<std::pair<int, ToolCall>> tool_calls;
   std::vector<TokenLogprob> logprobs;  // one per token sampled since the last chunk
   bool finished = false;               // the request is over; result() is valid
-  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty() && logprobs.empty(); }
+  bool empty() const {
+    return reasoning.empty() && content.empty() && tool_calls.empty() && logprobs.empty();
+  }
 };
 
 struct ParseOptions {
   bool chat = true;           // split with the output parser (else: raw text as content)
   bool in_reasoning = false;  // the prompt ended inside <think>
   nlohmann::json tools = nlohmann::json::array();
-  int max_tool_calls = -1;    // parallel_tool_calls false: 1 (later calls are dropped)
+  int max_tool_calls = -1;  // parallel_tool_calls false: 1 (later calls are dropped)
 };
 
 class Generation {

@@ -38,10 +38,12 @@ std::vector<int32_t> encode_prompt(const ServingModel& m, const std::string& tex
 
 void check_length(const ServingModel& m, size_t n) {
   if (int64_t(n) >= m.context_size)
-    throw ApiError(400,
-                   fmt::format("the prompt has {} tokens, and this server's context is {} tokens (prompt + answer)", n,
-                               m.context_size),
-                   "invalid_request_error", "messages", "context_length_exceeded");
+    throw ApiError(
+        400,
+        fmt::format(
+            "the prompt has {} tokens, and this server's context is {} tokens (prompt + answer)", n,
+            m.context_size),
+        "invalid_request_error", "messages", "context_length_exceeded");
 }
 
 // Queues the generation; 429 when the queue is full.
@@ -59,9 +61,11 @@ void launch(Server::Impl& s, Job& job, std::vector<int32_t> ids, ParseOptions pa
   try {
     job.gen = std::make_unique<Generation>(*m.engine, std::move(rq), std::move(parse));
   } catch (const QueueFull&) {
-    throw ApiError(429, "the server is busy (the request queue is full); retry later", "rate_limit_error", "", "queue_full");
+    throw ApiError(429, "the server is busy (the request queue is full); retry later",
+                   "rate_limit_error", "", "queue_full");
   } catch (const Error& e) {
-    if (s.draining) throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
+    if (s.draining)
+      throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
     throw ApiError(400, e.what());
   }
   job.in_flight = std::make_unique<InFlight>(s.in_flight);
@@ -87,7 +91,8 @@ json chat_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& lps) {
 }
 
 // The legacy completions shape: tokens, token_logprobs, top_logprobs (dicts), text_offset.
-json completion_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& lps, size_t& offset) {
+json completion_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& lps,
+                         size_t& offset) {
   json tokens = json::array(), lp = json::array(), top = json::array(), offs = json::array();
   for (const auto& t : lps) {
     const std::string s = tok.token_bytes(t.id);
@@ -117,9 +122,11 @@ const char* finish_name(const GenerationResult& r, bool tool_calls) {
 
 // The error a finished-but-failed generation reports (in-band: the status line is already sent).
 std::optional<json> failure(const GenerationResult& r) {
-  if (r.finish == FinishReason::Error) return error_body("generation failed: " + r.error, "server_error");
+  if (r.finish == FinishReason::Error)
+    return error_body("generation failed: " + r.error, "server_error");
   if (r.finish == FinishReason::Cancelled)
-    return error_body("the generation was cancelled (the server is shutting down)", "server_error", "", "cancelled");
+    return error_body("the generation was cancelled (the server is shutting down)", "server_error",
+                      "", "cancelled");
   return std::nullopt;
 }
 
@@ -146,14 +153,21 @@ bool stream_chat(Job& job, httplib::DataSink& sink) {
   Generation& g = *job.gen;
   const Tokenizer& tok = *job.model.tokenizer;
   auto chunk = [&](json delta, const char* finish, std::vector<TokenLogprob>* lps) {
-    json choice = {{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    json choice = {{"index", 0},
+                   {"delta", std::move(delta)},
+                   {"logprobs", nullptr},
+                   {"finish_reason", nullptr}};
     if (finish) choice["finish_reason"] = finish;
     if (lps && job.common.logprobs && !lps->empty()) {
       choice["logprobs"] = chat_logprobs(tok, *lps);
       lps->clear();
     }
-    json j = {{"id", job.id},   {"object", "chat.completion.chunk"}, {"created", job.created}, {"model", job.model.model_id},
-              {"system_fingerprint", kFingerprint}, {"choices", json::array({choice})}};
+    json j = {{"id", job.id},
+              {"object", "chat.completion.chunk"},
+              {"created", job.created},
+              {"model", job.model.model_id},
+              {"system_fingerprint", kFingerprint},
+              {"choices", json::array({choice})}};
     if (job.common.include_usage) j["usage"] = nullptr;
     return j;
   };
@@ -198,8 +212,12 @@ bool stream_chat(Job& job, httplib::DataSink& sink) {
   } else {
     if (!send(chunk(json::object(), finish_name(r, any_call), &pending))) return false;
     if (job.common.include_usage) {
-      json u = {{"id", job.id}, {"object", "chat.completion.chunk"}, {"created", job.created},
-                {"model", job.model.model_id}, {"system_fingerprint", kFingerprint}, {"choices", json::array()},
+      json u = {{"id", job.id},
+                {"object", "chat.completion.chunk"},
+                {"created", job.created},
+                {"model", job.model.model_id},
+                {"system_fingerprint", kFingerprint},
+                {"choices", json::array()},
                 {"usage", usage_json(r)}};
       if (!send(u)) return false;
     }
@@ -220,7 +238,8 @@ bool complete_chat(Job& job, httplib::DataSink& sink) {
     reasoning += c.reasoning;
     content += c.content;
     lps.insert(lps.end(), c.logprobs.begin(), c.logprobs.end());
-    for (const auto& [index, call] : c.tool_calls) calls.push_back(tool_call_json(index, call, false));
+    for (const auto& [index, call] : c.tool_calls)
+      calls.push_back(tool_call_json(index, call, false));
     if (c.finished) break;
     if (c.empty() && !sink.is_writable()) {
       g.cancel();
@@ -238,10 +257,17 @@ bool complete_chat(Job& job, httplib::DataSink& sink) {
       msg["tool_calls"] = calls;
       if (content.empty()) msg["content"] = nullptr;
     }
-    json choice = {{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_name(r, !calls.empty())}};
+    json choice = {{"index", 0},
+                   {"message", msg},
+                   {"logprobs", nullptr},
+                   {"finish_reason", finish_name(r, !calls.empty())}};
     if (job.common.logprobs) choice["logprobs"] = chat_logprobs(*job.model.tokenizer, lps);
-    body = {{"id", job.id},           {"object", "chat.completion"},   {"created", job.created},
-            {"model", job.model.model_id}, {"system_fingerprint", kFingerprint}, {"choices", json::array({choice})},
+    body = {{"id", job.id},
+            {"object", "chat.completion"},
+            {"created", job.created},
+            {"model", job.model.model_id},
+            {"system_fingerprint", kFingerprint},
+            {"choices", json::array({choice})},
             {"usage", usage_json(r)}};
   }
   const std::string s = dump(body);
@@ -260,8 +286,12 @@ bool stream_completion(Job& job, httplib::DataSink& sink) {
       choice["logprobs"] = completion_logprobs(*job.model.tokenizer, *lps, offset);
       lps->clear();
     }
-    return json{{"id", job.id}, {"object", "text_completion"}, {"created", job.created}, {"model", job.model.model_id},
-                {"system_fingerprint", kFingerprint}, {"choices", json::array({choice})}};
+    return json{{"id", job.id},
+                {"object", "text_completion"},
+                {"created", job.created},
+                {"model", job.model.model_id},
+                {"system_fingerprint", kFingerprint},
+                {"choices", json::array({choice})}};
   };
   auto send = [&](const json& j) {
     if (write_sse(sink, j)) return true;
@@ -290,8 +320,12 @@ bool stream_completion(Job& job, httplib::DataSink& sink) {
   } else {
     if (!send(chunk("", finish_name(r, false), &pending))) return false;
     if (job.common.include_usage) {
-      json u = {{"id", job.id}, {"object", "text_completion"}, {"created", job.created}, {"model", job.model.model_id},
-                {"choices", json::array()}, {"usage", usage_json(r)}};
+      json u = {{"id", job.id},
+                {"object", "text_completion"},
+                {"created", job.created},
+                {"model", job.model.model_id},
+                {"choices", json::array()},
+                {"usage", usage_json(r)}};
       if (!send(u)) return false;
     }
   }
@@ -319,11 +353,20 @@ bool complete_completion(Job& job, httplib::DataSink& sink) {
   if (auto err = failure(r)) {
     body = *err;
   } else {
-    json choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_name(r, false)}};
+    json choice = {{"index", 0},
+                   {"text", text},
+                   {"logprobs", nullptr},
+                   {"finish_reason", finish_name(r, false)}};
     size_t offset = job.echo.size();
-    if (job.common.logprobs) choice["logprobs"] = completion_logprobs(*job.model.tokenizer, lps, offset);
-    body = {{"id", job.id}, {"object", "text_completion"}, {"created", job.created}, {"model", job.model.model_id},
-            {"system_fingerprint", kFingerprint}, {"choices", json::array({choice})}, {"usage", usage_json(r)}};
+    if (job.common.logprobs)
+      choice["logprobs"] = completion_logprobs(*job.model.tokenizer, lps, offset);
+    body = {{"id", job.id},
+            {"object", "text_completion"},
+            {"created", job.created},
+            {"model", job.model.model_id},
+            {"system_fingerprint", kFingerprint},
+            {"choices", json::array({choice})},
+            {"usage", usage_json(r)}};
   }
   const std::string s = dump(body);
   if (!sink.write(s.data(), s.size())) return false;
@@ -333,7 +376,8 @@ bool complete_completion(Job& job, httplib::DataSink& sink) {
 
 // Hands the job to httplib: the body is produced on this handler thread, chunked, so a client that
 // disconnects is noticed (a failed write, or the socket polled while waiting) and cancels.
-void respond(httplib::Response& res, std::shared_ptr<Job> job, bool (*body)(Job&, httplib::DataSink&)) {
+void respond(httplib::Response& res, std::shared_ptr<Job> job,
+             bool (*body)(Job&, httplib::DataSink&)) {
   const bool sse = job->common.stream;
   res.status = 200;
   if (sse) {
@@ -356,8 +400,9 @@ std::string render(const ServingModel& m, const ChatRequest& r) {
   try {
     return m.chat_template->render(r.messages, r.tools, r.chat);
   } catch (const Error& e) {
-    throw ApiError(400, std::string("the messages cannot be rendered with the chat template: ") + e.what(),
-                   "invalid_request_error", "messages");
+    throw ApiError(
+        400, std::string("the messages cannot be rendered with the chat template: ") + e.what(),
+        "invalid_request_error", "messages");
   }
 }
 
@@ -394,10 +439,13 @@ void handle_completions(Server::Impl& s, const httplib::Request& req, httplib::R
   } else {
     for (int32_t id : ids)
       if (id >= job->model.tokenizer->size())
-        throw ApiError(400, fmt::format("token id {} is out of range (the vocabulary has {} ids)", id, job->model.tokenizer->size()),
+        throw ApiError(400,
+                       fmt::format("token id {} is out of range (the vocabulary has {} ids)", id,
+                                   job->model.tokenizer->size()),
                        "invalid_request_error", "prompt");
   }
-  if (ids.empty()) throw ApiError(400, "the prompt encodes to no tokens", "invalid_request_error", "prompt");
+  if (ids.empty())
+    throw ApiError(400, "the prompt encodes to no tokens", "invalid_request_error", "prompt");
   if (r.echo) job->echo = r.prompt.empty() ? job->model.tokenizer->decode(ids) : r.prompt;
   ParseOptions parse;
   parse.chat = false;
@@ -411,7 +459,9 @@ void handle_tokenize(Server::Impl& s, const httplib::Request& req, httplib::Resp
   std::string text;
   bool parse_special = true;
   if (b.contains("parse_special")) {
-    if (!b["parse_special"].is_boolean()) throw ApiError(400, "'parse_special' must be true or false", "invalid_request_error", "parse_special");
+    if (!b["parse_special"].is_boolean())
+      throw ApiError(400, "'parse_special' must be true or false", "invalid_request_error",
+                     "parse_special");
     parse_special = b["parse_special"].get<bool>();
   }
   if (b.contains("messages")) {
@@ -423,7 +473,8 @@ void handle_tokenize(Server::Impl& s, const httplib::Request& req, httplib::Resp
   } else {
     const char* key = b.contains("content") ? "content" : b.contains("text") ? "text" : "prompt";
     if (!b.contains(key) || !b[key].is_string())
-      throw ApiError(400, "give the text to tokenize as 'content' (a string), or 'messages'", "invalid_request_error", "content");
+      throw ApiError(400, "give the text to tokenize as 'content' (a string), or 'messages'",
+                     "invalid_request_error", "content");
     text = b[key].get<std::string>();
   }
   std::vector<int32_t> ids;
@@ -445,11 +496,14 @@ void handle_detokenize(Server::Impl& s, const httplib::Request& req, httplib::Re
   const ServingModel m = s.serving();
   const json b = parse_body(req.body);
   if (!b.contains("tokens") || !b["tokens"].is_array())
-    throw ApiError(400, "'tokens' must be an array of token ids", "invalid_request_error", "tokens");
+    throw ApiError(400, "'tokens' must be an array of token ids", "invalid_request_error",
+                   "tokens");
   std::vector<int32_t> ids;
   for (const auto& t : b["tokens"]) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.tokenizer->size())
-      throw ApiError(400, fmt::format("'tokens' holds {}, not a token id (0 to {})", t.dump(), m.tokenizer->size() - 1),
+      throw ApiError(400,
+                     fmt::format("'tokens' holds {}, not a token id (0 to {})", t.dump(),
+                                 m.tokenizer->size() - 1),
                      "invalid_request_error", "tokens");
     ids.push_back(t.get<int32_t>());
   }
@@ -463,7 +517,8 @@ void handle_apply_template(Server::Impl& s, const httplib::Request& req, httplib
   ChatRequest r = parse_chat_request(b, m.defaults);
   if (b.contains("add_generation_prompt")) {
     if (!b["add_generation_prompt"].is_boolean())
-      throw ApiError(400, "'add_generation_prompt' must be true or false", "invalid_request_error", "add_generation_prompt");
+      throw ApiError(400, "'add_generation_prompt' must be true or false", "invalid_request_error",
+                     "add_generation_prompt");
     r.chat.add_generation_prompt = b["add_generation_prompt"].get<bool>();
   }
   send_json(res, 200, {{"prompt", render(m, r)}});

@@ -16,11 +16,16 @@ bool g_json = false;
 
 const char* level_name(LogLevel l) {
   switch (l) {
-    case LogLevel::Debug: return "debug";
-    case LogLevel::Info: return "info";
-    case LogLevel::Warn: return "warn";
-    case LogLevel::Error: return "error";
-    case LogLevel::Off: return "off";
+    case LogLevel::Debug:
+      return "debug";
+    case LogLevel::Info:
+      return "info";
+    case LogLevel::Warn:
+      return "warn";
+    case LogLevel::Error:
+      return "error";
+    case LogLevel::Off:
+      return "off";
   }
   return "?";
 }
@@ -28,7 +33,8 @@ const char* level_name(LogLevel l) {
 std::string timestamp() {
   auto now = std::chrono::system_clock::now();
   std::time_t t = std::chrono::system_clock::to_time_t(now);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[40];
@@ -71,7 +77,9 @@ void Log::write(LogLevel level, const std::string& msg, const nlohmann::json& fi
     line = fmt::format("{} {:<5} {}", timestamp(), level_name(level), msg);
     if (fields.is_object())
       for (auto& [k, v] : fields.items())
-        line += " " + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        line += " " + k + "=" +
+                (v.is_string() ? v.get<std::string>()
+                               : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
   line += "\n";
   std::fwrite(line.data(), 1, line.size(), stderr);

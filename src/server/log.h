@@ -17,11 +17,20 @@ class Log {
   static void configure(LogLevel level, bool json);
   static bool enabled(LogLevel level);
   // `fields` (an object) is printed as k=v pairs, or merged into the JSON line.
-  static void write(LogLevel level, const std::string& msg, const nlohmann::json& fields = nlohmann::json::object());
-  static void debug(const std::string& m, const nlohmann::json& f = nlohmann::json::object()) { write(LogLevel::Debug, m, f); }
-  static void info(const std::string& m, const nlohmann::json& f = nlohmann::json::object()) { write(LogLevel::Info, m, f); }
-  static void warn(const std::string& m, const nlohmann::json& f = nlohmann::json::object()) { write(LogLevel::Warn, m, f); }
-  static void error(const std::string& m, const nlohmann::json& f = nlohmann::json::object()) { write(LogLevel::Error, m, f); }
+  static void write(LogLevel level, const std::string& msg,
+                    const nlohmann::json& fields = nlohmann::json::object());
+  static void debug(const std::string& m, const nlohmann::json& f = nlohmann::json::object()) {
+    write(LogLevel::Debug, m, f);
+  }
+  static void info(const std::string& m, const nlohmann::json& f = nlohmann::json::object()) {
+    write(LogLevel::Info, m, f);
+  }
+  static void warn(const std::string& m, const nlohmann::json& f = nlohmann::json::object()) {
+    write(LogLevel::Warn, m, f);
+  }
+  static void error(const std::string& m, const nlohmann::json& f = nlohmann::json::object()) {
+    write(LogLevel::Error, m, f);
+  }
 };
 
 }  // namespace lilac::server

@@ -39,13 +39,15 @@ std::string self_exe_dir() {
 std::string hf_hub_cache() {
   if (auto v = env("HF_HUB_CACHE"); !v.empty()) return v;
   if (auto v = env("HF_HOME"); !v.empty()) return (fs::path(v) / "hub").string();
-  if (auto v = env("HOME"); !v.empty()) return (fs::path(v) / ".cache" / "huggingface" / "hub").string();
+  if (auto v = env("HOME"); !v.empty())
+    return (fs::path(v) / ".cache" / "huggingface" / "hub").string();
   return "";
 }
 
 std::string find_hf_snapshot(const std::string& hub_dir) {
   if (hub_dir.empty()) return "";
-  static const char* kRepos[] = {"models--Qwen--Qwen3.6-35B-A3B", "models--Qwen--Qwen3.6-35B-A3B-FP8",
+  static const char* kRepos[] = {"models--Qwen--Qwen3.6-35B-A3B",
+                                 "models--Qwen--Qwen3.6-35B-A3B-FP8",
                                  "models--mlx-community--Qwen3.6-35B-A3B-4bit"};
   std::string best;
   fs::file_time_type best_time{};
@@ -66,8 +68,9 @@ std::string find_hf_snapshot(const std::string& hub_dir) {
 std::string find_demo_model() {
   std::vector<fs::path> candidates;
   if (auto exe = self_exe_dir(); !exe.empty()) {
-    candidates.push_back(fs::path(exe) / ".." / ".." / "models" / "demo");       // build/<preset>/lilac
-    candidates.push_back(fs::path(exe) / ".." / "share" / "lilac" / "models" / "demo");  // <prefix>/bin
+    candidates.push_back(fs::path(exe) / ".." / ".." / "models" / "demo");  // build/<preset>/lilac
+    candidates.push_back(fs::path(exe) / ".." / "share" / "lilac" / "models" /
+                         "demo");  // <prefix>/bin
     candidates.push_back(fs::path(exe) / "models" / "demo");
   }
 #ifdef LILAC_SOURCE_DIR
@@ -102,9 +105,11 @@ ModelChoice choose_model(const std::string& flag) {
     c.dir = d;
     c.source = ModelSource::Demo;
   } else {
-    fail("no model: give --model DIR (or set LILAC_MODEL); no Qwen3.6-35B-A3B snapshot is in the Hugging Face "
-         "cache ({}) and the bundled demo model (models/demo) was not found",
-         hf_hub_cache());
+    fail(
+        "no model: give --model DIR (or set LILAC_MODEL); no Qwen3.6-35B-A3B snapshot is in the "
+        "Hugging Face "
+        "cache ({}) and the bundled demo model (models/demo) was not found",
+        hf_hub_cache());
   }
   if (!has_config(c.dir)) fail("{}: not a model directory (no config.json)", c.dir);
   c.demo = is_demo_model(c.dir);
@@ -131,7 +136,8 @@ SamplingParams load_generation_defaults(const std::string& dir) {
   num("presence_penalty", p.presence_penalty);
   num("frequency_penalty", p.frequency_penalty);
   num("repetition_penalty", p.repetition_penalty);
-  if (j.contains("do_sample") && j["do_sample"].is_boolean() && !j["do_sample"].get<bool>()) p.temperature = 0;
+  if (j.contains("do_sample") && j["do_sample"].is_boolean() && !j["do_sample"].get<bool>())
+    p.temperature = 0;
   return p;
 }
 
@@ -159,22 +165,28 @@ std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const L
   const std::string fmt_name = format_name(lm->model->checkpoint->format());
   const std::string wanted = o.weights == "q4" ? "mlx-4bit" : o.weights;
   if (o.weights != "auto" && wanted != fmt_name)
-    fail("--weights {}: the checkpoint in {} holds {} weights, and lilac serves a checkpoint in the format it was "
-         "saved in (convert it first; `lilac quantize` makes q4)",
-         o.weights, choice.dir, fmt_name);
+    fail(
+        "--weights {}: the checkpoint in {} holds {} weights, and lilac serves a checkpoint in the "
+        "format it was "
+        "saved in (convert it first; `lilac quantize` makes q4)",
+        o.weights, choice.dir, fmt_name);
   if (!o.scripted.empty()) {
-    say("TEST-ONLY: scripted backend from " + o.scripted + " (no model runs; outputs come from the script)");
-    lm->backend = std::make_unique<ScriptedBackend>(lm->model->config, *lm->tokenizer,
-                                                    ScriptedBackend::load_script(o.scripted, *lm->tokenizer));
+    say("TEST-ONLY: scripted backend from " + o.scripted +
+        " (no model runs; outputs come from the script)");
+    lm->backend =
+        std::make_unique<ScriptedBackend>(lm->model->config, *lm->tokenizer,
+                                          ScriptedBackend::load_script(o.scripted, *lm->tokenizer));
   } else {
     say("starting the " + o.device + " backend");
     lm->backend = open_backend(*lm->model, o.device);
   }
   EngineOptions eo;
   const int64_t max_pos = lm->model->config.max_position_embeddings;
-  eo.context_size = o.context_size > 0 ? o.context_size : std::min<int64_t>(32768, max_pos > 0 ? max_pos : 32768);
+  eo.context_size =
+      o.context_size > 0 ? o.context_size : std::min<int64_t>(32768, max_pos > 0 ? max_pos : 32768);
   if (max_pos > 0 && eo.context_size > max_pos)
-    fail("--ctx-size {} is larger than the model's max_position_embeddings ({})", eo.context_size, max_pos);
+    fail("--ctx-size {} is larger than the model's max_position_embeddings ({})", eo.context_size,
+         max_pos);
   if (eo.context_size < 16) fail("--ctx-size {} is too small (at least 16)", eo.context_size);
   if (o.queue_capacity < 1) fail("--queue {} must be at least 1", o.queue_capacity);
   eo.queue_capacity = o.queue_capacity;
@@ -183,8 +195,8 @@ std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const L
   say("warming up");
   lm->engine->warm_up();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  lm->description = fmt::format("{} ({}, {}) on {}", choice.dir, lm->model->config.summary(), fmt_name,
-                                lm->backend->device_description());
+  lm->description = fmt::format("{} ({}, {}) on {}", choice.dir, lm->model->config.summary(),
+                                fmt_name, lm->backend->device_description());
   say(fmt::format("model ready in {:.1f} s: {}", secs, lm->description));
   return lm;
 }

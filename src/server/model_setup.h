@@ -52,7 +52,7 @@ struct LoadOptions {
   int64_t context_size = 0;      // 0: min(32768, max_position_embeddings)
   int queue_capacity = 64;
   size_t snapshot_bytes = size_t(1) << 30;
-  std::string scripted;          // TEST-ONLY: a script file for ScriptedBackend instead of the model
+  std::string scripted;  // TEST-ONLY: a script file for ScriptedBackend instead of the model
   std::function<void(const std::string&)> progress;  // log lines while loading
 };
 
@@ -71,7 +71,8 @@ struct LoadedModel {
 
 // Loads everything and warms the engine up. `open_backend` constructs the backend for a model
 // (cli::open_backend; the server library does not depend on the CLI).
-using BackendFactory = std::function<std::unique_ptr<Backend>(const Model&, const std::string& device)>;
+using BackendFactory =
+    std::function<std::unique_ptr<Backend>(const Model&, const std::string& device)>;
 std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const LoadOptions& options,
                                               const BackendFactory& open_backend);
 

@@ -17,7 +17,9 @@ json error_body(const std::string& message, const std::string& type, const std::
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
-json ApiError::to_json() const { return error_body(what(), type, param, code); }
+json ApiError::to_json() const {
+  return error_body(what(), type, param, code);
+}
 
 json parse_body(const std::string& body) {
   json j;
@@ -35,13 +37,16 @@ json parse_body(const std::string& body) {
 
 namespace {
 
-bool present(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
+bool present(const json& j, const char* key) {
+  return j.contains(key) && !j[key].is_null();
+}
 
 double number(const json& j, const char* key, double lo, double hi) {
   const json& v = j[key];
   if (!v.is_number()) bad_field(key, "'{}' must be a number, not {}", key, v.type_name());
   double x = v.get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi) bad_field(key, "'{}' must be between {} and {}; got {}", key, lo, hi, v.dump());
+  if (!std::isfinite(x) || x < lo || x > hi)
+    bad_field(key, "'{}' must be between {} and {}; got {}", key, lo, hi, v.dump());
   return x;
 }
 
@@ -61,7 +66,8 @@ int64_t integer(const json& j, const char* key, int64_t lo, int64_t hi) {
 }
 
 bool boolean(const json& j, const char* key) {
-  if (!j[key].is_boolean()) bad_field(key, "'{}' must be true or false, not {}", key, j[key].type_name());
+  if (!j[key].is_boolean())
+    bad_field(key, "'{}' must be true or false, not {}", key, j[key].type_name());
   return j[key].get<bool>();
 }
 
@@ -82,21 +88,28 @@ void parse_common(const json& b, const SamplingParams& defaults, CommonParams& c
     c.sampling.top_k = k < 0 ? 0 : int(k);
   }
   if (present(b, "min_p")) c.sampling.min_p = float(number(b, "min_p", 0, 1));
-  if (present(b, "presence_penalty")) c.sampling.presence_penalty = float(number(b, "presence_penalty", -2, 2));
-  if (present(b, "frequency_penalty")) c.sampling.frequency_penalty = float(number(b, "frequency_penalty", -2, 2));
+  if (present(b, "presence_penalty"))
+    c.sampling.presence_penalty = float(number(b, "presence_penalty", -2, 2));
+  if (present(b, "frequency_penalty"))
+    c.sampling.frequency_penalty = float(number(b, "frequency_penalty", -2, 2));
   if (present(b, "repetition_penalty")) {
     c.sampling.repetition_penalty = float(number(b, "repetition_penalty", 0, 10));
-    if (c.sampling.repetition_penalty <= 0) bad_field("repetition_penalty", "'repetition_penalty' must be greater than 0");
+    if (c.sampling.repetition_penalty <= 0)
+      bad_field("repetition_penalty", "'repetition_penalty' must be greater than 0");
   }
   if (present(b, "seed")) {
     const json& s = b["seed"];
-    if (s.is_number_unsigned()) c.sampling.seed = s.get<uint64_t>();
-    else if (s.is_number_integer()) c.sampling.seed = uint64_t(s.get<int64_t>());
-    else bad_field("seed", "'seed' must be an integer, not {}", s.type_name());
+    if (s.is_number_unsigned())
+      c.sampling.seed = s.get<uint64_t>();
+    else if (s.is_number_integer())
+      c.sampling.seed = uint64_t(s.get<int64_t>());
+    else
+      bad_field("seed", "'seed' must be an integer, not {}", s.type_name());
     c.seed_given = true;
   }
   for (const char* key : {"max_tokens", "max_completion_tokens"})
-    if (present(b, key)) c.max_tokens = integer(b, key, 1, INT64_MAX);  // max_completion_tokens wins
+    if (present(b, key))
+      c.max_tokens = integer(b, key, 1, INT64_MAX);  // max_completion_tokens wins
   if (present(b, "stop")) {
     const json& s = b["stop"];
     if (s.is_string()) {
@@ -112,14 +125,17 @@ void parse_common(const json& b, const SamplingParams& defaults, CommonParams& c
     }
     std::erase_if(c.stop, [](const std::string& x) { return x.empty(); });
   }
-  if (present(b, "n") && integer(b, "n", 1, INT32_MAX) != 1) bad_field("n", "only n = 1 is supported");
-  if (present(b, "best_of") && integer(b, "best_of", 1, INT32_MAX) != 1) bad_field("best_of", "only best_of = 1 is supported");
+  if (present(b, "n") && integer(b, "n", 1, INT32_MAX) != 1)
+    bad_field("n", "only n = 1 is supported");
+  if (present(b, "best_of") && integer(b, "best_of", 1, INT32_MAX) != 1)
+    bad_field("best_of", "only best_of = 1 is supported");
   if (present(b, "stream")) c.stream = boolean(b, "stream");
   if (present(b, "stream_options")) {
     const json& so = b["stream_options"];
     if (!so.is_object()) bad_field("stream_options", "'stream_options' must be an object");
     if (present(so, "include_usage")) {
-      if (!so["include_usage"].is_boolean()) bad_field("stream_options.include_usage", "'include_usage' must be true or false");
+      if (!so["include_usage"].is_boolean())
+        bad_field("stream_options.include_usage", "'include_usage' must be true or false");
       c.include_usage = so["include_usage"].get<bool>();
     }
   }
@@ -127,7 +143,8 @@ void parse_common(const json& b, const SamplingParams& defaults, CommonParams& c
     if (present(b, "logprobs")) c.logprobs = boolean(b, "logprobs");
     if (present(b, "top_logprobs")) {
       c.top_logprobs = int(integer(b, "top_logprobs", 0, 20));
-      if (c.top_logprobs > 0 && !c.logprobs) bad_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+      if (c.top_logprobs > 0 && !c.logprobs)
+        bad_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     }
   } else if (present(b, "logprobs")) {  // the legacy completions field: an integer 0..5 (or a bool)
     if (b["logprobs"].is_boolean()) {
@@ -143,7 +160,8 @@ void parse_common(const json& b, const SamplingParams& defaults, CommonParams& c
 std::string text_of_content(const json& content, const std::string& where) {
   if (content.is_null()) return "";
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) bad_field(where, "'{}' must be a string or an array of content parts", where);
+  if (!content.is_array())
+    bad_field(where, "'{}' must be a string or an array of content parts", where);
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
@@ -152,8 +170,12 @@ std::string text_of_content(const json& content, const std::string& where) {
       bad_field(pw, "'{}' must be an object with a 'type'", pw);
     const std::string type = part["type"].get<std::string>();
     if (type != "text")
-      bad_field(pw, "content part type '{}' is not supported: this model takes text only (use parts of type 'text')", type);
-    if (!part.contains("text") || !part["text"].is_string()) bad_field(pw, "'{}.text' must be a string", pw);
+      bad_field(pw,
+                "content part type '{}' is not supported: this model takes text only (use parts of "
+                "type 'text')",
+                type);
+    if (!part.contains("text") || !part["text"].is_string())
+      bad_field(pw, "'{}.text' must be a string", pw);
     if (!text.empty()) text += "\n";
     text += part["text"].get<std::string>();
   }
@@ -178,7 +200,8 @@ json normalise_tool_calls(const json& calls, const std::string& where) {
         const std::string s = a.get<std::string>();
         args = s.empty() ? json::object() : json::parse(s, nullptr, false);
         if (args.is_discarded() || !args.is_object())
-          bad_field(w + ".function.arguments", "'{}.function.arguments' must be a JSON object encoded as a string", w);
+          bad_field(w + ".function.arguments",
+                    "'{}.function.arguments' must be a JSON object encoded as a string", w);
       } else if (a.is_object()) {
         args = a;
       } else {
@@ -202,14 +225,18 @@ json normalise_messages(const json& b) {
     const std::string w = fmt::format("messages[{}]", i);
     const json& m = ms[i];
     if (!m.is_object()) bad_field(w, "'{}' must be an object", w);
-    if (!m.contains("role") || !m["role"].is_string()) bad_field(w + ".role", "'{}.role' must be a string", w);
+    if (!m.contains("role") || !m["role"].is_string())
+      bad_field(w + ".role", "'{}.role' must be a string", w);
     std::string role = m["role"].get<std::string>();
     if (role == "developer") role = "system";
     if (role != "system" && role != "user" && role != "assistant" && role != "tool")
-      bad_field(w + ".role", "unknown role '{}' (expected system, developer, user, assistant or tool)", role);
+      bad_field(w + ".role",
+                "unknown role '{}' (expected system, developer, user, assistant or tool)", role);
     json n = {{"role", role}};
-    if (!m.contains("content") && role != "assistant") bad_field(w + ".content", "'{}.content' is required", w);
-    n["content"] = text_of_content(m.contains("content") ? m["content"] : json(nullptr), w + ".content");
+    if (!m.contains("content") && role != "assistant")
+      bad_field(w + ".content", "'{}.content' is required", w);
+    n["content"] =
+        text_of_content(m.contains("content") ? m["content"] : json(nullptr), w + ".content");
     if (role == "assistant") {
       for (const char* key : {"reasoning_content", "reasoning"})
         if (present(m, key)) {
@@ -223,7 +250,8 @@ json normalise_messages(const json& b) {
       }
     }
     if (role == "tool") {
-      if (present(m, "tool_call_id") && m["tool_call_id"].is_string()) n["tool_call_id"] = m["tool_call_id"];
+      if (present(m, "tool_call_id") && m["tool_call_id"].is_string())
+        n["tool_call_id"] = m["tool_call_id"];
     }
     if (present(m, "name") && m["name"].is_string()) n["name"] = m["name"];
     out.push_back(std::move(n));
@@ -242,17 +270,21 @@ json normalise_tools(const json& b) {
     if (!t.is_object()) bad_field(w, "'{}' must be an object", w);
     if (t.contains("type") && t["type"] != "function")
       bad_field(w + ".type", "tool type {} is not supported (only 'function')", t["type"].dump());
-    if (!t.contains("function") || !t["function"].is_object()) bad_field(w + ".function", "'{}.function' must be an object", w);
+    if (!t.contains("function") || !t["function"].is_object())
+      bad_field(w + ".function", "'{}.function' must be an object", w);
     const json& f = t["function"];
     if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
       bad_field(w + ".function.name", "'{}.function.name' must be a non-empty string", w);
     json fn = {{"name", f["name"]}};
     if (present(f, "description")) {
-      if (!f["description"].is_string()) bad_field(w + ".function.description", "'{}.function.description' must be a string", w);
+      if (!f["description"].is_string())
+        bad_field(w + ".function.description", "'{}.function.description' must be a string", w);
       fn["description"] = f["description"];
     }
     if (present(f, "parameters")) {
-      if (!f["parameters"].is_object()) bad_field(w + ".function.parameters", "'{}.function.parameters' must be a JSON schema object", w);
+      if (!f["parameters"].is_object())
+        bad_field(w + ".function.parameters",
+                  "'{}.function.parameters' must be a JSON schema object", w);
       fn["parameters"] = f["parameters"];
     }
     out.push_back({{"type", "function"}, {"function", fn}});
@@ -264,9 +296,12 @@ json normalise_tools(const json& b) {
 
 std::string tool_instruction(const ChatRequest& r) {
   std::string s;
-  if (r.tool_choice == ToolChoice::Required) s = "You must call at least one of the tools above in your answer.";
-  if (r.tool_choice == ToolChoice::Named) s = "You must call the function `" + r.forced_tool + "` in your answer.";
-  if (!r.parallel_tool_calls && !r.tools.empty()) s += std::string(s.empty() ? "" : " ") + "Call at most one function.";
+  if (r.tool_choice == ToolChoice::Required)
+    s = "You must call at least one of the tools above in your answer.";
+  if (r.tool_choice == ToolChoice::Named)
+    s = "You must call the function `" + r.forced_tool + "` in your answer.";
+  if (!r.parallel_tool_calls && !r.tools.empty())
+    s += std::string(s.empty() ? "" : " ") + "Call at most one function.";
   return s;
 }
 
@@ -281,41 +316,56 @@ ChatRequest parse_chat_request(const json& b, const SamplingParams& defaults) {
     const json& tc = b["tool_choice"];
     if (tc.is_string()) {
       const std::string s = tc.get<std::string>();
-      if (s == "auto") r.tool_choice = ToolChoice::Auto;
-      else if (s == "none") r.tool_choice = ToolChoice::None;
-      else if (s == "required") r.tool_choice = ToolChoice::Required;
-      else bad_field("tool_choice", "'tool_choice' must be none, auto, required or a function; got '{}'", s);
+      if (s == "auto")
+        r.tool_choice = ToolChoice::Auto;
+      else if (s == "none")
+        r.tool_choice = ToolChoice::None;
+      else if (s == "required")
+        r.tool_choice = ToolChoice::Required;
+      else
+        bad_field("tool_choice",
+                  "'tool_choice' must be none, auto, required or a function; got '{}'", s);
     } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
                tc["function"].contains("name") && tc["function"]["name"].is_string()) {
       r.tool_choice = ToolChoice::Named;
       r.forced_tool = tc["function"]["name"].get<std::string>();
     } else {
-      bad_field("tool_choice", "'tool_choice' must be none, auto, required or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}");
+      bad_field("tool_choice",
+                "'tool_choice' must be none, auto, required or {{\"type\": \"function\", "
+                "\"function\": {{\"name\": ...}}}}");
     }
   }
-  if ((r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named) && r.tools.empty())
+  if ((r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named) &&
+      r.tools.empty())
     bad_field("tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty");
   if (r.tool_choice == ToolChoice::None) r.tools = json::array();
   if (r.tool_choice == ToolChoice::Named) {
     json only = json::array();
     for (const auto& t : r.tools)
       if (t["function"]["name"] == r.forced_tool) only.push_back(t);
-    if (only.empty()) bad_field("tool_choice", "'tool_choice' names '{}', which is not in 'tools'", r.forced_tool);
+    if (only.empty())
+      bad_field("tool_choice", "'tool_choice' names '{}', which is not in 'tools'", r.forced_tool);
     r.tools = only;
   }
   if (present(b, "reasoning_effort")) {
-    if (!b["reasoning_effort"].is_string()) bad_field("reasoning_effort", "'reasoning_effort' must be a string");
+    if (!b["reasoning_effort"].is_string())
+      bad_field("reasoning_effort", "'reasoning_effort' must be a string");
     r.reasoning_effort = b["reasoning_effort"].get<std::string>();
   }
   if (present(b, "chat_template_kwargs")) {
     const json& k = b["chat_template_kwargs"];
-    if (!k.is_object()) bad_field("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (!k.is_object())
+      bad_field("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     for (auto& [key, v] : k.items()) {
       if (key == "enable_thinking") {
-        if (!v.is_boolean()) bad_field("chat_template_kwargs.enable_thinking", "'enable_thinking' must be true or false");
+        if (!v.is_boolean())
+          bad_field("chat_template_kwargs.enable_thinking",
+                    "'enable_thinking' must be true or false");
         r.chat.enable_thinking = v.get<bool>();
       } else if (key == "preserve_thinking") {
-        if (!v.is_boolean()) bad_field("chat_template_kwargs.preserve_thinking", "'preserve_thinking' must be true or false");
+        if (!v.is_boolean())
+          bad_field("chat_template_kwargs.preserve_thinking",
+                    "'preserve_thinking' must be true or false");
         r.chat.preserve_thinking = v.get<bool>();
       } else if (key != "add_generation_prompt" && key != "tools" && key != "messages") {
         r.chat.extra[key] = v;
@@ -349,11 +399,13 @@ CompletionRequest parse_completion_request(const json& b, const SamplingParams& 
     for (const auto& id : p) {
       if (!id.is_number_integer()) bad_field("prompt", "'prompt' token ids must be integers");
       const int64_t x = id.get<int64_t>();
-      if (x < 0 || x > INT32_MAX) bad_field("prompt", "'prompt' holds token id {} (out of range)", x);
+      if (x < 0 || x > INT32_MAX)
+        bad_field("prompt", "'prompt' holds token id {} (out of range)", x);
       r.prompt_ids.push_back(int32_t(x));
     }
   } else if (p.is_array() && p.size() > 1) {
-    bad_field("prompt", "several prompts in one request are not supported: send one prompt per request");
+    bad_field("prompt",
+              "several prompts in one request are not supported: send one prompt per request");
   } else {
     bad_field("prompt", "'prompt' must be a non-empty string or an array of token ids");
   }

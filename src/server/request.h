@@ -50,7 +50,8 @@ struct CompletionRequest {
 
 // `defaults`: the model's sampling defaults (generation_config.json).
 ChatRequest parse_chat_request(const nlohmann::json& body, const SamplingParams& defaults);
-CompletionRequest parse_completion_request(const nlohmann::json& body, const SamplingParams& defaults);
+CompletionRequest parse_completion_request(const nlohmann::json& body,
+                                           const SamplingParams& defaults);
 
 // Parses a request body as JSON: 400 on malformed JSON (invalid UTF-8 included) or a non-object.
 nlohmann::json parse_body(const std::string& body);

@@ -30,7 +30,8 @@ ScriptedBackend::ScriptedBackend(const ModelConfig& config, const Tokenizer& tok
   if (responses_.empty()) fail("scripted backend: the script has no responses");
 }
 
-std::vector<ScriptedResponse> ScriptedBackend::load_script(const std::string& path, const Tokenizer& tokenizer) {
+std::vector<ScriptedResponse> ScriptedBackend::load_script(const std::string& path,
+                                                           const Tokenizer& tokenizer) {
   std::ifstream in(path);
   if (!in) fail("{}: cannot read the script file", path);
   std::stringstream ss;
@@ -40,9 +41,11 @@ std::vector<ScriptedResponse> ScriptedBackend::load_script(const std::string& pa
   return parse_script(j, tokenizer, path);
 }
 
-std::vector<ScriptedResponse> ScriptedBackend::parse_script(const nlohmann::json& j, const Tokenizer& tokenizer,
+std::vector<ScriptedResponse> ScriptedBackend::parse_script(const nlohmann::json& j,
+                                                            const Tokenizer& tokenizer,
                                                             const std::string& source) {
-  if (!j.is_object() || !j.contains("responses") || !j["responses"].is_array() || j["responses"].empty())
+  if (!j.is_object() || !j.contains("responses") || !j["responses"].is_array() ||
+      j["responses"].empty())
     fail("{}: expected {{\"responses\": [ ... ]}} with at least one response", source);
   std::vector<ScriptedResponse> out;
   for (size_t i = 0; i < j["responses"].size(); ++i) {
@@ -57,7 +60,8 @@ std::vector<ScriptedResponse> ScriptedBackend::parse_script(const nlohmann::json
       r.ids = tokenizer.encode(e["text"].get<std::string>(), true);
     } else if (e.contains("ids") && e["ids"].is_array()) {
       for (const auto& id : e["ids"]) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= tokenizer.size())
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= tokenizer.size())
           fail("{}: responses[{}].ids holds {} (not a token id)", source, i, id.dump());
         r.ids.push_back(id.get<int32_t>());
       }
@@ -77,8 +81,8 @@ std::unique_ptr<SequenceState> ScriptedBackend::new_sequence(int64_t max_context
   return st;
 }
 
-void ScriptedBackend::forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,
-                              bool all_logits) {
+void ScriptedBackend::forward(SequenceState& state, std::span<const int32_t> ids,
+                              std::span<float> logits, bool all_logits) {
   auto& st = static_cast<ScriptedState&>(state);
   st.advance(ids);
   (void)all_logits;
@@ -103,7 +107,8 @@ void ScriptedBackend::begin_sampling(SequenceState& state, std::span<const int32
     }
 }
 
-StepResult ScriptedBackend::step(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index) {
+StepResult ScriptedBackend::step(SequenceState& state, std::span<const int32_t> ids,
+                                 uint64_t sample_index) {
   auto& st = static_cast<ScriptedState&>(state);
   st.advance(ids);
   if (step_delay_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(step_delay_));
@@ -119,9 +124,11 @@ StepResult ScriptedBackend::step(SequenceState& state, std::span<const int32_t> 
   }
   // A fixed, well-formed distribution: the scripted token first, then the lowest other ids.
   r.logprob = -0.25f;
-  for (int32_t id = 0; int(r.top.size()) < st.sampling.top_logprobs && id < sampling_vocab(); ++id) {
+  for (int32_t id = 0; int(r.top.size()) < st.sampling.top_logprobs && id < sampling_vocab();
+       ++id) {
     if (r.top.empty()) r.top.push_back({r.token, r.logprob});
-    if (id != r.token && int(r.top.size()) < st.sampling.top_logprobs) r.top.push_back({id, -4.0f - float(id) / 64});
+    if (id != r.token && int(r.top.size()) < st.sampling.top_logprobs)
+      r.top.push_back({id, -4.0f - float(id) / 64});
   }
   if (st.penalties_active) st.penalties.add_output(r.token);
   return r;
@@ -132,7 +139,8 @@ std::unique_ptr<SequenceState> ScriptedBackend::clone(const SequenceState& state
 }
 
 size_t ScriptedBackend::state_bytes(const SequenceState& state) const {
-  return sizeof(ScriptedState) + static_cast<const ScriptedState&>(state).tokens.size() * sizeof(int32_t);
+  return sizeof(ScriptedState) +
+         static_cast<const ScriptedState&>(state).tokens.size() * sizeof(int32_t);
 }
 
 }  // namespace lilac::server

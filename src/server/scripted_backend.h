@@ -28,19 +28,25 @@ struct ScriptedResponse {
 class ScriptedBackend : public Backend {
  public:
   // `config` gives the vocab and the other sizes reported; `tokenizer` decodes prompts for "match".
-  ScriptedBackend(const ModelConfig& config, const Tokenizer& tokenizer, std::vector<ScriptedResponse> responses);
+  ScriptedBackend(const ModelConfig& config, const Tokenizer& tokenizer,
+                  std::vector<ScriptedResponse> responses);
   // Reads a script file (see above); throws lilac::Error naming the file and entry on a defect.
-  static std::vector<ScriptedResponse> load_script(const std::string& path, const Tokenizer& tokenizer);
-  static std::vector<ScriptedResponse> parse_script(const nlohmann::json& j, const Tokenizer& tokenizer,
+  static std::vector<ScriptedResponse> load_script(const std::string& path,
+                                                   const Tokenizer& tokenizer);
+  static std::vector<ScriptedResponse> parse_script(const nlohmann::json& j,
+                                                    const Tokenizer& tokenizer,
                                                     const std::string& source);
 
   std::string name() const override { return "scripted"; }
   std::string device_description() const override { return "scripted (test-only: no model runs)"; }
   const ModelConfig& config() const override { return config_; }
   std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override;
-  void forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits, bool all_logits) override;
-  void begin_sampling(SequenceState& state, std::span<const int32_t> prompt, const SamplingParams& params) override;
-  StepResult step(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index) override;
+  void forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,
+               bool all_logits) override;
+  void begin_sampling(SequenceState& state, std::span<const int32_t> prompt,
+                      const SamplingParams& params) override;
+  StepResult step(SequenceState& state, std::span<const int32_t> ids,
+                  uint64_t sample_index) override;
   std::unique_ptr<SequenceState> clone(const SequenceState& state) override;
   size_t state_bytes(const SequenceState& state) const override;
 

@@ -36,12 +36,19 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
 
 std::string default_message(int status, const httplib::Request& req, size_t max_body) {
   switch (status) {
-    case 400: return "bad request";
-    case 404: return fmt::format("no route for {} {}", req.method, req.path);
-    case 405: return fmt::format("method {} is not allowed on {}", req.method, req.path);
-    case 413: return fmt::format("the request body is larger than the limit of {} bytes (--max-body)", max_body);
-    case 414: return "the request URI is too long";
-    default: return fmt::format("HTTP {}", status);
+    case 400:
+      return "bad request";
+    case 404:
+      return fmt::format("no route for {} {}", req.method, req.path);
+    case 405:
+      return fmt::format("method {} is not allowed on {}", req.method, req.path);
+    case 413:
+      return fmt::format("the request body is larger than the limit of {} bytes (--max-body)",
+                         max_body);
+    case 414:
+      return "the request URI is too long";
+    default:
+      return fmt::format("HTTP {}", status);
   }
 }
 
@@ -55,7 +62,9 @@ std::string error_type(int status) {
 
 }  // namespace
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 void send_json(httplib::Response& res, int status, const json& j) {
   res.status = status;
@@ -98,14 +107,17 @@ std::string default_model_id(const std::string& dir, bool demo) {
 }
 
 ServingModel Server::Impl::serving() {
-  if (draining) throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
+  if (draining)
+    throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
   std::lock_guard lock(model_mutex);
-  if (!model) throw ApiError(503, "the model is still loading; retry when GET /health returns 200", "server_error", "",
-                             "model_loading");
+  if (!model)
+    throw ApiError(503, "the model is still loading; retry when GET /health returns 200",
+                   "server_error", "", "model_loading");
   return *model;
 }
 
-Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(*this)), options_(std::move(options)) {
+Server::Server(ServerOptions options)
+    : impl_(std::make_unique<Impl>(*this)), options_(std::move(options)) {
   auto& http = impl_->http;
   Impl& s = *impl_;
   const ServerOptions& o = options_;
@@ -136,7 +148,8 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(*this)), op
       if (req.method == "OPTIONS") {
         res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
         const std::string h = req.get_header_value("Access-Control-Request-Headers");
-        res.set_header("Access-Control-Allow-Headers", h.empty() ? "Authorization, Content-Type" : h);
+        res.set_header("Access-Control-Allow-Headers",
+                       h.empty() ? "Authorization, Content-Type" : h);
         res.set_header("Access-Control-Max-Age", "600");
         res.status = 204;
         return httplib::Server::HandlerResponse::Handled;
@@ -144,65 +157,74 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(*this)), op
     }
     if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (s.draining) {
-      send_error(res, ApiError(503, "the server is shutting down", "server_error", "", "shutting_down"));
+      send_error(res,
+                 ApiError(503, "the server is shutting down", "server_error", "", "shutting_down"));
       return httplib::Server::HandlerResponse::Handled;
     }
     if (!options_.api_key.empty()) {
       const std::string auth = req.get_header_value("Authorization");
       const std::string expected = "Bearer " + options_.api_key;
       if (!constant_time_equal(auth, expected)) {
-        send_error(res, ApiError(401,
-                                 auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
-                                              : "incorrect API key provided",
-                                 "authentication_error", "", "invalid_api_key"));
+        send_error(res,
+                   ApiError(401,
+                            auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
+                                         : "incorrect API key provided",
+                            "authentication_error", "", "invalid_api_key"));
         return httplib::Server::HandlerResponse::Handled;
       }
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
-  http.set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty() || res.status < 400) return httplib::Server::HandlerResponse::Unhandled;
-        send_json(res, res.status,
-                  error_body(default_message(res.status, req, options_.max_body), error_type(res.status)));
-        return httplib::Server::HandlerResponse::Handled;
-      }));
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                     httplib::Response& res) {
+    if (!res.body.empty() || res.status < 400) return httplib::Server::HandlerResponse::Unhandled;
+    send_json(
+        res, res.status,
+        error_body(default_message(res.status, req, options_.max_body), error_type(res.status)));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
 
-  http.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const ApiError& e) {
-      send_error(res, e);
-      return;
-    } catch (const Error& e) {
-      send_error(res, ApiError(400, e.what()));
-      return;
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    Log::error("internal error", {{"path", req.path}, {"error", what}});
-    send_json(res, 500, error_body("internal error: " + what, "server_error"));
-  });
+  http.set_exception_handler(
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const ApiError& e) {
+          send_error(res, e);
+          return;
+        } catch (const Error& e) {
+          send_error(res, ApiError(400, e.what()));
+          return;
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        Log::error("internal error", {{"path", req.path}, {"error", what}});
+        send_json(res, 500, error_body("internal error: " + what, "server_error"));
+      });
 
   http.set_logger([&s](const httplib::Request& req, const httplib::Response& res) {
     {
       std::lock_guard lock(s.counts_mutex);
       s.responses_by_status[res.status]++;
     }
-    const LogLevel level = res.status >= 500 ? LogLevel::Error : res.status >= 400 ? LogLevel::Warn : LogLevel::Info;
+    const LogLevel level = res.status >= 500   ? LogLevel::Error
+                           : res.status >= 400 ? LogLevel::Warn
+                                               : LogLevel::Info;
     if (req.path == "/health" || req.path == "/metrics") {
       if (!Log::enabled(LogLevel::Debug) && res.status < 500) return;
     }
     if (!Log::enabled(level)) return;
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t_request_start).count();
-    json f = {{"id", t_request_id},   {"method", req.method},    {"path", req.path},
-              {"status", res.status}, {"ms", std::round(ms * 10) / 10}, {"remote", req.remote_addr}};
+    const double ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - t_request_start).count();
+    json f = {
+        {"id", t_request_id},   {"method", req.method},           {"path", req.path},
+        {"status", res.status}, {"ms", std::round(ms * 10) / 10}, {"remote", req.remote_addr}};
     if (res.status >= 400 && !res.body.empty()) {
       auto j = json::parse(res.body, nullptr, false);
-      if (j.is_object() && j.contains("error") && j["error"].contains("message")) f["error"] = j["error"]["message"];
+      if (j.is_object() && j.contains("error") && j["error"].contains("message"))
+        f["error"] = j["error"]["message"];
     }
     Log::write(level, "request", f);
   });
@@ -210,7 +232,9 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(*this)), op
   impl_->routes();
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
 void Server::bind() {
   const ServerOptions& o = options_;
@@ -220,7 +244,8 @@ void Server::bind() {
     if (port_ <= 0) fail("cannot listen on {} (any port)", o.host);
   } else {
     if (!impl_->http.bind_to_port(o.host, o.port))
-      fail("cannot listen on {}:{} (address in use, or not an address of this machine)", o.host, o.port);
+      fail("cannot listen on {}:{} (address in use, or not an address of this machine)", o.host,
+           o.port);
     port_ = o.port;
   }
 }
@@ -234,9 +259,13 @@ void Server::set_model(const ServingModel& model) {
   impl_->model = model;
 }
 
-void Server::drain() { impl_->draining = true; }
+void Server::drain() {
+  impl_->draining = true;
+}
 
-size_t Server::in_flight() const { return impl_->in_flight; }
+size_t Server::in_flight() const {
+  return impl_->in_flight;
+}
 
 bool Server::wait_idle(double seconds) const {
   const auto until = Clock::now() + std::chrono::duration<double>(seconds);
@@ -267,16 +296,23 @@ void Server::Impl::routes() {
     std::string text;
     {
       std::lock_guard lock(s.model_mutex);
-      if (s.model) text = s.model->engine->metrics().render(s.model->engine->queue_length(), s.model->engine->busy());
+      if (s.model)
+        text = s.model->engine->metrics().render(s.model->engine->queue_length(),
+                                                 s.model->engine->busy());
     }
-    text += "# HELP lilac_http_responses_total HTTP responses by status code\n# TYPE lilac_http_responses_total counter\n";
+    text +=
+        "# HELP lilac_http_responses_total HTTP responses by status code\n# TYPE "
+        "lilac_http_responses_total counter\n";
     {
       std::lock_guard lock(s.counts_mutex);
-      for (auto& [code, n] : s.responses_by_status) text += fmt::format("lilac_http_responses_total{{code=\"{}\"}} {}\n", code, n);
+      for (auto& [code, n] : s.responses_by_status)
+        text += fmt::format("lilac_http_responses_total{{code=\"{}\"}} {}\n", code, n);
     }
-    text += fmt::format("# HELP lilac_http_in_flight Generation requests in flight\n# TYPE lilac_http_in_flight gauge\n"
-                        "lilac_http_in_flight {}\n",
-                        s.owner.in_flight());
+    text += fmt::format(
+        "# HELP lilac_http_in_flight Generation requests in flight\n# TYPE lilac_http_in_flight "
+        "gauge\n"
+        "lilac_http_in_flight {}\n",
+        s.owner.in_flight());
     res.set_content(text, "text/plain; version=0.0.4");
   });
   auto models = [&s](const httplib::Request& req, httplib::Response& res) {
@@ -287,19 +323,26 @@ void Server::Impl::routes() {
                  {"owned_by", "lilac"},
                  {"max_model_len", m.context_size}};
     if (req.matches.size() > 1) {
-      if (req.matches[1] != m.model_id) throw ApiError(404, "the model '" + std::string(req.matches[1]) + "' does not exist",
-                                                       "invalid_request_error", "model", "model_not_found");
+      if (req.matches[1] != m.model_id)
+        throw ApiError(404, "the model '" + std::string(req.matches[1]) + "' does not exist",
+                       "invalid_request_error", "model", "model_not_found");
       return send_json(res, 200, card);
     }
     send_json(res, 200, {{"object", "list"}, {"data", json::array({card})}});
   };
   http.Get("/v1/models", models);
   http.Get(R"(/v1/models/(.+))", models);
-  http.Post("/v1/chat/completions", [&s](const httplib::Request& q, httplib::Response& r) { handle_chat(s, q, r); });
-  http.Post("/v1/completions", [&s](const httplib::Request& q, httplib::Response& r) { handle_completions(s, q, r); });
-  http.Post("/tokenize", [&s](const httplib::Request& q, httplib::Response& r) { handle_tokenize(s, q, r); });
-  http.Post("/detokenize", [&s](const httplib::Request& q, httplib::Response& r) { handle_detokenize(s, q, r); });
-  http.Post("/apply-template", [&s](const httplib::Request& q, httplib::Response& r) { handle_apply_template(s, q, r); });
+  http.Post("/v1/chat/completions",
+            [&s](const httplib::Request& q, httplib::Response& r) { handle_chat(s, q, r); });
+  http.Post("/v1/completions",
+            [&s](const httplib::Request& q, httplib::Response& r) { handle_completions(s, q, r); });
+  http.Post("/tokenize",
+            [&s](const httplib::Request& q, httplib::Response& r) { handle_tokenize(s, q, r); });
+  http.Post("/detokenize",
+            [&s](const httplib::Request& q, httplib::Response& r) { handle_detokenize(s, q, r); });
+  http.Post("/apply-template", [&s](const httplib::Request& q, httplib::Response& r) {
+    handle_apply_template(s, q, r);
+  });
 }
 
 }  // namespace lilac::server

@@ -31,7 +31,7 @@ struct ServerOptions {
   std::string api_key;                    // empty: no authentication
   std::vector<std::string> cors_origins;  // allowed Origins, or "*"
   size_t max_body = 16 << 20;             // bytes; larger bodies get 413
-  int threads = 0;                        // HTTP worker threads (0: queue capacity + 16, at least 32)
+  int threads = 0;  // HTTP worker threads (0: queue capacity + 16, at least 32)
 };
 
 // The model the server talks to (owned elsewhere; must outlive the server's use of it).
