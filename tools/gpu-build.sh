@@ -6,9 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.device-build
 cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILAC_CUDA=ON -DLILAC_WERROR=ON >/dev/null
-cmake --build build/device -j "$(nproc)" --target lilac lilac_cuda_tests "$@"
+cmake --build build/device -j "$(nproc)" --target lilac lilac_cuda_tests $(ninja -C build/device -t targets all 2>/dev/null | grep -o "^lilac_cuda_bench_[a-z_]*" | sort -u) "$@"
 rm -rf "$out" && mkdir -p "$out/lib"
-for t in lilac lilac_cuda_tests lilac_cuda_bench lilac_cuda_bench_seq lilac_cuda_bench_gemm; do
+for t in lilac lilac_cuda_tests $(cd build/device && ls -d lilac_cuda_bench_* 2>/dev/null); do
   [ -f "build/device/$t" ] && cp "build/device/$t" "$out/"
 done
 # Shared libraries to carry: everything ldd resolves except the C/C++ runtime and the driver.

@@ -36,7 +36,7 @@ for s in $steps; do
       run logits-chunked "$B/lilac" logits --model tests/data/tiny-a --prompt-from tests/data/tiny-a/reference.safetensors \
         --decode 16 --device cuda --rope-freq-bf16 --prefill-chunk 7 --compare tests/data/tiny-a/reference.safetensors --atol 5e-2 ;;
     kernels)
-      for b in lilac_cuda_bench lilac_cuda_bench_seq lilac_cuda_bench_gemm; do
+      for b in $(cd "$B" && ls -d lilac_cuda_bench_* 2>/dev/null); do
         [ -x "$B/$b" ] && run "$b" "$B/$b"
       done ;;
     bench) run bench "$B/lilac" bench --synthetic --json "$OUT/bench.json" ;;

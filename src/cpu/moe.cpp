@@ -36,6 +36,34 @@ void swiglu(float* g, const float* u, int64_t n) {
 }
 }  // namespace
 
+void moe_token_act(const MoeWeights& w, const float* x, const int32_t* idx, int64_t k, float* act, ThreadPool& pool) {
+  const int64_t H = w.shared_gate.cols, I = w.experts.at(0).gate.rows, Is = w.shared_gate.rows;
+  std::vector<float> u(size_t(std::max(I, Is)));
+  for (int64_t j = 0; j <= k; ++j) {
+    const bool shared = j == k;
+    const Matrix& gate = shared ? w.shared_gate : w.experts.at(size_t(idx[j])).gate;
+    const Matrix& up = shared ? w.shared_up : w.experts.at(size_t(idx[j])).up;
+    float* g = act + j * I;
+    matmul(gate, x, 1, H, g, gate.rows, pool);
+    matmul(up, x, 1, H, u.data(), up.rows, pool);
+    swiglu(g, u.data(), gate.rows);
+  }
+}
+
+void moe_token_down(const MoeWeights& w, const float* act, const int32_t* idx, const float* wt, int64_t k,
+                    float shared_logit, float* out, ThreadPool& pool) {
+  const int64_t H = w.shared_down.rows, I = w.experts.at(0).gate.rows, Is = w.shared_gate.rows;
+  std::vector<float> d(static_cast<size_t>(H));
+  std::fill(out, out + H, 0.f);
+  for (int64_t j = 0; j <= k; ++j) {
+    const bool shared = j == k;
+    const Matrix& down = shared ? w.shared_down : w.experts.at(size_t(idx[j])).down;
+    matmul(down, act + j * I, 1, shared ? Is : I, d.data(), H, pool);
+    const float s = shared ? sigmoid(shared_logit) : wt[j];
+    for (int64_t c = 0; c < H; ++c) out[c] += s * d[size_t(c)];
+  }
+}
+
 void moe_forward(const MoeWeights& w, const ModelConfig& cfg, const float* x, int64_t T, float* out,
                  ThreadPool& pool, const TraceFn* trace, const std::string& trace_prefix) {
   const int64_t H = cfg.hidden, E = cfg.experts, K = cfg.experts_per_token;

@@ -15,6 +15,12 @@
 //  5. u = uniform [0, 1) from Philox4x32-10 with key = seed, counter = (step, 0, 0, 0);
 //     r = u * (sum of kept q); walk the kept ids in ASCENDING ID ORDER accumulating q; the
 //     token is the first id where the running sum exceeds r (the last kept id if none does).
+// Exact realisation (cpu/sampling.cpp and cuda/sampling.cu; arithmetic in cpu/sampling_core.h, so
+// both pick the same token bit for bit): q is kept unnormalised, e = exp(x/T - max) in (0, 1] by a
+// libm-free exp, and masses are floor(e * 2^40) integers; "reaches top_p" is prefix mass >=
+// trunc(top_p * mass of the top_k set); min_p keeps e >= min_p; r = floor(u24 * kept mass / 2^24).
+// The 64-bit counter (step) is Philox counter words (step low, step high, 0, 0); the key is (seed
+// low, seed high).
 // Logprobs are reported from log_softmax of the raw logits (before penalties and temperature):
 // the chosen token's, and the top_logprobs highest (ties: lower id first).
 #pragma once
@@ -56,6 +62,9 @@ struct SampleResult {
 
 // Philox4x32-10 uniform in [0, 1) for (seed, step): 24 high bits of the first output word / 2^24.
 float philox_uniform(uint64_t seed, uint64_t step);
+
+// The greedy pick over x[0, n): the lowest id holding the maximum (NaN never wins; 0 if all are NaN).
+int32_t argmax(const float* x, int32_t n);
 
 // Samples one token from logits[0, n_real). `penalties` may be null (no penalties).
 SampleResult sample_token(const float* logits, int32_t n_real, const SamplingParams& params,

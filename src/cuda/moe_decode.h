@@ -1,0 +1,43 @@
+// Mixture-of-experts for one decode token on the GPU (docs/cuda-design.md, "moe", decode part):
+// routing, the selected experts' gate/up projections with SwiGLU, and their down projections
+// combined into the residual stream. No host round trip: expert ids are read on the device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common.h"
+
+namespace lilac::cuda {
+
+// Per token t < T: p = softmax(logits[t * stride + e], e < E) in f32; the k largest p (ties: lower
+// index first) in descending order -> idx[t * k + j] (int32), their weights renormalised to sum 1
+// -> w[t * k + j] (f32). stride >= E (the router GEMV writes E + 1 columns: the last is the shared
+// expert's gate logit). 1 <= E <= 256, 1 <= k <= min(E, 32); used by decode (T = 1) and prefill.
+// Twin: cpu::router_top_k.
+void router_topk(const float* logits, int stride, int T, int E, int k, int32_t* idx, float* w,
+                 cudaStream_t stream);
+
+// act = the SwiGLU activations of the k selected experts and the shared expert for one token:
+//   act[j * I + i] = bf16(silu(gate_e[i] . x) * (up_e[i] . x)), e = idx[j], j < k, i < I
+//   act[k * I + i] = the same with the shared expert's rows, i < Is
+// gate_up bf16 [E, 2I, H] (per expert I gate rows then I up rows), shared_gate_up bf16 [2Is, H],
+// idx int32 [k] on the device (router_topk's output), x bf16 [H], act bf16 [k * I + Is].
+// The grid depends on k, I, Is only (graph-safe). H, I, Is multiples of 8; H <= 16384.
+// Twin: cpu::moe_token_act (then bf16 rounding).
+void moe_gate_up_gemv(const bf16* gate_up, const bf16* shared_gate_up, const int32_t* idx, int k,
+                      const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream);
+
+// h[c] += sum_{j<k} w[j] * (down_{idx[j]}[c] . act_j) + sigmoid(*shared_logit) * (shared_down[c] .
+// act_k) for c < H, with act laid out as moe_gate_up_gemv writes it. down bf16 [E, H, I],
+// shared_down bf16 [H, Is], idx int32 [k] and w f32 [k] (router_topk's output), shared_logit: one
+// f32 on the device (the router GEMV's column E: pass router_logits + E). Fixed summation order
+// (each lane adds w_j * its partial dot for j = 0..k-1, then the shared expert's; then a fixed
+// shuffle tree): deterministic. I, Is multiples of 8; k * I + Is <= 65536. Twin:
+// cpu::moe_token_down (added to h).
+void moe_down_gemv(const bf16* down, const bf16* shared_down, const int32_t* idx, const float* w,
+                   const float* shared_logit, const bf16* act, int k, int H, int I, int Is,
+                   float* h, cudaStream_t stream);
+
+}  // namespace lilac::cuda

@@ -1,0 +1,729 @@
+// MoE prefill: routing with a device-side stable counting sort, grouped expert GEMMs, combine.
+//
+// Work per layer at the real shapes (T = 8192 tokens, E = 256, k = 8, I = Is = 512, H = 2048;
+// P = T*k = 65536 (token, expert) pairs, about 256 per expert with a uniform router):
+//   kernel             FLOPs      bytes (min)                                 @790 TF/s  @4.3 TB/s
+//   route (4 kernels)  -          logits 8.4 MB + 10 small arrays ~3 MB        -          3 us
+//   grouped gate_up    275 G      weights 1074 MB + x 34 MB + act 67 MB        348 us     272 us
+//   grouped down       137 G      weights 537 MB + act 67 MB + y 537 MB (f32)  174 us     265 us
+//   shared gate_up      34 G      4 MB + 34 MB + 8 MB                           44 us      11 us
+//   shared down (gemm)  17 G      2 MB + 8 MB + 67 MB                           22 us      18 us
+//   combine            -          y 537 MB + shared 67 MB + h 134 MB           -          172 us
+// So a layer's MoE is about 0.6 ms of tensor work and 0.75 ms of bytes: neither dominates, the
+// f32 y round trip (1.07 GB) is the largest byte term (a bf16 y would halve it; the contract keeps
+// f32). At T = 512 the weights dominate: 1.6 GB per layer = 375 us for 26 GFLOP.
+//
+// Routing (moe_route), no host round trip:
+//  1. moe_topk_kernel: one warp per token; each lane holds E/32 logits; softmax max and sum by warp
+//     reductions; k rounds of warp arg-max over (logit desc, index asc) pick the top-k (selection
+//     by logit: softmax is monotonic, so this is the top-k of p with ties to the lower index,
+//     without exp rounding creating ties); w_j = p_j / sum of the k selected p.
+//  2. moe_rank_kernel: pairs p = t*k + j in chunks of kChunk = 2048 (one block, 8 warps of 256
+//     pairs); within a warp, 32 pairs at a time, __match_any_sync groups equal experts, the rank
+//     is the count of equal-expert lanes below plus a running per-warp, per-expert count in shared
+//     memory; then per-expert prefix over the 8 warps -> rank of p within its chunk (stable: in
+//     pair order, hence token order) and the chunk's per-expert counts.
+//  3. moe_scan_kernel (one block, a thread per expert): prefix over chunks per expert (chunk
+//  bases),
+//     then block-wide exclusive scans of the expert totals (-> expert_offsets) and of their tile
+//     counts ceil(n_e / 128) (-> the tile table in expert order, num_tiles).
+//  4. moe_scatter_kernel: pos = offsets[e] + chunk_base[c][e] + rank -> sorted_token,
+//     sorted_weight, pair_position. Deterministic: no atomics anywhere.
+// Grouped GEMMs: grid = max_tiles x (column tiles), block g -> (tile g / n_nt, column tile
+// g % n_nt); blocks past num_tiles (read on the device) exit at once. Consecutive blocks share the
+// tile's gathered A rows and the expert's weight panel (L2). The tile engine of gemm_tile.cuh:
+//  * gate_up: the B tile interleaves gate and up rows of the same outputs (mma.sync: per 64-column
+//    warp tile, 32 gate rows then the 32 matching up rows; wgmma: 128 gate then 128 up rows of
+//    the 256-wide tile), so every thread holds gate and up accumulators of the same (row, column)
+//    and the epilogue writes act = bf16(silu(g) * u) directly. A rows gathered through
+//    sorted_token in the cp.async loads. mma.sync 128x128 (64 act columns), wgmma 128x256 (128).
+//  * down: A = act rows of the tile (contiguous), B = down_e, y f32 rows in sorted order.
+//    mma.sync 128x128, wgmma 128x128 (3 stages, 2 blocks/SM: K = I = 512 is only 8 k-tiles, so
+//    two resident blocks overlap one's prologue/epilogue with the other's MMAs).
+// Combine: one block per token, float4 over H, pairs summed in slot order (deterministic).
+#include "cuda/moe_prefill.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <mutex>
+
+#include "cuda/gemm_tile.cuh"
+#include "util/error.h"
+
+namespace lilac::cuda {
+namespace {
+
+using tile::Config;
+using tile::RowSet;
+using tile::WgConfig;
+
+constexpr int kChunk = 2048;                      // pairs per counting-sort chunk
+constexpr int kChunkWarps = 8;                    // warps per chunk block
+constexpr int kWarpPairs = kChunk / kChunkWarps;  // 256 pairs per warp
+constexpr int kBatches = kWarpPairs / 32;         // 8 batches of 32
+
+// ---- routing
+// -------------------------------------------------------------------------------------
+
+template <int PER>  // logits per lane: E <= 32 * PER
+__global__ void __launch_bounds__(256)
+    moe_topk_kernel(const float* __restrict__ logits, int stride, int T, int E, int k,
+                    int32_t* __restrict__ idx, float* __restrict__ w) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * 8 + warp;
+  if (t >= T) return;
+  const float* L = logits + size_t(t) * size_t(stride);
+  float v[PER];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int e = j * 32 + lane;
+    v[j] = e < E ? L[e] : -INFINITY;
+    mx = fmaxf(mx, v[j]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < PER; ++j)
+    if (j * 32 + lane < E) sum += expf(v[j] - mx);
+  sum = warp_sum(sum);
+
+  uint32_t taken = 0;
+  float my_val = -INFINITY;
+  int my_idx = 0;
+  for (int s = 0; s < k; ++s) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;  // INT_MAX: no candidate
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int e = j * 32 + lane;
+      if (e < E && !((taken >> j) & 1u) && (bi == INT_MAX || v[j] > bv)) bv = v[j], bi = e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+    }
+    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);  // k <= E, so bi is a real expert
+    if (lane == s) my_val = bv, my_idx = bi;
+  }
+  const float p = lane < k ? expf(my_val - mx) / sum : 0.f;
+  const float top = warp_sum(p);
+  if (lane < k) {
+    idx[size_t(t) * k + lane] = my_idx;
+    w[size_t(t) * k + lane] = p / top;
+  }
+}
+
+__global__ void __launch_bounds__(kChunkWarps * 32)
+    moe_rank_kernel(const int32_t* __restrict__ idx, int P, int E, int32_t* __restrict__ chunk_rank,
+                    int32_t* __restrict__ chunk_base) {
+  extern __shared__ int32_t cnt[];  // [kChunkWarps][E]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < kChunkWarps * E; i += blockDim.x) cnt[i] = 0;
+  __syncthreads();
+  const uint32_t below = (1u << lane) - 1u;
+  const int first = blockIdx.x * kChunk + warp * kWarpPairs;
+  int32_t* my_cnt = cnt + warp * E;
+  int rank[kBatches], ex[kBatches];
+#pragma unroll
+  for (int b = 0; b < kBatches; ++b) {
+    const int p = first + b * 32 + lane;
+    const int e = p < P ? idx[p] : -1;
+    const uint32_t peers = __match_any_sync(0xffffffffu, e);
+    const int r = __popc(peers & below);
+    const int base = e >= 0 ? my_cnt[e] : 0;
+    __syncwarp();
+    // The last lane of each group of equal experts advances that expert's running count.
+    if (e >= 0 && r == __popc(peers) - 1) my_cnt[e] = base + r + 1;
+    __syncwarp();
+    rank[b] = base + r;
+    ex[b] = e;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int run = 0;
+#pragma unroll
+    for (int w = 0; w < kChunkWarps; ++w) {
+      const int c = cnt[w * E + e];
+      cnt[w * E + e] = run;
+      run += c;
+    }
+    chunk_base[size_t(blockIdx.x) * E + e] = run;  // the chunk's count; rebased by moe_scan_kernel
+  }
+  __syncthreads();
+#pragma unroll
+  for (int b = 0; b < kBatches; ++b)
+    if (ex[b] >= 0) chunk_rank[first + b * 32 + lane] = my_cnt[ex[b]] + rank[b];
+}
+
+// Exclusive prefix sum over the block (blockDim.x a multiple of 32); `total` gets the block sum.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* sh, int& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) sh[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int s = lane < warps ? sh[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, s, o);
+      if (lane >= o) s += y;
+    }
+    sh[lane] = s;
+  }
+  __syncthreads();
+  const int prefix = warp > 0 ? sh[warp - 1] : 0;
+  total = sh[warps - 1];
+  __syncthreads();  // sh may be reused
+  return prefix + x - v;
+}
+
+__global__ void __launch_bounds__(1024)
+    moe_scan_kernel(int32_t* __restrict__ chunk_base, int num_chunks, int E, int BM,
+                    int32_t* __restrict__ offsets, int32_t* __restrict__ tile_expert,
+                    int32_t* __restrict__ tile_row0, int32_t* __restrict__ num_tiles) {
+  __shared__ int sh[32];
+  const int e = threadIdx.x;
+  int n = 0;
+  if (e < E) {
+    for (int c = 0; c < num_chunks; ++c) {
+      const int v = chunk_base[size_t(c) * E + e];
+      chunk_base[size_t(c) * E + e] = n;
+      n += v;
+    }
+  }
+  const int tiles = (n + BM - 1) / BM;
+  int pairs_total, tiles_total;
+  const int off = block_exclusive_scan(n, sh, pairs_total);
+  const int tile0 = block_exclusive_scan(tiles, sh, tiles_total);
+  if (e < E) {
+    offsets[e] = off;
+    for (int i = 0; i < tiles; ++i) {
+      tile_expert[tile0 + i] = e;
+      tile_row0[tile0 + i] = off + i * BM;
+    }
+  }
+  if (threadIdx.x == 0) {
+    offsets[E] = pairs_total;
+    *num_tiles = tiles_total;
+  }
+}
+
+__global__ void __launch_bounds__(256)
+    moe_scatter_kernel(const int32_t* __restrict__ idx, const float* __restrict__ w,
+                       const int32_t* __restrict__ chunk_rank,
+                       const int32_t* __restrict__ chunk_base, const int32_t* __restrict__ offsets,
+                       int P, int E, int k, int32_t* __restrict__ sorted_token,
+                       float* __restrict__ sorted_weight, int32_t* __restrict__ pair_position) {
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= P) return;
+  const int e = idx[p];
+  const int pos = offsets[e] + chunk_base[size_t(p / kChunk) * E + e] + chunk_rank[p];
+  sorted_token[pos] = p / k;
+  sorted_weight[pos] = w[p];
+  pair_position[p] = pos;
+}
+
+// ---- grouped GEMMs
+// -------------------------------------------------------------------------------
+
+using GateUpMma = Config<128, 128, 64, 3, 2>;  // 64 act columns per block
+using DownMma = Config<128, 128, 64, 3, 2>;
+using GateUpWg = WgConfig<256, 4, 1, 1>;  // 128 act columns per block
+using DownWg = WgConfig<128, 3, 0, 2>;
+
+// The rows [row0, row_end) of one tile: an expert's slice of the sorted pairs (GROUPED), or a
+// dense block of tokens (the shared expert). False when the block has no work.
+struct TileWork {
+  int e, row0, row_end;
+};
+template <int BM, bool GROUPED>
+__device__ __forceinline__ bool tile_work(int tile, int dense_rows, const int32_t* offsets,
+                                          const int32_t* tile_expert, const int32_t* tile_row0,
+                                          const int32_t* num_tiles, TileWork& w) {
+  if constexpr (GROUPED) {
+    if (tile >= *num_tiles) return false;
+    w.e = tile_expert[tile];
+    w.row0 = tile_row0[tile];
+    w.row_end = offsets[w.e + 1];
+  } else {
+    w.e = 0;
+    w.row0 = tile * BM;
+    w.row_end = dense_rows;
+  }
+  return true;
+}
+
+// A rows of the tile: sorted rows s in [row0, row_end), each the x row of token sorted_token[s]
+// (or of token s when sorted_token is null).
+template <class Cfg>
+__device__ __forceinline__ RowSet<Cfg::A_LOADS> gather_rows(const bf16* x, int ld,
+                                                            const int32_t* sorted_token,
+                                                            const TileWork& w) {
+  RowSet<Cfg::A_LOADS> s;
+  s.valid = 0;
+#pragma unroll
+  for (int i = 0; i < Cfg::A_LOADS; ++i) {
+    const int row = w.row0 + tile::load_row0() + i * Cfg::ROW_STEP;
+    const bool ok = row < w.row_end;
+    const int src = ok ? (sorted_token ? sorted_token[row] : row) : 0;
+    s.ptr[i] = x + size_t(src) * size_t(ld);
+    s.valid |= uint32_t(ok) << i;
+  }
+  return s;
+}
+
+// B rows of a gate_up tile: local row r -> group r / (2 HALF); the first HALF rows of a group are
+// gate rows of outputs n0 + group * HALF + [0, HALF), the next HALF the up rows of the same
+// outputs.
+template <class Cfg, int HALF>
+__device__ __forceinline__ RowSet<Cfg::B_LOADS> gate_up_rows(const bf16* w_e, int I, int H,
+                                                             int n0) {
+  RowSet<Cfg::B_LOADS> s;
+  s.valid = 0;
+#pragma unroll
+  for (int i = 0; i < Cfg::B_LOADS; ++i) {
+    const int r = tile::load_row0() + i * Cfg::ROW_STEP;
+    const int q = r % (2 * HALF);
+    const int col = n0 + (r / (2 * HALF)) * HALF + q % HALF;
+    const bool ok = col < I;
+    const int wrow = (q >= HALF ? I : 0) + col;
+    s.ptr[i] = w_e + size_t(ok ? wrow : 0) * size_t(H);
+    s.valid |= uint32_t(ok) << i;
+  }
+  return s;
+}
+
+template <class Cfg>
+__device__ __forceinline__ RowSet<Cfg::B_LOADS> plain_rows(const bf16* w_e, int rows, int K,
+                                                           int n0) {
+  RowSet<Cfg::B_LOADS> s;
+  s.valid = 0;
+#pragma unroll
+  for (int i = 0; i < Cfg::B_LOADS; ++i) {
+    const int r = n0 + tile::load_row0() + i * Cfg::ROW_STEP;
+    const bool ok = r < rows;
+    s.ptr[i] = w_e + size_t(ok ? r : 0) * size_t(K);
+    s.valid |= uint32_t(ok) << i;
+  }
+  return s;
+}
+
+__device__ __forceinline__ void store_act(bf16* act, int I, int row, int row_end, int col, float g0,
+                                          float u0, float g1, float u1) {
+  if (row < row_end && col < I)  // I even and col even: the pair is whole
+    *reinterpret_cast<__nv_bfloat162*>(act + size_t(row) * size_t(I) + col) =
+        __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
+}
+
+struct GroupArgs {
+  const int32_t* sorted_token;  // null: dense (shared expert)
+  const int32_t* offsets;
+  const int32_t* tile_expert;
+  const int32_t* tile_row0;
+  const int32_t* num_tiles;
+  int dense_rows;
+};
+
+template <class Cfg, bool GROUPED>
+__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
+    moe_gate_up_mma_kernel(const bf16* __restrict__ x, int H, const bf16* __restrict__ gate_up,
+                           int I, GroupArgs g, bf16* __restrict__ act) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  constexpr int HALF = 32, COLS = Cfg::BN / 2;
+  const int n_nt = (I + COLS - 1) / COLS;
+  const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
+  TileWork w;
+  if (!tile_work<Cfg::BM, GROUPED>(tile, g.dense_rows, g.offsets, g.tile_expert, g.tile_row0,
+                                   g.num_tiles, w))
+    return;
+  const int n0 = nt * COLS;
+  const auto a_rows = gather_rows<Cfg>(x, H, g.sorted_token, w);
+  const auto b_rows =
+      gate_up_rows<Cfg, HALF>(gate_up + size_t(w.e) * 2 * size_t(I) * size_t(H), I, H, n0);
+  float acc[Cfg::MT][Cfg::NT][4];
+  tile::mainloop<Cfg>(acc, a_rows, b_rows, H, reinterpret_cast<bf16*>(smem));
+
+  // Warp (wm, wn): n-tiles 0-3 hold gate outputs n0 + wn*32 + [0, 32), n-tiles 4-7 the up ones.
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row_base = w.row0 + (warp / Cfg::WARPS_N) * Cfg::WM + (lane >> 2);
+  const int col_base = n0 + (warp % Cfg::WARPS_N) * HALF + 2 * (lane & 3);
+#pragma unroll
+  for (int i = 0; i < Cfg::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = row_base + i * 16, col = col_base + j * 8;
+      store_act(act, I, row, w.row_end, col, acc[i][j][0], acc[i][j + 4][0], acc[i][j][1],
+                acc[i][j + 4][1]);
+      store_act(act, I, row + 8, w.row_end, col, acc[i][j][2], acc[i][j + 4][2], acc[i][j][3],
+                acc[i][j + 4][3]);
+    }
+}
+
+template <class Cfg, bool GROUPED>
+__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
+    moe_gate_up_wgmma_kernel(const bf16* __restrict__ x, int H, const bf16* __restrict__ gate_up,
+                             int I, GroupArgs g, bf16* __restrict__ act) {
+#if defined(LILAC_SM90A)
+  extern __shared__ __align__(1024) unsigned char smem[];
+  constexpr int HALF = Cfg::BN / 2, COLS = Cfg::BN / 2;
+  const int n_nt = (I + COLS - 1) / COLS;
+  const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
+  TileWork w;
+  if (!tile_work<Cfg::BM, GROUPED>(tile, g.dense_rows, g.offsets, g.tile_expert, g.tile_row0,
+                                   g.num_tiles, w))
+    return;
+  const int n0 = nt * COLS;
+  const auto a_rows = gather_rows<Cfg>(x, H, g.sorted_token, w);
+  const auto b_rows =
+      gate_up_rows<Cfg, HALF>(gate_up + size_t(w.e) * 2 * size_t(I) * size_t(H), I, H, n0);
+  float acc[Cfg::NACC];
+  tile::wgmma_mainloop<Cfg>(acc, a_rows, b_rows, H, smem);
+
+  // Columns [0, HALF) of the tile are gate outputs n0 + c, [HALF, BN) the up outputs n0 + c - HALF.
+  const tile::WarpOrigin o = tile::wgmma_origin();
+  const int row = w.row0 + o.row;
+  constexpr int JH = HALF / 8;
+#pragma unroll
+  for (int j = 0; j < JH; ++j) {
+    const int col = n0 + o.col + j * 8;
+    const float* gt = acc + 4 * j;
+    const float* up = acc + 4 * (j + JH);
+    store_act(act, I, row, w.row_end, col, gt[0], up[0], gt[1], up[1]);
+    store_act(act, I, row + 8, w.row_end, col, gt[2], up[2], gt[3], up[3]);
+  }
+#else
+  (void)x, (void)H, (void)gate_up, (void)I, (void)g, (void)act;
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void store_y(float* y, int H, int row, int row_end, int col, float v0,
+                                        float v1) {
+  if (row < row_end && col < H)  // H even
+    *reinterpret_cast<float2*>(y + size_t(row) * size_t(H) + col) = make_float2(v0, v1);
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
+    moe_down_mma_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ down, int H,
+                        GroupArgs g, float* __restrict__ y) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const int n_nt = (H + Cfg::BN - 1) / Cfg::BN;
+  const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
+  TileWork w;
+  if (!tile_work<Cfg::BM, true>(tile, 0, g.offsets, g.tile_expert, g.tile_row0, g.num_tiles, w))
+    return;
+  const int n0 = nt * Cfg::BN;
+  const auto a_rows = gather_rows<Cfg>(act, I, nullptr, w);
+  const auto b_rows = plain_rows<Cfg>(down + size_t(w.e) * size_t(H) * size_t(I), H, I, n0);
+  float acc[Cfg::MT][Cfg::NT][4];
+  tile::mainloop<Cfg>(acc, a_rows, b_rows, I, reinterpret_cast<bf16*>(smem));
+
+  const tile::WarpOrigin o = tile::warp_origin<Cfg>();
+#pragma unroll
+  for (int i = 0; i < Cfg::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < Cfg::NT; ++j) {
+      const int row = w.row0 + o.row + i * 16, col = n0 + o.col + j * 8;
+      store_y(y, H, row, w.row_end, col, acc[i][j][0], acc[i][j][1]);
+      store_y(y, H, row + 8, w.row_end, col, acc[i][j][2], acc[i][j][3]);
+    }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
+    moe_down_wgmma_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ down, int H,
+                          GroupArgs g, float* __restrict__ y) {
+#if defined(LILAC_SM90A)
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const int n_nt = (H + Cfg::BN - 1) / Cfg::BN;
+  const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
+  TileWork w;
+  if (!tile_work<Cfg::BM, true>(tile, 0, g.offsets, g.tile_expert, g.tile_row0, g.num_tiles, w))
+    return;
+  const int n0 = nt * Cfg::BN;
+  const auto a_rows = gather_rows<Cfg>(act, I, nullptr, w);
+  const auto b_rows = plain_rows<Cfg>(down + size_t(w.e) * size_t(H) * size_t(I), H, I, n0);
+  float acc[Cfg::NACC];
+  tile::wgmma_mainloop<Cfg>(acc, a_rows, b_rows, I, smem);
+
+  const tile::WarpOrigin o = tile::wgmma_origin();
+  const int row = w.row0 + o.row;
+#pragma unroll
+  for (int j = 0; j < Cfg::BN / 8; ++j) {
+    const int col = n0 + o.col + j * 8;
+    store_y(y, H, row, w.row_end, col, acc[4 * j + 0], acc[4 * j + 1]);
+    store_y(y, H, row + 8, w.row_end, col, acc[4 * j + 2], acc[4 * j + 3]);
+  }
+#else
+  (void)act, (void)I, (void)down, (void)H, (void)g, (void)y;
+  __trap();
+#endif
+}
+
+// ---- combine
+// -------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(256)
+    moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
+                       const int32_t* __restrict__ pos, int k, const float* __restrict__ logits,
+                       int stride, int E, const float* __restrict__ shared, int H,
+                       float* __restrict__ h) {
+  __shared__ int sp[32];
+  __shared__ float sw[32];
+  const int t = blockIdx.x;
+  if (threadIdx.x < k) {
+    sp[threadIdx.x] = pos[size_t(t) * k + threadIdx.x];
+    sw[threadIdx.x] = w[size_t(t) * k + threadIdx.x];
+  }
+  __syncthreads();
+  const float gate = 1.f / (1.f + expf(-logits[size_t(t) * size_t(stride) + E]));
+  const float4* sh = reinterpret_cast<const float4*>(shared + size_t(t) * size_t(H));
+  float4* ht = reinterpret_cast<float4*>(h + size_t(t) * size_t(H));
+  for (int c = threadIdx.x; c < H / 4; c += blockDim.x) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < k; ++j) {
+      const float4 v = reinterpret_cast<const float4*>(y + size_t(sp[j]) * size_t(H))[c];
+      const float s = sw[j];
+      acc.x += s * v.x;
+      acc.y += s * v.y;
+      acc.z += s * v.z;
+      acc.w += s * v.w;
+    }
+    const float4 sv = sh[c];
+    acc.x += gate * sv.x;
+    acc.y += gate * sv.y;
+    acc.z += gate * sv.z;
+    acc.w += gate * sv.w;
+    float4 o = ht[c];
+    o.x += acc.x;
+    o.y += acc.y;
+    o.z += acc.z;
+    o.w += acc.w;
+    ht[c] = o;
+  }
+}
+
+// ---- host
+// ----------------------------------------------------------------------------------------
+
+bool device_is_sm90() {
+  static int cached[16];
+  static bool filled[16] = {};
+  static std::mutex mu;
+  int dev = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 16) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!filled[dev]) {
+    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&cached[dev], cudaDevAttrComputeCapabilityMajor, dev));
+    filled[dev] = true;
+  }
+  return cached[dev] == 9;
+}
+
+// Raises the kernel's dynamic shared-memory limit (once) and checks the grid size.
+template <class Kernel>
+void prepare_launch(Kernel kernel, std::once_flag& once, int smem, int64_t blocks,
+                    const char* what) {
+  std::call_once(once, [&] {
+    LILAC_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  });
+  if (blocks < 1 || blocks > 0x7fffffff) fail("{}: {} blocks", what, blocks);
+}
+
+size_t align256(size_t n) {
+  return (n + 255) & ~size_t(255);
+}
+
+struct Sizes {
+  int P, chunks, max_tiles;
+};
+Sizes sizes_of(int T, int E, int k) {
+  if (T < 1 || E < 1 || k < 1 || k > E) fail("moe routing: bad sizes T {} E {} k {}", T, E, k);
+  const int64_t P = int64_t(T) * k;
+  if (P > (int64_t(1) << 30)) fail("moe routing: {} pairs", P);
+  const int64_t nonempty = std::min<int64_t>(E, P);
+  Sizes s;
+  s.P = int(P);
+  s.chunks = int(ceil_div(P, int64_t(kChunk)));
+  s.max_tiles = int((P + nonempty * (kMoeTileRows - 1)) / kMoeTileRows);
+  return s;
+}
+
+void check_routing(const MoeRouting& r, const char* what) {
+  if (!r.topk_idx || r.T < 1) fail("{}: routing workspace not laid out", what);
+}
+
+}  // namespace
+
+size_t moe_routing_workspace_bytes(int T, int E, int k) {
+  const Sizes s = sizes_of(T, E, k);
+  const size_t P = size_t(s.P);
+  return 6 * align256(P * 4) + align256(size_t(s.chunks) * E * 4) + align256(size_t(E + 1) * 4) +
+         2 * align256(size_t(s.max_tiles) * 4) + align256(4);
+}
+
+MoeRouting moe_routing_layout(void* workspace, int T, int E, int k) {
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    fail("moe routing: workspace must be 256-byte aligned");
+  const Sizes s = sizes_of(T, E, k);
+  char* p = static_cast<char*>(workspace);
+  auto take = [&](size_t bytes) {
+    char* q = p;
+    p += align256(bytes);
+    return q;
+  };
+  const size_t P = size_t(s.P);
+  MoeRouting r;
+  r.T = T;
+  r.E = E;
+  r.k = k;
+  r.max_tiles = s.max_tiles;
+  r.num_chunks = s.chunks;
+  r.topk_idx = reinterpret_cast<int32_t*>(take(P * 4));
+  r.topk_weight = reinterpret_cast<float*>(take(P * 4));
+  r.chunk_rank = reinterpret_cast<int32_t*>(take(P * 4));
+  r.chunk_base = reinterpret_cast<int32_t*>(take(size_t(s.chunks) * E * 4));
+  r.expert_offsets = reinterpret_cast<int32_t*>(take(size_t(E + 1) * 4));
+  r.sorted_token = reinterpret_cast<int32_t*>(take(P * 4));
+  r.sorted_weight = reinterpret_cast<float*>(take(P * 4));
+  r.pair_position = reinterpret_cast<int32_t*>(take(P * 4));
+  r.tile_expert = reinterpret_cast<int32_t*>(take(size_t(s.max_tiles) * 4));
+  r.tile_row0 = reinterpret_cast<int32_t*>(take(size_t(s.max_tiles) * 4));
+  r.num_tiles = reinterpret_cast<int32_t*>(take(4));
+  return r;
+}
+
+void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
+               cudaStream_t stream) {
+  check_routing(r, "moe_route");
+  if (r.T != T || r.E != E || r.k != k)
+    fail("moe_route: workspace laid out for T {} E {} k {}", r.T, r.E, r.k);
+  if (E > 512 || k > 32 || stride < E)
+    fail("moe_route: E {} (<= 512), k {} (<= 32), stride {}", E, k, stride);
+  const int P = T * k;
+  const unsigned topk_blocks = unsigned(ceil_div(T, 8));
+  if (E <= 128)
+    moe_topk_kernel<4>
+        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+  else if (E <= 256)
+    moe_topk_kernel<8>
+        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+  else
+    moe_topk_kernel<16>
+        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+  LILAC_CUDA_LAUNCHED();
+  moe_rank_kernel<<<unsigned(r.num_chunks), kChunkWarps * 32, size_t(kChunkWarps) * E * 4,
+                    stream>>>(r.topk_idx, P, E, r.chunk_rank, r.chunk_base);
+  LILAC_CUDA_LAUNCHED();
+  moe_scan_kernel<<<1, 1024, 0, stream>>>(r.chunk_base, r.num_chunks, E, kMoeTileRows,
+                                          r.expert_offsets, r.tile_expert, r.tile_row0,
+                                          r.num_tiles);
+  LILAC_CUDA_LAUNCHED();
+  moe_scatter_kernel<<<unsigned(ceil_div(P, 256)), 256, 0, stream>>>(
+      r.topk_idx, r.topk_weight, r.chunk_rank, r.chunk_base, r.expert_offsets, P, E, k,
+      r.sorted_token, r.sorted_weight, r.pair_position);
+  LILAC_CUDA_LAUNCHED();
+}
+
+namespace {
+
+template <class Cfg, bool GROUPED, bool WG>
+void launch_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const GroupArgs& g, int tiles,
+                    bf16* act, cudaStream_t stream) {
+  auto kernel = [] {
+    if constexpr (WG)
+      return moe_gate_up_wgmma_kernel<Cfg, GROUPED>;
+    else
+      return moe_gate_up_mma_kernel<Cfg, GROUPED>;
+  }();
+  static std::once_flag once;
+  const int64_t blocks = int64_t(tiles) * ceil_div(I, Cfg::BN / 2);
+  prepare_launch(kernel, once, Cfg::SMEM_BYTES, blocks, "moe gate_up");
+  kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(x, H, gate_up, I, g, act);
+  LILAC_CUDA_LAUNCHED();
+}
+
+template <class Cfg, bool WG>
+void launch_down(const bf16* act, int I, const bf16* down, int H, const GroupArgs& g, int tiles,
+                 float* y, cudaStream_t stream) {
+  auto kernel = [] {
+    if constexpr (WG)
+      return moe_down_wgmma_kernel<Cfg>;
+    else
+      return moe_down_mma_kernel<Cfg>;
+  }();
+  static std::once_flag once;
+  const int64_t blocks = int64_t(tiles) * ceil_div(H, Cfg::BN);
+  prepare_launch(kernel, once, Cfg::SMEM_BYTES, blocks, "moe down");
+  kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(act, I, down, H, g, y);
+  LILAC_CUDA_LAUNCHED();
+}
+
+void check_dims(int H, int I, const char* what) {
+  if (H < 8 || I < 8 || H % 8 != 0 || I % 8 != 0)
+    fail("{}: H {} and I {} must be positive multiples of 8", what, H, I);
+}
+
+GroupArgs group_args(const MoeRouting& r) {
+  return {r.sorted_token, r.expert_offsets, r.tile_expert, r.tile_row0, r.num_tiles, 0};
+}
+
+}  // namespace
+
+void moe_grouped_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const MoeRouting& r,
+                         bf16* act, cudaStream_t stream, bool use_wgmma) {
+  check_routing(r, "moe_grouped_gate_up");
+  check_dims(H, I, "moe_grouped_gate_up");
+  const GroupArgs g = group_args(r);
+  if (use_wgmma && device_is_sm90())
+    launch_gate_up<GateUpWg, true, true>(x, H, gate_up, I, g, r.max_tiles, act, stream);
+  else
+    launch_gate_up<GateUpMma, true, false>(x, H, gate_up, I, g, r.max_tiles, act, stream);
+}
+
+void moe_shared_gate_up(const bf16* x, int T, int H, const bf16* shared_gate_up, int Is, bf16* act,
+                        cudaStream_t stream, bool use_wgmma) {
+  check_dims(H, Is, "moe_shared_gate_up");
+  if (T < 1) fail("moe_shared_gate_up: T {}", T);
+  const GroupArgs g{nullptr, nullptr, nullptr, nullptr, nullptr, T};
+  const int tiles = ceil_div(T, kMoeTileRows);
+  if (use_wgmma && device_is_sm90())
+    launch_gate_up<GateUpWg, false, true>(x, H, shared_gate_up, Is, g, tiles, act, stream);
+  else
+    launch_gate_up<GateUpMma, false, false>(x, H, shared_gate_up, Is, g, tiles, act, stream);
+}
+
+void moe_grouped_down(const bf16* act, int I, const bf16* down, int H, const MoeRouting& r,
+                      float* y, cudaStream_t stream, bool use_wgmma) {
+  check_routing(r, "moe_grouped_down");
+  check_dims(H, I, "moe_grouped_down");
+  const GroupArgs g = group_args(r);
+  if (use_wgmma && device_is_sm90())
+    launch_down<DownWg, true>(act, I, down, H, g, r.max_tiles, y, stream);
+  else
+    launch_down<DownMma, false>(act, I, down, H, g, r.max_tiles, y, stream);
+}
+
+void moe_combine(const float* y, const MoeRouting& r, const float* logits, int stride,
+                 const float* shared, int H, float* h, cudaStream_t stream) {
+  check_routing(r, "moe_combine");
+  if (H % 4 != 0 || stride <= r.E)
+    fail("moe_combine: H {} (multiple of 4), stride {} (> E {})", H, stride, r.E);
+  moe_combine_kernel<<<unsigned(r.T), 256, 0, stream>>>(y, r.topk_weight, r.pair_position, r.k,
+                                                        logits, stride, r.E, shared, H, h);
+  LILAC_CUDA_LAUNCHED();
+}
+
+}  // namespace lilac::cuda

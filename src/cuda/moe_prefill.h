@@ -1,0 +1,77 @@
+// Mixture-of-experts prefill on the GPU (MODEL.md section 2, "MoE"), T tokens at once, with the
+// tokens grouped by expert on the device (no host round trip, no readback of counts):
+// - moe_route: top-k per token + stable counting sort of the T*k (token, slot) pairs;
+// - moe_grouped_gate_up: act[s] = bf16(silu(x[tok(s)] . gate_e) * (x[tok(s)] . up_e)), sorted rows;
+// - moe_grouped_down: y[s] = act[s] . down_e^T (f32, sorted order);
+// - moe_shared_gate_up: the shared expert's act (same kernel, every token, one "expert"); its
+//   down projection is a plain gemm (gemm.h) by the caller;
+// - moe_combine: h[t] += sum_j w_tj y[pos(t, j)] + sigmoid(logit_tE) shared[t].
+// Design and roofline numbers: moe_prefill.cu.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/common.h"
+
+namespace lilac::cuda {
+
+// Sorted rows per tile of the grouped GEMMs (the tile table is built for this BM).
+constexpr int kMoeTileRows = 128;
+
+// Device routing state of one prefill chunk, carved from a caller-provided workspace by
+// moe_routing_layout(). Pairs are p = t * k + j (token t, slot j in descending-weight order).
+struct MoeRouting {
+  int T = 0, E = 0, k = 0;       // sizes the workspace was laid out for
+  int max_tiles = 0;             // upper bound of num_tiles: the grouped GEMMs' grid
+  int num_chunks = 0;            // pair chunks of the counting sort
+  int32_t* topk_idx = nullptr;   // [T*k] expert of pair p
+  float* topk_weight = nullptr;  // [T*k] renormalised routing weight of pair p
+  int32_t* chunk_rank =
+      nullptr;  // [T*k] scratch: rank of p among earlier same-expert pairs of its chunk
+  int32_t* chunk_base = nullptr;  // [num_chunks, E] scratch: counts, then bases within the expert
+  int32_t* expert_offsets = nullptr;  // [E+1] first sorted row of each expert; [E] = T*k
+  int32_t* sorted_token =
+      nullptr;  // [T*k] token of sorted row s (stable: token order within an expert)
+  float* sorted_weight = nullptr;    // [T*k] weight of sorted row s
+  int32_t* pair_position = nullptr;  // [T*k] sorted row of pair p
+  int32_t* tile_expert = nullptr;    // [max_tiles] expert of tile i (tiles in expert order)
+  int32_t* tile_row0 =
+      nullptr;  // [max_tiles] first sorted row of tile i (rows to min(+BM, end of expert))
+  int32_t* num_tiles = nullptr;  // [1] tiles actually used
+};
+
+// Workspace bytes for (T, E, k) with the tile size kMoeTileRows.
+size_t moe_routing_workspace_bytes(int T, int E, int k);
+// Lays MoeRouting out in `workspace` (moe_routing_workspace_bytes() bytes, 256-byte aligned).
+MoeRouting moe_routing_layout(void* workspace, int T, int E, int k);
+
+// Top-k of the router logits f32 [T, stride] (columns [0, E) experts; softmax in f32, the k
+// largest, ties to the lower index, weights renormalised; as cpu::router_top_k) and the counting
+// sort into r. E <= 512 and <= 1024 threads of the scan, 1 <= k <= min(E, 32).
+void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
+               cudaStream_t stream);
+
+// act [T*k, I] bf16 (sorted rows) = silu(x_g . gate_e^T) * (x_g . up_e^T), x_g the tokens gathered
+// through sorted_token; x bf16 [T, H], gate_up bf16 [E, 2I, H] (per expert I gate rows, then I up
+// rows). H, I multiples of 8. use_wgmma = false forces the mma.sync kernels (tests; non-Hopper).
+void moe_grouped_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const MoeRouting& r,
+                         bf16* act, cudaStream_t stream, bool use_wgmma = true);
+
+// y [T*k, H] f32 (sorted rows) = act . down_e^T; down bf16 [E, H, I].
+void moe_grouped_down(const bf16* act, int I, const bf16* down, int H, const MoeRouting& r,
+                      float* y, cudaStream_t stream, bool use_wgmma = true);
+
+// Shared expert: act [T, Is] bf16 = silu(x . sg^T) * (x . su^T); shared_gate_up bf16 [2 Is, H].
+void moe_shared_gate_up(const bf16* x, int T, int H, const bf16* shared_gate_up, int Is, bf16* act,
+                        cudaStream_t stream, bool use_wgmma = true);
+
+// h [T, H] += sum_j topk_weight[t, j] * y[pair_position[t, j]] (j = 0 .. k-1 in order)
+//           + sigmoid(logits[t * stride + E]) * shared [T, H]. H a multiple of 4.
+void moe_combine(const float* y, const MoeRouting& r, const float* logits, int stride,
+                 const float* shared, int H, float* h, cudaStream_t stream);
+
+}  // namespace lilac::cuda

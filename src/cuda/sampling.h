@@ -1,0 +1,75 @@
+// Token selection on the GPU (docs/cuda-design.md, "sampling"): the greedy argmax, and a sampler
+// with exactly the semantics of lilac::sample_token (cpu/sampling.h): for the same logits,
+// parameters, penalty state, seed and step it picks the same token as the CPU, bit for bit (both
+// use the arithmetic of cpu/sampling_core.h). Everything that changes between decode steps is read
+// from device memory, so both can be captured in the decode graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/common.h"
+
+namespace lilac::cuda {
+
+// ---- greedy ------------------------------------------------------------------------------------
+
+// Workspace bytes for argmax over n logits.
+size_t argmax_workspace_bytes(int n);
+
+// *out = the lowest id holding the maximum of logits[0, n) (NaN never wins; 0 if all are NaN).
+// One launch: ceil(n / 2048) blocks reduce their tiles, the last block to finish (a counter in the
+// workspace) reduces the blocks' winners. The workspace must be zero-filled once after allocation
+// (cudaMemset); every launch leaves it that way again. Twin: lilac::argmax.
+void argmax(const float* logits, int n, void* workspace, int32_t* out, cudaStream_t stream);
+
+// ---- sampling
+// ------------------------------------------------------------------------------------
+
+constexpr int kMaxTopLogprobs = 20;
+
+// lilac::SamplingParams plus the step, in device memory (the engine writes it with
+// cudaMemcpyAsync before a replay, or lets `advance` move the step on the device).
+struct DeviceSamplingParams {
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int32_t top_logprobs = 0;  // clamped to [0, kMaxTopLogprobs]
+  uint64_t seed = 0;
+  uint64_t step = 0;  // Philox counter of this draw
+  // Nonzero: after sampling, step += 1 and the token joins the penalty state (output_counts[token]
+  // += 1, seen[token] = 1), as PenaltyState::add_output does: a decode graph can then replay
+  // without host updates.
+  int32_t advance = 0;
+  int32_t reserved = 0;
+};
+
+// The sampler's output, in device memory.
+struct DeviceSampleResult {
+  int32_t token;  // the sampled id (first field: the next step's embed can read it in place)
+  float logprob;  // raw log_softmax of the token (no penalties, no temperature)
+  int32_t n_top;  // = min(top_logprobs, 20, n_real)
+  int32_t reserved;
+  int32_t top_ids[kMaxTopLogprobs];  // the n_top highest raw logits, ties: lower id first
+  float top_logprobs[kMaxTopLogprobs];
+};
+
+// Workspace bytes for sample() over n_real logits (about 4 bytes per logit plus small tables).
+size_t sample_workspace_bytes(int n_real);
+
+// Samples one token from logits[0, n_real) as lilac::sample_token(logits, n_real, params,
+// penalties, params->step) does. output_counts int32 [n_real] and seen uint8 [n_real] are the
+// penalty state (both null: no penalties); they are only written when params->advance is set.
+// n_real in [1, 2^20]. Ten launches on `stream` (a few of them exit at once, e.g. when greedy or
+// when top_k / top_p are off), no host synchronisation, fixed grids: graph-capturable. Twin:
+// lilac::sample_token.
+void sample(const float* logits, int n_real, DeviceSamplingParams* params, int32_t* output_counts,
+            uint8_t* seen, void* workspace, DeviceSampleResult* result, cudaStream_t stream);
+
+}  // namespace lilac::cuda

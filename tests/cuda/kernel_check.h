@@ -1,0 +1,119 @@
+// Helpers for the bandwidth-kernel GPU tests (norm, linear, moe_decode, sampling): fast random
+// bf16 data for large matrices, per-element tolerances, and a checker that names the first
+// failing element (and the worst) so a failure on the GPU machine says where indexing went wrong.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "model/weights.h"
+#include "util/half.h"
+
+namespace lilac::test {
+
+// The f32 unit roundoff (2^-24).
+constexpr double kU = 5.9604644775390625e-8;
+
+// n bf16 values uniform in [-a, a), from a splitmix64 stream (fast enough for 10^9 elements).
+inline std::vector<uint16_t> random_bf16(size_t n, float a, uint64_t seed) {
+  std::vector<uint16_t> b(n);
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = float(uint32_t(z >> 40)) * (1.0f / 16777216.0f);
+    b[i] = f32_to_bf16(a * (2.f * u - 1.f));
+  }
+  return b;
+}
+
+inline std::vector<float> widen(const std::vector<uint16_t>& b) {
+  std::vector<float> f(b.size());
+  for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_f32(b[i]);
+  return f;
+}
+
+// Root mean square of the first `limit` values (a sample is enough for a tolerance scale).
+inline double rms_bf16(const std::vector<uint16_t>& b, size_t limit = 1u << 20) {
+  const size_t n = std::min(b.size(), limit);
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += double(bf16_to_f32(b[i])) * bf16_to_f32(b[i]);
+  return std::sqrt(s / double(n ? n : 1));
+}
+
+inline double rms(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double(x) * x;
+  return std::sqrt(s / double(v.empty() ? 1 : v.size()));
+}
+
+// A bf16 weight matrix view over host bits, as the CPU twins read it.
+inline Matrix bf16_matrix(const uint16_t* bits, int64_t rows, int64_t cols) {
+  return Matrix{bits, DType::BF16, rows, cols, "test"};
+}
+
+// Tolerance of an f32 dot product of n bf16 products whose terms have rms `term_rms`, computed
+// twice in different summation orders (GPU and CPU twin) and compared. Each sum's error is
+// sum_k delta_k S_k with |delta_k| <= u over its n - 1 additions, S_k its partial sums; with
+// |S_k| <= 4 sqrt(n) term_rms (a 4-sigma bound on any partial sum of random terms), one sum is
+// off by at most 4 u n^1.5 term_rms, the difference of two by 8 u n^1.5 term_rms. For n = 2048
+// that is 0.044 term_rms against typical outputs of sqrt(n) term_rms = 45 term_rms: ~1e-3 of the
+// output scale, while one dropped or doubled chunk (8 terms) moves an output by ~3 term_rms.
+inline double dot_tolerance(double n, double term_rms) {
+  return 8 * kU * std::pow(n, 1.5) * term_rms;
+}
+
+// Every element within tol[i] (NaN fails); names the first and the worst offender.
+inline ::testing::AssertionResult within(const std::vector<float>& got,
+                                         const std::vector<float>& want,
+                                         const std::vector<double>& tol, const std::string& what) {
+  if (got.size() != want.size() || tol.size() != want.size())
+    return ::testing::AssertionFailure()
+           << what << ": sizes " << got.size() << ", " << want.size() << ", " << tol.size();
+  size_t bad = 0, first = 0, worst = 0;
+  double worst_ratio = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - double(want[i]));
+    if (!(err <= tol[i])) {
+      if (bad++ == 0) first = i;
+      const double ratio = std::isnan(err) ? std::numeric_limits<double>::infinity() : err / tol[i];
+      if (ratio > worst_ratio || bad == 1) worst_ratio = ratio, worst = i;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": " << bad << " of " << got.size() << " elements out of tolerance; first at ["
+         << first << "]: gpu " << got[first] << " vs cpu " << want[first] << " (tol " << tol[first]
+         << "); worst at [" << worst << "]: gpu " << got[worst] << " vs cpu " << want[worst]
+         << " (tol " << tol[worst] << ")";
+}
+
+inline ::testing::AssertionResult within(const std::vector<float>& got,
+                                         const std::vector<float>& want, double atol, double rtol,
+                                         const std::string& what) {
+  std::vector<double> tol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) tol[i] = atol + rtol * std::fabs(double(want[i]));
+  return within(got, want, tol, what);
+}
+
+// Checks that a guard band past the output (poisoned with 0xff bytes) was not written.
+template <typename T>
+::testing::AssertionResult guard_untouched(const std::vector<T>& all, size_t from,
+                                           const std::string& what) {
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(all.data());
+  for (size_t i = from * sizeof(T); i < all.size() * sizeof(T); ++i)
+    if (p[i] != 0xff)
+      return ::testing::AssertionFailure() << what << ": element " << i / sizeof(T)
+                                           << " past the end (" << from << ") was written";
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace lilac::test

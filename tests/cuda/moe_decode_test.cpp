@@ -1,0 +1,228 @@
+// MoE decode kernels (router_topk, moe_gate_up_gemv, moe_down_gemv) against their CPU twins
+// (cpu::router_top_k, cpu::moe_token_act, cpu::moe_token_down) at the real shapes (H 2048, E 256,
+// k 8, I = Is = 512) and awkward ones (I != Is, chunk tails, k + 1 not a multiple of 3).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu/linear.h"
+#include "cpu/moe.h"
+#include "cpu/norm.h"
+#include "cuda/moe_decode.h"
+#include "cuda_test_util.h"
+#include "kernel_check.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace lilac::test {
+namespace {
+
+// Router: idx must be identical (the logits are random, so no two probabilities are within
+// rounding of each other except the planted exact ties, which both sides order by index); the
+// weights differ only by the softmax's summation order and expf: 1e-5 relative.
+TEST(CudaMoe, RouterTopKMatchesCpu) {
+  LILAC_REQUIRE_GPU();
+  struct Case {
+    int T, E, k;
+  };
+  for (Case c : {Case{1, 256, 8}, Case{5, 256, 8}, Case{3, 16, 4}, Case{2, 5, 5}, Case{4, 33, 1},
+                 Case{7, 64, 32}}) {
+    SCOPED_TRACE(testing::Message() << "T=" << c.T << " E=" << c.E << " k=" << c.k);
+    const int stride = c.E + 1;  // the router GEMV's extra column (shared expert gate)
+    std::vector<float> logits = random_floats(size_t(c.T) * stride, 2.f, uint32_t(c.E * 7 + c.T));
+    for (int t = 0; t < c.T; ++t) {
+      float* l = &logits[size_t(t) * stride];
+      l[c.E] = 1000.f;  // the shared-gate column must not be read as an expert
+      if (c.E >= 8) {
+        l[c.E - 1] = 9.f;  // the last expert, and a tie pair 2 / 6 (order must be 2, 6)
+        l[2] = l[6] = 8.f;
+        if (t % 2) l[0] = l[c.E - 2] = 7.5f;
+      }
+    }
+    std::vector<int32_t> want_idx(size_t(c.T) * c.k);
+    std::vector<float> want_w(size_t(c.T) * c.k);
+    for (int t = 0; t < c.T; ++t)
+      cpu::router_top_k(&logits[size_t(t) * stride], c.E, c.k, &want_idx[size_t(t) * c.k],
+                        &want_w[size_t(t) * c.k]);
+    auto dl = upload(logits);
+    cuda::DeviceBuffer<int32_t> idx(size_t(c.T) * c.k + 8);
+    cuda::DeviceBuffer<float> w(size_t(c.T) * c.k + 8);
+    poison(idx);
+    poison(w);
+    cuda::router_topk(dl.get(), stride, c.T, c.E, c.k, idx.get(), w.get(), nullptr);
+    std::vector<int32_t> got_idx = download(idx);
+    std::vector<float> got_w = download(w);
+    EXPECT_TRUE(guard_untouched(got_idx, want_idx.size(), "router idx"));
+    EXPECT_TRUE(guard_untouched(got_w, want_w.size(), "router w"));
+    got_idx.resize(want_idx.size());
+    got_w.resize(want_w.size());
+    for (size_t i = 0; i < want_idx.size(); ++i)
+      ASSERT_EQ(got_idx[i], want_idx[i])
+          << "token " << i / size_t(c.k) << " slot " << i % size_t(c.k);
+    EXPECT_TRUE(within(got_w, want_w, 1e-7, 1e-5, "router weights"));
+  }
+}
+
+struct MoeShape {
+  int H, E, k, I, Is;
+};
+
+// Host copies of one layer's MoE weights in the device layout, and the twin's view of them.
+struct HostMoe {
+  MoeShape s;
+  std::vector<uint16_t> gate_up, down, shared_gate_up, shared_down;
+  MoeWeights w;
+
+  HostMoe(MoeShape shape, uint64_t seed) : s(shape) {
+    const size_t H = size_t(s.H), I = size_t(s.I), Is = size_t(s.Is);
+    gate_up = random_bf16(size_t(s.E) * 2 * I * H, 0.05f, seed);
+    down = random_bf16(size_t(s.E) * H * I, 0.05f, seed + 1);
+    shared_gate_up = random_bf16(2 * Is * H, 0.05f, seed + 2);
+    shared_down = random_bf16(H * Is, 0.05f, seed + 3);
+    for (int e = 0; e < s.E; ++e) {
+      const uint16_t* gu = &gate_up[size_t(e) * 2 * I * H];
+      w.experts.push_back(ExpertWeights{bf16_matrix(gu, s.I, s.H),
+                                        bf16_matrix(gu + I * H, s.I, s.H),
+                                        bf16_matrix(&down[size_t(e) * H * I], s.H, s.I)});
+    }
+    w.shared_gate = bf16_matrix(shared_gate_up.data(), s.Is, s.H);
+    w.shared_up = bf16_matrix(shared_gate_up.data() + Is * H, s.Is, s.H);
+    w.shared_down = bf16_matrix(shared_down.data(), s.H, s.Is);
+  }
+};
+
+void check_moe(MoeShape s, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "H=" << s.H << " E=" << s.E << " k=" << s.k << " I=" << s.I
+                                  << " Is=" << s.Is);
+  ThreadPool& pool = ThreadPool::global();
+  HostMoe m(s, seed);
+  const int k = s.k, n_act = s.k * s.I + s.Is;
+
+  // Routing (the router GEMV itself is gemv's test): the last and the first expert are planted.
+  std::vector<float> logits = random_floats(size_t(s.E) + 1, 1.f, uint32_t(seed));
+  logits[size_t(s.E) - 1] = 6.f;
+  logits[0] = 5.f;
+  logits[size_t(s.E)] = 0.7f;  // the shared expert's gate logit
+  auto dlogits = upload(logits);
+  cuda::DeviceBuffer<int32_t> didx(static_cast<size_t>(k));
+  cuda::DeviceBuffer<float> dw(static_cast<size_t>(k));
+  cuda::router_topk(dlogits.get(), s.E + 1, 1, s.E, k, didx.get(), dw.get(), nullptr);
+  const std::vector<int32_t> idx = download(didx);
+  const std::vector<float> wt = download(dw);
+  {
+    std::vector<int32_t> want_idx(static_cast<size_t>(k));
+    std::vector<float> want_w(static_cast<size_t>(k));
+    cpu::router_top_k(logits.data(), s.E, k, want_idx.data(), want_w.data());
+    ASSERT_EQ(idx, want_idx);
+  }
+
+  std::vector<float> x = random_floats(size_t(s.H), 1.f, uint32_t(seed + 9));
+  const std::vector<uint16_t> xb = to_bf16_rounding(x);
+  auto dx = upload_bf16(xb);
+  auto dgu = upload_bf16(m.gate_up);
+  auto dsgu = upload_bf16(m.shared_gate_up);
+  auto ddown = upload_bf16(m.down);
+  auto dsdown = upload_bf16(m.shared_down);
+
+  // ---- gate/up: act = bf16(silu(g) * u) ----
+  const size_t guard = 24;
+  cuda::DeviceBuffer<cuda::bf16> dact(size_t(n_act) + guard);
+  poison(dact);
+  cuda::moe_gate_up_gemv(dgu.get(), dsgu.get(), didx.get(), k, dx.get(), s.H, s.I, s.Is, dact.get(),
+                         nullptr);
+  std::vector<float> act_gpu = download_bf16_as_f32(dact);
+  {
+    std::vector<uint16_t> raw(dact.size());
+    LILAC_CUDA_CHECK(cudaMemcpy(raw.data(), dact.get(), dact.bytes(), cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(guard_untouched(raw, size_t(n_act), "moe_gate_up_gemv"));
+  }
+  act_gpu.resize(size_t(n_act));
+  std::vector<float> act_cpu(static_cast<size_t>(n_act));
+  cpu::moe_token_act(m.w, x.data(), idx.data(), k, act_cpu.data(), pool);
+  // Tolerance: g and u are dots of H terms (dot_tolerance dt each); act = silu(g) u moves by at
+  // most |silu'(g)| |u| dt + |silu(g)| dt with |silu'| < 1.1; then the bf16 rounding (2^-8
+  // relative) and expf's last bits (1e-6 relative).
+  const double dt = dot_tolerance(s.H, rms_bf16(m.gate_up) * rms(x));
+  std::vector<double> tol(static_cast<size_t>(n_act));
+  for (int j = 0; j <= k; ++j) {
+    const bool shared = j == k;
+    const Matrix& gm = shared ? m.w.shared_gate : m.w.experts[size_t(idx[size_t(j)])].gate;
+    const Matrix& um = shared ? m.w.shared_up : m.w.experts[size_t(idx[size_t(j)])].up;
+    std::vector<float> g(size_t(gm.rows)), u(size_t(gm.rows));
+    cpu::matmul(gm, x.data(), 1, s.H, g.data(), gm.rows, pool);
+    cpu::matmul(um, x.data(), 1, s.H, u.data(), um.rows, pool);
+    for (int64_t i = 0; i < gm.rows; ++i) {
+      const size_t at = size_t(j) * size_t(s.I) + size_t(i);
+      const double gi = g[size_t(i)], ui = u[size_t(i)];
+      tol[at] = 1.1 * (std::fabs(ui) + std::fabs(gi / (1 + std::exp(-gi)))) * dt +
+                (1.0 / 256 + 1e-6) * std::fabs(act_cpu[at]) + 1e-30;
+    }
+  }
+  EXPECT_TRUE(within(act_gpu, act_cpu, tol, "moe_gate_up_gemv act"));
+
+  // ---- down: h += sum_j w_j down_j act_j + sigmoid(logit_E) shared_down act_k, from the GPU's act
+  // ----
+  std::vector<float> h0 = random_floats(size_t(s.H), 2.f, uint32_t(seed + 5));
+  std::vector<float> out(static_cast<size_t>(s.H));
+  cpu::moe_token_down(m.w, act_gpu.data(), idx.data(), wt.data(), k, logits[size_t(s.E)],
+                      out.data(), pool);
+  std::vector<float> want(size_t(s.H));
+  for (size_t c = 0; c < want.size(); ++c) want[c] = h0[c] + out[c];
+  // Tolerance: k + 1 dots of I (or Is) terms weighted by w_j (summing to 1) and sigmoid (< 1): at
+  // most 2 dot_tolerance of the longer length, plus the roundings of the weighted sum and of the
+  // residual add (4u relative).
+  const double act_rms = rms(act_gpu);
+  const double dd = 2 * dot_tolerance(std::max(s.I, s.Is), rms_bf16(m.down) * act_rms);
+  std::vector<float> h_init = h0;
+  h_init.resize(size_t(s.H) + guard, 0.f);
+  auto dh = upload(h_init);
+  LILAC_CUDA_CHECK(cudaMemset(dh.get() + s.H, 0xff, guard * sizeof(float)));
+  cuda::moe_down_gemv(ddown.get(), dsdown.get(), didx.get(), dw.get(), dlogits.get() + s.E,
+                      dact.get(), k, s.H, s.I, s.Is, dh.get(), nullptr);
+  std::vector<float> got = download(dh);
+  EXPECT_TRUE(guard_untouched(got, size_t(s.H), "moe_down_gemv"));
+  got.resize(size_t(s.H));
+  EXPECT_TRUE(within(got, want, dd, 4 * kU, "moe_down_gemv h"));
+
+  // Deterministic: the same inputs give the same bits.
+  auto dh2 = upload(h_init);
+  cuda::moe_down_gemv(ddown.get(), dsdown.get(), didx.get(), dw.get(), dlogits.get() + s.E,
+                      dact.get(), k, s.H, s.I, s.Is, dh2.get(), nullptr);
+  std::vector<float> again = download(dh2);
+  again.resize(size_t(s.H));
+  EXPECT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * sizeof(float)))
+      << "moe_down_gemv is not deterministic";
+}
+
+TEST(CudaMoe, DecodeRealShape) {
+  LILAC_REQUIRE_GPU();
+  check_moe(MoeShape{2048, 256, 8, 512, 512}, 1000);
+}
+
+TEST(CudaMoe, DecodeAwkwardShapes) {
+  LILAC_REQUIRE_GPU();
+  check_moe(MoeShape{136, 5, 3, 24, 40}, 2000);     // I != Is, H of 17 chunks, k + 1 = 4 (J = 4)
+  check_moe(MoeShape{128, 16, 4, 64, 64}, 3000);    // the tiny-a fixture's MoE dims
+  check_moe(MoeShape{256, 32, 2, 520, 512}, 4000);  // I of 65 chunks (tail step), k + 1 = 3 (J = 3)
+  check_moe(MoeShape{2048, 8, 1, 8, 16}, 5000);     // k = 1, single-chunk rows
+}
+
+TEST(CudaMoe, BadArgumentsThrowBeforeLaunching) {
+  auto* p = reinterpret_cast<const cuda::bf16*>(uintptr_t(256));
+  auto* f = reinterpret_cast<float*>(uintptr_t(256));
+  auto* i = reinterpret_cast<int32_t*>(uintptr_t(256));
+  auto* a = reinterpret_cast<cuda::bf16*>(uintptr_t(256));
+  EXPECT_THROW(cuda::router_topk(f, 257, 1, 300, 8, i, f, nullptr), Error);  // E > 256
+  EXPECT_THROW(cuda::router_topk(f, 100, 1, 256, 8, i, f, nullptr), Error);  // stride < E
+  EXPECT_THROW(cuda::router_topk(f, 257, 1, 256, 0, i, f, nullptr), Error);
+  EXPECT_THROW(cuda::moe_gate_up_gemv(p, p, i, 8, p, 2044, 512, 512, a, nullptr), Error);  // H % 8
+  EXPECT_THROW(cuda::moe_gate_up_gemv(p, p, i, 8, p + 1, 2048, 512, 512, a, nullptr),
+               Error);  // x misaligned
+  EXPECT_THROW(cuda::moe_down_gemv(p, p, i, f, f, p, 8, 2048, 500, 512, f, nullptr),
+               Error);  // I % 8
+}
+
+}  // namespace
+}  // namespace lilac::test

@@ -1,0 +1,298 @@
+// cuda::argmax and cuda::sample against lilac::argmax / lilac::sample_token. Both samplers share
+// cpu/sampling_core.h's exact arithmetic, so tokens must be EQUAL (not close) for every seed,
+// step and parameter set, ties at the top_k / top_p cuts included; logprobs agree to f32 rounding.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "cpu/sampling.h"
+#include "cuda/sampling.h"
+#include "cuda_test_util.h"
+#include "kernel_check.h"
+#include "util/error.h"
+
+namespace lilac::test {
+namespace {
+
+constexpr int kV = 248320, kReal = 248077;  // the model's padded vocabulary and its real ids
+
+// ---- argmax ----------------------------------------------------------------------------------
+
+TEST(CudaSampling, ArgmaxMatchesCpu) {
+  LILAC_REQUIRE_GPU();
+  std::vector<uint8_t> zero(cuda::argmax_workspace_bytes(kV), 0);
+  auto ws = upload(zero);  // zero-filled once; every launch leaves it so (the cases reuse it)
+  cuda::DeviceBuffer<int32_t> out(1);
+  auto run = [&](const std::vector<float>& x, int offset, int n, const char* what) {
+    auto d = upload(x);
+    poison(out);
+    cuda::argmax(d.get() + offset, n, ws.get(), out.get(), nullptr);
+    EXPECT_EQ(download(out)[0], argmax(x.data() + offset, n))
+        << what << " (n = " << n << ", offset " << offset << ")";
+  };
+  const std::vector<float> base = random_floats(kV, 3.f, 77);
+  const float mx = *std::max_element(base.begin(), base.end());
+  run(base, 0, kReal, "random");
+  std::vector<float> x = base;
+  x[5000] = x[200000] = x[240000] = mx + 1;
+  run(x, 0, kReal, "tie at the maximum: lowest id");
+  x = base;
+  x[kReal - 1] = mx + 2;
+  run(x, 0, kReal, "maximum at the last real id");
+  x = base;
+  x[kReal] = x[kV - 1] = mx + 10;
+  run(x, 0, kReal, "larger values past n_real are ignored");
+  x = base;
+  const int amax = argmax(base.data(), kReal);
+  x[10] = x[size_t(amax)] = std::numeric_limits<float>::quiet_NaN();
+  run(x, 0, kReal, "NaNs never win");
+  run(std::vector<float>(kV, 0.25f), 0, kReal, "all equal");
+  run(std::vector<float>(kV, -std::numeric_limits<float>::infinity()), 0, kReal, "all -inf");
+  for (int n : {1, 5, 1000, 2048, 2049, 4097, 123457}) {
+    std::vector<float> y = random_floats(size_t(n) + 3, 1.f, uint32_t(n));
+    run(y, 0, n, "small");
+    run(y, 1, n, "unaligned (scalar path)");
+  }
+}
+
+// ---- sampler -----------------------------------------------------------------------------------
+
+cuda::DeviceSamplingParams to_device(const SamplingParams& p, uint64_t step, int advance) {
+  cuda::DeviceSamplingParams d;
+  d.temperature = p.temperature;
+  d.top_k = p.top_k;
+  d.top_p = p.top_p;
+  d.min_p = p.min_p;
+  d.presence_penalty = p.presence_penalty;
+  d.frequency_penalty = p.frequency_penalty;
+  d.repetition_penalty = p.repetition_penalty;
+  d.top_logprobs = p.top_logprobs;
+  d.seed = p.seed;
+  d.step = step;
+  d.advance = advance;
+  return d;
+}
+
+// The device side of one sampler: workspace, parameters, result, penalty arrays.
+struct DeviceSampler {
+  int n;
+  cuda::DeviceBuffer<char> ws;
+  cuda::DeviceBuffer<cuda::DeviceSamplingParams> params{1};
+  cuda::DeviceBuffer<cuda::DeviceSampleResult> result{1};
+  cuda::DeviceBuffer<int32_t> counts;
+  cuda::DeviceBuffer<uint8_t> seen;
+
+  explicit DeviceSampler(int n_real) : n(n_real), ws(cuda::sample_workspace_bytes(n_real)) {
+    poison(ws);
+  }
+  void set_penalties(const PenaltyState& st) {
+    counts = upload(std::vector<int32_t>(st.output_counts.begin(), st.output_counts.begin() + n));
+    seen = upload(std::vector<uint8_t>(st.seen.begin(), st.seen.begin() + n));
+  }
+  cuda::DeviceSampleResult sample(const float* d_logits, const cuda::DeviceSamplingParams& p,
+                                  bool penalties) {
+    LILAC_CUDA_CHECK(cudaMemcpy(params.get(), &p, sizeof(p), cudaMemcpyHostToDevice));
+    poison(result);
+    cuda::sample(d_logits, n, params.get(), penalties ? counts.get() : nullptr,
+                 penalties ? seen.get() : nullptr, ws.get(), result.get(), nullptr);
+    return download(result)[0];
+  }
+};
+
+// Token equal; logprobs to f32 rounding of a log-sum-exp over 2.5e5 terms (the twin sums in
+// double): 5e-4 absolute.
+void expect_same(const cuda::DeviceSampleResult& g, const SampleResult& c,
+                 const std::string& what) {
+  ASSERT_EQ(g.token, c.token) << what;
+  EXPECT_NEAR(g.logprob, c.logprob, 5e-4) << what;
+  ASSERT_EQ(size_t(g.n_top), c.top.size()) << what;
+  for (size_t j = 0; j < c.top.size(); ++j) {
+    EXPECT_EQ(g.top_ids[j], c.top[j].first) << what << " top " << j;
+    EXPECT_NEAR(g.top_logprobs[j], c.top[j].second, 5e-4) << what << " top " << j;
+  }
+}
+
+// Logits with exact ties planted where the semantics are delicate: three ids share the maximum,
+// and five share the value ranked 19th (a top_k = 20 or 22 cut falls inside that group).
+std::vector<float> tricky_logits(int V, int n_real, uint32_t seed) {
+  std::vector<float> x = random_floats(size_t(V), 3.f, seed);
+  for (int i = n_real; i < V; ++i) x[size_t(i)] = 50.f;  // padding: must never be sampled
+  if (n_real < 40) return x;
+  std::vector<int32_t> order(static_cast<size_t>(n_real));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 40, order.end(),
+                    [&](int32_t a, int32_t b) { return x[size_t(a)] > x[size_t(b)]; });
+  const float top = x[size_t(order[0])], v19 = x[size_t(order[18])];
+  for (int i : {order[30], order[31]}) x[size_t(i)] = top;
+  for (int i : {order[32], order[33], order[34], order[35]}) x[size_t(i)] = v19;
+  return x;
+}
+
+PenaltyState random_penalties(int V, uint32_t seed, const std::vector<float>& x) {
+  PenaltyState st;
+  st.reset(V);
+  std::vector<float> r = random_floats(20000, 1.f, seed);
+  for (size_t i = 0; i < r.size(); ++i) {
+    const int32_t id = int32_t(std::fabs(r[i]) * 1e6) % kReal;
+    if (i % 3 == 0)
+      st.add_output(id);
+    else
+      st.add_prompt(std::vector<int32_t>{id});
+  }
+  // A few of the most likely ids are in the history too.
+  std::vector<int32_t> order(x.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 10, order.begin() + kReal,
+                    [&](int32_t a, int32_t b) { return x[size_t(a)] > x[size_t(b)]; });
+  for (int j = 0; j < 10; j += 2) st.add_output(order[size_t(j)]);
+  st.add_prompt(std::vector<int32_t>{order[1]});
+  return st;
+}
+
+struct ParamSet {
+  SamplingParams p;
+  bool penalties;
+  const char* name;
+};
+
+std::vector<ParamSet> param_sets() {
+  auto P = [](float t, int k, float tp, float mp) {
+    SamplingParams p;
+    p.temperature = t;
+    p.top_k = k;
+    p.top_p = tp;
+    p.min_p = mp;
+    return p;
+  };
+  std::vector<ParamSet> s;
+  s.push_back({P(1.f, 0, 1.f, 0.f), false, "plain"});
+  s.push_back({P(0.7f, 20, 0.8f, 0.f), false, "non-thinking defaults"});
+  SamplingParams thinking = P(1.f, 20, 0.95f, 0.f);
+  thinking.presence_penalty = 1.5f;
+  thinking.top_logprobs = 5;
+  s.push_back({thinking, true, "thinking defaults + presence"});
+  s.push_back({P(0.6f, 0, 1.f, 0.05f), false, "min_p"});
+  s.push_back({P(1.3f, 0, 0.5f, 0.f), false, "top_p over the whole vocabulary"});
+  SamplingParams rep = P(0.9f, 1000, 1.f, 0.f);
+  rep.repetition_penalty = 1.3f;
+  rep.frequency_penalty = 0.4f;
+  rep.top_logprobs = 20;
+  s.push_back({rep, true, "top_k 1000 + repetition + frequency"});
+  SamplingParams greedy = P(0.f, 0, 1.f, 0.f);
+  greedy.repetition_penalty = 1.2f;
+  greedy.top_logprobs = 3;
+  s.push_back({greedy, true, "greedy + repetition"});
+  s.push_back({P(0.8f, 1, 1.f, 0.f), false, "top_k 1"});
+  s.push_back({P(1.f, 0, 0.f, 0.f), false, "top_p 0"});
+  s.push_back({P(1.f, 0, 1.f, 2.f), false, "min_p > 1"});
+  s.push_back({P(4.f, 0, 0.9f, 0.001f), false, "flat: T 4, top_p 0.9, min_p 0.001"});
+  s.push_back({P(0.05f, 50, 1.f, 0.f), false, "peaked: T 0.05, top_k 50"});
+  s.push_back({P(1.f, 22, 1.f, 0.f), false, "top_k 22 cuts a tie group"});
+  s.push_back({P(1.f, 20, 0.3f, 0.f), false, "top_k 20 + top_p 0.3"});
+  s.push_back({P(1.f, kReal + 5, 0.99f, 0.f), false, "top_k past n (off) + top_p 0.99"});
+  return s;
+}
+
+TEST(CudaSampling, SampleMatchesCpuExactly) {
+  LILAC_REQUIRE_GPU();
+  const std::vector<float> x = tricky_logits(kV, kReal, 31);
+  const PenaltyState st = random_penalties(kV, 32, x);
+  auto dx = upload(x);
+  DeviceSampler ds(kReal);
+  ds.set_penalties(st);
+  int draws = 0;
+  const auto sets = param_sets();
+  for (size_t si = 0; si < sets.size(); ++si) {
+    const ParamSet& ps = sets[si];
+    for (int j = 0; j < 16; ++j) {
+      SamplingParams p = ps.p;
+      p.seed = 1000 * si + uint64_t(j) * 7919u;
+      const uint64_t step =
+          j == 15 ? (uint64_t(1) << 32) + 5 : uint64_t(j * j + 3);  // the high counter word too
+      const SampleResult want =
+          sample_token(x.data(), kReal, p, ps.penalties ? &st : nullptr, step);
+      const cuda::DeviceSampleResult got = ds.sample(dx.get(), to_device(p, step, 0), ps.penalties);
+      expect_same(
+          got, want,
+          (testing::Message() << ps.name << ", seed " << p.seed << ", step " << step).GetString());
+      ++draws;
+    }
+  }
+  EXPECT_GE(draws, 200);
+}
+
+TEST(CudaSampling, SmallVocabularies) {
+  LILAC_REQUIRE_GPU();
+  for (int n : {1, 7, 1500, 2049}) {
+    const std::vector<float> x = tricky_logits(n + 5, n, uint32_t(n));
+    auto dx = upload(x);
+    DeviceSampler ds(n);
+    const auto sets = param_sets();
+    for (size_t si = 0; si < sets.size(); ++si) {
+      if (sets[si].penalties) continue;
+      for (int j = 0; j < 4; ++j) {
+        SamplingParams p = sets[si].p;
+        p.seed = 77 + uint64_t(j);
+        p.top_logprobs = 20;
+        const SampleResult want = sample_token(x.data(), n, p, nullptr, uint64_t(j));
+        expect_same(ds.sample(dx.get(), to_device(p, uint64_t(j), 0), false), want,
+                    (testing::Message() << "n " << n << ", " << sets[si].name << ", draw " << j)
+                        .GetString());
+      }
+    }
+  }
+}
+
+// advance = 1: the kernel moves the step and adds the token to the penalty arrays, so repeated
+// launches with no host update follow the CPU's step-by-step sequence.
+TEST(CudaSampling, AdvanceRunsTheDecodeLoopOnTheDevice) {
+  LILAC_REQUIRE_GPU();
+  const int n = 5000;
+  std::vector<float> x = random_floats(size_t(n), 1.f, 5);
+  auto dx = upload(x);
+  PenaltyState st;
+  st.reset(n);
+  st.add_prompt(std::vector<int32_t>{1, 2, 3});
+  DeviceSampler ds(n);
+  ds.set_penalties(st);
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_k = 40;
+  p.presence_penalty = 1.f;
+  p.frequency_penalty = 0.3f;
+  p.repetition_penalty = 1.1f;
+  p.seed = 2024;
+  const cuda::DeviceSamplingParams dp = to_device(p, 10, 1);
+  LILAC_CUDA_CHECK(cudaMemcpy(ds.params.get(), &dp, sizeof(dp), cudaMemcpyHostToDevice));
+  for (uint64_t step = 10; step < 40; ++step) {
+    const SampleResult want = sample_token(x.data(), n, p, &st, step);
+    st.add_output(want.token);
+    cuda::sample(dx.get(), n, ds.params.get(), ds.counts.get(), ds.seen.get(), ds.ws.get(),
+                 ds.result.get(), nullptr);
+    ASSERT_EQ(download(ds.result)[0].token, want.token) << "step " << step;
+  }
+  EXPECT_EQ(download(ds.params)[0].step, 40u);
+  std::vector<int32_t> counts = download(ds.counts);
+  std::vector<uint8_t> seen = download(ds.seen);
+  EXPECT_EQ(counts, st.output_counts);
+  EXPECT_EQ(seen, st.seen);
+}
+
+TEST(CudaSampling, BadArgumentsThrowBeforeLaunching) {
+  auto* f = reinterpret_cast<const float*>(uintptr_t(256));
+  auto* p = reinterpret_cast<cuda::DeviceSamplingParams*>(uintptr_t(256));
+  auto* r = reinterpret_cast<cuda::DeviceSampleResult*>(uintptr_t(256));
+  void* ws = reinterpret_cast<void*>(uintptr_t(256));
+  EXPECT_THROW(cuda::sample(f, 0, p, nullptr, nullptr, ws, r, nullptr), Error);
+  EXPECT_THROW(cuda::sample(f, 2000000, p, nullptr, nullptr, ws, r, nullptr), Error);
+  EXPECT_THROW(cuda::sample(f, 100, p, nullptr, nullptr, reinterpret_cast<void*>(uintptr_t(260)), r,
+                            nullptr),
+               Error);
+  EXPECT_THROW(cuda::argmax(f, 0, ws, nullptr, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace lilac::test
