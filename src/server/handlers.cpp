@@ -13,7 +13,11 @@ using nlohmann::json;
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::milliseconds(100);
+// After this long without a write, a heartbeat is written (an SSE comment, or a space before the
+// JSON body): a write is the only way httplib lets a handler notice that the client left.
+constexpr auto kHeartbeat = std::chrono::milliseconds(200);
 const char* kFingerprint = "lilac-" LILAC_VERSION;
 
 // A request ready to run, plus what its responses need.
@@ -26,7 +30,24 @@ struct Job {
   std::string echo;  // completions with echo: the prompt text, sent first
   std::unique_ptr<Generation> gen;
   std::unique_ptr<InFlight> in_flight;
+  Clock::time_point last_write = Clock::now();
 };
+
+// Writes to the client; on failure (the client is gone) cancels the generation.
+bool emit(Job& job, httplib::DataSink& sink, const std::string& s) {
+  job.last_write = Clock::now();
+  if (sink.write(s.data(), s.size())) return true;
+  job.gen->cancel();
+  return false;
+}
+
+// The heartbeat when nothing was written for a while; false when the client is gone.
+bool heartbeat(Job& job, httplib::DataSink& sink) {
+  if (Clock::now() - job.last_write < kHeartbeat) return true;
+  if (emit(job, sink, job.common.stream ? ":\n\n" : " ") && sink.is_writable()) return true;
+  job.gen->cancel();
+  return false;
+}
 
 std::vector<int32_t> encode_prompt(const ServingModel& m, const std::string& text) {
   try {
@@ -138,14 +159,12 @@ json tool_call_json(int index, const ToolCall& c, bool with_index) {
   return j;
 }
 
-bool write_sse(httplib::DataSink& sink, const json& j) {
-  const std::string s = "data: " + dump(j) + "\n\n";
-  return sink.write(s.data(), s.size());
+bool write_sse(Job& job, httplib::DataSink& sink, const json& j) {
+  return emit(job, sink, "data: " + dump(j) + "\n\n");
 }
 
-bool write_done(httplib::DataSink& sink) {
-  static const std::string kDone = "data: [DONE]\n\n";
-  return sink.write(kDone.data(), kDone.size());
+bool write_done(Job& job, httplib::DataSink& sink) {
+  return emit(job, sink, "data: [DONE]\n\n");
 }
 
 // Streams one chat completion as SSE. Returns false when the client went away (cancelled).
@@ -171,11 +190,7 @@ bool stream_chat(Job& job, httplib::DataSink& sink) {
     if (job.common.include_usage) j["usage"] = nullptr;
     return j;
   };
-  auto send = [&](const json& j) {
-    if (write_sse(sink, j)) return true;
-    g.cancel();  // the client is gone
-    return false;
-  };
+  auto send = [&](const json& j) { return write_sse(job, sink, j); };
   if (!send(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) return false;
   std::vector<TokenLogprob> pending;
   bool any_call = false;
@@ -201,14 +216,11 @@ bool stream_chat(Job& job, httplib::DataSink& sink) {
       wrote = true;
     }
     if (c.finished) break;
-    if (!wrote && !sink.is_writable()) {
-      g.cancel();
-      return false;
-    }
+    if (!wrote && !heartbeat(job, sink)) return false;
   }
   const GenerationResult& r = g.result();
   if (auto err = failure(r)) {
-    write_sse(sink, *err);
+    write_sse(job, sink, *err);
   } else {
     if (!send(chunk(json::object(), finish_name(r, any_call), &pending))) return false;
     if (job.common.include_usage) {
@@ -222,7 +234,7 @@ bool stream_chat(Job& job, httplib::DataSink& sink) {
       if (!send(u)) return false;
     }
   }
-  write_done(sink);
+  write_done(job, sink);
   sink.done();
   return true;
 }
@@ -241,10 +253,7 @@ bool complete_chat(Job& job, httplib::DataSink& sink) {
     for (const auto& [index, call] : c.tool_calls)
       calls.push_back(tool_call_json(index, call, false));
     if (c.finished) break;
-    if (c.empty() && !sink.is_writable()) {
-      g.cancel();
-      return false;
-    }
+    if (!heartbeat(job, sink)) return false;
   }
   const GenerationResult& r = g.result();
   json body;
@@ -270,8 +279,7 @@ bool complete_chat(Job& job, httplib::DataSink& sink) {
             {"choices", json::array({choice})},
             {"usage", usage_json(r)}};
   }
-  const std::string s = dump(body);
-  if (!sink.write(s.data(), s.size())) return false;
+  if (!emit(job, sink, dump(body))) return false;
   sink.done();
   return true;
 }
@@ -293,11 +301,7 @@ bool stream_completion(Job& job, httplib::DataSink& sink) {
                 {"system_fingerprint", kFingerprint},
                 {"choices", json::array({choice})}};
   };
-  auto send = [&](const json& j) {
-    if (write_sse(sink, j)) return true;
-    g.cancel();
-    return false;
-  };
+  auto send = [&](const json& j) { return write_sse(job, sink, j); };
   if (!job.echo.empty()) {
     offset = job.echo.size();
     if (!send(chunk(job.echo, nullptr, nullptr))) return false;
@@ -308,15 +312,14 @@ bool stream_completion(Job& job, httplib::DataSink& sink) {
     pending.insert(pending.end(), c.logprobs.begin(), c.logprobs.end());
     if (!c.content.empty()) {
       if (!send(chunk(c.content, nullptr, &pending))) return false;
-    } else if (!c.finished && !sink.is_writable()) {
-      g.cancel();
+    } else if (!c.finished && !heartbeat(job, sink)) {
       return false;
     }
     if (c.finished) break;
   }
   const GenerationResult& r = g.result();
   if (auto err = failure(r)) {
-    write_sse(sink, *err);
+    write_sse(job, sink, *err);
   } else {
     if (!send(chunk("", finish_name(r, false), &pending))) return false;
     if (job.common.include_usage) {
@@ -329,7 +332,7 @@ bool stream_completion(Job& job, httplib::DataSink& sink) {
       if (!send(u)) return false;
     }
   }
-  write_done(sink);
+  write_done(job, sink);
   sink.done();
   return true;
 }
@@ -343,10 +346,7 @@ bool complete_completion(Job& job, httplib::DataSink& sink) {
     text += c.content;
     lps.insert(lps.end(), c.logprobs.begin(), c.logprobs.end());
     if (c.finished) break;
-    if (c.empty() && !sink.is_writable()) {
-      g.cancel();
-      return false;
-    }
+    if (!heartbeat(job, sink)) return false;
   }
   const GenerationResult& r = g.result();
   json body;
@@ -368,8 +368,7 @@ bool complete_completion(Job& job, httplib::DataSink& sink) {
             {"choices", json::array({choice})},
             {"usage", usage_json(r)}};
   }
-  const std::string s = dump(body);
-  if (!sink.write(s.data(), s.size())) return false;
+  if (!emit(job, sink, dump(body))) return false;
   sink.done();
   return true;
 }

@@ -1,12 +1,14 @@
 // Load: 512 requests from 16 concurrent clients on loopback, every fifth abandoning its stream
 // after the first delta. No crash, every request answered (a completion, or 429/503), memory
-// bounded, the server healthy afterwards.
+// bounded, the server healthy afterwards. The queue (32) holds every client, so all are served;
+// a queue smaller than the client count turns the test into a 429 storm (QueueFullGives429 in
+// tests/server covers that).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer } from './helpers.mjs';
 
 test('512 requests, 16 clients, a fifth disconnecting mid-stream', { timeout: 240000 }, async () => {
-  const srv = await startServer(['--queue', '8', '--log-level', 'warn']);
+  const srv = await startServer(['--queue', '32', '--log-level', 'warn']);
   const TOTAL = 512, CLIENTS = 16;
   const counts = { ok: 0, busy: 0, aborted: 0, other: 0 };
   const before = srv.memory();
@@ -61,6 +63,7 @@ test('512 requests, 16 clients, a fifth disconnecting mid-stream', { timeout: 24
   assert.equal(counts.other, 0);
   assert.equal(counts.ok + counts.aborted + counts.busy, TOTAL);
   assert.ok(counts.aborted >= TOTAL / 5 - counts.busy);
+  assert.ok(counts.ok >= TOTAL / 2, 'most requests complete');
   assert.ok(mem.peakKb < 1024 * 1024, `peak RSS ${mem.peakKb} kB`);
   assert.equal((await srv.stop()).code, 0, srv.stderr());
 });

@@ -29,8 +29,8 @@ const toolCallText = (city, days) => `<tool_call>\n<function=get_weather>\n<para
 before(async () => {
   demo = await startServer(['--api-key', KEY, '--alias', 'demo']);
   const file = writeScript([
-    { match: 'weather', text: `The user asks for weather.\n</think>\n\n${toolCallText('Paris', 3)}\n${toolCallText('Zürich', 1)}` },
     { match: 'Tool result', text: 'It is sunny in Paris.\n</think>\n\nSunny, 21 °C in Paris.' },
+    { match: 'weather', text: `The user asks for weather.\n</think>\n\n${toolCallText('Paris', 3)}\n${toolCallText('Zürich', 1)}` },
     { text: 'Nothing to do.\n</think>\n\nHello from the script — grüß dich!' },
   ]);
   script = await startServer(['--scripted', file]);

@@ -15,6 +15,7 @@
 #include "server/generation.h"
 #include "server/scripted_backend.h"
 #include "tokenizer/tokenizer.h"
+#include "util/error.h"
 
 namespace lilac::test {
 namespace {
@@ -22,7 +23,9 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-std::string demo_dir() { return data_root() + "/../../models/demo"; }
+std::string demo_dir() {
+  return data_root() + "/../../models/demo";
+}
 
 // The CPU backend, recording the logits of every forward() that asks for them.
 class RecordingBackend : public Backend {
@@ -31,7 +34,8 @@ class RecordingBackend : public Backend {
   std::string name() const override { return "recording"; }
   const ModelConfig& config() const override { return inner_.config(); }
   std::unique_ptr<SequenceState> new_sequence(int64_t n) override { return inner_.new_sequence(n); }
-  void forward(SequenceState& st, std::span<const int32_t> ids, std::span<float> logits, bool all) override {
+  void forward(SequenceState& st, std::span<const int32_t> ids, std::span<float> logits,
+               bool all) override {
     inner_.forward(st, ids, logits, all);
     if (!logits.empty()) calls.emplace_back(logits.begin(), logits.end());
     forwarded += ids.size();
@@ -52,8 +56,8 @@ struct Demo {
   cpu::CpuBackend cpu{model->config, model->weights};
 };
 
-GenerationResult generate(Engine& e, const std::vector<int32_t>& prompt, const SamplingParams& sp, int64_t max_tokens,
-                          std::vector<size_t> snapshot_at = {}) {
+GenerationResult generate(Engine& e, const std::vector<int32_t>& prompt, const SamplingParams& sp,
+                          int64_t max_tokens, std::vector<size_t> snapshot_at = {}) {
   GenerationRequest rq;
   rq.prompt = prompt;
   rq.sampling = sp;
@@ -129,7 +133,8 @@ TEST(Engine, SecondTurnReusesThePromptWithExactLogits) {
 
 TEST(Engine, SeedReproducesAndDiffers) {
   Demo d;
-  const auto ids = d.tok->encode(d.tmpl->render(json::array({{{"role", "user"}, {"content", "hi"}}}), json::array(), {}));
+  const auto ids = d.tok->encode(
+      d.tmpl->render(json::array({{{"role", "user"}, {"content", "hi"}}}), json::array(), {}));
   SamplingParams sp;
   sp.temperature = 1.0f;
   sp.top_p = 0.95f;
@@ -150,8 +155,9 @@ TEST(Engine, SeedReproducesAndDiffers) {
   eo.context_size = 512;
   Engine e(d.cpu, *d.tok, eo);
   sp.seed = 42;
-  auto first = generate(e, ids, sp, 24);
-  auto second = generate(e, ids, sp, 24);
+  const std::vector<size_t> mark = {server::last_turn_start(ids, *d.tok)};
+  auto first = generate(e, ids, sp, 24, mark);
+  auto second = generate(e, ids, sp, 24, mark);
   EXPECT_GT(second.cached_tokens, 0);
   EXPECT_EQ(first.tokens, a);
   EXPECT_EQ(second.tokens, a);
@@ -165,7 +171,8 @@ struct Scripted {
     server::ScriptedResponse r;
     r.ids = tok->encode("tick tock ", true);
     r.eos = false;
-    backend = std::make_unique<server::ScriptedBackend>(cfg, *tok, std::vector<server::ScriptedResponse>{r});
+    backend = std::make_unique<server::ScriptedBackend>(cfg, *tok,
+                                                        std::vector<server::ScriptedResponse>{r});
     backend->set_step_delay(delay);
   }
 };

@@ -23,8 +23,12 @@ TEST(StopMatcher, HoldsBackPartialMatchesAndStops) {
 
 TEST(StopMatcher, EarliestStopWinsAndFlushReleasesTheRest) {
   StopMatcher m({"bc", "abcd"});
-  EXPECT_EQ(m.push("xxabcd"), "xxa");
-  EXPECT_EQ(m.matched(), "bc");
+  EXPECT_EQ(m.push("xxabcd"), "xx");  // "abcd" starts first
+  EXPECT_EQ(m.matched(), "abcd");
+  StopMatcher m2({"cd", "abcd"});
+  EXPECT_EQ(m2.push("xxab"), "xx");
+  EXPECT_EQ(m2.push("cdyy"), "");
+  EXPECT_EQ(m2.matched(), "abcd");
   StopMatcher n({"zz"});
   EXPECT_EQ(n.push("abz"), "ab");
   EXPECT_EQ(n.flush(), "z");

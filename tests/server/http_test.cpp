@@ -18,7 +18,9 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-json user(const std::string& text) { return json::array({{{"role", "user"}, {"content", text}}}); }
+json user(const std::string& text) {
+  return json::array({{{"role", "user"}, {"content", text}}});
+}
 
 void expect_openai_error(const httplib::Result& r, int status) {
   ASSERT_TRUE(r);
@@ -80,17 +82,20 @@ TEST(Http, ApiKeyAndCors) {
   auto ok = c.Get("/v1/models", {{"Authorization", "Bearer s3cret-key"}});
   EXPECT_EQ(ok->status, 200);
   // CORS: an allowed origin is echoed, a preflight answered without a key; others get nothing.
-  auto pre = c.Options("/v1/chat/completions", {{"Origin", "http://app.example"},
-                                                {"Access-Control-Request-Method", "POST"},
-                                                {"Access-Control-Request-Headers", "authorization,content-type"}});
+  auto pre = c.Options("/v1/chat/completions",
+                       {{"Origin", "http://app.example"},
+                        {"Access-Control-Request-Method", "POST"},
+                        {"Access-Control-Request-Headers", "authorization,content-type"}});
   ASSERT_TRUE(pre);
   EXPECT_EQ(pre->status, 204);
   EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
   EXPECT_NE(pre->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
   EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Headers"), "authorization,content-type");
-  auto got = c.Get("/v1/models", {{"Origin", "http://app.example"}, {"Authorization", "Bearer s3cret-key"}});
+  auto got = c.Get("/v1/models",
+                   {{"Origin", "http://app.example"}, {"Authorization", "Bearer s3cret-key"}});
   EXPECT_EQ(got->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
-  auto other = c.Get("/v1/models", {{"Origin", "http://evil.example"}, {"Authorization", "Bearer s3cret-key"}});
+  auto other = c.Get("/v1/models",
+                     {{"Origin", "http://evil.example"}, {"Authorization", "Bearer s3cret-key"}});
   EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
 }
 
@@ -105,7 +110,8 @@ TEST(Http, ErrorsInOpenAiShapeAndServingGoesOn) {
   expect_openai_error(c.Get("/no/such/route"), 404);
   expect_openai_error(ts.post_raw("/v1/chat/completions", std::string(10000, ' ')), 413);
   expect_openai_error(ts.post_raw("/v1/chat/completions", "{not json"), 400);
-  expect_openai_error(ts.post("/v1/chat/completions", {{"messages", user(std::string(400, 'a'))}}), 400);
+  expect_openai_error(ts.post("/v1/chat/completions", {{"messages", user(std::string(400, 'a'))}}),
+                      400);
   auto too_long = ts.post("/v1/chat/completions", {{"messages", user(std::string(400, 'a'))}});
   EXPECT_EQ(json::parse(too_long->body)["error"]["code"], "context_length_exceeded");
   auto r = ts.post("/v1/chat/completions", {{"messages", user("hi")}, {"max_tokens", 4}});
@@ -134,13 +140,17 @@ TEST(Http, QueueFullGives429) {
   int ok = 0, busy = 0;
   for (auto& f : results) {
     int s = f.get();
-    if (s == 200) ok++;
-    else if (s == 429) busy++;
-    else ADD_FAILURE() << "status " << s;
+    if (s == 200)
+      ok++;
+    else if (s == 429)
+      busy++;
+    else
+      ADD_FAILURE() << "status " << s;
   }
   EXPECT_GE(ok, 2);
   EXPECT_GE(busy, 1);
-  EXPECT_EQ(ts.post("/v1/chat/completions", {{"messages", user("hi")}, {"max_tokens", 2}})->status, 200);
+  EXPECT_EQ(ts.post("/v1/chat/completions", {{"messages", user("hi")}, {"max_tokens", 2}})->status,
+            200);
 }
 
 // Sends a request on a raw socket, reads `events` SSE events (or nothing), then closes.
@@ -152,8 +162,10 @@ int open_and_abandon(int port, const json& body, int events) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
   const std::string b = body.dump();
-  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
+  const std::string req =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(b.size()) + "\r\n\r\n" + b;
   if (::send(fd, req.data(), req.size(), 0) != ssize_t(req.size())) return -1;
   std::string got;
   char buf[4096];
@@ -163,7 +175,8 @@ int open_and_abandon(int port, const json& body, int events) {
     if (n <= 0) break;
     got.append(buf, size_t(n));
     seen = 0;
-    for (size_t p = got.find("data: "); p != std::string::npos; p = got.find("data: ", p + 1)) seen++;
+    for (size_t p = got.find("data: "); p != std::string::npos; p = got.find("data: ", p + 1))
+      seen++;
   }
   ::close(fd);
   return seen;
@@ -177,12 +190,16 @@ TEST(Http, ClientDisconnectCancelsGeneration) {
   TestServer ts(std::move(o));
   Metrics& m = ts.engine->metrics();
   // Streaming: gone after the role chunk and a few deltas.
-  ASSERT_GE(open_and_abandon(ts.srv->port(), {{"messages", user("hi")}, {"stream", true}, {"max_tokens", 100000}}, 4), 4);
+  ASSERT_GE(
+      open_and_abandon(ts.srv->port(),
+                       {{"messages", user("hi")}, {"stream", true}, {"max_tokens", 100000}}, 4),
+      4);
   const uint64_t at_close = m.generated_tokens_total;
   ASSERT_TRUE(wait_until([&] { return m.requests_cancelled == 1 && !ts.engine->busy(); }, 2000ms));
   EXPECT_LE(m.generated_tokens_total - at_close, 3u) << "tokens generated after the client left";
   // Non-streaming: the socket is polled while the answer is generated.
-  ASSERT_EQ(open_and_abandon(ts.srv->port(), {{"messages", user("hi")}, {"max_tokens", 100000}}, 0), 0);
+  ASSERT_EQ(open_and_abandon(ts.srv->port(), {{"messages", user("hi")}, {"max_tokens", 100000}}, 0),
+            0);
   ASSERT_TRUE(wait_until([&] { return ts.engine->busy() || m.requests_cancelled == 2; }, 2000ms));
   ASSERT_TRUE(wait_until([&] { return m.requests_cancelled == 2 && !ts.engine->busy(); }, 2000ms));
   EXPECT_LT(m.generated_tokens_total - at_close, 20u);

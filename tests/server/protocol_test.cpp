@@ -13,7 +13,9 @@ using nlohmann::json;
 const std::string kReasoning = "Let me think: naïve café, 你好, ü ✓.";
 const std::string kAnswer = "The answer is 42 — größer als 日本語 🙂.";
 
-json user(const std::string& text) { return json::array({{{"role", "user"}, {"content", text}}}); }
+json user(const std::string& text) {
+  return json::array({{{"role", "user"}, {"content", text}}});
+}
 
 struct Split {
   std::string reasoning, content;
@@ -32,7 +34,8 @@ Split split_stream(const std::vector<json>& events) {
     }
     const json& ch = e["choices"][0];
     const json& d = ch["delta"];
-    if (d.contains("reasoning_content")) s.reasoning += d["reasoning_content"].get<std::string>(), s.order.push_back("r");
+    if (d.contains("reasoning_content"))
+      s.reasoning += d["reasoning_content"].get<std::string>(), s.order.push_back("r");
     if (d.contains("content") && !d["content"].get<std::string>().empty())
       s.content += d["content"].get<std::string>(), s.order.push_back("c");
     if (d.contains("tool_calls"))
@@ -63,8 +66,9 @@ TEST(Protocol, StreamsReasoningThenContentWithUsage) {
   o.script = {script_text(*tok, text)};
   TestServer ts(std::move(o));
 
-  auto r = ts.post("/v1/chat/completions",
-                   {{"messages", user("hi")}, {"stream", true}, {"stream_options", {{"include_usage", true}}}});
+  auto r = ts.post(
+      "/v1/chat/completions",
+      {{"messages", user("hi")}, {"stream", true}, {"stream_options", {{"include_usage", true}}}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
@@ -86,7 +90,9 @@ TEST(Protocol, StreamsReasoningThenContentWithUsage) {
   bool seen_content = false;
   for (const auto& k : s.order) {
     if (k == "c") seen_content = true;
-    if (k == "r") EXPECT_FALSE(seen_content) << "reasoning after content";
+    if (k == "r") {
+      EXPECT_FALSE(seen_content) << "reasoning after content";
+    }
   }
   for (size_t i = 1; i + 1 < events.size(); ++i) {
     if (events[i]["choices"].empty()) continue;
@@ -95,7 +101,8 @@ TEST(Protocol, StreamsReasoningThenContentWithUsage) {
       if (!d.contains(key)) continue;
       const std::string piece = d[key].get<std::string>();
       EXPECT_TRUE(valid_utf8(piece));
-      EXPECT_EQ(piece.find("\xEF\xBF\xBD"), std::string::npos) << "a replacement character: a split character";
+      EXPECT_EQ(piece.find("\xEF\xBF\xBD"), std::string::npos)
+          << "a replacement character: a split character";
       EXPECT_EQ(piece.find("think>"), std::string::npos) << piece;
     }
   }
@@ -104,11 +111,13 @@ TEST(Protocol, StreamsReasoningThenContentWithUsage) {
   // Usage: the prompt as the template renders it, every sampled token (the eos too).
   ASSERT_TRUE(s.usage_chunk.is_object());
   EXPECT_TRUE(s.usage_chunk["choices"].empty());
-  const auto prompt_ids = tok->encode(ts.chat_template->render(user("hi"), json::array(), {}), true);
+  const auto prompt_ids =
+      tok->encode(ts.chat_template->render(user("hi"), json::array(), {}), true);
   const json& u = s.usage_chunk["usage"];
   EXPECT_EQ(u["prompt_tokens"], prompt_ids.size());
   EXPECT_EQ(u["completion_tokens"], script_ids.size() + 1);
-  EXPECT_EQ(u["total_tokens"], u["prompt_tokens"].get<int64_t>() + u["completion_tokens"].get<int64_t>());
+  EXPECT_EQ(u["total_tokens"],
+            u["prompt_tokens"].get<int64_t>() + u["completion_tokens"].get<int64_t>());
   EXPECT_TRUE(u["prompt_tokens_details"]["cached_tokens"].is_number_integer());
 }
 
@@ -117,7 +126,8 @@ TEST(Protocol, NonStreamingMessageAndUsage) {
   auto tok = Tokenizer::from_model_dir(demo_dir());
   o.script = {script_text(*tok, kReasoning + "\n</think>\n\n" + kAnswer)};
   TestServer ts(std::move(o));
-  auto r = ts.post("/v1/chat/completions", {{"messages", user("hi")}, {"model", "whatever"}, {"unknown_field", 1}});
+  auto r = ts.post("/v1/chat/completions",
+                   {{"messages", user("hi")}, {"model", "whatever"}, {"unknown_field", 1}});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   json j = json::parse(r->body);
@@ -137,18 +147,20 @@ const json kWeatherTools = json::parse(R"([{"type":"function","function":{"name"
   "city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}}}])");
 
 std::string weather_call(const std::string& city, int days) {
-  return "<tool_call>\n<function=get_weather>\n<parameter=city>\n" + city + "\n</parameter>\n<parameter=days>\n" +
-         std::to_string(days) + "\n</parameter>\n</function>\n</tool_call>";
+  return "<tool_call>\n<function=get_weather>\n<parameter=city>\n" + city +
+         "\n</parameter>\n<parameter=days>\n" + std::to_string(days) +
+         "\n</parameter>\n</function>\n</tool_call>";
 }
 
 TEST(Protocol, StreamsToolCallFragments) {
   ServerFixtureOptions o;
   auto tok = Tokenizer::from_model_dir(demo_dir());
-  o.script = {script_text(*tok, "The user wants the weather.\n</think>\n\n" + weather_call("Paris", 3) + "\n" +
-                                    weather_call("Zürich", 5))};
+  o.script = {script_text(*tok, "The user wants the weather.\n</think>\n\n" +
+                                    weather_call("Paris", 3) + "\n" + weather_call("Zürich", 5))};
   TestServer ts(std::move(o));
-  auto r = ts.post("/v1/chat/completions",
-                   {{"messages", user("weather in Paris?")}, {"tools", kWeatherTools}, {"stream", true}});
+  auto r = ts.post(
+      "/v1/chat/completions",
+      {{"messages", user("weather in Paris?")}, {"tools", kWeatherTools}, {"stream", true}});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200);
   Split s = split_stream(sse_events(r->body));
@@ -182,9 +194,11 @@ TEST(Protocol, StreamsToolCallFragments) {
 TEST(Protocol, NonStreamingToolCallsAndParallelOff) {
   ServerFixtureOptions o;
   auto tok = Tokenizer::from_model_dir(demo_dir());
-  o.script = {script_text(*tok, "ok\n</think>\n\n" + weather_call("Paris", 3) + "\n" + weather_call("Oslo", 1))};
+  o.script = {script_text(
+      *tok, "ok\n</think>\n\n" + weather_call("Paris", 3) + "\n" + weather_call("Oslo", 1))};
   TestServer ts(std::move(o));
-  json body = {{"messages", user("weather?")}, {"tools", kWeatherTools}, {"tool_choice", "required"}};
+  json body = {
+      {"messages", user("weather?")}, {"tools", kWeatherTools}, {"tool_choice", "required"}};
   auto r = ts.post("/v1/chat/completions", body);
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
@@ -209,7 +223,8 @@ TEST(Protocol, NonStreamingToolCallsAndParallelOff) {
   // tool_choice none: the prompt lists no tools.
   body["tool_choice"] = "none";
   p = ts.post("/apply-template", body);
-  EXPECT_EQ(json::parse(p->body)["prompt"].get<std::string>().find("get_weather"), std::string::npos);
+  EXPECT_EQ(json::parse(p->body)["prompt"].get<std::string>().find("get_weather"),
+            std::string::npos);
 }
 
 TEST(Protocol, StopStringAcrossTokenBoundaries) {
@@ -230,7 +245,9 @@ TEST(Protocol, StopStringAcrossTokenBoundaries) {
   ASSERT_TRUE(boundary_inside);
   TestServer ts(std::move(o));
   for (bool stream : {false, true}) {
-    json body = {{"messages", user("x")}, {"stop", json::array({"nomatch", stop})}, {"stream", stream},
+    json body = {{"messages", user("x")},
+                 {"stop", json::array({"nomatch", stop})},
+                 {"stream", stream},
                  {"chat_template_kwargs", {{"enable_thinking", false}}}};
     auto r = ts.post("/v1/chat/completions", body);
     ASSERT_TRUE(r);
@@ -255,8 +272,9 @@ TEST(Protocol, LengthLogprobsAndCompletions) {
   auto tok = Tokenizer::from_model_dir(demo_dir());
   o.script = {script_text(*tok, "abcdefghijklmnopqrstuvwxyz")};
   TestServer ts(std::move(o));
-  auto r = ts.post("/v1/chat/completions", {{"messages", user("x")}, {"max_tokens", 3}, {"logprobs", true},
-                                            {"top_logprobs", 2}});
+  auto r = ts.post(
+      "/v1/chat/completions",
+      {{"messages", user("x")}, {"max_tokens", 3}, {"logprobs", true}, {"top_logprobs", 2}});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   json j = json::parse(r->body);
@@ -271,7 +289,9 @@ TEST(Protocol, LengthLogprobsAndCompletions) {
     EXPECT_EQ(e["top_logprobs"].size(), 2u);
   }
   // Raw completions: the text as it is, streamed.
-  r = ts.post("/v1/completions", {{"prompt", "the alphabet:"}, {"stream", true}, {"max_tokens", 100},
+  r = ts.post("/v1/completions", {{"prompt", "the alphabet:"},
+                                  {"stream", true},
+                                  {"max_tokens", 100},
                                   {"stream_options", {{"include_usage", true}}}});
   ASSERT_TRUE(r);
   auto events = sse_events(r->body);
@@ -279,9 +299,11 @@ TEST(Protocol, LengthLogprobsAndCompletions) {
   json usage;
   for (const auto& e : events) {
     if (e == "[DONE]") continue;
-    if (e["choices"].empty()) usage = e["usage"];
-    else text += e["choices"][0]["text"].get<std::string>();
-    if (e != "[DONE]") EXPECT_EQ(e["object"], "text_completion");
+    if (e["choices"].empty())
+      usage = e["usage"];
+    else
+      text += e["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(e["object"], "text_completion");
   }
   EXPECT_EQ(text, "abcdefghijklmnopqrstuvwxyz");
   EXPECT_EQ(usage["prompt_tokens"], tok->encode("the alphabet:").size());
@@ -306,11 +328,14 @@ TEST(Protocol, TokenizeDetokenizeApplyTemplateModelsMetrics) {
   r = ts.post("/detokenize", {{"tokens", j["tokens"]}});
   EXPECT_EQ(json::parse(r->body)["text"], "héllo <|im_end|>");
   r = ts.post("/apply-template", {{"messages", user("hi")}});
-  EXPECT_EQ(json::parse(r->body)["prompt"], ts.chat_template->render(user("hi"), json::array(), {}));
-  r = ts.post("/apply-template", {{"messages", user("hi")}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  EXPECT_EQ(json::parse(r->body)["prompt"],
+            ts.chat_template->render(user("hi"), json::array(), {}));
+  r = ts.post("/apply-template",
+              {{"messages", user("hi")}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
   ChatOptions off;
   off.enable_thinking = false;
-  EXPECT_EQ(json::parse(r->body)["prompt"], ts.chat_template->render(user("hi"), json::array(), off));
+  EXPECT_EQ(json::parse(r->body)["prompt"],
+            ts.chat_template->render(user("hi"), json::array(), off));
   auto c = ts.client();
   auto m = c.Get("/v1/models");
   ASSERT_TRUE(m);

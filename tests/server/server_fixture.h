@@ -20,7 +20,9 @@
 
 namespace lilac::test {
 
-inline std::string demo_dir() { return data_root() + "/../../models/demo"; }
+inline std::string demo_dir() {
+  return data_root() + "/../../models/demo";
+}
 
 struct ServerFixtureOptions {
   std::vector<server::ScriptedResponse> script;
@@ -67,7 +69,8 @@ class TestServer {
     c.set_read_timeout(30, 0);
     return c;
   }
-  httplib::Result post(const std::string& path, const nlohmann::json& body, const httplib::Headers& h = {}) const {
+  httplib::Result post(const std::string& path, const nlohmann::json& body,
+                       const httplib::Headers& h = {}) const {
     return client().Post(path.c_str(), h, body.dump(), "application/json");
   }
   httplib::Result post_raw(const std::string& path, const std::string& body) const {
@@ -82,7 +85,8 @@ class TestServer {
   std::unique_ptr<server::Server> srv;
 };
 
-inline server::ScriptedResponse script_text(const Tokenizer& tok, const std::string& text, const std::string& match = "") {
+inline server::ScriptedResponse script_text(const Tokenizer& tok, const std::string& text,
+                                            const std::string& match = "") {
   server::ScriptedResponse r;
   r.ids = tok.encode(text, true);
   r.match = match;
