@@ -79,6 +79,7 @@ int run_run(const GenOptions& o, const std::vector<std::string>& words) {
   std::string prompt;
   if (words.empty() || (words.size() == 1 && words[0] == "-")) {
     prompt.assign(std::istreambuf_iterator<char>(std::cin), {});
+    while (!prompt.empty() && (prompt.back() == '\n' || prompt.back() == '\r')) prompt.pop_back();
   } else {
     for (const auto& w : words) prompt += (prompt.empty() ? "" : " ") + w;
   }
