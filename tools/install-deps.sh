@@ -5,7 +5,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libcli11-dev libfmt-dev
+  nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libcli11-dev libfmt-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   curl ca-certificates
 )

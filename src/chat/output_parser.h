@@ -2,11 +2,23 @@
 // one token's text at a time. Holds back text that may be the start of a tag; malformed or
 // truncated XML degrades to content, never a crash.
 //
+// Output grammar (Qwen3.5/3.6):
+//   [<think>] reasoning </think> content (<tool_call> call </tool_call> content)*
+//   call := <function=NAME> (<parameter=KEY>\nVALUE\n</parameter>)* </function>
+//         | {"name": NAME, "arguments": {...}}          (the JSON form older Qwen models use)
+// Reasoning ends at </think> or at a <tool_call>; without in_reasoning the output may still open
+// with <think>. A tool call whose text is not a call degrades to content, raw; so does one left
+// unclosed at finish() unless its </function> was seen.
+//
+// Whitespace: reasoning and content are trimmed at both ends of each segment (the newlines the
+// template puts around </think> and <tool_call> are not text), so trailing whitespace is held
+// until more text follows. The parser also never splits a UTF-8 character across deltas.
+//
 // INTERFACE CONTRACT (the engine and server code against this; implementations may add to it).
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>

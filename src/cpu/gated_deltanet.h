@@ -26,4 +26,13 @@ void gdn_recurrence(const float* q, const float* k, const float* v, const float*
                     int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state, float* out,
                     ThreadPool& pool);
 
+// The same function as gdn_recurrence computed chunk by chunk (the algorithm of the CUDA prefill
+// kernel, src/cuda/gated_deltanet_prefill.cu; the maths is written out in gated_deltanet.cpp).
+// Tokens are taken in chunks of `chunk`; within a chunk everything is matrix products and one
+// triangular solve, the state is carried from chunk to chunk. Equal to gdn_recurrence up to f32
+// rounding for any T >= 1 and any initial state.
+void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state, float* out,
+                 ThreadPool& pool, int64_t chunk = 64);
+
 }  // namespace lilac::cpu

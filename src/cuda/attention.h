@@ -1,0 +1,46 @@
+// Gated full attention on the GPU (MODEL.md section 2 "Full attention"; twin: cpu/attention.cpp).
+// Layouts: qkv projection f32 [T, heads*2*hd + 2*kv_heads*hd] (per head hd query values then hd
+// gate values, then k, then v); q bf16 [T, heads, hd]; gate bf16 [T, heads*hd]; KV cache bf16 per
+// layer [kv_heads, max_ctx, hd]; attention output bf16 [T, heads*hd] = attn * sigmoid(gate). Query
+// head h reads kv head h / (heads / kv_heads). Supported: hd in {64, 128, 256}, heads / kv_heads in
+// {1, 2, 4, 8} (decode: <= 8), rotary_dim even and <= hd.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/common.h"
+
+namespace lilac::cuda {
+
+// RMS-norms q and k per head (scale = the (1 + w) arrays, eps), split-half RoPE on dims [0,
+// rotary_dim) at position *d_pos0 + t (angle = pos * inv_freq[j] in f32, inv_freq [rotary_dim /
+// 2]), writes q and gate, and stores k, v (bf16) at cache rows *d_pos0 + t. The caller keeps
+// *d_pos0 + T <= max_ctx.
+void qk_norm_rope_store(const float* qkv, int T, const int32_t* d_pos0, const float* q_norm,
+                        const float* k_norm, const float* inv_freq, int heads, int kv_heads, int hd,
+                        int rotary_dim, float eps, bf16* q, bf16* gate, bf16* k_cache,
+                        bf16* v_cache, int max_ctx, cudaStream_t stream);
+
+// Decode splits the context into a fixed number of ranges (fixed per (kv_heads, max_ctx) and
+// device: graph-safe); the workspace holds their partial results.
+int attention_decode_splits(int kv_heads, int max_ctx);
+size_t attention_decode_workspace_floats(int heads, int kv_heads, int hd, int max_ctx);
+
+// One query (q, gate [heads*hd]) at position *d_pos0 over cache rows [0, *d_pos0] (the new key and
+// value already stored): split-K flash decoding, then a combine kernel writes out [heads*hd] bf16.
+// `partial` has attention_decode_workspace_floats(...) floats (no initialisation needed).
+void attention_decode(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
+                      const int32_t* d_pos0, int heads, int kv_heads, int hd, int max_ctx,
+                      float* partial, bf16* out, cudaStream_t stream);
+
+// Causal flash attention for T queries (q, gate [T, heads*hd]) at positions pos0..pos0+T-1 over
+// cache rows [0, pos0 + T) (this chunk's keys already stored), GQA, softmax scale hd^-0.5; out [T,
+// heads*hd].
+void attention_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
+                       int pos0, int T, int heads, int kv_heads, int hd, int max_ctx, bf16* out,
+                       cudaStream_t stream);
+
+}  // namespace lilac::cuda

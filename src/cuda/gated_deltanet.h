@@ -1,0 +1,45 @@
+// Gated DeltaNet on the GPU (MODEL.md section 2 "Gated DeltaNet"; twin: cpu/gated_deltanet.cpp).
+// Input: the fused in_proj output, f32 per token [C + Hv*Dv + 2*Hv] = qkv (C = 2*Hk*Dk + Hv*Dv:
+// q [Hk, Dk], k [Hk, Dk], v [Hv, Dv]), z [Hv, Dv], b [Hv], a [Hv]. conv_taps [C, K] f32; conv_state
+// [K-1, C] f32 (oldest row first); recurrent state [Hv, Dk, Dv] f32; norm_scale [Dv] (plain w);
+// output bf16 [T, Hv*Dv] = w * rmsnorm(o) * silu(z) per value head. Value head v reads key head
+// v / (Hv / Hk). Supported: Dk in {32, 64, 128}, Dv a multiple of 32, Hv a multiple of Hk; conv
+// kernel K in 2..4 (decode) / 1..8 (prefill). Both launchers throw lilac::Error on other shapes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/common.h"
+
+namespace lilac::cuda {
+
+// Decode workspace: per-layer-independent scratch (reusable by every layer, one launch at a time
+// on a stream). It holds counters that must be ZERO before the first launch: allocate it once,
+// call gdn_decode_workspace_init once, and the kernels leave the counters at zero again.
+size_t gdn_decode_workspace_floats(int Hk, int Hv, int Dv);
+void gdn_decode_workspace_init(float* workspace, int Hk, int Hv, int Dv, cudaStream_t stream);
+
+// One token, fused: conv update + SiLU, l2norm of q (x Dk^-0.5) and k (eps 1e-6), beta =
+// sigmoid(b), g = neg_exp_A * softplus(a + dt_bias), the delta-rule update of `state` and its
+// output, and the gated RMS norm (eps) into out [Hv*Dv] bf16. conv_state and state are updated in
+// place.
+void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
+                const float* neg_exp_A, const float* dt_bias, const float* norm_scale, float* state,
+                int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
+                cudaStream_t stream);
+
+// Prefill workspace for T tokens (no initialisation needed).
+size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv);
+
+// T >= 1 tokens, proj [T, C + Hv*Dv + 2*Hv]: causal conv over T continuing conv_state (updated to
+// the last K-1 pre-conv rows), the chunked delta rule (chunks of 64) continuing `state` (updated to
+// the state after token T-1), the gated norm; out [T, Hv*Dv] bf16. Four launches.
+void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
+                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
+                 float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
+                 bf16* out, cudaStream_t stream);
+
+}  // namespace lilac::cuda

@@ -1,0 +1,373 @@
+// GPU attention kernels against the CPU twin (cpu/attention.cpp composed as cpu_backend.cpp does):
+// qk_norm_rope_store, attention_decode, attention_prefill, and a prefill + decode chain. Real
+// shapes (heads 16, kv 2, hd 256, R 64) and tiny-a shapes (heads 4, kv 2, hd 64, R 16).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu/attention.h"
+#include "cpu/norm.h"
+#include "cuda/attention.h"
+#include "cuda_test_util.h"
+#include "util/thread_pool.h"
+
+namespace lilac::test {
+namespace {
+
+struct AttnDims {
+  const char* name;
+  int heads, kv, hd, R;
+};
+constexpr AttnDims kReal{"real", 16, 2, 256, 64};
+constexpr AttnDims kTiny{"tiny", 4, 2, 64, 16};
+constexpr float kTheta = 1e7f, kEps = 1e-6f;
+
+int qkv_len(const AttnDims& d) {
+  return d.heads * 2 * d.hd + 2 * d.kv * d.hd;
+}
+
+ThreadPool& pool() {
+  static ThreadPool p(0);
+  return p;
+}
+
+std::vector<float> bf16_round(std::vector<float> v) {
+  for (auto& x : v) x = round_to_bf16(x);
+  return v;
+}
+
+double rms(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double(x) * x;
+  return std::sqrt(s / double(std::max<size_t>(1, v.size())));
+}
+
+// CPU twin of qk_norm_rope_store: from qkv [T, qkv_len] to q [T, heads, hd], gate [T, heads*hd],
+// k, v [T, kv, hd] (f32).
+struct QkvOut {
+  std::vector<float> q, gate, k, v;
+};
+QkvOut cpu_qk_norm_rope(const std::vector<float>& qkv, int T, int pos0, const AttnDims& d,
+                        const std::vector<float>& q_norm, const std::vector<float>& k_norm,
+                        const std::vector<float>& inv_freq) {
+  const int P = qkv_len(d), hd = d.hd, QG = d.heads * 2 * hd, KV = d.kv * hd;
+  std::vector<float> qg(size_t(T) * QG);
+  QkvOut r;
+  r.q.resize(size_t(T) * d.heads * hd);
+  r.gate.resize(r.q.size());
+  r.k.resize(size_t(T) * KV);
+  r.v.resize(r.k.size());
+  for (int t = 0; t < T; ++t) {
+    const float* row = &qkv[size_t(t) * P];
+    std::copy(row, row + QG, &qg[size_t(t) * QG]);
+    std::copy(row + QG, row + QG + KV, &r.k[size_t(t) * KV]);
+    std::copy(row + QG + KV, row + QG + 2 * KV, &r.v[size_t(t) * KV]);
+  }
+  cpu::split_query_gate(qg.data(), T, d.heads, hd, r.q.data(), r.gate.data());
+  for (int i = 0; i < T * d.heads; ++i)
+    cpu::rms_norm(&r.q[size_t(i) * hd], q_norm.data(), hd, kEps, &r.q[size_t(i) * hd]);
+  for (int i = 0; i < T * d.kv; ++i)
+    cpu::rms_norm(&r.k[size_t(i) * hd], k_norm.data(), hd, kEps, &r.k[size_t(i) * hd]);
+  cpu::rope(r.q.data(), T, d.heads, hd, d.R, pos0, inv_freq.data());
+  cpu::rope(r.k.data(), T, d.kv, hd, d.R, pos0, inv_freq.data());
+  return r;
+}
+
+// GPU cache [kv][max_ctx][hd] (bf16 bits) <-> CPU cache [ctx][kv][hd] (f32).
+std::vector<float> cpu_cache_from_gpu(const std::vector<uint16_t>& bits, const AttnDims& d,
+                                      int max_ctx, int ctx) {
+  std::vector<float> c(size_t(ctx) * d.kv * d.hd);
+  for (int p = 0; p < ctx; ++p)
+    for (int h = 0; h < d.kv; ++h)
+      for (int i = 0; i < d.hd; ++i)
+        c[(size_t(p) * d.kv + h) * d.hd + i] =
+            bf16_to_f32(bits[(size_t(h) * max_ctx + p) * d.hd + i]);
+  return c;
+}
+
+// A random cache: rows < valid random N(0, 1) bf16, rows >= valid NaN (must never be read).
+std::vector<uint16_t> random_cache(const AttnDims& d, int max_ctx, int valid, uint32_t seed) {
+  std::vector<float> f = random_floats(size_t(d.kv) * valid * d.hd, 1.f, seed);
+  const std::vector<uint16_t> vb = to_bf16_rounding(f);
+  std::vector<uint16_t> bits(size_t(d.kv) * max_ctx * d.hd, 0xffff);
+  for (int h = 0; h < d.kv; ++h)
+    std::copy(vb.begin() + ptrdiff_t(size_t(h) * valid * d.hd),
+              vb.begin() + ptrdiff_t(size_t(h + 1) * valid * d.hd),
+              bits.begin() + ptrdiff_t(size_t(h) * max_ctx * d.hd));
+  return bits;
+}
+
+// CPU reference of the gated attention output [T, heads*hd] for bf16 q, gate and cache.
+std::vector<float> cpu_gated_attention(const std::vector<float>& q, const std::vector<float>& gate,
+                                       const std::vector<float>& kc, const std::vector<float>& vc,
+                                       int pos0, int T, const AttnDims& d) {
+  std::vector<float> o(size_t(T) * d.heads * d.hd);
+  cpu::attention(q.data(), kc.data(), vc.data(), pos0, T, d.heads, d.kv, d.hd, o.data(), pool());
+  for (size_t i = 0; i < o.size(); ++i) o[i] *= cpu::sigmoid(gate[i]);
+  return o;
+}
+
+// Attention outputs, compared row by row (one query head of one token): P is rounded to bf16 on
+// the tensor cores (relative 2^-9 per weight: an error of ~1e-3 of the row's rms after averaging
+// over the keys, ~5e-3 at the tail of thousands of elements) and the output is bf16 (2^-8 of the
+// value at most). A CPU emulation of exactly these roundings (64-key tiles, exp2, bf16 P and
+// output) reached 0.67 of the 1.5e-2 rule at T 1000 / pos0 1000 and n 40000. A row's tolerance is
+// 2e-2 * rms(row) + 1e-2 * |value|: one key too many or too few changes a row by ~1/sqrt(e * keys)
+// of its rms, caught for the short rows of every case.
+::testing::AssertionResult attn_close(const std::vector<float>& got, const std::vector<float>& want,
+                                      int hd, const std::string& what) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure()
+           << what << ": size " << got.size() << " vs " << want.size();
+  for (size_t r = 0; r * size_t(hd) < want.size(); ++r) {
+    const std::vector<float> g(got.begin() + ptrdiff_t(r * hd),
+                               got.begin() + ptrdiff_t((r + 1) * hd));
+    const std::vector<float> w(want.begin() + ptrdiff_t(r * hd),
+                               want.begin() + ptrdiff_t((r + 1) * hd));
+    auto res = all_close(g, w, 2e-2 * rms(w) + 1e-6, 1e-2,
+                         what + " row " + std::to_string(r) + " (token * heads + head)");
+    if (!res) return res;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::string label(const AttnDims& d, const char* what, int a, int b) {
+  return std::string(d.name) + " " + what + " " + std::to_string(a) + "/" + std::to_string(b);
+}
+
+// ---- qk_norm_rope_store
+// --------------------------------------------------------------------------
+
+struct RopeCase {
+  AttnDims d;
+  int T, pos0;
+};
+
+class QkNormRopeStore : public ::testing::TestWithParam<RopeCase> {};
+
+TEST_P(QkNormRopeStore, MatchesCpu) {
+  LILAC_REQUIRE_GPU();
+  const auto [d, T, pos0] = GetParam();
+  const int max_ctx = pos0 + T + 3, P = qkv_len(d);
+  const uint32_t seed = uint32_t(T * 7919 + pos0 * 31 + d.hd);
+  std::vector<float> qkv = random_floats(size_t(T) * P, 1.f, seed);
+  std::vector<float> q_norm = random_floats(size_t(d.hd), 0.1f, seed + 1),
+                     k_norm = random_floats(size_t(d.hd), 0.1f, seed + 2);
+  for (auto& x : q_norm) x += 1.f;
+  for (auto& x : k_norm) x += 1.f;
+  const std::vector<float> inv = cpu::rope_inv_freq(kTheta, d.R);
+  // Caches start with random contents everywhere: rows outside [pos0, pos0 + T) must keep them.
+  std::vector<float> kc0 = random_floats(size_t(d.kv) * max_ctx * d.hd, 1.f, seed + 3),
+                     vc0 = random_floats(kc0.size(), 1.f, seed + 4);
+  const std::vector<uint16_t> kbits = to_bf16_rounding(kc0), vbits = to_bf16_rounding(vc0);
+
+  auto d_qkv = upload(qkv);
+  auto d_qn = upload(q_norm), d_kn = upload(k_norm), d_inv = upload(inv);
+  auto d_pos = upload(std::vector<int32_t>{pos0});
+  auto d_kc = upload_bf16(kbits), d_vc = upload_bf16(vbits);
+  cuda::DeviceBuffer<cuda::bf16> d_q(size_t(T) * d.heads * d.hd),
+      d_gate(size_t(T) * d.heads * d.hd);
+  poison(d_q);
+  poison(d_gate);
+  cuda::qk_norm_rope_store(d_qkv.get(), T, d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(),
+                           d.heads, d.kv, d.hd, d.R, kEps, d_q.get(), d_gate.get(), d_kc.get(),
+                           d_vc.get(), max_ctx, nullptr);
+  const auto q = download_bf16_as_f32(d_q), gate = download_bf16_as_f32(d_gate);
+  const auto kc = download_bf16_as_f32(d_kc), vc = download_bf16_as_f32(d_vc);
+
+  const QkvOut want = cpu_qk_norm_rope(qkv, T, pos0, d, q_norm, k_norm, inv);
+  std::vector<float> want_kc = kc0, want_vc = vc0;  // already bf16-rounded
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < d.kv; ++h)
+      for (int i = 0; i < d.hd; ++i) {
+        want_kc[(size_t(h) * max_ctx + pos0 + t) * d.hd + i] =
+            want.k[(size_t(t) * d.kv + h) * d.hd + i];
+        want_vc[(size_t(h) * max_ctx + pos0 + t) * d.hd + i] =
+            want.v[(size_t(t) * d.kv + h) * d.hd + i];
+      }
+  // bf16 outputs of f32 values: half an ulp (2^-9 relative) plus f32 noise of rsqrt and sincos.
+  const std::string l = label(d, "T/pos0", T, pos0);
+  EXPECT_TRUE(all_close(q, want.q, 1e-4, 6e-3, l + " q"));
+  EXPECT_TRUE(all_close(gate, want.gate, 1e-6, 4e-3, l + " gate"));
+  EXPECT_TRUE(all_close(kc, want_kc, 1e-4, 6e-3, l + " k cache"));
+  EXPECT_TRUE(all_close(vc, want_vc, 1e-6, 4e-3, l + " v cache"));
+}
+
+std::vector<RopeCase> rope_cases() {
+  std::vector<RopeCase> c;
+  for (const AttnDims& d : {kReal, kTiny})
+    for (int T : {1, 3, 17, 200})
+      for (int pos0 : {0, 5, 1000}) c.push_back({d, T, pos0});
+  c.push_back({kTiny, 2, 131000});  // large angles (the slow path of sincosf)
+  return c;
+}
+std::string rope_name(const ::testing::TestParamInfo<RopeCase>& i) {
+  return std::string(i.param.d.name) + "_T" + std::to_string(i.param.T) + "_pos" +
+         std::to_string(i.param.pos0);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, QkNormRopeStore, ::testing::ValuesIn(rope_cases()), rope_name);
+
+// ---- attention_decode ---------------------------------------------------------------------------
+
+struct DecodeCase {
+  AttnDims d;
+  int n;        // keys: the query sits at position n - 1
+  int max_ctx;  // 0: n + 5
+};
+
+class AttentionDecode : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(AttentionDecode, MatchesCpu) {
+  LILAC_REQUIRE_GPU();
+  const auto [d, n, ctx] = GetParam();
+  const int max_ctx = ctx ? ctx : n + 5;  // a large max_ctx: many splits, most of them empty
+  const uint32_t seed = uint32_t(n * 131 + d.hd);
+  const std::vector<uint16_t> kbits = random_cache(d, max_ctx, n, seed),
+                              vbits = random_cache(d, max_ctx, n, seed + 1);
+  std::vector<float> q = random_floats(size_t(d.heads) * d.hd, 1.f, seed + 2),
+                     gate = random_floats(q.size(), 1.f, seed + 3);
+  const auto qbits = to_bf16_rounding(q), gbits = to_bf16_rounding(gate);
+
+  auto d_q = upload_bf16(qbits), d_gate = upload_bf16(gbits), d_kc = upload_bf16(kbits),
+       d_vc = upload_bf16(vbits);
+  auto d_pos = upload(std::vector<int32_t>{n - 1});
+  cuda::DeviceBuffer<float> ws(
+      cuda::attention_decode_workspace_floats(d.heads, d.kv, d.hd, max_ctx));
+  cuda::DeviceBuffer<cuda::bf16> d_out(size_t(d.heads) * d.hd);
+  poison(ws);
+  poison(d_out);
+  cuda::attention_decode(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), d_pos.get(), d.heads,
+                         d.kv, d.hd, max_ctx, ws.get(), d_out.get(), nullptr);
+  const auto out = download_bf16_as_f32(d_out);
+
+  const auto want = cpu_gated_attention(q, gate, cpu_cache_from_gpu(kbits, d, max_ctx, n),
+                                        cpu_cache_from_gpu(vbits, d, max_ctx, n), n - 1, 1, d);
+  EXPECT_TRUE(
+      attn_close(out, want, d.hd,
+                 label(d, "decode n/splits", n, cuda::attention_decode_splits(d.kv, max_ctx))));
+}
+
+std::vector<DecodeCase> decode_cases() {
+  std::vector<DecodeCase> c;
+  for (const AttnDims& d : {kReal, kTiny})
+    for (int n : {1, 2, 17, 63, 64, 65, 200, 1000, 4097, 40000}) c.push_back({d, n, 0});
+  for (int n : {1, 300, 5000}) c.push_back({kReal, n, 131072});  // as the engine: fixed capacity
+  return c;
+}
+INSTANTIATE_TEST_SUITE_P(Contexts, AttentionDecode, ::testing::ValuesIn(decode_cases()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& i) {
+                           return std::string(i.param.d.name) + "_n" + std::to_string(i.param.n) +
+                                  (i.param.max_ctx ? "_cap" + std::to_string(i.param.max_ctx) : "");
+                         });
+
+// ---- attention_prefill --------------------------------------------------------------------------
+
+class AttentionPrefill : public ::testing::TestWithParam<RopeCase> {};
+
+TEST_P(AttentionPrefill, MatchesCpu) {
+  LILAC_REQUIRE_GPU();
+  const auto [d, T, pos0] = GetParam();
+  const int n = pos0 + T, max_ctx = n + 7;
+  const uint32_t seed = uint32_t(T * 313 + pos0 * 7 + d.hd);
+  const std::vector<uint16_t> kbits = random_cache(d, max_ctx, n, seed),
+                              vbits = random_cache(d, max_ctx, n, seed + 1);
+  std::vector<float> q = random_floats(size_t(T) * d.heads * d.hd, 1.f, seed + 2),
+                     gate = random_floats(q.size(), 1.f, seed + 3);
+  const auto qbits = to_bf16_rounding(q), gbits = to_bf16_rounding(gate);
+
+  auto d_q = upload_bf16(qbits), d_gate = upload_bf16(gbits), d_kc = upload_bf16(kbits),
+       d_vc = upload_bf16(vbits);
+  cuda::DeviceBuffer<cuda::bf16> d_out(q.size());
+  poison(d_out);
+  cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos0, T, d.heads, d.kv,
+                          d.hd, max_ctx, d_out.get(), nullptr);
+  const auto out = download_bf16_as_f32(d_out);
+
+  const auto want = cpu_gated_attention(q, gate, cpu_cache_from_gpu(kbits, d, max_ctx, n),
+                                        cpu_cache_from_gpu(vbits, d, max_ctx, n), pos0, T, d);
+  EXPECT_TRUE(attn_close(out, want, d.hd, label(d, "prefill T/pos0", T, pos0)));
+}
+
+std::vector<RopeCase> prefill_cases() {
+  std::vector<RopeCase> c;
+  for (const AttnDims& d : {kReal, kTiny})
+    for (int T : {1, 3, 17, 64, 65, 200, 1000})
+      for (int pos0 : {0, 5, 1000}) c.push_back({d, T, pos0});
+  return c;
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionPrefill, ::testing::ValuesIn(prefill_cases()), rope_name);
+
+// ---- the chain: qkv rows -> prefill in two chunks -> 3 decode steps, against the CPU ------------
+
+class AttentionChain : public ::testing::TestWithParam<AttnDims> {};
+
+TEST_P(AttentionChain, PrefillThenDecodeMatchesCpu) {
+  LILAC_REQUIRE_GPU();
+  const AttnDims d = GetParam();
+  const int T1 = 70, T2 = 59, steps = 3, total = T1 + T2 + steps, max_ctx = total + 16,
+            P = qkv_len(d);
+  const uint32_t seed = 4242u + uint32_t(d.hd);
+  const std::vector<float> qkv = random_floats(size_t(total) * P, 1.f, seed);
+  std::vector<float> q_norm = random_floats(size_t(d.hd), 0.1f, seed + 1),
+                     k_norm = random_floats(size_t(d.hd), 0.1f, seed + 2);
+  for (auto& x : q_norm) x += 1.f;
+  for (auto& x : k_norm) x += 1.f;
+  const std::vector<float> inv = cpu::rope_inv_freq(kTheta, d.R);
+
+  auto d_qkv = upload(qkv);
+  auto d_qn = upload(q_norm), d_kn = upload(k_norm), d_inv = upload(inv);
+  cuda::DeviceBuffer<cuda::bf16> d_kc(size_t(d.kv) * max_ctx * d.hd), d_vc(d_kc.size());
+  poison(d_kc);
+  poison(d_vc);
+  cuda::DeviceBuffer<cuda::bf16> d_q(size_t(T1) * d.heads * d.hd), d_gate(d_q.size()),
+      d_out(d_q.size());
+  cuda::DeviceBuffer<float> ws(
+      cuda::attention_decode_workspace_floats(d.heads, d.kv, d.hd, max_ctx));
+  cuda::DeviceBuffer<int32_t> d_pos(1);
+
+  // CPU state: the f32 cache [ctx][kv][hd] holding the bf16-rounded k, v the GPU stores.
+  std::vector<float> kc, vc;
+  int pos = 0;
+  auto step = [&](int T, bool decode) {
+    const std::string l = label(d, decode ? "chain decode at" : "chain prefill at", pos, T);
+    LILAC_CUDA_CHECK(cudaMemcpy(d_pos.get(), &pos, sizeof(int32_t), cudaMemcpyHostToDevice));
+    poison(d_out);
+    const float* rows = d_qkv.get() + size_t(pos) * P;
+    cuda::qk_norm_rope_store(rows, T, d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(), d.heads,
+                             d.kv, d.hd, d.R, kEps, d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(),
+                             max_ctx, nullptr);
+    if (decode)
+      cuda::attention_decode(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), d_pos.get(), d.heads,
+                             d.kv, d.hd, max_ctx, ws.get(), d_out.get(), nullptr);
+    else
+      cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos, T, d.heads,
+                              d.kv, d.hd, max_ctx, d_out.get(), nullptr);
+    std::vector<float> out = download_bf16_as_f32(d_out);
+    out.resize(size_t(T) * d.heads * d.hd);
+
+    const std::vector<float> in(qkv.begin() + ptrdiff_t(size_t(pos) * P),
+                                qkv.begin() + ptrdiff_t(size_t(pos + T) * P));
+    QkvOut r = cpu_qk_norm_rope(in, T, pos, d, q_norm, k_norm, inv);
+    const auto kb = bf16_round(r.k), vb = bf16_round(r.v);
+    kc.insert(kc.end(), kb.begin(), kb.end());
+    vc.insert(vc.end(), vb.begin(), vb.end());
+    const auto want = cpu_gated_attention(bf16_round(r.q), bf16_round(r.gate), kc, vc, pos, T, d);
+    EXPECT_TRUE(attn_close(out, want, d.hd, l));
+    pos += T;
+  };
+  step(T1, false);
+  step(T2, false);
+  for (int i = 0; i < steps; ++i) step(1, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dims, AttentionChain, ::testing::Values(kReal, kTiny),
+                         [](const ::testing::TestParamInfo<AttnDims>& i) {
+                           return std::string(i.param.name);
+                         });
+
+}  // namespace
+}  // namespace lilac::test
