@@ -18,7 +18,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq "${missing[@]}"
 fi
-# Node.js (>= 20) runs the real-client tests (tests/clients); Debian 12's own is 18.
-if ! command -v node >/dev/null 2>&1; then
-  $SUDO apt-get install -y -qq nodejs npm
+# Node.js (>= 18, so Debian 12's own will do) and npm run the real-client tests (tests/clients).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  missing_node=()
+  command -v node >/dev/null 2>&1 || missing_node+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing_node+=(npm)
+  $SUDO apt-get install -y -qq "${missing_node[@]}"
 fi

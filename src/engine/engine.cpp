@@ -55,6 +55,11 @@ size_t Engine::queue_length() const {
   return queue_.size();
 }
 
+bool Engine::busy() const {
+  std::lock_guard lock(mutex_);
+  return running_cancel_ != nullptr;
+}
+
 std::future<GenerationResult> Engine::submit(GenerationRequest request) {
   const int64_t n = int64_t(request.prompt.size());
   if (n == 0) fail("the prompt is empty");
@@ -162,13 +167,26 @@ GenerationResult Engine::run(Job& job) {
   // chunk goes through step(), which samples the first token.
   size_t pos = reused;
   const size_t chunk = size_t(std::max<int64_t>(1, options_.prefill_chunk));
-  while (prompt.size() - pos > chunk) {
+  std::vector<size_t> marks;  // snapshot points still ahead, ascending
+  for (size_t m : rq.snapshot_at)
+    if (m > pos && m < prompt.size()) marks.push_back(m);
+  std::sort(marks.begin(), marks.end());
+  marks.erase(std::unique(marks.begin(), marks.end()), marks.end());
+  size_t mark = 0;
+  while (prompt.size() - pos > chunk || mark < marks.size()) {
     if (is_cancelled()) {
       res.finish = FinishReason::Cancelled;
       return res;
     }
-    backend_.forward(*st, std::span(prompt).subspan(pos, chunk), {}, false);
-    pos += chunk;
+    size_t n = std::min(chunk, prompt.size() - pos);
+    if (mark < marks.size()) n = std::min(n, marks[mark] - pos);
+    if (pos + n >= prompt.size()) break;  // the last piece goes through step()
+    backend_.forward(*st, std::span(prompt).subspan(pos, n), {}, false);
+    pos += n;
+    if (mark < marks.size() && pos == marks[mark]) {
+      cache_.store(*st, std::span(prompt).first(pos));
+      ++mark;
+    }
   }
   if (is_cancelled()) {
     res.finish = FinishReason::Cancelled;

@@ -51,6 +51,10 @@ struct GenerationRequest {
   std::vector<int32_t> stop_ids;          // e.g. the tokenizer's eos ids
   std::vector<std::string> stop_strings;  // matched on the decoded text
   bool skip_special_tokens = false;       // text of special tokens left out of the stream
+  // Prompt lengths after which to keep a snapshot (besides the whole prompt and the answer),
+  // e.g. where the last message starts: a later turn of the same conversation re-renders the
+  // answer differently (reasoning dropped) but still agrees with the prompt up to there.
+  std::vector<size_t> snapshot_at;
   // Called on the engine thread for every token; return false to cancel.
   std::function<bool(const TokenEvent&)> on_token;
   // Set from any thread (client gone, server stopping): the request stops within a step.
@@ -92,6 +96,8 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   Metrics& metrics() { return metrics_; }
   size_t queue_length() const;
+  // A request is running (prefill or decode).
+  bool busy() const;
   Backend& backend() { return backend_; }
 
  private:

@@ -1,0 +1,194 @@
+// `lilac serve`: the OpenAI-compatible HTTP server (docs/api.md). The model is --model DIR, else
+// $LILAC_MODEL, else the newest Qwen3.6-35B-A3B snapshot in the Hugging Face cache, else the
+// bundled demo model. Prints "listening on http://HOST:PORT" once the model is ready; SIGINT /
+// SIGTERM drain: new requests get 503, running ones get --grace seconds, then are cancelled.
+#include <pthread.h>
+#include <signal.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "cli/backends.h"
+#include "cli/command.h"
+#include "server/console.h"
+#include "server/log.h"
+#include "server/model_setup.h"
+#include "server/server.h"
+#include "util/error.h"
+
+namespace lilac::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model, host = "127.0.0.1", api_key, alias, device = "auto", weights = "auto",
+                     log_level = "info";
+  std::string scripted;
+  std::vector<std::string> cors;
+  int port = 8080, queue = 64, threads = 0;
+  int64_t ctx_size = 0, snapshot_mb = 1024, max_body_mb = 16;
+  double grace = 10;
+  bool log_json = false;
+};
+
+// Signals arrive on one thread (sigwait); everything else runs with them blocked.
+struct SignalWaiter {
+  std::mutex mutex;
+  std::condition_variable cv;
+  int signal = 0;
+  std::atomic<bool> ready{false};  // once true, a signal drains instead of exiting at once
+};
+
+int run_serve(const ServeOptions& o) {
+  using namespace lilac::server;
+  Log::configure(parse_log_level(o.log_level), o.log_json);
+  std::string api_key = o.api_key;
+  if (api_key.empty())
+    if (const char* k = std::getenv("LILAC_API_KEY"); k && *k) api_key = k;
+  if (o.snapshot_mb < 0) fail("--snapshot-mb {} must be >= 0", o.snapshot_mb);
+  if (o.max_body_mb < 1) fail("--max-body {} must be at least 1 (MiB)", o.max_body_mb);
+  if (o.grace < 0) fail("--grace {} must be >= 0", o.grace);
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
+    fail("--device {}: expected cuda, cpu or auto", o.device);
+
+  ModelChoice choice = choose_model(o.model);
+  if (choice.demo) Log::warn(demo_warning());
+  if (!o.scripted.empty())
+    Log::warn("TEST-ONLY --scripted: answers come from " + o.scripted + ", not from a model");
+
+  // Block SIGINT / SIGTERM before any thread starts, and wait for them on a dedicated thread.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  auto waiter = std::make_shared<SignalWaiter>();
+  std::thread([waiter, set] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) continue;
+      if (!waiter->ready) {
+        Log::info("interrupted while loading; exiting");
+        std::fflush(nullptr);
+        std::_Exit(0);
+      }
+      {
+        std::lock_guard lock(waiter->mutex);
+        if (waiter->signal) {
+          Log::warn("second signal: exiting now");
+          std::fflush(nullptr);
+          std::_Exit(0);
+        }
+        waiter->signal = sig;
+      }
+      waiter->cv.notify_all();
+    }
+  }).detach();
+
+  ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.api_key = api_key;
+  so.cors_origins = o.cors;
+  so.max_body = size_t(o.max_body_mb) << 20;
+  so.threads = o.threads > 0 ? o.threads : std::max(48, o.queue + 16);
+  Server server(so);
+  server.bind();
+  server.start();
+  Log::info("bound; loading the model (GET /health answers 503 until it is ready)",
+            {{"host", o.host}, {"port", server.port()}, {"model", choice.dir}});
+
+  LoadOptions lo;
+  lo.device = o.device;
+  lo.weights = o.weights;
+  lo.context_size = o.ctx_size;
+  lo.queue_capacity = o.queue;
+  lo.snapshot_bytes = size_t(o.snapshot_mb) << 20;
+  lo.scripted = o.scripted;
+  lo.progress = [](const std::string& line) { Log::info(line); };
+  auto lm = load_for_serving(
+      choice, lo, [](const Model& m, const std::string& d) { return open_backend(m, d); });
+
+  ServingModel sm;
+  sm.engine = lm->engine.get();
+  sm.tokenizer = lm->tokenizer.get();
+  sm.chat_template = lm->chat_template.get();
+  sm.defaults = lm->defaults;
+  sm.model_id = o.alias.empty() ? default_model_id(choice.dir, choice.demo) : o.alias;
+  sm.context_size = lm->engine->options().context_size;
+  server.set_model(sm);
+  waiter->ready = true;
+  const std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
+  Log::info("serving", {{"model", sm.model_id},
+                        {"context", sm.context_size},
+                        {"auth", api_key.empty() ? "off" : "on"}});
+  std::printf("listening on http://%s:%d\n", host.c_str(), server.port());
+  std::fflush(stdout);
+
+  int sig;
+  {
+    std::unique_lock lock(waiter->mutex);
+    waiter->cv.wait(lock, [&] { return waiter->signal != 0; });
+    sig = waiter->signal;
+  }
+  Log::info(fmt::format("{}: shutting down (new requests get 503; {} s for running ones)",
+                        sig == SIGINT ? "SIGINT" : "SIGTERM", o.grace),
+            {{"in_flight", server.in_flight()}});
+  server.drain();
+  if (!server.wait_idle(o.grace)) {
+    Log::warn("grace period over: cancelling the requests still running",
+              {{"in_flight", server.in_flight()}});
+    lm->engine->shutdown();
+    server.wait_idle(5);
+  }
+  lm->engine->shutdown();
+  server.stop();
+  lm.reset();
+  Log::info("stopped");
+  return 0;
+}
+
+const Command kServe{
+    "serve", "Serve the model over an OpenAI-compatible HTTP API", [](CLI::App& app) {
+      auto o = std::make_shared<ServeOptions>();
+      app.add_option(
+          "--model", o->model,
+          "Model directory (else $LILAC_MODEL, the Hugging Face cache, the bundled demo model)");
+      app.add_option("--host", o->host, "Address to listen on")->capture_default_str();
+      app.add_option("--port", o->port, "TCP port (0: any free port)")->capture_default_str();
+      app.add_option(
+          "--api-key", o->api_key,
+          "Require 'Authorization: Bearer KEY' (else $LILAC_API_KEY; /health stays open)");
+      app.add_option("--ctx-size", o->ctx_size,
+                     "Tokens per request, prompt + answer (default: min(32768, the model's))");
+      app.add_option("--alias", o->alias, "The model id the API reports");
+      app.add_option("--device", o->device, "cuda, cpu or auto (cuda when a GPU is present)")
+          ->capture_default_str();
+      app.add_option("--weights", o->weights,
+                     "Weight format to serve: auto, bf16, fp8 or q4 (must match the checkpoint)")
+          ->capture_default_str();
+      app.add_option("--cors-origin", o->cors, "Allowed CORS origin (repeatable; '*' for any)");
+      app.add_option("--log-level", o->log_level, "debug, info, warn, error or off")
+          ->capture_default_str();
+      app.add_flag("--log-json", o->log_json, "Log JSON lines");
+      app.add_option("--queue", o->queue,
+                     "Requests that may wait beyond the running one (then 429)")
+          ->capture_default_str();
+      app.add_option("--snapshot-mb", o->snapshot_mb,
+                     "Memory for prompt-reuse snapshots (MiB; 0: off)")
+          ->capture_default_str();
+      app.add_option("--max-body", o->max_body_mb, "Largest request body (MiB; then 413)")
+          ->capture_default_str();
+      app.add_option("--grace", o->grace, "Seconds running requests get at shutdown")
+          ->capture_default_str();
+      app.add_option("--http-threads", o->threads,
+                     "HTTP worker threads (default: max(48, queue + 16))");
+      app.add_option("--scripted", o->scripted,
+                     "TEST-ONLY: answers come from a JSON script (see "
+                     "src/server/scripted_backend.h), no model runs");
+      return Runner([o] { return run_serve(*o); });
+    }};
+
+}  // namespace
+}  // namespace lilac::cli

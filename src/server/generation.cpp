@@ -1,0 +1,93 @@
+#include "server/generation.h"
+
+namespace lilac::server {
+
+Generation::Generation(Engine& engine, GenerationRequest request, ParseOptions parse)
+    : parse_(std::move(parse)) {
+  cancelled_ = request.cancelled;
+  std::weak_ptr<Channel> weak = channel_;
+  request.on_token = [weak](const TokenEvent& ev) {
+    auto ch = weak.lock();
+    if (!ch) return false;  // the consumer is gone
+    {
+      std::lock_guard lock(ch->mutex);
+      ch->events.push_back(ev);
+    }
+    ch->cv.notify_one();
+    return true;
+  };
+  if (parse_.chat) parser_.emplace(parse_.in_reasoning, parse_.tools);
+  future_ = engine.submit(std::move(request));
+}
+
+Generation::~Generation() {
+  if (!done_) *cancelled_ = true;
+}
+
+void Generation::absorb(const ParsedDelta& d, GenerationChunk& out) {
+  out.reasoning += d.reasoning;
+  out.content += d.content;
+  for (const auto& call : d.tool_calls) {
+    if (parse_.max_tool_calls >= 0 && calls_seen_ >= parse_.max_tool_calls) continue;
+    out.tool_calls.push_back({calls_seen_++, call.second});
+  }
+}
+
+GenerationChunk Generation::next(std::chrono::milliseconds timeout) {
+  GenerationChunk out;
+  if (done_) {
+    out.finished = true;
+    return out;
+  }
+  std::deque<TokenEvent> events;
+  bool finished = false;
+  {
+    std::unique_lock lock(channel_->mutex);
+    if (channel_->events.empty()) {
+      // The engine pushes every event before it completes the future; wake up either way.
+      lock.unlock();
+      finished = future_.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready;
+      lock.lock();
+      if (!finished && channel_->events.empty()) {
+        channel_->cv.wait_for(lock, timeout, [&] { return !channel_->events.empty(); });
+        if (channel_->events.empty()) {
+          lock.unlock();
+          finished = future_.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready;
+          lock.lock();
+        }
+      }
+    }
+    events.swap(channel_->events);
+  }
+  for (auto& ev : events) {
+    if (ev.id >= 0) out.logprobs.push_back({ev.id, ev.logprob, std::move(ev.top_logprobs)});
+    if (ev.text.empty()) continue;
+    if (parser_)
+      absorb(parser_->push(ev.text), out);
+    else
+      out.content += ev.text;
+  }
+  if (finished) {
+    result_ = future_.get();
+    if (parser_) absorb(parser_->finish(), out);
+    done_ = true;
+    out.finished = true;
+  }
+  return out;
+}
+
+bool prompt_opens_reasoning(const std::string& prompt) {
+  const size_t open = prompt.rfind("<think>");
+  if (open == std::string::npos) return false;
+  return prompt.find("</think>", open) == std::string::npos;
+}
+
+size_t last_turn_start(const std::vector<int32_t>& prompt, const Tokenizer& tokenizer) {
+  auto im_start = tokenizer.token_id("<|im_start|>");
+  if (!im_start) return 0;
+  for (size_t i = prompt.size(); i-- > 0;)
+    if (prompt[i] == *im_start) return i;
+  return 0;
+}
+
+}  // namespace lilac::server

@@ -1,0 +1,204 @@
+#include "server/model_setup.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "server/scripted_backend.h"
+#include "util/error.h"
+
+namespace fs = std::filesystem;
+
+namespace lilac::server {
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : "";
+}
+
+bool has_config(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / "config.json", ec);
+}
+
+std::string self_exe_dir() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? "" : p.parent_path().string();
+}
+
+}  // namespace
+
+std::string hf_hub_cache() {
+  if (auto v = env("HF_HUB_CACHE"); !v.empty()) return v;
+  if (auto v = env("HF_HOME"); !v.empty()) return (fs::path(v) / "hub").string();
+  if (auto v = env("HOME"); !v.empty())
+    return (fs::path(v) / ".cache" / "huggingface" / "hub").string();
+  return "";
+}
+
+std::string find_hf_snapshot(const std::string& hub_dir) {
+  if (hub_dir.empty()) return "";
+  static const char* kRepos[] = {"models--Qwen--Qwen3.6-35B-A3B",
+                                 "models--Qwen--Qwen3.6-35B-A3B-FP8",
+                                 "models--mlx-community--Qwen3.6-35B-A3B-4bit"};
+  std::string best;
+  fs::file_time_type best_time{};
+  std::error_code ec;
+  for (const char* repo : kRepos) {
+    fs::path snaps = fs::path(hub_dir) / repo / "snapshots";
+    if (!fs::is_directory(snaps, ec)) continue;
+    for (const auto& e : fs::directory_iterator(snaps, ec)) {
+      if (!e.is_directory(ec) || !has_config(e.path())) continue;
+      auto t = fs::last_write_time(e.path(), ec);
+      if (ec) continue;
+      if (best.empty() || t > best_time) best = e.path().string(), best_time = t;
+    }
+  }
+  return best;
+}
+
+std::string find_demo_model() {
+  std::vector<fs::path> candidates;
+  if (auto exe = self_exe_dir(); !exe.empty()) {
+    candidates.push_back(fs::path(exe) / ".." / ".." / "models" / "demo");  // build/<preset>/lilac
+    candidates.push_back(fs::path(exe) / ".." / "share" / "lilac" / "models" /
+                         "demo");  // <prefix>/bin
+    candidates.push_back(fs::path(exe) / "models" / "demo");
+  }
+#ifdef LILAC_SOURCE_DIR
+  candidates.push_back(fs::path(LILAC_SOURCE_DIR) / "models" / "demo");
+#endif
+  for (const auto& c : candidates)
+    if (has_config(c)) {
+      std::error_code ec;
+      auto canon = fs::canonical(c, ec);
+      return ec ? c.string() : canon.string();
+    }
+  return "";
+}
+
+bool is_demo_model(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(dir) / "DEMO.md", ec);
+}
+
+ModelChoice choose_model(const std::string& flag) {
+  ModelChoice c;
+  if (!flag.empty()) {
+    c.dir = flag;
+    c.source = ModelSource::Flag;
+  } else if (auto e = env("LILAC_MODEL"); !e.empty()) {
+    c.dir = e;
+    c.source = ModelSource::Env;
+  } else if (auto s = find_hf_snapshot(hf_hub_cache()); !s.empty()) {
+    c.dir = s;
+    c.source = ModelSource::HfCache;
+  } else if (auto d = find_demo_model(); !d.empty()) {
+    c.dir = d;
+    c.source = ModelSource::Demo;
+  } else {
+    fail(
+        "no model: give --model DIR (or set LILAC_MODEL); no Qwen3.6-35B-A3B snapshot is in the "
+        "Hugging Face "
+        "cache ({}) and the bundled demo model (models/demo) was not found",
+        hf_hub_cache());
+  }
+  if (!has_config(c.dir)) fail("{}: not a model directory (no config.json)", c.dir);
+  c.demo = is_demo_model(c.dir);
+  return c;
+}
+
+SamplingParams load_generation_defaults(const std::string& dir) {
+  SamplingParams p;
+  std::ifstream in(fs::path(dir) / "generation_config.json");
+  if (!in) return p;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (!j.is_object()) fail("{}/generation_config.json: not a JSON object", dir);
+  auto num = [&](const char* key, auto& field) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    if (!j[key].is_number()) fail("{}/generation_config.json: {} is not a number", dir, key);
+    field = j[key].get<std::remove_reference_t<decltype(field)>>();
+  };
+  num("temperature", p.temperature);
+  num("top_p", p.top_p);
+  num("top_k", p.top_k);
+  num("min_p", p.min_p);
+  num("presence_penalty", p.presence_penalty);
+  num("frequency_penalty", p.frequency_penalty);
+  num("repetition_penalty", p.repetition_penalty);
+  if (j.contains("do_sample") && j["do_sample"].is_boolean() && !j["do_sample"].get<bool>())
+    p.temperature = 0;
+  return p;
+}
+
+LoadedModel::~LoadedModel() {
+  if (engine) engine->shutdown();
+  engine.reset();  // joins the worker before the backend goes away
+}
+
+std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const LoadOptions& o,
+                                              const BackendFactory& open_backend) {
+  auto say = [&](const std::string& s) {
+    if (o.progress) o.progress(s);
+  };
+  if (o.weights != "auto" && o.weights != "bf16" && o.weights != "fp8" && o.weights != "q4")
+    fail("--weights {}: expected auto, bf16, fp8 or q4", o.weights);
+  auto lm = std::make_unique<LoadedModel>();
+  lm->choice = choice;
+  const auto t0 = std::chrono::steady_clock::now();
+  say("loading tokenizer and chat template from " + choice.dir);
+  lm->tokenizer = Tokenizer::from_model_dir(choice.dir);
+  lm->chat_template = ChatTemplate::from_model_dir(choice.dir);
+  lm->defaults = load_generation_defaults(choice.dir);
+  say("loading weights from " + choice.dir);
+  lm->model = load_model(choice.dir);
+  const std::string fmt_name = format_name(lm->model->checkpoint->format());
+  const std::string wanted = o.weights == "q4" ? "mlx-4bit" : o.weights;
+  if (o.weights != "auto" && wanted != fmt_name)
+    fail(
+        "--weights {}: the checkpoint in {} holds {} weights, and lilac serves a checkpoint in the "
+        "format it was "
+        "saved in (convert it first; `lilac quantize` makes q4)",
+        o.weights, choice.dir, fmt_name);
+  if (!o.scripted.empty()) {
+    say("TEST-ONLY: scripted backend from " + o.scripted +
+        " (no model runs; outputs come from the script)");
+    lm->backend =
+        std::make_unique<ScriptedBackend>(lm->model->config, *lm->tokenizer,
+                                          ScriptedBackend::load_script(o.scripted, *lm->tokenizer));
+  } else {
+    say("starting the " + o.device + " backend");
+    lm->backend = open_backend(*lm->model, o.device);
+  }
+  EngineOptions eo;
+  const int64_t max_pos = lm->model->config.max_position_embeddings;
+  eo.context_size =
+      o.context_size > 0 ? o.context_size : std::min<int64_t>(32768, max_pos > 0 ? max_pos : 32768);
+  if (max_pos > 0 && eo.context_size > max_pos)
+    fail("--ctx-size {} is larger than the model's max_position_embeddings ({})", eo.context_size,
+         max_pos);
+  if (eo.context_size < 16) fail("--ctx-size {} is too small (at least 16)", eo.context_size);
+  if (o.queue_capacity < 1) fail("--queue {} must be at least 1", o.queue_capacity);
+  eo.queue_capacity = o.queue_capacity;
+  eo.snapshot_budget = o.snapshot_bytes;
+  lm->engine = std::make_unique<Engine>(*lm->backend, *lm->tokenizer, eo);
+  say("warming up");
+  lm->engine->warm_up();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  lm->description = fmt::format("{} ({}, {}) on {}", choice.dir, lm->model->config.summary(),
+                                fmt_name, lm->backend->device_description());
+  say(fmt::format("model ready in {:.1f} s: {}", secs, lm->description));
+  return lm;
+}
+
+}  // namespace lilac::server

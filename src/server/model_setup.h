@@ -1,0 +1,79 @@
+// Everything `serve`, `run` and `chat` need before the first request: which model directory to
+// use (--model, LILAC_MODEL, the Hugging Face cache, the bundled demo model), the loaded weights,
+// backend, tokenizer, chat template, sampling defaults, and the engine.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chat/chat_template.h"
+#include "cpu/sampling.h"
+#include "engine/engine.h"
+#include "io/checkpoint.h"
+#include "model/backend.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lilac::server {
+
+// Where a model directory came from (for the start-up message).
+enum class ModelSource { Flag, Env, HfCache, Demo };
+
+struct ModelChoice {
+  std::string dir;
+  ModelSource source = ModelSource::Flag;
+  bool demo = false;  // the bundled demo model (random weights)
+};
+
+// The Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.
+std::string hf_hub_cache();
+// The newest snapshot (by modification time) with a config.json among the Qwen3.6-35B-A3B repos
+// (Qwen/Qwen3.6-35B-A3B, Qwen/Qwen3.6-35B-A3B-FP8, mlx-community/Qwen3.6-35B-A3B-4bit); "" if none.
+std::string find_hf_snapshot(const std::string& hub_dir);
+// The bundled demo model's directory ("" if not found): next to the binary's source tree
+// (build/<preset>/lilac -> models/demo), an install prefix (bin/lilac -> share/lilac/models/demo),
+// or the source directory this binary was built from.
+std::string find_demo_model();
+// --model, else LILAC_MODEL, else the HF cache, else the demo model. Throws lilac::Error when
+// nothing is found.
+ModelChoice choose_model(const std::string& flag);
+// True when `dir` is (a copy of) the demo model: models/demo or a directory with DEMO.md.
+bool is_demo_model(const std::string& dir);
+
+// Sampling defaults from DIR/generation_config.json (temperature, top_p, top_k, min_p,
+// presence/frequency/repetition penalties; do_sample false -> greedy); SamplingParams' own
+// defaults for what it lacks.
+SamplingParams load_generation_defaults(const std::string& dir);
+
+struct LoadOptions {
+  std::string device = "auto";   // cpu | cuda | auto
+  std::string weights = "auto";  // auto | bf16 (validated against the checkpoint)
+  int64_t context_size = 0;      // 0: min(32768, max_position_embeddings)
+  int queue_capacity = 64;
+  size_t snapshot_bytes = size_t(1) << 30;
+  std::string scripted;  // TEST-ONLY: a script file for ScriptedBackend instead of the model
+  std::function<void(const std::string&)> progress;  // log lines while loading
+};
+
+// A loaded model with its engine. Members are declared in destruction-safe order.
+struct LoadedModel {
+  ModelChoice choice;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatTemplate> chat_template;
+  SamplingParams defaults;
+  std::unique_ptr<Engine> engine;
+  std::string description;  // "DIR on cpu: 16 threads"
+  ~LoadedModel();
+};
+
+// Loads everything and warms the engine up. `open_backend` constructs the backend for a model
+// (cli::open_backend; the server library does not depend on the CLI).
+using BackendFactory =
+    std::function<std::unique_ptr<Backend>(const Model&, const std::string& device)>;
+std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const LoadOptions& options,
+                                              const BackendFactory& open_backend);
+
+}  // namespace lilac::server

@@ -1,0 +1,82 @@
+// The OpenAI-compatible HTTP server (cpp-httplib): /v1/chat/completions, /v1/completions,
+// /v1/models, /health, /metrics, /tokenize, /detokenize, /apply-template. See docs/api.md.
+// It listens before the model is ready (/health says 503 "loading" meanwhile), refuses new work
+// with 503 while shutting down, and never lets one request's failure affect the next.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chat/chat_template.h"
+#include "cpu/sampling.h"
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace httplib {
+class Server;
+class Request;
+class Response;
+}  // namespace httplib
+
+namespace lilac::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                        // 0: any free port (see Server::port())
+  std::string api_key;                    // empty: no authentication
+  std::vector<std::string> cors_origins;  // allowed Origins, or "*"
+  size_t max_body = 16 << 20;             // bytes; larger bodies get 413
+  int threads = 0;  // HTTP worker threads (0: queue capacity + 16, at least 32)
+};
+
+// The model the server talks to (owned elsewhere; must outlive the server's use of it).
+struct ServingModel {
+  Engine* engine = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;
+  SamplingParams defaults;
+  std::string model_id;  // the `model` the API reports
+  int64_t context_size = 0;
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the listening socket; throws lilac::Error when it cannot (port in use, bad host).
+  void bind();
+  int port() const { return port_; }
+  // Serves on a background thread (after bind()).
+  void start();
+  // From now on the generation endpoints work and /health says 200.
+  void set_model(const ServingModel& model);
+  // Graceful stop, step 1: new requests get 503; running ones go on.
+  void drain();
+  // Waits until no generation is in flight or `seconds` pass; true when idle.
+  bool wait_idle(double seconds) const;
+  size_t in_flight() const;
+  // Closes the listener and joins the serving thread (call after the engine stopped).
+  void stop();
+
+  struct Impl;  // private to the server's sources (server_impl.h)
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  ServerOptions options_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// The model id to report for a directory: "Org/Name" for a Hugging Face snapshot, "lilac-demo"
+// for the demo model, else the directory's name.
+std::string default_model_id(const std::string& dir, bool demo);
+
+}  // namespace lilac::server

@@ -1,0 +1,87 @@
+// `lilac run`, `chat` and `serve` as a user runs them (the demo model, errors, exit codes).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+
+#include "../test_data.h"
+
+namespace lilac::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Run {
+  int status;
+  std::string output;
+};
+
+// Runs a shell command; the output is stdout and stderr, or stdout alone.
+Run sh(const std::string& cmd, bool with_stderr = true) {
+  FILE* p = popen((cmd + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
+  Run r{-1, ""};
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const std::string kLilac = LILAC_BINARY;
+std::string demo() {
+  return data_root() + "/../../models/demo";
+}
+
+TEST(CliRun, AnswersOnePromptOnTheDemoModel) {
+  const std::string flags =
+      " --model " + demo() + " --device cpu --max-tokens 6 --seed 5 --no-think";
+  auto r = sh(kLilac + " run" + flags + " 'Hello there'");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("RANDOM weights"));
+  // The answer alone (stdout): the same seed and prompt, from the arguments or from stdin, give
+  // the same text.
+  auto a = sh(kLilac + " run -q" + flags + " 'Hello there'", false);
+  auto b = sh("echo 'Hello there' | " + kLilac + " run -q" + flags, false);
+  EXPECT_EQ(a.status, 0);
+  EXPECT_EQ(b.status, 0);
+  EXPECT_FALSE(a.output.empty());
+  EXPECT_EQ(a.output, b.output);
+}
+
+TEST(CliRun, Errors) {
+  auto empty = sh("printf '' | " + kLilac + " run --model " + demo());
+  EXPECT_EQ(empty.status, 1);
+  EXPECT_THAT(empty.output, HasSubstr("the prompt is empty"));
+  auto missing = sh(kLilac + " run --model /nonexistent/model hi");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_THAT(missing.output, HasSubstr("/nonexistent/model"));
+}
+
+TEST(CliChat, HistoryResetAndExit) {
+  auto r = sh("printf 'hi\\n/help\\n/reset\\nagain\\n/bogus\\n/exit\\nnever\\n' | " + kLilac +
+              " chat -q --model " + demo() + " --device cpu --max-tokens 4 --seed 1");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(new conversation)"));
+  EXPECT_THAT(r.output, HasSubstr("unknown command /bogus"));
+  EXPECT_THAT(r.output, HasSubstr("commands: /reset"));
+}
+
+TEST(CliServe, RefusesBadFlagsBeforeServing) {
+  auto w = sh(kLilac + " serve --model " + demo() + " --port 0 --weights q4");
+  EXPECT_EQ(w.status, 1);
+  EXPECT_THAT(w.output, HasSubstr("--weights q4"));
+  auto d = sh(kLilac + " serve --model " + demo() + " --port 0 --device tpu");
+  EXPECT_EQ(d.status, 1);
+  EXPECT_THAT(d.output, HasSubstr("--device tpu"));
+  auto l = sh(kLilac + " serve --model " + demo() + " --port 0 --log-level loud");
+  EXPECT_EQ(l.status, 1);
+  EXPECT_THAT(l.output, HasSubstr("unknown log level"));
+  auto p = sh(kLilac + " serve --model " + demo() + " --port 70000");
+  EXPECT_EQ(p.status, 1);
+}
+
+}  // namespace
+}  // namespace lilac::test
