@@ -6,6 +6,7 @@
 #include "server/log.h"
 #include "server/request.h"
 #include "server/server_impl.h"
+#include "util/version.h"
 
 namespace lilac::server {
 
@@ -18,7 +19,7 @@ constexpr auto kPoll = std::chrono::milliseconds(100);
 // After this long without a write, a heartbeat is written (an SSE comment, or a space before the
 // JSON body): a write is the only way httplib lets a handler notice that the client left.
 constexpr auto kHeartbeat = std::chrono::milliseconds(200);
-const char* kFingerprint = "lilac-" LILAC_VERSION;
+const std::string kFingerprint = std::string("lilac-") + version() + "-" + git_commit();
 
 // A request ready to run, plus what its responses need.
 struct Job {
