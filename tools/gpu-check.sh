@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,me
 git log -1 --format='commit %H %s' >>"$OUT/summary.txt" 2>/dev/null || true
 for s in $steps; do
   case $s in
-    tests) run gpu-tests 300 "$B/lilac_cuda_tests" --gtest_brief=1 ;;
+    tests) run gpu-tests 240 "$B/lilac_cuda_tests" --gtest_brief=1 ;;
     logits)
       for m in tiny-a tiny-a-per-expert; do
         run "logits-$m" 60 "$B/lilac" logits --model "tests/data/$m" --prompt-from tests/data/tiny-a/reference.safetensors \
@@ -40,7 +40,7 @@ for s in $steps; do
       run logits-chunked 60 "$B/lilac" logits --model tests/data/tiny-a --prompt-from tests/data/tiny-a/reference.safetensors \
         --decode 16 --device cuda --rope-freq-bf16 --prefill-chunk 7 --compare tests/data/tiny-a/reference.safetensors --atol 5e-2 ;;
     kernels)
-      for b in $(cd "$B" && ls -d lilac_cuda_bench_* 2>/dev/null); do run "$b" 150 "$B/$b"; done ;;
+      for b in $(cd "$B" && ls -d lilac_cuda_bench_* 2>/dev/null); do run "$b" 90 "$B/$b"; done ;;
     bench) run bench 540 "$B/lilac" bench --synthetic --json "$OUT/bench.json" ;;
     bench-short) run bench 240 "$B/lilac" bench --synthetic --lengths 256,4096,32768 --rounds 1 --json "$OUT/bench.json" ;;
     tokenizer)
