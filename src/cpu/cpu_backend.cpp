@@ -62,6 +62,10 @@ void CpuBackend::full_attention(int64_t layer, const float* x, int64_t T, CpuSeq
   for (int64_t i = 0; i < T * kvh; ++i) rms_norm(&k[size_t(i * hd)], a.k_norm_scale.data(), hd, cfg_.rms_eps, &k[size_t(i * hd)]);
   rope(q.data(), T, nh, hd, cfg_.rotary_dim, pos0, inv_freq_.data());
   rope(k.data(), T, kvh, hd, cfg_.rotary_dim, pos0, inv_freq_.data());
+  round_bf16(q.data(), q.size());
+  round_bf16(gate.data(), gate.size());
+  round_bf16(k.data(), k.size());
+  round_bf16(v.data(), v.size());
   emit(p + "q", q.data(), {T, nh, hd});
   emit(p + "k", k.data(), {T, kvh, hd});
   emit(p + "v", v.data(), {T, kvh, hd});
@@ -76,6 +80,7 @@ void CpuBackend::full_attention(int64_t layer, const float* x, int64_t T, CpuSeq
   std::vector<float> o(size_t(T * nh * hd));
   attention(q.data(), kc.data(), vc.data(), pos0, T, nh, kvh, hd, o.data(), pool_);
   for (size_t i = 0; i < o.size(); ++i) o[i] *= sigmoid(gate[i]);
+  round_bf16(o.data(), o.size());
   emit(p + "gated", o.data(), {T, nh * hd});
   matmul(a.o_proj, o.data(), T, nh * hd, out, H, pool_);
 }
@@ -121,6 +126,7 @@ void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSeq
   for (int64_t i = 0; i < T * Hv; ++i)
     gated_rms_norm(&core[size_t(i * Dv)], &z[size_t(i * Dv)], g.norm_scale.data(), Dv, cfg_.rms_eps,
                    &core[size_t(i * Dv)]);
+  round_bf16(core.data(), core.size());
   emit(p + "normed", core.data(), {T, Hv * Dv});
   matmul(g.out_proj, core.data(), T, Hv * Dv, out, H, pool_);
 }
@@ -147,13 +153,16 @@ void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids, std
     const LayerWeights& L = w_.layers[size_t(i)];
     for (int64_t t = 0; t < T; ++t)
       rms_norm(&h[size_t(t * H)], L.input_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
+    round_bf16(xn.data(), xn.size());
     if (L.type == LayerType::FullAttention) full_attention(i, xn.data(), T, st, mix.data());
     else gated_deltanet(i, xn.data(), T, st, mix.data());
     emit(fmt::format("layer{}.mixer_out", i), mix.data(), {T, H});
     for (size_t j = 0; j < h.size(); ++j) h[j] += mix[j];
     for (int64_t t = 0; t < T; ++t)
       rms_norm(&h[size_t(t * H)], L.post_attention_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
-    moe_forward(L.moe, cfg_, xn.data(), T, mix.data(), pool_, trace_ ? &trace_ : nullptr, fmt::format("layer{}.moe", i));
+    round_bf16(xn.data(), xn.size());
+    moe_forward(L.moe, cfg_, xn.data(), T, mix.data(), pool_, trace_ ? &trace_ : nullptr, fmt::format("layer{}.moe", i),
+                bf16_activations_);
     emit(fmt::format("layer{}.moe_out", i), mix.data(), {T, H});
     for (size_t j = 0; j < h.size(); ++j) h[j] += mix[j];
     emit(fmt::format("hidden.{}", i + 1), h.data(), {T, H});
@@ -164,6 +173,7 @@ void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids, std
   const float* rows = &h[size_t((T - n_out) * H)];
   for (int64_t t = 0; t < n_out; ++t)
     rms_norm(rows + t * H, w_.final_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
+  round_bf16(xn.data(), size_t(n_out * H));
   emit("final_norm", xn.data(), {n_out, H});
   matmul(w_.lm_head, xn.data(), n_out, H, logits.data(), V, pool_);
   emit("logits", logits.data(), {n_out, V});

@@ -8,6 +8,7 @@
 
 #include "model/backend.h"
 #include "model/weights.h"
+#include "util/half.h"
 #include "util/thread_pool.h"
 
 namespace lilac::cpu {
@@ -36,6 +37,12 @@ class CpuBackend : public Backend {
   std::unique_ptr<SequenceState> clone(const SequenceState& state) override;
   size_t state_bytes(const SequenceState& state) const override;
 
+  // Round activations to bf16 wherever the CUDA backend stores them in bf16 (normed inputs of
+  // every projection, mixer outputs, q / gate / k / v, expert activations), so GPU-vs-CPU checks
+  // at full size compare the same function: with random routers, f32 vs bf16 inputs can flip a
+  // top-k choice and make an honest comparison look like a bug. Off by default (the reference).
+  void set_bf16_activations(bool on) { bf16_activations_ = on; }
+
  private:
   void full_attention(int64_t layer, const float* x, int64_t T, CpuSequenceState& st, float* out);
   void gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSequenceState& st, float* out);
@@ -47,6 +54,11 @@ class CpuBackend : public Backend {
   const ModelWeights& w_;
   ThreadPool& pool_;
   std::vector<float> inv_freq_;
+  bool bf16_activations_ = false;
+  void round_bf16(float* x, size_t n) const {
+    if (bf16_activations_)
+      for (size_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);
+  }
 };
 
 }  // namespace lilac::cpu

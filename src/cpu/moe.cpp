@@ -7,6 +7,7 @@
 
 #include "cpu/linear.h"
 #include "cpu/norm.h"
+#include "util/half.h"
 
 namespace lilac::cpu {
 
@@ -65,7 +66,11 @@ void moe_token_down(const MoeWeights& w, const float* act, const int32_t* idx, c
 }
 
 void moe_forward(const MoeWeights& w, const ModelConfig& cfg, const float* x, int64_t T, float* out,
-                 ThreadPool& pool, const TraceFn* trace, const std::string& trace_prefix) {
+                 ThreadPool& pool, const TraceFn* trace, const std::string& trace_prefix, bool round_act_bf16) {
+  auto round_act = [&](std::vector<float>& v, int64_t n) {
+    if (round_act_bf16)
+      for (int64_t i = 0; i < n; ++i) v[size_t(i)] = round_to_bf16(v[size_t(i)]);
+  };
   const int64_t H = cfg.hidden, E = cfg.experts, K = cfg.experts_per_token;
   const int64_t I = cfg.expert_intermediate, Is = cfg.shared_intermediate;
 
@@ -101,6 +106,7 @@ void moe_forward(const MoeWeights& w, const ModelConfig& cfg, const float* x, in
     matmul(ex.gate, xe.data(), n, H, g.data(), I, pool);
     matmul(ex.up, xe.data(), n, H, u.data(), I, pool);
     swiglu(g.data(), u.data(), n * I);
+    round_act(g, n * I);
     matmul(ex.down, g.data(), n, I, d.data(), H, pool);
     for (int64_t i = 0; i < n; ++i) {
       float* o = out + list[size_t(i)].first * H;
@@ -118,6 +124,7 @@ void moe_forward(const MoeWeights& w, const ModelConfig& cfg, const float* x, in
   matmul(w.shared_gate, x, T, H, g.data(), Is, pool);
   matmul(w.shared_up, x, T, H, u.data(), Is, pool);
   swiglu(g.data(), u.data(), T * Is);
+  round_act(g, T * Is);
   matmul(w.shared_down, g.data(), T, Is, d.data(), H, pool);
   matmul(w.shared_expert_gate, x, T, H, sg.data(), 1, pool);
   for (int64_t t = 0; t < T; ++t) {

@@ -32,7 +32,10 @@ void moe_token_down(const MoeWeights& w, const float* act, const int32_t* idx, c
 //            + sigmoid(shared_expert_gate x) * shared_down(silu(shared_gate x) * shared_up x).
 // Tokens are grouped by expert so each expert's weights are read once per call. `trace_prefix`
 // names the intermediates ("layer3.moe") when trace is set.
+// round_act_bf16: round the expert activations silu(gate) * up to bf16 before the down
+// projection, as the CUDA kernels store them (CpuBackend::set_bf16_activations).
 void moe_forward(const MoeWeights& w, const ModelConfig& cfg, const float* x, int64_t T, float* out,
-                 ThreadPool& pool, const TraceFn* trace, const std::string& trace_prefix);
+                 ThreadPool& pool, const TraceFn* trace, const std::string& trace_prefix,
+                 bool round_act_bf16 = false);
 
 }  // namespace lilac::cpu

@@ -185,3 +185,26 @@ TEST(CpuBackendRope, F32InvFreqDiffersOnlyThroughRotation) {
 
 }  // namespace
 }  // namespace lilac::test
+
+namespace lilac::test {
+namespace {
+
+// bf16 activation rounding (the GPU's precision) stays within the fixture's bf16 tolerance and
+// really changes the numbers (so the switch is wired).
+TEST(CpuBackendBf16, ActivationRoundingMatchesTheFixtureLoosely) {
+  auto m = load_model(data_path("tiny-a"));
+  m->config.rope_inv_freq_bf16 = true;
+  cpu::CpuBackend exact(m->config, m->weights), rounded(m->config, m->weights);
+  rounded.set_bf16_activations(true);
+  const auto& r = ref();
+  std::vector<float> a(r.prompt.size() * 512), b(r.prompt.size() * 512);
+  auto sa = exact.new_sequence(64), sb = rounded.new_sequence(64);
+  exact.forward(*sa, r.prompt, a, true);
+  rounded.forward(*sb, r.prompt, b, true);
+  double err = max_abs_diff(b.data(), r.prefill_logits.data(), b.size()).first;
+  EXPECT_LT(err, 5e-2);
+  EXPECT_GT(max_abs_diff(a.data(), b.data(), a.size()).first, 1e-4);
+}
+
+}  // namespace
+}  // namespace lilac::test

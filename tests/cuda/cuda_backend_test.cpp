@@ -125,6 +125,9 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   const uint64_t seed = 5;
   auto host = cuda::synthetic_host_model(cfg, seed, layers);
   cpu::CpuBackend cpu_backend(host->config, host->weights);
+  // The same bf16 roundings as the GPU: otherwise a router top-k choice with a tiny margin can
+  // differ between f32 and bf16 inputs (random routers have many) and no tolerance is honest.
+  cpu_backend.set_bf16_activations(true);
   auto gpu_backend = cuda::CudaBackend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed)));
   std::vector<int32_t> prompt = {17, 248044, 9, 100000, 3, 77777, 12345, 5};
   std::map<std::string, std::vector<float>> cpu_trace, gpu_trace;
@@ -148,10 +151,10 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
     std::string name = "hidden." + std::to_string(i);
     ASSERT_TRUE(gpu_trace.count(name)) << name;
     auto [rel, mx] = rel_and_max(gpu_trace[name], cpu_trace[name]);
-    EXPECT_LT(rel, 2e-2) << name << " (max abs " << mx << ")";
+    EXPECT_LT(rel, 1e-2) << name << " (max abs " << mx << ")";
   }
   auto [rel, mx] = rel_and_max(gpu_logits, cpu_logits);
-  EXPECT_LT(rel, 3e-2) << "logits (max abs " << mx << ")";
+  EXPECT_LT(rel, 2e-2) << "logits (max abs " << mx << ")";
   // One decode step through the graph path as well.
   cpu_backend.set_trace(nullptr);
   gpu_backend.set_trace(nullptr);
@@ -159,7 +162,7 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   cpu_backend.forward(*cs, std::span(&t, 1), cpu_logits, false);
   gpu_backend.forward(*gs, std::span(&t, 1), gpu_logits, false);
   auto [rel2, mx2] = rel_and_max(gpu_logits, cpu_logits);
-  EXPECT_LT(rel2, 3e-2) << "decode logits (max abs " << mx2 << ")";
+  EXPECT_LT(rel2, 2e-2) << "decode logits (max abs " << mx2 << ")";
 }
 
 TEST(CudaBackend, SyntheticGreedyDecodeIsDeterministic) {
