@@ -1,6 +1,7 @@
 #include "cli/backends.h"
 
 #include "cpu/cpu_backend.h"
+#include "io/quantize.h"
 #include "util/error.h"
 // The CUDA backend's assembly lands after its kernels; until then a CUDA build offers cpu only.
 #if defined(LILAC_HAVE_CUDA) && __has_include("cuda/cuda_backend.h")
@@ -22,6 +23,10 @@ std::unique_ptr<Backend> open_backend(const Model& model, const std::string& dev
   std::string d = device == "auto" ? (cuda_available() ? "cuda" : "cpu") : device;
   if (d == "cpu") return std::make_unique<cpu::CpuBackend>(model.config, model.weights);
   if (d == "cuda") {
+    if (has_quantized_weights(model.weights))
+      fail(
+          "--device cuda: the CUDA backend has no 4-bit kernels yet (issue 6); run quantized "
+          "weights with --device cpu");
 #ifdef LILAC_CUDA_BACKEND
     if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
     return cuda::make_cuda_backend(model);
