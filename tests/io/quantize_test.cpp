@@ -231,6 +231,8 @@ TEST_F(QuantizeTinyA, DequantizedWeightsStayWithinMlxBoundsOfTheOriginal) {
     for (size_t j = 0; j < lq.input_norm_scale.size(); ++j)
       EXPECT_EQ(lq.input_norm_scale[j], round_to_bf16(lb.input_norm_scale[j]));
   }
+  std::printf("%lld weights checked, %.2f%% inside their group's grid\n", (long long)checked,
+              100.0 * double(inside) / double(checked));
   EXPECT_GT(checked, 1900000);
   EXPECT_GT(double(inside) / double(checked),
             0.95);  // clipping: at most the far extreme of a group
