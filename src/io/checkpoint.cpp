@@ -308,8 +308,9 @@ ModelWeights bind_weights(const Checkpoint& ck, const ModelConfig& cfg, LoadRepo
   if (ck.format() == WeightFormat::MLX4) return bind_weights_mlx(ck, cfg, rep);
   ModelWeights w;
   if (ck.format() != WeightFormat::BF16) {
-    rep.problems.push_back(fmt::format("{}: {} checkpoints are not supported by this build yet", ck.dir(),
-                                       format_name(ck.format())));
+    rep.problems.push_back(fmt::format("{}: {} checkpoints are not loaded for inference; convert it with "
+                                       "`lilac quantize --model {} --out DIR` (MLX 4-bit)",
+                                       ck.dir(), format_name(ck.format()), ck.dir()));
     return w;
   }
   Binder b(ck, rep);

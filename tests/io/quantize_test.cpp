@@ -311,6 +311,8 @@ TEST(QuantizeFp8, MatchesItsBf16Equivalent) {
   });
   fp8.write(t.str("fp8"));
   bf16.write(t.str("bf16"));
+  EXPECT_THAT(load_error(t.str("fp8")),
+              HasSubstr("convert it with `lilac quantize"));  // not loaded directly
   auto s = quantize_dir(t.str("fp8"), t.str("fp8-q4"));
   EXPECT_EQ(s.input_format, WeightFormat::FP8);
   quantize_dir(t.str("bf16"), t.str("bf16-q4"));
