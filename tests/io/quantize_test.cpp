@@ -10,6 +10,7 @@
 #include <set>
 
 #include "../test_data.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/linear.h"
 #include "io/mlx_affine.h"
 #include "quant_test_util.h"
@@ -323,7 +324,14 @@ TEST(QuantizeFp8, MatchesItsBf16Equivalent) {
   auto config = nlohmann::json::parse(slurp_file(t.str("fp8-q4/config.json")));
   EXPECT_EQ(config["quantization_config"]["bits"], 4);  // the FP8 block replaced
   EXPECT_FALSE(config["quantization_config"].contains("quant_method"));
-  EXPECT_EQ(load_model(t.str("fp8-q4"))->checkpoint->format(), WeightFormat::MLX4);
+  auto model = load_model(t.str("fp8-q4"));
+  EXPECT_EQ(model->checkpoint->format(), WeightFormat::MLX4);
+  cpu::CpuBackend backend(model->config, model->weights);  // and it runs
+  auto seq = backend.new_sequence(8);
+  std::vector<int32_t> ids = {1, 17, 300};
+  std::vector<float> logits(3 * 512);
+  backend.forward(*seq, ids, logits, true);
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 
   // A missing or misshapen scale_inv is refused, naming the tensor.
   const std::string gone = "model.language_model.layers.1.mlp.experts.3.up_proj.weight_scale_inv";
