@@ -1,6 +1,7 @@
 #include "cli/backends.h"
 
 #include "cpu/cpu_backend.h"
+#include "io/quantize.h"
 #include "util/error.h"
 #ifdef LILAC_HAVE_CUDA
 #include "cuda/cuda_backend.h"
@@ -17,9 +18,14 @@ bool cuda_available() {
 }
 
 std::unique_ptr<Backend> open_backend(const Model& model, const std::string& device) {
-  std::string d = device == "auto" ? (cuda_available() ? "cuda" : "cpu") : device;
+  // auto: the GPU when there is one and it can run these weights (no 4-bit kernels yet).
+  std::string d = device == "auto" ? (cuda_available() && !has_quantized_weights(model.weights) ? "cuda" : "cpu") : device;
   if (d == "cpu") return std::make_unique<cpu::CpuBackend>(model.config, model.weights);
   if (d == "cuda") {
+    if (has_quantized_weights(model.weights))
+      fail(
+          "--device cuda: the CUDA backend has no 4-bit kernels yet (issue 6); run quantized "
+          "weights with --device cpu");
 #ifdef LILAC_HAVE_CUDA
     if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
     return cuda::make_cuda_backend(model);

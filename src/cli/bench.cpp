@@ -7,6 +7,7 @@
 #include "cli/backends.h"
 #include "cli/command.h"
 #include "io/checkpoint.h"
+#include "io/quantize.h"
 #include "model/qwen36.h"
 #include "util/error.h"
 #include "util/version.h"
@@ -44,7 +45,7 @@ int run_bench_cli(const BenchCliOptions& o) {
   if (o.rounds < 1 || o.decode < 1) fail("--rounds and --decode must be >= 1");
   std::unique_ptr<Model> model;
   std::unique_ptr<Backend> backend;
-  std::string model_name;
+  std::string model_name, weights = o.weights;
   BenchOptions bo;
   if (o.synthetic) {
     backend = open_synthetic_backend(o.device, o.weights, o.seed);
@@ -52,6 +53,10 @@ int run_bench_cli(const BenchCliOptions& o) {
     bo.n_real_tokens = kQwen36RealTokens;
   } else {
     model = load_model(o.model);
+    // q4 on a float checkpoint quantizes it in memory as `lilac quantize` would; a quantized
+    // checkpoint is q4 whatever the flag says.
+    if (o.weights == "q4" && !has_quantized_weights(model->weights)) quantize_model_in_memory(*model);
+    if (has_quantized_weights(model->weights)) weights = "q4";
     backend = open_backend(*model, o.device);
     model_name = o.model;
   }
@@ -59,7 +64,7 @@ int run_bench_cli(const BenchCliOptions& o) {
   bo.rounds = o.rounds;
   bo.decode_steps = o.decode;
   bo.prefill_chunk = o.prefill_chunk;
-  bo.bytes_per_weight = o.weights == "q4" ? 4.5 / 8 : 2.0;
+  bo.bytes_per_weight = weights == "q4" ? 4.5 / 8 : 2.0;
   bo.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   std::fprintf(stderr, "bench: %s on %s\n", model_name.c_str(), backend->device_description().c_str());
   auto rows = run_bench(*backend, bo);
@@ -70,7 +75,7 @@ int run_bench_cli(const BenchCliOptions& o) {
                              {"commit", git_commit()},
                              {"gpu", backend->device_description()},
                              {"device", backend->name()},
-                             {"weights", o.weights},
+                             {"weights", weights},
                              {"model", model_name},
                              {"rounds", o.rounds},
                              {"decode_steps", o.decode},

@@ -32,6 +32,7 @@ int run_inspect(const std::string& dir) {
               double(ck->total_bytes()) / 1e9);
   std::printf("format:   %s\n", format_name(ck->format()).c_str());
   std::printf("experts:  %s\n", layout_name(rep.layout).c_str());
+  if (!rep.quantization.empty()) std::printf("quant:    %s\n", rep.quantization.c_str());
   std::printf("weights:  %lld tensors bound, %.3f B parameters, %.3f GB\n", (long long)rep.tensors_used,
               double(rep.parameters) / 1e9, double(rep.bytes) / 1e9);
   int64_t kv_per_token = cfg.count_layers(LayerType::FullAttention) * 2 * cfg.kv_dim() * 2;

@@ -11,6 +11,7 @@
 #include "cli/backends.h"
 #include "cli/command.h"
 #include "io/checkpoint.h"
+#include "io/quantize.h"
 #include "io/safetensors.h"
 #include "util/error.h"
 #include "util/version.h"
@@ -19,10 +20,11 @@ namespace lilac::cli {
 namespace {
 
 struct LogitsOptions {
-  std::string model, prompt_from, prompt_ids, out, compare, dump_trace, device = "cpu";
+  std::string model, prompt_from, prompt_ids, out, compare, dump_trace, device = "cpu", weights;
   int decode = 0;
   int prefill_chunk = 0;
   bool rope_freq_bf16 = false;
+  bool teacher_force = false;
   double atol = 1e-3;
 };
 
@@ -45,8 +47,9 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 
 int32_t argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
 
-int compare_with(const std::string& path, const std::vector<int32_t>& prompt, const std::vector<float>& prefill,
-                 const std::vector<int32_t>& ids, const std::vector<float>& decode, double atol) {
+int compare_with(const std::string& path, const std::vector<int32_t>& prompt,
+                 const std::vector<float>& prefill, const std::vector<int32_t>& ids,
+                 const std::vector<float>& decode, double atol, int64_t vocab) {
   auto ref = SafetensorsFile::open(path);
   bool ok = true;
   auto cmp = [&](const char* name, const std::vector<float>& got) {
@@ -69,6 +72,30 @@ int compare_with(const std::string& path, const std::vector<int32_t>& prompt, co
     bool pass = max_err <= atol;
     ok = ok && pass;
     std::printf("%-16s max abs err %.3e at %zu (atol %.1e)  %s\n", name, max_err, where, atol, pass ? "ok" : "FAIL");
+    // Distribution agreement per row of V logits: same argmax, and KL(reference || this) in nats.
+    const size_t V = size_t(vocab), rows = V ? got.size() / V : 0;
+    if (rows == 0) return;
+    size_t agree = 0;
+    double kl_sum = 0, kl_max = 0;
+    for (size_t r = 0; r < rows; ++r) {
+      const float* g = &got[r * V];
+      const float* w = &want[r * V];
+      agree += std::max_element(g, g + V) - g == std::max_element(w, w + V) - w;
+      const double mg = *std::max_element(g, g + V), mw = *std::max_element(w, w + V);
+      double zg = 0, zw = 0;
+      for (size_t i = 0; i < V; ++i)
+        zg += std::exp(double(g[i]) - mg), zw += std::exp(double(w[i]) - mw);
+      double kl = 0;
+      for (size_t i = 0; i < V; ++i) {
+        const double lw = double(w[i]) - mw - std::log(zw), lg = double(g[i]) - mg - std::log(zg);
+        kl += std::exp(lw) * (lw - lg);
+      }
+      kl_sum += kl;
+      kl_max = std::max(kl_max, kl);
+    }
+    std::printf(
+        "%-16s top-1 agreement %zu/%zu (%.1f%%), KL(reference || this) mean %.4g max %.4g nats\n",
+        "", agree, rows, 100.0 * double(agree) / double(rows), kl_sum / double(rows), kl_max);
   };
   if (ref->find("prompt_ids") && read_i32(*ref, "prompt_ids") != prompt)
     std::printf("note: prompt_ids differ from the reference's\n");
@@ -97,9 +124,25 @@ int run_logits(const LogitsOptions& o) {
   else fail("give --prompt-from FILE or --prompt-ids 1,2,3");
   if (prompt.empty()) fail("the prompt is empty");
   if (o.decode < 0) fail("--decode must be >= 0");
+  if (!o.weights.empty() && o.weights != "q4" && o.weights != "bf16")
+    fail("--weights must be bf16 or q4, not '{}'", o.weights);
+  // Teacher forcing: decode feeds the reference's decode_ids, so every logits row is comparable.
+  std::vector<int32_t> forced;
+  if (o.teacher_force) {
+    if (o.compare.empty()) fail("--teacher-force needs --compare REF (its decode_ids are fed)");
+    forced = read_i32(*SafetensorsFile::open(o.compare), "decode_ids");
+    if (int64_t(forced.size()) < o.decode)
+      fail("--teacher-force: {} holds {} decode_ids, fewer than --decode {}", o.compare,
+           forced.size(), o.decode);
+  }
 
   auto model = load_model(o.model);
   model->config.rope_inv_freq_bf16 = o.rope_freq_bf16;
+  const bool quantized = has_quantized_weights(model->weights);
+  if (o.weights == "q4" && !quantized)
+    quantize_model_in_memory(*model);
+  else if (o.weights == "bf16" && quantized)
+    fail("--weights bf16: {} holds quantized weights ({})", o.model, model->report.quantization);
   auto backend = open_backend(*model, o.device);
   const int64_t V = model->config.vocab, T = int64_t(prompt.size());
   auto seq = backend->new_sequence(T + o.decode + 1);
@@ -129,11 +172,12 @@ int run_logits(const LogitsOptions& o) {
   }
   std::vector<int32_t> ids;
   std::vector<float> decode(size_t(o.decode) * size_t(V));
-  if (o.decode > 0) ids.push_back(argmax(&prefill[size_t((T - 1) * V)], V));
+  if (o.decode > 0)
+    ids.push_back(forced.empty() ? argmax(&prefill[size_t((T - 1) * V)], V) : forced[0]);
   for (int j = 0; j < o.decode; ++j) {
     float* out = &decode[size_t(j) * size_t(V)];
     backend->forward(*seq, std::span(&ids[size_t(j)], 1), std::span(out, size_t(V)), false);
-    if (j + 1 < o.decode) ids.push_back(argmax(out, V));
+    if (j + 1 < o.decode) ids.push_back(forced.empty() ? argmax(out, V) : forced[size_t(j) + 1]);
   }
 
   if (!o.out.empty()) {
@@ -149,7 +193,7 @@ int run_logits(const LogitsOptions& o) {
     std::fprintf(stderr, "wrote %s (%lld prompt tokens, %d decoded, device %s)\n", o.out.c_str(), (long long)T,
                  o.decode, backend->name().c_str());
   }
-  if (!o.compare.empty()) return compare_with(o.compare, prompt, prefill, ids, decode, o.atol);
+  if (!o.compare.empty()) return compare_with(o.compare, prompt, prefill, ids, decode, o.atol, V);
   return 0;
 }
 
@@ -169,6 +213,13 @@ const Command kLogits{
       app.add_flag("--rope-freq-bf16", o->rope_freq_bf16,
                    "Round RoPE inv_freq to bf16, as the HF fixtures do (docs/model-notes.md)");
       app.add_option("--prefill-chunk", o->prefill_chunk, "Feed the prompt in chunks of this many tokens");
+      app.add_flag("--teacher-force", o->teacher_force,
+                   "Decode feeds the --compare file's decode_ids instead of the argmax (for "
+                   "weight-format quality)");
+      app.add_option("--weights", o->weights,
+                     "bf16: the checkpoint's float weights; q4: MLX affine 4-bit (a float "
+                     "checkpoint is quantized in memory at load, as `lilac quantize` would); "
+                     "default: as stored");
       return Runner([o] { return run_logits(*o); });
     }};
 

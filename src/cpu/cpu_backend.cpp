@@ -146,7 +146,8 @@ void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids, std
     if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
 
   std::vector<float> h(size_t(T * H)), xn(size_t(T * H)), mix(size_t(T * H));
-  for (int64_t t = 0; t < T; ++t) widen_row(w_.embed.row(ids[size_t(t)]), w_.embed.dtype, H, &h[size_t(t * H)]);
+  for (int64_t t = 0; t < T; ++t)
+    widen_row(w_.embed, ids[size_t(t)], &h[size_t(t * H)]);  // dequantises one row when quantized
   emit("hidden.0", h.data(), {T, H});
 
   for (int64_t i = 0; i < cfg_.layers; ++i) {

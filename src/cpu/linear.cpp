@@ -1,10 +1,16 @@
 #include "cpu/linear.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "util/half.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LILAC_X86 1
+#endif
 
 namespace lilac::cpu {
 
@@ -40,6 +46,87 @@ __attribute__((target_clones("arch=haswell", "default"))) void widen_row(const v
   }
 }
 
+void dequantize_row_scalar(const void* codes, const uint16_t* scales, const uint16_t* biases,
+                           int bits, int group_size, int64_t n, float* dst) {
+  const uint8_t* c = static_cast<const uint8_t*>(codes);
+  const uint32_t mask = (1u << bits) - 1u;
+  const int per_word = 32 / bits;
+  for (int64_t g = 0; g < n / group_size; ++g) {
+    const float s = bf16_to_f32(scales[g]), b = bf16_to_f32(biases[g]);
+    for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) {
+      uint32_t word;
+      std::memcpy(&word, c + 4 * (k / per_word), 4);  // little-endian words, maybe unaligned
+      const uint32_t q = (word >> (bits * int(k % per_word))) & mask;
+      dst[k] = std::fma(s, float(q), b);
+    }
+  }
+}
+
+#ifdef LILAC_X86
+namespace {
+
+// 8 elements per step: a 4-bit word is broadcast and shifted lane-wise by 0, 4, ..., 28; an 8-bit
+// pair of words is 8 bytes widened with vpmovzxbd. Integers up to 255 convert to f32 exactly and
+// vfmadd rounds once, like std::fma in the scalar path.
+__attribute__((target("avx2,fma"))) void dequantize_row_avx2(const void* codes,
+                                                             const uint16_t* scales,
+                                                             const uint16_t* biases, int bits,
+                                                             int group_size, int64_t n,
+                                                             float* dst) {
+  const uint8_t* c = static_cast<const uint8_t*>(codes);
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i nibble = _mm256_set1_epi32(15);
+  for (int64_t g = 0; g < n / group_size; ++g) {
+    const __m256 s = _mm256_set1_ps(bf16_to_f32(scales[g]));
+    const __m256 b = _mm256_set1_ps(bf16_to_f32(biases[g]));
+    for (int64_t k = g * group_size; k < (g + 1) * group_size; k += 8) {
+      __m256i q;
+      if (bits == 4) {
+        int32_t word;
+        std::memcpy(&word, c + k / 2, 4);
+        q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts), nibble);
+      } else {
+        int64_t eight;
+        std::memcpy(&eight, c + k, 8);
+        q = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight));
+      }
+      _mm256_storeu_ps(dst + k, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(q), b));
+    }
+  }
+}
+
+bool cpu_has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+}  // namespace
+#endif
+
+bool dequantize_row_vectorised() {
+#ifdef LILAC_X86
+  return cpu_has_avx2_fma();
+#else
+  return false;
+#endif
+}
+
+void dequantize_row(const void* codes, const uint16_t* scales, const uint16_t* biases, int bits,
+                    int group_size, int64_t n, float* dst) {
+#ifdef LILAC_X86
+  if (cpu_has_avx2_fma() && group_size % 8 == 0 && (bits == 4 || bits == 8))
+    return dequantize_row_avx2(codes, scales, biases, bits, group_size, n, dst);
+#endif
+  dequantize_row_scalar(codes, scales, biases, bits, group_size, n, dst);
+}
+
+void widen_row(const Matrix& W, int64_t r, float* dst) {
+  if (W.quantized())
+    dequantize_row(W.row(r), W.row_scales(r), W.row_biases(r), W.bits, W.group_size, W.cols, dst);
+  else
+    widen_row(W.row(r), W.dtype, W.cols, dst);
+}
+
 void matmul_rows(const Matrix& W, int64_t row_begin, int64_t row_end, const float* x, int64_t T,
                  int64_t x_stride, float* y, int64_t y_stride, ThreadPool& pool) {
   constexpr int64_t kRowBlock = 8;
@@ -52,7 +139,7 @@ void matmul_rows(const Matrix& W, int64_t row_begin, int64_t row_end, const floa
     for (size_t b = b0; b < b1; ++b) {
       int64_t r0 = row_begin + int64_t(b) * kRowBlock;
       int64_t r1 = std::min(row_end, r0 + kRowBlock);
-      for (int64_t r = r0; r < r1; ++r) widen_row(W.row(r), W.dtype, cols, &wbuf[size_t((r - r0) * cols)]);
+      for (int64_t r = r0; r < r1; ++r) widen_row(W, r, &wbuf[size_t((r - r0) * cols)]);
       for (int64_t t = 0; t < T; ++t) {
         const float* xt = x + t * x_stride;
         float* yt = y + t * y_stride + (r0 - row_begin);

@@ -1,5 +1,6 @@
-// Linear layers on the CPU: y = W x for a batch of T input rows, W [rows, cols] in BF16 / F16 /
-// F32 read in place from the checkpoint, f32 arithmetic.
+// Linear layers on the CPU: y = W x for a batch of T input rows, W [rows, cols] read in place from
+// the checkpoint (BF16 / F16 / F32, or MLX affine 4/8-bit codes dequantised on the fly), f32
+// arithmetic.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,8 @@
 namespace lilac::cpu {
 
 // y[t * y_stride + r] = sum_j W[r, j] * x[t * x_stride + j] for t < T, r < W.rows.
-// Threaded across blocks of rows; each block of W is widened to f32 once and reused for all T rows.
+// Threaded across blocks of rows; each block of W is widened (or dequantised) to f32 once and
+// reused for all T rows.
 void matmul(const Matrix& W, const float* x, int64_t T, int64_t x_stride, float* y, int64_t y_stride,
             ThreadPool& pool);
 
@@ -21,7 +23,22 @@ void matmul_rows(const Matrix& W, int64_t row_begin, int64_t row_end, const floa
 // f32 dot product of n elements (16 independent lanes; vectorised where the CPU allows).
 float dot(const float* a, const float* b, int64_t n);
 
-// Widens n elements of a weight row to f32.
+// Widens n elements of a plain (BF16 / F16 / F32) weight row to f32.
 void widen_row(const void* src, DType dtype, int64_t n, float* dst);
+
+// Row r of W as f32, W.cols values, whatever its storage (plain or quantized).
+void widen_row(const Matrix& W, int64_t r, float* dst);
+
+// Dequantises n elements (whole groups) of one MLX affine-quantized row (layout in weights.h):
+//   dst[k] = fma(bf16(scales[g]), float(q_k), bf16(biases[g])),  g = k / group_size,
+// one f32 rounding per element, so the AVX2 path, the scalar path and a GPU kernel using fmaf all
+// give the same bits. bits is 4 or 8; group_size a multiple of 8.
+void dequantize_row(const void* codes, const uint16_t* scales, const uint16_t* biases, int bits,
+                    int group_size, int64_t n, float* dst);
+// The portable path of dequantize_row (the tests check the vector path against it bit for bit).
+void dequantize_row_scalar(const void* codes, const uint16_t* scales, const uint16_t* biases,
+                           int bits, int group_size, int64_t n, float* dst);
+// True when dequantize_row uses its AVX2/FMA path on this CPU.
+bool dequantize_row_vectorised();
 
 }  // namespace lilac::cpu

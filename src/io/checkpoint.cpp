@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "io/checkpoint_mlx.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -106,11 +107,8 @@ uint64_t Checkpoint::total_bytes() const {
   return n;
 }
 
-namespace {
-
-// Maps a checkpoint name to the text model's canonical name ("layers.3.mlp.gate.weight",
-// "lm_head.weight", "mtp.fc.weight"), or "" for tensors outside the text model (vision).
-std::string canonical_name(const std::string& name) {
+// Maps a checkpoint name to the text model's canonical name (see checkpoint.h).
+std::string canonical_tensor_name(const std::string& name) {
   static const char* kSkip[] = {"model.visual.", "visual.", "vision_tower.", "model.vision_tower."};
   for (const char* s : kSkip)
     if (name.starts_with(s)) return "";
@@ -122,6 +120,8 @@ std::string canonical_name(const std::string& name) {
   return name;
 }
 
+namespace {
+
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string r = "[";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
@@ -132,7 +132,7 @@ class Binder {
  public:
   Binder(const Checkpoint& ck, LoadReport& rep) : rep_(rep) {
     for (const auto& [name, t] : ck.tensors()) {
-      std::string c = canonical_name(name);
+      std::string c = canonical_tensor_name(name);
       if (c.empty()) {
         ++skipped_;
         continue;
@@ -305,10 +305,12 @@ LayerWeights bind_layer(Binder& b, const ModelConfig& cfg, const std::string& p,
 }  // namespace
 
 ModelWeights bind_weights(const Checkpoint& ck, const ModelConfig& cfg, LoadReport& rep) {
+  if (ck.format() == WeightFormat::MLX4) return bind_weights_mlx(ck, cfg, rep);
   ModelWeights w;
   if (ck.format() != WeightFormat::BF16) {
-    rep.problems.push_back(fmt::format("{}: {} checkpoints are not supported by this build yet", ck.dir(),
-                                       format_name(ck.format())));
+    rep.problems.push_back(fmt::format("{}: {} checkpoints are not loaded for inference; convert it with "
+                                       "`lilac quantize --model {} --out DIR` (MLX 4-bit)",
+                                       ck.dir(), format_name(ck.format()), ck.dir()));
     return w;
   }
   Binder b(ck, rep);

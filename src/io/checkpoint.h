@@ -52,10 +52,16 @@ struct LoadReport {
   int64_t tensors_used = 0;
   int64_t parameters = 0;  // language-model parameters bound (MTP included)
   uint64_t bytes = 0;      // bytes of the bound tensors
+  std::string quantization;  // quantized checkpoints: scheme, bits, overrides, bits per weight
 };
 
-// Binds checkpoint tensors to ModelWeights. Problems are collected in `report`; the returned
-// weights are only usable when report.problems is empty.
+// Maps a checkpoint tensor name to the text model's canonical name ("layers.3.mlp.gate.weight",
+// "lm_head.weight", "mtp.fc.weight"), or "" for tensors outside the text model (vision).
+std::string canonical_tensor_name(const std::string& name);
+
+// Binds checkpoint tensors to ModelWeights (BF16/F16/F32 checkpoints here, MLX affine quantized
+// ones in checkpoint_mlx.cpp). Problems are collected in `report`; the returned weights are only
+// usable when report.problems is empty.
 ModelWeights bind_weights(const Checkpoint& ckpt, const ModelConfig& cfg, LoadReport& report);
 
 // A loaded model: config, the open checkpoint (owning the mappings the weights point into), and
@@ -65,6 +71,8 @@ struct Model {
   std::unique_ptr<Checkpoint> checkpoint;
   ModelWeights weights;
   LoadReport report;
+  // Buffers the weights point into besides the mapped files (in-memory quantization).
+  std::vector<std::vector<uint8_t>> owned;
 };
 std::unique_ptr<Model> load_model(const std::string& dir);
 

@@ -43,6 +43,10 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Pointer to a tensor's bytes inside the mapping.
   const uint8_t* data(const TensorInfo& t) const { return data_start_ + t.begin; }
+  // Lets the OS drop the tensor's pages from this process (streaming conversion; see MappedFile).
+  void drop_pages(const TensorInfo& t) const {
+    file_.drop_pages(size_t(data_start_ - file_.data()) + t.begin, t.nbytes());
+  }
 
  private:
   MappedFile file_;

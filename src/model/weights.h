@@ -15,22 +15,45 @@
 
 namespace lilac {
 
-// A row-major weight matrix W [rows, cols] in the checkpoint's dtype (BF16, F16 or F32);
-// a Linear layer computes y = W x. `name` is the checkpoint tensor (for error messages).
+// A row-major weight matrix W [rows, cols]; a Linear layer computes y = W x. `name` is the
+// checkpoint tensor (for error messages). Two storage kinds:
+//  - plain (bits == 0): `data` holds [rows, cols] elements of `dtype` (BF16, F16 or F32);
+//  - MLX affine quantized (bits == 4 or 8, dtype U32): `data` holds the codes, uint32 words
+//    [rows, cols * bits / 32]; within a row, element k sits in word k / (32 / bits) at bits
+//    [bits * (k % (32 / bits)), +bits), little-endian (4-bit: element 8j+i in bits [4i, 4i+4) of
+//    word j). `scales` and `biases` are bf16 [rows, cols / group_size], and
+//    W[r, k] = scales[r, g] * q + biases[r, g] with g = k / group_size and q the unsigned code
+//    (computed in f32 as fma(scale, q, bias): see cpu::dequantize_row).
 struct Matrix {
   const void* data = nullptr;
   DType dtype = DType::BF16;
   int64_t rows = 0;
   int64_t cols = 0;
   std::string name;
+  int bits = 0;                      // 0: plain; 4 or 8: MLX affine quantized
+  int group_size = 0;                // elements per scale/bias (64 in MLX checkpoints)
+  const uint16_t* scales = nullptr;  // bf16 [rows, cols / group_size]
+  const uint16_t* biases = nullptr;  // bf16 [rows, cols / group_size]
 
-  size_t row_bytes() const { return size_t(cols) * dtype_size(dtype); }
+  bool quantized() const { return bits != 0; }
+  // Bytes of one row of `data` (the codes when quantized).
+  size_t row_bytes() const {
+    return quantized() ? size_t(cols) * size_t(bits) / 8 : size_t(cols) * dtype_size(dtype);
+  }
   const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + size_t(r) * row_bytes(); }
+  int64_t groups_per_row() const { return quantized() ? cols / group_size : 0; }
+  const uint16_t* row_scales(int64_t r) const {
+    return scales + size_t(r) * size_t(groups_per_row());
+  }
+  const uint16_t* row_biases(int64_t r) const {
+    return biases + size_t(r) * size_t(groups_per_row());
+  }
   int64_t numel() const { return rows * cols; }
 };
 
 // Norm weights are stored as the multiplier the norm applies: for the zero-centred RMSNorm that is
-// (1 + w) computed in f32 exactly as the reference does; for the GDN output norm it is w itself.
+// (1 + w) computed in f32 exactly as the reference does (MLX checkpoints store bf16(1 + w) and the
+// multiplier is that stored value); for the GDN output norm it is w itself.
 struct FullAttentionWeights {
   Matrix q_proj;  // [heads * head_dim * 2, H]: per head, head_dim query rows then head_dim gate rows
   Matrix k_proj;  // [kv_heads * head_dim, H]

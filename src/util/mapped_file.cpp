@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -40,6 +41,14 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 }
 
 MappedFile::~MappedFile() { release(); }
+
+void MappedFile::drop_pages(size_t offset, size_t n) const {
+  if (!data_ || offset >= size_) return;
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t begin = (offset + page - 1) / page * page;  // whole pages only: neighbours stay
+  const size_t end = std::min(size_, offset + n) / page * page;
+  if (end > begin) ::madvise(const_cast<uint8_t*>(data_) + begin, end - begin, MADV_DONTNEED);
+}
 
 void MappedFile::release() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);

@@ -21,6 +21,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Tells the OS this process is done with bytes [offset, offset + n) for now (madvise
+  // MADV_DONTNEED on the whole pages inside the range), so a streaming reader's resident set stays
+  // bounded; touched again, the bytes read back unchanged from the file.
+  void drop_pages(size_t offset, size_t n) const;
 
  private:
   void release();
