@@ -126,17 +126,22 @@ TEST(Http, QueueFullGives429) {
   o.step_delay = 0.02;
   o.engine.queue_capacity = 1;
   TestServer ts(std::move(o));
+  auto send = [&ts] {
+    auto r = ts.post("/v1/chat/completions", {{"messages", user("hi")}, {"max_tokens", 25}});
+    if (r && r->status == 429) {
+      auto j = json::parse(r->body);
+      EXPECT_EQ(j["error"]["type"], "rate_limit_error");
+      EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+    }
+    return r ? r->status : -1;
+  };
+  // The first request must be running (out of the queue) before the others arrive, or a slow
+  // machine could see all five while the single queue slot is still taken.
   std::vector<std::future<int>> results;
-  for (int i = 0; i < 5; ++i)
-    results.push_back(std::async(std::launch::async, [&ts] {
-      auto r = ts.post("/v1/chat/completions", {{"messages", user("hi")}, {"max_tokens", 25}});
-      if (r && r->status == 429) {
-        auto j = json::parse(r->body);
-        EXPECT_EQ(j["error"]["type"], "rate_limit_error");
-        EXPECT_EQ(r->get_header_value("Retry-After"), "1");
-      }
-      return r ? r->status : -1;
-    }));
+  results.push_back(std::async(std::launch::async, send));
+  for (int i = 0; i < 500 && !ts.engine->busy(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(ts.engine->busy());
+  for (int i = 0; i < 4; ++i) results.push_back(std::async(std::launch::async, send));
   int ok = 0, busy = 0;
   for (auto& f : results) {
     int s = f.get();
