@@ -145,39 +145,45 @@ void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids, std
   for (int32_t id : ids)
     if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
 
-  std::vector<float> h(size_t(T * H)), xn(size_t(T * H)), mix(size_t(T * H));
+  std::vector<float> h(size_t(T * H));
   for (int64_t t = 0; t < T; ++t)
     widen_row(w_.embed, ids[size_t(t)], &h[size_t(t * H)]);  // dequantises one row when quantized
   emit("hidden.0", h.data(), {T, H});
-
-  for (int64_t i = 0; i < cfg_.layers; ++i) {
-    const LayerWeights& L = w_.layers[size_t(i)];
-    for (int64_t t = 0; t < T; ++t)
-      rms_norm(&h[size_t(t * H)], L.input_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
-    round_bf16(xn.data(), xn.size());
-    if (L.type == LayerType::FullAttention) full_attention(i, xn.data(), T, st, mix.data());
-    else gated_deltanet(i, xn.data(), T, st, mix.data());
-    emit(fmt::format("layer{}.mixer_out", i), mix.data(), {T, H});
-    for (size_t j = 0; j < h.size(); ++j) h[j] += mix[j];
-    for (int64_t t = 0; t < T; ++t)
-      rms_norm(&h[size_t(t * H)], L.post_attention_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
-    round_bf16(xn.data(), xn.size());
-    moe_forward(L.moe, cfg_, xn.data(), T, mix.data(), pool_, trace_ ? &trace_ : nullptr, fmt::format("layer{}.moe", i),
-                bf16_activations_);
-    emit(fmt::format("layer{}.moe_out", i), mix.data(), {T, H});
-    for (size_t j = 0; j < h.size(); ++j) h[j] += mix[j];
-    emit(fmt::format("hidden.{}", i + 1), h.data(), {T, H});
-  }
+  for (int64_t i = 0; i < cfg_.layers; ++i) forward_layer(i, h.data(), T, st);
   st.advance(T);
   if (logits.empty()) return;
+  forward_head(&h[size_t((T - n_out) * H)], n_out, logits.data());
+}
 
-  const float* rows = &h[size_t((T - n_out) * H)];
-  for (int64_t t = 0; t < n_out; ++t)
-    rms_norm(rows + t * H, w_.final_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
-  round_bf16(xn.data(), size_t(n_out * H));
-  emit("final_norm", xn.data(), {n_out, H});
-  matmul(w_.lm_head, xn.data(), n_out, H, logits.data(), V, pool_);
-  emit("logits", logits.data(), {n_out, V});
+void CpuBackend::forward_layer(int64_t i, float* h, int64_t T, SequenceState& state) {
+  auto& st = static_cast<CpuSequenceState&>(state);
+  const int64_t H = cfg_.hidden;
+  const LayerWeights& L = w_.layers[size_t(i)];
+  std::vector<float> xn(size_t(T * H)), mix(size_t(T * H));
+  for (int64_t t = 0; t < T; ++t) rms_norm(h + t * H, L.input_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
+  round_bf16(xn.data(), xn.size());
+  if (L.type == LayerType::FullAttention) full_attention(i, xn.data(), T, st, mix.data());
+  else gated_deltanet(i, xn.data(), T, st, mix.data());
+  emit(fmt::format("layer{}.mixer_out", i), mix.data(), {T, H});
+  for (size_t j = 0; j < mix.size(); ++j) h[j] += mix[j];
+  for (int64_t t = 0; t < T; ++t)
+    rms_norm(h + t * H, L.post_attention_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
+  round_bf16(xn.data(), xn.size());
+  moe_forward(L.moe, cfg_, xn.data(), T, mix.data(), pool_, trace_ ? &trace_ : nullptr, fmt::format("layer{}.moe", i),
+              bf16_activations_);
+  emit(fmt::format("layer{}.moe_out", i), mix.data(), {T, H});
+  for (size_t j = 0; j < mix.size(); ++j) h[j] += mix[j];
+  emit(fmt::format("hidden.{}", i + 1), h, {T, H});
+}
+
+void CpuBackend::forward_head(const float* h, int64_t rows, float* logits) {
+  const int64_t H = cfg_.hidden, V = cfg_.vocab;
+  std::vector<float> xn(size_t(rows * H));
+  for (int64_t t = 0; t < rows; ++t) rms_norm(h + t * H, w_.final_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
+  round_bf16(xn.data(), xn.size());
+  emit("final_norm", xn.data(), {rows, H});
+  matmul(w_.lm_head, xn.data(), rows, H, logits, V, pool_);
+  emit("logits", logits, {rows, V});
 }
 
 }  // namespace lilac::cpu

@@ -43,6 +43,12 @@ class CpuBackend : public Backend {
   // top-k choice and make an honest comparison look like a bug. Off by default (the reference).
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
 
+  // The pieces of forward(), public for layer-by-layer checks of other backends: layer i applied
+  // in place to the residual h [T, H] at the state's position (the state's caches of that layer
+  // are updated, its position is not advanced), and the final norm + lm_head of `rows` rows.
+  void forward_layer(int64_t layer, float* h, int64_t T, SequenceState& state);
+  void forward_head(const float* h, int64_t rows, float* logits);
+
  private:
   void full_attention(int64_t layer, const float* x, int64_t T, CpuSequenceState& st, float* out);
   void gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSequenceState& st, float* out);

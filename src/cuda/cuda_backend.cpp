@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <type_traits>
 
 #include "cuda/attention.h"
 #include "cuda/gated_deltanet.h"
@@ -256,6 +257,30 @@ size_t CudaBackend::state_bytes(const SequenceState& state) const {
   return st.kv.bytes() + st.conv.bytes() + st.rec.bytes() + st.output_counts.bytes() + st.seen.bytes();
 }
 
+// ---- tracing (tests and diffs only: synchronises and copies) -------------------------------
+
+namespace {
+
+template <typename T>
+std::vector<float> download_f32(const T* d, size_t n, cudaStream_t s) {
+  std::vector<T> raw(n);
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(raw.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+  LILAC_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      uint16_t b;
+      std::memcpy(&b, &raw[i], 2);
+      out[i] = bf16_to_f32(b);
+    } else {
+      out[i] = float(raw[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 // ---- one layer ------------------------------------------------------------------------------
 
 void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int pos0, Timer* timer) {
@@ -266,6 +291,19 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
   const float eps = c.rms_eps;
   cudaStream_t s = stream_;
 
+  // With a trace observer: the same named intermediates the CPU backend emits (mixer and MoE
+  // contributions to the residual, the mixer's output before its projection, the routing).
+  const std::string tp = fmt::format("layer{}.", li);
+  std::vector<float> h_before;
+  auto trace_delta = [&](const std::string& name) {
+    auto now = download_f32(w.h.get(), size_t(T) * size_t(H), s);
+    std::vector<float> d(now.size());
+    for (size_t i = 0; i < d.size(); ++i) d[i] = now[i] - h_before[i];
+    trace_(name, d.data(), {T, H});
+    h_before = std::move(now);
+  };
+  if (trace_) h_before = download_f32(w.h.get(), size_t(T) * size_t(H), s);
+
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), T, H, eps, s); });
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
@@ -275,6 +313,10 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
                   st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
                   int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.gdn_prefill_ws.get(), w.mix.get(), s);
     });
+    if (trace_) {
+      auto v = download_f32(w.mix.get(), size_t(T) * size_t(c.gdn_v_channels()), s);
+      trace_(tp + "gdn.normed", v.data(), {T, c.gdn_v_channels()});
+    }
     timed(timer, "gemm.gdn_out_proj", [&] {
       gemm(w.mix.get(), T, int(c.gdn_v_channels()), L.out_proj, H, w.h.get(), GemmOut::AccumulateF32, s);
     });
@@ -290,16 +332,30 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
       attention_prefill(w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot), pos0, T, int(c.heads),
                         int(c.kv_heads), int(c.head_dim), int(st.max_ctx), w.mix.get(), s);
     });
+    if (trace_) {
+      auto v = download_f32(w.mix.get(), size_t(T) * size_t(c.heads * c.head_dim), s);
+      trace_(tp + "attn.gated", v.data(), {T, c.heads * c.head_dim});
+    }
     timed(timer, "gemm.attn_o_proj", [&] {
       gemm(w.mix.get(), T, int(c.heads * c.head_dim), L.o_proj, H, w.h.get(), GemmOut::AccumulateF32, s);
     });
   }
+  if (trace_) trace_delta(tp + "mixer_out");
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), T, H, eps, s); });
   timed(timer, "gemm.router", [&] { gemm(w.x.get(), T, H, L.router, E + 1, w.router.get(), GemmOut::StoreF32, s); });
   MoeRouting r = moe_routing_layout(w.routing.get(), T, E, k);
   timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, T, E, k, r, s); });
+  if (trace_) {
+    auto ids = download_f32(r.topk_idx, size_t(T) * size_t(k), s);
+    trace_(tp + "moe.topk_ids", ids.data(), {T, k});
+    auto logits = download_f32(w.router.get(), size_t(T) * size_t(E + 1), s);
+    std::vector<float> router(size_t(T) * size_t(E));
+    for (int t = 0; t < T; ++t)
+      std::copy_n(&logits[size_t(t) * size_t(E + 1)], E, &router[size_t(t) * size_t(E)]);
+    trace_(tp + "moe.router_logits", router.data(), {T, E});
+  }
   timed(timer, "moe_grouped_gate_up", [&] { moe_grouped_gate_up(w.x.get(), H, L.gate_up, I, r, w.act.get(), s); });
   timed(timer, "moe_grouped_down", [&] { moe_grouped_down(w.act.get(), I, L.down, H, r, w.y.get(), s); });
   timed(timer, "moe_shared_gate_up",
@@ -308,6 +364,7 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
         [&] { gemm(w.shared_act.get(), T, Is, L.shared_down, H, w.shared_out.get(), GemmOut::StoreF32, s); });
   timed(timer, "moe_combine",
         [&] { moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s); });
+  if (trace_) trace_delta(tp + "moe_out");
 }
 
 void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
+#include <cstdio>
 #include <map>
 
 #include "../test_data.h"
@@ -117,7 +119,11 @@ TEST(CudaBackend, DeviceSamplingMatchesTheCpuSamplerOnTheSameLogits) {
 }
 
 // The full-size architecture with synthetic weights, truncated to its first four layers (three
-// Gated DeltaNet, one attention): the CUDA backend against the CPU backend on the same numbers.
+// Gated DeltaNet, one attention): the CUDA backend against the CPU backend on the same numbers,
+// layer by layer. Each CPU layer starts from the GPU's residual stream (teacher forcing): with
+// random routers a top-k choice can have a tiny margin, and without forcing one flipped expert in
+// an early layer would make every later comparison meaningless. The CPU rounds activations to
+// bf16 where the GPU stores them, so both compute the same function.
 TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   LILAC_REQUIRE_GPU();
   ModelConfig cfg = qwen36_35b_a3b_config();
@@ -125,44 +131,74 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   const uint64_t seed = 5;
   auto host = cuda::synthetic_host_model(cfg, seed, layers);
   cpu::CpuBackend cpu_backend(host->config, host->weights);
-  // The same bf16 roundings as the GPU: otherwise a router top-k choice with a tiny margin can
-  // differ between f32 and bf16 inputs (random routers have many) and no tolerance is honest.
   cpu_backend.set_bf16_activations(true);
-  auto gpu_backend = cuda::CudaBackend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed)));
+  cuda::CudaBackend gpu_backend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed)));
   std::vector<int32_t> prompt = {17, 248044, 9, 100000, 3, 77777, 12345, 5};
+  const int64_t T = int64_t(prompt.size()), H = cfg.hidden;
   std::map<std::string, std::vector<float>> cpu_trace, gpu_trace;
   auto recorder = [](std::map<std::string, std::vector<float>>& into) {
     return [&into](const std::string& name, const float* d, const std::vector<int64_t>& shape) {
-      if (!name.starts_with("hidden.")) return;
       int64_t n = 1;
       for (auto s : shape) n *= s;
       into[name].assign(d, d + n);
     };
   };
-  cpu_backend.set_trace(recorder(cpu_trace));
   gpu_backend.set_trace(recorder(gpu_trace));
   const size_t V = size_t(cfg.vocab);
-  std::vector<float> cpu_logits(V), gpu_logits(V);
-  auto cs = cpu_backend.new_sequence(16);
+  std::vector<float> gpu_logits(V), cpu_logits(V);
   auto gs = gpu_backend.new_sequence(16);
-  cpu_backend.forward(*cs, prompt, cpu_logits, false);
   gpu_backend.forward(*gs, prompt, gpu_logits, false);
-  for (int64_t i = 0; i <= layers; ++i) {
-    std::string name = "hidden." + std::to_string(i);
-    ASSERT_TRUE(gpu_trace.count(name)) << name;
-    auto [rel, mx] = rel_and_max(gpu_trace[name], cpu_trace[name]);
-    EXPECT_LT(rel, 1e-2) << name << " (max abs " << mx << ")";
-  }
-  auto [rel, mx] = rel_and_max(gpu_logits, cpu_logits);
-  EXPECT_LT(rel, 2e-2) << "logits (max abs " << mx << ")";
-  // One decode step through the graph path as well.
-  cpu_backend.set_trace(nullptr);
   gpu_backend.set_trace(nullptr);
+
+  cpu_backend.set_trace(recorder(cpu_trace));
+  auto cs = cpu_backend.new_sequence(16);
+  for (int64_t i = 0; i < layers; ++i) {
+    std::vector<float> h = gpu_trace.at("hidden." + std::to_string(i));
+    cpu_backend.forward_layer(i, h.data(), T, *cs);
+    const auto& want = gpu_trace.at("hidden." + std::to_string(i + 1));
+    // Per-op report: the diagnosis when the check below fails.
+    for (const auto& [name, g] : gpu_trace) {
+      if (!name.starts_with("layer" + std::to_string(i) + ".")) continue;
+      auto it = cpu_trace.find(name);
+      if (it == cpu_trace.end() || it->second.size() != g.size()) continue;
+      if (name.ends_with("topk_ids")) {
+        const size_t k = size_t(cfg.experts_per_token);
+        int differ = 0;
+        for (size_t t = 0; t < g.size() / k; ++t) {
+          std::vector<float> a(g.begin() + t * k, g.begin() + (t + 1) * k);
+          std::vector<float> b(it->second.begin() + t * k, it->second.begin() + (t + 1) * k);
+          std::sort(a.begin(), a.end());
+          std::sort(b.begin(), b.end());
+          differ += a != b;
+        }
+        std::printf("  %-28s %d of %zu tokens route differently\n", name.c_str(), differ, g.size() / k);
+        EXPECT_EQ(differ, 0) << name;
+        continue;
+      }
+      auto [r, m] = rel_and_max(g, it->second);
+      std::printf("  %-28s rel %.2e  max abs %.3e\n", name.c_str(), r, m);
+    }
+    auto [rel, mx] = rel_and_max(want, h);
+    std::printf("  hidden.%-20lld rel %.2e  max abs %.3e\n", (long long)(i + 1), rel, mx);
+    EXPECT_LT(rel, 5e-3) << "layer " << i << " (max abs " << mx << ")";
+  }
+  cpu_backend.forward_head(&gpu_trace.at("hidden." + std::to_string(layers))[size_t((T - 1) * H)], 1, cpu_logits.data());
+  auto [rel, mx] = rel_and_max(gpu_logits, cpu_logits);
+  std::printf("  logits                       rel %.2e  max abs %.3e\n", rel, mx);
+  EXPECT_LT(rel, 5e-3) << "logits (max abs " << mx << ")";
+
+  // The GPU's decode path (GEMV, gdn_decode, attention_decode: one graph) against its own prefill
+  // path over the same 9 tokens: a discrepancy here is in the decode kernels.
   int32_t t = 4242;
-  cpu_backend.forward(*cs, std::span(&t, 1), cpu_logits, false);
   gpu_backend.forward(*gs, std::span(&t, 1), gpu_logits, false);
-  auto [rel2, mx2] = rel_and_max(gpu_logits, cpu_logits);
-  EXPECT_LT(rel2, 2e-2) << "decode logits (max abs " << mx2 << ")";
+  auto gs9 = gpu_backend.new_sequence(16);
+  std::vector<int32_t> nine = prompt;
+  nine.push_back(t);
+  std::vector<float> gpu9(V);
+  gpu_backend.forward(*gs9, nine, gpu9, false);
+  auto [rel3, mx3] = rel_and_max(gpu_logits, gpu9);
+  std::printf("  gpu decode vs gpu prefill      rel %.2e  max abs %.3e\n", rel3, mx3);
+  EXPECT_LT(rel3, 1e-2) << "GPU decode step vs GPU prefill of the same tokens (max abs " << mx3 << ")";
 }
 
 TEST(CudaBackend, SyntheticGreedyDecodeIsDeterministic) {
