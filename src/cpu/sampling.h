@@ -42,6 +42,9 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;
   uint64_t seed = 0;
   int top_logprobs = 0;  // 0..20
+  // The caller reads SampleResult::logprob. When false and top_logprobs == 0, a backend may skip
+  // the log-softmax (the CUDA backend's greedy path is then a single argmax launch).
+  bool logprobs = false;
   bool greedy() const { return temperature <= 0.0f || top_k == 1; }
 };
 

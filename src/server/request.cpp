@@ -155,6 +155,7 @@ void parse_common(const json& b, const SamplingParams& defaults, CommonParams& c
     }
   }
   c.sampling.top_logprobs = c.logprobs ? c.top_logprobs : 0;
+  c.sampling.logprobs = c.logprobs;
 }
 
 std::string text_of_content(const json& content, const std::string& where) {
