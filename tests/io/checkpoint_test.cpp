@@ -256,5 +256,34 @@ TEST(Checkpoint, F32AndF16WeightsAccepted) {
   EXPECT_EQ(model->weights.layers[0].gdn.out_proj.dtype, DType::F32);
 }
 
+TEST(Checkpoint, MtpHeadLoadsWhenPresent) {
+  // The MTP head (MODEL.md section 7): fc [H, 2H], three norms, one full-attention decoder layer with
+  // MoE under mtp.layers.0. Built here from tiny-a's own layer-3 tensors (per-expert layout).
+  ModelCopy m("tiny-a-per-expert");
+  std::vector<std::vector<uint8_t>> keep;
+  m.rewrite("model.safetensors", [&](auto& ts) {
+    const std::string prefix = "model.language_model.layers.3.";
+    std::vector<TensorToWrite> extra;
+    for (const auto& t : ts)
+      if (t.name.starts_with(prefix)) extra.push_back({"mtp.layers.0." + t.name.substr(prefix.size()), t.dtype, t.shape, t.bytes});
+    keep.emplace_back(size_t(128 * 256 * 2), uint8_t(0));
+    extra.push_back({"mtp.fc.weight", DType::BF16, {128, 256}, keep.back()});
+    keep.emplace_back(size_t(128 * 2), uint8_t(0));
+    for (const char* n : {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"})
+      extra.push_back({n, DType::BF16, {128}, keep.back()});
+    ts.insert(ts.end(), extra.begin(), extra.end());
+  });
+  auto model = load_model(m.dir);
+  ASSERT_TRUE(model->weights.mtp.has_value());
+  ASSERT_EQ(model->weights.mtp->layers.size(), 1u);
+  EXPECT_EQ(model->weights.mtp->layers[0].type, LayerType::FullAttention);
+  EXPECT_EQ(model->weights.mtp->fc.cols, 256);
+  EXPECT_EQ(model->weights.mtp->layers[0].moe.experts.size(), 16u);
+  EXPECT_FLOAT_EQ(model->weights.mtp->final_norm_scale[0], 1.0f);  // stored 0, zero-centred: 1 + w
+  // A partial MTP head is a problem named by tensor, not a silent skip.
+  m.rewrite("model.safetensors", [&](auto& ts) { std::erase_if(ts, [](auto& t) { return t.name == "mtp.norm.weight"; }); });
+  EXPECT_THAT(load_error(m.dir), AllOf(HasSubstr("missing tensor"), HasSubstr("mtp.norm.weight")));
+}
+
 }  // namespace
 }  // namespace lilac::test
