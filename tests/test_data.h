@@ -13,7 +13,9 @@ inline std::string data_root() {
   const char* env = std::getenv("LILAC_TEST_DATA");
   return env && *env ? env : LILAC_TEST_DATA;
 }
-inline std::string data_path(const std::string& rel) { return data_root() + "/" + rel; }
+inline std::string data_path(const std::string& rel) {
+  return data_root() + "/" + rel;
+}
 
 // A fresh empty directory under the system temp dir, removed when the object dies.
 class TempDir {
@@ -23,7 +25,9 @@ class TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   const std::filesystem::path& path() const { return path_; }
-  std::string str(const std::string& rel = "") const { return rel.empty() ? path_.string() : (path_ / rel).string(); }
+  std::string str(const std::string& rel = "") const {
+    return rel.empty() ? path_.string() : (path_ / rel).string();
+  }
 
  private:
   std::filesystem::path path_;

@@ -1,8 +1,8 @@
 #include "bench/bench.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
-#include <fmt/format.h>
 
 #include "model/cost.h"
 
@@ -10,7 +10,8 @@ namespace lilac {
 
 std::vector<int32_t> bench_prompt(int64_t L, int32_t n_real) {
   std::vector<int32_t> ids(static_cast<size_t>(L));
-  for (int64_t i = 0; i < L; ++i) ids[size_t(i)] = int32_t((uint64_t(uint32_t(uint64_t(i) * 2654435761ull))) % uint64_t(n_real));
+  for (int64_t i = 0; i < L; ++i)
+    ids[size_t(i)] = int32_t((uint64_t(uint32_t(uint64_t(i) * 2654435761ull))) % uint64_t(n_real));
   return ids;
 }
 
@@ -48,8 +49,10 @@ RoundResult one_round(Backend& backend, const std::vector<int32_t>& prompt, cons
   for (int64_t s = 0; s < T; s += chunk) {
     int64_t n = std::min(chunk, T - s);
     std::span<const int32_t> part(prompt.data() + s, size_t(n));
-    if (s + n < T) backend.forward(*seq, part, {}, false);
-    else first = backend.step(*seq, part, 0);
+    if (s + n < T)
+      backend.forward(*seq, part, {}, false);
+    else
+      first = backend.step(*seq, part, 0);
   }
   auto t1 = clock::now();
   int32_t tok = first.token;
@@ -83,8 +86,9 @@ std::vector<BenchRow> run_bench(Backend& backend, const BenchOptions& o) {
       row.prefill_s.push_back(res.prefill_s);
       row.decode_s.push_back(res.decode_s);
       if (o.progress)
-        o.progress(fmt::format("context {:>6}  round {}  prefill {:.3f} s  decode {:.3f} s  digest {}", L, r,
-                               res.prefill_s, res.decode_s, d));
+        o.progress(
+            fmt::format("context {:>6}  round {}  prefill {:.3f} s  decode {:.3f} s  digest {}", L,
+                        r, res.prefill_s, res.decode_s, d));
     }
     row.digest = first_digest;
     row.prefill_tok_s = double(L) / median(row.prefill_s);
@@ -100,18 +104,19 @@ std::vector<BenchRow> run_bench(Backend& backend, const BenchOptions& o) {
 }
 
 std::string bench_table(const std::vector<BenchRow>& rows) {
-  std::string s = fmt::format("{:>8} {:>14} {:>13} {:>12} {:>12}  {}\n", "context", "prefill tok/s", "decode tok/s",
-                              "decode %bw", "prefill TF/s", "digest");
+  std::string s = fmt::format("{:>8} {:>14} {:>13} {:>12} {:>12}  {}\n", "context", "prefill tok/s",
+                              "decode tok/s", "decode %bw", "prefill TF/s", "digest");
   double sp = 0, sd = 0;
   for (const auto& r : rows) {
-    s += fmt::format("{:>8} {:>14.1f} {:>13.2f} {:>11.1f}% {:>12.2f}  {}{}\n", r.context, r.prefill_tok_s,
-                     r.decode_tok_s, 100 * r.decode_bw_fraction, r.prefill_tflops, r.digest,
-                     r.digest_stable ? "" : " (UNSTABLE)");
+    s += fmt::format("{:>8} {:>14.1f} {:>13.2f} {:>11.1f}% {:>12.2f}  {}{}\n", r.context,
+                     r.prefill_tok_s, r.decode_tok_s, 100 * r.decode_bw_fraction, r.prefill_tflops,
+                     r.digest, r.digest_stable ? "" : " (UNSTABLE)");
     sp += r.prefill_tok_s;
     sd += r.decode_tok_s;
   }
   if (!rows.empty())
-    s += fmt::format("{:>8} {:>14.1f} {:>13.2f}\n", "mean", sp / double(rows.size()), sd / double(rows.size()));
+    s += fmt::format("{:>8} {:>14.1f} {:>13.2f}\n", "mean", sp / double(rows.size()),
+                     sd / double(rows.size()));
   return s;
 }
 

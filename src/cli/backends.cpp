@@ -19,7 +19,9 @@ bool cuda_available() {
 
 std::unique_ptr<Backend> open_backend(const Model& model, const std::string& device) {
   // auto: the GPU when there is one and it can run these weights (no 4-bit kernels yet).
-  std::string d = device == "auto" ? (cuda_available() && !has_quantized_weights(model.weights) ? "cuda" : "cpu") : device;
+  std::string d = device == "auto"
+                      ? (cuda_available() && !has_quantized_weights(model.weights) ? "cuda" : "cpu")
+                      : device;
   if (d == "cpu") return std::make_unique<cpu::CpuBackend>(model.config, model.weights);
   if (d == "cuda") {
     if (has_quantized_weights(model.weights))
@@ -30,7 +32,9 @@ std::unique_ptr<Backend> open_backend(const Model& model, const std::string& dev
     if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
     return cuda::make_cuda_backend(model);
 #else
-    fail("--device cuda: this build of lilac has no CUDA backend (nvcc was not found at build time)");
+    fail(
+        "--device cuda: this build of lilac has no CUDA backend (nvcc was not found at build "
+        "time)");
 #endif
   }
   fail("unknown device '{}' (expected cpu, cuda or auto)", device);
@@ -40,8 +44,10 @@ std::unique_ptr<Backend> open_backend(const Model& model, const std::string& dev
 
 namespace lilac::cli {
 
-std::unique_ptr<Backend> open_synthetic_backend(const std::string& device, const std::string& weights, uint64_t seed) {
-  if (device == "cpu") fail("--synthetic needs the cuda device: the full-size model (70 GB) is generated on the GPU");
+std::unique_ptr<Backend> open_synthetic_backend(const std::string& device,
+                                                const std::string& weights, uint64_t seed) {
+  if (device == "cpu")
+    fail("--synthetic needs the cuda device: the full-size model (70 GB) is generated on the GPU");
 #ifdef LILAC_HAVE_CUDA
   if (!cuda_available()) fail("--synthetic: no CUDA device is visible");
   return cuda::make_synthetic_backend(weights, seed);

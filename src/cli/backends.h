@@ -14,7 +14,8 @@ namespace lilac::cli {
 bool cuda_available();
 std::unique_ptr<Backend> open_backend(const Model& model, const std::string& device);
 // The full-size Qwen3.6-35B-A3B with random weights generated on the device (no file).
-std::unique_ptr<Backend> open_synthetic_backend(const std::string& device, const std::string& weights, uint64_t seed);
+std::unique_ptr<Backend> open_synthetic_backend(const std::string& device,
+                                                const std::string& weights, uint64_t seed);
 // Backend-specific lines for reports (the CUDA backend's per-kernel breakdown); may be empty.
 std::vector<std::string> backend_report(Backend& backend);
 

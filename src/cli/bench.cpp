@@ -55,7 +55,8 @@ int run_bench_cli(const BenchCliOptions& o) {
     model = load_model(o.model);
     // q4 on a float checkpoint quantizes it in memory as `lilac quantize` would; a quantized
     // checkpoint is q4 whatever the flag says.
-    if (o.weights == "q4" && !has_quantized_weights(model->weights)) quantize_model_in_memory(*model);
+    if (o.weights == "q4" && !has_quantized_weights(model->weights))
+      quantize_model_in_memory(*model);
     if (has_quantized_weights(model->weights)) weights = "q4";
     backend = open_backend(*model, o.device);
     model_name = o.model;
@@ -66,7 +67,8 @@ int run_bench_cli(const BenchCliOptions& o) {
   bo.prefill_chunk = o.prefill_chunk;
   bo.bytes_per_weight = weights == "q4" ? 4.5 / 8 : 2.0;
   bo.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  std::fprintf(stderr, "bench: %s on %s\n", model_name.c_str(), backend->device_description().c_str());
+  std::fprintf(stderr, "bench: %s on %s\n", model_name.c_str(),
+               backend->device_description().c_str());
   auto rows = run_bench(*backend, bo);
   std::printf("%s", bench_table(rows).c_str());
   for (const auto& line : backend_report(*backend)) std::printf("%s\n", line.c_str());
@@ -91,20 +93,23 @@ int run_bench_cli(const BenchCliOptions& o) {
   return 0;
 }
 
-const Command kBench{"bench", "Benchmark prefill and decode over context lengths (PERFORMANCE.md)", [](CLI::App& app) {
-                       auto o = std::make_shared<BenchCliOptions>();
-                       app.add_option("--model", o->model, "Model directory");
-                       app.add_flag("--synthetic", o->synthetic, "Full-size model with random weights made on the GPU");
-                       app.add_option("--device", o->device, "cuda, cpu or auto")->default_val("auto");
-                       app.add_option("--weights", o->weights, "bf16 or q4")->default_val("bf16");
-                       app.add_option("--lengths", o->lengths, "Comma-separated context lengths (default: the ten)");
-                       app.add_option("--rounds", o->rounds, "Timed rounds per length (median)")->default_val(3);
-                       app.add_option("--decode", o->decode, "Decode steps per round")->default_val(64);
-                       app.add_option("--prefill-chunk", o->prefill_chunk, "Prefill in chunks of this many tokens");
-                       app.add_option("--seed", o->seed, "Seed of the synthetic weights")->default_val(1);
-                       app.add_option("--json", o->json_out, "Write results as JSON here");
-                       return Runner([o] { return run_bench_cli(*o); });
-                     }};
+const Command kBench{
+    "bench", "Benchmark prefill and decode over context lengths (PERFORMANCE.md)",
+    [](CLI::App& app) {
+      auto o = std::make_shared<BenchCliOptions>();
+      app.add_option("--model", o->model, "Model directory");
+      app.add_flag("--synthetic", o->synthetic,
+                   "Full-size model with random weights made on the GPU");
+      app.add_option("--device", o->device, "cuda, cpu or auto")->default_val("auto");
+      app.add_option("--weights", o->weights, "bf16 or q4")->default_val("bf16");
+      app.add_option("--lengths", o->lengths, "Comma-separated context lengths (default: the ten)");
+      app.add_option("--rounds", o->rounds, "Timed rounds per length (median)")->default_val(3);
+      app.add_option("--decode", o->decode, "Decode steps per round")->default_val(64);
+      app.add_option("--prefill-chunk", o->prefill_chunk, "Prefill in chunks of this many tokens");
+      app.add_option("--seed", o->seed, "Seed of the synthetic weights")->default_val(1);
+      app.add_option("--json", o->json_out, "Write results as JSON here");
+      return Runner([o] { return run_bench_cli(*o); });
+    }};
 
 }  // namespace
 }  // namespace lilac::cli

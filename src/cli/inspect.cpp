@@ -28,13 +28,13 @@ int run_inspect(const std::string& dir) {
   }
   LoadReport rep;
   bind_weights(*ck, cfg, rep);
-  std::printf("files:    %zu safetensors file(s), %zu tensors, %.3f GB\n", ck->files().size(), ck->tensors().size(),
-              double(ck->total_bytes()) / 1e9);
+  std::printf("files:    %zu safetensors file(s), %zu tensors, %.3f GB\n", ck->files().size(),
+              ck->tensors().size(), double(ck->total_bytes()) / 1e9);
   std::printf("format:   %s\n", format_name(ck->format()).c_str());
   std::printf("experts:  %s\n", layout_name(rep.layout).c_str());
   if (!rep.quantization.empty()) std::printf("quant:    %s\n", rep.quantization.c_str());
-  std::printf("weights:  %lld tensors bound, %.3f B parameters, %.3f GB\n", (long long)rep.tensors_used,
-              double(rep.parameters) / 1e9, double(rep.bytes) / 1e9);
+  std::printf("weights:  %lld tensors bound, %.3f B parameters, %.3f GB\n",
+              (long long)rep.tensors_used, double(rep.parameters) / 1e9, double(rep.bytes) / 1e9);
   int64_t kv_per_token = cfg.count_layers(LayerType::FullAttention) * 2 * cfg.kv_dim() * 2;
   int64_t gdn_state = cfg.count_layers(LayerType::GatedDeltaNet) *
                       (cfg.gdn_value_heads * cfg.gdn_key_dim * cfg.gdn_value_dim * 4 +
@@ -43,12 +43,13 @@ int run_inspect(const std::string& dir) {
               (long long)kv_per_token, double(gdn_state) / 1e6);
   for (const auto& n : rep.notes) std::printf("note:     %s\n", n.c_str());
   for (const auto& p : rep.problems) std::printf("problem:  %s\n", p.c_str());
-  std::printf("status:   %s (%zu problem%s)\n", rep.problems.empty() ? "OK" : "UNUSABLE", rep.problems.size(),
-              rep.problems.size() == 1 ? "" : "s");
+  std::printf("status:   %s (%zu problem%s)\n", rep.problems.empty() ? "OK" : "UNUSABLE",
+              rep.problems.size(), rep.problems.size() == 1 ? "" : "s");
   return rep.problems.empty() ? 0 : 1;
 }
 
-const Command kInspect{"inspect", "Describe a checkpoint and list every problem found", [](CLI::App& app) {
+const Command kInspect{"inspect", "Describe a checkpoint and list every problem found",
+                       [](CLI::App& app) {
                          auto dir = std::make_shared<std::string>();
                          app.add_option("--model", *dir, "Model directory")->required();
                          return Runner([dir] { return run_inspect(*dir); });

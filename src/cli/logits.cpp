@@ -45,7 +45,9 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-int32_t argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
+int32_t argmax(const float* x, int64_t n) {
+  return int32_t(std::max_element(x, x + n) - x);
+}
 
 int compare_with(const std::string& path, const std::vector<int32_t>& prompt,
                  const std::vector<float>& prefill, const std::vector<int32_t>& ids,
@@ -71,7 +73,8 @@ int compare_with(const std::string& path, const std::vector<int32_t>& prompt,
     }
     bool pass = max_err <= atol;
     ok = ok && pass;
-    std::printf("%-16s max abs err %.3e at %zu (atol %.1e)  %s\n", name, max_err, where, atol, pass ? "ok" : "FAIL");
+    std::printf("%-16s max abs err %.3e at %zu (atol %.1e)  %s\n", name, max_err, where, atol,
+                pass ? "ok" : "FAIL");
     // Distribution agreement per row of V logits: same argmax, and KL(reference || this) in nats.
     const size_t V = size_t(vocab), rows = V ? got.size() / V : 0;
     if (rows == 0) return;
@@ -107,8 +110,8 @@ int compare_with(const std::string& path, const std::vector<int32_t>& prompt,
       while (same < n && want[same] == ids[same]) ++same;
       bool pass = same == n;
       ok = ok && pass;
-      std::printf("%-16s %zu/%zu identical before the first difference  %s\n", "decode_ids", same, n,
-                  pass ? "ok" : "FAIL");
+      std::printf("%-16s %zu/%zu identical before the first difference  %s\n", "decode_ids", same,
+                  n, pass ? "ok" : "FAIL");
       // Logits are only comparable while the ids agree (same inputs).
       if (pass && want.size() == ids.size()) cmp("decode_logits", decode);
     }
@@ -119,9 +122,12 @@ int compare_with(const std::string& path, const std::vector<int32_t>& prompt,
 
 int run_logits(const LogitsOptions& o) {
   std::vector<int32_t> prompt;
-  if (!o.prompt_ids.empty()) prompt = parse_ids(o.prompt_ids);
-  else if (!o.prompt_from.empty()) prompt = read_i32(*SafetensorsFile::open(o.prompt_from), "prompt_ids");
-  else fail("give --prompt-from FILE or --prompt-ids 1,2,3");
+  if (!o.prompt_ids.empty())
+    prompt = parse_ids(o.prompt_ids);
+  else if (!o.prompt_from.empty())
+    prompt = read_i32(*SafetensorsFile::open(o.prompt_from), "prompt_ids");
+  else
+    fail("give --prompt-from FILE or --prompt-ids 1,2,3");
   if (prompt.empty()) fail("the prompt is empty");
   if (o.decode < 0) fail("--decode must be >= 0");
   if (!o.weights.empty() && o.weights != "q4" && o.weights != "bf16")
@@ -149,11 +155,12 @@ int run_logits(const LogitsOptions& o) {
   // Named intermediates of the prefill (the first time each name appears), for backend diffs.
   std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> trace;
   if (!o.dump_trace.empty())
-    backend->set_trace([&](const std::string& name, const float* d, const std::vector<int64_t>& shape) {
-      int64_t n = 1;
-      for (auto s : shape) n *= s;
-      trace.try_emplace(name, shape, std::vector<float>(d, d + n));
-    });
+    backend->set_trace(
+        [&](const std::string& name, const float* d, const std::vector<int64_t>& shape) {
+          int64_t n = 1;
+          for (auto s : shape) n *= s;
+          trace.try_emplace(name, shape, std::vector<float>(d, d + n));
+        });
 
   std::vector<float> prefill(size_t(T * V));
   int64_t chunk = o.prefill_chunk > 0 ? o.prefill_chunk : T;
@@ -166,8 +173,9 @@ int run_logits(const LogitsOptions& o) {
   if (!o.dump_trace.empty()) {
     std::vector<TensorToWrite> ts;
     for (const auto& [name, t] : trace)
-      ts.push_back({name, DType::F32, t.first,
-                    std::span(reinterpret_cast<const uint8_t*>(t.second.data()), t.second.size() * 4)});
+      ts.push_back(
+          {name, DType::F32, t.first,
+           std::span(reinterpret_cast<const uint8_t*>(t.second.data()), t.second.size() * 4)});
     write_safetensors(o.dump_trace, ts);
   }
   std::vector<int32_t> ids;
@@ -184,21 +192,23 @@ int run_logits(const LogitsOptions& o) {
     auto bytes = [](const auto& v) {
       return std::span(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(v[0]));
     };
-    write_safetensors(o.out,
-                      {{"prompt_ids", DType::I32, {T}, bytes(prompt)},
-                       {"prefill_logits", DType::F32, {T, V}, bytes(prefill)},
-                       {"decode_ids", DType::I32, {int64_t(ids.size())}, bytes(ids)},
-                       {"decode_logits", DType::F32, {int64_t(o.decode), V}, bytes(decode)}},
-                      {{"producer", std::string("lilac ") + git_commit()}, {"device", backend->name()}});
-    std::fprintf(stderr, "wrote %s (%lld prompt tokens, %d decoded, device %s)\n", o.out.c_str(), (long long)T,
-                 o.decode, backend->name().c_str());
+    write_safetensors(
+        o.out,
+        {{"prompt_ids", DType::I32, {T}, bytes(prompt)},
+         {"prefill_logits", DType::F32, {T, V}, bytes(prefill)},
+         {"decode_ids", DType::I32, {int64_t(ids.size())}, bytes(ids)},
+         {"decode_logits", DType::F32, {int64_t(o.decode), V}, bytes(decode)}},
+        {{"producer", std::string("lilac ") + git_commit()}, {"device", backend->name()}});
+    std::fprintf(stderr, "wrote %s (%lld prompt tokens, %d decoded, device %s)\n", o.out.c_str(),
+                 (long long)T, o.decode, backend->name().c_str());
   }
   if (!o.compare.empty()) return compare_with(o.compare, prompt, prefill, ids, decode, o.atol, V);
   return 0;
 }
 
 const Command kLogits{
-    "logits", "Prefill a prompt, decode greedily, write / compare logits (reference.safetensors layout)",
+    "logits",
+    "Prefill a prompt, decode greedily, write / compare logits (reference.safetensors layout)",
     [](CLI::App& app) {
       auto o = std::make_shared<LogitsOptions>();
       app.add_option("--model", o->model, "Model directory")->required();
@@ -209,10 +219,12 @@ const Command kLogits{
       app.add_option("--device", o->device, "cpu, cuda or auto")->default_val("cpu");
       app.add_option("--compare", o->compare, "Reference safetensors to compare against");
       app.add_option("--atol", o->atol, "Max abs error allowed by --compare")->default_val(1e-3);
-      app.add_option("--dump-trace", o->dump_trace, "Write the prefill's named intermediates to this safetensors file");
+      app.add_option("--dump-trace", o->dump_trace,
+                     "Write the prefill's named intermediates to this safetensors file");
       app.add_flag("--rope-freq-bf16", o->rope_freq_bf16,
                    "Round RoPE inv_freq to bf16, as the HF fixtures do (docs/model-notes.md)");
-      app.add_option("--prefill-chunk", o->prefill_chunk, "Feed the prompt in chunks of this many tokens");
+      app.add_option("--prefill-chunk", o->prefill_chunk,
+                     "Feed the prompt in chunks of this many tokens");
       app.add_flag("--teacher-force", o->teacher_force,
                    "Decode feeds the --compare file's decode_ids instead of the argmax (for "
                    "weight-format quality)");

@@ -23,7 +23,8 @@ std::vector<const Command*>& registry() {
 int main(int argc, char** argv) {
   using namespace lilac::cli;
   CLI::App app{"lilac: an inference engine for Qwen3.6-35B-A3B"};
-  app.set_version_flag("--version", std::string("lilac ") + lilac::version() + " (" + lilac::git_commit() + ")");
+  app.set_version_flag("--version",
+                       std::string("lilac ") + lilac::version() + " (" + lilac::git_commit() + ")");
   app.require_subcommand(1);
   std::map<CLI::App*, Runner> runners;
   auto commands = registry();

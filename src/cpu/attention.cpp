@@ -16,7 +16,8 @@ std::vector<float> rope_inv_freq(float theta, int64_t rotary_dim, bool bf16_roun
   return f;
 }
 
-void split_query_gate(const float* qg, int64_t T, int64_t heads, int64_t hd, float* q, float* gate) {
+void split_query_gate(const float* qg, int64_t T, int64_t heads, int64_t hd, float* q,
+                      float* gate) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < heads; ++h) {
       const float* src = qg + (t * heads + h) * 2 * hd;

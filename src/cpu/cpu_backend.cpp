@@ -13,7 +13,10 @@
 namespace lilac::cpu {
 
 CpuBackend::CpuBackend(const ModelConfig& config, const ModelWeights& weights, ThreadPool& pool)
-    : cfg_(config), w_(weights), pool_(pool), inv_freq_(rope_inv_freq(config.rope_theta, config.rotary_dim, config.rope_inv_freq_bf16)) {}
+    : cfg_(config),
+      w_(weights),
+      pool_(pool),
+      inv_freq_(rope_inv_freq(config.rope_theta, config.rotary_dim, config.rope_inv_freq_bf16)) {}
 
 std::string CpuBackend::device_description() const {
   return fmt::format("cpu: {} threads", pool_.size());
@@ -26,11 +29,13 @@ std::unique_ptr<SequenceState> CpuBackend::new_sequence(int64_t max_context) {
   const int64_t n_gdn = cfg_.count_layers(LayerType::GatedDeltaNet);
   st->k_cache.resize(static_cast<size_t>(n_attn));
   st->v_cache.resize(static_cast<size_t>(n_attn));
-  st->conv_state.assign(size_t(n_gdn),
-                        std::vector<float>(size_t((cfg_.gdn_conv_kernel - 1) * cfg_.gdn_conv_channels()), 0.f));
-  st->recurrent.assign(size_t(n_gdn), std::vector<float>(size_t(cfg_.gdn_value_heads * cfg_.gdn_key_dim *
-                                                                 cfg_.gdn_value_dim),
-                                                         0.f));
+  st->conv_state.assign(
+      size_t(n_gdn),
+      std::vector<float>(size_t((cfg_.gdn_conv_kernel - 1) * cfg_.gdn_conv_channels()), 0.f));
+  st->recurrent.assign(
+      size_t(n_gdn),
+      std::vector<float>(size_t(cfg_.gdn_value_heads * cfg_.gdn_key_dim * cfg_.gdn_value_dim),
+                         0.f));
   return st;
 }
 
@@ -46,7 +51,8 @@ size_t CpuBackend::state_bytes(const SequenceState& state) const {
   return n;
 }
 
-void CpuBackend::full_attention(int64_t layer, const float* x, int64_t T, CpuSequenceState& st, float* out) {
+void CpuBackend::full_attention(int64_t layer, const float* x, int64_t T, CpuSequenceState& st,
+                                float* out) {
   const auto& a = w_.layers[size_t(layer)].attn;
   const int64_t H = cfg_.hidden, nh = cfg_.heads, kvh = cfg_.kv_heads, hd = cfg_.head_dim;
   const int64_t pos0 = st.position(), slot = cfg_.slot_of_layer(layer);
@@ -58,8 +64,10 @@ void CpuBackend::full_attention(int64_t layer, const float* x, int64_t T, CpuSeq
   matmul(a.k_proj, x, T, H, k.data(), kvh * hd, pool_);
   matmul(a.v_proj, x, T, H, v.data(), kvh * hd, pool_);
   split_query_gate(qg.data(), T, nh, hd, q.data(), gate.data());
-  for (int64_t i = 0; i < T * nh; ++i) rms_norm(&q[size_t(i * hd)], a.q_norm_scale.data(), hd, cfg_.rms_eps, &q[size_t(i * hd)]);
-  for (int64_t i = 0; i < T * kvh; ++i) rms_norm(&k[size_t(i * hd)], a.k_norm_scale.data(), hd, cfg_.rms_eps, &k[size_t(i * hd)]);
+  for (int64_t i = 0; i < T * nh; ++i)
+    rms_norm(&q[size_t(i * hd)], a.q_norm_scale.data(), hd, cfg_.rms_eps, &q[size_t(i * hd)]);
+  for (int64_t i = 0; i < T * kvh; ++i)
+    rms_norm(&k[size_t(i * hd)], a.k_norm_scale.data(), hd, cfg_.rms_eps, &k[size_t(i * hd)]);
   rope(q.data(), T, nh, hd, cfg_.rotary_dim, pos0, inv_freq_.data());
   rope(k.data(), T, kvh, hd, cfg_.rotary_dim, pos0, inv_freq_.data());
   round_bf16(q.data(), q.size());
@@ -85,21 +93,25 @@ void CpuBackend::full_attention(int64_t layer, const float* x, int64_t T, CpuSeq
   matmul(a.o_proj, o.data(), T, nh * hd, out, H, pool_);
 }
 
-void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSequenceState& st, float* out) {
+void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSequenceState& st,
+                                float* out) {
   const auto& g = w_.layers[size_t(layer)].gdn;
   const int64_t H = cfg_.hidden, C = cfg_.gdn_conv_channels(), K = cfg_.gdn_conv_kernel;
-  const int64_t Hk = cfg_.gdn_key_heads, Hv = cfg_.gdn_value_heads, Dk = cfg_.gdn_key_dim, Dv = cfg_.gdn_value_dim;
+  const int64_t Hk = cfg_.gdn_key_heads, Hv = cfg_.gdn_value_heads, Dk = cfg_.gdn_key_dim,
+                Dv = cfg_.gdn_value_dim;
   const int64_t slot = cfg_.slot_of_layer(layer);
   const std::string p = fmt::format("layer{}.gdn.", layer);
 
-  std::vector<float> qkv(size_t(T * C)), z(size_t(T * Hv * Dv)), a(size_t(T * Hv)), b(size_t(T * Hv));
+  std::vector<float> qkv(size_t(T * C)), z(size_t(T * Hv * Dv)), a(size_t(T * Hv)),
+      b(size_t(T * Hv));
   matmul(g.in_proj_qkv, x, T, H, qkv.data(), C, pool_);
   matmul(g.in_proj_z, x, T, H, z.data(), Hv * Dv, pool_);
   matmul(g.in_proj_b, x, T, H, b.data(), Hv, pool_);
   matmul(g.in_proj_a, x, T, H, a.data(), Hv, pool_);
 
   std::vector<float> conv(size_t(T * C));
-  causal_conv_silu(qkv.data(), T, C, K, g.conv.data(), st.conv_state[size_t(slot)].data(), conv.data());
+  causal_conv_silu(qkv.data(), T, C, K, g.conv.data(), st.conv_state[size_t(slot)].data(),
+                   conv.data());
   emit(p + "conv", conv.data(), {T, C});
 
   std::vector<float> q(size_t(T * Hk * Dk)), k(size_t(T * Hk * Dk)), v(size_t(T * Hv * Dv));
@@ -115,7 +127,8 @@ void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSeq
     l2_norm(&k[size_t(i * Dk)], Dk, 1e-6f, 1.f);
   }
   std::vector<float> gl(size_t(T * Hv)), beta(size_t(T * Hv));
-  gdn_gates(a.data(), b.data(), T, Hv, g.neg_exp_A.data(), g.dt_bias.data(), gl.data(), beta.data());
+  gdn_gates(a.data(), b.data(), T, Hv, g.neg_exp_A.data(), g.dt_bias.data(), gl.data(),
+            beta.data());
   emit(p + "g", gl.data(), {T, Hv});
   emit(p + "beta", beta.data(), {T, Hv});
 
@@ -131,8 +144,8 @@ void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSeq
   matmul(g.out_proj, core.data(), T, Hv * Dv, out, H, pool_);
 }
 
-void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,
-                         bool all_logits) {
+void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids,
+                         std::span<float> logits, bool all_logits) {
   auto& st = static_cast<CpuSequenceState&>(state);
   const int64_t T = int64_t(ids.size()), H = cfg_.hidden, V = cfg_.vocab;
   if (T == 0) return;
@@ -160,17 +173,20 @@ void CpuBackend::forward_layer(int64_t i, float* h, int64_t T, SequenceState& st
   const int64_t H = cfg_.hidden;
   const LayerWeights& L = w_.layers[size_t(i)];
   std::vector<float> xn(size_t(T * H)), mix(size_t(T * H));
-  for (int64_t t = 0; t < T; ++t) rms_norm(h + t * H, L.input_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
+  for (int64_t t = 0; t < T; ++t)
+    rms_norm(h + t * H, L.input_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
   round_bf16(xn.data(), xn.size());
-  if (L.type == LayerType::FullAttention) full_attention(i, xn.data(), T, st, mix.data());
-  else gated_deltanet(i, xn.data(), T, st, mix.data());
+  if (L.type == LayerType::FullAttention)
+    full_attention(i, xn.data(), T, st, mix.data());
+  else
+    gated_deltanet(i, xn.data(), T, st, mix.data());
   emit(fmt::format("layer{}.mixer_out", i), mix.data(), {T, H});
   for (size_t j = 0; j < mix.size(); ++j) h[j] += mix[j];
   for (int64_t t = 0; t < T; ++t)
     rms_norm(h + t * H, L.post_attention_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
   round_bf16(xn.data(), xn.size());
-  moe_forward(L.moe, cfg_, xn.data(), T, mix.data(), pool_, trace_ ? &trace_ : nullptr, fmt::format("layer{}.moe", i),
-              bf16_activations_);
+  moe_forward(L.moe, cfg_, xn.data(), T, mix.data(), pool_, trace_ ? &trace_ : nullptr,
+              fmt::format("layer{}.moe", i), bf16_activations_);
   emit(fmt::format("layer{}.moe_out", i), mix.data(), {T, H});
   for (size_t j = 0; j < mix.size(); ++j) h[j] += mix[j];
   emit(fmt::format("hidden.{}", i + 1), h, {T, H});
@@ -179,7 +195,8 @@ void CpuBackend::forward_layer(int64_t i, float* h, int64_t T, SequenceState& st
 void CpuBackend::forward_head(const float* h, int64_t rows, float* logits) {
   const int64_t H = cfg_.hidden, V = cfg_.vocab;
   std::vector<float> xn(size_t(rows * H));
-  for (int64_t t = 0; t < rows; ++t) rms_norm(h + t * H, w_.final_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
+  for (int64_t t = 0; t < rows; ++t)
+    rms_norm(h + t * H, w_.final_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
   round_bf16(xn.data(), xn.size());
   emit("final_norm", xn.data(), {rows, H});
   matmul(w_.lm_head, xn.data(), rows, H, logits, V, pool_);

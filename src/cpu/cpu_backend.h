@@ -26,7 +26,8 @@ struct CpuSequenceState : SequenceState {
 class CpuBackend : public Backend {
  public:
   // `weights` must outlive the backend (it points into the mapped checkpoint).
-  CpuBackend(const ModelConfig& config, const ModelWeights& weights, ThreadPool& pool = ThreadPool::global());
+  CpuBackend(const ModelConfig& config, const ModelWeights& weights,
+             ThreadPool& pool = ThreadPool::global());
 
   std::string name() const override { return "cpu"; }
   std::string device_description() const override;

@@ -37,9 +37,9 @@ void gdn_gates(const float* a, const float* b, int64_t T, int64_t Hv, const floa
     }
 }
 
-void gdn_recurrence(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                    int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state, float* out,
-                    ThreadPool& pool) {
+void gdn_recurrence(const float* q, const float* k, const float* v, const float* g,
+                    const float* beta, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                    float* state, float* out, ThreadPool& pool) {
   const int64_t ratio = Hv / Hk;
   pool.parallel_for(size_t(Hv), [&](size_t h0, size_t h1) {
     std::vector<float> u(static_cast<size_t>(Dv));

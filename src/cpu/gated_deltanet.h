@@ -22,9 +22,9 @@ void gdn_gates(const float* a, const float* b, int64_t T, int64_t Hv, const floa
 //   S = S * exp(g_t);  u = v_t - S^T k_t;  S = S + k_t (beta_t u)^T;  o_t = S^T q_t
 // q, k [T, Hk, Dk] already l2-normalised (q also scaled by Dk^-0.5); v [T, Hv, Dv];
 // g, beta [T, Hv]; state [Hv, Dk, Dv] updated in place; out [T, Hv, Dv]. Threaded over heads.
-void gdn_recurrence(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                    int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state, float* out,
-                    ThreadPool& pool);
+void gdn_recurrence(const float* q, const float* k, const float* v, const float* g,
+                    const float* beta, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                    float* state, float* out, ThreadPool& pool);
 
 // The same function as gdn_recurrence computed chunk by chunk (the algorithm of the CUDA prefill
 // kernel, src/cuda/gated_deltanet_prefill.cu; the maths is written out in gated_deltanet.cpp).
@@ -32,7 +32,7 @@ void gdn_recurrence(const float* q, const float* k, const float* v, const float*
 // triangular solve, the state is carried from chunk to chunk. Equal to gdn_recurrence up to f32
 // rounding for any T >= 1 and any initial state.
 void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state, float* out,
-                 ThreadPool& pool, int64_t chunk = 64);
+                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state,
+                 float* out, ThreadPool& pool, int64_t chunk = 64);
 
 }  // namespace lilac::cpu

@@ -30,8 +30,9 @@ __attribute__((target_clones("arch=haswell", "default"))) float dot(const float*
   return s + tail;
 }
 
-__attribute__((target_clones("arch=haswell", "default"))) void widen_row(const void* src, DType dtype,
-                                                                         int64_t n, float* dst) {
+__attribute__((target_clones("arch=haswell", "default"))) void widen_row(const void* src,
+                                                                         DType dtype, int64_t n,
+                                                                         float* dst) {
   if (dtype == DType::F32) {
     std::memcpy(dst, src, size_t(n) * 4);
   } else if (dtype == DType::BF16) {
@@ -143,14 +144,15 @@ void matmul_rows(const Matrix& W, int64_t row_begin, int64_t row_end, const floa
       for (int64_t t = 0; t < T; ++t) {
         const float* xt = x + t * x_stride;
         float* yt = y + t * y_stride + (r0 - row_begin);
-        for (int64_t r = r0; r < r1; ++r) yt[r - r0] = dot(&wbuf[size_t((r - r0) * cols)], xt, cols);
+        for (int64_t r = r0; r < r1; ++r)
+          yt[r - r0] = dot(&wbuf[size_t((r - r0) * cols)], xt, cols);
       }
     }
   });
 }
 
-void matmul(const Matrix& W, const float* x, int64_t T, int64_t x_stride, float* y, int64_t y_stride,
-            ThreadPool& pool) {
+void matmul(const Matrix& W, const float* x, int64_t T, int64_t x_stride, float* y,
+            int64_t y_stride, ThreadPool& pool) {
   matmul_rows(W, 0, W.rows, x, T, x_stride, y, y_stride, pool);
 }
 

@@ -13,8 +13,8 @@ namespace lilac::cpu {
 // y[t * y_stride + r] = sum_j W[r, j] * x[t * x_stride + j] for t < T, r < W.rows.
 // Threaded across blocks of rows; each block of W is widened (or dequantised) to f32 once and
 // reused for all T rows.
-void matmul(const Matrix& W, const float* x, int64_t T, int64_t x_stride, float* y, int64_t y_stride,
-            ThreadPool& pool);
+void matmul(const Matrix& W, const float* x, int64_t T, int64_t x_stride, float* y,
+            int64_t y_stride, ThreadPool& pool);
 
 // Same over a sub-range of W's rows [row_begin, row_end) writing y[t * y_stride + (r - row_begin)].
 void matmul_rows(const Matrix& W, int64_t row_begin, int64_t row_end, const float* x, int64_t T,

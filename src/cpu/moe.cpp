@@ -37,7 +37,8 @@ void swiglu(float* g, const float* u, int64_t n) {
 }
 }  // namespace
 
-void moe_token_act(const MoeWeights& w, const float* x, const int32_t* idx, int64_t k, float* act, ThreadPool& pool) {
+void moe_token_act(const MoeWeights& w, const float* x, const int32_t* idx, int64_t k, float* act,
+                   ThreadPool& pool) {
   const int64_t H = w.shared_gate.cols, I = w.experts.at(0).gate.rows, Is = w.shared_gate.rows;
   std::vector<float> u(size_t(std::max(I, Is)));
   for (int64_t j = 0; j <= k; ++j) {
@@ -51,8 +52,8 @@ void moe_token_act(const MoeWeights& w, const float* x, const int32_t* idx, int6
   }
 }
 
-void moe_token_down(const MoeWeights& w, const float* act, const int32_t* idx, const float* wt, int64_t k,
-                    float shared_logit, float* out, ThreadPool& pool) {
+void moe_token_down(const MoeWeights& w, const float* act, const int32_t* idx, const float* wt,
+                    int64_t k, float shared_logit, float* out, ThreadPool& pool) {
   const int64_t H = w.shared_down.rows, I = w.experts.at(0).gate.rows, Is = w.shared_gate.rows;
   std::vector<float> d(static_cast<size_t>(H));
   std::fill(out, out + H, 0.f);
@@ -66,7 +67,8 @@ void moe_token_down(const MoeWeights& w, const float* act, const int32_t* idx, c
 }
 
 void moe_forward(const MoeWeights& w, const ModelConfig& cfg, const float* x, int64_t T, float* out,
-                 ThreadPool& pool, const TraceFn* trace, const std::string& trace_prefix, bool round_act_bf16) {
+                 ThreadPool& pool, const TraceFn* trace, const std::string& trace_prefix,
+                 bool round_act_bf16) {
   auto round_act = [&](std::vector<float>& v, int64_t n) {
     if (round_act_bf16)
       for (int64_t i = 0; i < n; ++i) v[size_t(i)] = round_to_bf16(v[size_t(i)]);
@@ -78,7 +80,8 @@ void moe_forward(const MoeWeights& w, const ModelConfig& cfg, const float* x, in
   matmul(w.router, x, T, H, logits.data(), E, pool);
   std::vector<int32_t> idx(size_t(T * K));
   std::vector<float> wt(size_t(T * K));
-  for (int64_t t = 0; t < T; ++t) router_top_k(&logits[size_t(t * E)], E, K, &idx[size_t(t * K)], &wt[size_t(t * K)]);
+  for (int64_t t = 0; t < T; ++t)
+    router_top_k(&logits[size_t(t * E)], E, K, &idx[size_t(t * K)], &wt[size_t(t * K)]);
   if (trace && *trace) {
     (*trace)(trace_prefix + ".router_logits", logits.data(), {T, E});
     std::vector<float> fidx(idx.begin(), idx.end());
@@ -89,7 +92,8 @@ void moe_forward(const MoeWeights& w, const ModelConfig& cfg, const float* x, in
   // Group (token, weight) by expert, experts in index order (the reference's summation order).
   std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < K; ++j) routed[size_t(idx[size_t(t * K + j)])].push_back({t, wt[size_t(t * K + j)]});
+    for (int64_t j = 0; j < K; ++j)
+      routed[size_t(idx[size_t(t * K + j)])].push_back({t, wt[size_t(t * K + j)]});
 
   std::fill(out, out + T * H, 0.f);
   std::vector<float> xe, g, u, d;
@@ -98,7 +102,8 @@ void moe_forward(const MoeWeights& w, const ModelConfig& cfg, const float* x, in
     if (list.empty()) continue;
     const int64_t n = int64_t(list.size());
     xe.resize(size_t(n * H));
-    for (int64_t i = 0; i < n; ++i) std::copy_n(x + list[size_t(i)].first * H, H, &xe[size_t(i * H)]);
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(x + list[size_t(i)].first * H, H, &xe[size_t(i * H)]);
     g.resize(size_t(n * I));
     u.resize(size_t(n * I));
     d.resize(size_t(n * H));

@@ -18,15 +18,16 @@ void router_top_k(const float* logits, int64_t E, int64_t k, int32_t* idx, float
 // act[j * I + i] = silu(gate_e[i] . x) * (up_e[i] . x), i < I; then the shared expert's at
 // act[k * I + i], i < Is. x [H], act [k * I + Is], f32. Reads only the experts' and the shared
 // expert's matrices (not the router).
-void moe_token_act(const MoeWeights& w, const float* x, const int32_t* idx, int64_t k, float* act, ThreadPool& pool);
+void moe_token_act(const MoeWeights& w, const float* x, const int32_t* idx, int64_t k, float* act,
+                   ThreadPool& pool);
 
 // One token's MoE output from those activations (the twin of cuda::moe_down_gemv, which adds it
 // into the residual): out[c] = sum_{j<k} wt[j] * (down_{idx[j]}[c] . act_j)
 //                              + sigmoid(shared_logit) * (shared_down[c] . act_k), c < H,
 // summed in that order (j ascending, shared last). With idx/wt from router_top_k and act from
 // moe_token_act this equals moe_forward for one token up to f32 summation order.
-void moe_token_down(const MoeWeights& w, const float* act, const int32_t* idx, const float* wt, int64_t k,
-                    float shared_logit, float* out, ThreadPool& pool);
+void moe_token_down(const MoeWeights& w, const float* act, const int32_t* idx, const float* wt,
+                    int64_t k, float shared_logit, float* out, ThreadPool& pool);
 
 // out [T, H] = sum over each token's top-k experts of w_e * down_e(silu(gate_e x) * up_e x)
 //            + sigmoid(shared_expert_gate x) * shared_down(silu(shared_gate x) * shared_up x).

@@ -15,7 +15,8 @@ void rms_norm(const float* x, const float* scale, int64_t n, float eps, float* y
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * scale[i];
 }
 
-void gated_rms_norm(const float* x, const float* z, const float* scale, int64_t n, float eps, float* y) {
+void gated_rms_norm(const float* x, const float* z, const float* scale, int64_t n, float eps,
+                    float* y) {
   float r = 1.f / std::sqrt(mean_square(x, n) + eps);
   for (int64_t i = 0; i < n; ++i) y[i] = scale[i] * (x[i] * r) * silu(z[i]);
 }

@@ -59,14 +59,15 @@ struct PenaltyState {
 
 struct SampleResult {
   int32_t token = -1;
-  float logprob = 0.0f;                              // raw log_softmax of the chosen token
-  std::vector<std::pair<int32_t, float>> top;         // top_logprobs (id, raw logprob)
+  float logprob = 0.0f;                        // raw log_softmax of the chosen token
+  std::vector<std::pair<int32_t, float>> top;  // top_logprobs (id, raw logprob)
 };
 
 // Philox4x32-10 uniform in [0, 1) for (seed, step): 24 high bits of the first output word / 2^24.
 float philox_uniform(uint64_t seed, uint64_t step);
 
-// The greedy pick over x[0, n): the lowest id holding the maximum (NaN never wins; 0 if all are NaN).
+// The greedy pick over x[0, n): the lowest id holding the maximum (NaN never wins; 0 if all are
+// NaN).
 int32_t argmax(const float* x, int32_t n);
 
 // Samples one token from logits[0, n_real). `penalties` may be null (no penalties).

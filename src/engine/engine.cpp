@@ -10,20 +10,29 @@ namespace lilac {
 
 using Clock = std::chrono::steady_clock;
 
-static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+static double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::Stop: return "stop";
-    case FinishReason::Length: return "length";
-    case FinishReason::Cancelled: return "cancelled";
-    case FinishReason::Error: return "error";
+    case FinishReason::Stop:
+      return "stop";
+    case FinishReason::Length:
+      return "length";
+    case FinishReason::Cancelled:
+      return "cancelled";
+    case FinishReason::Error:
+      return "error";
   }
   return "?";
 }
 
 Engine::Engine(Backend& backend, const Tokenizer& tokenizer, EngineOptions options)
-    : backend_(backend), tokenizer_(tokenizer), options_(options), cache_(backend, options.snapshot_budget) {
+    : backend_(backend),
+      tokenizer_(tokenizer),
+      options_(options),
+      cache_(backend, options.snapshot_budget) {
   backend_.set_sampling_vocab(std::min<int32_t>(tokenizer.size(), int32_t(backend.config().vocab)));
   thread_ = std::thread([this] { worker(); });
 }
@@ -64,7 +73,8 @@ std::future<GenerationResult> Engine::submit(GenerationRequest request) {
   const int64_t n = int64_t(request.prompt.size());
   if (n == 0) fail("the prompt is empty");
   if (n >= options_.context_size)
-    fail("the prompt has {} tokens; the context size is {} (prompt + answer)", n, options_.context_size);
+    fail("the prompt has {} tokens; the context size is {} (prompt + answer)", n,
+         options_.context_size);
   for (int32_t id : request.prompt)
     if (id < 0 || id >= backend_.config().vocab) fail("token id {} is out of range", id);
   if (request.max_tokens < 1) fail("max_tokens must be at least 1");
@@ -206,7 +216,8 @@ GenerationResult Engine::run(Job& job) {
     const int32_t token = next.token;
     res.tokens.push_back(token);
     metrics_.generated_tokens_total++;
-    const bool stop_id = std::find(rq.stop_ids.begin(), rq.stop_ids.end(), token) != rq.stop_ids.end();
+    const bool stop_id =
+        std::find(rq.stop_ids.begin(), rq.stop_ids.end(), token) != rq.stop_ids.end();
     TokenEvent ev;
     ev.id = token;
     ev.logprob = next.logprob;
@@ -225,7 +236,8 @@ GenerationResult Engine::run(Job& job) {
     if (n >= rq.max_tokens || st->position() + 1 >= options_.context_size) break;
     next = backend_.step(*st, std::span<const int32_t>(&token, 1), uint64_t(n));
     const auto now = Clock::now();
-    metrics_.time_per_output_token.observe(std::chrono::duration<double>(now - last_token_at).count());
+    metrics_.time_per_output_token.observe(
+        std::chrono::duration<double>(now - last_token_at).count());
     last_token_at = now;
   }
   res.decode_s = seconds_since(decode_start);
@@ -242,7 +254,8 @@ GenerationResult Engine::run(Job& job) {
   live_tokens_ = prompt;
   live_tokens_.insert(live_tokens_.end(), res.tokens.begin(), res.tokens.end() - 1);
   live_ = std::move(st);
-  if (res.finish != FinishReason::Cancelled) cache_.store(*live_, live_tokens_);  // "after the answer"
+  if (res.finish != FinishReason::Cancelled)
+    cache_.store(*live_, live_tokens_);  // "after the answer"
   return res;
 }
 

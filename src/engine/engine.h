@@ -27,9 +27,9 @@
 namespace lilac {
 
 struct EngineOptions {
-  int64_t context_size = 32768;      // tokens per sequence (prompt + answer)
-  int queue_capacity = 64;           // waiting requests beyond the running one
-  int64_t prefill_chunk = 2048;      // prompt tokens per forward call (cancellation granularity)
+  int64_t context_size = 32768;         // tokens per sequence (prompt + answer)
+  int queue_capacity = 64;              // waiting requests beyond the running one
+  int64_t prefill_chunk = 2048;         // prompt tokens per forward call (cancellation granularity)
   size_t snapshot_budget = 1ull << 30;  // bytes of prompt-reuse snapshots (0: off)
 };
 
@@ -65,7 +65,7 @@ struct GenerationResult {
   FinishReason finish = FinishReason::Stop;
   std::string error;  // when finish == Error
   std::vector<int32_t> tokens;
-  std::string text;   // the streamed text, concatenated
+  std::string text;  // the streamed text, concatenated
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens reused from a snapshot
   double queue_s = 0, prefill_s = 0, decode_s = 0;

@@ -22,7 +22,8 @@ std::string Histogram::render(const std::string& name, const std::string& help) 
     s += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cum);
   }
   cum += counts_.back();
-  s += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name, sum_, name, n_);
+  s += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name, sum_,
+                   name, n_);
   return s;
 }
 
@@ -33,16 +34,25 @@ std::string Metrics::render(size_t queue_length, bool running) const {
   };
   counter("lilac_requests_total", "Generation requests completed or failed", requests_total.load());
   counter("lilac_requests_failed_total", "Requests that ended in an error", requests_failed.load());
-  counter("lilac_requests_cancelled_total", "Requests cancelled (client gone, shutdown)", requests_cancelled.load());
-  counter("lilac_requests_rejected_total", "Requests refused because the queue was full", requests_rejected.load());
+  counter("lilac_requests_cancelled_total", "Requests cancelled (client gone, shutdown)",
+          requests_cancelled.load());
+  counter("lilac_requests_rejected_total", "Requests refused because the queue was full",
+          requests_rejected.load());
   counter("lilac_prompt_tokens_total", "Prompt tokens processed", prompt_tokens_total.load());
-  counter("lilac_cached_prompt_tokens_total", "Prompt tokens reused from snapshots", cached_prompt_tokens_total.load());
+  counter("lilac_cached_prompt_tokens_total", "Prompt tokens reused from snapshots",
+          cached_prompt_tokens_total.load());
   counter("lilac_generation_tokens_total", "Tokens generated", generated_tokens_total.load());
-  s += fmt::format("# HELP lilac_queue_length Requests waiting\n# TYPE lilac_queue_length gauge\nlilac_queue_length {}\n",
-                   queue_length);
-  s += fmt::format("# HELP lilac_running Requests running\n# TYPE lilac_running gauge\nlilac_running {}\n", running ? 1 : 0);
-  s += time_to_first_token.render("lilac_time_to_first_token_seconds", "Time from start of processing to the first token");
-  s += time_per_output_token.render("lilac_time_per_output_token_seconds", "Time between generated tokens");
+  s += fmt::format(
+      "# HELP lilac_queue_length Requests waiting\n# TYPE lilac_queue_length "
+      "gauge\nlilac_queue_length {}\n",
+      queue_length);
+  s += fmt::format(
+      "# HELP lilac_running Requests running\n# TYPE lilac_running gauge\nlilac_running {}\n",
+      running ? 1 : 0);
+  s += time_to_first_token.render("lilac_time_to_first_token_seconds",
+                                  "Time from start of processing to the first token");
+  s += time_per_output_token.render("lilac_time_per_output_token_seconds",
+                                    "Time between generated tokens");
   s += queue_time.render("lilac_queue_time_seconds", "Time requests waited in the queue");
   return s;
 }

@@ -12,7 +12,8 @@ namespace lilac {
 
 class Histogram {
  public:
-  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  explicit Histogram(std::vector<double> bounds)
+      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
   void observe(double v);
   // Prometheus lines for metric `name` (cumulative buckets, _sum, _count).
   std::string render(const std::string& name, const std::string& help) const;

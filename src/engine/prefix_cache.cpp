@@ -13,7 +13,8 @@ size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
 void PrefixCache::store(const SequenceState& state, std::span<const int32_t> tokens) {
   if (budget_ == 0 || tokens.empty()) return;
   for (auto it = entries_.begin(); it != entries_.end(); ++it)
-    if (it->tokens.size() == tokens.size() && std::equal(tokens.begin(), tokens.end(), it->tokens.begin())) {
+    if (it->tokens.size() == tokens.size() &&
+        std::equal(tokens.begin(), tokens.end(), it->tokens.begin())) {
       bytes_ -= it->bytes;
       entries_.erase(it);
       break;
@@ -21,15 +22,18 @@ void PrefixCache::store(const SequenceState& state, std::span<const int32_t> tok
   size_t need = backend_.state_bytes(state);
   if (need > budget_) return;
   evict_to(budget_ - need);
-  entries_.push_front({std::vector<int32_t>(tokens.begin(), tokens.end()), backend_.clone(state), need});
+  entries_.push_front(
+      {std::vector<int32_t>(tokens.begin(), tokens.end()), backend_.clone(state), need});
   bytes_ += need;
 }
 
-std::pair<std::unique_ptr<SequenceState>, size_t> PrefixCache::lookup(std::span<const int32_t> prompt) {
+std::pair<std::unique_ptr<SequenceState>, size_t> PrefixCache::lookup(
+    std::span<const int32_t> prompt) {
   auto best = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     const auto& t = it->tokens;
-    if (t.size() >= prompt.size() || (best != entries_.end() && t.size() <= best->tokens.size())) continue;
+    if (t.size() >= prompt.size() || (best != entries_.end() && t.size() <= best->tokens.size()))
+      continue;
     if (std::equal(t.begin(), t.end(), prompt.begin())) best = it;
   }
   if (best == entries_.end()) return {nullptr, 0};

@@ -19,19 +19,26 @@ using nlohmann::json;
 
 std::string format_name(WeightFormat f) {
   switch (f) {
-    case WeightFormat::BF16: return "bf16";
-    case WeightFormat::FP8: return "fp8";
-    case WeightFormat::MLX4: return "mlx-4bit";
+    case WeightFormat::BF16:
+      return "bf16";
+    case WeightFormat::FP8:
+      return "fp8";
+    case WeightFormat::MLX4:
+      return "mlx-4bit";
   }
   return "?";
 }
 
 std::string layout_name(ExpertLayout l) {
   switch (l) {
-    case ExpertLayout::Fused: return "hub (fused gate_up_proj / down_proj)";
-    case ExpertLayout::PerExpert: return "per-expert (experts.E.*.weight)";
-    case ExpertLayout::Mixed: return "mixed (fused and per-expert layers)";
-    case ExpertLayout::Stacked: return "stacked (switch_mlp)";
+    case ExpertLayout::Fused:
+      return "hub (fused gate_up_proj / down_proj)";
+    case ExpertLayout::PerExpert:
+      return "per-expert (experts.E.*.weight)";
+    case ExpertLayout::Mixed:
+      return "mixed (fused and per-expert layers)";
+    case ExpertLayout::Stacked:
+      return "stacked (switch_mlp)";
   }
   return "?";
 }
@@ -56,7 +63,8 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
         fail("{}: weight_map[\"{}\"] is not a file name", index_path.string(), it.key());
       std::string shard = it.value().get<std::string>();
       if (shard.find('/') != std::string::npos || shard == "..")
-        fail("{}: weight_map[\"{}\"] = \"{}\" is not a plain file name", index_path.string(), it.key(), shard);
+        fail("{}: weight_map[\"{}\"] = \"{}\" is not a plain file name", index_path.string(),
+             it.key(), shard);
       shards[shard].push_back(it.key());
     }
     if (shards.empty()) fail("{}: weight_map is empty", index_path.string());
@@ -69,23 +77,26 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   for (const auto& [shard, names] : shards) {
     fs::path p = fs::path(dir) / shard;
     if (!fs::exists(p))
-      fail("{}: missing shard '{}' (the index puts {} tensors there, e.g. '{}')", dir, shard, names.size(),
-           names.empty() ? "" : names.front());
+      fail("{}: missing shard '{}' (the index puts {} tensors there, e.g. '{}')", dir, shard,
+           names.size(), names.empty() ? "" : names.front());
     auto file = SafetensorsFile::open(p.string());
     for (const auto& t : file->tensors()) {
       auto [it, inserted] = ck->tensors_.emplace(t.name, CheckpointTensor{file.get(), &t});
       if (!inserted)
-        fail("{}: tensor '{}' appears in both {} and {}", dir, t.name, it->second.file->path(), file->path());
+        fail("{}: tensor '{}' appears in both {} and {}", dir, t.name, it->second.file->path(),
+             file->path());
     }
     for (const auto& name : names) {
       if (!file->find(name))
-        fail("{}: the index puts tensor '{}' in {}, but that file does not hold it", dir, name, p.string());
+        fail("{}: the index puts tensor '{}' in {}, but that file does not hold it", dir, name,
+             p.string());
     }
     if (!names.empty()) {
       std::set<std::string> listed(names.begin(), names.end());
       for (const auto& t : file->tensors())
         if (!listed.count(t.name))
-          fail("{}: {} holds tensor '{}', which the index does not list for that file", dir, p.string(), t.name);
+          fail("{}: {} holds tensor '{}', which the index does not list for that file", dir,
+               p.string(), t.name);
     }
     ck->files_.push_back(std::move(file));
   }
@@ -95,7 +106,8 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
 WeightFormat Checkpoint::format() const {
   bool fp8 = false;
   for (const auto& [name, t] : tensors_) {
-    if (name.size() > 7 && name.ends_with(".scales") && t.info->dtype != DType::F8_E4M3) return WeightFormat::MLX4;
+    if (name.size() > 7 && name.ends_with(".scales") && t.info->dtype != DType::F8_E4M3)
+      return WeightFormat::MLX4;
     if (t.info->dtype == DType::F8_E4M3) fp8 = true;
   }
   return fp8 ? WeightFormat::FP8 : WeightFormat::BF16;
@@ -113,8 +125,11 @@ std::string canonical_tensor_name(const std::string& name) {
   for (const char* s : kSkip)
     if (name.starts_with(s)) return "";
   static const std::pair<const char*, const char*> kPrefixes[] = {
-      {"model.language_model.", ""}, {"language_model.model.", ""}, {"language_model.lm_head.", "lm_head."},
-      {"model.mtp.", "mtp."}, {"model.", ""}};
+      {"model.language_model.", ""},
+      {"language_model.model.", ""},
+      {"language_model.lm_head.", "lm_head."},
+      {"model.mtp.", "mtp."},
+      {"model.", ""}};
   for (const auto& [from, to] : kPrefixes)
     if (name.starts_with(from)) return to + name.substr(std::string(from).size());
   return name;
@@ -138,14 +153,16 @@ class Binder {
         continue;
       }
       if (!canon_.emplace(c, std::make_pair(name, t)).second)
-        rep_.problems.push_back(fmt::format("tensor '{}' duplicates '{}' under another prefix", name, canon_[c].first));
+        rep_.problems.push_back(
+            fmt::format("tensor '{}' duplicates '{}' under another prefix", name, canon_[c].first));
     }
     if (skipped_) rep_.notes.push_back(fmt::format("skipped {} vision tensors", skipped_));
   }
 
   bool has(const std::string& c) const { return canon_.count(c) > 0; }
 
-  const CheckpointTensor* get(const std::string& c, const std::vector<int64_t>& shape, bool float_only = true) {
+  const CheckpointTensor* get(const std::string& c, const std::vector<int64_t>& shape,
+                              bool float_only = true) {
     auto it = canon_.find(c);
     if (it == canon_.end()) {
       rep_.problems.push_back(fmt::format("missing tensor '{}'", c));
@@ -154,13 +171,14 @@ class Binder {
     used_.insert(c);
     const auto& [orig, t] = it->second;
     if (float_only && !is_float_weight(t.info->dtype)) {
-      rep_.problems.push_back(fmt::format("tensor '{}' ({}): dtype {} is not BF16, F16 or F32", orig,
-                                          t.file->path(), dtype_name(t.info->dtype)));
+      rep_.problems.push_back(fmt::format("tensor '{}' ({}): dtype {} is not BF16, F16 or F32",
+                                          orig, t.file->path(), dtype_name(t.info->dtype)));
       return nullptr;
     }
     if (t.info->shape != shape) {
-      rep_.problems.push_back(fmt::format("tensor '{}' ({}): shape {}, expected {} from config.json", orig,
-                                          t.file->path(), shape_str(t.info->shape), shape_str(shape)));
+      rep_.problems.push_back(
+          fmt::format("tensor '{}' ({}): shape {}, expected {} from config.json", orig,
+                      t.file->path(), shape_str(t.info->shape), shape_str(shape)));
       return nullptr;
     }
     rep_.tensors_used++;
@@ -191,7 +209,8 @@ class Binder {
       const uint8_t* p = t->data();
       for (int64_t i = 0; i < n; ++i) {
         float v = 0;
-        if (t->info->dtype == DType::F32) std::memcpy(&v, p + 4 * i, 4);
+        if (t->info->dtype == DType::F32)
+          std::memcpy(&v, p + 4 * i, 4);
         else {
           uint16_t h;
           std::memcpy(&h, p + 2 * i, 2);
@@ -233,7 +252,8 @@ class Binder {
     moe.experts.resize(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) {
       std::string p = prefix + std::to_string(e) + ".";
-      moe.experts[size_t(e)] = {matrix(p + "gate_proj.weight", I, H), matrix(p + "up_proj.weight", I, H),
+      moe.experts[size_t(e)] = {matrix(p + "gate_proj.weight", I, H),
+                                matrix(p + "up_proj.weight", I, H),
                                 matrix(p + "down_proj.weight", H, I)};
     }
   }
@@ -241,8 +261,9 @@ class Binder {
   void report_unused() {
     for (const auto& [c, entry] : canon_)
       if (!used_.count(c))
-        rep_.problems.push_back(fmt::format("unexpected tensor '{}' ({}): not part of this config's text model",
-                                            entry.first, entry.second.file->path()));
+        rep_.problems.push_back(
+            fmt::format("unexpected tensor '{}' ({}): not part of this config's text model",
+                        entry.first, entry.second.file->path()));
   }
 
   int fused_layers = 0, per_expert_layers = 0;
@@ -308,19 +329,23 @@ ModelWeights bind_weights(const Checkpoint& ck, const ModelConfig& cfg, LoadRepo
   if (ck.format() == WeightFormat::MLX4) return bind_weights_mlx(ck, cfg, rep);
   ModelWeights w;
   if (ck.format() != WeightFormat::BF16) {
-    rep.problems.push_back(fmt::format("{}: {} checkpoints are not loaded for inference; convert it with "
-                                       "`lilac quantize --model {} --out DIR` (MLX 4-bit)",
-                                       ck.dir(), format_name(ck.format()), ck.dir()));
+    rep.problems.push_back(
+        fmt::format("{}: {} checkpoints are not loaded for inference; convert it with "
+                    "`lilac quantize --model {} --out DIR` (MLX 4-bit)",
+                    ck.dir(), format_name(ck.format()), ck.dir()));
     return w;
   }
   Binder b(ck, rep);
   const int64_t H = cfg.hidden;
   w.embed = b.matrix("embed_tokens.weight", cfg.vocab, H);
-  if (b.has("lm_head.weight") || !cfg.tie_word_embeddings) w.lm_head = b.matrix("lm_head.weight", cfg.vocab, H);
-  else w.lm_head = w.embed;
+  if (b.has("lm_head.weight") || !cfg.tie_word_embeddings)
+    w.lm_head = b.matrix("lm_head.weight", cfg.vocab, H);
+  else
+    w.lm_head = w.embed;
   w.final_norm_scale = b.vec("norm.weight", {H}, 1.f);
   for (int64_t i = 0; i < cfg.layers; ++i)
-    w.layers.push_back(bind_layer(b, cfg, fmt::format("layers.{}.", i), cfg.layer_types[size_t(i)]));
+    w.layers.push_back(
+        bind_layer(b, cfg, fmt::format("layers.{}.", i), cfg.layer_types[size_t(i)]));
 
   if (b.has("mtp.fc.weight")) {
     MtpWeights m;
@@ -330,10 +355,12 @@ ModelWeights bind_weights(const Checkpoint& ck, const ModelConfig& cfg, LoadRepo
     m.final_norm_scale = b.vec("mtp.norm.weight", {H}, 1.f);
     int64_t n = std::max<int64_t>(cfg.mtp_layers, 1);
     for (int64_t i = 0; i < n; ++i)
-      m.layers.push_back(bind_layer(b, cfg, fmt::format("mtp.layers.{}.", i), LayerType::FullAttention));
+      m.layers.push_back(
+          bind_layer(b, cfg, fmt::format("mtp.layers.{}.", i), LayerType::FullAttention));
     w.mtp = std::move(m);
   } else if (cfg.mtp_layers > 0) {
-    rep.notes.push_back("config has mtp_num_hidden_layers but the checkpoint has no mtp.* tensors (MTP off)");
+    rep.notes.push_back(
+        "config has mtp_num_hidden_layers but the checkpoint has no mtp.* tensors (MTP off)");
   }
   b.report_unused();
   rep.layout = b.per_expert_layers == 0 ? ExpertLayout::Fused
@@ -353,7 +380,8 @@ std::unique_ptr<Model> load_model(const std::string& dir) {
     size_t shown = 0;
     for (const auto& p : m->report.problems) {
       if (++shown > 20) {
-        msg += fmt::format("\n  ... and {} more (run `lilac inspect --model {}`)", m->report.problems.size() - 20, dir);
+        msg += fmt::format("\n  ... and {} more (run `lilac inspect --model {}`)",
+                           m->report.problems.size() - 20, dir);
         break;
       }
       msg += "\n  " + p;

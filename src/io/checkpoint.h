@@ -28,8 +28,8 @@ struct CheckpointTensor {
 
 class Checkpoint {
  public:
-  // Opens every shard; throws lilac::Error on a fatal defect (missing shard, a tensor in two shards,
-  // a broken file, an index that disagrees with the shards).
+  // Opens every shard; throws lilac::Error on a fatal defect (missing shard, a tensor in two
+  // shards, a broken file, an index that disagrees with the shards).
   static std::unique_ptr<Checkpoint> open(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
@@ -50,8 +50,8 @@ struct LoadReport {
   std::vector<std::string> notes;     // non-fatal observations (skipped vision tensors, ...)
   ExpertLayout layout = ExpertLayout::Fused;
   int64_t tensors_used = 0;
-  int64_t parameters = 0;  // language-model parameters bound (MTP included)
-  uint64_t bytes = 0;      // bytes of the bound tensors
+  int64_t parameters = 0;    // language-model parameters bound (MTP included)
+  uint64_t bytes = 0;        // bytes of the bound tensors
   std::string quantization;  // quantized checkpoints: scheme, bits, overrides, bits per weight
 };
 

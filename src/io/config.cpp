@@ -26,7 +26,8 @@ int64_t ModelConfig::slot_of_layer(int64_t i) const {
 
 std::string ModelConfig::summary() const {
   return fmt::format(
-      "{}: hidden {}, {} layers ({} Gated DeltaNet, {} full attention), vocab {}, attention {}q/{}kv "
+      "{}: hidden {}, {} layers ({} Gated DeltaNet, {} full attention), vocab {}, attention "
+      "{}q/{}kv "
       "x {} (rotary {}), GDN {}k/{}v x {}/{}, {} experts top-{} (I={}, shared {}), mtp {}",
       model_type, hidden, layers, count_layers(LayerType::GatedDeltaNet),
       count_layers(LayerType::FullAttention), vocab, heads, kv_heads, head_dim, rotary_dim,
@@ -62,7 +63,8 @@ struct Reader {
   }
   double number_or(const json& o, const char* key, double dflt) const {
     if (!o.contains(key) || o[key].is_null()) return dflt;
-    if (!o[key].is_number()) fail("{}: \"{}\" must be a number, got {}", source, key, o[key].dump());
+    if (!o[key].is_number())
+      fail("{}: \"{}\" must be a number, got {}", source, key, o[key].dump());
     return o[key].get<double>();
   }
 };
@@ -79,7 +81,8 @@ void read_eos(const json& v, std::vector<int32_t>& out) {
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
   json top = json::parse(json_text, nullptr, false);
   if (top.is_discarded() || !top.is_object()) fail("{}: not a JSON object", source);
-  const json& text = top.contains("text_config") && top["text_config"].is_object() ? top["text_config"] : top;
+  const json& text =
+      top.contains("text_config") && top["text_config"].is_object() ? top["text_config"] : top;
   Reader r{text, &top, source};
 
   ModelConfig c;
@@ -113,46 +116,58 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
   // RoPE: rope_parameters (new) or rope_scaling / top-level keys (old).
   const json* rope = nullptr;
-  if (text.contains("rope_parameters") && text["rope_parameters"].is_object()) rope = &text["rope_parameters"];
-  c.rope_theta = float(r.number_or(rope ? *rope : text, "rope_theta", r.number_or(text, "rope_theta", 1e7)));
-  c.partial_rotary_factor = float(r.number_or(
-      rope ? *rope : text, "partial_rotary_factor", r.number_or(text, "partial_rotary_factor", 0.25)));
+  if (text.contains("rope_parameters") && text["rope_parameters"].is_object())
+    rope = &text["rope_parameters"];
+  c.rope_theta =
+      float(r.number_or(rope ? *rope : text, "rope_theta", r.number_or(text, "rope_theta", 1e7)));
+  c.partial_rotary_factor = float(r.number_or(rope ? *rope : text, "partial_rotary_factor",
+                                              r.number_or(text, "partial_rotary_factor", 0.25)));
   if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1))
     fail("{}: partial_rotary_factor {} must be in (0, 1]", source, c.partial_rotary_factor);
   c.rotary_dim = int64_t(double(c.head_dim) * c.partial_rotary_factor);
   if (c.rotary_dim % 2 != 0 || c.rotary_dim <= 0)
-    fail("{}: rotary dim {} (head_dim {} x {}) must be even and positive", source, c.rotary_dim, c.head_dim,
-         c.partial_rotary_factor);
+    fail("{}: rotary dim {} (head_dim {} x {}) must be even and positive", source, c.rotary_dim,
+         c.head_dim, c.partial_rotary_factor);
 
   // Layer types.
   if (text.contains("layer_types") && text["layer_types"].is_array()) {
     const json& lt = text["layer_types"];
     if (int64_t(lt.size()) != c.layers)
-      fail("{}: layer_types has {} entries but num_hidden_layers is {}", source, lt.size(), c.layers);
+      fail("{}: layer_types has {} entries but num_hidden_layers is {}", source, lt.size(),
+           c.layers);
     for (size_t i = 0; i < lt.size(); ++i) {
       std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
-      if (t == "linear_attention") c.layer_types.push_back(LayerType::GatedDeltaNet);
-      else if (t == "full_attention") c.layer_types.push_back(LayerType::FullAttention);
-      else fail("{}: layer_types[{}] = {} is neither linear_attention nor full_attention", source, i, lt[i].dump());
+      if (t == "linear_attention")
+        c.layer_types.push_back(LayerType::GatedDeltaNet);
+      else if (t == "full_attention")
+        c.layer_types.push_back(LayerType::FullAttention);
+      else
+        fail("{}: layer_types[{}] = {} is neither linear_attention nor full_attention", source, i,
+             lt[i].dump());
     }
   } else {
     int64_t interval = r.int_or("full_attention_interval", 4);
     if (interval <= 0) fail("{}: full_attention_interval must be positive", source);
     for (int64_t i = 0; i < c.layers; ++i)
-      c.layer_types.push_back((i + 1) % interval == 0 ? LayerType::FullAttention : LayerType::GatedDeltaNet);
+      c.layer_types.push_back((i + 1) % interval == 0 ? LayerType::FullAttention
+                                                      : LayerType::GatedDeltaNet);
   }
 
   if (c.heads % c.kv_heads != 0)
-    fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", source, c.heads, c.kv_heads);
+    fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", source, c.heads,
+         c.kv_heads);
   if (c.gdn_value_heads % c.gdn_key_heads != 0)
-    fail("{}: linear_num_value_heads {} is not a multiple of linear_num_key_heads {}", source, c.gdn_value_heads,
-         c.gdn_key_heads);
+    fail("{}: linear_num_value_heads {} is not a multiple of linear_num_key_heads {}", source,
+         c.gdn_value_heads, c.gdn_key_heads);
   if (c.experts_per_token > c.experts)
-    fail("{}: num_experts_per_tok {} exceeds num_experts {}", source, c.experts_per_token, c.experts);
+    fail("{}: num_experts_per_tok {} exceeds num_experts {}", source, c.experts_per_token,
+         c.experts);
   if (c.gdn_conv_kernel < 1) fail("{}: linear_conv_kernel_dim must be >= 1", source);
 
-  if (text.contains("eos_token_id")) read_eos(text["eos_token_id"], c.eos_token_ids);
-  else if (top.contains("eos_token_id")) read_eos(top["eos_token_id"], c.eos_token_ids);
+  if (text.contains("eos_token_id"))
+    read_eos(text["eos_token_id"], c.eos_token_ids);
+  else if (top.contains("eos_token_id"))
+    read_eos(top["eos_token_id"], c.eos_token_ids);
   return c;
 }
 

@@ -15,6 +15,8 @@ size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);
 std::optional<DType> dtype_from_name(std::string_view name);
 // Floating dtypes the CPU backend reads as weights directly.
-inline bool is_float_weight(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+inline bool is_float_weight(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+}
 
 }  // namespace lilac

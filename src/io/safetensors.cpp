@@ -62,9 +62,10 @@ TensorInfo parse_entry(const std::string& path, const std::string& name, const j
   if (t.end < t.begin)
     fail("{}: tensor '{}': data_offsets [{}, {}] end before begin", path, name, t.begin, t.end);
   if (t.end > data_size)
-    fail("{}: tensor '{}': data_offsets [{}, {}] run past the end of the data ({} bytes; file "
-         "truncated?)",
-         path, name, t.begin, t.end, data_size);
+    fail(
+        "{}: tensor '{}': data_offsets [{}, {}] run past the end of the data ({} bytes; file "
+        "truncated?)",
+        path, name, t.begin, t.end, data_size);
   uint64_t expect = numel * dtype_size(t.dtype);
   if (t.end - t.begin != expect)
     fail("{}: tensor '{}': {} {} needs {} bytes but data_offsets [{}, {}] hold {}", path, name,
@@ -107,7 +108,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (it.key() == "__metadata__") {
       if (!it.value().is_object()) fail("{}: __metadata__ is not an object", path);
       for (auto m = it.value().begin(); m != it.value().end(); ++m)
-        f->metadata_[m.key()] = m.value().is_string() ? m.value().get<std::string>() : m.value().dump();
+        f->metadata_[m.key()] =
+            m.value().is_string() ? m.value().get<std::string>() : m.value().dump();
       continue;
     }
     f->tensors_.push_back(parse_entry(path, it.key(), it.value(), data_size));
@@ -157,7 +159,8 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   bool ok = std::fwrite(len, 1, 8, out) == 8 &&
             std::fwrite(text.data(), 1, text.size(), out) == text.size();
   for (const auto& t : tensors)
-    ok = ok && (t.bytes.empty() || std::fwrite(t.bytes.data(), 1, t.bytes.size(), out) == t.bytes.size());
+    ok = ok &&
+         (t.bytes.empty() || std::fwrite(t.bytes.data(), 1, t.bytes.size(), out) == t.bytes.size());
   ok = (std::fclose(out) == 0) && ok;
   if (!ok) fail("{}: write failed: {}", path, std::strerror(errno));
 }
@@ -169,7 +172,9 @@ std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
   const uint8_t* p = f.data(*t);
   for (size_t i = 0; i < out.size(); ++i) {
     switch (t->dtype) {
-      case DType::F32: std::memcpy(&out[i], p + 4 * i, 4); break;
+      case DType::F32:
+        std::memcpy(&out[i], p + 4 * i, 4);
+        break;
       case DType::BF16: {
         uint16_t b;
         std::memcpy(&b, p + 2 * i, 2);
@@ -182,7 +187,8 @@ std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
         out[i] = f16_to_f32(h);
         break;
       }
-      default: fail("{}: tensor '{}' is {}, not a float type", f.path(), name, dtype_name(t->dtype));
+      default:
+        fail("{}: tensor '{}' is {}, not a float type", f.path(), name, dtype_name(t->dtype));
     }
   }
   return out;
@@ -199,7 +205,8 @@ std::vector<int32_t> read_i32(const SafetensorsFile& f, const std::string& name)
     } else if (t->dtype == DType::I64) {
       int64_t v;
       std::memcpy(&v, p + 8 * i, 8);
-      if (v < INT32_MIN || v > INT32_MAX) fail("{}: tensor '{}' value {} out of int32 range", f.path(), name, v);
+      if (v < INT32_MIN || v > INT32_MAX)
+        fail("{}: tensor '{}' value {} out of int32 range", f.path(), name, v);
       out[i] = int32_t(v);
     } else {
       fail("{}: tensor '{}' is {}, not I32/I64", f.path(), name, dtype_name(t->dtype));

@@ -64,7 +64,8 @@ struct TensorToWrite {
   std::span<const uint8_t> bytes;
 };
 
-// Writes a safetensors file (tensors in the given order, 8-byte aligned header). Throws on I/O error.
+// Writes a safetensors file (tensors in the given order, 8-byte aligned header). Throws on I/O
+// error.
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

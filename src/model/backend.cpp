@@ -4,17 +4,19 @@
 
 namespace lilac {
 
-void Backend::begin_sampling(SequenceState& state, std::span<const int32_t> prompt, const SamplingParams& params) {
+void Backend::begin_sampling(SequenceState& state, std::span<const int32_t> prompt,
+                             const SamplingParams& params) {
   state.sampling = params;
-  state.penalties_active =
-      params.presence_penalty != 0.f || params.frequency_penalty != 0.f || params.repetition_penalty != 1.f;
+  state.penalties_active = params.presence_penalty != 0.f || params.frequency_penalty != 0.f ||
+                           params.repetition_penalty != 1.f;
   if (state.penalties_active) {
     state.penalties.reset(int32_t(config().vocab));
     state.penalties.add_prompt(prompt);
   }
 }
 
-StepResult Backend::step(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index) {
+StepResult Backend::step(SequenceState& state, std::span<const int32_t> ids,
+                         uint64_t sample_index) {
   std::vector<float> logits(size_t(config().vocab));
   forward(state, ids, logits, false);
   StepResult r = sample_token(logits.data(), sampling_vocab(), state.sampling,

@@ -18,8 +18,8 @@ namespace lilac {
 // "<scope>.<op>", e.g. "hidden.0" (after the embedding), "hidden.4" (after layer 3),
 // "layer3.attn.q", "layer0.gdn.core", "layer2.moe.router_probs", "final_norm", "logits".
 // `shape` is row-major; data is f32 and only valid during the call.
-using TraceFn =
-    std::function<void(const std::string& name, const float* data, const std::vector<int64_t>& shape)>;
+using TraceFn = std::function<void(const std::string& name, const float* data,
+                                   const std::vector<int64_t>& shape)>;
 
 // Per-sequence state: KV cache for the full-attention layers, conv + recurrent state for the
 // Gated DeltaNet layers, and the number of tokens consumed (the next token's position).
@@ -64,12 +64,16 @@ class Backend {
   // position (sample_index = the Philox counter: the number of tokens sampled so far in this
   // request), records it as an output for the penalties, and returns it. The base implementation
   // runs forward() and the CPU sampler; the CUDA backend samples on the device.
-  virtual void begin_sampling(SequenceState& state, std::span<const int32_t> prompt, const SamplingParams& params);
-  virtual StepResult step(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index);
+  virtual void begin_sampling(SequenceState& state, std::span<const int32_t> prompt,
+                              const SamplingParams& params);
+  virtual StepResult step(SequenceState& state, std::span<const int32_t> ids,
+                          uint64_t sample_index);
   // The number of ids the sampler may choose from (the tokenizer's size; the model's vocab may
   // be padded). Defaults to the model's vocab.
   void set_sampling_vocab(int32_t n) { sampling_vocab_ = n; }
-  int32_t sampling_vocab() const { return sampling_vocab_ > 0 ? sampling_vocab_ : int32_t(config().vocab); }
+  int32_t sampling_vocab() const {
+    return sampling_vocab_ > 0 ? sampling_vocab_ : int32_t(config().vocab);
+  }
 
   // A deep copy of a state (a snapshot for prompt reuse) and the bytes it occupies.
   virtual std::unique_ptr<SequenceState> clone(const SequenceState& state) = 0;

@@ -28,7 +28,8 @@ struct ModelConfig {
   int64_t rotary_dim = 0;  // head_dim * partial_rotary_factor (even)
   // Round RoPE's inv_freq to bf16 before use. HF keeps inv_freq in f32 (the default here), but a
   // model cast with nn.Module.to(bfloat16) rounds that buffer; the HF fixtures were produced from
-  // such a cast model, so matching them to 1e-4 needs this (docs/model-notes.md). Not from config.json.
+  // such a cast model, so matching them to 1e-4 needs this (docs/model-notes.md). Not from
+  // config.json.
   bool rope_inv_freq_bf16 = false;
 
   // Gated DeltaNet

@@ -40,7 +40,9 @@ struct Matrix {
   size_t row_bytes() const {
     return quantized() ? size_t(cols) * size_t(bits) / 8 : size_t(cols) * dtype_size(dtype);
   }
-  const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + size_t(r) * row_bytes(); }
+  const uint8_t* row(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + size_t(r) * row_bytes();
+  }
   int64_t groups_per_row() const { return quantized() ? cols / group_size : 0; }
   const uint16_t* row_scales(int64_t r) const {
     return scales + size_t(r) * size_t(groups_per_row());
@@ -55,23 +57,24 @@ struct Matrix {
 // (1 + w) computed in f32 exactly as the reference does (MLX checkpoints store bf16(1 + w) and the
 // multiplier is that stored value); for the GDN output norm it is w itself.
 struct FullAttentionWeights {
-  Matrix q_proj;  // [heads * head_dim * 2, H]: per head, head_dim query rows then head_dim gate rows
-  Matrix k_proj;  // [kv_heads * head_dim, H]
-  Matrix v_proj;  // [kv_heads * head_dim, H]
-  Matrix o_proj;  // [H, heads * head_dim]
+  Matrix
+      q_proj;  // [heads * head_dim * 2, H]: per head, head_dim query rows then head_dim gate rows
+  Matrix k_proj;                    // [kv_heads * head_dim, H]
+  Matrix v_proj;                    // [kv_heads * head_dim, H]
+  Matrix o_proj;                    // [H, heads * head_dim]
   std::vector<float> q_norm_scale;  // [head_dim], 1 + w
   std::vector<float> k_norm_scale;  // [head_dim], 1 + w
 };
 
 struct GatedDeltaNetWeights {
-  Matrix in_proj_qkv;  // [C, H], C = 2*Hk*Dk + Hv*Dv (q, k, v head-major)
-  Matrix in_proj_z;    // [Hv*Dv, H]
-  Matrix in_proj_b;    // [Hv, H]
-  Matrix in_proj_a;    // [Hv, H]
-  Matrix out_proj;     // [H, Hv*Dv]
-  std::vector<float> conv;        // [C, K] causal depthwise taps (tap K-1 multiplies the newest row)
-  std::vector<float> neg_exp_A;   // [Hv], -exp(A_log)
-  std::vector<float> dt_bias;     // [Hv]
+  Matrix in_proj_qkv;            // [C, H], C = 2*Hk*Dk + Hv*Dv (q, k, v head-major)
+  Matrix in_proj_z;              // [Hv*Dv, H]
+  Matrix in_proj_b;              // [Hv, H]
+  Matrix in_proj_a;              // [Hv, H]
+  Matrix out_proj;               // [H, Hv*Dv]
+  std::vector<float> conv;       // [C, K] causal depthwise taps (tap K-1 multiplies the newest row)
+  std::vector<float> neg_exp_A;  // [Hv], -exp(A_log)
+  std::vector<float> dt_bias;    // [Hv]
   std::vector<float> norm_scale;  // [Dv], plain w (NOT 1 + w)
 };
 
@@ -82,17 +85,17 @@ struct ExpertWeights {
 };
 
 struct MoeWeights {
-  Matrix router;                      // [E, H]
+  Matrix router;                       // [E, H]
   std::vector<ExpertWeights> experts;  // E of them
-  Matrix shared_gate;                 // [Is, H]
-  Matrix shared_up;                   // [Is, H]
-  Matrix shared_down;                 // [H, Is]
-  Matrix shared_expert_gate;          // [1, H]
+  Matrix shared_gate;                  // [Is, H]
+  Matrix shared_up;                    // [Is, H]
+  Matrix shared_down;                  // [H, Is]
+  Matrix shared_expert_gate;           // [1, H]
 };
 
 struct LayerWeights {
   LayerType type = LayerType::GatedDeltaNet;
-  std::vector<float> input_norm_scale;          // [H], 1 + w
+  std::vector<float> input_norm_scale;           // [H], 1 + w
   std::vector<float> post_attention_norm_scale;  // [H], 1 + w
   FullAttentionWeights attn;                     // when type == FullAttention
   GatedDeltaNetWeights gdn;                      // when type == GatedDeltaNet
@@ -101,16 +104,16 @@ struct LayerWeights {
 
 // Multi-token prediction head (MODEL.md section 7).
 struct MtpWeights {
-  Matrix fc;                                    // [H, 2H]
+  Matrix fc;                                       // [H, 2H]
   std::vector<float> pre_fc_norm_embedding_scale;  // [H], 1 + w
   std::vector<float> pre_fc_norm_hidden_scale;     // [H], 1 + w
-  std::vector<float> final_norm_scale;          // [H], 1 + w
-  std::vector<LayerWeights> layers;             // full-attention layers with MoE
+  std::vector<float> final_norm_scale;             // [H], 1 + w
+  std::vector<LayerWeights> layers;                // full-attention layers with MoE
 };
 
 struct ModelWeights {
-  Matrix embed;    // [V, H]
-  Matrix lm_head;  // [V, H]
+  Matrix embed;                         // [V, H]
+  Matrix lm_head;                       // [V, H]
   std::vector<float> final_norm_scale;  // [H], 1 + w
   std::vector<LayerWeights> layers;
   std::optional<MtpWeights> mtp;

@@ -40,7 +40,9 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   ::close(fd);
 }
 
-MappedFile::~MappedFile() { release(); }
+MappedFile::~MappedFile() {
+  release();
+}
 
 void MappedFile::drop_pages(size_t offset, size_t n) const {
   if (!data_ || offset >= size_) return;

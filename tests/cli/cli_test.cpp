@@ -55,7 +55,8 @@ TEST(CliInspect, ListsEveryProblemAndFails) {
   auto pos = cfg.find("\"moe_intermediate_size\": 64");
   ASSERT_NE(pos, std::string::npos);
   cfg.replace(pos, 27, "\"moe_intermediate_size\": 32");
-  std::filesystem::permissions(dir + "/config.json", std::filesystem::perms::owner_write, std::filesystem::perm_options::add);
+  std::filesystem::permissions(dir + "/config.json", std::filesystem::perms::owner_write,
+                               std::filesystem::perm_options::add);
   std::ofstream(dir + "/config.json") << cfg;
   auto r = run_lilac("inspect --model " + dir);
   EXPECT_EQ(r.status, 1) << r.output;
@@ -74,13 +75,16 @@ TEST(CliLogits, MatchesTheFixtureAndWritesItsLayout) {
   TempDir t;
   const std::string ref = data_path("tiny-a/reference.safetensors");
   auto r = run_lilac("logits --model " + data_path("tiny-a") + " --prompt-from " + ref +
-                     " --decode 16 --rope-freq-bf16 --atol 1e-4 --compare " + ref + " --out " + t.str("out.safetensors"));
+                     " --decode 16 --rope-freq-bf16 --atol 1e-4 --compare " + ref + " --out " +
+                     t.str("out.safetensors"));
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("decode_ids       16/16 identical"));
   EXPECT_THAT(r.output, HasSubstr("PASS"));
   // The written file compares against the reference the same way (its names and shapes match).
-  auto again = run_lilac("logits --model " + data_path("tiny-a-per-expert") + " --prompt-from " + t.str("out.safetensors") +
-                         " --decode 16 --rope-freq-bf16 --atol 1e-6 --compare " + t.str("out.safetensors"));
+  auto again =
+      run_lilac("logits --model " + data_path("tiny-a-per-expert") + " --prompt-from " +
+                t.str("out.safetensors") + " --decode 16 --rope-freq-bf16 --atol 1e-6 --compare " +
+                t.str("out.safetensors"));
   EXPECT_EQ(again.status, 0) << again.output;
 }
 
@@ -88,7 +92,8 @@ TEST(CliLogits, FailsAboveTolerance) {
   // Without the fixture's bf16-rounded RoPE frequencies the logits differ by ~1e-3 (see
   // CpuBackendRope): a 1e-4 comparison must fail with exit code 3.
   const std::string ref = data_path("tiny-a/reference.safetensors");
-  auto r = run_lilac("logits --model " + data_path("tiny-a") + " --prompt-from " + ref + " --atol 1e-4 --compare " + ref);
+  auto r = run_lilac("logits --model " + data_path("tiny-a") + " --prompt-from " + ref +
+                     " --atol 1e-4 --compare " + ref);
   EXPECT_EQ(r.status, 3) << r.output;
   EXPECT_THAT(r.output, HasSubstr("FAIL"));
 }
@@ -97,7 +102,8 @@ TEST(CliLogits, BadArguments) {
   EXPECT_EQ(run_lilac("logits --model " + data_path("tiny-a") + " --prompt-ids 1,x,3").status, 1);
   EXPECT_EQ(run_lilac("logits --model " + data_path("tiny-a") + " --prompt-ids 1,99999").status, 1);
   EXPECT_EQ(run_lilac("logits --model " + data_path("tiny-a")).status, 1);
-  auto r = run_lilac("logits --model " + data_path("tiny-a") + " --prompt-ids 1,2 --device warp-drive");
+  auto r =
+      run_lilac("logits --model " + data_path("tiny-a") + " --prompt-ids 1,2 --device warp-drive");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.output, HasSubstr("unknown device"));
   auto ok = run_lilac("logits --model " + data_path("tiny-a") + " --prompt-ids 1,2,3 --decode 2");

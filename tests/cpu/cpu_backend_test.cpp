@@ -6,12 +6,12 @@
 #include <cmath>
 #include <map>
 
+#include <fmt/format.h>
+#include <cstring>
 #include "../test_data.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "util/error.h"
-#include <fmt/format.h>
-#include <cstring>
 
 namespace lilac::test {
 namespace {
@@ -66,9 +66,11 @@ TEST_P(CpuBackendFixture, PrefillLogitsAndHiddenStatesMatchHF) {
   const auto& r = ref();
   const int64_t T = int64_t(r.prompt.size()), H = model->config.hidden;
   std::map<std::string, std::vector<float>> hidden;
-  backend->set_trace([&](const std::string& name, const float* d, const std::vector<int64_t>& shape) {
-    if (name.starts_with("hidden.") || name == "final_norm") hidden[name].assign(d, d + shape[0] * shape[1]);
-  });
+  backend->set_trace(
+      [&](const std::string& name, const float* d, const std::vector<int64_t>& shape) {
+        if (name.starts_with("hidden.") || name == "final_norm")
+          hidden[name].assign(d, d + shape[0] * shape[1]);
+      });
   auto seq = backend->new_sequence(64);
   auto logits = prefill(*seq, r.prompt);
   auto [err, at] = max_abs_diff(logits.data(), r.prefill_logits.data(), logits.size());
@@ -80,7 +82,8 @@ TEST_P(CpuBackendFixture, PrefillLogitsAndHiddenStatesMatchHF) {
   for (int64_t i = 0; i <= model->config.layers; ++i) {
     const auto& h = hidden[i == model->config.layers ? "final_norm" : fmt::format("hidden.{}", i)];
     auto [e, w] = max_abs_diff(h.data(), &r.hidden[size_t(i * T * H)], size_t(T * H));
-    EXPECT_LE(e, 1e-4) << "prefill_hidden_states[" << i << "] (after " << (i ? "layer " + std::to_string(i - 1) : "embedding")
+    EXPECT_LE(e, 1e-4) << "prefill_hidden_states[" << i << "] (after "
+                       << (i ? "layer " + std::to_string(i - 1) : "embedding")
                        << ") worst at token " << w / size_t(H);
   }
 }
@@ -151,8 +154,10 @@ TEST_P(CpuBackendFixture, RejectsBadInputWithoutTouchingState) {
   EXPECT_EQ(seq->position(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, CpuBackendFixture, ::testing::Values("tiny-a", "tiny-a-per-expert"),
-                         [](const auto& p) { return std::string(p.param) == "tiny-a" ? "Hub" : "PerExpert"; });
+INSTANTIATE_TEST_SUITE_P(Layouts, CpuBackendFixture,
+                         ::testing::Values("tiny-a", "tiny-a-per-expert"), [](const auto& p) {
+                           return std::string(p.param) == "tiny-a" ? "Hub" : "PerExpert";
+                         });
 
 TEST(CpuBackendLayouts, HubAndPerExpertAreBitIdentical) {
   auto hub = load_model(data_path("tiny-a"));

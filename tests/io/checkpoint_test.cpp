@@ -32,10 +32,12 @@ struct ModelCopy {
   explicit ModelCopy(const std::string& fixture) : dir(tmp.str("model")) {
     fs::copy(data_path(fixture), dir, fs::copy_options::recursive);
     for (auto& e : fs::directory_iterator(dir))
-      fs::permissions(e.path(), fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::add);
+      fs::permissions(e.path(), fs::perms::owner_read | fs::perms::owner_write,
+                      fs::perm_options::add);
   }
   // Rewrites one safetensors file through `edit`, which may drop, add or reshape tensors.
-  void rewrite(const std::string& file, const std::function<void(std::vector<TensorToWrite>&)>& edit) {
+  void rewrite(const std::string& file,
+               const std::function<void(std::vector<TensorToWrite>&)>& edit) {
     std::string path = dir + "/" + file;
     auto f = SafetensorsFile::open(path);
     std::vector<std::vector<uint8_t>> keep;
@@ -93,29 +95,32 @@ TEST(Config, ReadsTinyA) {
 
 TEST(Config, OldStyleKeysAndInterval) {
   // rope keys at the top of text_config, no layer_types: full attention every 4th layer.
-  auto c = parse_model_config(R"({"text_config": {"hidden_size": 64, "num_hidden_layers": 8, "vocab_size": 100,
+  auto c = parse_model_config(
+      R"({"text_config": {"hidden_size": 64, "num_hidden_layers": 8, "vocab_size": 100,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rope_theta": 5000.0,
     "partial_rotary_factor": 0.5, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
     "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}})",
-                              "cfg");
+      "cfg");
   EXPECT_FLOAT_EQ(c.rope_theta, 5000.f);
   EXPECT_EQ(c.rotary_dim, 16);
   ASSERT_EQ(c.layer_types.size(), 8u);
   for (int i = 0; i < 8; ++i)
-    EXPECT_EQ(c.layer_types[size_t(i)], (i + 1) % 4 == 0 ? LayerType::FullAttention : LayerType::GatedDeltaNet);
+    EXPECT_EQ(c.layer_types[size_t(i)],
+              (i + 1) % 4 == 0 ? LayerType::FullAttention : LayerType::GatedDeltaNet);
 }
 
 TEST(Config, Errors) {
-  EXPECT_THAT([] {
-    try {
-      parse_model_config("{not json", "cfg.json");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  }(),
-              HasSubstr("cfg.json"));
+  EXPECT_THAT(
+      [] {
+        try {
+          parse_model_config("{not json", "cfg.json");
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      }(),
+      HasSubstr("cfg.json"));
   ModelCopy m("tiny-a");
   m.edit_config([](auto& j) { j["text_config"].erase("hidden_size"); });
   EXPECT_THAT(load_error(m.dir), AllOf(HasSubstr("config.json"), HasSubstr("hidden_size")));
@@ -199,8 +204,10 @@ TEST(Checkpoint, TensorInTwoShards) {
 TEST(Checkpoint, MissingTensor) {
   ModelCopy m("tiny-a-per-expert");
   const std::string gone = "model.language_model.layers.2.mlp.experts.7.up_proj.weight";
-  m.rewrite("model.safetensors", [&](auto& ts) { std::erase_if(ts, [&](auto& t) { return t.name == gone; }); });
-  EXPECT_THAT(load_error(m.dir), AllOf(HasSubstr("missing tensor"), HasSubstr("layers.2.mlp.experts.7.up_proj")));
+  m.rewrite("model.safetensors",
+            [&](auto& ts) { std::erase_if(ts, [&](auto& t) { return t.name == gone; }); });
+  EXPECT_THAT(load_error(m.dir),
+              AllOf(HasSubstr("missing tensor"), HasSubstr("layers.2.mlp.experts.7.up_proj")));
 }
 
 TEST(Checkpoint, UnexpectedTensor) {
@@ -209,14 +216,16 @@ TEST(Checkpoint, UnexpectedTensor) {
   m.rewrite("model.safetensors", [&](auto& ts) {
     ts.push_back({"model.language_model.layers.0.mystery.weight", DType::BF16, {128}, bytes});
   });
-  EXPECT_THAT(load_error(m.dir), AllOf(HasSubstr("unexpected tensor"), HasSubstr("layers.0.mystery.weight")));
+  EXPECT_THAT(load_error(m.dir),
+              AllOf(HasSubstr("unexpected tensor"), HasSubstr("layers.0.mystery.weight")));
 }
 
 TEST(Checkpoint, ShapeAgainstConfig) {
   ModelCopy m("tiny-a-per-expert");
   m.edit_config([](auto& j) { j["text_config"]["moe_intermediate_size"] = 32; });
   std::string err = load_error(m.dir);
-  EXPECT_THAT(err, AllOf(HasSubstr("experts.0.gate_proj.weight"), HasSubstr("shape [64, 128], expected [32, 128]")));
+  EXPECT_THAT(err, AllOf(HasSubstr("experts.0.gate_proj.weight"),
+                         HasSubstr("shape [64, 128], expected [32, 128]")));
 }
 
 TEST(Checkpoint, WrongDtype) {
@@ -225,13 +234,15 @@ TEST(Checkpoint, WrongDtype) {
     for (auto& t : ts)
       if (t.name == "model.language_model.norm.weight") t.dtype = DType::I16;
   });
-  EXPECT_THAT(load_error(m.dir), AllOf(HasSubstr("model.language_model.norm.weight"), HasSubstr("dtype I16")));
+  EXPECT_THAT(load_error(m.dir),
+              AllOf(HasSubstr("model.language_model.norm.weight"), HasSubstr("dtype I16")));
 }
 
 TEST(Checkpoint, ShapeDiffersFromConfigForFusedExperts) {
   ModelCopy m("tiny-a");
   m.edit_config([](auto& j) { j["text_config"]["num_experts"] = 8; });
-  EXPECT_THAT(load_error(m.dir), AllOf(HasSubstr("gate_up_proj"), HasSubstr("expected [8, 128, 128]")));
+  EXPECT_THAT(load_error(m.dir),
+              AllOf(HasSubstr("gate_up_proj"), HasSubstr("expected [8, 128, 128]")));
 }
 
 TEST(Checkpoint, F32AndF16WeightsAccepted) {
@@ -257,19 +268,22 @@ TEST(Checkpoint, F32AndF16WeightsAccepted) {
 }
 
 TEST(Checkpoint, MtpHeadLoadsWhenPresent) {
-  // The MTP head (MODEL.md section 7): fc [H, 2H], three norms, one full-attention decoder layer with
-  // MoE under mtp.layers.0. Built here from tiny-a's own layer-3 tensors (per-expert layout).
+  // The MTP head (MODEL.md section 7): fc [H, 2H], three norms, one full-attention decoder layer
+  // with MoE under mtp.layers.0. Built here from tiny-a's own layer-3 tensors (per-expert layout).
   ModelCopy m("tiny-a-per-expert");
   std::vector<std::vector<uint8_t>> keep;
   m.rewrite("model.safetensors", [&](auto& ts) {
     const std::string prefix = "model.language_model.layers.3.";
     std::vector<TensorToWrite> extra;
     for (const auto& t : ts)
-      if (t.name.starts_with(prefix)) extra.push_back({"mtp.layers.0." + t.name.substr(prefix.size()), t.dtype, t.shape, t.bytes});
+      if (t.name.starts_with(prefix))
+        extra.push_back(
+            {"mtp.layers.0." + t.name.substr(prefix.size()), t.dtype, t.shape, t.bytes});
     keep.emplace_back(size_t(128 * 256 * 2), uint8_t(0));
     extra.push_back({"mtp.fc.weight", DType::BF16, {128, 256}, keep.back()});
     keep.emplace_back(size_t(128 * 2), uint8_t(0));
-    for (const char* n : {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"})
+    for (const char* n :
+         {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"})
       extra.push_back({n, DType::BF16, {128}, keep.back()});
     ts.insert(ts.end(), extra.begin(), extra.end());
   });
@@ -281,7 +295,9 @@ TEST(Checkpoint, MtpHeadLoadsWhenPresent) {
   EXPECT_EQ(model->weights.mtp->layers[0].moe.experts.size(), 16u);
   EXPECT_FLOAT_EQ(model->weights.mtp->final_norm_scale[0], 1.0f);  // stored 0, zero-centred: 1 + w
   // A partial MTP head is a problem named by tensor, not a silent skip.
-  m.rewrite("model.safetensors", [&](auto& ts) { std::erase_if(ts, [](auto& t) { return t.name == "mtp.norm.weight"; }); });
+  m.rewrite("model.safetensors", [&](auto& ts) {
+    std::erase_if(ts, [](auto& t) { return t.name == "mtp.norm.weight"; });
+  });
   EXPECT_THAT(load_error(m.dir), AllOf(HasSubstr("missing tensor"), HasSubstr("mtp.norm.weight")));
 }
 

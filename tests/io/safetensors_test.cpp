@@ -56,7 +56,8 @@ TEST_F(SafetensorsDefects, ValidFileRoundTrips) {
 }
 
 TEST_F(SafetensorsDefects, MissingFile) {
-  EXPECT_THAT(open_error(dir.str("nope.safetensors")), AllOf(HasSubstr("nope.safetensors"), HasSubstr("cannot open")));
+  EXPECT_THAT(open_error(dir.str("nope.safetensors")),
+              AllOf(HasSubstr("nope.safetensors"), HasSubstr("cannot open")));
 }
 
 TEST_F(SafetensorsDefects, TooShortForHeaderLength) {
@@ -100,17 +101,21 @@ TEST_F(SafetensorsDefects, MissingOffsets) {
 }
 
 TEST_F(SafetensorsDefects, SizeDisagreesWithShape) {
-  write_raw(file, R"({"w": {"dtype": "BF16", "shape": [3, 2], "data_offsets": [0, 8]}})", std::string(8, 'x'));
+  write_raw(file, R"({"w": {"dtype": "BF16", "shape": [3, 2], "data_offsets": [0, 8]}})",
+            std::string(8, 'x'));
   EXPECT_THAT(open_error(file), AllOf(HasSubstr("'w'"), HasSubstr("needs 12 bytes")));
 }
 
 TEST_F(SafetensorsDefects, TruncatedData) {
-  write_raw(file, R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", std::string(10, 'x'));
-  EXPECT_THAT(open_error(file), AllOf(HasSubstr("'w'"), HasSubstr("past the end"), HasSubstr("truncated")));
+  write_raw(file, R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})",
+            std::string(10, 'x'));
+  EXPECT_THAT(open_error(file),
+              AllOf(HasSubstr("'w'"), HasSubstr("past the end"), HasSubstr("truncated")));
 }
 
 TEST_F(SafetensorsDefects, EndBeforeBegin) {
-  write_raw(file, R"({"w": {"dtype": "F32", "shape": [0], "data_offsets": [4, 0]}})", std::string(8, 'x'));
+  write_raw(file, R"({"w": {"dtype": "F32", "shape": [0], "data_offsets": [4, 0]}})",
+            std::string(8, 'x'));
   EXPECT_THAT(open_error(file), AllOf(HasSubstr("'w'"), HasSubstr("end before begin")));
 }
 
@@ -131,13 +136,17 @@ TEST_F(SafetensorsDefects, DuplicateTensorName) {
 }
 
 TEST_F(SafetensorsDefects, ShapeOverflow) {
-  write_raw(file, R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 16], "data_offsets": [0, 4]}})", "xxxx");
+  write_raw(
+      file,
+      R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 16], "data_offsets": [0, 4]}})",
+      "xxxx");
   EXPECT_THAT(open_error(file), AllOf(HasSubstr("'w'"), HasSubstr("overflows")));
 }
 
 TEST_F(SafetensorsDefects, ReadRejectsWrongTypes) {
   std::vector<float> a = {1};
-  write_safetensors(file, {{"a", DType::F32, {1}, {reinterpret_cast<const uint8_t*>(a.data()), 4}}});
+  write_safetensors(file,
+                    {{"a", DType::F32, {1}, {reinterpret_cast<const uint8_t*>(a.data()), 4}}});
   auto f = SafetensorsFile::open(file);
   EXPECT_THROW(read_i32(*f, "a"), Error);
   EXPECT_THROW(read_f32(*f, "missing"), Error);

@@ -139,7 +139,8 @@ TEST(Http, QueueFullGives429) {
   // machine could see all five while the single queue slot is still taken.
   std::vector<std::future<int>> results;
   results.push_back(std::async(std::launch::async, send));
-  for (int i = 0; i < 500 && !ts.engine->busy(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 500 && !ts.engine->busy(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_TRUE(ts.engine->busy());
   for (int i = 0; i < 4; ++i) results.push_back(std::async(std::launch::async, send));
   int ok = 0, busy = 0;

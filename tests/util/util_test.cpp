@@ -42,7 +42,8 @@ TEST(ThreadPool, NestedCallsRunSerially) {
   ThreadPool pool(3);
   std::atomic<int> total{0};
   pool.parallel_for(6, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) pool.parallel_for(10, [&](size_t b2, size_t e2) { total += int(e2 - b2); });
+    for (size_t i = b; i < e; ++i)
+      pool.parallel_for(10, [&](size_t b2, size_t e2) { total += int(e2 - b2); });
   });
   EXPECT_EQ(total.load(), 60);
 }
