@@ -178,18 +178,22 @@ void bench_gdn() {
   DeviceBuffer<float> ws(gdn_decode_workspace_floats(kHk, kHv, kDv));
   gdn_decode_workspace_init(ws.get(), kHk, kHv, kDv, nullptr);
   DeviceBuffer<bf16> out(size_t(kHv) * kDv);
-  const double us = time_graph_us(
-      [&](int i, cudaStream_t s) {
-        GdnLayer& L = layers[size_t(i % kGdnLayers)];
-        gdn_decode(proj[size_t(i % kGdnLayers)].get(), L.taps.get(), L.conv.get(),
-                   L.neg_exp_A.get(), L.dt_bias.get(), L.norm_w.get(), L.state.get(), kHk, kHv, kDk,
-                   kDv, kK, 1e-6f, ws.get(), out.get(), s);
-      },
-      kGdnLayers, 21);
   const double bytes = 2.0 * kHv * kDk * kDv * 4 + 2.0 * (kK - 1) * kC * 4 + double(kC) * kK * 4 +
                        kP * 4.0 + kHv * kDv * 2.0;
-  std::printf("gdn_decode: %.2f us, %.0f GB/s (%.1f MB moved), %.0f%% of copy\n", us,
-              bytes / us * 1e-3, bytes * 1e-6, 100.0 * bytes / us * 1e-3 / kCopyGBs);
+  for (const GdnDecodePath path : {GdnDecodePath::Cluster, GdnDecodePath::Counter}) {
+    if (path == GdnDecodePath::Cluster && !gdn_decode_uses_cluster(kHk, kHv, kDk, kDv)) continue;
+    const double us = time_graph_us(
+        [&](int i, cudaStream_t s) {
+          GdnLayer& L = layers[size_t(i % kGdnLayers)];
+          gdn_decode(proj[size_t(i % kGdnLayers)].get(), L.taps.get(), L.conv.get(),
+                     L.neg_exp_A.get(), L.dt_bias.get(), L.norm_w.get(), L.state.get(), kHk, kHv,
+                     kDk, kDv, kK, 1e-6f, ws.get(), out.get(), s, path);
+        },
+        kGdnLayers, 21);
+    std::printf("gdn_decode (%s): %.2f us, %.0f GB/s (%.1f MB moved), %.0f%% of copy\n",
+                path == GdnDecodePath::Cluster ? "v2 cluster" : "v1 counter", us, bytes / us * 1e-3,
+                bytes * 1e-6, 100.0 * bytes / us * 1e-3 / kCopyGBs);
+  }
 
   std::printf("gdn_prefill\n%8s %12s %14s\n", "T", "ms", "tokens/s/layer");
   for (int T : {4096, 65536}) {
