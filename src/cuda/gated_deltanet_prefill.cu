@@ -72,47 +72,133 @@ PrefillWs carve(float* ws, int T, int Hk, int Hv, int Dk, int Dv) {
   return p;
 }
 
+// ---- tensor-core helpers (mma.sync m16n8k8 tf32, 3xTF32; layouts in section 3's comment)
+__device__ __forceinline__ uint32_t tf32_bits(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = tf32_bits(x);
+  lo = tf32_bits(x - __uint_as_float(hi));
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// A operand (hi, lo) from an accumulator tile c[4] under the permutation above.
+__device__ __forceinline__ void a_from_acc(const float (&c)[4], uint32_t (&hi)[4],
+                                           uint32_t (&lo)[4]) {
+  split_tf32(c[0], hi[0], lo[0]);
+  split_tf32(c[2], hi[1], lo[1]);
+  split_tf32(c[1], hi[2], lo[2]);
+  split_tf32(c[3], hi[3], lo[3]);
+}
+// d += A B in 3xTF32, B given as its two f32 values.
+__device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
+                                     const uint32_t (&al)[4], float b0, float b1) {
+  uint32_t bh0, bl0, bh1, bl1;
+  split_tf32(b0, bh0, bl0);
+  split_tf32(b1, bh1, bl1);
+  mma_tf32(d, al, bh0, bh1);
+  mma_tf32(d, ah, bl0, bl1);
+  mma_tf32(d, ah, bh0, bh1);
+}
+
 // ---- 1. conv + SiLU + l2norm + gates
-__global__ void __launch_bounds__(kThreads)
+// Grid (ceil(T/64), ceil(C/128)), 128 threads: block (tb, cs) takes tokens [64 tb, 64 tb + 64) x
+// channels [128 cs, 128 cs + 128), one channel per thread: its K taps in registers, a sliding
+// window of the last K-1 inputs (rows before the chunk from conv_state), so each proj element and
+// tap is read once (version 1 read 4 proj rows and all taps per token: ~256 KB of L2 traffic per
+// token); the post-conv values go to shared memory [64][128], then one warp per (token, Dk-wide
+// channel group) l2-normalises a q or k head (or copies v). 128 % Dk == 0, so heads never straddle
+// blocks. Blocks with cs = 0 also compute the gates of their tokens. DRAM: the 32 KiB of qkv per
+// token read, 32 KiB written: ~64 KB/token, ~62 us at T = 4096.
+constexpr int kPrepTok = 64, kPrepCh = 128;
+
+template <int KC>
+__global__ void __launch_bounds__(kPrepCh)
     gdn_prep_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
                     const float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
-                    const float* __restrict__ dt_bias, int Hk, int Hv, int Dk, int Dv, int K,
+                    const float* __restrict__ dt_bias, int T, int Hk, int Hv, int Dk, int Dv,
                     float* __restrict__ qn, float* __restrict__ kn, float* __restrict__ vb,
                     float* __restrict__ gb, float* __restrict__ bb) {
-  extern __shared__ float qk_rows[];  // [2 * Hk * Dk]: post-conv q and k of this token
-  const int t = blockIdx.x, tid = threadIdx.x;
-  const int QK = 2 * Hk * Dk, C = QK + Hv * Dv;
+  __shared__ __align__(16) float ys[kPrepTok][kPrepCh];  // post-conv values of the tile
+  const int tid = threadIdx.x, t0 = blockIdx.x * kPrepTok, ch0 = blockIdx.y * kPrepCh;
+  const int QK = Hk * Dk, C = 2 * QK + Hv * Dv;
   const size_t P = size_t(C) + size_t(Hv) * Dv + 2 * size_t(Hv);
-  for (int c = tid; c < C; c += kThreads) {
-    float acc = 0.f;
-    for (int j = 0; j < K; ++j) {
-      const int r = t - (K - 1) + j;  // < 0: a row of the carried conv state
-      const float x = r < 0 ? conv_state[size_t(r + K - 1) * C + c] : proj[size_t(r) * P + c];
-      acc += taps[size_t(c) * K + j] * x;
+  const int n = min(kPrepTok, T - t0);
+  const int c = ch0 + tid;
+  if (c < C) {
+    float tap[KC], win[KC];
+#pragma unroll
+    for (int j = 0; j < KC; ++j) tap[j] = taps[size_t(c) * KC + j];
+#pragma unroll
+    for (int j = 0; j < KC - 1; ++j) {  // inputs t0 - (KC-1) + j: conv_state rows before t = 0
+      const int r = t0 - (KC - 1) + j;
+      win[j] = r < 0 ? conv_state[size_t(r + KC - 1) * C + c] : proj[size_t(r) * P + c];
     }
-    const float y = silu(acc);
-    if (c < QK)
-      qk_rows[c] = y;
-    else
-      vb[size_t(t) * Hv * Dv + (c - QK)] = y;
+#pragma unroll 1
+    for (int tt = 0; tt < kPrepTok; tt += 8) {
+      float xin[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) xin[u] = tt + u < n ? proj[size_t(t0 + tt + u) * P + c] : 0.f;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        win[KC - 1] = xin[u];
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < KC; ++j) acc += tap[j] * win[j];
+        ys[tt + u][tid] = silu(acc);
+#pragma unroll
+        for (int j = 0; j + 1 < KC; ++j) win[j] = win[j + 1];
+      }
+    }
   }
-  if (tid < Hv) {
-    const float* ba = proj + size_t(t) * P + C + size_t(Hv) * Dv;  // b [Hv], then a [Hv]
-    bb[size_t(t) * Hv + tid] = sigmoid(ba[tid]);
-    const float x = ba[Hv + tid] + dt_bias[tid];
-    gb[size_t(t) * Hv + tid] = neg_exp_A[tid] * (x > 20.f ? x : log1pf(expf(x)));
+  if (blockIdx.y == 0) {
+    for (int e = tid; e < n * Hv; e += kPrepCh) {
+      const int tt = e / Hv, h = e % Hv;
+      const float* ba = proj + size_t(t0 + tt) * P + C + size_t(Hv) * Dv;  // b [Hv], then a [Hv]
+      bb[size_t(t0 + tt) * Hv + h] = sigmoid(ba[h]);
+      const float x = ba[Hv + h] + dt_bias[h];
+      gb[size_t(t0 + tt) * Hv + h] = neg_exp_A[h] * (x > 20.f ? x : log1pf(expf(x)));
+    }
   }
   __syncthreads();
-  const int warp = tid >> 5, lane = tid & 31;
-  for (int n = warp; n < 2 * Hk; n += kThreads / 32) {  // n < Hk: q head n, else k head n - Hk
-    const float* x = qk_rows + n * Dk;
-    float ss = 0.f;
-    for (int i = lane; i < Dk; i += 32) ss += x[i] * x[i];
-    ss = warp_sum(ss);
-    const float r = (n < Hk ? rsqrtf(float(Dk)) : 1.f) * rsqrtf(ss + 1e-6f);
-    float* dst = n < Hk ? qn + (size_t(t) * Hk + n) * Dk : kn + (size_t(t) * Hk + (n - Hk)) * Dk;
-    for (int i = lane; i < Dk; i += 32) dst[i] = x[i] * r;
+  const int warp = tid >> 5, lane = tid & 31, groups = kPrepCh / Dk;
+  for (int p = warp; p < n * groups; p += kPrepCh / 32) {
+    const int tt = p / groups, gi = p % groups, cg = ch0 + gi * Dk, t = t0 + tt;
+    if (cg >= C) continue;
+    const float* row = &ys[tt][gi * Dk];
+    if (cg < 2 * QK) {  // a q head (cg < QK) or a k head: l2norm (q also x Dk^-1/2)
+      float ss = 0.f;
+      for (int i = lane; i < Dk; i += 32) ss += row[i] * row[i];
+      ss = warp_sum(ss);
+      const bool is_q = cg < QK;
+      const float r = (is_q ? rsqrtf(float(Dk)) : 1.f) * rsqrtf(ss + 1e-6f);
+      float* dst =
+          is_q ? qn + (size_t(t) * Hk + cg / Dk) * Dk : kn + (size_t(t) * Hk + (cg - QK) / Dk) * Dk;
+      for (int i = lane; i < Dk; i += 32) dst[i] = row[i] * r;
+    } else {
+      float* dst = vb + size_t(t) * Hv * Dv + (cg - 2 * QK);
+      for (int i = lane; i < Dk && cg + i < C; i += 32) dst[i] = row[i];
+    }
   }
+}
+
+template <int KC>
+void launch_prep(const float* proj, const float* taps, const float* conv_state,
+                 const float* neg_exp_A, const float* dt_bias, int T, int Hk, int Hv, int Dk,
+                 int Dv, const PrefillWs& w, cudaStream_t stream) {
+  const int C = 2 * Hk * Dk + Hv * Dv;
+  gdn_prep_kernel<KC>
+      <<<dim3((T + kPrepTok - 1) / kPrepTok, (C + kPrepCh - 1) / kPrepCh), kPrepCh, 0, stream>>>(
+          proj, taps, conv_state, neg_exp_A, dt_bias, T, Hk, Hv, Dk, Dv, w.qn, w.kn, w.vb, w.gb,
+          w.bb);
+  LILAC_CUDA_LAUNCHED();
 }
 
 // ---- 2. per chunk: K K^T, Q K^T, then per value head G, A, P, W, U~
@@ -157,36 +243,39 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // K K^T and Q K^T: thread (ty, tx) owns rows ty + 16 ii, columns tx + 16 jj.
+  // K K^T and Q K^T on tensor cores (3xTF32: A = K K^T feeds the state path): warp w computes
+  // rows 16 (w & 3) .. +15 of K K^T (w < 4) or Q K^T (w >= 4), all 64 columns (8 n-tiles), over
+  // Dk/8 k-steps. Fragments read straight from the padded rows (stride KP = Dk + 4: the 8 rows x 4
+  // columns of an A or B fragment hit 32 distinct banks).
   {
-    const int ty = tid >> 4, tx = tid & 15;
-    float kk[4][4] = {}, qk[4][4] = {};
-#pragma unroll 1
-    for (int i = 0; i < DK; i += 4) {
-      float4 ka[4], qa[4], kb[4];
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int mtile = warp & 3;
+    const float* X = warp < 4 ? Ks : Qs;
+    float acc[8][4];
 #pragma unroll
-      for (int ii = 0; ii < 4; ++ii) {
-        ka[ii] = *reinterpret_cast<const float4*>(Ks + (ty + 16 * ii) * KP + i);
-        qa[ii] = *reinterpret_cast<const float4*>(Qs + (ty + 16 * ii) * KP + i);
-        kb[ii] = *reinterpret_cast<const float4*>(Ks + (tx + 16 * ii) * KP + i);
+    for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll 2
+    for (int ks = 0; ks < DK / 8; ++ks) {
+      const float* xa = X + (16 * mtile + g) * KP + 8 * ks + t;
+      uint32_t ah[4], al[4];
+      split_tf32(xa[0], ah[0], al[0]);
+      split_tf32(xa[8 * KP], ah[1], al[1]);
+      split_tf32(xa[4], ah[2], al[2]);
+      split_tf32(xa[8 * KP + 4], ah[3], al[3]);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float* kb = Ks + (8 * nt + g) * KP + 8 * ks + t;
+        mma3(acc[nt], ah, al, kb[0], kb[4]);
       }
-#pragma unroll
-      for (int ii = 0; ii < 4; ++ii)
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          kk[ii][jj] +=
-              ka[ii].x * kb[jj].x + ka[ii].y * kb[jj].y + ka[ii].z * kb[jj].z + ka[ii].w * kb[jj].w;
-          qk[ii][jj] +=
-              qa[ii].x * kb[jj].x + qa[ii].y * kb[jj].y + qa[ii].z * kb[jj].z + qa[ii].w * kb[jj].w;
-        }
     }
+    float* dst = (warp < 4 ? KK : QK) + (16 * mtile + g) * XP + 2 * t;
 #pragma unroll
-    for (int ii = 0; ii < 4; ++ii)
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        KK[(ty + 16 * ii) * XP + tx + 16 * jj] = kk[ii][jj];
-        QK[(ty + 16 * ii) * XP + tx + 16 * jj] = qk[ii][jj];
-      }
+    for (int nt = 0; nt < 8; ++nt) {
+      dst[8 * nt] = acc[nt][0];
+      dst[8 * nt + 1] = acc[nt][1];
+      dst[8 * XP + 8 * nt] = acc[nt][2];
+      dst[8 * XP + 8 * nt + 1] = acc[nt][3];
+    }
   }
 
   for (int vi = 0; vi < ratio; ++vi) {
@@ -280,41 +369,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // (c0, c2, c1, c3) IS an A operand tile over its column index: S^T and U^T stay in registers as
 // accumulators and feed the next products with no shared-memory round trip (B then reads physical
 // rows/columns 2t and 2t + 1: one float2).
-__device__ __forceinline__ uint32_t tf32_bits(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = tf32_bits(x);
-  lo = tf32_bits(x - __uint_as_float(hi));
-}
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// A operand (hi, lo) from an accumulator tile c[4] under the permutation above.
-__device__ __forceinline__ void a_from_acc(const float (&c)[4], uint32_t (&hi)[4],
-                                           uint32_t (&lo)[4]) {
-  split_tf32(c[0], hi[0], lo[0]);
-  split_tf32(c[2], hi[1], lo[1]);
-  split_tf32(c[1], hi[2], lo[2]);
-  split_tf32(c[3], hi[3], lo[3]);
-}
-// d += A B in 3xTF32, B given as its two f32 values.
-__device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
-                                     const uint32_t (&al)[4], float b0, float b1) {
-  uint32_t bh0, bl0, bh1, bl1;
-  split_tf32(b0, bh0, bl0);
-  split_tf32(b1, bh1, bl1);
-  mma_tf32(d, al, bh0, bh1);
-  mma_tf32(d, ah, bl0, bl1);
-  mma_tf32(d, ah, bh0, bh1);
-}
-
 template <int DK>
 struct StateSmem {
   static constexpr int KPW = DK + 8;  // W/Q rows: float2 B loads at (row g, col 2t) conflict-free
@@ -612,10 +666,24 @@ void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_s
     if (stage_events) LILAC_CUDA_CHECK(cudaEventRecord(stage_events[i], stream));
   };
   mark(0);
-  gdn_prep_kernel<<<T, kThreads, size_t(2) * Hk * Dk * sizeof(float), stream>>>(
-      proj, conv_taps, conv_state, neg_exp_A, dt_bias, Hk, Hv, Dk, Dv, K, w.qn, w.kn, w.vb, w.gb,
-      w.bb);
-  LILAC_CUDA_LAUNCHED();
+  switch (K) {
+#define LILAC_GDN_PREP(KC)                                                                 \
+  case KC:                                                                                 \
+    launch_prep<KC>(proj, conv_taps, conv_state, neg_exp_A, dt_bias, T, Hk, Hv, Dk, Dv, w, \
+                    stream);                                                               \
+    break;
+    LILAC_GDN_PREP(1)
+    LILAC_GDN_PREP(2)
+    LILAC_GDN_PREP(3)
+    LILAC_GDN_PREP(4)
+    LILAC_GDN_PREP(5)
+    LILAC_GDN_PREP(6)
+    LILAC_GDN_PREP(7)
+    default:
+      launch_prep<8>(proj, conv_taps, conv_state, neg_exp_A, dt_bias, T, Hk, Hv, Dk, Dv, w, stream);
+      break;
+#undef LILAC_GDN_PREP
+  }
   mark(1);
   switch (Dk) {
     case 32:
