@@ -90,11 +90,22 @@ void bench_attention() {
   fill(gate.get(), gate.size(), 0.f, 1.7f);
   DeviceBuffer<float> ws(attention_decode_workspace_floats(kHeads, kKv, kHd, kMaxCtx));
   DeviceBuffer<int32_t> pos(1);
+  // The decode path: v1 = qk_norm_rope_store (T = 1) + attention_decode (3 launches); v2 =
+  // attention_decode_qkv (2 launches). Both write the new key at row ctx - 1.
+  const int P = kHeads * 2 * kHd + 2 * kKv * kHd;
+  const std::vector<float> inv_h = lilac::cpu::rope_inv_freq(1e7f, kR);
+  DeviceBuffer<float> inv(inv_h.size()), qn(static_cast<size_t>(kHd)), kn(static_cast<size_t>(kHd));
+  LILAC_CUDA_CHECK(cudaMemcpy(inv.get(), inv_h.data(), inv_h.size() * 4, cudaMemcpyHostToDevice));
+  fill(qn.get(), qn.size(), 1.f, 0.1f);
+  fill(kn.get(), kn.size(), 1.f, 0.1f);
+  DeviceBuffer<float> qkv1(static_cast<size_t>(P));
+  fill(qkv1.get(), qkv1.size(), 0.f, 1.7f);
   std::printf(
       "attention_decode: %d splits (max_ctx %d); bytes = K+V of the context (2 KiB/token)\n",
       attention_decode_splits(kKv, kMaxCtx), kMaxCtx);
   std::printf("(10 layers' caches rotate: up to 2K context they fit the 60 MB L2 together)\n");
-  std::printf("%10s %10s %10s %8s\n", "context", "us", "GB/s", "of copy");
+  std::printf("%10s %10s %10s %8s %14s %14s\n", "context", "us", "GB/s", "of copy", "v1 rope+attn",
+              "v2 attn_qkv");
   for (int ctx = 256; ctx <= kMaxCtx; ctx *= 2) {
     const int p = ctx - 1;
     LILAC_CUDA_CHECK(cudaMemcpy(pos.get(), &p, 4, cudaMemcpyHostToDevice));
@@ -103,17 +114,26 @@ void bench_attention() {
       attention_decode(q.get(), gate.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), pos.get(),
                        kHeads, kKv, kHd, kMaxCtx, ws.get(), out.get(), s);
     });
+    const double us_v1 = time_graph_us([&](int i, cudaStream_t s) {
+      const int l = i % kAttnLayers;
+      qk_norm_rope_store(qkv1.get(), 1, pos.get(), qn.get(), kn.get(), inv.get(), kHeads, kKv, kHd,
+                         kR, 1e-6f, q.get(), gate.get(), kc[size_t(l)].get(), vc[size_t(l)].get(),
+                         kMaxCtx, s);
+      attention_decode(q.get(), gate.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), pos.get(),
+                       kHeads, kKv, kHd, kMaxCtx, ws.get(), out.get(), s);
+    });
+    const double us_v2 = time_graph_us([&](int i, cudaStream_t s) {
+      const int l = i % kAttnLayers;
+      attention_decode_qkv(qkv1.get(), pos.get(), qn.get(), kn.get(), inv.get(), kHeads, kKv, kHd,
+                           kR, 1e-6f, kc[size_t(l)].get(), vc[size_t(l)].get(), kMaxCtx, ws.get(),
+                           out.get(), s);
+    });
     const double gbs = double(ctx) * 2048.0 / us * 1e-3;
-    std::printf("%10d %10.2f %10.0f %7.0f%%\n", ctx, us, gbs, 100.0 * gbs / kCopyGBs);
+    std::printf("%10d %10.2f %10.0f %7.0f%% %14.2f %14.2f\n", ctx, us, gbs, 100.0 * gbs / kCopyGBs,
+                us_v1, us_v2);
   }
 
   // qk_norm_rope_store: decode (T = 1) and a prefill chunk.
-  const int P = kHeads * 2 * kHd + 2 * kKv * kHd;
-  const std::vector<float> inv_h = lilac::cpu::rope_inv_freq(1e7f, kR);
-  DeviceBuffer<float> inv(inv_h.size()), qn(static_cast<size_t>(kHd)), kn(static_cast<size_t>(kHd));
-  LILAC_CUDA_CHECK(cudaMemcpy(inv.get(), inv_h.data(), inv_h.size() * 4, cudaMemcpyHostToDevice));
-  fill(qn.get(), qn.size(), 1.f, 0.1f);
-  fill(kn.get(), kn.size(), 1.f, 0.1f);
   for (int T : {1, 8192}) {
     DeviceBuffer<float> qkv(size_t(T) * P);
     fill(qkv.get(), qkv.size(), 0.f, 1.7f);
