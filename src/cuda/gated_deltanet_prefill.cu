@@ -22,15 +22,16 @@
 //  1. gdn_prep (grid T/64 x C/128): conv + SiLU over the C channels (rows before the chunk from
 //     conv_state), l2norm of q (x Dk^-0.5) and k, gates g and beta. Reads the 32 KiB qkv row and
 //     writes 32 KiB of q, k, v: DRAM-bound, ~15 ns/token.
-//  2. gdn_chunk (grid chunks x Hk, 256 threads): K K^T and Q K^T of the key head (mma.sync, 3xTF32),
+//  2. gdn_chunk (grid chunks x Hk, 256 threads): K K^T and Q K^T of the key head (mma.sync,
+//  3xTF32),
 //     then per value head of that key head: G by a scan, A and P (P to the workspace), and W and U~
 //     by forward substitution on CUDA cores, one column per thread, 64 rows unrolled in registers
 //     (U~ overwrites v in place). ~20 ns/token.
 //  3. gdn_state (grid Dv/32 x Hv = 128 blocks, 256 threads, ~197 KiB smem): the only sequential
 //     part. A block keeps S[:, 32 columns] in registers (mma accumulators) and walks the chunks:
 //     [W; Q] S, U = U~ - W S, O = e^G Q S + P U (written over U~), S = e^{G_L} S + K~^T U, all on
-//     tensor cores in 3xTF32, the next chunk's operands prefetched by cp.async. 2.75 M MAC per block
-//     per chunk: ~3 us per chunk step -> T = 4096 ~0.19 ms per layer, the dominant term.
+//     tensor cores in 3xTF32, the next chunk's operands prefetched by cp.async. 2.75 M MAC per
+//     block per chunk: ~3 us per chunk step -> T = 4096 ~0.19 ms per layer, the dominant term.
 //  4. gdn_out (grid T + 1): gated RMS norm per (token, value head) into bf16 out; the extra block
 //     shifts conv_state to the last K-1 pre-conv rows (after step 1 has read it).
 // Workspace (floats): q, k [T, Hk, Dk]; v / U~ / O [T, Hv, Dv]; W [T, Hv, Dk]; g, beta [T, Hv];
@@ -51,7 +52,7 @@ using attn::cp_async_wait;
 using attn::smem_addr;
 
 constexpr int kBT = 64;        // chunk length
-constexpr int kThreads = 256;  // every prefill kernel
+constexpr int kThreads = 256;  // chunk, state and out kernels
 constexpr int kColsB = 32;     // value columns per gdn_state block
 
 size_t round4(size_t n) {
@@ -329,21 +330,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int r = 0; r < kBT; ++r) x[r] = r < n ? Bs[r] * vcol[size_t(r) * Hv * Dv] : 0.f;
       }
+      // Two accumulators per row (groups of 4 alternate): the dependent chain of a row halves.
 #pragma unroll
       for (int r = 1; r < kBT; ++r) {
-        float acc = x[r];
+        float acc[2] = {x[r], 0.f};
         const float* a = As + r * AP;
 #pragma unroll
         for (int s = 0; s < (r & ~3); s += 4) {
           const float4 a4 = *reinterpret_cast<const float4*>(a + s);
-          acc -= a4.x * x[s];
-          acc -= a4.y * x[s + 1];
-          acc -= a4.z * x[s + 2];
-          acc -= a4.w * x[s + 3];
+          float& c = acc[(s >> 2) & 1];
+          c -= a4.x * x[s];
+          c -= a4.y * x[s + 1];
+          c -= a4.z * x[s + 2];
+          c -= a4.w * x[s + 3];
         }
 #pragma unroll
-        for (int s = r & ~3; s < r; ++s) acc -= a[s] * x[s];
-        x[r] = acc;
+        for (int s = r & ~3; s < r; ++s) acc[0] -= a[s] * x[s];
+        x[r] = acc[0] + acc[1];
       }
       if (col < DK) {
         float* wcol = Wb + (size_t(t0) * Hv + v) * DK + col;
