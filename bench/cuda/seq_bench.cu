@@ -2,9 +2,11 @@
 // model's shapes: heads 16, kv 2, hd 256, R 64; GDN Hk 16, Hv 32, Dk = Dv = 128, K 4.
 // Decode kernels: a CUDA graph of 20 launches rotating over the model's layers (10 attention
 // layers' KV caches, 30 GDN layers' states: as in a decode step, a layer's data is not in L2),
-// replayed
-// >= 21 times with CUDA events; the median per launch. Prefill kernels: CUDA events around single
-// launches after a warm-up, median of >= 20. Prints one table; usage: lilac_cuda_bench_seq.
+// replayed >= 21 times with CUDA events; the median per launch. Attention decode is timed alone,
+// as the v1 decode path (qk_norm_rope_store + attention_decode) and as v2 (attention_decode_qkv);
+// gdn_decode on both paths (v2 cluster, v1 counter). Prefill kernels: CUDA events around single
+// launches after a warm-up, median of >= 20; gdn_prefill also per stage (prep, chunk, state, out).
+// Prints one table; usage: lilac_cuda_bench_seq.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
