@@ -2,9 +2,11 @@
 // model's shapes: heads 16, kv 2, hd 256, R 64; GDN Hk 16, Hv 32, Dk = Dv = 128, K 4.
 // Decode kernels: a CUDA graph of 20 launches rotating over the model's layers (10 attention
 // layers' KV caches, 30 GDN layers' states: as in a decode step, a layer's data is not in L2),
-// replayed
-// >= 21 times with CUDA events; the median per launch. Prefill kernels: CUDA events around single
-// launches after a warm-up, median of >= 20. Prints one table; usage: lilac_cuda_bench_seq.
+// replayed >= 21 times with CUDA events; the median per launch. Attention decode is timed alone,
+// as the v1 decode path (qk_norm_rope_store + attention_decode) and as v2 (attention_decode_qkv);
+// gdn_decode on both paths (v2 cluster, v1 counter). Prefill kernels: CUDA events around single
+// launches after a warm-up, median of >= 20; gdn_prefill also per stage (prep, chunk, state, out).
+// Prints one table; usage: lilac_cuda_bench_seq.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -90,11 +92,22 @@ void bench_attention() {
   fill(gate.get(), gate.size(), 0.f, 1.7f);
   DeviceBuffer<float> ws(attention_decode_workspace_floats(kHeads, kKv, kHd, kMaxCtx));
   DeviceBuffer<int32_t> pos(1);
+  // The decode path: v1 = qk_norm_rope_store (T = 1) + attention_decode (3 launches); v2 =
+  // attention_decode_qkv (2 launches). Both write the new key at row ctx - 1.
+  const int P = kHeads * 2 * kHd + 2 * kKv * kHd;
+  const std::vector<float> inv_h = lilac::cpu::rope_inv_freq(1e7f, kR);
+  DeviceBuffer<float> inv(inv_h.size()), qn(static_cast<size_t>(kHd)), kn(static_cast<size_t>(kHd));
+  LILAC_CUDA_CHECK(cudaMemcpy(inv.get(), inv_h.data(), inv_h.size() * 4, cudaMemcpyHostToDevice));
+  fill(qn.get(), qn.size(), 1.f, 0.1f);
+  fill(kn.get(), kn.size(), 1.f, 0.1f);
+  DeviceBuffer<float> qkv1(static_cast<size_t>(P));
+  fill(qkv1.get(), qkv1.size(), 0.f, 1.7f);
   std::printf(
       "attention_decode: %d splits (max_ctx %d); bytes = K+V of the context (2 KiB/token)\n",
       attention_decode_splits(kKv, kMaxCtx), kMaxCtx);
   std::printf("(10 layers' caches rotate: up to 2K context they fit the 60 MB L2 together)\n");
-  std::printf("%10s %10s %10s %8s\n", "context", "us", "GB/s", "of copy");
+  std::printf("%10s %10s %10s %8s %14s %14s\n", "context", "us", "GB/s", "of copy", "v1 rope+attn",
+              "v2 attn_qkv");
   for (int ctx = 256; ctx <= kMaxCtx; ctx *= 2) {
     const int p = ctx - 1;
     LILAC_CUDA_CHECK(cudaMemcpy(pos.get(), &p, 4, cudaMemcpyHostToDevice));
@@ -103,17 +116,26 @@ void bench_attention() {
       attention_decode(q.get(), gate.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), pos.get(),
                        kHeads, kKv, kHd, kMaxCtx, ws.get(), out.get(), s);
     });
+    const double us_v1 = time_graph_us([&](int i, cudaStream_t s) {
+      const int l = i % kAttnLayers;
+      qk_norm_rope_store(qkv1.get(), 1, pos.get(), qn.get(), kn.get(), inv.get(), kHeads, kKv, kHd,
+                         kR, 1e-6f, q.get(), gate.get(), kc[size_t(l)].get(), vc[size_t(l)].get(),
+                         kMaxCtx, s);
+      attention_decode(q.get(), gate.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), pos.get(),
+                       kHeads, kKv, kHd, kMaxCtx, ws.get(), out.get(), s);
+    });
+    const double us_v2 = time_graph_us([&](int i, cudaStream_t s) {
+      const int l = i % kAttnLayers;
+      attention_decode_qkv(qkv1.get(), pos.get(), qn.get(), kn.get(), inv.get(), kHeads, kKv, kHd,
+                           kR, 1e-6f, kc[size_t(l)].get(), vc[size_t(l)].get(), kMaxCtx, ws.get(),
+                           out.get(), s);
+    });
     const double gbs = double(ctx) * 2048.0 / us * 1e-3;
-    std::printf("%10d %10.2f %10.0f %7.0f%%\n", ctx, us, gbs, 100.0 * gbs / kCopyGBs);
+    std::printf("%10d %10.2f %10.0f %7.0f%% %14.2f %14.2f\n", ctx, us, gbs, 100.0 * gbs / kCopyGBs,
+                us_v1, us_v2);
   }
 
   // qk_norm_rope_store: decode (T = 1) and a prefill chunk.
-  const int P = kHeads * 2 * kHd + 2 * kKv * kHd;
-  const std::vector<float> inv_h = lilac::cpu::rope_inv_freq(1e7f, kR);
-  DeviceBuffer<float> inv(inv_h.size()), qn(static_cast<size_t>(kHd)), kn(static_cast<size_t>(kHd));
-  LILAC_CUDA_CHECK(cudaMemcpy(inv.get(), inv_h.data(), inv_h.size() * 4, cudaMemcpyHostToDevice));
-  fill(qn.get(), qn.size(), 1.f, 0.1f);
-  fill(kn.get(), kn.size(), 1.f, 0.1f);
   for (int T : {1, 8192}) {
     DeviceBuffer<float> qkv(size_t(T) * P);
     fill(qkv.get(), qkv.size(), 0.f, 1.7f);
@@ -178,35 +200,60 @@ void bench_gdn() {
   DeviceBuffer<float> ws(gdn_decode_workspace_floats(kHk, kHv, kDv));
   gdn_decode_workspace_init(ws.get(), kHk, kHv, kDv, nullptr);
   DeviceBuffer<bf16> out(size_t(kHv) * kDv);
-  const double us = time_graph_us(
-      [&](int i, cudaStream_t s) {
-        GdnLayer& L = layers[size_t(i % kGdnLayers)];
-        gdn_decode(proj[size_t(i % kGdnLayers)].get(), L.taps.get(), L.conv.get(),
-                   L.neg_exp_A.get(), L.dt_bias.get(), L.norm_w.get(), L.state.get(), kHk, kHv, kDk,
-                   kDv, kK, 1e-6f, ws.get(), out.get(), s);
-      },
-      kGdnLayers, 21);
   const double bytes = 2.0 * kHv * kDk * kDv * 4 + 2.0 * (kK - 1) * kC * 4 + double(kC) * kK * 4 +
                        kP * 4.0 + kHv * kDv * 2.0;
-  std::printf("gdn_decode: %.2f us, %.0f GB/s (%.1f MB moved), %.0f%% of copy\n", us,
-              bytes / us * 1e-3, bytes * 1e-6, 100.0 * bytes / us * 1e-3 / kCopyGBs);
+  for (const GdnDecodePath path : {GdnDecodePath::Cluster, GdnDecodePath::Counter}) {
+    if (path == GdnDecodePath::Cluster && !gdn_decode_uses_cluster(kHk, kHv, kDk, kDv)) continue;
+    const double us = time_graph_us(
+        [&](int i, cudaStream_t s) {
+          GdnLayer& L = layers[size_t(i % kGdnLayers)];
+          gdn_decode(proj[size_t(i % kGdnLayers)].get(), L.taps.get(), L.conv.get(),
+                     L.neg_exp_A.get(), L.dt_bias.get(), L.norm_w.get(), L.state.get(), kHk, kHv,
+                     kDk, kDv, kK, 1e-6f, ws.get(), out.get(), s, path);
+        },
+        kGdnLayers, 21);
+    std::printf("gdn_decode (%s): %.2f us, %.0f GB/s (%.1f MB moved), %.0f%% of copy\n",
+                path == GdnDecodePath::Cluster ? "v2 cluster" : "v1 counter", us, bytes / us * 1e-3,
+                bytes * 1e-6, 100.0 * bytes / us * 1e-3 / kCopyGBs);
+  }
 
-  std::printf("gdn_prefill\n%8s %12s %14s\n", "T", "ms", "tokens/s/layer");
-  for (int T : {4096, 65536}) {
+  std::printf(
+      "gdn_prefill (stages: median of the per-launch event times)\n%8s %10s %14s %9s %9s %9s %9s\n",
+      "T", "ms", "tokens/s/layer", "prep", "chunk", "state", "out");
+  cudaEvent_t ev[5];
+  for (auto& e : ev) LILAC_CUDA_CHECK(cudaEventCreate(&e));
+  for (int T : {512, 4096, 65536}) {
     DeviceBuffer<float> pp(size_t(T) * kP);
     fill(pp.get(), pp.size(), 0.f, 1.7f);
     DeviceBuffer<float> pws(gdn_prefill_workspace_floats(T, kHk, kHv, kDk, kDv));
     DeviceBuffer<bf16> po(size_t(T) * kHv * kDv);
     GdnLayer& L = layers[0];
-    const double t_us = time_us(
-        [&](int, cudaStream_t s) {
-          gdn_prefill(pp.get(), T, L.taps.get(), L.conv.get(), L.neg_exp_A.get(), L.dt_bias.get(),
-                      L.norm_w.get(), L.state.get(), kHk, kHv, kDk, kDv, kK, 1e-6f, pws.get(),
-                      po.get(), s);
-        },
-        2, 20);
-    std::printf("%8d %12.3f %14.0f\n", T, t_us * 1e-3, T / t_us * 1e6);
+    const auto launch = [&](cudaStream_t s, const cudaEvent_t* events) {
+      gdn_prefill(pp.get(), T, L.taps.get(), L.conv.get(), L.neg_exp_A.get(), L.dt_bias.get(),
+                  L.norm_w.get(), L.state.get(), kHk, kHv, kDk, kDv, kK, 1e-6f, pws.get(), po.get(),
+                  s, events);
+    };
+    const double t_us = time_us([&](int, cudaStream_t s) { launch(s, nullptr); }, 2, 20);
+    // Stage times: separate runs with events between the launches (median per stage).
+    std::vector<std::vector<float>> st(4);
+    for (int rep = 0; rep < 11; ++rep) {
+      launch(g_stream, ev);
+      LILAC_CUDA_CHECK(cudaEventSynchronize(ev[4]));
+      for (int i = 0; i < 4; ++i) {
+        float ms = 0.f;
+        LILAC_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+        st[size_t(i)].push_back(ms);
+      }
+    }
+    double med[4];
+    for (int i = 0; i < 4; ++i) {
+      std::sort(st[size_t(i)].begin(), st[size_t(i)].end());
+      med[i] = st[size_t(i)][st[size_t(i)].size() / 2];
+    }
+    std::printf("%8d %10.3f %14.0f %9.3f %9.3f %9.3f %9.3f\n", T, t_us * 1e-3, T / t_us * 1e6,
+                med[0], med[1], med[2], med[3]);
   }
+  for (auto& e : ev) LILAC_CUDA_CHECK(cudaEventDestroy(e));
 }
 
 }  // namespace

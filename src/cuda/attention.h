@@ -36,6 +36,17 @@ void attention_decode(const bf16* q, const bf16* gate, const bf16* k_cache, cons
                       const int32_t* d_pos0, int heads, int kv_heads, int hd, int max_ctx,
                       float* partial, bf16* out, cudaStream_t stream);
 
+// One decode step with qk_norm_rope_store folded in (version 2 of the decode path: one launch
+// fewer): from the f32 qkv row [heads*2*hd + 2*kv_heads*hd] of the token at position *d_pos0, the
+// split kernel's prologue RMS-norms and rotates the queries of its GQA group (as
+// qk_norm_rope_store), the block whose key range holds position *d_pos0 also computes that key and
+// value, stores them at cache row *d_pos0 and uses them; the combine kernel takes the gate from
+// the row (rounded to bf16). Same output as qk_norm_rope_store (T = 1) + attention_decode.
+void attention_decode_qkv(const float* qkv, const int32_t* d_pos0, const float* q_norm,
+                          const float* k_norm, const float* inv_freq, int heads, int kv_heads,
+                          int hd, int rotary_dim, float eps, bf16* k_cache, bf16* v_cache,
+                          int max_ctx, float* partial, bf16* out, cudaStream_t stream);
+
 // Causal flash attention for T queries (q, gate [T, heads*hd]) at positions pos0..pos0+T-1 over
 // cache rows [0, pos0 + T) (this chunk's keys already stored), GQA, softmax scale hd^-0.5; out [T,
 // heads*hd].

@@ -72,34 +72,25 @@ __device__ __forceinline__ void store_bf16(bf16* p, const float (&x)[N]) {
   }
 }
 
+// One head row of hd = 32 * EPL values per warp (lane: EPL consecutive values from d0 = lane *
+// EPL): RMS norm (mean over hd, eps) times `scale`, then split-half RoPE on dims [0, rotary_dim)
+// at position pos (angle pos * inv_freq[j] in f32, full-precision sincosf). `buf` is a per-warp
+// shared row of hd floats for the RoPE partners.
 template <int EPL>
-__global__ void qk_norm_rope_store_kernel(
-    const float* __restrict__ qkv, const int32_t* __restrict__ d_pos0,
-    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-    const float* __restrict__ inv_freq, int heads, int kv_heads, int rotary_dim, float eps,
-    bf16* __restrict__ q, bf16* __restrict__ gate, bf16* __restrict__ k_cache,
-    bf16* __restrict__ v_cache, int max_ctx) {
+__device__ __forceinline__ void norm_rope_row(const float* __restrict__ src,
+                                              const float* __restrict__ scale,
+                                              const float* __restrict__ inv_freq, int pos,
+                                              int rotary_dim, float eps, float* buf,
+                                              float (&x)[EPL]) {
   constexpr int HD = 32 * EPL;
-  extern __shared__ float rope_rows[];  // [warps][HD]: the normed row, for the RoPE partners
-  const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int pos = *d_pos0 + t;
-  const size_t row_len = size_t(heads) * 2 * HD + size_t(2) * kv_heads * HD;
-  const float* row = qkv + size_t(t) * row_len;
-  const bool is_q = warp < heads;
-  const int kvh = warp - heads;
-  const float* src =
-      is_q ? row + size_t(warp) * 2 * HD : row + size_t(heads) * 2 * HD + size_t(kvh) * HD;
-  const float* scale = is_q ? q_norm : k_norm;
-  const int d0 = lane * EPL;
-
-  float x[EPL];
+  const int d0 = (threadIdx.x & 31) * EPL;
   load_f32(src + d0, x);
   float ss = 0.f;
 #pragma unroll
   for (int e = 0; e < EPL; ++e) ss += x[e] * x[e];
   ss = warp_sum(ss);
   const float r = rsqrtf(ss / float(HD) + eps);
-  float* buf = rope_rows + warp * HD;
+  __syncwarp();  // the warp's previous readers of buf are done
 #pragma unroll
   for (int e = 0; e < EPL; ++e) {
     x[e] = x[e] * r * scale[d0 + e];
@@ -118,6 +109,29 @@ __global__ void qk_norm_rope_store_kernel(
       x[e] = lo ? x[e] * cs - buf[d + half] * sn : x[e] * cs + buf[d - half] * sn;
     }
   }
+}
+
+template <int EPL>
+__global__ void qk_norm_rope_store_kernel(
+    const float* __restrict__ qkv, const int32_t* __restrict__ d_pos0,
+    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+    const float* __restrict__ inv_freq, int heads, int kv_heads, int rotary_dim, float eps,
+    bf16* __restrict__ q, bf16* __restrict__ gate, bf16* __restrict__ k_cache,
+    bf16* __restrict__ v_cache, int max_ctx) {
+  constexpr int HD = 32 * EPL;
+  extern __shared__ float rope_rows[];  // [warps][HD]: the normed row, for the RoPE partners
+  const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int pos = *d_pos0 + t;
+  const size_t row_len = size_t(heads) * 2 * HD + size_t(2) * kv_heads * HD;
+  const float* row = qkv + size_t(t) * row_len;
+  const bool is_q = warp < heads;
+  const int kvh = warp - heads;
+  const float* src =
+      is_q ? row + size_t(warp) * 2 * HD : row + size_t(heads) * 2 * HD + size_t(kvh) * HD;
+  const int d0 = lane * EPL;
+  float x[EPL];
+  norm_rope_row<EPL>(src, is_q ? q_norm : k_norm, inv_freq, pos, rotary_dim, eps,
+                     rope_rows + warp * HD, x);
   if (is_q) {
     const size_t o = (size_t(t) * heads + warp) * HD + d0;
     store_bf16(q + o, x);
@@ -144,6 +158,22 @@ template <int HD>
 constexpr int dec_smem_bytes() {
   return 2 * kDecStages * kDecKeys * HD * 2;
 }
+// The fused prologue's scratch after the stages: RoPE partner rows [warps][HD] f32, the group's
+// normed and rotated queries [8][HD] bf16, the new key and value [2][HD] bf16.
+template <int HD>
+constexpr int dec_fused_smem_bytes() {
+  return dec_smem_bytes<HD>() + kDecWarps * HD * 4 + 8 * HD * 2 + 2 * HD * 2;
+}
+
+// What attention_decode_qkv adds: the projection row and the norm / RoPE parameters; the kernel
+// writes the new key and value into the caches.
+struct FusedQkv {
+  const float* qkv;  // [heads*2*hd + 2*kv_heads*hd] f32
+  const float *q_norm, *k_norm, *inv_freq;
+  int rotary_dim;
+  float eps;
+  bf16 *k_cache, *v_cache;
+};
 
 // Keys per split for n keys over S splits: a whole number of tiles, at least one. The split kernel
 // and the combine kernel both derive the active splits from it.
@@ -152,12 +182,19 @@ __device__ __forceinline__ int dec_keys_per_split(int n, int S) {
   return (k + kDecKeys - 1) / kDecKeys * kDecKeys;
 }
 
-template <int HD>
+// FUSED (attention_decode_qkv): the prologue computes the group's queries from the f32 qkv row
+// (RMS norm, RoPE: norm_rope_row, as qk_norm_rope_store) into shared memory, and the block whose
+// range holds the new key (position n - 1) computes that key and value, stores them in the caches
+// and patches them into its last tile (that row is not read from the cache: zero-filled, then
+// overwritten after the tile has landed).
+template <int HD, bool FUSED>
 __global__ void __launch_bounds__(kDecThreads, 1)
     attn_decode_split_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
                              const bf16* __restrict__ v_cache, const int32_t* __restrict__ d_pos0,
-                             int heads, int group, int max_ctx, float* __restrict__ part_o,
-                             float* __restrict__ part_ml) {
+                             int heads, int kv_heads, int max_ctx, float* __restrict__ part_o,
+                             float* __restrict__ part_ml, FusedQkv fz) {
+  constexpr int EPL = HD / 32;
+  const int group = heads / kv_heads;
   constexpr int RC = HD / 8;   // 16-byte chunks per K/V row
   constexpr int KS = HD / 16;  // k-steps of Q K^T
   constexpr int NT = HD / 8;   // n-tiles of P V
@@ -185,7 +222,8 @@ __global__ void __launch_bounds__(kDecThreads, 1)
 #pragma unroll 1
     for (int i = 0; i < kDecKeys / kRowsPerPass; ++i) {
       const int r = ld_r0 + i * kRowsPerPass, key = key0 + r;
-      const bool ok = key < end;  // rows past the range: zeros (finite, masked below)
+      // Rows past the range: zeros (finite, masked below); fused: the new key is patched in.
+      const bool ok = key < end && !(FUSED && key == n - 1);
       const size_t off = ok ? size_t(key) * HD + ld_ch * 8 : 0;
       const uint32_t so = stage * kStage + swz(r, ld_ch, RC);
       cp_async16(sK + so, kbase + off, ok ? 16 : 0);
@@ -208,12 +246,47 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     }
   }
 
+  // The first tiles' copies, in flight during the prologue.
+#pragma unroll
+  for (int s = 0; s < kDecStages - 1; ++s) {
+    if (s < ntiles) load_tile(s, s);
+    cp_async_commit();
+  }
+
+  // Fused prologue (its loads overlap the first tiles' copies, issued above).
+  bf16* qs = reinterpret_cast<bf16*>(smem + dec_smem_bytes<HD>() + kDecWarps * HD * 4);
+  bf16* new_kv = qs + 8 * HD;
+  const bool has_new = FUSED && end == n;  // this block's range holds the new key n - 1
+  if constexpr (FUSED) {
+    float* rbuf = reinterpret_cast<float*>(smem + dec_smem_bytes<HD>()) + warp * HD;
+    const int pos = n - 1, d0 = lane * EPL;
+    float x[EPL];
+    for (int gg = warp; gg < group; gg += kDecWarps) {
+      norm_rope_row<EPL>(fz.qkv + size_t(kvh * group + gg) * 2 * HD, fz.q_norm, fz.inv_freq, pos,
+                         fz.rotary_dim, fz.eps, rbuf, x);
+      store_bf16(qs + gg * HD + d0, x);
+    }
+    if (has_new && warp == kDecWarps - 1) {  // k: normed and rotated
+      norm_rope_row<EPL>(fz.qkv + size_t(heads) * 2 * HD + size_t(kvh) * HD, fz.k_norm, fz.inv_freq,
+                         pos, fz.rotary_dim, fz.eps, rbuf, x);
+      store_bf16(new_kv + d0, x);
+      store_bf16(fz.k_cache + (size_t(kvh) * max_ctx + pos) * HD + d0, x);
+    }
+    if (has_new && warp == kDecWarps - 2) {  // v: as it is
+      load_f32(fz.qkv + size_t(heads) * 2 * HD + size_t(kv_heads + kvh) * HD + d0, x);
+      store_bf16(new_kv + HD + d0, x);
+      store_bf16(fz.v_cache + (size_t(kvh) * max_ctx + pos) * HD + d0, x);
+    }
+    __syncthreads();  // qs, new_kv visible
+  }
+
   // Q as the A operand: row g = query head kvh * group + g (rows >= group and 8..15 are zero).
   uint32_t qa[KS][2];
   {
     const bool row_ok = g < group;
-    const uint32_t* qrow =
-        reinterpret_cast<const uint32_t*>(q + size_t(kvh * group + (row_ok ? g : 0)) * HD);
+    const bf16* qsrc =
+        FUSED ? qs + (row_ok ? g : 0) * HD : q + size_t(kvh * group + (row_ok ? g : 0)) * HD;
+    const uint32_t* qrow = reinterpret_cast<const uint32_t*>(qsrc);
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       qa[ks][0] = row_ok ? qrow[ks * 8 + tq] : 0u;
@@ -228,17 +301,23 @@ __global__ void __launch_bounds__(kDecThreads, 1)
 #pragma unroll
   for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = 0.f;
 
-#pragma unroll
-  for (int s = 0; s < kDecStages - 1; ++s) {
-    if (s < ntiles) load_tile(s, s);
-    cp_async_commit();
-  }
   for (int i = 0; i < ntiles; ++i) {
     const int pre = i + kDecStages - 1;
     if (pre < ntiles) load_tile(pre, pre % kDecStages);
     cp_async_commit();
     cp_async_wait<kDecStages - 1>();  // tile i has landed
     __syncthreads();
+    if (has_new && i == ntiles - 1) {  // fused: the new key and value into their row of the tile
+      const int r = n - 1 - (start + i * kDecKeys);
+      for (int e = tid; e < 2 * RC; e += kDecThreads) {
+        const int which = e / RC, ch = e % RC;  // which 0: K, 1: V; 16-byte chunk ch
+        const uint32_t off =
+            (which * kDecStages + i % kDecStages) * kStage + swz(r, ch, RC);  // as load_tile
+        *reinterpret_cast<uint4*>(smem + off) =
+            *reinterpret_cast<const uint4*>(new_kv + which * HD + ch * 8);
+      }
+      __syncthreads();
+    }
     const int key0 = start + i * kDecKeys + warp * 16;
     if (key0 < end) {
       const uint32_t kst = sK + (i % kDecStages) * kStage, vst = sV + (i % kDecStages) * kStage;
@@ -344,11 +423,13 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // out[h, d] = bf16(sum_s 2^(m_s - M) O_s[h, d] / sum_s 2^(m_s - M) l_s * sigmoid(gate[h, d])) over
 // the active splits. Grid (heads, hd / 64); thread (sg, qd) sums splits sg, sg + 16, ... for dims
 // 4qd..4qd+3 of its 64-dim slice, then the 16 split groups are summed through shared memory.
-template <int HD>
+// FUSED: the gate comes from the f32 qkv row (rounded to bf16 as qk_norm_rope_store stores it).
+template <int HD, bool FUSED>
 __global__ void __launch_bounds__(kCombineThreads)
     attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                               const bf16* __restrict__ gate, const int32_t* __restrict__ d_pos0,
-                               int S, int heads, bf16* __restrict__ out) {
+                               const bf16* __restrict__ gate, const float* __restrict__ qkv,
+                               const int32_t* __restrict__ d_pos0, int S, int heads,
+                               bf16* __restrict__ out) {
   __shared__ float w_s[kMaxSplits];
   __shared__ __align__(16) float red[16][64];
   __shared__ float scratch[32];
@@ -381,27 +462,55 @@ __global__ void __launch_bounds__(kCombineThreads)
 #pragma unroll
     for (int i = 0; i < 16; ++i) o += red[i][tid];
     const size_t idx = size_t(h) * HD + d0 + tid;
-    out[idx] = __float2bfloat16_rn(o / L * sigmoid(__bfloat162float(gate[idx])));
+    const float gv =
+        FUSED ? __bfloat162float(__float2bfloat16_rn(qkv[size_t(h) * 2 * HD + HD + d0 + tid]))
+              : __bfloat162float(gate[idx]);
+    out[idx] = __float2bfloat16_rn(o / L * sigmoid(gv));
   }
 }
 
-template <int HD>
+template <int HD, bool FUSED>
 void launch_decode(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
                    const int32_t* d_pos0, int heads, int kv_heads, int max_ctx, int S,
-                   float* part_o, float* part_ml, bf16* out, cudaStream_t stream) {
+                   float* part_o, float* part_ml, const FusedQkv& fz, bf16* out,
+                   cudaStream_t stream) {
+  constexpr int smem = FUSED ? dec_fused_smem_bytes<HD>() : dec_smem_bytes<HD>();
   static const bool attr_set = [] {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel<HD>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          dec_smem_bytes<HD>()));
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel<HD, FUSED>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)attr_set;
-  attn_decode_split_kernel<HD><<<dim3(S, kv_heads), kDecThreads, dec_smem_bytes<HD>(), stream>>>(
-      q, k_cache, v_cache, d_pos0, heads, heads / kv_heads, max_ctx, part_o, part_ml);
+  attn_decode_split_kernel<HD, FUSED><<<dim3(S, kv_heads), kDecThreads, smem, stream>>>(
+      q, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, part_o, part_ml, fz);
   LILAC_CUDA_LAUNCHED();
-  attn_decode_combine_kernel<HD><<<dim3(heads, HD / 64), kCombineThreads, 0, stream>>>(
-      part_o, part_ml, gate, d_pos0, S, heads, out);
+  attn_decode_combine_kernel<HD, FUSED><<<dim3(heads, HD / 64), kCombineThreads, 0, stream>>>(
+      part_o, part_ml, gate, fz.qkv, d_pos0, S, heads, out);
   LILAC_CUDA_LAUNCHED();
+}
+
+template <bool FUSED>
+void launch_decode_hd(int hd, const bf16* q, const bf16* gate, const bf16* k_cache,
+                      const bf16* v_cache, const int32_t* d_pos0, int heads, int kv_heads,
+                      int max_ctx, float* partial, const FusedQkv& fz, bf16* out,
+                      cudaStream_t stream) {
+  const int S = attention_decode_splits(kv_heads, max_ctx);
+  float* part_o = partial;                            // [S][heads][hd]
+  float* part_ml = partial + size_t(S) * heads * hd;  // [S][heads][2]
+  switch (hd) {
+    case 64:
+      launch_decode<64, FUSED>(q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, S,
+                               part_o, part_ml, fz, out, stream);
+      break;
+    case 128:
+      launch_decode<128, FUSED>(q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, S,
+                                part_o, part_ml, fz, out, stream);
+      break;
+    default:
+      launch_decode<256, FUSED>(q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, S,
+                                part_o, part_ml, fz, out, stream);
+      break;
+  }
 }
 
 void check_attention_shape(int heads, int kv_heads, int hd, int max_ctx) {
@@ -470,23 +579,21 @@ void attention_decode(const bf16* q, const bf16* gate, const bf16* k_cache, cons
                       const int32_t* d_pos0, int heads, int kv_heads, int hd, int max_ctx,
                       float* partial, bf16* out, cudaStream_t stream) {
   check_attention_shape(heads, kv_heads, hd, max_ctx);
-  const int S = attention_decode_splits(kv_heads, max_ctx);
-  float* part_o = partial;                            // [S][heads][hd]
-  float* part_ml = partial + size_t(S) * heads * hd;  // [S][heads][2]
-  switch (hd) {
-    case 64:
-      launch_decode<64>(q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, S, part_o,
-                        part_ml, out, stream);
-      break;
-    case 128:
-      launch_decode<128>(q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, S, part_o,
-                         part_ml, out, stream);
-      break;
-    default:
-      launch_decode<256>(q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, S, part_o,
-                         part_ml, out, stream);
-      break;
-  }
+  const FusedQkv none{nullptr, nullptr, nullptr, nullptr, 0, 0.f, nullptr, nullptr};
+  launch_decode_hd<false>(hd, q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, partial,
+                          none, out, stream);
+}
+
+void attention_decode_qkv(const float* qkv, const int32_t* d_pos0, const float* q_norm,
+                          const float* k_norm, const float* inv_freq, int heads, int kv_heads,
+                          int hd, int rotary_dim, float eps, bf16* k_cache, bf16* v_cache,
+                          int max_ctx, float* partial, bf16* out, cudaStream_t stream) {
+  check_attention_shape(heads, kv_heads, hd, max_ctx);
+  if (rotary_dim < 0 || rotary_dim > hd || rotary_dim % 2)
+    fail("attention_decode_qkv: rotary_dim {}", rotary_dim);
+  const FusedQkv fz{qkv, q_norm, k_norm, inv_freq, rotary_dim, eps, k_cache, v_cache};
+  launch_decode_hd<true>(hd, nullptr, nullptr, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx,
+                         partial, fz, out, stream);
 }
 
 }  // namespace lilac::cuda

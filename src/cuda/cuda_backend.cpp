@@ -394,14 +394,10 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   } else {
     const int rows = int(c.q_proj_rows() + 2 * c.kv_dim());
     timed(timer, "gemv.attn_qkv", [&] { gemv(L.qkv_proj, rows, H, w.x.get(), w.proj.get(), GemvOut::Store, s); });
-    timed(timer, "qk_norm_rope_store", [&] {
-      qk_norm_rope_store(w.proj.get(), 1, st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
-                         int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps, w.q.get(), w.gate.get(),
-                         st.k_cache(c, slot), st.v_cache(c, slot), int(st.max_ctx), s);
-    });
-    timed(timer, "attention_decode", [&] {
-      attention_decode(w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot), st.d_pos(), int(c.heads),
-                       int(c.kv_heads), int(c.head_dim), int(st.max_ctx), st.attn_partial.get(), w.mix.get(), s);
+    timed(timer, "attention_decode", [&] {  // qk norm + RoPE + cache store fused in
+      attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
+                           int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps, st.k_cache(c, slot),
+                           st.v_cache(c, slot), int(st.max_ctx), st.attn_partial.get(), w.mix.get(), s);
     });
     timed(timer, "gemv.attn_o_proj", [&] {
       gemv(L.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(), GemvOut::Accumulate, s);

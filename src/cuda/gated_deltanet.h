@@ -16,6 +16,14 @@
 
 namespace lilac::cuda {
 
+// Which gdn_decode kernel runs: Auto picks the cluster kernel (version 2: thread-block clusters and
+// distributed shared memory, sm_90) where the device is compute capability 9.0 and the shape allows
+// it (Hv/Hk * Dv/32 <= 8 blocks per key head, 2 Dk / that a multiple of 32: the real model,
+// tiny-a), otherwise the counter kernel (version 1: cross-block steps through counters in the
+// workspace). Tests force each path.
+enum class GdnDecodePath { Auto, Cluster, Counter };
+bool gdn_decode_uses_cluster(int Hk, int Hv, int Dk, int Dv);
+
 // Decode workspace: per-layer-independent scratch (reusable by every layer, one launch at a time
 // on a stream). It holds counters that must be ZERO before the first launch: allocate it once,
 // call gdn_decode_workspace_init once, and the kernels leave the counters at zero again.
@@ -25,21 +33,23 @@ void gdn_decode_workspace_init(float* workspace, int Hk, int Hv, int Dv, cudaStr
 // One token, fused: conv update + SiLU, l2norm of q (x Dk^-0.5) and k (eps 1e-6), beta =
 // sigmoid(b), g = neg_exp_A * softplus(a + dt_bias), the delta-rule update of `state` and its
 // output, and the gated RMS norm (eps) into out [Hv*Dv] bf16. conv_state and state are updated in
-// place.
+// place. The workspace is used by the counter kernel only (pass it always).
 void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale, float* state,
                 int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                cudaStream_t stream);
+                cudaStream_t stream, GdnDecodePath path = GdnDecodePath::Auto);
 
 // Prefill workspace for T tokens (no initialisation needed).
 size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv);
 
 // T >= 1 tokens, proj [T, C + Hv*Dv + 2*Hv]: causal conv over T continuing conv_state (updated to
 // the last K-1 pre-conv rows), the chunked delta rule (chunks of 64) continuing `state` (updated to
-// the state after token T-1), the gated norm; out [T, Hv*Dv] bf16. Four launches.
+// the state after token T-1), the gated norm; out [T, Hv*Dv] bf16. Four launches. With
+// stage_events (5 events; benchmarks), events 0..4 are recorded before the first launch and after
+// each of the four (prep, chunk, state, out).
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                 bf16* out, cudaStream_t stream);
+                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events = nullptr);
 
 }  // namespace lilac::cuda

@@ -2,26 +2,40 @@
 //
 // Bytes at the real shapes (Hk 16, Hv 32, Dk = Dv = 128, C = 8192, K = 4): the recurrent state,
 // 32 x 128 x 128 f32 = 2 MiB, read and written once (4 MiB); proj 48 KiB; conv state 96 KiB read,
-// 96 KiB written; taps 128 KiB. ~4.4 MB -> 1.0 us at 4.3 TB/s. FLOPs ~ 4 * 2 MiB/4 * 2 = 4 MFLOP
-// (nothing). The floor is DRAM latency + one pass over the state: aim ~3 us.
+// 96 KiB written; taps 128 KiB. ~4.6 MB -> 1.1 us at 4.3 TB/s. FLOPs ~ 4 * 2 MiB/4 * 2 = 4 MFLOP
+// (nothing). The floor is one DRAM round trip plus one pass over the state; the time goes to the
+// chain of dependent steps, so the design counts them.
 //
-// Design: grid (Dv / 32, Hv) = 128 blocks of 2 * Dk = 256 threads; block (cb, v) owns value columns
-// [32 cb, 32 cb + 32) of value head v (the columns of S evolve independently). Thread (rg, cq)
-// holds S rows 4rg..4rg+3 x columns 4cq..4cq+3 (four 16-byte loads, issued first so that DRAM
-// latency overlaps the rest). Each block recomputes the conv + SiLU + l2norm of its key head's q
-// and k (2 x Dk channels; cheaper than a separate kernel launch, ~1.5 us in a graph) and of its own
-// 32 v channels, and the gates. S^T k and S'^T q are reduced over rows with shuffles and one
-// shared-memory pass; u = beta (v - e^g S^T k); S' = e^g S + k u^T is written back in place. Two
-// cross-block steps, each by the "last block to arrive" on a counter in the workspace (atomicAdd
-// after a __threadfence; the last block resets the counter, so the workspace stays zero between
-// launches):
-//  - the conv state of the q/k channels of key head kh is read by the Hv/Hk x (Dv/32) blocks of kh;
-//    the last of them to finish reading writes the shifted state (a block's v channels are its own
-//    and are updated at once);
-//  - the gated RMS norm needs the mean square of o over the whole head: each block stores its 32
-//    values of o and their sum of squares; the last block of head v normalises all Dv columns.
-// With Dv = 32 (one block per head) the norm is done in the block.
+// Version 1 (measured 7.8 us per layer in a graph, H200): 128 blocks, two cross-block steps through
+// a "last block to arrive" counter in global memory, each a __threadfence (waits for the block's
+// writes to reach L2) plus an atomic round trip plus an L2 read by the last block: ~4 dependent L2
+// round trips (~0.7 us each) on top of the state load and the launch. Kept as the fallback
+// (`gdn_decode_counter_kernel`) for devices or shapes without clusters.
+//
+// Version 2 (`gdn_decode_cluster_kernel`, sm_90): the same 128 blocks of 256 threads, grid
+// (Dv/32, Hv), block (cb, v) owning value columns [32 cb, 32 cb + 32) of value head v, but the
+// Hv/Hk x Dv/32 blocks that share key head kh (8 at the real shapes) form one thread-block cluster
+// and talk through distributed shared memory and the cluster barrier (~0.2 us) instead of global
+// memory:
+//  - the 2 Dk q/k channels of key head kh are split over the cluster: rank r convolves channels
+//    [r cpr, (r+1) cpr) (cpr = 2 Dk / cluster size = 32: one warp), owns their conv state (reads
+//    and shifts it: no other block touches it, so no ordering is needed), and pushes the values and
+//    their 32-channel sum of squares into every rank's shared memory (st.shared::cluster);
+//  - barrier 1 (release/acquire): every block now holds the whole q and k of its key head;
+//  - the state pass, in registers: thread (rg, cq) holds S rows 4rg..4rg+3 x columns 4cq..4cq+3
+//    (four 16-byte loads issued first, so DRAM latency overlaps the conv); kS by shuffles and one
+//    shared-memory pass; u = beta (v - e^g S^T k) computed by each thread for its own 4 columns
+//    (no second barrier); S' = e^g S + k u^T stored in place; o = S'^T q likewise;
+//  - the gated norm needs the head's mean square over Dv columns held by Dv/32 blocks: each block
+//    pushes its sum of squares to every rank, barrier 2, each block normalises its own 32 outputs.
+// Dependent steps: state + conv loads (one DRAM round trip, ~1 us with the 2 MiB transfer) ->
+// conv -> push -> barrier -> 2 block barriers -> stores -> push -> barrier -> 32 bf16 stores.
+// Predicted ~3 us per layer in a graph (launch gap ~1.5 us included). No workspace is used.
+// Cluster ranks are taken from %cluster_ctarank only (rank r convolves slice r; pushes go to all
+// ranks, indexed by the source's (value head in the group, column block)), so nothing depends on
+// how the hardware linearises the cluster's blocks.
 #include <algorithm>
+#include <mutex>
 
 #include "cuda/common.cuh"
 #include "cuda/gated_deltanet.h"
@@ -30,7 +44,8 @@
 namespace lilac::cuda {
 namespace {
 
-constexpr int kCols = 32;  // value columns per block
+constexpr int kCols = 32;       // value columns per block
+constexpr int kMaxCluster = 8;  // portable cluster size
 
 // Causal conv + SiLU of one channel for one new input x: rows [conv_state rows 0..KC-2, x].
 // next[] receives what the channel's state becomes (rows 1..KC-2 and x).
@@ -50,14 +65,16 @@ __device__ __forceinline__ float conv_silu(const float* __restrict__ conv_state,
   return silu(acc);
 }
 
+// ---- version 1: cross-block steps through counters in global memory (fallback)
+
 template <int DK, int KC>
 __global__ void __launch_bounds__(2 * DK)
-    gdn_decode_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
-                      float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
-                      const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
-                      float* __restrict__ state, int Hk, int Hv, int Dv, float eps,
-                      int* __restrict__ counters, float* __restrict__ o_ws,
-                      float* __restrict__ ss_ws, bf16* __restrict__ out) {
+    gdn_decode_counter_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
+                              float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
+                              const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
+                              float* __restrict__ state, int Hk, int Hv, int Dv, float eps,
+                              int* __restrict__ counters, float* __restrict__ o_ws,
+                              float* __restrict__ ss_ws, bf16* __restrict__ out) {
   constexpr int NTH = 2 * DK, NW = NTH / 32;
   __shared__ __align__(16) float qs[DK];
   __shared__ __align__(16) float ks[DK];
@@ -207,43 +224,289 @@ __global__ void __launch_bounds__(2 * DK)
   if (tid == 0) counters[Hk + v] = 0;
 }
 
+// ---- version 2: thread-block clusters (sm_90)
+
+// Cluster primitives (PTX ISA 7.8, sm_90). Addresses are 32-bit shared-window addresses.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// This block's shared address `a` as seen in the shared memory of cluster rank `rank`.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t a, uint32_t rank) {
+  uint32_t d;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(rank));
+  return d;
+}
+__device__ __forceinline__ void st_cluster(uint32_t a, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+// Full cluster barrier: shared-memory writes (local or remote) before it are visible after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+}
+#endif
+
+template <int DK, int KC>
+__global__ void __launch_bounds__(2 * DK)
+    gdn_decode_cluster_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
+                              float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
+                              const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
+                              float* __restrict__ state, int Hk, int Hv, int Dv, float eps,
+                              bf16* __restrict__ out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int NTH = 2 * DK, NW = NTH / 32;
+  __shared__ __align__(16) float qk_all[2 * DK];   // post-conv q [0, DK) and k [DK, 2 DK) of kh
+  __shared__ float ss_part[2 * DK / 32];           // sum of squares per 32-channel slice of qk_all
+  __shared__ float ss_o[kMaxCluster];              // o's sum of squares per block of the cluster
+  __shared__ __align__(16) float vs[kCols];        // post-conv v of this block's columns
+  __shared__ __align__(16) float red[NW][kCols];   // per-warp partial column sums: S^T k
+  __shared__ __align__(16) float red2[NW][kCols];  // ... and S'^T q
+  __shared__ float s_beta, s_decay;
+
+  // The cluster's blocks all start before any remote store below (the wait sits after the loads).
+  cluster_arrive_relaxed();
+
+  const int cb = blockIdx.x, v = blockIdx.y, nsplit = gridDim.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int ratio = Hv / Hk, kh = v / ratio, vi = v % ratio;
+  const int CS = ratio * nsplit, cpr = 2 * DK / CS;  // cluster size; q/k channels per rank
+  const int C = 2 * Hk * DK + Hv * Dv;
+  const int c0 = cb * kCols;
+  const int cq = tid & 7, rg = tid >> 3;  // columns 4cq..4cq+3 (of 32), rows 4rg..4rg+3
+  const uint32_t rank = cluster_ctarank();
+
+  // 1. This thread's 4 x 4 slice of S, in flight while the rest is computed; warp 0 also fetches
+  //    what the final norm needs.
+  float* Sp = state + (size_t(v) * DK + 4 * rg) * Dv + c0 + 4 * cq;
+  float4 S[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) S[i] = *reinterpret_cast<const float4*>(Sp + size_t(i) * Dv);
+  const float* z = proj + C + size_t(v) * Dv;
+  float z_l = 0.f, w_l = 0.f;
+  if (warp == 0) z_l = z[c0 + lane], w_l = norm_w[c0 + lane];
+
+  // 2. Conv + SiLU. Threads tid < cpr: q/k channel j = rank * cpr + tid of key head kh (j < DK: q
+  //    channel j, else k channel j - DK); the last warp: the v channels of this block's columns;
+  //    thread 0: the gates.
+  float qk_val = 0.f;
+  int qk_j = 0;
+  if (tid < cpr) {
+    qk_j = int(rank) * cpr + tid;
+    const int ch = qk_j < DK ? kh * DK + qk_j : Hk * DK + kh * DK + (qk_j - DK);
+    float nxt[KC - 1];
+    qk_val = conv_silu<KC>(conv_state, taps, proj[ch], ch, C, nxt);
+#pragma unroll
+    for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + ch] = nxt[r];
+  }
+  if (tid >= NTH - 32) {
+    const int l = tid - (NTH - 32);
+    const int ch = 2 * Hk * DK + v * Dv + c0 + l;
+    float nxt[KC - 1];
+    vs[l] = conv_silu<KC>(conv_state, taps, proj[ch], ch, C, nxt);
+#pragma unroll
+    for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + ch] = nxt[r];
+  }
+  if (tid == 0) {
+    const float* ba = proj + C + size_t(Hv) * Dv;  // b [Hv], then a [Hv]
+    s_beta = sigmoid(ba[v]);
+    const float x = ba[Hv + v] + dt_bias[v];
+    s_decay = expf(neg_exp_A[v] * (x > 20.f ? x : log1pf(expf(x))));
+  }
+  cluster_wait();   // every block of the cluster has started
+  if (tid < cpr) {  // whole warps (cpr is a multiple of 32): push value and slice sum of squares
+    const float ss = warp_sum(qk_val * qk_val);
+    const uint32_t a_val = smem_u32(&qk_all[qk_j]), a_ss = smem_u32(&ss_part[qk_j / 32]);
+    for (int r = 0; r < CS; ++r) {
+      st_cluster(cluster_map(a_val, uint32_t(r)), qk_val);
+      if (lane == 0) st_cluster(cluster_map(a_ss, uint32_t(r)), ss);
+    }
+  }
+  cluster_sync();  // (1) q, k, their sums of squares, vs and the gates are visible
+
+  // 3. l2norm: q by (sum q^2 + 1e-6)^-1/2 * Dk^-1/2, k by (sum k^2 + 1e-6)^-1/2.
+  float ssq = 0.f, ssk = 0.f;
+#pragma unroll
+  for (int w = 0; w < DK / 32; ++w) ssq += ss_part[w], ssk += ss_part[DK / 32 + w];
+  const float rq = rsqrtf(ssq + 1e-6f) * rsqrtf(float(DK)), rk = rsqrtf(ssk + 1e-6f);
+  const float4 q4 = *reinterpret_cast<const float4*>(&qk_all[4 * rg]);
+  const float4 k4 = *reinterpret_cast<const float4*>(&qk_all[DK + 4 * rg]);
+  const float kr[4] = {k4.x * rk, k4.y * rk, k4.z * rk, k4.w * rk};
+  const float qr[4] = {q4.x * rq, q4.y * rq, q4.z * rq, q4.w * rq};
+  const float decay = s_decay, beta = s_beta;
+
+  // 4. kS[c] = sum_i S[i][c] k[i]: 4 rows here, then over the 4 row groups of the warp (lanes
+  //    cq + 8m), then over the warps in shared memory; each thread sums the warps for its own 4
+  //    columns and forms u = beta (v - (e^g S)^T k) there.
+  float a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    a[0] += S[i].x * kr[i], a[1] += S[i].y * kr[i], a[2] += S[i].z * kr[i], a[3] += S[i].w * kr[i];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    a[j] += __shfl_xor_sync(0xffffffffu, a[j], 8);
+    a[j] += __shfl_xor_sync(0xffffffffu, a[j], 16);
+  }
+  if (lane < 8)
+    *reinterpret_cast<float4*>(&red[warp][4 * cq]) = make_float4(a[0], a[1], a[2], a[3]);
+  __syncthreads();
+  float4 kS = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    const float4 r4 = *reinterpret_cast<const float4*>(&red[w][4 * cq]);
+    kS.x += r4.x, kS.y += r4.y, kS.z += r4.z, kS.w += r4.w;
+  }
+  const float4 v4 = *reinterpret_cast<const float4*>(&vs[4 * cq]);
+  const float4 u4 = make_float4(beta * (v4.x - decay * kS.x), beta * (v4.y - decay * kS.y),
+                                beta * (v4.z - decay * kS.z), beta * (v4.w - decay * kS.w));
+
+  // 5. S' = e^g S + k u^T (stored), o = S'^T q.
+  float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    S[i].x = decay * S[i].x + kr[i] * u4.x;
+    S[i].y = decay * S[i].y + kr[i] * u4.y;
+    S[i].z = decay * S[i].z + kr[i] * u4.z;
+    S[i].w = decay * S[i].w + kr[i] * u4.w;
+    *reinterpret_cast<float4*>(Sp + size_t(i) * Dv) = S[i];
+    o[0] += S[i].x * qr[i], o[1] += S[i].y * qr[i], o[2] += S[i].z * qr[i], o[3] += S[i].w * qr[i];
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    o[j] += __shfl_xor_sync(0xffffffffu, o[j], 8);
+    o[j] += __shfl_xor_sync(0xffffffffu, o[j], 16);
+  }
+  if (lane < 8)
+    *reinterpret_cast<float4*>(&red2[warp][4 * cq]) = make_float4(o[0], o[1], o[2], o[3]);
+  __syncthreads();
+
+  // 6. Gated RMS norm over the head: out = w * o * rsqrt(mean(o^2) + eps) * silu(z); warp 0's
+  //    lanes are this block's 32 columns.
+  float ov = 0.f, ss = 0.f;
+  if (warp == 0) {
+#pragma unroll
+    for (int w = 0; w < NW; ++w) ov += red2[w][lane];
+    ss = warp_sum(ov * ov);
+    if (nsplit > 1 && lane == 0) {
+      const uint32_t a_ss = smem_u32(&ss_o[vi * nsplit + cb]);
+      for (int r = 0; r < CS; ++r) st_cluster(cluster_map(a_ss, uint32_t(r)), ss);
+    }
+  }
+  if (nsplit > 1) {
+    cluster_sync();  // (2) the sums of squares of the head's Dv / 32 blocks are here
+    if (warp == 0) {
+      ss = 0.f;
+      for (int c = 0; c < nsplit; ++c) ss += ss_o[vi * nsplit + c];
+    }
+  }
+  if (warp == 0) {
+    const float r = rsqrtf(ss / float(Dv) + eps);
+    out[size_t(v) * Dv + c0 + lane] = __float2bfloat16_rn(w_l * (ov * r) * silu(z_l));
+  }
+#else
+  __trap();  // launched only where the cluster kernel was compiled for sm_90 (see cluster_ok)
+#endif
+}
+
 // Workspace layout (floats): counters [Hk + Hv] (ints, padded to 4), o [Hv * Dv], sum of squares
 // [Hv * (Dv / 32)].
 size_t counters_floats(int Hk, int Hv) {
   return size_t(Hk + Hv + 3) / 4 * 4;
 }
 
+// The cluster kernel's shape rule: the Hv/Hk value heads x Dv/32 column blocks of a key head form
+// one cluster of at most 8 blocks, and its 2 Dk q/k channels split into whole warps per rank.
+bool cluster_shape_ok(int Hk, int Hv, int Dk, int Dv) {
+  const int cs = Hv / Hk * (Dv / kCols);
+  return cs <= kMaxCluster && (2 * Dk) % cs == 0 && (2 * Dk / cs) % 32 == 0;
+}
+
+// The cluster kernel exists as machine code for sm_90a only (the compute_80 PTX holds a trap), so
+// it runs on compute capability 9.0 devices; read once per device.
+bool device_is_cc90() {
+  static int cached[16];
+  static bool filled[16] = {};
+  static std::mutex mu;
+  int dev = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 16) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!filled[dev]) {
+    int major = 0, minor = 0;
+    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    cached[dev] = major * 10 + minor;
+    filled[dev] = true;
+  }
+  return cached[dev] == 90;
+}
+
+struct DecodeArgs {
+  const float *proj, *taps;
+  float* conv_state;
+  const float *neg_exp_A, *dt_bias, *norm_w;
+  float* state;
+  int Hk, Hv, Dv;
+  float eps;
+  float* ws;
+  bf16* out;
+};
+
 template <int DK, int KC>
-void launch_gdn_decode(const float* proj, const float* taps, float* conv_state,
-                       const float* neg_exp_A, const float* dt_bias, const float* norm_w,
-                       float* state, int Hk, int Hv, int Dv, float eps, float* ws, bf16* out,
-                       cudaStream_t stream) {
-  int* counters = reinterpret_cast<int*>(ws);
-  float* o_ws = ws + counters_floats(Hk, Hv);
-  float* ss_ws = o_ws + size_t(Hv) * Dv;
-  gdn_decode_kernel<DK, KC><<<dim3(Dv / kCols, Hv), 2 * DK, 0, stream>>>(
-      proj, taps, conv_state, neg_exp_A, dt_bias, norm_w, state, Hk, Hv, Dv, eps, counters, o_ws,
-      ss_ws, out);
+void launch_gdn_decode(const DecodeArgs& a, bool cluster, cudaStream_t stream) {
+  const dim3 grid(a.Dv / kCols, a.Hv);
+  if (!cluster) {
+    int* counters = reinterpret_cast<int*>(a.ws);
+    float* o_ws = a.ws + counters_floats(a.Hk, a.Hv);
+    float* ss_ws = o_ws + size_t(a.Hv) * a.Dv;
+    gdn_decode_counter_kernel<DK, KC><<<grid, 2 * DK, 0, stream>>>(
+        a.proj, a.taps, a.conv_state, a.neg_exp_A, a.dt_bias, a.norm_w, a.state, a.Hk, a.Hv, a.Dv,
+        a.eps, counters, o_ws, ss_ws, a.out);
+    LILAC_CUDA_LAUNCHED();
+    return;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(2 * DK);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(a.Dv / kCols);  // the whole grid row: a head's column blocks
+  attr[0].val.clusterDim.y = unsigned(a.Hv / a.Hk);   // the value heads of one key head
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_cluster_kernel<DK, KC>, a.proj, a.taps,
+                                      a.conv_state, a.neg_exp_A, a.dt_bias, a.norm_w, a.state, a.Hk,
+                                      a.Hv, a.Dv, a.eps, a.out));
   LILAC_CUDA_LAUNCHED();
 }
 
 template <int DK>
-void launch_gdn_decode_k(int K, const float* proj, const float* taps, float* conv_state,
-                         const float* neg_exp_A, const float* dt_bias, const float* norm_w,
-                         float* state, int Hk, int Hv, int Dv, float eps, float* ws, bf16* out,
-                         cudaStream_t stream) {
+void launch_gdn_decode_k(int K, const DecodeArgs& a, bool cluster, cudaStream_t stream) {
   switch (K) {
     case 2:
-      launch_gdn_decode<DK, 2>(proj, taps, conv_state, neg_exp_A, dt_bias, norm_w, state, Hk, Hv,
-                               Dv, eps, ws, out, stream);
+      launch_gdn_decode<DK, 2>(a, cluster, stream);
       break;
     case 3:
-      launch_gdn_decode<DK, 3>(proj, taps, conv_state, neg_exp_A, dt_bias, norm_w, state, Hk, Hv,
-                               Dv, eps, ws, out, stream);
+      launch_gdn_decode<DK, 3>(a, cluster, stream);
       break;
     default:
-      launch_gdn_decode<DK, 4>(proj, taps, conv_state, neg_exp_A, dt_bias, norm_w, state, Hk, Hv,
-                               Dv, eps, ws, out, stream);
+      launch_gdn_decode<DK, 4>(a, cluster, stream);
       break;
   }
 }
@@ -259,29 +522,47 @@ void gdn_decode_workspace_init(float* workspace, int Hk, int Hv, int Dv, cudaStr
       workspace, 0, gdn_decode_workspace_floats(Hk, Hv, Dv) * sizeof(float), stream));
 }
 
+bool gdn_decode_uses_cluster(int Hk, int Hv, int Dk, int Dv) {
+  return Hk > 0 && Hv % Hk == 0 && Dv % kCols == 0 && cluster_shape_ok(Hk, Hv, Dk, Dv) &&
+         device_is_cc90();
+}
+
 void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale, float* state,
                 int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                cudaStream_t stream) {
+                cudaStream_t stream, GdnDecodePath path) {
   if (Hk <= 0 || Hv % Hk != 0)
     fail("gdn_decode: {} value heads not a multiple of {} key heads", Hv, Hk);
   if (Dv <= 0 || Dv % kCols != 0) fail("gdn_decode: Dv {} not a multiple of {}", Dv, kCols);
   if (K < 2 || K > 4) fail("gdn_decode: conv kernel {} not supported (2..4)", K);
+  if (Dk != 32 && Dk != 64 && Dk != 128) fail("gdn_decode: Dk {} not supported (32, 64, 128)", Dk);
+  bool cluster = false;
+  switch (path) {
+    case GdnDecodePath::Auto:
+      cluster = gdn_decode_uses_cluster(Hk, Hv, Dk, Dv);
+      break;
+    case GdnDecodePath::Cluster:
+      if (!cluster_shape_ok(Hk, Hv, Dk, Dv))
+        fail("gdn_decode: no cluster path for Hk {} Hv {} Dk {} Dv {}", Hk, Hv, Dk, Dv);
+      if (!device_is_cc90())
+        fail("gdn_decode: the cluster path needs a compute capability 9.0 GPU");
+      cluster = true;
+      break;
+    case GdnDecodePath::Counter:
+      break;
+  }
+  const DecodeArgs a{proj, conv_taps, conv_state, neg_exp_A, dt_bias,   norm_scale, state,
+                     Hk,   Hv,        Dv,         eps,       workspace, out};
   switch (Dk) {
     case 32:
-      launch_gdn_decode_k<32>(K, proj, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state,
-                              Hk, Hv, Dv, eps, workspace, out, stream);
+      launch_gdn_decode_k<32>(K, a, cluster, stream);
       break;
     case 64:
-      launch_gdn_decode_k<64>(K, proj, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state,
-                              Hk, Hv, Dv, eps, workspace, out, stream);
-      break;
-    case 128:
-      launch_gdn_decode_k<128>(K, proj, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale,
-                               state, Hk, Hv, Dv, eps, workspace, out, stream);
+      launch_gdn_decode_k<64>(K, a, cluster, stream);
       break;
     default:
-      fail("gdn_decode: Dk {} not supported (32, 64, 128)", Dk);
+      launch_gdn_decode_k<128>(K, a, cluster, stream);
+      break;
   }
 }
 

@@ -10,23 +10,28 @@
 //   P    = lower-incl-diagonal( Q K^T o D )      [64, 64]
 //   U    = U~ - W S0;   O = diag(e^G) Q S0 + P U;   S_end = e^{G_63} S0 + (K o e^{G_63 - G})^T U
 // (derivation: cpu/gated_deltanet.cpp). Only differences G_r - G_s with s <= r are exponentiated,
-// so nothing overflows however strong the decay. All arithmetic is f32 (CUDA cores): the state is
-// carried through every chunk of the sequence, and the tests hold it to ~1e-5 of the recurrence.
+// so nothing overflows however strong the decay. The state is carried through every chunk of the
+// sequence, and the tests hold it to 1e-4 of its scale against the token recurrence: the matrix
+// products run on tensor cores in 3xTF32 (f32-level accuracy, see section 3), the rest in f32.
+//
+// Version 1 (all f32 on CUDA cores, measured on an H200: T = 4096 1.316 ms, T = 65536 19.7 ms per
+// layer) -> version 2 (predicted T = 4096 ~0.42 ms): tensor cores for the sequential state kernel
+// and for K K^T / Q K^T, and a prep kernel that reads each input once.
 //
 // Four launches (real shapes Hk 16, Hv 32, Dk = Dv = 128, C = 8192; per token per layer):
-//  1. gdn_prep (grid T): conv + SiLU over the C channels (rows before the chunk from conv_state),
-//     l2norm of q (x Dk^-0.5) and k, gates g and beta. Reads ~4 x 32 KiB of proj rows (L2),
-//     writes 48 KiB: bandwidth-bound, ~10 ns/token.
-//  2. gdn_chunk (grid chunks x Hk, 256 threads): K K^T and Q K^T of the key head (f32, 4x4 register
-//     tiles), then per value head of that key head: G by a scan, A and P (P to the workspace), and
-//     W and U~ by forward substitution, one column per thread, 64 rows unrolled in registers
-//     (U~ overwrites v in place). 3.3 MFLOP per chunk and value head: ~7 ns/token on the whole GPU.
-//  3. gdn_state (grid Dv/32 x Hv = 128 blocks, 256 threads, ~165 KiB smem): the only sequential
-//     part. A block keeps S[:, 32 columns] in shared memory and walks the chunks: [W; Q] S (128 x
-//     Dk x 32), U, O = e^G Q S + P U (written over U~), S = e^{G_L} S + K~^T U; 4x4 register tiles,
-//     the next chunk's operands prefetched by cp.async while this one computes. 0.9 M FMA per block
-//     per chunk: ~5 us per chunk step -> T = 8192: ~0.65 ms per layer (~80 ns/token), the dominant
-//     term.
+//  1. gdn_prep (grid T/64 x C/128): conv + SiLU over the C channels (rows before the chunk from
+//     conv_state), l2norm of q (x Dk^-0.5) and k, gates g and beta. Reads the 32 KiB qkv row and
+//     writes 32 KiB of q, k, v: DRAM-bound, ~15 ns/token.
+//  2. gdn_chunk (grid chunks x Hk, 256 threads): K K^T and Q K^T of the key head (mma.sync,
+//  3xTF32),
+//     then per value head of that key head: G by a scan, A and P (P to the workspace), and W and U~
+//     by forward substitution on CUDA cores, one column per thread, 64 rows unrolled in registers
+//     (U~ overwrites v in place). ~20 ns/token.
+//  3. gdn_state (grid Dv/32 x Hv = 128 blocks, 256 threads, ~197 KiB smem): the only sequential
+//     part. A block keeps S[:, 32 columns] in registers (mma accumulators) and walks the chunks:
+//     [W; Q] S, U = U~ - W S, O = e^G Q S + P U (written over U~), S = e^{G_L} S + K~^T U, all on
+//     tensor cores in 3xTF32, the next chunk's operands prefetched by cp.async. 2.75 M MAC per
+//     block per chunk: ~3 us per chunk step -> T = 4096 ~0.19 ms per layer, the dominant term.
 //  4. gdn_out (grid T + 1): gated RMS norm per (token, value head) into bf16 out; the extra block
 //     shifts conv_state to the last K-1 pre-conv rows (after step 1 has read it).
 // Workspace (floats): q, k [T, Hk, Dk]; v / U~ / O [T, Hv, Dv]; W [T, Hv, Dk]; g, beta [T, Hv];
@@ -47,7 +52,7 @@ using attn::cp_async_wait;
 using attn::smem_addr;
 
 constexpr int kBT = 64;        // chunk length
-constexpr int kThreads = 256;  // every prefill kernel
+constexpr int kThreads = 256;  // chunk, state and out kernels
 constexpr int kColsB = 32;     // value columns per gdn_state block
 
 size_t round4(size_t n) {
@@ -72,47 +77,133 @@ PrefillWs carve(float* ws, int T, int Hk, int Hv, int Dk, int Dv) {
   return p;
 }
 
+// ---- tensor-core helpers (mma.sync m16n8k8 tf32, 3xTF32; layouts in section 3's comment)
+__device__ __forceinline__ uint32_t tf32_bits(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = tf32_bits(x);
+  lo = tf32_bits(x - __uint_as_float(hi));
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// A operand (hi, lo) from an accumulator tile c[4] under the permutation above.
+__device__ __forceinline__ void a_from_acc(const float (&c)[4], uint32_t (&hi)[4],
+                                           uint32_t (&lo)[4]) {
+  split_tf32(c[0], hi[0], lo[0]);
+  split_tf32(c[2], hi[1], lo[1]);
+  split_tf32(c[1], hi[2], lo[2]);
+  split_tf32(c[3], hi[3], lo[3]);
+}
+// d += A B in 3xTF32, B given as its two f32 values.
+__device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
+                                     const uint32_t (&al)[4], float b0, float b1) {
+  uint32_t bh0, bl0, bh1, bl1;
+  split_tf32(b0, bh0, bl0);
+  split_tf32(b1, bh1, bl1);
+  mma_tf32(d, al, bh0, bh1);
+  mma_tf32(d, ah, bl0, bl1);
+  mma_tf32(d, ah, bh0, bh1);
+}
+
 // ---- 1. conv + SiLU + l2norm + gates
-__global__ void __launch_bounds__(kThreads)
+// Grid (ceil(T/64), ceil(C/128)), 128 threads: block (tb, cs) takes tokens [64 tb, 64 tb + 64) x
+// channels [128 cs, 128 cs + 128), one channel per thread: its K taps in registers, a sliding
+// window of the last K-1 inputs (rows before the chunk from conv_state), so each proj element and
+// tap is read once (version 1 read 4 proj rows and all taps per token: ~256 KB of L2 traffic per
+// token); the post-conv values go to shared memory [64][128], then one warp per (token, Dk-wide
+// channel group) l2-normalises a q or k head (or copies v). 128 % Dk == 0, so heads never straddle
+// blocks. Blocks with cs = 0 also compute the gates of their tokens. DRAM: the 32 KiB of qkv per
+// token read, 32 KiB written: ~64 KB/token, ~62 us at T = 4096.
+constexpr int kPrepTok = 64, kPrepCh = 128;
+
+template <int KC>
+__global__ void __launch_bounds__(kPrepCh)
     gdn_prep_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
                     const float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
-                    const float* __restrict__ dt_bias, int Hk, int Hv, int Dk, int Dv, int K,
+                    const float* __restrict__ dt_bias, int T, int Hk, int Hv, int Dk, int Dv,
                     float* __restrict__ qn, float* __restrict__ kn, float* __restrict__ vb,
                     float* __restrict__ gb, float* __restrict__ bb) {
-  extern __shared__ float qk_rows[];  // [2 * Hk * Dk]: post-conv q and k of this token
-  const int t = blockIdx.x, tid = threadIdx.x;
-  const int QK = 2 * Hk * Dk, C = QK + Hv * Dv;
+  __shared__ __align__(16) float ys[kPrepTok][kPrepCh];  // post-conv values of the tile
+  const int tid = threadIdx.x, t0 = blockIdx.x * kPrepTok, ch0 = blockIdx.y * kPrepCh;
+  const int QK = Hk * Dk, C = 2 * QK + Hv * Dv;
   const size_t P = size_t(C) + size_t(Hv) * Dv + 2 * size_t(Hv);
-  for (int c = tid; c < C; c += kThreads) {
-    float acc = 0.f;
-    for (int j = 0; j < K; ++j) {
-      const int r = t - (K - 1) + j;  // < 0: a row of the carried conv state
-      const float x = r < 0 ? conv_state[size_t(r + K - 1) * C + c] : proj[size_t(r) * P + c];
-      acc += taps[size_t(c) * K + j] * x;
+  const int n = min(kPrepTok, T - t0);
+  const int c = ch0 + tid;
+  if (c < C) {
+    float tap[KC], win[KC];
+#pragma unroll
+    for (int j = 0; j < KC; ++j) tap[j] = taps[size_t(c) * KC + j];
+#pragma unroll
+    for (int j = 0; j < KC - 1; ++j) {  // inputs t0 - (KC-1) + j: conv_state rows before t = 0
+      const int r = t0 - (KC - 1) + j;
+      win[j] = r < 0 ? conv_state[size_t(r + KC - 1) * C + c] : proj[size_t(r) * P + c];
     }
-    const float y = silu(acc);
-    if (c < QK)
-      qk_rows[c] = y;
-    else
-      vb[size_t(t) * Hv * Dv + (c - QK)] = y;
+#pragma unroll 1
+    for (int tt = 0; tt < kPrepTok; tt += 8) {
+      float xin[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) xin[u] = tt + u < n ? proj[size_t(t0 + tt + u) * P + c] : 0.f;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        win[KC - 1] = xin[u];
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < KC; ++j) acc += tap[j] * win[j];
+        ys[tt + u][tid] = silu(acc);
+#pragma unroll
+        for (int j = 0; j + 1 < KC; ++j) win[j] = win[j + 1];
+      }
+    }
   }
-  if (tid < Hv) {
-    const float* ba = proj + size_t(t) * P + C + size_t(Hv) * Dv;  // b [Hv], then a [Hv]
-    bb[size_t(t) * Hv + tid] = sigmoid(ba[tid]);
-    const float x = ba[Hv + tid] + dt_bias[tid];
-    gb[size_t(t) * Hv + tid] = neg_exp_A[tid] * (x > 20.f ? x : log1pf(expf(x)));
+  if (blockIdx.y == 0) {
+    for (int e = tid; e < n * Hv; e += kPrepCh) {
+      const int tt = e / Hv, h = e % Hv;
+      const float* ba = proj + size_t(t0 + tt) * P + C + size_t(Hv) * Dv;  // b [Hv], then a [Hv]
+      bb[size_t(t0 + tt) * Hv + h] = sigmoid(ba[h]);
+      const float x = ba[Hv + h] + dt_bias[h];
+      gb[size_t(t0 + tt) * Hv + h] = neg_exp_A[h] * (x > 20.f ? x : log1pf(expf(x)));
+    }
   }
   __syncthreads();
-  const int warp = tid >> 5, lane = tid & 31;
-  for (int n = warp; n < 2 * Hk; n += kThreads / 32) {  // n < Hk: q head n, else k head n - Hk
-    const float* x = qk_rows + n * Dk;
-    float ss = 0.f;
-    for (int i = lane; i < Dk; i += 32) ss += x[i] * x[i];
-    ss = warp_sum(ss);
-    const float r = (n < Hk ? rsqrtf(float(Dk)) : 1.f) * rsqrtf(ss + 1e-6f);
-    float* dst = n < Hk ? qn + (size_t(t) * Hk + n) * Dk : kn + (size_t(t) * Hk + (n - Hk)) * Dk;
-    for (int i = lane; i < Dk; i += 32) dst[i] = x[i] * r;
+  const int warp = tid >> 5, lane = tid & 31, groups = kPrepCh / Dk;
+  for (int p = warp; p < n * groups; p += kPrepCh / 32) {
+    const int tt = p / groups, gi = p % groups, cg = ch0 + gi * Dk, t = t0 + tt;
+    if (cg >= C) continue;
+    const float* row = &ys[tt][gi * Dk];
+    if (cg < 2 * QK) {  // a q head (cg < QK) or a k head: l2norm (q also x Dk^-1/2)
+      float ss = 0.f;
+      for (int i = lane; i < Dk; i += 32) ss += row[i] * row[i];
+      ss = warp_sum(ss);
+      const bool is_q = cg < QK;
+      const float r = (is_q ? rsqrtf(float(Dk)) : 1.f) * rsqrtf(ss + 1e-6f);
+      float* dst =
+          is_q ? qn + (size_t(t) * Hk + cg / Dk) * Dk : kn + (size_t(t) * Hk + (cg - QK) / Dk) * Dk;
+      for (int i = lane; i < Dk; i += 32) dst[i] = row[i] * r;
+    } else {
+      float* dst = vb + size_t(t) * Hv * Dv + (cg - 2 * QK);
+      for (int i = lane; i < Dk && cg + i < C; i += 32) dst[i] = row[i];
+    }
   }
+}
+
+template <int KC>
+void launch_prep(const float* proj, const float* taps, const float* conv_state,
+                 const float* neg_exp_A, const float* dt_bias, int T, int Hk, int Hv, int Dk,
+                 int Dv, const PrefillWs& w, cudaStream_t stream) {
+  const int C = 2 * Hk * Dk + Hv * Dv;
+  gdn_prep_kernel<KC>
+      <<<dim3((T + kPrepTok - 1) / kPrepTok, (C + kPrepCh - 1) / kPrepCh), kPrepCh, 0, stream>>>(
+          proj, taps, conv_state, neg_exp_A, dt_bias, T, Hk, Hv, Dk, Dv, w.qn, w.kn, w.vb, w.gb,
+          w.bb);
+  LILAC_CUDA_LAUNCHED();
 }
 
 // ---- 2. per chunk: K K^T, Q K^T, then per value head G, A, P, W, U~
@@ -157,36 +248,39 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // K K^T and Q K^T: thread (ty, tx) owns rows ty + 16 ii, columns tx + 16 jj.
+  // K K^T and Q K^T on tensor cores (3xTF32: A = K K^T feeds the state path): warp w computes
+  // rows 16 (w & 3) .. +15 of K K^T (w < 4) or Q K^T (w >= 4), all 64 columns (8 n-tiles), over
+  // Dk/8 k-steps. Fragments read straight from the padded rows (stride KP = Dk + 4: the 8 rows x 4
+  // columns of an A or B fragment hit 32 distinct banks).
   {
-    const int ty = tid >> 4, tx = tid & 15;
-    float kk[4][4] = {}, qk[4][4] = {};
-#pragma unroll 1
-    for (int i = 0; i < DK; i += 4) {
-      float4 ka[4], qa[4], kb[4];
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int mtile = warp & 3;
+    const float* X = warp < 4 ? Ks : Qs;
+    float acc[8][4];
 #pragma unroll
-      for (int ii = 0; ii < 4; ++ii) {
-        ka[ii] = *reinterpret_cast<const float4*>(Ks + (ty + 16 * ii) * KP + i);
-        qa[ii] = *reinterpret_cast<const float4*>(Qs + (ty + 16 * ii) * KP + i);
-        kb[ii] = *reinterpret_cast<const float4*>(Ks + (tx + 16 * ii) * KP + i);
+    for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll 2
+    for (int ks = 0; ks < DK / 8; ++ks) {
+      const float* xa = X + (16 * mtile + g) * KP + 8 * ks + t;
+      uint32_t ah[4], al[4];
+      split_tf32(xa[0], ah[0], al[0]);
+      split_tf32(xa[8 * KP], ah[1], al[1]);
+      split_tf32(xa[4], ah[2], al[2]);
+      split_tf32(xa[8 * KP + 4], ah[3], al[3]);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float* kb = Ks + (8 * nt + g) * KP + 8 * ks + t;
+        mma3(acc[nt], ah, al, kb[0], kb[4]);
       }
-#pragma unroll
-      for (int ii = 0; ii < 4; ++ii)
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          kk[ii][jj] +=
-              ka[ii].x * kb[jj].x + ka[ii].y * kb[jj].y + ka[ii].z * kb[jj].z + ka[ii].w * kb[jj].w;
-          qk[ii][jj] +=
-              qa[ii].x * kb[jj].x + qa[ii].y * kb[jj].y + qa[ii].z * kb[jj].z + qa[ii].w * kb[jj].w;
-        }
     }
+    float* dst = (warp < 4 ? KK : QK) + (16 * mtile + g) * XP + 2 * t;
 #pragma unroll
-    for (int ii = 0; ii < 4; ++ii)
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        KK[(ty + 16 * ii) * XP + tx + 16 * jj] = kk[ii][jj];
-        QK[(ty + 16 * ii) * XP + tx + 16 * jj] = qk[ii][jj];
-      }
+    for (int nt = 0; nt < 8; ++nt) {
+      dst[8 * nt] = acc[nt][0];
+      dst[8 * nt + 1] = acc[nt][1];
+      dst[8 * XP + 8 * nt] = acc[nt][2];
+      dst[8 * XP + 8 * nt + 1] = acc[nt][3];
+    }
   }
 
   for (int vi = 0; vi < ratio; ++vi) {
@@ -236,21 +330,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int r = 0; r < kBT; ++r) x[r] = r < n ? Bs[r] * vcol[size_t(r) * Hv * Dv] : 0.f;
       }
+      // Two accumulators per row (groups of 4 alternate): the dependent chain of a row halves.
 #pragma unroll
       for (int r = 1; r < kBT; ++r) {
-        float acc = x[r];
+        float acc[2] = {x[r], 0.f};
         const float* a = As + r * AP;
 #pragma unroll
         for (int s = 0; s < (r & ~3); s += 4) {
           const float4 a4 = *reinterpret_cast<const float4*>(a + s);
-          acc -= a4.x * x[s];
-          acc -= a4.y * x[s + 1];
-          acc -= a4.z * x[s + 2];
-          acc -= a4.w * x[s + 3];
+          float& c = acc[(s >> 2) & 1];
+          c -= a4.x * x[s];
+          c -= a4.y * x[s + 1];
+          c -= a4.z * x[s + 2];
+          c -= a4.w * x[s + 3];
         }
 #pragma unroll
-        for (int s = r & ~3; s < r; ++s) acc -= a[s] * x[s];
-        x[r] = acc;
+        for (int s = r & ~3; s < r; ++s) acc[0] -= a[s] * x[s];
+        x[r] = acc[0] + acc[1];
       }
       if (col < DK) {
         float* wcol = Wb + (size_t(t0) * Hv + v) * DK + col;
@@ -266,50 +362,94 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// ---- 3. the state through the chunks
+// ---- 3. the state through the chunks, on tensor cores (3xTF32)
+//
+// mma.sync m16n8k8 tf32 (f32 accumulation). Every product runs as 3xTF32: x = hi + lo with
+// hi = tf32(x), lo = tf32(x - hi), and A B ~ A_lo B_hi + A_hi B_lo + A_hi B_hi (the dropped
+// lo*lo term is ~2^-22 relative): f32-level accuracy, which the state needs (it is carried through
+// the whole sequence; the tests hold it to 1e-4 of its scale against the token recurrence).
+// Fragments (lane = 4 g + t):  A (16x8): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4],
+// a3 = A[g+8][t+4];  B (8x8): b0 = B[t][g], b1 = B[t+4][g];  C (16x8): c0 = C[g][2t],
+// c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1].
+// The reduction index of a product may be permuted freely if A and B agree. Taking logical k = t
+// to be physical 2t and k = t + 4 to be 2t + 1 (within each group of 8), an accumulator tile
+// (c0, c2, c1, c3) IS an A operand tile over its column index: S^T and U^T stay in registers as
+// accumulators and feed the next products with no shared-memory round trip (B then reads physical
+// rows/columns 2t and 2t + 1: one float2).
 template <int DK>
-constexpr int state_smem_floats() {
-  return DK * 36 + 128 * (DK + 4) + 64 * (DK + 4) + 64 * 68 + 3 * 64 * 36 + 64;
-}
+struct StateSmem {
+  static constexpr int KPW = DK + 8;  // W/Q rows: float2 B loads at (row g, col 2t) conflict-free
+  static constexpr int KPK = DK + 4;  // K rows: scalar B loads at (row 2t, col g) conflict-free
+  static constexpr int PP = 72;       // P rows: float2 B loads at (row g, col 2t)
+  static constexpr int UP = 36;       // U~ rows: scalar loads at (row 2t, col g)
+  static constexpr int kWQ = 0, kK = kWQ + 128 * KPW, kP = kK + 64 * KPK, kU = kP + 64 * PP,
+                       kG = kU + 64 * UP, kPart = kG + 64;
+  static constexpr int kFloats = kPart + 2 * 4 * 16 * 32 * 4;  // partials [mt][dq][16 tiles][lane]
+};
 
+// Grid (Dv/32, Hv) = 128 blocks of 256 threads, ~197 KiB of shared memory (one per SM); block
+// (cb, v) carries S[:, c0 .. c0+31] of value head v through the chunks. Orientation: S^T
+// [value column x Dk]. Warp w: m-tile mt = w & 1 (columns c0 + 16 mt + 0..15), Dk quarter
+// dq = w >> 1 (rows KQ dq .. KQ dq + KQ - 1, KQ = Dk/4); it holds that 16 x KQ piece of S^T as
+// accumulator tiles (KQ/8 tiles, 4 floats each per lane). Per chunk (L = 64 rows):
+//  1. X^T = S^T [W; Q]^T over the warp's Dk quarter (16 n-tiles: W rows 0..63, Q rows 0..63;
+//     KQ/8 k-steps; 3 mma each): partial sums, written to shared memory and summed over the 4
+//     quarters in a fixed order (every warp of an m-tile gets bitwise the same U).
+//  2. U^T = U~^T - (W S)^T (16 cols x 64 rows, in registers); O^T = e^G (Q S)^T + U^T P^T for the
+//     warp's 16 output rows 16 dq .. 16 dq + 15 (P lower triangular: k-steps up to the diagonal),
+//     stored over U~ in the workspace.
+//  3. S^T = e^{G_L} S^T + (U e^{G_L - G})^T K[:, quarter] (8 k-steps over the chunk rows, KQ/8
+//     n-tiles).
+// The next chunk's W and Q stream in (cp.async) during steps 2-3, its K, P, U~, G during the
+// next step 1. Work per chunk and block: (2 x 64 x 128 x 32 + 64 x 128 x 32 + ~half of 64 x 64 x
+// 32) x 3 = 2.75 M MAC in 2688 mma.sync (~5400 cycles at ~512 tf32 MAC/clk/SM); L2 reads 120 KB.
 template <int DK>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_state_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
                      const float* __restrict__ Wb, const float* __restrict__ Pb,
                      const float* __restrict__ Gc, float* __restrict__ vb,
                      float* __restrict__ state, int T, int Hk, int Hv, int Dv) {
-  constexpr int KP = DK + 4, SP = 36, UP = 36, PP = 68;
-  constexpr int RPT = DK / 32;  // state rows per thread in the update
+  using L = StateSmem<DK>;
+  constexpr int KQ = DK / 4, NJ = KQ / 8;  // Dk quarter per warp; its 8-wide tiles
   extern __shared__ __align__(16) float sm[];
-  float* Ss = sm;             // [DK][SP]   S[:, this block's 32 columns]
-  float* WQ = Ss + DK * SP;   // [128][KP]  rows 0..63 W, 64..127 Q of the chunk
-  float* Ks = WQ + 128 * KP;  // [64][KP]   K of the chunk
-  float* Ps = Ks + 64 * KP;   // [64][PP]   P
-  float* Ut = Ps + 64 * PP;   // [64][UP]   U~ (columns of this block)
-  float* Us = Ut + 64 * UP;   // [64][UP]   U
-  float* Ud = Us + 64 * UP;   // [64][UP]   U_s e^{G_L - G_s}
-  float* Gs = Ud + 64 * UP;   // [64]       G
+  float* WQ = sm + L::kWQ;  // [128][KPW]  rows 0..63 W, 64..127 Q of the chunk
+  float* Ks = sm + L::kK;   // [64][KPK]   K
+  float* Ps = sm + L::kP;   // [64][PP]    P
+  float* Ut = sm + L::kU;   // [64][UP]    U~ (this block's 32 columns)
+  float* Gs = sm + L::kG;   // [64]        G
+  float4* part = reinterpret_cast<float4*>(sm + L::kPart);
 
-  const int cb = blockIdx.x, v = blockIdx.y, tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
+  const int cb = blockIdx.x, v = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int mt = warp & 1, dq = warp >> 1;
   const int kh = v / (Hv / Hk), c0 = cb * kColsB;
   const int NC = (T + kBT - 1) / kBT;
   const size_t rowW = size_t(Hv) * DK, rowQ = size_t(Hk) * DK, rowV = size_t(Hv) * Dv;
+  const int colA = 16 * mt + g, colB = colA + 8;  // this lane's two value columns (of 32)
 
-  for (int e = tid; e < DK * 8; e += kThreads) {
-    const int i = e >> 3, j4 = e & 7;
-    *reinterpret_cast<float4*>(Ss + i * SP + 4 * j4) =
-        *reinterpret_cast<const float4*>(state + (size_t(v) * DK + i) * Dv + c0 + 4 * j4);
+  // S^T tiles: s[j] covers Dk rows KQ dq + 8 j + (2t, 2t+1), columns colA (c0, c1), colB (c2, c3).
+  float s[NJ][4];
+  {
+    const float* S0 = state + size_t(v) * DK * Dv + c0;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int r = KQ * dq + 8 * j + 2 * t;
+      s[j][0] = S0[size_t(r) * Dv + colA];
+      s[j][1] = S0[size_t(r + 1) * Dv + colA];
+      s[j][2] = S0[size_t(r) * Dv + colB];
+      s[j][3] = S0[size_t(r + 1) * Dv + colB];
+    }
   }
 
   auto load_wq = [&](int c) {  // group A: W and Q rows of chunk c (zeros past T)
     const int t0 = c * kBT;
     for (int e = tid; e < 64 * (DK / 4); e += kThreads) {
-      const int r = e / (DK / 4), i4 = e % (DK / 4), t = t0 + r;
-      const bool ok = t < T;
-      cp_async16(smem_addr(WQ + r * KP + 4 * i4),
-                 ok ? Wb + size_t(t) * rowW + size_t(v) * DK + 4 * i4 : Wb, ok ? 16 : 0);
-      cp_async16(smem_addr(WQ + (64 + r) * KP + 4 * i4),
-                 ok ? qn + size_t(t) * rowQ + size_t(kh) * DK + 4 * i4 : qn, ok ? 16 : 0);
+      const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
+      const bool ok = tt < T;
+      cp_async16(smem_addr(WQ + r * L::KPW + 4 * i4),
+                 ok ? Wb + size_t(tt) * rowW + size_t(v) * DK + 4 * i4 : Wb, ok ? 16 : 0);
+      cp_async16(smem_addr(WQ + (64 + r) * L::KPW + 4 * i4),
+                 ok ? qn + size_t(tt) * rowQ + size_t(kh) * DK + 4 * i4 : qn, ok ? 16 : 0);
     }
   };
   auto load_rest = [&](int c) {  // group B: P, K, U~, G of chunk c
@@ -317,19 +457,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* Pc = Pb + (size_t(v) * NC + c) * kBT * kBT;
     for (int e = tid; e < 64 * 16; e += kThreads) {
       const int r = e >> 4, i4 = e & 15;
-      cp_async16(smem_addr(Ps + r * PP + 4 * i4), Pc + r * 64 + 4 * i4, 16);
+      cp_async16(smem_addr(Ps + r * L::PP + 4 * i4), Pc + r * 64 + 4 * i4, 16);
     }
     for (int e = tid; e < 64 * (DK / 4); e += kThreads) {
-      const int r = e / (DK / 4), i4 = e % (DK / 4), t = t0 + r;
-      const bool ok = t < T;
-      cp_async16(smem_addr(Ks + r * KP + 4 * i4),
-                 ok ? kn + size_t(t) * rowQ + size_t(kh) * DK + 4 * i4 : kn, ok ? 16 : 0);
+      const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
+      const bool ok = tt < T;
+      cp_async16(smem_addr(Ks + r * L::KPK + 4 * i4),
+                 ok ? kn + size_t(tt) * rowQ + size_t(kh) * DK + 4 * i4 : kn, ok ? 16 : 0);
     }
     for (int e = tid; e < 64 * 8; e += kThreads) {
-      const int r = e >> 3, i4 = e & 7, t = t0 + r;
-      const bool ok = t < T;
-      cp_async16(smem_addr(Ut + r * UP + 4 * i4),
-                 ok ? vb + size_t(t) * rowV + size_t(v) * Dv + c0 + 4 * i4 : vb, ok ? 16 : 0);
+      const int r = e >> 3, i4 = e & 7, tt = t0 + r;
+      const bool ok = tt < T;
+      cp_async16(smem_addr(Ut + r * L::UP + 4 * i4),
+                 ok ? vb + size_t(tt) * rowV + size_t(v) * Dv + c0 + 4 * i4 : vb, ok ? 16 : 0);
     }
     if (tid < 16)
       cp_async16(smem_addr(Gs + 4 * tid), Gc + (size_t(v) * NC + c) * kBT + 4 * tid, 16);
@@ -342,115 +482,115 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int c = 0; c < NC; ++c) {
     const int t0 = c * kBT;
     cp_async_wait<1>();  // W, Q of chunk c
-    __syncthreads();     // ... and S (initial or updated) visible to all
+    __syncthreads();     // ... visible to all; the previous chunk's readers of P, K, U~ are done
 
-    // [W; Q] S: thread rows ty + 32 i (i = 0, 1: W rows; 2, 3: Q rows ty, ty + 32), columns
-    // 4tx..4tx+3.
-    float acc[4][4] = {};
-#pragma unroll 2
-    for (int k = 0; k < DK; k += 4) {
-      float4 a[4], b[4];
+    // 1. X^T partial = S^T [W; Q]^T over this Dk quarter: x[n] for rows 8n .. 8n+7 of [W; Q].
+    float x[16][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        a[i] = *reinterpret_cast<const float4*>(WQ + (ty + 32 * i) * KP + k);
+    for (int n = 0; n < 16; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        b[kk] = *reinterpret_cast<const float4*>(Ss + (k + kk) * SP + 4 * tx);
+    for (int j = 0; j < NJ; ++j) {
+      uint32_t ah[4], al[4];
+      a_from_acc(s[j], ah, al);
+      const float* brow = WQ + g * L::KPW + KQ * dq + 8 * j + 2 * t;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[i][0] += a[i].x * b[0].x + a[i].y * b[1].x + a[i].z * b[2].x + a[i].w * b[3].x;
-        acc[i][1] += a[i].x * b[0].y + a[i].y * b[1].y + a[i].z * b[2].y + a[i].w * b[3].y;
-        acc[i][2] += a[i].x * b[0].z + a[i].y * b[1].z + a[i].z * b[2].z + a[i].w * b[3].z;
-        acc[i][3] += a[i].x * b[0].w + a[i].y * b[1].w + a[i].z * b[2].w + a[i].w * b[3].w;
+      for (int n = 0; n < 16; ++n) {
+        const float2 b = *reinterpret_cast<const float2*>(brow + 8 * n * L::KPW);
+        mma3(x[n], ah, al, b.x, b.y);
       }
     }
     cp_async_wait<0>();  // P, K, U~, G of chunk c
-    __syncthreads();     // ... visible; every thread is done reading W, Q
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+      part[((mt * 4 + dq) * 16 + n) * 32 + lane] = make_float4(x[n][0], x[n][1], x[n][2], x[n][3]);
+    __syncthreads();  // partials, P, K, U~, G visible; every warp is done reading W, Q
     if (c + 1 < NC) load_wq(c + 1);
     cp_async_commit();
 
-    // U = U~ - W S (rows ty, ty + 32) and U e^{G_L - G}; O_inter = e^G Q S.
+    // 2. U^T = U~^T - (W S)^T: tiles u[n] for chunk rows 8n + (2t, 2t+1), columns colA, colB.
     const float GL = Gs[kBT - 1];
+    float u[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      float4 w4 = part[((mt * 4 + 0) * 16 + n) * 32 + lane];
+#pragma unroll
+      for (int q = 1; q < 4; ++q) {
+        const float4 p4 = part[((mt * 4 + q) * 16 + n) * 32 + lane];
+        w4.x += p4.x, w4.y += p4.y, w4.z += p4.z, w4.w += p4.w;
+      }
+      const int r = 8 * n + 2 * t;
+      u[n][0] = Ut[r * L::UP + colA] - w4.x;
+      u[n][1] = Ut[(r + 1) * L::UP + colA] - w4.y;
+      u[n][2] = Ut[r * L::UP + colB] - w4.z;
+      u[n][3] = Ut[(r + 1) * L::UP + colB] - w4.w;
+    }
+    // O^T for output rows 16 dq + 8 i + (2t, 2t+1): e^G (Q S)^T, then + U^T P^T.
     float o[2][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int r = ty + 32 * i;
-      const float4 ut = *reinterpret_cast<const float4*>(Ut + r * UP + 4 * tx);
-      const float4 u =
-          make_float4(ut.x - acc[i][0], ut.y - acc[i][1], ut.z - acc[i][2], ut.w - acc[i][3]);
-      const float dl = expf(GL - Gs[r]), eg = expf(Gs[r]);
-      *reinterpret_cast<float4*>(Us + r * UP + 4 * tx) = u;
-      *reinterpret_cast<float4*>(Ud + r * UP + 4 * tx) =
-          make_float4(u.x * dl, u.y * dl, u.z * dl, u.w * dl);
+      float4 q4 = part[((mt * 4 + 0) * 16 + 8 + 2 * dq + i) * 32 + lane];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) o[i][j] = acc[2 + i][j] * eg;
+      for (int q = 1; q < 4; ++q) {
+        const float4 p4 = part[((mt * 4 + q) * 16 + 8 + 2 * dq + i) * 32 + lane];
+        q4.x += p4.x, q4.y += p4.y, q4.z += p4.z, q4.w += p4.w;
+      }
+      const int r = 16 * dq + 8 * i + 2 * t;
+      const float e0 = expf(Gs[r]), e1 = expf(Gs[r + 1]);
+      o[i][0] = q4.x * e0, o[i][1] = q4.y * e1, o[i][2] = q4.z * e0, o[i][3] = q4.w * e1;
     }
-    __syncthreads();
-
-    // O += P U (rows ty, ty + 32), written over U~ in the workspace.
-#pragma unroll 2
-    for (int s = 0; s < kBT; s += 4) {
-      float4 pa[2], ub[4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
-        pa[i] = *reinterpret_cast<const float4*>(Ps + (ty + 32 * i) * PP + s);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        ub[kk] = *reinterpret_cast<const float4*>(Us + (s + kk) * UP + 4 * tx);
+    for (int ks = 0; ks < 8; ++ks) {
+      if (ks > 2 * dq + 1) continue;  // P[r][s] = 0 for s > r
+      uint32_t ah[4], al[4];
+      a_from_acc(u[ks], ah, al);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        o[i][0] += pa[i].x * ub[0].x + pa[i].y * ub[1].x + pa[i].z * ub[2].x + pa[i].w * ub[3].x;
-        o[i][1] += pa[i].x * ub[0].y + pa[i].y * ub[1].y + pa[i].z * ub[2].y + pa[i].w * ub[3].y;
-        o[i][2] += pa[i].x * ub[0].z + pa[i].y * ub[1].z + pa[i].z * ub[2].z + pa[i].w * ub[3].z;
-        o[i][3] += pa[i].x * ub[0].w + pa[i].y * ub[1].w + pa[i].z * ub[2].w + pa[i].w * ub[3].w;
+        if (ks > 2 * dq + i) continue;
+        const float2 b =
+            *reinterpret_cast<const float2*>(Ps + (16 * dq + 8 * i + g) * L::PP + 8 * ks + 2 * t);
+        mma3(o[i], ah, al, b.x, b.y);
       }
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int t = t0 + ty + 32 * i;
-      if (t < T)
-        *reinterpret_cast<float4*>(vb + size_t(t) * rowV + size_t(v) * Dv + c0 + 4 * tx) =
-            make_float4(o[i][0], o[i][1], o[i][2], o[i][3]);
+      const int r = 16 * dq + 8 * i + 2 * t;
+      float* dst = vb + size_t(t0 + r) * rowV + size_t(v) * Dv + c0;
+      if (t0 + r < T) dst[colA] = o[i][0], dst[colB] = o[i][2];
+      if (t0 + r + 1 < T) dst[rowV + colA] = o[i][1], dst[rowV + colB] = o[i][3];
     }
 
-    // S = e^{G_L} S + K^T Ud: thread rows RPT ty .. RPT ty + RPT - 1, columns 4tx..4tx+3.
-    float sacc[RPT][4] = {};
-#pragma unroll 4
-    for (int s = 0; s < kBT; ++s) {
-      const float4 ub = *reinterpret_cast<const float4*>(Ud + s * UP + 4 * tx);
-      float ka[RPT];
-      if constexpr (RPT == 4) {
-        const float4 k4 = *reinterpret_cast<const float4*>(Ks + s * KP + 4 * ty);
-        ka[0] = k4.x, ka[1] = k4.y, ka[2] = k4.z, ka[3] = k4.w;
-      } else {
-#pragma unroll
-        for (int ii = 0; ii < RPT; ++ii) ka[ii] = Ks[s * KP + RPT * ty + ii];
-      }
-#pragma unroll
-      for (int ii = 0; ii < RPT; ++ii) {
-        sacc[ii][0] += ka[ii] * ub.x;
-        sacc[ii][1] += ka[ii] * ub.y;
-        sacc[ii][2] += ka[ii] * ub.z;
-        sacc[ii][3] += ka[ii] * ub.w;
-      }
-    }
+    // 3. S^T = e^{G_L} S^T + (U e^{G_L - G})^T K[:, quarter].
     const float eGL = expf(GL);
 #pragma unroll
-    for (int ii = 0; ii < RPT; ++ii) {
-      float4* sp = reinterpret_cast<float4*>(Ss + (RPT * ty + ii) * SP + 4 * tx);
-      const float4 old = *sp;
-      *sp = make_float4(eGL * old.x + sacc[ii][0], eGL * old.y + sacc[ii][1],
-                        eGL * old.z + sacc[ii][2], eGL * old.w + sacc[ii][3]);
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= eGL;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      const int r = 8 * ks + 2 * t;
+      const float d0 = expf(GL - Gs[r]), d1 = expf(GL - Gs[r + 1]);
+      const float ud[4] = {u[ks][0] * d0, u[ks][1] * d1, u[ks][2] * d0, u[ks][3] * d1};
+      uint32_t ah[4], al[4];
+      a_from_acc(ud, ah, al);
+      const float* k0 = Ks + r * L::KPK + KQ * dq + g;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) mma3(s[j], ah, al, k0[8 * j], k0[L::KPK + 8 * j]);
     }
-    __syncthreads();  // P, K, U~, U, G reads done; S updated
+    __syncthreads();  // every warp is done with P, K, U~, G and the partials
     if (c + 1 < NC) load_rest(c + 1);
     cp_async_commit();
   }
   cp_async_wait<0>();
-  for (int e = tid; e < DK * 8; e += kThreads) {
-    const int i = e >> 3, j4 = e & 7;
-    *reinterpret_cast<float4*>(state + (size_t(v) * DK + i) * Dv + c0 + 4 * j4) =
-        *reinterpret_cast<const float4*>(Ss + i * SP + 4 * j4);
+  {
+    float* S0 = state + size_t(v) * DK * Dv + c0;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int r = KQ * dq + 8 * j + 2 * t;
+      S0[size_t(r) * Dv + colA] = s[j][0];
+      S0[size_t(r + 1) * Dv + colA] = s[j][1];
+      S0[size_t(r) * Dv + colB] = s[j][2];
+      S0[size_t(r + 1) * Dv + colB] = s[j][3];
+    }
   }
 }
 
@@ -485,11 +625,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int DK>
+template <int DK, class Mark>
 void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, float* state,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, const Mark& mark) {
   constexpr size_t smemA = chunk_smem_floats<DK>() * sizeof(float),
-                   smemB = state_smem_floats<DK>() * sizeof(float);
+                   smemB = StateSmem<DK>::kFloats * sizeof(float);
   static const bool attr_set = [] {
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_kernel<DK>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemA)));
@@ -502,9 +642,11 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, float* st
   gdn_chunk_kernel<DK><<<dim3(NC, Hk), kThreads, smemA, stream>>>(w.qn, w.kn, w.gb, w.bb, T, Hk, Hv,
                                                                   Dv, w.vb, w.W, w.Gc, w.P);
   LILAC_CUDA_LAUNCHED();
+  mark(2);
   gdn_state_kernel<DK><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
       w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, Dv);
   LILAC_CUDA_LAUNCHED();
+  mark(3);
 }
 
 }  // namespace
@@ -519,7 +661,7 @@ size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv) {
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                 bf16* out, cudaStream_t stream) {
+                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events) {
   if (Hk <= 0 || Hv % Hk != 0)
     fail("gdn_prefill: {} value heads not a multiple of {} key heads", Hv, Hk);
   if (Dv <= 0 || Dv % kColsB != 0) fail("gdn_prefill: Dv {} not a multiple of {}", Dv, kColsB);
@@ -527,24 +669,44 @@ void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_s
   if (K < 1 || K > 8) fail("gdn_prefill: conv kernel {} not supported (1..8)", K);
   if (T <= 0) return;
   const PrefillWs w = carve(workspace, T, Hk, Hv, Dk, Dv);
-  gdn_prep_kernel<<<T, kThreads, size_t(2) * Hk * Dk * sizeof(float), stream>>>(
-      proj, conv_taps, conv_state, neg_exp_A, dt_bias, Hk, Hv, Dk, Dv, K, w.qn, w.kn, w.vb, w.gb,
-      w.bb);
-  LILAC_CUDA_LAUNCHED();
+  auto mark = [&](int i) {
+    if (stage_events) LILAC_CUDA_CHECK(cudaEventRecord(stage_events[i], stream));
+  };
+  mark(0);
+  switch (K) {
+#define LILAC_GDN_PREP(KC)                                                                 \
+  case KC:                                                                                 \
+    launch_prep<KC>(proj, conv_taps, conv_state, neg_exp_A, dt_bias, T, Hk, Hv, Dk, Dv, w, \
+                    stream);                                                               \
+    break;
+    LILAC_GDN_PREP(1)
+    LILAC_GDN_PREP(2)
+    LILAC_GDN_PREP(3)
+    LILAC_GDN_PREP(4)
+    LILAC_GDN_PREP(5)
+    LILAC_GDN_PREP(6)
+    LILAC_GDN_PREP(7)
+    default:
+      launch_prep<8>(proj, conv_taps, conv_state, neg_exp_A, dt_bias, T, Hk, Hv, Dk, Dv, w, stream);
+      break;
+#undef LILAC_GDN_PREP
+  }
+  mark(1);
   switch (Dk) {
     case 32:
-      launch_chunked<32>(w, T, Hk, Hv, Dv, state, stream);
+      launch_chunked<32>(w, T, Hk, Hv, Dv, state, stream, mark);
       break;
     case 64:
-      launch_chunked<64>(w, T, Hk, Hv, Dv, state, stream);
+      launch_chunked<64>(w, T, Hk, Hv, Dv, state, stream, mark);
       break;
     default:
-      launch_chunked<128>(w, T, Hk, Hv, Dv, state, stream);
+      launch_chunked<128>(w, T, Hk, Hv, Dv, state, stream, mark);
       break;
   }
   gdn_out_kernel<<<T + 1, kThreads, 0, stream>>>(proj, T, w.vb, norm_scale, Hk, Hv, Dk, Dv, K, eps,
                                                  conv_state, out);
   LILAC_CUDA_LAUNCHED();
+  mark(4);
 }
 
 }  // namespace lilac::cuda

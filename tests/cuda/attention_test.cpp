@@ -1,5 +1,6 @@
 // GPU attention kernels against the CPU twin (cpu/attention.cpp composed as cpu_backend.cpp does):
-// qk_norm_rope_store, attention_decode, attention_prefill, and a prefill + decode chain. Real
+// qk_norm_rope_store, attention_decode, attention_decode_qkv (the two fused), attention_prefill,
+// and a prefill + decode chain (decode steps unfused and fused). Real
 // shapes (heads 16, kv 2, hd 256, R 64) and tiny-a shapes (heads 4, kv 2, hd 64, R 16).
 #include <gtest/gtest.h>
 
@@ -264,6 +265,83 @@ INSTANTIATE_TEST_SUITE_P(Contexts, AttentionDecode, ::testing::ValuesIn(decode_c
                                   (i.param.max_ctx ? "_cap" + std::to_string(i.param.max_ctx) : "");
                          });
 
+// ---- attention_decode_qkv: qk_norm_rope_store (T = 1) + attention_decode in one ----------------
+
+class AttentionDecodeQkv : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(AttentionDecodeQkv, MatchesCpu) {
+  LILAC_REQUIRE_GPU();
+  const auto [d, n, ctx] = GetParam();
+  const int max_ctx = ctx ? ctx : n + 5, pos = n - 1, P = qkv_len(d);
+  const uint32_t seed = uint32_t(n * 977 + d.hd + 5);
+  // Rows [0, pos) hold earlier keys; row pos and everything after are NaN: the kernel must write
+  // row pos and never read past it.
+  const std::vector<uint16_t> kbits = random_cache(d, max_ctx, pos, seed),
+                              vbits = random_cache(d, max_ctx, pos, seed + 1);
+  const std::vector<float> qkv = random_floats(size_t(P), 1.f, seed + 2);
+  std::vector<float> q_norm = random_floats(size_t(d.hd), 0.1f, seed + 3),
+                     k_norm = random_floats(size_t(d.hd), 0.1f, seed + 4);
+  for (auto& x : q_norm) x += 1.f;
+  for (auto& x : k_norm) x += 1.f;
+  const std::vector<float> inv = cpu::rope_inv_freq(kTheta, d.R);
+
+  auto d_qkv = upload(qkv), d_qn = upload(q_norm), d_kn = upload(k_norm), d_inv = upload(inv);
+  auto d_kc = upload_bf16(kbits), d_vc = upload_bf16(vbits);
+  auto d_pos = upload(std::vector<int32_t>{pos});
+  cuda::DeviceBuffer<float> ws(
+      cuda::attention_decode_workspace_floats(d.heads, d.kv, d.hd, max_ctx));
+  cuda::DeviceBuffer<cuda::bf16> d_out(size_t(d.heads) * d.hd);
+  poison(ws);
+  poison(d_out);
+  cuda::attention_decode_qkv(d_qkv.get(), d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(), d.heads,
+                             d.kv, d.hd, d.R, kEps, d_kc.get(), d_vc.get(), max_ctx, ws.get(),
+                             d_out.get(), nullptr);
+  const auto out = download_bf16_as_f32(d_out);
+  const auto kc = download_bf16_as_f32(d_kc), vc = download_bf16_as_f32(d_vc);
+
+  const QkvOut r = cpu_qk_norm_rope(qkv, 1, pos, d, q_norm, k_norm, inv);
+  std::vector<float> ck = cpu_cache_from_gpu(kbits, d, max_ctx, pos),
+                     cv = cpu_cache_from_gpu(vbits, d, max_ctx, pos);
+  const auto kb = bf16_round(r.k), vb = bf16_round(r.v);
+  ck.insert(ck.end(), kb.begin(), kb.end());
+  cv.insert(cv.end(), vb.begin(), vb.end());
+  const std::string l =
+      label(d, "decode_qkv n/splits", n, cuda::attention_decode_splits(d.kv, max_ctx));
+  const auto want = cpu_gated_attention(bf16_round(r.q), bf16_round(r.gate), ck, cv, pos, 1, d);
+  EXPECT_TRUE(attn_close(out, want, d.hd, l));
+  // The caches: row pos holds the new key and value (tolerances as QkNormRopeStore), every other
+  // row is bit for bit what it was (NaN past pos).
+  std::vector<float> want_kc(kbits.size()), want_vc(vbits.size());
+  for (size_t i = 0; i < kbits.size(); ++i)
+    want_kc[i] = bf16_to_f32(kbits[i]), want_vc[i] = bf16_to_f32(vbits[i]);
+  std::vector<float> got_k_row, want_k_row, got_v_row, want_v_row;
+  for (int h = 0; h < d.kv; ++h)
+    for (int i = 0; i < d.hd; ++i) {
+      const size_t at = (size_t(h) * max_ctx + pos) * d.hd + i;
+      got_k_row.push_back(kc[at]);
+      got_v_row.push_back(vc[at]);
+      want_k_row.push_back(r.k[size_t(h) * d.hd + i]);
+      want_v_row.push_back(r.v[size_t(h) * d.hd + i]);
+      want_kc[at] = kc[at];  // compared above/below through the row vectors
+      want_vc[at] = vc[at];
+    }
+  EXPECT_TRUE(all_close(got_k_row, want_k_row, 1e-4, 6e-3, l + " new k row"));
+  EXPECT_TRUE(all_close(got_v_row, want_v_row, 1e-6, 4e-3, l + " new v row"));
+  size_t changed = 0;
+  for (size_t i = 0; i < kc.size(); ++i) {
+    const bool same_k = std::isnan(want_kc[i]) ? std::isnan(kc[i]) : kc[i] == want_kc[i];
+    const bool same_v = std::isnan(want_vc[i]) ? std::isnan(vc[i]) : vc[i] == want_vc[i];
+    changed += !same_k + !same_v;
+  }
+  EXPECT_EQ(changed, 0u) << l << ": cache rows other than the new one changed";
+}
+
+INSTANTIATE_TEST_SUITE_P(Contexts, AttentionDecodeQkv, ::testing::ValuesIn(decode_cases()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& i) {
+                           return std::string(i.param.d.name) + "_n" + std::to_string(i.param.n) +
+                                  (i.param.max_ctx ? "_cap" + std::to_string(i.param.max_ctx) : "");
+                         });
+
 // ---- attention_prefill --------------------------------------------------------------------------
 
 class AttentionPrefill : public ::testing::TestWithParam<RopeCase> {};
@@ -303,11 +381,16 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionPrefill, ::testing::ValuesIn(prefill_c
 
 // ---- the chain: qkv rows -> prefill in two chunks -> 3 decode steps, against the CPU ------------
 
-class AttentionChain : public ::testing::TestWithParam<AttnDims> {};
+struct ChainCase {
+  AttnDims d;
+  bool fused;  // decode steps through attention_decode_qkv
+};
+
+class AttentionChain : public ::testing::TestWithParam<ChainCase> {};
 
 TEST_P(AttentionChain, PrefillThenDecodeMatchesCpu) {
   LILAC_REQUIRE_GPU();
-  const AttnDims d = GetParam();
+  const auto [d, fused] = GetParam();
   const int T1 = 70, T2 = 59, steps = 3, total = T1 + T2 + steps, max_ctx = total + 16,
             P = qkv_len(d);
   const uint32_t seed = 4242u + uint32_t(d.hd);
@@ -337,15 +420,21 @@ TEST_P(AttentionChain, PrefillThenDecodeMatchesCpu) {
     LILAC_CUDA_CHECK(cudaMemcpy(d_pos.get(), &pos, sizeof(int32_t), cudaMemcpyHostToDevice));
     poison(d_out);
     const float* rows = d_qkv.get() + size_t(pos) * P;
-    cuda::qk_norm_rope_store(rows, T, d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(), d.heads,
-                             d.kv, d.hd, d.R, kEps, d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(),
-                             max_ctx, nullptr);
-    if (decode)
-      cuda::attention_decode(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), d_pos.get(), d.heads,
-                             d.kv, d.hd, max_ctx, ws.get(), d_out.get(), nullptr);
-    else
-      cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos, T, d.heads,
-                              d.kv, d.hd, max_ctx, d_out.get(), nullptr);
+    if (decode && fused) {
+      cuda::attention_decode_qkv(rows, d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(), d.heads,
+                                 d.kv, d.hd, d.R, kEps, d_kc.get(), d_vc.get(), max_ctx, ws.get(),
+                                 d_out.get(), nullptr);
+    } else {
+      cuda::qk_norm_rope_store(rows, T, d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(), d.heads,
+                               d.kv, d.hd, d.R, kEps, d_q.get(), d_gate.get(), d_kc.get(),
+                               d_vc.get(), max_ctx, nullptr);
+      if (decode)
+        cuda::attention_decode(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), d_pos.get(),
+                               d.heads, d.kv, d.hd, max_ctx, ws.get(), d_out.get(), nullptr);
+      else
+        cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos, T, d.heads,
+                                d.kv, d.hd, max_ctx, d_out.get(), nullptr);
+    }
     std::vector<float> out = download_bf16_as_f32(d_out);
     out.resize(size_t(T) * d.heads * d.hd);
 
@@ -364,9 +453,11 @@ TEST_P(AttentionChain, PrefillThenDecodeMatchesCpu) {
   for (int i = 0; i < steps; ++i) step(1, true);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dims, AttentionChain, ::testing::Values(kReal, kTiny),
-                         [](const ::testing::TestParamInfo<AttnDims>& i) {
-                           return std::string(i.param.name);
+INSTANTIATE_TEST_SUITE_P(Dims, AttentionChain,
+                         ::testing::Values(ChainCase{kReal, false}, ChainCase{kTiny, false},
+                                           ChainCase{kReal, true}, ChainCase{kTiny, true}),
+                         [](const ::testing::TestParamInfo<ChainCase>& i) {
+                           return std::string(i.param.d.name) + (i.param.fused ? "_fused" : "");
                          });
 
 }  // namespace

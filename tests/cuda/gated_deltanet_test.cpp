@@ -27,6 +27,9 @@ struct GdnDims {
 };
 constexpr GdnDims kReal{"real", 16, 32, 128, 128, 4};
 constexpr GdnDims kTiny{"tiny", 2, 4, 32, 32, 4};
+// 4 value heads per key head, two column blocks per head, conv kernel 3: a full 8-block cluster
+// whose q/k slices are spread over blocks of different value heads.
+constexpr GdnDims kWide{"wide", 2, 8, 128, 64, 3};
 constexpr float kEps = 1e-6f;
 
 ThreadPool& pool() {
@@ -116,13 +119,14 @@ struct GpuGdn {
     cuda::gdn_decode_workspace_init(dec_ws.get(), d.Hk, d.Hv, d.Dv, nullptr);
   }
 
-  std::vector<float> decode(const std::vector<float>& proj_row) {
+  std::vector<float> decode(const std::vector<float>& proj_row,
+                            cuda::GdnDecodePath path = cuda::GdnDecodePath::Auto) {
     auto d_proj = upload(proj_row);
     cuda::DeviceBuffer<cuda::bf16> out(size_t(d.Hv) * d.Dv);
     poison(out);
     cuda::gdn_decode(d_proj.get(), taps.get(), conv_state.get(), neg_exp_A.get(), dt_bias.get(),
                      norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K, kEps, dec_ws.get(),
-                     out.get(), nullptr);
+                     out.get(), nullptr, path);
     return download_bf16_as_f32(out);
   }
 
@@ -184,21 +188,31 @@ std::string tag(const GdnDims& d, const char* what, int a, float decay) {
 struct DecodeCase {
   GdnDims d;
   float decay;
+  cuda::GdnDecodePath path;
 };
+
+const char* path_name(cuda::GdnDecodePath p) {
+  return p == cuda::GdnDecodePath::Cluster   ? "cluster"
+         : p == cuda::GdnDecodePath::Counter ? "counter"
+                                             : "auto";
+}
 
 class GdnDecode : public ::testing::TestWithParam<DecodeCase> {};
 
 TEST_P(GdnDecode, StepsMatchCpu) {
   LILAC_REQUIRE_GPU();
-  const auto [d, decay] = GetParam();
-  const uint32_t seed = uint32_t(d.Dk * 17 + int(decay * 100));
+  const auto [d, decay, path] = GetParam();
+  if (path == cuda::GdnDecodePath::Cluster &&
+      !cuda::gdn_decode_uses_cluster(d.Hk, d.Hv, d.Dk, d.Dv))
+    GTEST_SKIP() << "no cluster path on this device";
+  const uint32_t seed = uint32_t(d.Dk * 17 + d.Hv + int(decay * 100));
   const GdnParams w = make_params(d, decay, seed);
   Start cpu = random_start(d, false, seed + 10);
   GpuGdn gpu(d, w, cpu.conv, cpu.state);
   for (int step = 0; step < 4; ++step) {
-    const std::string l = tag(d, "decode step", step, decay);
+    const std::string l = tag(d, "decode step", step, decay) + " " + path_name(path);
     const std::vector<float> proj = random_floats(size_t(d.P()), 1.f, seed + 100 + uint32_t(step));
-    const auto out = gpu.decode(proj);
+    const auto out = gpu.decode(proj, path);
     const auto want = cpu_gdn(proj, 1, d, w, cpu.conv, cpu.state);
     EXPECT_TRUE(out_close(out, want, l));
     EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
@@ -207,13 +221,36 @@ TEST_P(GdnDecode, StepsMatchCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dims, GdnDecode,
-                         ::testing::Values(DecodeCase{kReal, 2.f}, DecodeCase{kReal, 0.02f},
-                                           DecodeCase{kTiny, 2.f}),
+std::vector<DecodeCase> decode_cases() {
+  std::vector<DecodeCase> c;
+  for (const auto path : {cuda::GdnDecodePath::Cluster, cuda::GdnDecodePath::Counter}) {
+    c.push_back({kReal, 2.f, path});
+    c.push_back({kReal, 0.02f, path});
+    c.push_back({kTiny, 2.f, path});
+    c.push_back({kWide, 1.f, path});
+  }
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Dims, GdnDecode, ::testing::ValuesIn(decode_cases()),
                          [](const ::testing::TestParamInfo<DecodeCase>& i) {
                            return std::string(i.param.d.name) +
-                                  (i.param.decay > 1.f ? "_strong" : "_mild");
+                                  (i.param.decay > 1.f ? "_strong" : "_mild") + "_" +
+                                  path_name(i.param.path);
                          });
+
+// The real model and tiny-a take the cluster kernel on an H100/H200.
+TEST(GdnDecodePathChoice, RealAndTinyUseClusters) {
+  LILAC_REQUIRE_GPU();
+  int major = 0, minor = 0;
+  LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+  if (major * 10 + minor != 90) GTEST_SKIP() << "not a compute capability 9.0 device";
+  EXPECT_TRUE(cuda::gdn_decode_uses_cluster(kReal.Hk, kReal.Hv, kReal.Dk, kReal.Dv));
+  EXPECT_TRUE(cuda::gdn_decode_uses_cluster(kTiny.Hk, kTiny.Hv, kTiny.Dk, kTiny.Dv));
+  EXPECT_TRUE(cuda::gdn_decode_uses_cluster(kWide.Hk, kWide.Hv, kWide.Dk, kWide.Dv));
+  EXPECT_FALSE(cuda::gdn_decode_uses_cluster(16, 32, 128, 256));  // 16 blocks per key head
+}
 
 // ---- prefill
 // --------------------------------------------------------------------------------------
@@ -292,7 +329,7 @@ TEST_P(GdnChain, PrefillPrefillDecodeMatchesCpu) {
       state_close(download(gpu.state), cpu.state, tag(d, "chain prefill T=1 at", pos, 1.f)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dims, GdnChain, ::testing::Values(kReal, kTiny),
+INSTANTIATE_TEST_SUITE_P(Dims, GdnChain, ::testing::Values(kReal, kTiny, kWide),
                          [](const ::testing::TestParamInfo<GdnDims>& i) {
                            return std::string(i.param.name);
                          });
