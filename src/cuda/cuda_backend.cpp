@@ -223,20 +223,26 @@ std::unique_ptr<SequenceState> CudaBackend::new_sequence(int64_t max_context) {
 }
 
 std::unique_ptr<SequenceState> CudaBackend::clone(const SequenceState& state) {
+  return clone_with_capacity(state, static_cast<const CudaSequenceState&>(state).max_ctx);
+}
+
+std::unique_ptr<SequenceState> CudaBackend::clone_with_capacity(const SequenceState& state, int64_t max_context) {
   const auto& src = static_cast<const CudaSequenceState&>(state);
-  auto dst = std::unique_ptr<CudaSequenceState>(
-      static_cast<CudaSequenceState*>(new_sequence(src.max_ctx).release()));
+  if (max_context < src.position())
+    fail("clone: capacity {} is below the sequence's {} tokens", max_context, src.position());
+  auto dst = std::unique_ptr<CudaSequenceState>(static_cast<CudaSequenceState*>(new_sequence(max_context).release()));
   const ModelConfig& c = model_->config;
-  // Only the filled part of the KV cache is copied: rows [0, position) of each layer and head.
+  // Only the filled rows [0, position) of each layer's K and V, per kv head (the two states'
+  // capacities, hence their strides, may differ): one 2-D copy per layer and K/V.
   const size_t row_bytes = size_t(c.head_dim) * sizeof(bf16);
-  for (int slot = 0; slot < src.n_attn; ++slot)
-    for (int kv = 0; kv < 2; ++kv)
-      for (int h = 0; h < int(c.kv_heads); ++h) {
-        size_t off = ((size_t(slot) * 2 + size_t(kv)) * size_t(c.kv_heads) + size_t(h)) * size_t(src.max_ctx) *
-                     size_t(c.head_dim);
-        LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->kv.get() + off, src.kv.get() + off,
-                                         size_t(src.position()) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
-      }
+  if (src.position() > 0)
+    for (int slot = 0; slot < src.n_attn; ++slot)
+      for (bf16* (CudaSequenceState::*cache)(const ModelConfig&, int) const :
+           {&CudaSequenceState::k_cache, &CudaSequenceState::v_cache})
+        LILAC_CUDA_CHECK(cudaMemcpy2DAsync((dst.get()->*cache)(c, slot), size_t(dst->max_ctx) * row_bytes,
+                                           (src.*cache)(c, slot), size_t(src.max_ctx) * row_bytes,
+                                           size_t(src.position()) * row_bytes, size_t(c.kv_heads),
+                                           cudaMemcpyDeviceToDevice, stream_));
   LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->conv.get(), src.conv.get(), src.conv.bytes(), cudaMemcpyDeviceToDevice, stream_));
   LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->rec.get(), src.rec.get(), src.rec.bytes(), cudaMemcpyDeviceToDevice, stream_));
   LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->scalars.get(), src.scalars.get(), src.scalars.bytes(),

@@ -37,6 +37,7 @@ class CudaBackend : public Backend {
   void begin_sampling(SequenceState& state, std::span<const int32_t> prompt, const SamplingParams& params) override;
   StepResult step(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index) override;
   std::unique_ptr<SequenceState> clone(const SequenceState& state) override;
+  std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state, int64_t max_context) override;
   size_t state_bytes(const SequenceState& state) const override;
 
   // Per-kernel times of one decode step and one prefill chunk (CUDA events around each launch,

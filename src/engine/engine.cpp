@@ -32,7 +32,7 @@ Engine::Engine(Backend& backend, const Tokenizer& tokenizer, EngineOptions optio
     : backend_(backend),
       tokenizer_(tokenizer),
       options_(options),
-      cache_(backend, options.snapshot_budget) {
+      cache_(backend, options.snapshot_budget, options.context_size) {
   backend_.set_sampling_vocab(std::min<int32_t>(tokenizer.size(), int32_t(backend.config().vocab)));
   thread_ = std::thread([this] { worker(); });
 }

@@ -17,7 +17,9 @@ namespace lilac {
 
 class PrefixCache {
  public:
-  PrefixCache(Backend& backend, size_t budget_bytes) : backend_(backend), budget_(budget_bytes) {}
+  // Restored snapshots get room for `context_size` tokens; stored ones only for their own.
+  PrefixCache(Backend& backend, size_t budget_bytes, int64_t context_size)
+      : backend_(backend), budget_(budget_bytes), context_size_(context_size) {}
 
   // Stores a snapshot (a clone) of `state`, which has consumed exactly `tokens`. Replaces an
   // entry with the same tokens; skipped when the snapshot alone exceeds the budget.
@@ -42,6 +44,7 @@ class PrefixCache {
 
   Backend& backend_;
   size_t budget_;
+  int64_t context_size_;
   size_t bytes_ = 0;
   std::list<Entry> entries_;  // most recently used first
 };

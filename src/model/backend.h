@@ -77,6 +77,13 @@ class Backend {
 
   // A deep copy of a state (a snapshot for prompt reuse) and the bytes it occupies.
   virtual std::unique_ptr<SequenceState> clone(const SequenceState& state) = 0;
+  // A copy with room for `max_context` tokens (>= the state's position): prompt-reuse snapshots
+  // are stored compact (max_context = position) and restored with the full context. Backends
+  // whose states grow on demand keep the default, a plain clone.
+  virtual std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state, int64_t max_context) {
+    (void)max_context;
+    return clone(state);
+  }
   virtual size_t state_bytes(const SequenceState& state) const = 0;
 
   // Optional observer of intermediate tensors (nullptr: off, the default and the fast path).

@@ -84,11 +84,18 @@ TEST(CudaBackend, ChunkedPrefillAndGraphedDecodeAgree) {
   EXPECT_TRUE(all_close(b, a, 2e-2, 0, "40 x 1"));
   // A clone continues exactly like its source (same kernels, same inputs: bitwise).
   auto c = backend->clone(*ones);
-  std::vector<float> x(V), y(V);
+  // A compact snapshot (capacity = its position, as the prompt cache stores them) restored with
+  // room to grow continues identically too.
+  auto compact = backend->clone_with_capacity(*ones, ones->position());
+  EXPECT_LT(backend->state_bytes(*compact), backend->state_bytes(*ones));
+  auto restored = backend->clone_with_capacity(*compact, 64);
+  std::vector<float> x(V), y(V), z(V);
   int32_t tok = 7;
   backend->forward(*ones, std::span(&tok, 1), x, false);
   backend->forward(*c, std::span(&tok, 1), y, false);
+  backend->forward(*restored, std::span(&tok, 1), z, false);
   EXPECT_EQ(x, y);
+  EXPECT_EQ(x, z);
 }
 
 TEST(CudaBackend, DeviceSamplingMatchesTheCpuSamplerOnTheSameLogits) {
