@@ -507,54 +507,61 @@ void bench_layers(cudaStream_t s, const Options& opt) {
   const int nG = 9, nA = 3;  // distinct dense weights: 9 x 75 MB, 3 x 60 MB
   LayerBench b(nG, nA, opt.context);
   std::printf(
-      "\n== decode layers at context %d (graph of the launches of CudaBackend::layer_decode; per "
+      "\n== decode layers at context %d (graphs of CudaBackend::layer_decode's launches; us per "
       "layer)\n",
       opt.context);
-  std::printf("%-34s %12s %12s\n", "sequence", "PDL on", "PDL off");
-  auto both = [&](const std::function<void()>& record) {
-    double on, off;
-    {
-      lilac::cuda::ScopedPdl p(true);
-      on = time_graph(s, opt, record);
-    }
-    {
-      lilac::cuda::ScopedPdl p(false);
-      off = time_graph(s, opt, record);
-    }
-    return std::pair<double, double>{on, off};
+  // Columns: PDL and L2 prefetch (launch.h) on / off.
+  struct Mode {
+    bool pdl, prefetch;
   };
-  auto row = [&](const char* name, std::pair<double, double> t, int n) {
-    std::printf("%-34s %9.2f us %9.2f us\n", name, t.first * 1e6 / n, t.second * 1e6 / n);
+  const Mode modes[4] = {{true, true}, {true, false}, {false, true}, {false, false}};
+  std::printf("%-34s %14s %14s %14s %14s\n", "sequence", "PDL+prefetch", "PDL", "prefetch",
+              "neither");
+  auto all = [&](const std::function<void()>& record) {
+    std::vector<double> t;
+    for (const Mode& m : modes) {
+      lilac::cuda::ScopedPdl p(m.pdl);
+      const bool saved = lilac::cuda::l2_prefetch_enabled();
+      lilac::cuda::set_l2_prefetch_enabled(m.prefetch);
+      t.push_back(time_graph(s, opt, record));
+      lilac::cuda::set_l2_prefetch_enabled(saved);
+    }
+    return t;
+  };
+  auto row = [&](const char* name, const std::vector<double>& t, int n) {
+    std::printf("%-34s", name);
+    for (double v : t) std::printf(" %11.2f us", v * 1e6 / n);
+    std::printf("\n");
     std::fflush(stdout);
   };
-  const auto tg = both([&] {
+  const auto tg = all([&] {
     for (auto& d : b.gdn) b.gdn_layer(d, s);
   });
   row("Gated DeltaNet layer (6 launches)", tg, nG);
-  const auto ta = both([&] {
+  const auto ta = all([&] {
     for (auto& d : b.attn) b.attn_layer(d, s);
   });
   row("attention layer (8 launches)", ta, nA);
-  const auto tm = both([&] {
+  const auto tm = all([&] {
     for (auto& d : b.gdn) b.moe(d, s);
   });
   row("  of which MoE (3 launches)", tm, nG);
-  const auto th = both([&] { b.head(s); });
+  const auto th = all([&] { b.head(s); });
   row("lm_head (gemv_rms) + argmax", th, 1);
   const auto te =
-      both([&] { lilac::cuda::embed(b.token.get(), b.embed_table.get(), b.h.get(), 1, b.H, s); });
+      all([&] { lilac::cuda::embed(b.token.get(), b.embed_table.get(), b.h.get(), 1, b.H, s); });
   row("embed", te, 1);
   const int L_gdn = int(b.c.count_layers(lilac::LayerType::GatedDeltaNet));
   const int L_attn = int(b.c.count_layers(lilac::LayerType::FullAttention));
-  auto step = [&](bool on) {
-    auto pick = [&](std::pair<double, double> t) { return on ? t.first : t.second; };
-    return L_gdn * pick(tg) / nG + L_attn * pick(ta) / nA + pick(th) + pick(te);
-  };
+  std::vector<double> step;
+  for (size_t m = 0; m < tg.size(); ++m)
+    step.push_back(L_gdn * tg[m] / nG + L_attn * ta[m] / nA + th[m] + te[m]);
+  row("decode step estimate", step, 1);
+  std::printf("%-34s", "  tok/s");
+  for (double v : step) std::printf(" %14.1f", 1.0 / v);
   std::printf(
-      "%-34s %9.1f us %9.1f us   (%d GDN + %d attention layers + head + embed; %.0f / %.0f "
-      "tok/s)\n",
-      "decode step estimate", step(true) * 1e6, step(false) * 1e6, L_gdn, L_attn, 1.0 / step(true),
-      1.0 / step(false));
+      "\n(%d GDN + %d attention layers + lm_head + argmax + embed; sampling not included)\n", L_gdn,
+      L_attn);
   int with_wait = 0, without = 0;
   lilac::cuda::pdl_kernel_counts(&with_wait, &without);
   std::printf("PDL: %s; %d kernels launched with it, %d refused (machine code without the wait)\n",

@@ -28,6 +28,7 @@ struct Params {
   float eps = 0.f;
   void* y = nullptr;  // f32 or bf16 [rows]
   int splits = 1, items = 0;
+  int prefetch = 1;  // prefetch the warp's first item into L2 before pdl_wait (launch.h)
   // kEpiRouter: the last block picks the top k of softmax(y[0, E)) into idx / w (router_select);
   // block 0 writes the normalised x to x_out (when not null); counter: zero between launches.
   int E = 0, k = 0;
@@ -115,10 +116,10 @@ __device__ __forceinline__ void store_out(void* y, int row, float v) {
 // slice s (chunks [c0, c1)), in steps of U chunks per row per lane (R * U = 8 loads in flight,
 // all issued before the step's FMAs). Blocks loop over items (grid <= items). Prologue, in this
 // order: let the next kernel launch (PDL); prefetch into L2 the lines of the warp's first item
-// (up to 2 steps; weights need no wait, and a prefetch holds no registers); kNorm: start copying
-// the scale into shared memory; wait for the previous kernel (PDL); copy x (or h) into shared
-// memory with cp.async; normalise (kNorm); barrier. The first loads then hit L2.
-// Dynamic shared memory: x bf16 [cols]; kNorm adds h and scale f32 [cols] each.
+// (up to 2 steps; weights need no wait, and a prefetch holds no registers); kNorm: start
+// copying the scale into shared memory; wait for the previous kernel (PDL); copy x (or h) into
+// shared memory with cp.async; normalise (kNorm); barrier. The first loads then hit L2. Dynamic
+// shared memory: x bf16 [cols]; kNorm adds h and scale f32 [cols] each.
 template <int R, int U, int kMode, bool kNorm, int kEpi>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
   extern __shared__ uint4 xs[];  // [cols / 8] bf16 x; kNorm: then h [cols], scale [cols] f32
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
   float* scale_s = hs + p.cols;
 
   pdl_launch_dependents();
-  {
+  if (p.prefetch) {  // the warp's first item (up to 2 steps) into L2
     const int r0 = (blockIdx.x * groups + g) * R;
     const int n = min(c1 - c0, 2 * 32 * U);
 #pragma unroll
@@ -277,6 +278,7 @@ void launch_gemv(Params p, cudaStream_t stream) {
       sm_count();
   p.splits = choose_splits(p.rows, p.cols / 8, R, U, capacity);
   p.items = (((p.rows + R - 1) / R) + kWarps / p.splits - 1) / (kWarps / p.splits);
+  p.prefetch = l2_prefetch_enabled() ? 1 : 0;
   const long long own =
       (long long)resident_blocks_per_sm(gemv_kernel<R, U, kMode, kNorm, kEpi>, kThreads, smem) *
       sm_count();

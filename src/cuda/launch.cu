@@ -30,6 +30,15 @@ std::atomic<int>& setting() {
   return s;
 }
 
+std::atomic<int>& prefetch_setting() {
+  static std::atomic<int> s{[] {
+    const char* env = std::getenv("LILAC_L2_PREFETCH");
+    const bool off = env && (!std::strcmp(env, "0") || !std::strcmp(env, "off"));
+    return off ? 0 : 1;
+  }()};
+  return s;
+}
+
 // Kernel -> whether its running machine code has the wait; guarded by registry_mutex().
 std::unordered_map<const void*, bool>& registry() {
   static std::unordered_map<const void*, bool> known;
@@ -50,6 +59,13 @@ bool pdl_enabled() {
 
 void set_pdl_enabled(bool on) {
   setting().store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+bool l2_prefetch_enabled() {
+  return prefetch_setting().load(std::memory_order_relaxed) != 0;
+}
+void set_l2_prefetch_enabled(bool on) {
+  prefetch_setting().store(on ? 1 : 0, std::memory_order_relaxed);
 }
 
 ScopedPdl::ScopedPdl(bool on) : saved_(setting().exchange(on ? 1 : 0)) {}

@@ -40,6 +40,13 @@ class ScopedPdl {
 // Whether a launch of `kernel` (a __global__ function) on `stream` uses PDL now.
 bool pdl_for(const void* kernel, cudaStream_t stream);
 
+// Whether the same kernels prefetch weights into L2 ahead of their loads (prefetch.global.L2: the
+// GEMV's first item before pdl_wait, the routed experts' rows once the router's choice is read,
+// the shared expert's rows before the wait). On unless LILAC_L2_PREFETCH=0; the setter is for
+// benchmarks comparing both.
+bool l2_prefetch_enabled();
+void set_l2_prefetch_enabled(bool on);
+
 // Kernels checked by pdl_for so far: how many run machine code with the wait (launched with PDL)
 // and how many do not (launched normally). For benchmark reports.
 void pdl_kernel_counts(int* with_wait, int* without);

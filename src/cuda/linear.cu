@@ -22,10 +22,12 @@
 // are added in slice order (deterministic). Blocks loop over items of 8 / splits * R rows.
 // Version 1 -> 2 (from the first H200 measurements: the fixed cost per launch, ~2.5 us, decided
 // the small shapes, and out_proj ran 1.55 waves of items):
-//   - The first step's weight loads are issued before anything else: before pdl_wait (they do not
-//     depend on the previous kernel) and before x is staged, so launch ramp, the x round trip and
-//     the fused norm overlap the first DRAM round trip. Launched with PDL (launch.h): the next
-//     GEMV's blocks start loading weights while the previous kernel drains.
+//   - The first item's weight lines are prefetched into L2 before anything else: before pdl_wait
+//     (they do not depend on the previous kernel) and before x is staged (cp.async, no registers),
+//     so the launch ramp, the x round trip and the fused norm overlap the first DRAM round trip;
+//     the first loads then hit L2. Launched with PDL (launch.h): the next GEMV's blocks start
+//     prefetching while the previous kernel drains. (Holding the first step in registers instead
+//     was tried: ptxas then double-buffers the step, 80-100 registers, half the resident blocks.)
 //   - The split count minimises serial load rounds (gemv.cuh choose_splits): out_proj now runs
 //     2 splits = 512 blocks of one full step (all 16.8 MB requested at once, one wave) instead of
 //     4 splits = 1024 half-empty items over 660 resident blocks.

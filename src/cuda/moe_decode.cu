@@ -71,7 +71,7 @@ constexpr int kGateUpU = 4;
 __global__ void __launch_bounds__(kThreads)
     moe_gate_up_kernel(const bf16* __restrict__ gate_up, const bf16* __restrict__ shared_gate_up,
                        const int32_t* __restrict__ idx, int k, const bf16* __restrict__ x, int H,
-                       int I, int Is, bf16* __restrict__ act, int blocks_per_expert) {
+                       int I, int Is, bf16* __restrict__ act, int blocks_per_expert, int prefetch) {
   extern __shared__ uint4 xs[];  // [H / 8]
   const int nch = H >> 3;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads)
   const int il = min(i, n - 1);  // outputs past n: load a valid row, store nothing
 
   pdl_launch_dependents();
-  if (shared) {  // weights that do not depend on the router: into L2 before the wait
+  if (prefetch && shared) {  // weights that do not depend on the router: into L2 before the wait
     prefetch_chunks_l2(reinterpret_cast<const uint4*>(shared_gate_up + size_t(il) * H), 0, nch,
                        lane);
     prefetch_chunks_l2(reinterpret_cast<const uint4*>(shared_gate_up + size_t(n + il) * H), 0, nch,
@@ -95,6 +95,10 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* base = shared ? shared_gate_up : gate_up + size_t(e) * 2 * size_t(I) * H;
   const uint4* const wr[2] = {reinterpret_cast<const uint4*>(base + size_t(il) * H),
                               reinterpret_cast<const uint4*>(base + size_t(n + il) * H)};
+  if (prefetch && !shared) {  // both rows, all steps, into L2 now: all bytes requested at once
+    prefetch_chunks_l2(wr[0], 0, nch, lane);
+    prefetch_chunks_l2(wr[1], 0, nch, lane);
+  }
   // x arrives while idx does (both right after the wait); the loads follow the barrier.
   for (int t = threadIdx.x; t < nch; t += kThreads) cp_async16(xs + t, x + 8 * t);
   cp_async_wait_all();
@@ -128,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     moe_down_kernel(const bf16* __restrict__ down, const bf16* __restrict__ shared_down,
                     const int32_t* __restrict__ idx, const float* __restrict__ w,
                     const float* __restrict__ shared_logit, const bf16* __restrict__ act, int k,
-                    int H, int I, int Is, float* __restrict__ h) {
+                    int H, int I, int Is, float* __restrict__ h, int prefetch) {
   extern __shared__ uint4 as[];  // [(k * I + Is) / 8]: act slot j at j * I / 8, shared at k * I / 8
   __shared__ float s_w[kMaxK + 1];
   __shared__ float s_half[kWarps];
@@ -273,7 +277,8 @@ void moe_gate_up_gemv(const bf16* gate_up, const bf16* shared_gate_up, const int
   const int bpe = ceil_div(I, kWarps);
   const int grid = k * bpe + ceil_div(Is, kWarps);
   launch_kernel(true, moe_gate_up_kernel, dim3(grid), dim3(kThreads), size_t(H) * 2, stream,
-                gate_up, shared_gate_up, idx, k, x, H, I, Is, act, bpe);
+                gate_up, shared_gate_up, idx, k, x, H, I, Is, act, bpe,
+                l2_prefetch_enabled() ? 1 : 0);
 }
 
 void moe_down_gemv(const bf16* down, const bf16* shared_down, const int32_t* idx, const float* w,
@@ -290,7 +295,8 @@ void moe_down_gemv(const bf16* down, const bf16* shared_down, const int32_t* idx
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(moe_down_kernel,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   launch_kernel(true, moe_down_kernel, dim3(ceil_div(H, kDownOuts)), dim3(kThreads), smem, stream,
-                down, shared_down, idx, w, shared_logit, act, k, H, I, Is, h);
+                down, shared_down, idx, w, shared_logit, act, k, H, I, Is, h,
+                l2_prefetch_enabled() ? 1 : 0);
 }
 
 }  // namespace lilac::cuda

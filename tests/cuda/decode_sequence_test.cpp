@@ -160,6 +160,19 @@ TEST(CudaDecodeSequence, GraphWithPdlEqualsPlainLaunches) {
     EXPECT_EQ(got.result, want.result);
   }
 
+  // Without the L2 prefetch hints (they must not change a bit).
+  {
+    cuda::ScopedPdl on(true);
+    cuda::set_l2_prefetch_enabled(false);
+    seq.reset(s);
+    seq.launches(s);
+    Sequence::Out got = seq.read(s);
+    cuda::set_l2_prefetch_enabled(true);
+    EXPECT_TRUE(same_bits(got.h, want.h, "no-prefetch h"));
+    EXPECT_TRUE(same_bits(got.logits, want.logits, "no-prefetch logits"));
+    EXPECT_EQ(got.result, want.result);
+  }
+
   // One graph with PDL edges, replayed several times from the same state.
   cuda::ScopedPdl on(true);
   cudaGraph_t graph;
