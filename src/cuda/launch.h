@@ -40,10 +40,10 @@ class ScopedPdl {
 // Whether a launch of `kernel` (a __global__ function) on `stream` uses PDL now.
 bool pdl_for(const void* kernel, cudaStream_t stream);
 
-// Whether the same kernels prefetch weights into L2 ahead of their loads (prefetch.global.L2: the
-// GEMV's first item before pdl_wait, the routed experts' rows once the router's choice is read,
-// the shared expert's rows before the wait). On unless LILAC_L2_PREFETCH=0; the setter is for
-// benchmarks comparing both.
+// Whether the same kernels prefetch weights into L2 ahead of their loads (cp.async.bulk.prefetch.L2
+// on sm_90: the GEMV's first item before pdl_wait, the routed experts' rows once the router's
+// choice is read, the shared expert's rows before the wait). On unless LILAC_L2_PREFETCH=0; the
+// setter is for benchmarks comparing both.
 bool l2_prefetch_enabled();
 void set_l2_prefetch_enabled(bool on);
 

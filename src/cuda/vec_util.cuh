@@ -97,16 +97,20 @@ __device__ __forceinline__ void dot_rows(const uint4 (&wv)[U][R], const uint4* x
   }
 }
 
-// A hint to bring the 128-byte line holding p into L2 (no registers held, nothing waited for).
-// Used before pdl_wait for weights whose loads follow the wait: they then hit L2.
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// Prefetches into L2 the lines of chunks [c, c + n) (16-byte chunks) of `row`, spread over the
-// warp's lanes (one line per lane per 128 bytes... 8 chunks a line).
+// Prefetches into L2 the 16-byte chunks [c, c + n) of `row` (weights whose loads follow later: they
+// then hit L2). No registers are held and nothing is waited for. sm_90: one lane hands the whole
+// range to the bulk copy engine (cp.async.bulk.prefetch.L2, exact byte count); older targets:
+// prefetch.global.L2 per 32-byte sector, spread over the lanes.
 __device__ __forceinline__ void prefetch_chunks_l2(const uint4* row, int c, int n, int lane) {
-  for (int l = lane; 8 * l < n; l += 32) prefetch_l2(row + c + 8 * l);
+  if (n <= 0) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (lane == 0)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row + c), "r"(unsigned(n) * 16u)
+                 : "memory");
+#else
+  for (int q = lane; 2 * q < n; q += 32)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + c + 2 * q));
+#endif
 }
 
 // 16-byte asynchronous copy global -> shared (through L2, no registers), and the wait for all of
