@@ -1,9 +1,16 @@
-// lilac_cuda_bench_kernels: times the decode bandwidth kernels (norm, linear, moe_decode, sampling) at the
-// real model's shapes. Each measurement captures a CUDA graph of kReps launches that rotate over
-// input copies totalling more than 2x the 60 MB L2 (so weights come from HBM, as in decode), warms
-// it up, replays it >= 50 times timed with CUDA events, and reports the median per launch, the
-// bytes a launch must move, GB/s and % of the 4.3 TB/s copy bandwidth. Usage: lilac_cuda_bench_kernels
-// [--runs N] [--filter SUBSTRING]. Prints a table; the lead records the numbers in docs/kernels.md.
+// lilac_cuda_bench_kernels: times the decode bandwidth kernels (norm, linear, moe_decode, sampling)
+// at the real model's shapes, then whole decode layers. Each kernel measurement captures a CUDA
+// graph of kReps launches that rotate over input copies totalling more than 2x the 60 MB L2 (so
+// weights come from HBM, as in decode), warms it up, replays it >= 50 times timed with CUDA events,
+// and reports the median per launch, the bytes a launch must move, GB/s and % of the 4.3 TB/s copy
+// bandwidth; with programmatic dependent launch (launch.h) on, consecutive launches overlap (as
+// consecutive kernels of a decode step do), and the "no PDL" column repeats the measurement without
+// it. The layer section captures the decode launch sequence of several Gated DeltaNet layers (and
+// of attention layers) exactly as CudaBackend::layer_decode issues it, at the real shapes with
+// distinct dense weights per layer, and reports the time per layer with and without PDL, plus a
+// decode-step estimate: 30 GDN layers + 10 attention layers + embed + lm_head + argmax.
+// Usage: lilac_cuda_bench_kernels [--runs N] [--filter SUBSTRING] [--context N]. Prints tables; the
+// lead records the numbers in docs/kernels.md.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,11 +22,17 @@
 #include <type_traits>
 #include <vector>
 
+#include <cmath>
+
+#include "cuda/attention.h"
 #include "cuda/common.h"
+#include "cuda/gated_deltanet.h"
+#include "cuda/launch.h"
 #include "cuda/linear.h"
 #include "cuda/moe_decode.h"
 #include "cuda/norm.h"
 #include "cuda/sampling.h"
+#include "model/qwen36.h"
 
 namespace {
 
@@ -72,17 +85,17 @@ int copies_for(size_t bytes) {
 struct Options {
   int runs = 100;
   std::string filter;
+  int context = 256;
 };
 
-// Median time of one launch of `launch(rep)` (rep = 0..kReps-1 picks the rotated inputs), in a
-// captured graph of kReps launches.
-double time_launch(cudaStream_t s, const Options& opt, const std::function<void(int)>& launch) {
-  launch(0);  // one-time host setup (occupancy queries) outside the capture
+// Median time of one replay of a graph holding everything `record` launches on s.
+double time_graph(cudaStream_t s, const Options& opt, const std::function<void()>& record) {
+  record();  // one-time host setup (occupancy queries, PDL checks) outside the capture
   LILAC_CUDA_CHECK(cudaStreamSynchronize(s));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   LILAC_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int r = 0; r < kReps; ++r) launch(r);
+  record();
   LILAC_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
   LILAC_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaEvent_t a, b;
@@ -104,13 +117,40 @@ double time_launch(cudaStream_t s, const Options& opt, const std::function<void(
   LILAC_CUDA_CHECK(cudaEventDestroy(b));
   LILAC_CUDA_CHECK(cudaGraphExecDestroy(exec));
   LILAC_CUDA_CHECK(cudaGraphDestroy(graph));
-  return double(ms[ms.size() / 2]) * 1e-3 / kReps;
+  return double(ms[ms.size() / 2]) * 1e-3;
 }
 
-void report(const char* name, const std::string& shape, double bytes, double seconds) {
+// Median time of one launch of `launch(rep)` (rep = 0..kReps-1 picks the rotated inputs), in a
+// captured graph of kReps launches; with PDL as set now.
+double time_launch(cudaStream_t s, const Options& opt, const std::function<void(int)>& launch) {
+  return time_graph(s, opt,
+                    [&] {
+                      for (int r = 0; r < kReps; ++r) launch(r);
+                    }) /
+         kReps;
+}
+
+// The same with PDL on, and off: {with, without}.
+std::pair<double, double> time_both(cudaStream_t s, const Options& opt,
+                                    const std::function<void(int)>& launch) {
+  double with_pdl, without;
+  {
+    lilac::cuda::ScopedPdl on(true);
+    with_pdl = time_launch(s, opt, launch);
+  }
+  {
+    lilac::cuda::ScopedPdl off(false);
+    without = time_launch(s, opt, launch);
+  }
+  return {with_pdl, without};
+}
+
+void report(const char* name, const std::string& shape, double bytes, std::pair<double, double> t) {
+  const double seconds = t.first;
   const double gbs = bytes / seconds / 1e9;
-  std::printf("%-26s %-26s %10.2f MB %9.2f us %8.0f GB/s %6.1f%%\n", name, shape.c_str(),
-              bytes / 1e6, seconds * 1e6, gbs, 100.0 * bytes / seconds / kCopyBandwidth);
+  std::printf("%-26s %-28s %9.2f MB %9.2f us %7.0f GB/s %6.1f%% %9.2f us\n", name, shape.c_str(),
+              bytes / 1e6, seconds * 1e6, gbs, 100.0 * bytes / seconds / kCopyBandwidth,
+              t.second * 1e6);
   std::fflush(stdout);
 }
 
@@ -118,6 +158,8 @@ bool wanted(const Options& opt, const std::string& name) {
   return opt.filter.empty() || name.find(opt.filter) != std::string::npos;
 }
 
+// mode: 0 Store, 1 Accumulate, 2 bf16 out, 3 gemv_rms Store (the norm fused: h and scale, 16 KB
+// more from L2 per block, not counted).
 void bench_gemv(cudaStream_t s, const Options& opt, const char* name, int rows, int cols,
                 int mode) {
   if (!wanted(opt, name)) return;
@@ -128,17 +170,22 @@ void bench_gemv(cudaStream_t s, const Options& opt, const char* name, int rows, 
     W.push_back(random_buffer<bf16>(size_t(rows) * cols, 11 + c, 0.05f));
   auto x = random_buffer<bf16>(size_t(cols), 3, 1.f);
   auto y = random_buffer<float>(size_t(rows), 4, 1.f);
+  auto h = random_buffer<float>(size_t(cols), 5, 1.f);
+  auto scale = random_buffer<float>(size_t(cols), 6, 0.1f);
   DeviceBuffer<bf16> yb(static_cast<size_t>(rows));
-  const double t = time_launch(s, opt, [&](int r) {
+  const auto t = time_both(s, opt, [&](int r) {
     const bf16* w = W[size_t(r % copies)].get();
     if (mode == 2)
       lilac::cuda::gemv_bf16out(w, rows, cols, x.get(), yb.get(), s);
+    else if (mode == 3)
+      lilac::cuda::gemv_rms(w, rows, cols, h.get(), scale.get(), 1e-6f, y.get(),
+                            lilac::cuda::GemvOut::Store, s);
     else
       lilac::cuda::gemv(w, rows, cols, x.get(), y.get(),
                         mode == 1 ? lilac::cuda::GemvOut::Accumulate : lilac::cuda::GemvOut::Store,
                         s);
   });
-  const double bytes = double(wbytes) + cols * 2.0 +
+  const double bytes = double(wbytes) + cols * (mode == 3 ? 8.0 : 2.0) +
                        rows * (mode == 1   ? 8.0
                                : mode == 2 ? 2.0
                                            : 4.0);
@@ -177,7 +224,7 @@ void bench_moe(cudaStream_t s, const Options& opt) {
   auto logits = random_buffer<float>(size_t(kReps) * (E + 1), 27, 3.f);
   DeviceBuffer<bf16> act(size_t(k) * I + Is);
   if (wanted(opt, "router_topk")) {
-    const double t = time_launch(s, opt, [&](int r) {
+    const auto t = time_both(s, opt, [&](int r) {
       lilac::cuda::router_topk(logits.get() + size_t(r) * (E + 1), E + 1, 1, E, k,
                                didx.get() + size_t(r) * k, dw.get() + size_t(r) * k, s);
     });
@@ -186,8 +233,29 @@ void bench_moe(cudaStream_t s, const Options& opt) {
     LILAC_CUDA_CHECK(cudaMemcpy(didx.get(), idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
     LILAC_CUDA_CHECK(cudaMemcpy(dw.get(), w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   }
+  if (wanted(opt, "moe_router")) {
+    // The router rows rotate over > 2x L2 (1.05 MB each); h and the norm scale stay in L2 as in
+    // decode (the previous kernel just wrote h).
+    const size_t rbytes = size_t(E + 1) * H * 2;
+    const int copies = copies_for(rbytes);
+    std::vector<DeviceBuffer<bf16>> router;
+    for (int c = 0; c < copies; ++c)
+      router.push_back(random_buffer<bf16>(size_t(E + 1) * H, 28 + c, 0.04f));
+    auto scale = random_buffer<float>(size_t(H), 29, 0.1f);
+    DeviceBuffer<float> rl(static_cast<size_t>(E + 1));
+    DeviceBuffer<int32_t> ri(static_cast<size_t>(k));
+    DeviceBuffer<float> rw(static_cast<size_t>(k));
+    DeviceBuffer<bf16> rx(static_cast<size_t>(H));
+    DeviceBuffer<char> ws(lilac::cuda::moe_router_workspace_bytes());
+    LILAC_CUDA_CHECK(cudaMemset(ws.get(), 0, ws.bytes()));
+    const auto t = time_both(s, opt, [&](int r) {
+      lilac::cuda::moe_router(router[size_t(r % copies)].get(), E, H, h.get(), scale.get(), 1e-6f,
+                              k, rl.get(), ri.get(), rw.get(), rx.get(), ws.get(), s);
+    });
+    report("moe_router (norm+gemv+topk)", "257 x 2048, k 8", double(rbytes) + H * 8.0, t);
+  }
   if (wanted(opt, "moe_gate_up_gemv")) {
-    const double t = time_launch(s, opt, [&](int r) {
+    const auto t = time_both(s, opt, [&](int r) {
       lilac::cuda::moe_gate_up_gemv(gate_up.get(), sgu.get(), didx.get() + size_t(r) * k, k,
                                     x.get(), H, I, Is, act.get(), s);
     });
@@ -195,7 +263,7 @@ void bench_moe(cudaStream_t s, const Options& opt) {
            (double(k) * 2 * I + 2.0 * Is) * H * 2, t);
   }
   if (wanted(opt, "moe_down_gemv")) {
-    const double t = time_launch(s, opt, [&](int r) {
+    const auto t = time_both(s, opt, [&](int r) {
       lilac::cuda::moe_down_gemv(down.get(), sdown.get(), didx.get() + size_t(r) * k,
                                  dw.get() + size_t(r) * k, logits.get() + E, act.get(), k, H, I, Is,
                                  h.get(), s);
@@ -210,7 +278,7 @@ void bench_norm(cudaStream_t s, const Options& opt) {
   auto scale = random_buffer<float>(size_t(H), 32, 1.f);
   DeviceBuffer<bf16> out(static_cast<size_t>(H));
   if (wanted(opt, "rms_norm")) {
-    const double t = time_launch(s, opt, [&](int) {
+    const auto t = time_both(s, opt, [&](int) {
       lilac::cuda::rms_norm(h.get(), scale.get(), out.get(), 1, H, 1e-6f, s);
     });
     report("rms_norm", "T 1, H 2048", H * 10.0, t);
@@ -222,7 +290,7 @@ void bench_norm(cudaStream_t s, const Options& opt) {
     DeviceBuffer<int32_t> dids(ids.size());
     LILAC_CUDA_CHECK(cudaMemcpy(dids.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
     DeviceBuffer<float> hh(static_cast<size_t>(H));
-    const double t = time_launch(
+    const auto t = time_both(
         s, opt, [&](int r) { lilac::cuda::embed(dids.get() + r, table.get(), hh.get(), 1, H, s); });
     report("embed", "T 1, H 2048", H * 6.0, t);
   }
@@ -236,7 +304,7 @@ void bench_sampling(cudaStream_t s, const Options& opt) {
   if (wanted(opt, "argmax")) {
     DeviceBuffer<char> ws(lilac::cuda::argmax_workspace_bytes(n));
     LILAC_CUDA_CHECK(cudaMemset(ws.get(), 0, ws.bytes()));
-    const double t = time_launch(s, opt, [&](int r) {
+    const auto t = time_both(s, opt, [&](int r) {
       lilac::cuda::argmax(logits[size_t(r % 4)].get(), n, ws.get(), out.get(), s);
     });
     report("argmax", "n 248077", n * 4.0, t);
@@ -262,12 +330,243 @@ void bench_sampling(cudaStream_t s, const Options& opt) {
     DeviceBuffer<lilac::cuda::DeviceSamplingParams> dp(1);
     LILAC_CUDA_CHECK(cudaMemcpy(dp.get(), &p, sizeof(p), cudaMemcpyHostToDevice));
     DeviceBuffer<lilac::cuda::DeviceSampleResult> res(1);
-    const double t = time_launch(s, opt, [&](int r) {
+    const auto t = time_both(s, opt, [&](int r) {
       lilac::cuda::sample(logits[size_t(r % 4)].get(), n, dp.get(), nullptr, nullptr, ws.get(),
                           res.get(), s);
     });
     report(c.name, "n 248077 (10 launches)", n * 4.0, t);
   }
+}
+
+// ---- whole decode layers ------------------------------------------------------------------------
+
+// A uniform fill in [-a, a) with a = sqrt(3 / fan_in) (std 1 / sqrt(fan_in)), as the synthetic
+// model's matrices; norm scales 1 +- 0.1.
+DeviceBuffer<bf16> matrix(int64_t rows, int64_t cols, uint64_t seed) {
+  return random_buffer<bf16>(size_t(rows) * size_t(cols), seed, std::sqrt(3.f / float(cols)));
+}
+
+DeviceBuffer<float> around(size_t n, uint64_t seed, float centre, float a) {
+  DeviceBuffer<float> b = random_buffer<float>(n, seed, a);
+  std::vector<float> v(n);
+  LILAC_CUDA_CHECK(cudaMemcpy(v.data(), b.get(), n * 4, cudaMemcpyDeviceToHost));
+  for (auto& x : v) x += centre;
+  LILAC_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), n * 4, cudaMemcpyHostToDevice));
+  return b;
+}
+
+// The decode launch sequence of CudaBackend::layer_decode (keep the two in step), over nG Gated
+// DeltaNet and nA attention layers with their own dense weights; one expert bank shared by all
+// layers (each layer's router picks from it: the previous layers' 60 MB of streamed weights have
+// left nothing of it in L2).
+struct LayerBench {
+  lilac::ModelConfig c = lilac::qwen36_35b_a3b_config();
+  int H, E, k, I, Is, V, C, Hk, Hv, Dk, Dv, K, heads, kvh, hd, R, max_ctx;
+  float eps;
+  struct Dense {
+    DeviceBuffer<float> input_norm, post_norm;
+    DeviceBuffer<bf16> router, sgu, sdown;
+    // GDN
+    DeviceBuffer<bf16> in_proj, out_proj;
+    DeviceBuffer<float> conv, neg_exp_A, dt_bias, gdn_norm, conv_state, rec;
+    // attention
+    DeviceBuffer<bf16> qkv, o_proj, kc, vc;
+    DeviceBuffer<float> q_norm, k_norm;
+  };
+  std::vector<Dense> gdn, attn;
+  DeviceBuffer<bf16> gate_up, down, lm_head, embed_table;
+  DeviceBuffer<float> final_norm, inv_freq;
+  DeviceBuffer<float> h, proj, router_logits, topk_w, logits, gdn_ws, attn_partial;
+  DeviceBuffer<int32_t> topk_idx, token, pos;
+  DeviceBuffer<bf16> x, mix, q, gate, act;
+  DeviceBuffer<char> router_ws, argmax_ws;
+
+  LayerBench(int nG, int nA, int context) {
+    H = int(c.hidden), E = int(c.experts), k = int(c.experts_per_token),
+    I = int(c.expert_intermediate);
+    Is = int(c.shared_intermediate), V = int(c.vocab), C = int(c.gdn_conv_channels());
+    Hk = int(c.gdn_key_heads), Hv = int(c.gdn_value_heads), Dk = int(c.gdn_key_dim),
+    Dv = int(c.gdn_value_dim);
+    K = int(c.gdn_conv_kernel), heads = int(c.heads), kvh = int(c.kv_heads), hd = int(c.head_dim);
+    R = int(c.rotary_dim), eps = c.rms_eps;
+    max_ctx = context + 64;
+    uint64_t seed = 1000;
+    auto common = [&](Dense& d) {
+      d.input_norm = around(size_t(H), seed++, 1.f, 0.1f);
+      d.post_norm = around(size_t(H), seed++, 1.f, 0.1f);
+      d.router = matrix(E + 1, H, seed++);
+      d.sgu = matrix(2 * Is, H, seed++);
+      d.sdown = matrix(H, Is, seed++);
+    };
+    const int gdn_rows = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
+    gdn.resize(size_t(nG));
+    for (auto& d : gdn) {
+      common(d);
+      d.in_proj = matrix(gdn_rows, H, seed++);
+      d.out_proj = matrix(H, Hv * Dv, seed++);
+      d.conv = random_buffer<float>(size_t(C) * K, seed++, 0.5f);
+      d.neg_exp_A = around(size_t(Hv), seed++, -2.25f, 1.75f);
+      d.dt_bias = random_buffer<float>(size_t(Hv), seed++, 1.f);
+      d.gdn_norm = around(size_t(Dv), seed++, 1.f, 0.1f);
+      d.conv_state = random_buffer<float>(size_t(K - 1) * C, seed++, 0.5f);
+      d.rec = random_buffer<float>(size_t(Hv) * Dk * Dv, seed++, 0.01f);
+    }
+    const int qkv_rows = int(c.q_proj_rows() + 2 * c.kv_dim());
+    attn.resize(size_t(nA));
+    for (auto& d : attn) {
+      common(d);
+      d.qkv = matrix(qkv_rows, H, seed++);
+      d.o_proj = matrix(H, heads * hd, seed++);
+      d.q_norm = around(size_t(hd), seed++, 1.f, 0.1f);
+      d.k_norm = around(size_t(hd), seed++, 1.f, 0.1f);
+      d.kc = random_buffer<bf16>(size_t(kvh) * max_ctx * hd, seed++, 1.f);
+      d.vc = random_buffer<bf16>(size_t(kvh) * max_ctx * hd, seed++, 1.f);
+    }
+    gate_up = matrix(int64_t(E) * 2 * I, H, seed++);
+    down = matrix(int64_t(E) * H, I, seed++);
+    lm_head = matrix(V, H, seed++);
+    embed_table = random_buffer<bf16>(size_t(V) * H, seed++, 1.f);
+    final_norm = around(size_t(H), seed++, 1.f, 0.1f);
+    std::vector<float> f(size_t(R / 2));
+    for (int j = 0; j < R / 2; ++j)
+      f[size_t(j)] = std::pow(c.rope_theta, -2.f * float(j) / float(R));
+    inv_freq = DeviceBuffer<float>(f.size());
+    LILAC_CUDA_CHECK(cudaMemcpy(inv_freq.get(), f.data(), f.size() * 4, cudaMemcpyHostToDevice));
+    h = random_buffer<float>(size_t(H), seed++, 1.f);
+    proj = DeviceBuffer<float>(size_t(std::max(gdn_rows, qkv_rows)));
+    router_logits = DeviceBuffer<float>(size_t(E + 1));
+    topk_w = DeviceBuffer<float>(size_t(k));
+    topk_idx = DeviceBuffer<int32_t>(size_t(k));
+    logits = DeviceBuffer<float>(size_t(V));
+    gdn_ws = DeviceBuffer<float>(lilac::cuda::gdn_decode_workspace_floats(Hk, Hv, Dv));
+    lilac::cuda::gdn_decode_workspace_init(gdn_ws.get(), Hk, Hv, Dv, nullptr);
+    attn_partial = DeviceBuffer<float>(
+        lilac::cuda::attention_decode_workspace_floats(heads, kvh, hd, max_ctx));
+    token = DeviceBuffer<int32_t>(1);
+    std::vector<int32_t> p = {int32_t(context)};
+    pos = DeviceBuffer<int32_t>(1);
+    LILAC_CUDA_CHECK(cudaMemcpy(pos.get(), p.data(), 4, cudaMemcpyHostToDevice));
+    LILAC_CUDA_CHECK(cudaMemset(token.get(), 0, 4));
+    x = DeviceBuffer<bf16>(size_t(H));
+    mix = DeviceBuffer<bf16>(size_t(std::max(Hv * Dv, heads * hd)));
+    q = DeviceBuffer<bf16>(size_t(heads * hd));
+    gate = DeviceBuffer<bf16>(size_t(heads * hd));
+    act = DeviceBuffer<bf16>(size_t(k) * I + Is);
+    router_ws = DeviceBuffer<char>(lilac::cuda::moe_router_workspace_bytes());
+    LILAC_CUDA_CHECK(cudaMemset(router_ws.get(), 0, router_ws.bytes()));
+    argmax_ws = DeviceBuffer<char>(lilac::cuda::argmax_workspace_bytes(lilac::kQwen36RealTokens));
+    LILAC_CUDA_CHECK(cudaMemset(argmax_ws.get(), 0, argmax_ws.bytes()));
+    LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  void moe(const Dense& d, cudaStream_t s) {
+    lilac::cuda::moe_router(d.router.get(), E, H, h.get(), d.post_norm.get(), eps, k,
+                            router_logits.get(), topk_idx.get(), topk_w.get(), x.get(),
+                            router_ws.get(), s);
+    lilac::cuda::moe_gate_up_gemv(gate_up.get(), d.sgu.get(), topk_idx.get(), k, x.get(), H, I, Is,
+                                  act.get(), s);
+    lilac::cuda::moe_down_gemv(down.get(), d.sdown.get(), topk_idx.get(), topk_w.get(),
+                               router_logits.get() + E, act.get(), k, H, I, Is, h.get(), s);
+  }
+
+  void gdn_layer(Dense& d, cudaStream_t s) {
+    const int rows = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
+    lilac::cuda::gemv_rms(d.in_proj.get(), rows, H, h.get(), d.input_norm.get(), eps, proj.get(),
+                          lilac::cuda::GemvOut::Store, s);
+    lilac::cuda::gdn_decode(proj.get(), d.conv.get(), d.conv_state.get(), d.neg_exp_A.get(),
+                            d.dt_bias.get(), d.gdn_norm.get(), d.rec.get(), Hk, Hv, Dk, Dv, K, eps,
+                            gdn_ws.get(), mix.get(), s);
+    lilac::cuda::gemv(d.out_proj.get(), H, Hv * Dv, mix.get(), h.get(),
+                      lilac::cuda::GemvOut::Accumulate, s);
+    moe(d, s);
+  }
+
+  void attn_layer(Dense& d, cudaStream_t s) {
+    const int rows = int(c.q_proj_rows() + 2 * c.kv_dim());
+    lilac::cuda::gemv_rms(d.qkv.get(), rows, H, h.get(), d.input_norm.get(), eps, proj.get(),
+                          lilac::cuda::GemvOut::Store, s);
+    lilac::cuda::qk_norm_rope_store(proj.get(), 1, pos.get(), d.q_norm.get(), d.k_norm.get(),
+                                    inv_freq.get(), heads, kvh, hd, R, eps, q.get(), gate.get(),
+                                    d.kc.get(), d.vc.get(), max_ctx, s);
+    lilac::cuda::attention_decode(q.get(), gate.get(), d.kc.get(), d.vc.get(), pos.get(), heads,
+                                  kvh, hd, max_ctx, attn_partial.get(), mix.get(), s);
+    lilac::cuda::gemv(d.o_proj.get(), H, heads * hd, mix.get(), h.get(),
+                      lilac::cuda::GemvOut::Accumulate, s);
+    moe(d, s);
+  }
+
+  void head(cudaStream_t s) {
+    lilac::cuda::gemv_rms(lm_head.get(), V, H, h.get(), final_norm.get(), eps, logits.get(),
+                          lilac::cuda::GemvOut::Store, s);
+    lilac::cuda::argmax(logits.get(), lilac::kQwen36RealTokens, argmax_ws.get(), token.get(), s);
+  }
+};
+
+void bench_layers(cudaStream_t s, const Options& opt) {
+  if (!wanted(opt, "layer")) return;
+  const int nG = 9, nA = 3;  // distinct dense weights: 9 x 75 MB, 3 x 60 MB
+  LayerBench b(nG, nA, opt.context);
+  std::printf(
+      "\n== decode layers at context %d (graphs of CudaBackend::layer_decode's launches; us per "
+      "layer)\n",
+      opt.context);
+  // Columns: PDL and L2 prefetch (launch.h) on / off.
+  struct Mode {
+    bool pdl, prefetch;
+  };
+  const Mode modes[4] = {{true, true}, {true, false}, {false, true}, {false, false}};
+  std::printf("%-34s %14s %14s %14s %14s\n", "sequence", "PDL+prefetch", "PDL", "prefetch",
+              "neither");
+  auto all = [&](const std::function<void()>& record) {
+    std::vector<double> t;
+    for (const Mode& m : modes) {
+      lilac::cuda::ScopedPdl p(m.pdl);
+      const bool saved = lilac::cuda::l2_prefetch_enabled();
+      lilac::cuda::set_l2_prefetch_enabled(m.prefetch);
+      t.push_back(time_graph(s, opt, record));
+      lilac::cuda::set_l2_prefetch_enabled(saved);
+    }
+    return t;
+  };
+  auto row = [&](const char* name, const std::vector<double>& t, int n) {
+    std::printf("%-34s", name);
+    for (double v : t) std::printf(" %11.2f us", v * 1e6 / n);
+    std::printf("\n");
+    std::fflush(stdout);
+  };
+  const auto tg = all([&] {
+    for (auto& d : b.gdn) b.gdn_layer(d, s);
+  });
+  row("Gated DeltaNet layer (6 launches)", tg, nG);
+  const auto ta = all([&] {
+    for (auto& d : b.attn) b.attn_layer(d, s);
+  });
+  row("attention layer (8 launches)", ta, nA);
+  const auto tm = all([&] {
+    for (auto& d : b.gdn) b.moe(d, s);
+  });
+  row("  of which MoE (3 launches)", tm, nG);
+  const auto th = all([&] { b.head(s); });
+  row("lm_head (gemv_rms) + argmax", th, 1);
+  const auto te =
+      all([&] { lilac::cuda::embed(b.token.get(), b.embed_table.get(), b.h.get(), 1, b.H, s); });
+  row("embed", te, 1);
+  const int L_gdn = int(b.c.count_layers(lilac::LayerType::GatedDeltaNet));
+  const int L_attn = int(b.c.count_layers(lilac::LayerType::FullAttention));
+  std::vector<double> step;
+  for (size_t m = 0; m < tg.size(); ++m)
+    step.push_back(L_gdn * tg[m] / nG + L_attn * ta[m] / nA + th[m] + te[m]);
+  row("decode step estimate", step, 1);
+  std::printf("%-34s", "  tok/s");
+  for (double v : step) std::printf(" %14.1f", 1.0 / v);
+  std::printf(
+      "\n(%d GDN + %d attention layers + lm_head + argmax + embed; sampling not included)\n", L_gdn,
+      L_attn);
+  int with_wait = 0, without = 0;
+  lilac::cuda::pdl_kernel_counts(&with_wait, &without);
+  std::printf("PDL: %s; %d kernels launched with it, %d refused (machine code without the wait)\n",
+              lilac::cuda::pdl_enabled() ? "available" : "not available on this device", with_wait,
+              without);
 }
 
 }  // namespace
@@ -279,8 +578,11 @@ int main(int argc, char** argv) {
       opt.runs = std::max(50, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc)
       opt.filter = argv[++i];
+    else if (!std::strcmp(argv[i], "--context") && i + 1 < argc)
+      opt.context = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: %s [--runs N (>= 50)] [--filter SUBSTRING]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--runs N (>= 50)] [--filter SUBSTRING] [--context N]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -295,19 +597,25 @@ int main(int argc, char** argv) {
         "%s, %d SMs, L2 %d MB; median of %d graph replays of %d launches; %% of %.1f TB/s\n",
         prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, opt.runs, kReps,
         kCopyBandwidth / 1e12);
-    std::printf("%-26s %-26s %13s %12s %13s %7s\n", "kernel", "shape", "bytes", "time", "bandwidth",
-                "of peak");
+    std::printf("PDL (launch.h) %s; \"no PDL\": the same graph launched without it\n",
+                lilac::cuda::pdl_enabled() ? "on" : "not available");
+    std::printf("%-26s %-28s %12s %12s %12s %7s %12s\n", "kernel", "shape", "bytes", "time",
+                "bandwidth", "of peak", "no PDL");
     cudaStream_t s;
     LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     bench_gemv(s, opt, "gemv gdn in_proj", 12352, 2048, 0);
+    bench_gemv(s, opt, "gemv_rms gdn in_proj", 12352, 2048, 3);
     bench_gemv(s, opt, "gemv attn qkv", 9216, 2048, 0);
+    bench_gemv(s, opt, "gemv_rms attn qkv", 9216, 2048, 3);
     bench_gemv(s, opt, "gemv out_proj (+= h)", 2048, 4096, 1);
     bench_gemv(s, opt, "gemv router", 257, 2048, 0);
     bench_gemv(s, opt, "gemv lm_head", 248320, 2048, 0);
+    bench_gemv(s, opt, "gemv_rms lm_head", 248320, 2048, 3);
     bench_gemv(s, opt, "gemv_bf16out 2048x2048", 2048, 2048, 2);
     bench_moe(s, opt);
     bench_norm(s, opt);
     bench_sampling(s, opt);
+    bench_layers(s, opt);
     LILAC_CUDA_CHECK(cudaStreamDestroy(s));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lilac_cuda_bench_kernels: %s\n", e.what());

@@ -7,11 +7,13 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <type_traits>
 
 #include "cuda/attention.h"
 #include "cuda/gated_deltanet.h"
 #include "cuda/gemm.h"
+#include "cuda/launch.h"
 #include "cuda/linear.h"
 #include "cuda/moe_decode.h"
 #include "cuda/moe_prefill.h"
@@ -49,6 +51,7 @@ struct Workspace {
   int logit_rows = 0;
   DeviceBuffer<float> gdn_prefill_ws;  // gdn_prefill workspace for max_T tokens
   DeviceBuffer<float> gdn_decode_ws;   // gdn_decode scratch (counters kept at zero by the kernels)
+  DeviceBuffer<uint8_t> router_ws;     // moe_router's counter (zeroed once, kept at zero by the kernel)
   DeviceBuffer<uint8_t> sample_ws;   // sample() workspace
   DeviceBuffer<uint8_t> argmax_ws;   // argmax() workspace (zeroed once; launches leave it zeroed)
 };
@@ -176,6 +179,8 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
   w.gdn_prefill_ws.resize(gdn_prefill_workspace_floats(w.max_T, Hk, Hv, Dk, Dv));
   w.gdn_decode_ws.resize(gdn_decode_workspace_floats(Hk, Hv, Dv));
   gdn_decode_workspace_init(w.gdn_decode_ws.get(), Hk, Hv, Dv, stream_);
+  w.router_ws.resize(moe_router_workspace_bytes());
+  LILAC_CUDA_CHECK(cudaMemsetAsync(w.router_ws.get(), 0, w.router_ws.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -386,10 +391,12 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   const float eps = c.rms_eps;
   cudaStream_t s = stream_;
 
-  timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), 1, H, eps, s); });
+  // The input norm is fused into the first projection (gemv_rms: each block normalises h).
   if (L.type == LayerType::GatedDeltaNet) {
     const int rows = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    timed(timer, "gemv.gdn_in_proj", [&] { gemv(L.in_proj, rows, H, w.x.get(), w.proj.get(), GemvOut::Store, s); });
+    timed(timer, "gemv_rms.gdn_in_proj", [&] {
+      gemv_rms(L.in_proj, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
+    });
     timed(timer, "gdn_decode", [&] {
       gdn_decode(w.proj.get(), L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
                  st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
@@ -399,7 +406,9 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
           [&] { gemv(L.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(), GemvOut::Accumulate, s); });
   } else {
     const int rows = int(c.q_proj_rows() + 2 * c.kv_dim());
-    timed(timer, "gemv.attn_qkv", [&] { gemv(L.qkv_proj, rows, H, w.x.get(), w.proj.get(), GemvOut::Store, s); });
+    timed(timer, "gemv_rms.attn_qkv", [&] {
+      gemv_rms(L.qkv_proj, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
+    });
     timed(timer, "attention_decode", [&] {  // qk norm + RoPE + cache store fused in
       attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
                            int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps, st.k_cache(c, slot),
@@ -411,9 +420,12 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
-  timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), 1, H, eps, s); });
-  timed(timer, "gemv.router", [&] { gemv(L.router, E + 1, H, w.x.get(), w.router.get(), GemvOut::Store, s); });
-  timed(timer, "router_topk", [&] { router_topk(w.router.get(), E + 1, 1, E, k, w.topk_idx.get(), w.topk_w.get(), s); });
+  // The post norm, the router GEMV (E + 1 rows: the shared gate logit last) and the top-k in one
+  // launch; it also leaves the normalised x for the experts' gate/up.
+  timed(timer, "moe_router", [&] {
+    moe_router(L.router, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(), w.topk_idx.get(), w.topk_w.get(),
+               w.x.get(), w.router_ws.get(), s);
+  });
   timed(timer, "moe_gate_up_gemv", [&] {
     moe_gate_up_gemv(L.gate_up, L.shared_gate_up, w.topk_idx.get(), k, w.x.get(), H, I, Is, w.act.get(), s);
   });
@@ -450,11 +462,15 @@ void CudaBackend::decode_launches(CudaSequenceState& st, bool sample, Timer* tim
   const ModelConfig& c = model_->config;
   Workspace& w = *ws_;
   const int H = int(c.hidden);
+  // Per-kernel events between launches: no programmatic overlap while timing (launch.h).
+  std::optional<ScopedPdl> no_pdl;
+  if (timer) no_pdl.emplace(false);
   timed(timer, "embed", [&] { embed(st.d_token(), model_->embed, w.h.get(), 1, H, stream_); });
   for (int64_t i = 0; i < c.layers; ++i) layer_decode(st, i, timer);
-  timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), 1, H, c.rms_eps, stream_); });
-  timed(timer, "gemv.lm_head",
-        [&] { gemv(model_->lm_head, int(c.vocab), H, w.x.get(), w.logits.get(), GemvOut::Store, stream_); });
+  timed(timer, "gemv_rms.lm_head", [&] {
+    gemv_rms(model_->lm_head, int(c.vocab), H, w.h.get(), model_->final_norm, c.rms_eps, w.logits.get(),
+             GemvOut::Store, stream_);
+  });
   if (sample) sample_launches(st, timer);
   timed(timer, "advance_position", [&] { advance_position(st.d_pos(), 1, stream_); });
 }

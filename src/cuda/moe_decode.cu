@@ -1,39 +1,44 @@
-// MoE for one decode token: router top-k, the selected experts' gate/up GEMVs with SwiGLU, and
-// their down GEMVs combined into the residual. Real shapes: H = 2048, E = 256, k = 8, I = Is = 512.
+// MoE for one decode token: the router (GEMV + top-k, with the post-attention norm fused), the
+// selected experts' gate/up GEMVs with SwiGLU, and their down GEMVs combined into the residual.
+// Real shapes: H = 2048, E = 256, k = 8, I = Is = 512. Measured numbers (H200, version 1) and the
+// version 2 predictions: docs/kernels.md.
 //
-// router_topk: reads E + 1 f32 logits per token (1 KB): pure latency, one warp per token.
-//   Lane l holds logits l, l + 32, ... (E <= 256: 8 per lane); max and sum by shuffles; softmax
-//   p = expf(l - max) / sum; then k rounds of a warp argmax over (p desc, index asc), the winner
-//   removed; the renormaliser is summed in selection order as in the twin. ~2 us standalone.
+// moe_router: (E + 1) x H = 257 x 2048 bf16 = 1.05 MB, latency-bound. The GEMV kernel of gemv.cuh
+//   with the RMS norm in its prologue (each of the 33 blocks normalises h from L2) and a last-block
+//   epilogue: every block stores its logits, fences and counts itself in on a counter in the
+//   workspace; the last one runs router_select (one warp: softmax, k rounds of a warp argmax under
+//   (p desc, index asc), renormalised) and zeroes the counter. Block 0 also writes the normalised
+//   x for moe_gate_up_gemv (so both consumers of the post norm read the same bits). Replaces
+//   rms_norm + gemv + router_topk (v1: 2.0 + 3.2 + 3.7 us in a graph) by one launch.
+// router_topk (prefill, tests): one warp per token runs router_select on the token's logits.
 //
 // moe_gate_up_gemv: (k * 2I + 2Is) rows x H = 9216 x 2048 bf16 = 37.7 MB (the 8 experts' gate_up
-//   and the shared expert's): 8.8 us at 4.3 TB/s; 2 FLOP per weight.
+//   and the shared expert's): 8.8 us at 4.3 TB/s; 2 FLOP per weight. v1 measured 11.4 us (77%).
 //   Grid: k * ceil(I / 8) + ceil(Is / 8) blocks (576) of 8 warps; block b serves expert slot
 //   j = b / ceil(I / 8) (the shared expert after the k routed ones), warp w output i = 8 (b mod
 //   ceil(I / 8)) + w. The expert id is read from idx[j] on the device, so the grid depends on
-//   k, I, Is only. x (4 KB) is staged in shared memory. A warp computes the gate row i and the
-//   up row I + i together (R = 2 rows, U = 4 chunks each per step: 8 independent 16-byte loads in
-//   flight per lane, 2 steps for H = 2048), shuffle-reduces both, and lane 0 writes
-//   bf16(silu(g) * u) with silu(g) = g / (1 + expf(-g)).
+//   k, I, Is only. A warp computes the gate row i and the up row I + i together (R = 2 rows, U = 4
+//   chunks each per step: 8 independent 16-byte loads in flight per lane, 2 steps for H = 2048),
+//   shuffle-reduces both, and lane 0 writes bf16(silu(g) * u) with silu(g) = g / (1 + expf(-g)).
+//   v2: the first step's loads are issued before x (4 KB) is staged: the shared expert's blocks
+//   even before pdl_wait (their rows do not depend on the router), the routed ones right after
+//   reading idx[j]; launched with PDL.
 //
-// moe_down_gemv: (k + 1) x H x I bf16 = 9 x 2048 x 512 = 18.9 MB: 4.4 us at 4.3 TB/s.
-//   Grid: ceil(H / 8) blocks (256) of 8 warps, warp w -> output c = 8 b + w. The k + 1
-//   activation vectors (9 KB bf16), idx, w and sigmoid(shared logit) are staged in shared memory.
-//   A warp walks the expert slots in groups of J (J = 3 when 3 divides k + 1, as for k = 8; else
-//   4): per step each lane loads U = 2 chunks of each of the J rows down_e[c] (6-8 loads in
-//   flight; I = 512 is 64 chunks = one step), dots them with act_j from shared memory, and adds
-//   w_j * partial_j to its running sum in slot order (shared expert last). One shuffle tree at the
-//   end, lane 0 adds into h[c]. Slots past k in the last group re-read the shared expert's row
-//   with weight 0 (no branch in the load path). Deterministic: no atomics, fixed order.
-//
-// Both GEMVs see far fewer rows than the dense projections, so they rely on every one of the
-// 576 / 256 blocks being resident at once (8-9 warps per SM), each with 6-8 loads per lane in
-// flight: ~8 MB in flight in total, enough to cover the memory latency at full bandwidth.
+// moe_down_gemv: (k + 1) x H x I bf16 = 9 x 2048 x 512 = 18.9 MB: 4.4 us at 4.3 TB/s. v1 (a warp
+//   per output walking the slots in 3 groups, 3 dependent load rounds) measured 9.7 us (45%).
+//   v2: grid ceil(H / 8) = 256 blocks of 8 warps, warp w -> output c = 8 b + w, 2 blocks per SM
+//   (<= 128 registers): all 256 blocks resident at once. A warp loads all 9 rows of its output in
+//   one round: register slot 0 holds the shared expert's row shared_down[c] (loaded before
+//   pdl_wait), slots 1..8 the routed experts' rows down_{idx[j]}[c] (idx read by lanes j < k,
+//   spread by shuffles), U = 2 chunks per row per lane: 18 independent 16-byte loads per lane, the
+//   whole 18.9 MB requested at once. The k + 1 activation vectors (9 KB bf16), w and sigmoid(shared
+//   logit) are staged in shared memory while the loads fly. Each lane keeps one partial dot per
+//   slot; then acc = sum_j w_j * part_j (j ascending), + sigmoid * part_shared last, one shuffle
+//   tree, lane 0 adds into h[c]. Deterministic: no atomics, fixed order. k > 8 takes further passes
+//   of 8 routed rows, I or Is > 512 further steps.
 #include "cuda/moe_decode.h"
 
-#include <cfloat>
-
-#include "cuda/vec_util.cuh"
+#include "cuda/gemv.cuh"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -51,60 +56,12 @@ constexpr int kRouterWarps = 4;
 __global__ void __launch_bounds__(kRouterWarps * 32)
     router_topk_kernel(const float* __restrict__ logits, int stride, int T, int E, int k,
                        int32_t* __restrict__ idx, float* __restrict__ w) {
-  constexpr int kPer = kMaxE / 32;
-  const int lane = threadIdx.x & 31;
+  pdl_launch_dependents();
+  pdl_wait();
   const int t = blockIdx.x * kRouterWarps + (threadIdx.x >> 5);
   if (t >= T) return;  // whole warps only
-  const float* l = logits + size_t(t) * stride;
-  float v[kPer];
-  float mx = -FLT_MAX;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    v[i] = e < E ? l[e] : -FLT_MAX;
-    mx = fmaxf(mx, v[i]);
-  }
-  mx = warp_max(mx);
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    v[i] = e < E ? expf(v[i] - mx) : 0.f;
-    sum += v[i];
-  }
-  sum = warp_sum(sum);
-#pragma unroll
-  for (int i = 0; i < kPer; ++i)
-    v[i] = lane + 32 * i < E ? v[i] / sum : -1.f;  // -1: never selected
-
-  int my_e = 0;
-  float my_p = 0.f, top = 0.f;
-  for (int j = 0; j < k; ++j) {
-    // This lane's best (highest p, then lowest index: i ascending is index ascending).
-    float bp = -2.f;
-    int be = INT_MAX;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (v[i] > bp) bp = v[i], be = lane + 32 * i;
-        // Warp argmax under the total order (p desc, index asc): every lane ends with the winner.
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (op > bp || (op == bp && oe < be)) bp = op, be = oe;
-    }
-    if (lane == j) my_e = be, my_p = bp;
-    top += bp;
-    if ((be & 31) == lane) {
-#pragma unroll
-      for (int i = 0; i < kPer; ++i)
-        if (i == (be >> 5)) v[i] = -2.f;
-    }
-  }
-  if (lane < k) {
-    idx[size_t(t) * k + lane] = my_e;
-    w[size_t(t) * k + lane] = my_p / top;
-  }
+  gemv_detail::router_select(logits + size_t(t) * stride, E, k, idx + size_t(t) * k,
+                             w + size_t(t) * k);
 }
 
 // ---- gate/up ---------------------------------------------------------------------------------
@@ -114,126 +71,150 @@ constexpr int kGateUpU = 4;
 __global__ void __launch_bounds__(kThreads)
     moe_gate_up_kernel(const bf16* __restrict__ gate_up, const bf16* __restrict__ shared_gate_up,
                        const int32_t* __restrict__ idx, int k, const bf16* __restrict__ x, int H,
-                       int I, int Is, bf16* __restrict__ act, int blocks_per_expert) {
+                       int I, int Is, bf16* __restrict__ act, int blocks_per_expert, int prefetch) {
   extern __shared__ uint4 xs[];  // [H / 8]
   const int nch = H >> 3;
-  for (int i = threadIdx.x; i < nch; i += kThreads) xs[i] = reinterpret_cast<const uint4*>(x)[i];
-  __syncthreads();
-
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.x;
-  const bf16* base;
-  bf16* out;
-  int n, i;
-  if (b < k * blocks_per_expert) {
-    const int j = b / blocks_per_expert;
-    i = (b - j * blocks_per_expert) * kWarps + warp;
-    n = I;
-    base = gate_up + size_t(idx[j]) * 2 * I * H;
-    out = act + size_t(j) * I;
-  } else {
-    i = (b - k * blocks_per_expert) * kWarps + warp;
-    n = Is;
-    base = shared_gate_up;
-    out = act + size_t(k) * I;
+  const bool shared = b >= k * blocks_per_expert;
+  const int j = shared ? k : b / blocks_per_expert;  // the act slot
+  const int n = shared ? Is : I;
+  const int i = (b - j * blocks_per_expert) * kWarps + warp;
+  const int il = min(i, n - 1);  // outputs past n: load a valid row, store nothing
+
+  pdl_launch_dependents();
+  if (prefetch && shared) {  // weights that do not depend on the router: into L2 before the wait
+    prefetch_chunks_l2(reinterpret_cast<const uint4*>(shared_gate_up + size_t(il) * H), 0, nch,
+                       lane);
+    prefetch_chunks_l2(reinterpret_cast<const uint4*>(shared_gate_up + size_t(n + il) * H), 0, nch,
+                       lane);
   }
-  if (i >= n) return;  // no barrier below
-  const uint4* const wr[2] = {reinterpret_cast<const uint4*>(base + size_t(i) * H),
-                              reinterpret_cast<const uint4*>(base + size_t(n + i) * H)};
+  pdl_wait();
+  // (idx is read at a valid index by every block: no load past its k entries)
+  const int e = __ldcg(idx + min(j, k - 1));
+  const bf16* base = shared ? shared_gate_up : gate_up + size_t(e) * 2 * size_t(I) * H;
+  const uint4* const wr[2] = {reinterpret_cast<const uint4*>(base + size_t(il) * H),
+                              reinterpret_cast<const uint4*>(base + size_t(n + il) * H)};
+  if (prefetch && !shared) {  // both rows, all steps, into L2 now: all bytes requested at once
+    prefetch_chunks_l2(wr[0], 0, nch, lane);
+    prefetch_chunks_l2(wr[1], 0, nch, lane);
+  }
+  // x arrives while idx does (both right after the wait); the loads follow the barrier.
+  for (int t = threadIdx.x; t < nch; t += kThreads) cp_async16(xs + t, x + 8 * t);
+  cp_async_wait_all();
+  __syncthreads();
+
   float acc[2] = {0.f, 0.f};
   int c = 0;
-  for (; c + 32 * kGateUpU <= nch; c += 32 * kGateUpU)
-    gemv_step<2, kGateUpU, false>(wr, xs, c + lane, nch, acc);
-  if (c < nch) gemv_step<2, kGateUpU, true>(wr, xs, c + lane, nch, acc);
+  for (; c + 32 * kGateUpU <= nch; c += 32 * kGateUpU) {  // full steps: unconditional loads
+    uint4 wv[kGateUpU][2];
+    load_rows<2, kGateUpU, false>(wr, c + lane, nch, wv);
+    dot_rows<2, kGateUpU, false>(wv, xs, c + lane, nch, acc);
+  }
+  if (c < nch) {  // the tail: predicated loads
+    uint4 wv[kGateUpU][2];
+    load_rows<2, kGateUpU, true>(wr, c + lane, nch, wv);
+    dot_rows<2, kGateUpU, true>(wv, xs, c + lane, nch, acc);
+  }
   const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
-  if (lane == 0) out[i] = __float2bfloat16_rn(g / (1.f + expf(-g)) * u);
+  if (lane == 0 && i < n) act[size_t(j) * I + i] = __float2bfloat16_rn(g / (1.f + expf(-g)) * u);
 }
 
 // ---- down ------------------------------------------------------------------------------------
 
-constexpr int kDownU = 2;
+constexpr int kDownJ = 9;  // register slots: 0 = the shared expert (pass 0), 1..8 = routed rows
+constexpr int kDownRouted = kDownJ - 1;
+constexpr int kDownSplit = 2;                   // warps per output: each takes half of every row
+constexpr int kDownOuts = kWarps / kDownSplit;  // outputs per block
+constexpr int kDownStep = 32 * kDownSplit;      // chunks of a row per step (I = 512: one step)
 
-// One step over J expert rows, each with its own activation vector: lane chunks c + 32u, u < U.
-template <int J, bool kCheck>
-__device__ __forceinline__ void down_step(const uint4* const (&wr)[J], const uint4* const (&xr)[J],
-                                          const int (&nch)[J], int c, float (&part)[J]) {
-  uint4 wv[kDownU][J];
-#pragma unroll
-  for (int u = 0; u < kDownU; ++u)
-#pragma unroll
-    for (int jj = 0; jj < J; ++jj) {
-      const bool ok = !kCheck || c + 32 * u < nch[jj];
-      wv[u][jj] = ok ? ld_weights(wr[jj] + c + 32 * u) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-  for (int u = 0; u < kDownU; ++u)
-#pragma unroll
-    for (int jj = 0; jj < J; ++jj) {
-      const bool ok = !kCheck || c + 32 * u < nch[jj];
-      const uint4 xv = ok ? xr[jj][c + 32 * u] : make_uint4(0, 0, 0, 0);
-      part[jj] = dot8(wv[u][jj], xv, part[jj]);
-    }
-}
-
-template <int J>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 4)
     moe_down_kernel(const bf16* __restrict__ down, const bf16* __restrict__ shared_down,
                     const int32_t* __restrict__ idx, const float* __restrict__ w,
                     const float* __restrict__ shared_logit, const bf16* __restrict__ act, int k,
-                    int H, int I, int Is, float* __restrict__ h) {
-  extern __shared__ uint4 as[];  // [(k * I + Is) / 8]
-  __shared__ int s_idx[kMaxK];
+                    int H, int I, int Is, float* __restrict__ h, int prefetch) {
+  extern __shared__ uint4 as[];  // [(k * I + Is) / 8]: act slot j at j * I / 8, shared at k * I / 8
   __shared__ float s_w[kMaxK + 1];
+  __shared__ float s_half[kWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int o = warp % kDownOuts, half = warp / kDownOuts;
+  const int c = blockIdx.x * kDownOuts + o;
+  const int cc = min(c, H - 1);  // outputs past H: load a valid row, store nothing
+  const int nI = I >> 3, nS = Is >> 3;
+  const int passes = max(1, (k + kDownRouted - 1) / kDownRouted);
+  const int steps = (max(nI, nS) + kDownStep - 1) / kDownStep;
+  const int total = passes * steps;
+  const int lc = half * 32 + lane;  // this lane's chunk within a step
+
+  pdl_launch_dependents();
+  const uint4* srow = reinterpret_cast<const uint4*>(shared_down + size_t(cc) * Is);
+  // The shared expert's row does not depend on the router: into L2 before the wait (the half of
+  // it this warp reads: 32 chunks per 64 from chunk half * 32).
+  for (int q = half * 32; q < nS; q += kDownStep)
+    prefetch_chunks_l2(srow, q, min(32, nS - q), lane);
+  pdl_wait();
+  uint4 wv[kDownJ];
+  const int my_e = __ldcg(idx + min(lane, k - 1));  // k <= 32: lane j < k holds expert j
+  auto load = [&](int pass, int step) {             // the 9 rows' chunks of iteration (pass, step)
+    const int ch = step * kDownStep + lc;
+    wv[0] = pass == 0 && ch < nS ? ld_weights(srow + ch) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int jj = 1; jj < kDownJ; ++jj) {
+      const int j = pass * kDownRouted + jj - 1;
+      const int e = __shfl_sync(0xffffffffu, my_e, j < k ? j : 0);
+      const uint4* row = reinterpret_cast<const uint4*>(down + (size_t(e) * H + cc) * I);
+      wv[jj] = j < k && ch < nI ? ld_weights(row + ch) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load(0, 0);
+
   const int n_act = (k * I + Is) >> 3;
-  for (int i = threadIdx.x; i < n_act; i += kThreads)
-    as[i] = reinterpret_cast<const uint4*>(act)[i];
-  if (threadIdx.x < k) {
-    s_idx[threadIdx.x] = idx[threadIdx.x];
-    s_w[threadIdx.x] = w[threadIdx.x];
-  }
-  if (threadIdx.x == 0) s_w[k] = 1.f / (1.f + expf(-*shared_logit));
+  for (int i = threadIdx.x; i < n_act; i += kThreads) cp_async16(as + i, act + 8 * i);
+  if (threadIdx.x < k) s_w[threadIdx.x] = __ldcg(w + min(int(threadIdx.x), k - 1));
+  if (threadIdx.x == 0) s_w[k] = 1.f / (1.f + expf(-__ldcg(shared_logit)));
+  cp_async_wait_all();
   __syncthreads();
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int c = blockIdx.x * kWarps + warp;
-  if (c >= H) return;  // no barrier below
-  const int nI = I >> 3, nS = Is >> 3;
-  float acc = 0.f;
-  for (int j0 = 0; j0 <= k; j0 += J) {
-    const uint4* wr[J];
-    const uint4* xr[J];
-    int nch[J];
-    float wj[J];
+  float part[kDownJ];
 #pragma unroll
-    for (int jj = 0; jj < J; ++jj) {
-      const int j = j0 + jj;
-      if (j < k) {
-        wr[jj] = reinterpret_cast<const uint4*>(down + (size_t(s_idx[j]) * H + c) * I);
-        xr[jj] = as + j * nI;
-        nch[jj] = nI;
-        wj[jj] = s_w[j];
-      } else {  // the shared expert (j == k), or a slot past it: the same row with weight 0
-        wr[jj] = reinterpret_cast<const uint4*>(shared_down + size_t(c) * Is);
-        xr[jj] = as + k * nI;
-        nch[jj] = nS;
-        wj[jj] = j == k ? s_w[k] : 0.f;
-      }
+  for (int jj = 0; jj < kDownJ; ++jj) part[jj] = 0.f;
+  float acc = 0.f, shared_part = 0.f;
+  for (int t = 0; t < total; ++t) {
+    const int pass = t / steps, step = t - pass * steps;
+    const int ch = step * kDownStep + lc;
+    const uint4 x0 = pass == 0 && ch < nS ? as[k * nI + ch] : make_uint4(0, 0, 0, 0);
+    part[0] = dot8(wv[0], x0, part[0]);
+#pragma unroll
+    for (int jj = 1; jj < kDownJ; ++jj) {
+      const int j = pass * kDownRouted + jj - 1;
+      const uint4 xv = j < k && ch < nI ? as[j * nI + ch] : make_uint4(0, 0, 0, 0);
+      part[jj] = dot8(wv[jj], xv, part[jj]);
     }
-    int lo = nch[0], hi = nch[0];
+    if (step == steps - 1) {  // the pass is complete: weight its routed slots in order
 #pragma unroll
-    for (int jj = 1; jj < J; ++jj) lo = min(lo, nch[jj]), hi = max(hi, nch[jj]);
-    float part[J];
+      for (int jj = 1; jj < kDownJ; ++jj) {
+        const int j = pass * kDownRouted + jj - 1;
+        if (j < k) acc = fmaf(s_w[j], part[jj], acc);
+      }
+      if (pass == 0) shared_part = part[0];
 #pragma unroll
-    for (int jj = 0; jj < J; ++jj) part[jj] = 0.f;
-    int base = 0;
-    for (; base + 32 * kDownU <= lo; base += 32 * kDownU)
-      down_step<J, false>(wr, xr, nch, base + lane, part);
-    for (; base < hi; base += 32 * kDownU) down_step<J, true>(wr, xr, nch, base + lane, part);
-#pragma unroll
-    for (int jj = 0; jj < J; ++jj) acc = fmaf(wj[jj], part[jj], acc);
+      for (int jj = 0; jj < kDownJ; ++jj) part[jj] = 0.f;
+    }
+    if (t + 1 < total) {
+      const int np = (t + 1) / steps;
+      load(np, t + 1 - np * steps);
+    }
   }
+  acc = fmaf(s_w[k], shared_part, acc);  // the shared expert last
   acc = warp_sum(acc);
-  if (lane == 0) h[c] += acc;
+  if (lane == 0) s_half[warp] = acc;
+  __syncthreads();
+  if (half == 0 && lane == 0 && c < H) {
+    float v = s_half[o];
+#pragma unroll
+    for (int q = 1; q < kDownSplit; ++q) v += s_half[o + q * kDownOuts];
+    h[c] = __ldcg(h + c) + v;
+  }
 }
 
 }  // namespace
@@ -246,9 +227,43 @@ void router_topk(const float* logits, int stride, int T, int E, int k, int32_t* 
         "cuda::router_topk: unsupported T={} E={} k={} stride={} (E <= {}, k <= min(E, {}), stride "
         ">= E)",
         T, E, k, stride, kMaxE, kMaxK);
-  router_topk_kernel<<<ceil_div(T, kRouterWarps), kRouterWarps * 32, 0, stream>>>(logits, stride, T,
-                                                                                  E, k, idx, w);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(true, router_topk_kernel, dim3(ceil_div(T, kRouterWarps)), dim3(kRouterWarps * 32),
+                0, stream, logits, stride, T, E, k, idx, w);
+}
+
+size_t moe_router_workspace_bytes() {
+  return 256;
+}
+
+void moe_router(const bf16* router, int E, int H, const float* h, const float* scale, float eps,
+                int k, float* logits, int32_t* idx, float* w, bf16* x_out, void* workspace,
+                cudaStream_t stream) {
+  if (!router || !h || !scale || !logits || !idx || !w || !workspace)
+    fail("cuda::moe_router: null pointer");
+  if (E < 1 || E > kMaxE || k < 1 || k > E || k > kMaxK || H < 8 || H % 8 ||
+      H > gemv_detail::kMaxCols)
+    fail(
+        "cuda::moe_router: unsupported E={} k={} H={} (E <= {}, k <= min(E, {}), H a multiple of 8 "
+        "<= {})",
+        E, k, H, kMaxE, kMaxK, gemv_detail::kMaxCols);
+  if (!is_aligned(router, 16) || !is_aligned(h, 16) || !is_aligned(scale, 16) ||
+      !is_aligned(x_out, 16))
+    fail("cuda::moe_router: router, h, scale and x_out must be 16-byte aligned");
+  gemv_detail::Params p;
+  p.W = router;
+  p.rows = E + 1;
+  p.cols = H;
+  p.h = h;
+  p.scale = scale;
+  p.eps = eps;
+  p.y = logits;
+  p.E = E;
+  p.k = k;
+  p.idx = idx;
+  p.w = w;
+  p.x_out = x_out;
+  p.counter = static_cast<unsigned int*>(workspace);
+  gemv_detail::dispatch_gemv<gemv_detail::kOutF32, true, gemv_detail::kEpiRouter>(p, stream);
 }
 
 void moe_gate_up_gemv(const bf16* gate_up, const bf16* shared_gate_up, const int32_t* idx, int k,
@@ -261,9 +276,9 @@ void moe_gate_up_gemv(const bf16* gate_up, const bf16* shared_gate_up, const int
     fail("cuda::moe_gate_up_gemv: weights and x must be 16-byte aligned");
   const int bpe = ceil_div(I, kWarps);
   const int grid = k * bpe + ceil_div(Is, kWarps);
-  moe_gate_up_kernel<<<grid, kThreads, size_t(H) * 2, stream>>>(gate_up, shared_gate_up, idx, k, x,
-                                                                H, I, Is, act, bpe);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(true, moe_gate_up_kernel, dim3(grid), dim3(kThreads), size_t(H) * 2, stream,
+                gate_up, shared_gate_up, idx, k, x, H, I, Is, act, bpe,
+                l2_prefetch_enabled() ? 1 : 0);
 }
 
 void moe_down_gemv(const bf16* down, const bf16* shared_down, const int32_t* idx, const float* w,
@@ -276,21 +291,12 @@ void moe_down_gemv(const bf16* down, const bf16* shared_down, const int32_t* idx
   if (!is_aligned(down, 16) || !is_aligned(shared_down, 16) || !is_aligned(act, 16))
     fail("cuda::moe_down_gemv: weights and act must be 16-byte aligned");
   const size_t smem = size_t(k * I + Is) * 2;
-  const int grid = ceil_div(H, kWarps);
-  if ((k + 1) % 3 == 0) {
-    if (smem > 48 * 1024)
-      LILAC_CUDA_CHECK(cudaFuncSetAttribute(
-          moe_down_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    moe_down_kernel<3><<<grid, kThreads, smem, stream>>>(down, shared_down, idx, w, shared_logit,
-                                                         act, k, H, I, Is, h);
-  } else {
-    if (smem > 48 * 1024)
-      LILAC_CUDA_CHECK(cudaFuncSetAttribute(
-          moe_down_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    moe_down_kernel<4><<<grid, kThreads, smem, stream>>>(down, shared_down, idx, w, shared_logit,
-                                                         act, k, H, I, Is, h);
-  }
-  LILAC_CUDA_LAUNCHED();
+  if (smem > 48 * 1024)
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(moe_down_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  launch_kernel(true, moe_down_kernel, dim3(ceil_div(H, kDownOuts)), dim3(kThreads), smem, stream,
+                down, shared_down, idx, w, shared_logit, act, k, H, I, Is, h,
+                l2_prefetch_enabled() ? 1 : 0);
 }
 
 }  // namespace lilac::cuda

@@ -2,17 +2,19 @@
 //
 // rms_norm, at the real shape (T = 1, H = 2048): reads 8 KB of h and 8 KB of scale, writes 4 KB:
 // 20 KB, 5 ns at 4.3 TB/s; 3 FLOP per element. The kernel is pure latency (launch, two dependent
-// global round trips, one block reduction): expect ~2-3 us standalone, ~1.5 us inside a graph.
-// Prefill (T = 8192): 164 MB, ~40 us at bandwidth.
-// Design: one block of 256 threads per row t. Pass 1: each thread sums the squares of its
-// elements (float4 loads when H % 4 == 0 and the pointers are 16-byte aligned, scalar otherwise),
-// block_sum gives mean(h^2). Pass 2 re-reads h (an L1 hit) and the scale, multiplies by
-// rsqrt(mean + eps) * scale in the twin's order ((h * r) * scale) and stores bf16 (round to
-// nearest even), 8 bytes per 4 elements.
+// global round trips, one block reduction): v1 measured 2.0 us in a graph. Decode no longer
+// launches it: the GEMVs that consume the norm compute it in their prologue (gemv_rms, moe_router)
+// with the same device function, so the results are identical; prefill (T = 8192: 164 MB, ~40 us)
+// and the tests still use it.
+// Design: one block of 256 threads per row t. Vector path (H % 8 == 0, 16-byte aligned rows):
+// vec_util.cuh rms_norm_row, the shared order: thread i sums the squares of chunks (8 floats) i,
+// i + 256, ... with fmaf, block_sum gives the total; then bf16((h * r) * scale) per element with
+// r = rsqrt(total / H + eps), stored 16 bytes per chunk. Scalar path otherwise (any H).
 //
-// embed, at the real shape (T = 1, H = 2048): 4 KB read, 8 KB written: latency only.
+// embed, at the real shape (T = 1, H = 2048): 4 KB read, 8 KB written: latency only (v1: 1.57 us).
 // Design: one block of 256 threads per token; 16-byte loads of 8 bf16 -> two float4 stores when
-// H % 8 == 0 and aligned, scalar otherwise. Widening bf16 -> f32 is exact.
+// H % 8 == 0 and aligned, scalar otherwise. Widening bf16 -> f32 is exact. It starts the decode
+// graph (no kernel before it to overlap with), so it is launched without PDL.
 #include "cuda/norm.h"
 
 #include <cstdint>
@@ -29,6 +31,8 @@ bool aligned(const void* p, uintptr_t a) {
   return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0;
 }
 
+static_assert(kNormThreads == kRmsThreads, "rms_norm must sum in rms_norm_row's order");
+
 template <bool kVec>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(const float* __restrict__ h, const float* __restrict__ scale,
@@ -36,28 +40,20 @@ __global__ void __launch_bounds__(kNormThreads)
   __shared__ float scratch[32];
   const float* row = h + size_t(blockIdx.x) * H;
   bf16* orow = out + size_t(blockIdx.x) * H;
-  float ss = 0.f;
+  pdl_launch_dependents();
   if (kVec) {
-    const float4* r4 = reinterpret_cast<const float4*>(row);
-    for (int i = threadIdx.x; i < H / 4; i += blockDim.x) {
-      float4 v = r4[i];
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
+    pdl_wait();
+    rms_norm_row(row, scale, H, eps, reinterpret_cast<uint4*>(orow), scratch);
   } else {
-    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += row[i] * row[i];
-  }
-  const float r = rsqrtf(block_sum(ss, scratch) / float(H) + eps);
-  if (kVec) {
-    const float4* r4 = reinterpret_cast<const float4*>(row);
-    const float4* s4 = reinterpret_cast<const float4*>(scale);
-    for (int i = threadIdx.x; i < H / 4; i += blockDim.x) {
-      float4 v = r4[i], s = s4[i];
-      reinterpret_cast<uint2*>(orow)[i] = make_uint2(pack_bf16x2(v.x * r * s.x, v.y * r * s.y),
-                                                     pack_bf16x2(v.z * r * s.z, v.w * r * s.w));
+    pdl_wait();
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+      const float v = __ldcg(row + i);
+      ss += v * v;
     }
-  } else {
+    const float r = rsqrtf(block_sum(ss, scratch) / float(H) + eps);
     for (int i = threadIdx.x; i < H; i += blockDim.x)
-      orow[i] = __float2bfloat16_rn(row[i] * r * scale[i]);
+      orow[i] = __float2bfloat16_rn(__ldcg(row + i) * r * scale[i]);
   }
 }
 
@@ -65,7 +61,9 @@ template <bool kVec>
 __global__ void __launch_bounds__(kNormThreads)
     embed_kernel(const int32_t* __restrict__ ids, const bf16* __restrict__ table,
                  float* __restrict__ h, int H) {
-  const int32_t id = ids[blockIdx.x];
+  pdl_launch_dependents();
+  pdl_wait();
+  const int32_t id = __ldcg(ids + blockIdx.x);
   const bf16* src = table + size_t(id) * H;
   float* dst = h + size_t(blockIdx.x) * H;
   if (kVec) {
@@ -86,12 +84,9 @@ __global__ void __launch_bounds__(kNormThreads)
 void rms_norm(const float* h, const float* scale, bf16* out, int T, int H, float eps,
               cudaStream_t stream) {
   if (T < 1 || H < 1) fail("cuda::rms_norm: bad shape T={} H={}", T, H);
-  const bool vec = H % 4 == 0 && aligned(h, 16) && aligned(scale, 16) && aligned(out, 8);
-  if (vec)
-    rms_norm_kernel<true><<<T, kNormThreads, 0, stream>>>(h, scale, out, H, eps);
-  else
-    rms_norm_kernel<false><<<T, kNormThreads, 0, stream>>>(h, scale, out, H, eps);
-  LILAC_CUDA_LAUNCHED();
+  const bool vec = H % 8 == 0 && aligned(h, 16) && aligned(scale, 16) && aligned(out, 16);
+  launch_kernel(true, vec ? rms_norm_kernel<true> : rms_norm_kernel<false>, dim3(T),
+                dim3(kNormThreads), 0, stream, h, scale, out, H, eps);
 }
 
 void embed(const int32_t* ids, const bf16* table, float* h, int T, int H, cudaStream_t stream) {

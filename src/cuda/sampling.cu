@@ -3,9 +3,12 @@
 // argmax over V = 248077 real logits (the lm_head output is resident in L2): 1 MB read; the floor
 // is ~0.25 us of bandwidth, so the kernel is latency: one launch of ceil(n / 2048) = 122 blocks x
 // 256 threads; a thread loads two float4 (8 logits, ascending ids), keeps the best under (value
-// desc, id asc), a block reduction gives the block's winner; the last block to finish (a counter
-// in the workspace, threadfence-reduction pattern) reduces the 122 winners and resets the counter.
-// Expected ~3 us standalone, ~2 us in a graph.
+// desc, id asc), a block reduction gives the block's winner, which joins a running maximum in the
+// workspace as one 64-bit key (order-preserving value bits, then the inverted id) by atomicMax;
+// the last block to finish (a counter, threadfence-reduction pattern) takes the key with an
+// atomicExch (leaving 0) and writes the id. v1 (the last block re-reduced the 122 winners from
+// memory) measured 3.5 us in a graph; v2 drops that pass (~0.5-0.7 us) and is launched with PDL,
+// so its launch overlaps the lm_head GEMV's tail: predicted ~2 us in the decode graph.
 //
 // sample: the semantics of lilac::sample_token in the integer/IEEE arithmetic of
 // cpu/sampling_core.h (see cpu/sampling.cpp for the realisation of each step), so the token equals
@@ -135,19 +138,28 @@ constexpr int kArgThreads = 256;
 constexpr int kArgPerThread = 8;  // two float4
 constexpr int kArgTile = kArgThreads * kArgPerThread;
 
-struct ArgPart {
-  float v;
-  int id;
-};
-
 int argmax_blocks(int n) {
   return ceil_div(n, kArgTile);
 }
 
+// (value, id) as one 64-bit key whose unsigned order is the argmax order (value descending, then
+// id ascending): the value's bits mapped to an order-preserving unsigned integer in the high word
+// (negative floats: all bits flipped; others: the sign bit set), 0xffffffff - id in the low word.
+// Every non-NaN value maps to a high word >= 0x007fffff (-inf), so key 0 means "no candidate";
+// -0 is keyed as +0 (equal values: the lower id wins across blocks as within one).
+__device__ __forceinline__ unsigned long long argmax_key(float v, int id) {
+  const unsigned u = __float_as_uint(v == 0.f ? 0.f : v);  // -0 == +0, as better() has it
+  const unsigned hi = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(hi) << 32) | (0xffffffffu - unsigned(id));
+}
+
+// Workspace: [0] the block counter (u32), [8] the running key (u64); both zero between launches.
 template <bool kVec>
 __global__ void __launch_bounds__(kArgThreads)
-    argmax_kernel(const float* __restrict__ x, int n, ArgPart* part, unsigned int* counter,
-                  int32_t* out) {
+    argmax_kernel(const float* __restrict__ x, int n, unsigned int* counter,
+                  unsigned long long* key, int32_t* out) {
+  pdl_launch_dependents();  // PDL (launch.h): nothing is read before the wait
+  pdl_wait();
   __shared__ float sv[32];
   __shared__ int sid[32];
   __shared__ bool s_last;
@@ -158,7 +170,7 @@ __global__ void __launch_bounds__(kArgThreads)
   for (int q = 0; q < kArgPerThread / 4; ++q) {
     const int i = tile + 4 * (q * kArgThreads + threadIdx.x);
     if (kVec && i + 3 < n) {
-      const float4 v = *reinterpret_cast<const float4*>(x + i);
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(x + i));
       if (better(v.x, i, bv, bi)) bv = v.x, bi = i;
       if (better(v.y, i + 1, bv, bi)) bv = v.y, bi = i + 1;
       if (better(v.z, i + 2, bv, bi)) bv = v.z, bi = i + 2;
@@ -166,30 +178,26 @@ __global__ void __launch_bounds__(kArgThreads)
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        if (i + j < n && better(x[i + j], i + j, bv, bi)) bv = x[i + j], bi = i + j;
+        if (i + j < n) {
+          const float v = __ldcg(x + i + j);
+          if (better(v, i + j, bv, bi)) bv = v, bi = i + j;
+        }
     }
   }
   block_argmax(bv, bi, sv, sid);
   if (threadIdx.x == 0) {
-    part[blockIdx.x] = ArgPart{bv, bi};
-    __threadfence();  // the winner is visible before the counter says so
+    // The block's winner joins the running maximum at L2 (no second pass over per-block winners);
+    // a block of NaNs only has no candidate.
+    if (bi != INT_MAX) atomicMax(key, argmax_key(bv, bi));
+    __threadfence();  // the key is updated before the counter says so
     s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!s_last) return;
+  if (!s_last || threadIdx.x != 0) return;
   __threadfence();
-  bv = -INFINITY;
-  bi = INT_MAX;
-  for (int b = threadIdx.x; b < int(gridDim.x); b += kArgThreads) {
-    const float v = __ldcg(&part[b].v);
-    const int id = __ldcg(&part[b].id);
-    if (better(v, id, bv, bi)) bv = v, bi = id;
-  }
-  block_argmax(bv, bi, sv, sid);
-  if (threadIdx.x == 0) {
-    *out = bi == INT_MAX ? 0 : bi;
-    *counter = 0u;  // ready for the next launch
-  }
+  const unsigned long long k = atomicExch(key, 0ull);  // read and reset for the next launch
+  *out = k ? int32_t(0xffffffffu - unsigned(k & 0xffffffffull)) : 0;
+  *counter = 0u;
 }
 
 // ---- sampler workspace -------------------------------------------------------------------------
@@ -411,6 +419,8 @@ __device__ Kept decide(const DeviceSamplingParams& P, const Ws& ws) {
 __global__ void __launch_bounds__(kPassThreads)
     sample_prep_kernel(const float* __restrict__ logits, const DeviceSamplingParams* params,
                        const int32_t* counts, const uint8_t* seen, Ws ws) {
+  pdl_launch_dependents();  // PDL (launch.h): nothing is read before the wait
+  pdl_wait();
   __shared__ float sv[32];
   __shared__ int sid[32];
   const DeviceSamplingParams P = *params;
@@ -479,6 +489,8 @@ __global__ void __launch_bounds__(kPassThreads)
 
 __global__ void __launch_bounds__(kPassThreads)
     sample_exp_kernel(const DeviceSamplingParams* params, Ws ws) {
+  pdl_launch_dependents();  // PDL (launch.h): nothing is read before the wait
+  pdl_wait();
   __shared__ unsigned int scnt[kBins];
   __shared__ unsigned long long smass[kBins];
   __shared__ float sf[32];
@@ -520,6 +532,8 @@ __global__ void __launch_bounds__(kPassThreads)
 // Histogram of digit `digit` (1..3) of search `search` (0: top_k, 1: top_p).
 __global__ void __launch_bounds__(kPassThreads)
     sample_radix_kernel(const DeviceSamplingParams* params, Ws ws, int search, int digit) {
+  pdl_launch_dependents();  // PDL (launch.h): nothing is read before the wait
+  pdl_wait();
   __shared__ unsigned int scnt[kBins];
   __shared__ unsigned long long smass[kBins];
   __shared__ SearchState s_state;
@@ -578,6 +592,8 @@ __global__ void __launch_bounds__(kPassThreads)
 // Per tile: mass of the elements above tau and the count of those equal to it.
 __global__ void __launch_bounds__(kPassThreads)
     sample_walk_kernel(const DeviceSamplingParams* params, Ws ws) {
+  pdl_launch_dependents();  // PDL (launch.h): nothing is read before the wait
+  pdl_wait();
   __shared__ Kept s_kept;
   __shared__ unsigned long long s64[32];
   const DeviceSamplingParams P = *params;
@@ -612,6 +628,8 @@ __global__ void __launch_bounds__(kPassThreads)
 __global__ void __launch_bounds__(kFinishThreads)
     sample_finish_kernel(const float* __restrict__ logits, DeviceSamplingParams* params,
                          int32_t* counts, uint8_t* seen, Ws ws, DeviceSampleResult* result) {
+  pdl_launch_dependents();  // PDL (launch.h): nothing is read before the wait
+  pdl_wait();
   __shared__ float sv[32];
   __shared__ int sid[32];
   __shared__ unsigned long long s64[32];
@@ -702,21 +720,19 @@ __global__ void __launch_bounds__(kFinishThreads)
 
 }  // namespace
 
-size_t argmax_workspace_bytes(int n) {
-  return 256 + size_t(argmax_blocks(n > 0 ? n : 1)) * sizeof(ArgPart);
+size_t argmax_workspace_bytes(int) {
+  return 256;
 }
 
 void argmax(const float* logits, int n, void* workspace, int32_t* out, cudaStream_t stream) {
   if (!logits || !workspace || !out) fail("cuda::argmax: null pointer");
   if (n < 1) fail("cuda::argmax: n = {}", n);
+  if (!is_aligned(workspace, 8)) fail("cuda::argmax: the workspace must be 8-byte aligned");
   auto* counter = static_cast<unsigned int*>(workspace);
-  auto* part = reinterpret_cast<ArgPart*>(static_cast<char*>(workspace) + 256);
+  auto* key = reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + 8);
   const int grid = argmax_blocks(n);
-  if (is_aligned(logits, 16))
-    argmax_kernel<true><<<grid, kArgThreads, 0, stream>>>(logits, n, part, counter, out);
-  else
-    argmax_kernel<false><<<grid, kArgThreads, 0, stream>>>(logits, n, part, counter, out);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(true, is_aligned(logits, 16) ? argmax_kernel<true> : argmax_kernel<false>,
+                dim3(grid), dim3(kArgThreads), 0, stream, logits, n, counter, key, out);
 }
 
 size_t sample_workspace_bytes(int n_real) {
@@ -732,20 +748,17 @@ void sample(const float* logits, int n_real, DeviceSamplingParams* params, int32
   Ws ws;
   layout(n_real, static_cast<char*>(workspace), &ws);
   const int nb = ws.nb;
-  sample_prep_kernel<<<nb, kPassThreads, 0, stream>>>(logits, params, output_counts, seen, ws);
-  LILAC_CUDA_LAUNCHED();
-  sample_exp_kernel<<<nb, kPassThreads, 0, stream>>>(params, ws);
-  LILAC_CUDA_LAUNCHED();
+  // Every kernel waits (pdl_wait) before its first read: all ten are launched with PDL.
+  launch_kernel(true, sample_prep_kernel, dim3(nb), dim3(kPassThreads), 0, stream, logits, params,
+                output_counts, seen, ws);
+  launch_kernel(true, sample_exp_kernel, dim3(nb), dim3(kPassThreads), 0, stream, params, ws);
   for (int search = 0; search < 2; ++search)
-    for (int digit = 1; digit <= 3; ++digit) {
-      sample_radix_kernel<<<nb, kPassThreads, 0, stream>>>(params, ws, search, digit);
-      LILAC_CUDA_LAUNCHED();
-    }
-  sample_walk_kernel<<<nb, kPassThreads, 0, stream>>>(params, ws);
-  LILAC_CUDA_LAUNCHED();
-  sample_finish_kernel<<<1, kFinishThreads, 0, stream>>>(logits, params, output_counts, seen, ws,
-                                                         result);
-  LILAC_CUDA_LAUNCHED();
+    for (int digit = 1; digit <= 3; ++digit)
+      launch_kernel(true, sample_radix_kernel, dim3(nb), dim3(kPassThreads), 0, stream, params, ws,
+                    search, digit);
+  launch_kernel(true, sample_walk_kernel, dim3(nb), dim3(kPassThreads), 0, stream, params, ws);
+  launch_kernel(true, sample_finish_kernel, dim3(1), dim3(kFinishThreads), 0, stream, logits,
+                params, output_counts, seen, ws, result);
 }
 
 }  // namespace lilac::cuda

@@ -20,9 +20,11 @@ namespace lilac::cuda {
 size_t argmax_workspace_bytes(int n);
 
 // *out = the lowest id holding the maximum of logits[0, n) (NaN never wins; 0 if all are NaN).
-// One launch: ceil(n / 2048) blocks reduce their tiles, the last block to finish (a counter in the
-// workspace) reduces the blocks' winners. The workspace must be zero-filled once after allocation
-// (cudaMemset); every launch leaves it that way again. Twin: lilac::argmax.
+// One launch: ceil(n / 2048) blocks reduce their tiles and fold their winners into a 64-bit key
+// in the workspace (atomicMax); the last block to finish (a counter in the workspace) writes the
+// id. The workspace (256 bytes, 8-byte aligned) must be zero-filled once after allocation
+// (cudaMemset); every launch leaves it that way again. Launched with PDL (launch.h). Twin:
+// lilac::argmax.
 void argmax(const float* logits, int n, void* workspace, int32_t* out, cudaStream_t stream);
 
 // ---- sampling
@@ -67,7 +69,8 @@ size_t sample_workspace_bytes(int n_real);
 // penalties, params->step) does. output_counts int32 [n_real] and seen uint8 [n_real] are the
 // penalty state (both null: no penalties); they are only written when params->advance is set.
 // n_real in [1, 2^20]. Ten launches on `stream` (a few of them exit at once, e.g. when greedy or
-// when top_k / top_p are off), no host synchronisation, fixed grids: graph-capturable. Twin:
+// when top_k / top_p are off), each launched with PDL (launch.h: it waits for its predecessor
+// before its first read), no host synchronisation, fixed grids: graph-capturable. Twin:
 // lilac::sample_token.
 void sample(const float* logits, int n_real, DeviceSamplingParams* params, int32_t* output_counts,
             uint8_t* seen, void* workspace, DeviceSampleResult* result, cudaStream_t stream);

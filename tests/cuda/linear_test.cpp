@@ -5,8 +5,12 @@
 #include <cmath>
 #include <vector>
 
+#include <cstring>
+
 #include "cpu/linear.h"
+#include "cpu/norm.h"
 #include "cuda/linear.h"
+#include "cuda/norm.h"
 #include "cuda_test_util.h"
 #include "kernel_check.h"
 #include "util/error.h"
@@ -96,6 +100,89 @@ TEST(CudaGemv, AwkwardShapes) {
     check_shape(s, seed++);
 }
 
+// gemv_rms (the input norm fused into the GEMV's prologue) against the unfused GPU path rms_norm +
+// gemv: equal bit for bit (same norm order, same GEMV plan), in Store and Accumulate modes; and
+// against the twin: cpu::matmul on the x that rms_norm produced (rms_norm itself is held to
+// cpu::rms_norm by norm_test). h rows of very different scales (the norm removes them).
+void check_rms_shape(Shape s, uint64_t seed, float h_scale) {
+  SCOPED_TRACE(testing::Message() << "gemv_rms W [" << s.rows << ", " << s.cols << "], |h| ~ "
+                                  << h_scale);
+  std::vector<uint16_t> w = random_bf16(size_t(s.rows) * s.cols, 0.05f, seed);
+  std::vector<float> h = random_floats(size_t(s.cols), h_scale, uint32_t(seed + 1));
+  std::vector<float> scale = random_floats(size_t(s.cols), 0.1f, uint32_t(seed + 2));
+  for (auto& v : scale) v += 1.f;
+  const float eps = 1e-6f;
+  auto dw = upload_bf16(w);
+  auto dh = upload(h);
+  auto ds = upload(scale);
+  const size_t guard = 37;
+
+  // The unfused path: x = rms_norm(h), y = W x.
+  cuda::DeviceBuffer<cuda::bf16> dx(static_cast<size_t>(s.cols));
+  cuda::rms_norm(dh.get(), ds.get(), dx.get(), 1, s.cols, eps, nullptr);
+  cuda::DeviceBuffer<float> y1(size_t(s.rows) + guard), y2(size_t(s.rows) + guard);
+  poison(y1);
+  poison(y2);
+  cuda::gemv(dw.get(), s.rows, s.cols, dx.get(), y1.get(), cuda::GemvOut::Store, nullptr);
+  cuda::gemv_rms(dw.get(), s.rows, s.cols, dh.get(), ds.get(), eps, y2.get(), cuda::GemvOut::Store,
+                 nullptr);
+  std::vector<float> unfused = download(y1), fused = download(y2);
+  EXPECT_TRUE(guard_untouched(fused, size_t(s.rows), "gemv_rms Store"));
+  for (size_t r = 0; r < size_t(s.rows); ++r)
+    if (std::memcmp(&fused[r], &unfused[r], 4) != 0) {
+      ADD_FAILURE() << "gemv_rms Store differs from rms_norm + gemv at row " << r << ": "
+                    << fused[r] << " vs " << unfused[r];
+      break;
+    }
+
+  // The twin, on the GPU's normalised x.
+  std::vector<float> x = download_bf16_as_f32(dx);
+  std::vector<float> want(size_t(s.rows));
+  cpu::matmul(bf16_matrix(w.data(), s.rows, s.cols), x.data(), 1, s.cols, want.data(), s.rows,
+              ThreadPool::global());
+  fused.resize(size_t(s.rows));
+  EXPECT_TRUE(
+      within(fused, want, dot_tolerance(s.cols, rms_bf16(w) * rms(x)), 0.0, "gemv_rms vs twin"));
+
+  // Accumulate into a residual: again equal to the unfused path bit for bit.
+  std::vector<float> y0 = random_floats(size_t(s.rows), 3.f, uint32_t(seed + 3));
+  y0.resize(size_t(s.rows) + guard, 0.f);
+  auto a1 = upload(y0), a2 = upload(y0);
+  LILAC_CUDA_CHECK(cudaMemset(a2.get() + s.rows, 0xff, guard * sizeof(float)));
+  cuda::gemv(dw.get(), s.rows, s.cols, dx.get(), a1.get(), cuda::GemvOut::Accumulate, nullptr);
+  cuda::gemv_rms(dw.get(), s.rows, s.cols, dh.get(), ds.get(), eps, a2.get(),
+                 cuda::GemvOut::Accumulate, nullptr);
+  std::vector<float> acc1 = download(a1), acc2 = download(a2);
+  EXPECT_TRUE(guard_untouched(acc2, size_t(s.rows), "gemv_rms Accumulate"));
+  EXPECT_EQ(0, std::memcmp(acc1.data(), acc2.data(), size_t(s.rows) * 4))
+      << "gemv_rms Accumulate differs from rms_norm + gemv";
+}
+
+TEST(CudaGemv, RmsFusedModelShapes) {
+  LILAC_REQUIRE_GPU();
+  uint64_t seed = 300;
+  // GDN in_proj, attention qkv (input norm); the router's shape is moe_router's test.
+  for (Shape s : {Shape{12352, 2048}, Shape{9216, 2048}}) check_rms_shape(s, seed++, 1.f);
+  check_rms_shape(Shape{12352, 2048}, seed++, 300.f);
+  check_rms_shape(Shape{9216, 2048}, seed++, 1e-3f);
+}
+
+TEST(CudaGemv, RmsFusedLmHead) {
+  LILAC_REQUIRE_GPU();
+  check_rms_shape(Shape{248320, 2048}, 9, 2.f);
+}
+
+TEST(CudaGemv, RmsFusedAwkwardShapes) {
+  LILAC_REQUIRE_GPU();
+  uint64_t seed = 400;
+  // cols 8 (one chunk), 24, 4104 (a tail step, 2 norm chunks for some threads), 16384 (160 KB of
+  // shared memory: the opt-in path; 8 norm chunks per thread), 2056, 1024 / 512 (R = 2 / 4).
+  for (Shape s : {Shape{1, 8}, Shape{3, 24}, Shape{33, 4104}, Shape{1000, 2048}, Shape{1, 2048},
+                  Shape{31, 512}, Shape{7, 1024}, Shape{65, 16384}, Shape{129, 2056}, Shape{5, 200},
+                  Shape{2048, 4096}})
+    check_rms_shape(s, seed++, 1.f);
+}
+
 TEST(CudaGemv, BadArgumentsThrowBeforeLaunching) {
   auto* p = reinterpret_cast<const cuda::bf16*>(uintptr_t(256));
   auto* y = reinterpret_cast<float*>(uintptr_t(256));
@@ -108,6 +195,12 @@ TEST(CudaGemv, BadArgumentsThrowBeforeLaunching) {
   EXPECT_THROW(cuda::gemv(nullptr, 4, 16, p, y, cuda::GemvOut::Store, nullptr), Error);
   EXPECT_THROW(cuda::gemv_bf16out(p, 4, 16, p + 4, reinterpret_cast<cuda::bf16*>(y), nullptr),
                Error);  // x misaligned
+  EXPECT_THROW(cuda::gemv_rms(p, 4, 16, y + 1, y, 1e-6f, y, cuda::GemvOut::Store, nullptr),
+               Error);  // h misaligned
+  EXPECT_THROW(cuda::gemv_rms(p, 4, 16, y, y + 2, 1e-6f, y, cuda::GemvOut::Store, nullptr),
+               Error);  // scale misaligned
+  EXPECT_THROW(cuda::gemv_rms(p, 4, 20, y, y, 1e-6f, y, cuda::GemvOut::Store, nullptr),
+               Error);  // cols % 8
 }
 
 }  // namespace

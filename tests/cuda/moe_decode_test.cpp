@@ -10,7 +10,9 @@
 #include "cpu/linear.h"
 #include "cpu/moe.h"
 #include "cpu/norm.h"
+#include "cuda/linear.h"
 #include "cuda/moe_decode.h"
+#include "cuda/norm.h"
 #include "cuda_test_util.h"
 #include "kernel_check.h"
 #include "util/error.h"
@@ -62,6 +64,98 @@ TEST(CudaMoe, RouterTopKMatchesCpu) {
       ASSERT_EQ(got_idx[i], want_idx[i])
           << "token " << i / size_t(c.k) << " slot " << i % size_t(c.k);
     EXPECT_TRUE(within(got_w, want_w, 1e-7, 1e-5, "router weights"));
+  }
+}
+
+// moe_router (post norm + router GEMV + top-k, one launch) against the unfused GPU path rms_norm
+// + gemv(E + 1 rows) + router_topk: logits, ids, weights and the normalised x equal bit for bit;
+// against the twins: ids equal to cpu::router_top_k on those logits, logits within the dot
+// tolerance of cpu::matmul on that x. The workspace counter is back at zero after each launch
+// (a second launch, reusing it, must agree again).
+TEST(CudaMoe, RouterFusedMatchesUnfusedAndCpu) {
+  LILAC_REQUIRE_GPU();
+  struct Case {
+    int E, H, k;
+    bool x_out;
+  };
+  std::vector<uint8_t> zero(cuda::moe_router_workspace_bytes(), 0);
+  auto ws = upload(zero);
+  for (Case c : {Case{256, 2048, 8, true}, Case{256, 2048, 8, false}, Case{16, 136, 4, true},
+                 Case{5, 8, 5, true}, Case{64, 4096, 32, true}, Case{33, 1032, 1, true},
+                 Case{256, 512, 8, true}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "E=" << c.E << " H=" << c.H << " k=" << c.k << " x_out=" << c.x_out);
+    const int rows = c.E + 1;
+    const uint64_t seed = uint64_t(c.E * 31 + c.H + c.k);
+    std::vector<uint16_t> w = random_bf16(size_t(rows) * c.H, 0.05f, seed);
+    std::vector<float> h = random_floats(size_t(c.H), 2.f, uint32_t(seed + 1));
+    std::vector<float> scale = random_floats(size_t(c.H), 0.1f, uint32_t(seed + 2));
+    for (auto& v : scale) v += 1.f;
+    const float eps = 1e-6f;
+    auto dw = upload_bf16(w);
+    auto dh = upload(h);
+    auto ds = upload(scale);
+    const size_t guard = 16;
+
+    // Unfused.
+    cuda::DeviceBuffer<cuda::bf16> x1(static_cast<size_t>(c.H));
+    cuda::DeviceBuffer<float> l1(static_cast<size_t>(rows));
+    cuda::DeviceBuffer<int32_t> i1(static_cast<size_t>(c.k));
+    cuda::DeviceBuffer<float> w1(static_cast<size_t>(c.k));
+    cuda::rms_norm(dh.get(), ds.get(), x1.get(), 1, c.H, eps, nullptr);
+    cuda::gemv(dw.get(), rows, c.H, x1.get(), l1.get(), cuda::GemvOut::Store, nullptr);
+    cuda::router_topk(l1.get(), rows, 1, c.E, c.k, i1.get(), w1.get(), nullptr);
+    const std::vector<float> logits1 = download(l1), wt1 = download(w1);
+    const std::vector<int32_t> idx1 = download(i1);
+    std::vector<uint16_t> xb1(static_cast<size_t>(c.H));
+    LILAC_CUDA_CHECK(cudaMemcpy(xb1.data(), x1.get(), xb1.size() * 2, cudaMemcpyDeviceToHost));
+
+    for (int launch = 0; launch < 2; ++launch) {
+      SCOPED_TRACE(testing::Message() << "launch " << launch);
+      cuda::DeviceBuffer<cuda::bf16> x2(size_t(c.H) + guard);
+      cuda::DeviceBuffer<float> l2(size_t(rows) + guard);
+      cuda::DeviceBuffer<int32_t> i2(size_t(c.k) + guard);
+      cuda::DeviceBuffer<float> w2(size_t(c.k) + guard);
+      poison(x2);
+      poison(l2);
+      poison(i2);
+      poison(w2);
+      cuda::moe_router(dw.get(), c.E, c.H, dh.get(), ds.get(), eps, c.k, l2.get(), i2.get(),
+                       w2.get(), c.x_out ? x2.get() : nullptr, ws.get(), nullptr);
+      std::vector<float> logits2 = download(l2), wt2 = download(w2);
+      std::vector<int32_t> idx2 = download(i2);
+      std::vector<uint16_t> xb2(x2.size());
+      LILAC_CUDA_CHECK(cudaMemcpy(xb2.data(), x2.get(), x2.bytes(), cudaMemcpyDeviceToHost));
+      EXPECT_TRUE(guard_untouched(logits2, size_t(rows), "moe_router logits"));
+      EXPECT_TRUE(guard_untouched(idx2, size_t(c.k), "moe_router idx"));
+      EXPECT_TRUE(guard_untouched(wt2, size_t(c.k), "moe_router w"));
+      EXPECT_TRUE(guard_untouched(xb2, c.x_out ? size_t(c.H) : 0, "moe_router x_out"));
+      EXPECT_EQ(0, std::memcmp(logits2.data(), logits1.data(), size_t(rows) * 4))
+          << "logits differ from rms_norm + gemv";
+      idx2.resize(size_t(c.k));
+      wt2.resize(size_t(c.k));
+      EXPECT_EQ(idx2, idx1) << "ids differ from router_topk";
+      EXPECT_EQ(0, std::memcmp(wt2.data(), wt1.data(), size_t(c.k) * 4))
+          << "weights differ from router_topk";
+      if (c.x_out)
+        EXPECT_EQ(0, std::memcmp(xb2.data(), xb1.data(), size_t(c.H) * 2))
+            << "x_out differs from rms_norm";
+      std::vector<uint8_t> counter = download(ws);
+      EXPECT_EQ(counter, zero) << "the workspace counter was not left at zero";
+    }
+
+    // The twins.
+    std::vector<float> x = widen(xb1);
+    std::vector<float> want(static_cast<size_t>(rows));
+    cpu::matmul(bf16_matrix(w.data(), rows, c.H), x.data(), 1, c.H, want.data(), rows,
+                ThreadPool::global());
+    EXPECT_TRUE(within(logits1, want, dot_tolerance(c.H, rms_bf16(w) * rms(x)), 0.0,
+                       "router logits vs twin"));
+    std::vector<int32_t> want_idx(static_cast<size_t>(c.k));
+    std::vector<float> want_w(static_cast<size_t>(c.k));
+    cpu::router_top_k(logits1.data(), c.E, c.k, want_idx.data(), want_w.data());
+    EXPECT_EQ(idx1, want_idx);
+    EXPECT_TRUE(within(wt1, want_w, 1e-7, 1e-5, "router weights vs twin"));
   }
 }
 
@@ -203,10 +297,14 @@ TEST(CudaMoe, DecodeRealShape) {
 
 TEST(CudaMoe, DecodeAwkwardShapes) {
   LILAC_REQUIRE_GPU();
-  check_moe(MoeShape{136, 5, 3, 24, 40}, 2000);     // I != Is, H of 17 chunks, k + 1 = 4 (J = 4)
+  check_moe(MoeShape{136, 5, 3, 24, 40}, 2000);     // I != Is, H of 17 chunks, k + 1 = 4 slots
   check_moe(MoeShape{128, 16, 4, 64, 64}, 3000);    // the tiny-a fixture's MoE dims
-  check_moe(MoeShape{256, 32, 2, 520, 512}, 4000);  // I of 65 chunks (tail step), k + 1 = 3 (J = 3)
+  check_moe(MoeShape{256, 32, 2, 520, 512}, 4000);  // I of 65 chunks (a second, 1-chunk step)
   check_moe(MoeShape{2048, 8, 1, 8, 16}, 5000);     // k = 1, single-chunk rows
+  // down: k > 8 takes two passes of 8 routed rows; I = 1032 (129 chunks: three 64-chunk steps,
+  // the last one partial), Is = 520 (65 chunks) shorter than I
+  check_moe(MoeShape{136, 24, 12, 1032, 520}, 6000);
+  check_moe(MoeShape{2048, 40, 17, 512, 1024}, 7000);  // 3 passes; Is longer than I (2 steps)
 }
 
 TEST(CudaMoe, BadArgumentsThrowBeforeLaunching) {
@@ -222,6 +320,14 @@ TEST(CudaMoe, BadArgumentsThrowBeforeLaunching) {
                Error);  // x misaligned
   EXPECT_THROW(cuda::moe_down_gemv(p, p, i, f, f, p, 8, 2048, 500, 512, f, nullptr),
                Error);  // I % 8
+  EXPECT_THROW(cuda::moe_router(p, 300, 2048, f, f, 1e-6f, 8, f, i, f, a, f, nullptr),
+               Error);  // E > 256
+  EXPECT_THROW(cuda::moe_router(p, 256, 2044, f, f, 1e-6f, 8, f, i, f, a, f, nullptr),
+               Error);  // H % 8
+  EXPECT_THROW(cuda::moe_router(p, 256, 2048, f + 1, f, 1e-6f, 8, f, i, f, a, f, nullptr),
+               Error);  // h misaligned
+  EXPECT_THROW(cuda::moe_router(p, 256, 2048, f, f, 1e-6f, 8, f, i, f, a, nullptr, nullptr),
+               Error);  // no workspace
 }
 
 }  // namespace

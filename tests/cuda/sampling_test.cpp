@@ -50,6 +50,13 @@ TEST(CudaSampling, ArgmaxMatchesCpu) {
   x[10] = x[size_t(amax)] = std::numeric_limits<float>::quiet_NaN();
   run(x, 0, kReal, "NaNs never win");
   run(std::vector<float>(kV, 0.25f), 0, kReal, "all equal");
+  x.assign(kV, -1.f);
+  x[200000] = 0.f;
+  x[100000] = -0.f;  // equal to +0: the lower id wins, across blocks too
+  run(x, 0, kReal, "-0 and +0 tie at the maximum");
+  x[100000] = 0.f;
+  x[200000] = -0.f;
+  run(x, 0, kReal, "+0 and -0 tie at the maximum");
   run(std::vector<float>(kV, -std::numeric_limits<float>::infinity()), 0, kReal, "all -inf");
   for (int n : {1, 5, 1000, 2048, 2049, 4097, 123457}) {
     std::vector<float> y = random_floats(size_t(n) + 3, 1.f, uint32_t(n));
