@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 B=.device-build
+[ -d "$B" ] || tar -xJf .device-build.tar.xz
 export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LILAC_TEST_DATA="$PWD/tests/data"
 steps=${*:-tests logits bench}
