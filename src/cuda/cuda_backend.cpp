@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -142,6 +143,18 @@ void timed(CudaBackend::Timer* timer, const char* name, F&& launch) {
 }  // namespace
 
 // ---- construction ---------------------------------------------------------------------------
+
+CudaOptions CudaOptions::from_environment() {
+  CudaOptions o;
+  if (const char* g = std::getenv("LILAC_GDN_DECODE")) {
+    std::string v = g;
+    if (v == "cluster") o.gdn_decode_path = GdnDecodePath::Cluster;
+    else if (v == "counter") o.gdn_decode_path = GdnDecodePath::Counter;
+  }
+  if (const char* a = std::getenv("LILAC_ATTN_DECODE")) o.fused_attention_decode = std::string(a) != "split";
+  if (const char* gr = std::getenv("LILAC_CUDA_GRAPHS")) o.use_graphs = std::string(gr) != "0";
+  return o;
+}
 
 CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options)
     : model_(std::move(model)), options_(options), ws_(std::make_unique<Workspace>()) {
@@ -400,7 +413,8 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
     timed(timer, "gdn_decode", [&] {
       gdn_decode(w.proj.get(), L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
                  st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
-                 int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.gdn_decode_ws.get(), w.mix.get(), s);
+                 int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.gdn_decode_ws.get(), w.mix.get(), s,
+                 options_.gdn_decode_path);
     });
     timed(timer, "gemv.gdn_out_proj",
           [&] { gemv(L.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(), GemvOut::Accumulate, s); });
@@ -409,11 +423,24 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
     timed(timer, "gemv_rms.attn_qkv", [&] {
       gemv_rms(L.qkv_proj, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
     });
-    timed(timer, "attention_decode", [&] {  // qk norm + RoPE + cache store fused in
-      attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
-                           int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps, st.k_cache(c, slot),
-                           st.v_cache(c, slot), int(st.max_ctx), st.attn_partial.get(), w.mix.get(), s);
-    });
+    if (options_.fused_attention_decode) {
+      timed(timer, "attention_decode", [&] {  // qk norm + RoPE + cache store fused in
+        attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
+                             int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps, st.k_cache(c, slot),
+                             st.v_cache(c, slot), int(st.max_ctx), st.attn_partial.get(), w.mix.get(), s);
+      });
+    } else {
+      timed(timer, "qk_norm_rope_store", [&] {
+        qk_norm_rope_store(w.proj.get(), 1, st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
+                           int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps, w.q.get(), w.gate.get(),
+                           st.k_cache(c, slot), st.v_cache(c, slot), int(st.max_ctx), s);
+      });
+      timed(timer, "attention_decode", [&] {
+        attention_decode(w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot), st.d_pos(),
+                         int(c.heads), int(c.kv_heads), int(c.head_dim), int(st.max_ctx), st.attn_partial.get(),
+                         w.mix.get(), s);
+      });
+    }
     timed(timer, "gemv.attn_o_proj", [&] {
       gemv(L.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(), GemvOut::Accumulate, s);
     });
@@ -466,7 +493,17 @@ void CudaBackend::decode_launches(CudaSequenceState& st, bool sample, Timer* tim
   std::optional<ScopedPdl> no_pdl;
   if (timer) no_pdl.emplace(false);
   timed(timer, "embed", [&] { embed(st.d_token(), model_->embed, w.h.get(), 1, H, stream_); });
-  for (int64_t i = 0; i < c.layers; ++i) layer_decode(st, i, timer);
+  for (int64_t i = 0; i < c.layers; ++i) {
+    if (trace_) {
+      auto h = download_f32(w.h.get(), size_t(H), stream_);
+      trace_(fmt::format("decode.hidden.{}", i), h.data(), {1, H});
+    }
+    layer_decode(st, i, timer);
+  }
+  if (trace_) {
+    auto h = download_f32(w.h.get(), size_t(H), stream_);
+    trace_(fmt::format("decode.hidden.{}", c.layers), h.data(), {1, H});
+  }
   timed(timer, "gemv_rms.lm_head", [&] {
     gemv_rms(model_->lm_head, int(c.vocab), H, w.h.get(), model_->final_norm, c.rms_eps, w.logits.get(),
              GemvOut::Store, stream_);
@@ -577,7 +614,7 @@ void CudaBackend::forward(SequenceState& state, std::span<const int32_t> ids, st
   check_ids(ids, V);
   last_context_ = st.position() + T;
 
-  if (T == 1 && !trace_) {
+  if (T == 1) {  // a decode step (un-graphed when traced: the same launches)
     LILAC_CUDA_CHECK(cudaMemcpyAsync(st.d_token(), ids.data(), 4, cudaMemcpyHostToDevice, stream_));
     run_decode(st, /*sample=*/false);
     st.set_position(st.position() + 1);
@@ -673,6 +710,19 @@ StepResult CudaBackend::step(SequenceState& state, std::span<const int32_t> ids,
   return r;
 }
 
+std::pair<std::vector<float>, std::vector<float>> CudaBackend::gdn_state(const SequenceState& state, int64_t layer) {
+  const auto& st = static_cast<const CudaSequenceState&>(state);
+  const ModelConfig& c = model_->config;
+  if (c.layer_types[size_t(layer)] != LayerType::GatedDeltaNet) fail("layer {} is not a Gated DeltaNet layer", layer);
+  const int slot = int(c.slot_of_layer(layer));
+  std::vector<float> conv(size_t((c.gdn_conv_kernel - 1) * c.gdn_conv_channels()));
+  std::vector<float> rec(size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(conv.data(), st.conv_state(c, slot), conv.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(rec.data(), st.rec_state(c, slot), rec.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return {conv, rec};
+}
+
 // ---- profiling ------------------------------------------------------------------------------
 
 std::vector<std::string> CudaBackend::kernel_breakdown() {
@@ -718,13 +768,15 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
 // ---- factories ------------------------------------------------------------------------------
 
 std::unique_ptr<CudaBackend> make_cuda_backend(const Model& model) {
-  return std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(upload_model(model)));
+  return std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(upload_model(model)),
+                                       CudaOptions::from_environment());
 }
 
 std::unique_ptr<CudaBackend> make_synthetic_backend(const std::string& weights, uint64_t seed) {
   if (weights != "bf16") fail("--weights {}: the synthetic model supports bf16 in this build", weights);
-  auto backend = std::make_unique<CudaBackend>(
-      std::shared_ptr<DeviceModel>(synthetic_device_model(qwen36_35b_a3b_config(), seed)));
+  auto backend =
+      std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(synthetic_device_model(qwen36_35b_a3b_config(), seed)),
+                                    CudaOptions::from_environment());
   backend->set_sampling_vocab(kQwen36RealTokens);
   return backend;
 }

@@ -11,6 +11,7 @@
 
 #include "cuda/common.h"
 #include "cuda/device_model.h"
+#include "cuda/gated_deltanet.h"
 #include "model/backend.h"
 
 namespace lilac::cuda {
@@ -18,6 +19,12 @@ namespace lilac::cuda {
 struct CudaOptions {
   int64_t prefill_chunk = 4096;  // tokens per prefill launch sequence (workspace sized for it)
   bool use_graphs = true;        // decode steps as CUDA graph replays
+  // Kernel variants of the decode step (defaults: the fused / cluster kernels). The environment
+  // can switch them for A/B checks: LILAC_GDN_DECODE=cluster|counter, LILAC_ATTN_DECODE=fused|split,
+  // LILAC_CUDA_GRAPHS=0 (decode steps launched one by one).
+  GdnDecodePath gdn_decode_path = GdnDecodePath::Auto;
+  bool fused_attention_decode = true;
+  static CudaOptions from_environment();
 };
 
 class CudaSequenceState;
@@ -45,6 +52,10 @@ class CudaBackend : public Backend {
   std::vector<std::string> kernel_breakdown();
 
   const DeviceModel& model() const { return *model_; }
+
+  // Tests: the Gated DeltaNet conv state [K-1, C] and recurrent state [Hv, Dk, Dv] of layer
+  // `layer` (f32, copied to the host), to compare with the CPU backend's.
+  std::pair<std::vector<float>, std::vector<float>> gdn_state(const SequenceState& state, int64_t layer);
 
   // Per-launch timing for kernel_breakdown (defined in cuda_backend.cpp).
   struct Timer;

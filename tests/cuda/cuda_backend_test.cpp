@@ -139,7 +139,8 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   auto host = cuda::synthetic_host_model(cfg, seed, layers);
   cpu::CpuBackend cpu_backend(host->config, host->weights);
   cpu_backend.set_bf16_activations(true);
-  cuda::CudaBackend gpu_backend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed)));
+  cuda::CudaBackend gpu_backend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed)),
+                                cuda::CudaOptions::from_environment());
   std::vector<int32_t> prompt = {17, 248044, 9, 100000, 3, 77777, 12345, 5};
   const int64_t T = int64_t(prompt.size()), H = cfg.hidden;
   std::map<std::string, std::vector<float>> cpu_trace, gpu_trace;
@@ -194,10 +195,43 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   std::printf("  logits                       rel %.2e  max abs %.3e\n", rel, mx);
   EXPECT_LT(rel, 5e-3) << "logits (max abs " << mx << ")";
 
-  // The GPU's decode path (GEMV, gdn_decode, attention_decode: one graph) against its own prefill
-  // path over the same 9 tokens: a discrepancy here is in the decode kernels.
+  // The state the GPU prefill left for each Gated DeltaNet layer against the CPU's (built from the
+  // same inputs): a wrong state only shows in the decode steps that follow.
+  static_cast<cpu::CpuSequenceState&>(*cs).advance(T);
+  for (int64_t i = 0; i < layers; ++i) {
+    if (cfg.layer_types[size_t(i)] != LayerType::GatedDeltaNet) continue;
+    auto [conv, rec] = gpu_backend.gdn_state(*gs, i);
+    const auto& cst = static_cast<cpu::CpuSequenceState&>(*cs);
+    auto [rc, mc] = rel_and_max(conv, cst.conv_state[size_t(cfg.slot_of_layer(i))]);
+    auto [rr, mr] = rel_and_max(rec, cst.recurrent[size_t(cfg.slot_of_layer(i))]);
+    std::printf("  layer%lld conv state rel %.2e (max %.3e), recurrent state rel %.2e (max %.3e)\n", (long long)i, rc,
+                mc, rr, mr);
+    EXPECT_LT(rc, 5e-3) << "conv state after prefill, layer " << i;
+    EXPECT_LT(rr, 5e-3) << "recurrent state after prefill, layer " << i;
+  }
+  // One decode step, teacher-forced per layer like the prefill above (the GPU step runs un-graphed
+  // while traced; the graph replays the same launches).
   int32_t t = 4242;
+  auto gs_graph = gpu_backend.clone(*gs);  // for the graphed step below
+  gpu_trace.clear();
+  cpu_trace.clear();
+  gpu_backend.set_trace(recorder(gpu_trace));
   gpu_backend.forward(*gs, std::span(&t, 1), gpu_logits, false);
+  gpu_backend.set_trace(nullptr);
+  for (int64_t i = 0; i < layers; ++i) {
+    std::vector<float> h = gpu_trace.at("decode.hidden." + std::to_string(i));
+    cpu_backend.forward_layer(i, h.data(), 1, *cs);
+    auto [rd, md] = rel_and_max(gpu_trace.at("decode.hidden." + std::to_string(i + 1)), h);
+    std::printf("  decode hidden.%-13lld rel %.2e  max abs %.3e\n", (long long)(i + 1), rd, md);
+    EXPECT_LT(rd, 5e-3) << "decode step, layer " << i << " (max abs " << md << ")";
+  }
+  cpu_backend.set_trace(nullptr);
+  // The graphed step gives the traced (un-graphed) step's logits bit for bit.
+  std::vector<float> graphed(V);
+  gpu_backend.forward(*gs_graph, std::span(&t, 1), graphed, false);
+  EXPECT_EQ(graphed, gpu_logits) << "graph replay vs the same launches un-graphed";
+  // The GPU's decode path (GEMV, gdn_decode, attention_decode) against its own prefill path over
+  // the same 9 tokens.
   auto gs9 = gpu_backend.new_sequence(16);
   std::vector<int32_t> nine = prompt;
   nine.push_back(t);
