@@ -1,0 +1,244 @@
+// The CUDA backend on 4-bit weights (label gpu):
+//  * tiny-a, `--weights q4` on the BF16 checkpoint: the GPU quantizes at load, the CPU in memory
+//    (quantize_model_in_memory): the same dequantised weights. GPU vs CPU logits (prefill and 16
+//    greedy decode steps) within the bf16-activation tolerance, the same greedy ids;
+//  * tiny-a written as an MLX 4-bit checkpoint (`lilac quantize`) and loaded: uploaded as is
+//    (repack only), GPU vs CPU, and bit-identical to the quantize-at-load GPU run;
+//  * the full-size synthetic model in 4-bit (8-bit routers), first layers, GPU vs CPU
+//    teacher-forced layer by layer on the same quantized weights (host copy quantized by the CPU
+//    quantizer), and the GPU's decode step against its own prefill.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include <unistd.h>
+
+#include "../test_data.h"
+#include "cpu/cpu_backend.h"
+#include "cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+#include "io/checkpoint.h"
+#include "io/quantize.h"
+#include "io/safetensors.h"
+#include "model/qwen36.h"
+
+namespace lilac::test {
+namespace {
+
+std::pair<double, double> rel_and_max(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0, mx = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    num += d * d;
+    den += double(b[i]) * double(b[i]);
+    mx = std::isnan(d) ? INFINITY : std::max(mx, std::fabs(d));
+  }
+  return {std::sqrt(num / std::max(den, 1e-30)), mx};
+}
+
+int32_t argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
+
+// Prefill logits of the fixture's prompt (all positions) and 16 greedy decode steps' logits.
+struct Run {
+  std::vector<float> prefill;
+  std::vector<std::vector<float>> steps;
+  std::vector<int32_t> ids;
+};
+
+Run run(Backend& b, const std::vector<int32_t>& prompt, int64_t V) {
+  Run r;
+  auto seq = b.new_sequence(64);
+  r.prefill.resize(prompt.size() * size_t(V));
+  b.forward(*seq, prompt, r.prefill, true);
+  int32_t next = argmax(&r.prefill[(prompt.size() - 1) * size_t(V)], V);
+  for (int j = 0; j < 16; ++j) {
+    r.ids.push_back(next);
+    std::vector<float> step(static_cast<size_t>(V));
+    b.forward(*seq, std::span(&next, 1), step, false);
+    next = argmax(step.data(), V);
+    r.steps.push_back(std::move(step));
+  }
+  return r;
+}
+
+void expect_close(const Run& gpu, const Run& cpu, const std::string& what) {
+  // bf16 activations on both sides; the GPU prefill multiplies bf16-rounded dequantised weights
+  // (2^-9 relative), its decode the exact f32 ones: ~5e-2 absolute on logits of scale ~4.
+  EXPECT_TRUE(all_close(gpu.prefill, cpu.prefill, 5e-2, 0, what + " prefill logits"));
+  for (size_t j = 0; j < cpu.ids.size(); ++j) {
+    ASSERT_EQ(gpu.ids[j], cpu.ids[j]) << what << ": greedy id differs at decode step " << j;
+    EXPECT_TRUE(all_close(gpu.steps[j], cpu.steps[j], 5e-2, 0, what + " decode step " + std::to_string(j)));
+  }
+}
+
+TEST(Q4Backend, TinyAQuantizedAtLoadMatchesTheCpu) {
+  LILAC_REQUIRE_GPU();
+  auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
+  const auto prompt = read_i32(*ref, "prompt_ids");
+
+  auto gpu_model = load_model(data_path("tiny-a"));
+  gpu_model->config.rope_inv_freq_bf16 = true;
+  auto gpu = cuda::make_cuda_backend(*gpu_model, /*quantize=*/true);
+  EXPECT_GT(gpu->model().quantized_matrices, 0);
+  EXPECT_TRUE(gpu->model().q.lm_head && gpu->model().q.embed);
+  EXPECT_EQ(gpu->model().layers[0].q.router.bits, 8);
+  EXPECT_EQ(gpu->model().layers[0].q.gate_up.bits, 4);
+
+  auto cpu_model = load_model(data_path("tiny-a"));
+  cpu_model->config.rope_inv_freq_bf16 = true;
+  quantize_model_in_memory(*cpu_model);
+  cpu::CpuBackend cpu_backend(cpu_model->config, cpu_model->weights);
+  cpu_backend.set_bf16_activations(true);
+
+  const int64_t V = gpu_model->config.vocab;
+  const Run g = run(*gpu, prompt, V), c = run(cpu_backend, prompt, V);
+  expect_close(g, c, "tiny-a q4 (quantized at load)");
+}
+
+TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
+  LILAC_REQUIRE_GPU();
+  const auto dir = std::filesystem::temp_directory_path() / ("lilac-q4-test-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  QuantizeOptions qo;
+  qo.input = data_path("tiny-a");
+  qo.output = dir.string();
+  quantize_checkpoint(qo);
+  auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
+  const auto prompt = read_i32(*ref, "prompt_ids");
+
+  auto model = load_model(dir.string());
+  model->config.rope_inv_freq_bf16 = true;
+  ASSERT_TRUE(has_quantized_weights(model->weights));
+  auto gpu = cuda::make_cuda_backend(*model);
+  cpu::CpuBackend cpu_backend(model->config, model->weights);
+  cpu_backend.set_bf16_activations(true);
+  const int64_t V = model->config.vocab;
+  const Run g = run(*gpu, prompt, V), c = run(cpu_backend, prompt, V);
+  expect_close(g, c, "tiny-a MLX 4-bit checkpoint");
+
+  // The same device weights as quantizing the BF16 checkpoint on the GPU: identical logits.
+  auto bf = load_model(data_path("tiny-a"));
+  bf->config.rope_inv_freq_bf16 = true;
+  auto gpu2 = cuda::make_cuda_backend(*bf, /*quantize=*/true);
+  const Run g2 = run(*gpu2, prompt, V);
+  const auto [rel, mx] = rel_and_max(g2.prefill, g.prefill);
+  EXPECT_EQ(mx, 0.0) << "GPU logits of the MLX checkpoint and of load-time quantization differ (rel " << rel << ")";
+  EXPECT_EQ(g2.ids, g.ids);
+  std::filesystem::remove_all(dir);
+}
+
+// As CudaBackend.SyntheticFullSizeFirstLayersMatchTheCpu (cuda_backend_test.cpp), on the q4
+// synthetic model: the device quantizes the synthetic bf16 values with cuda::quantize_mlx, the host
+// copy with mlx_quantize_row (bit-identical), so both backends hold the same quantized weights.
+TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
+  LILAC_REQUIRE_GPU();
+  ModelConfig cfg = qwen36_35b_a3b_config();
+  const int64_t layers = 4;
+  const uint64_t seed = 5;
+  auto host = cuda::synthetic_host_model(cfg, seed, layers, /*q4=*/true);
+  ASSERT_TRUE(host->weights.layers[0].moe.router.quantized());
+  EXPECT_EQ(host->weights.layers[0].moe.router.bits, 8);
+  cpu::CpuBackend cpu_backend(host->config, host->weights);
+  cpu_backend.set_bf16_activations(true);
+  cuda::CudaBackend gpu_backend(
+      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed, /*q4=*/true)));
+  std::vector<int32_t> prompt = {17, 248044, 9, 100000, 3, 77777, 12345, 5};
+  const int64_t T = int64_t(prompt.size()), H = cfg.hidden;
+  std::map<std::string, std::vector<float>> cpu_trace, gpu_trace;
+  auto recorder = [](std::map<std::string, std::vector<float>>& into) {
+    return [&into](const std::string& name, const float* d, const std::vector<int64_t>& shape) {
+      int64_t n = 1;
+      for (auto s : shape) n *= s;
+      into[name].assign(d, d + n);
+    };
+  };
+  gpu_backend.set_trace(recorder(gpu_trace));
+  const size_t V = size_t(cfg.vocab);
+  std::vector<float> gpu_logits(V), cpu_logits(V);
+  auto gs = gpu_backend.new_sequence(16);
+  gpu_backend.forward(*gs, prompt, gpu_logits, false);
+  gpu_backend.set_trace(nullptr);
+
+  cpu_backend.set_trace(recorder(cpu_trace));
+  auto cs = cpu_backend.new_sequence(16);
+  for (int64_t i = 0; i < layers; ++i) {
+    std::vector<float> h = gpu_trace.at("hidden." + std::to_string(i));
+    cpu_backend.forward_layer(i, h.data(), T, *cs);
+    const auto& want = gpu_trace.at("hidden." + std::to_string(i + 1));
+    for (const auto& [name, g] : gpu_trace) {
+      if (!name.starts_with("layer" + std::to_string(i) + ".")) continue;
+      auto it = cpu_trace.find(name);
+      if (it == cpu_trace.end() || it->second.size() != g.size()) continue;
+      if (name.ends_with("topk_ids")) {
+        const size_t k = size_t(cfg.experts_per_token);
+        int differ = 0;
+        for (size_t t = 0; t < g.size() / k; ++t) {
+          std::vector<float> a(g.begin() + ptrdiff_t(t * k), g.begin() + ptrdiff_t((t + 1) * k));
+          std::vector<float> b(it->second.begin() + ptrdiff_t(t * k), it->second.begin() + ptrdiff_t((t + 1) * k));
+          std::sort(a.begin(), a.end());
+          std::sort(b.begin(), b.end());
+          differ += a != b;
+        }
+        std::printf("  %-28s %d of %zu tokens route differently\n", name.c_str(), differ, g.size() / k);
+        EXPECT_EQ(differ, 0) << name;
+        continue;
+      }
+      auto [r, m] = rel_and_max(g, it->second);
+      std::printf("  %-28s rel %.2e  max abs %.3e\n", name.c_str(), r, m);
+    }
+    auto [rel, mx] = rel_and_max(want, h);
+    std::printf("  hidden.%-20lld rel %.2e  max abs %.3e\n", (long long)(i + 1), rel, mx);
+    // The GPU prefill multiplies bf16-rounded dequantised weights (2^-9 relative per weight), the
+    // CPU the f32 ones: a little more than the BF16 test's 5e-3.
+    EXPECT_LT(rel, 1e-2) << "layer " << i << " (max abs " << mx << ")";
+  }
+  cpu_backend.forward_head(&gpu_trace.at("hidden." + std::to_string(layers))[size_t((T - 1) * H)], 1,
+                           cpu_logits.data());
+  auto [rel, mx] = rel_and_max(gpu_logits, cpu_logits);
+  std::printf("  logits                       rel %.2e  max abs %.3e\n", rel, mx);
+  EXPECT_LT(rel, 1e-2) << "logits (max abs " << mx << ")";
+
+  int32_t t = 4242;
+  gpu_backend.forward(*gs, std::span(&t, 1), gpu_logits, false);
+  auto gs9 = gpu_backend.new_sequence(16);
+  std::vector<int32_t> nine = prompt;
+  nine.push_back(t);
+  std::vector<float> gpu9(V);
+  gpu_backend.forward(*gs9, nine, gpu9, false);
+  auto [rel3, mx3] = rel_and_max(gpu_logits, gpu9);
+  std::printf("  gpu decode vs gpu prefill      rel %.2e  max abs %.3e\n", rel3, mx3);
+  EXPECT_LT(rel3, 2e-2) << "GPU decode step vs GPU prefill of the same tokens (max abs " << mx3 << ")";
+}
+
+// The q4 synthetic model is deterministic under greedy decoding (graphs, fixed summation orders).
+TEST(Q4Backend, SyntheticGreedyDecodeIsDeterministic) {
+  LILAC_REQUIRE_GPU();
+  ModelConfig cfg = qwen36_35b_a3b_config();
+  cfg.layers = 8;
+  cfg.layer_types.resize(8);
+  cuda::CudaBackend backend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3, true)));
+  auto once = [&] {
+    auto seq = backend.new_sequence(512);
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    std::vector<int32_t> prompt(300);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 2654435761u) % kQwen36RealTokens);
+    backend.begin_sampling(*seq, prompt, greedy);
+    std::vector<int32_t> out;
+    StepResult r = backend.step(*seq, prompt, 0);
+    for (int i = 1; i <= 32; ++i) {
+      out.push_back(r.token);
+      r = backend.step(*seq, std::span(&out.back(), 1), uint64_t(i));
+    }
+    return out;
+  };
+  EXPECT_EQ(once(), once());
+}
+
+}  // namespace
+}  // namespace lilac::test
