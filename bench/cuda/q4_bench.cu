@@ -181,8 +181,8 @@ void bench_moe_decode(cudaStream_t s, const Options& opt) {
   auto x = random_bf16(size_t(H), 25, 1.f);
   DeviceBuffer<float> h(static_cast<size_t>(H));
   LILAC_CUDA_CHECK(cudaMemset(h.get(), 0, h.bytes()));
-  std::vector<int32_t> idx(size_t(kReps) * k);
-  std::vector<float> w(size_t(kReps) * k, 1.f / k);
+  std::vector<int32_t> idx(static_cast<size_t>(kReps) * k);
+  std::vector<float> w(static_cast<size_t>(kReps) * k, 1.f / k);
   uint64_t z = 12345;
   for (int r = 0; r < kReps; ++r)
     for (int j = 0; j < k; ++j) {
@@ -201,7 +201,7 @@ void bench_moe_decode(cudaStream_t s, const Options& opt) {
   LILAC_CUDA_CHECK(cudaMemcpy(didx.get(), idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
   LILAC_CUDA_CHECK(cudaMemcpy(dw.get(), w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   LILAC_CUDA_CHECK(cudaMemset(logit.get(), 0, 4));
-  DeviceBuffer<bf16> act(size_t(k) * I + Is);
+  DeviceBuffer<bf16> act(static_cast<size_t>(k) * I + Is);
   LILAC_CUDA_CHECK(cudaMemset(act.get(), 0, act.bytes()));
   const double gu_bytes = (double(k) * 2 * I + 2.0 * Is) * H * 4.5 / 8;
   const double dn_bytes = (double(k) * I + Is) * H * 4.5 / 8;
@@ -243,7 +243,7 @@ void bench_gemm(cudaStream_t s, const Options& opt) {
     QBuf W(sh.N, sh.K, sh.bits, 31);
     for (int M : {512, 2048, 8192}) {
       auto A = random_bf16(size_t(M) * sh.K, 32, 1.f);
-      DeviceBuffer<float> C(size_t(M) * sh.N);
+      DeviceBuffer<float> C(static_cast<size_t>(M) * sh.N);
       LILAC_CUDA_CHECK(cudaMemset(C.get(), 0, C.bytes()));
       const double t = time_plain(s, 25, [&] { lilac::cuda::q_gemm(A.get(), M, W.q, C.get(), sh.mode, s); });
       report_tf(sh.name, "N " + std::to_string(sh.N) + " K " + std::to_string(sh.K) + " M " + std::to_string(M),
@@ -263,7 +263,7 @@ void bench_moe_prefill(cudaStream_t s, const Options& opt) {
               "combine", "block us", "TFLOP/s");
   for (int T : {512, 2048, 8192}) {
     auto x = random_bf16(size_t(T) * H, 45, 1.f);
-    DeviceBuffer<float> logits(size_t(T) * (E + 1));
+    DeviceBuffer<float> logits(static_cast<size_t>(T) * (E + 1));
     {
       auto lb = random_bf16(size_t(T) * (E + 1), 46, 3.f);
       std::vector<uint16_t> hb(lb.size());
@@ -277,8 +277,8 @@ void bench_moe_prefill(cudaStream_t s, const Options& opt) {
     }
     DeviceBuffer<uint8_t> ws(lilac::cuda::moe_routing_workspace_bytes(T, E, k));
     const lilac::cuda::MoeRouting r = lilac::cuda::moe_routing_layout(ws.get(), T, E, k);
-    DeviceBuffer<bf16> act(size_t(T) * k * I), sact(size_t(T) * Is);
-    DeviceBuffer<float> y(size_t(T) * k * H), shared(size_t(T) * H), h(size_t(T) * H);
+    DeviceBuffer<bf16> act(static_cast<size_t>(T) * k * I), sact(size_t(T) * Is);
+    DeviceBuffer<float> y(static_cast<size_t>(T) * k * H), shared(size_t(T) * H), h(size_t(T) * H);
     LILAC_CUDA_CHECK(cudaMemset(h.get(), 0, h.bytes()));
     lilac::cuda::moe_route(logits.get(), E + 1, T, E, k, r, s);
     const double t_route = time_plain(s, 25, [&] { lilac::cuda::moe_route(logits.get(), E + 1, T, E, k, r, s); });
@@ -303,9 +303,9 @@ void bench_load(cudaStream_t s, const Options& opt) {
   if (!wanted(opt, "quantize")) return;
   const int rows = 262144, cols = 2048;  // one layer's gate_up stack: 1.07 GB of bf16
   auto w = random_bf16(size_t(rows) * cols, 51, 0.05f);
-  DeviceBuffer<uint32_t> codes(size_t(rows) * cols / 8), tiled(lilac::cuda::q_code_words(rows, cols, 4)),
+  DeviceBuffer<uint32_t> codes(static_cast<size_t>(rows) * cols / 8), tiled(lilac::cuda::q_code_words(rows, cols, 4)),
       sb(lilac::cuda::q_sb_words(rows, cols));
-  DeviceBuffer<uint16_t> sc(size_t(rows) * cols / 64), bi(size_t(rows) * cols / 64);
+  DeviceBuffer<uint16_t> sc(static_cast<size_t>(rows) * cols / 64), bi(size_t(rows) * cols / 64);
   const double tq = time_plain(s, 5, [&] {
     lilac::cuda::quantize_mlx(w.get(), rows, cols, 4, codes.get(), sc.get(), bi.get(), s);
   });

@@ -405,7 +405,7 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
       auto& scales = hm->bf16_storage.emplace_back(size_t(t.rows * G));
       auto& biases = hm->bf16_storage.emplace_back(size_t(t.rows * G));
       ThreadPool::global().parallel_for(size_t(t.rows), [&](size_t b, size_t e) {
-        std::vector<float> row(size_t(t.cols));
+        std::vector<float> row(static_cast<size_t>(t.cols));
         for (size_t r = b; r < e; ++r) {
           for (int64_t j = 0; j < t.cols; ++j) row[size_t(j)] = bf16_to_f32(v[r * size_t(t.cols) + size_t(j)]);
           mlx_quantize_row(row.data(), t.cols, t.bits, kQGroup, &codes[r * size_t(wpr)], &scales[r * size_t(G)],

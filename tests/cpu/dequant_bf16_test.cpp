@@ -57,10 +57,10 @@ TEST(DequantBf16, RowMatchesTheExactValueRoundedOnce) {
   std::mt19937 rng(9);
   for (int bits : {4, 8}) {
     const int n = 64 * 7;
-    std::vector<float> w(size_t(n));
+    std::vector<float> w(static_cast<size_t>(n));
     std::normal_distribution<float> d(0.f, 0.05f);
     for (auto& x : w) x = round_to_bf16(d(rng));
-    std::vector<uint32_t> codes(size_t(n) * size_t(bits) / 32);
+    std::vector<uint32_t> codes(static_cast<size_t>(n) * size_t(bits) / 32);
     std::vector<uint16_t> s(7), b(7);
     mlx_quantize_row(w.data(), n, bits, 64, codes.data(), s.data(), b.data());
     std::vector<uint16_t> got(static_cast<size_t>(n));

@@ -44,14 +44,14 @@ std::pair<double, double> rel_and_max(const std::vector<float>& a, const std::ve
 int32_t argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
 
 // Prefill logits of the fixture's prompt (all positions) and 16 greedy decode steps' logits.
-struct Run {
+struct LogitsRun {
   std::vector<float> prefill;
   std::vector<std::vector<float>> steps;
   std::vector<int32_t> ids;
 };
 
-Run run(Backend& b, const std::vector<int32_t>& prompt, int64_t V) {
-  Run r;
+LogitsRun run(Backend& b, const std::vector<int32_t>& prompt, int64_t V) {
+  LogitsRun r;
   auto seq = b.new_sequence(64);
   r.prefill.resize(prompt.size() * size_t(V));
   b.forward(*seq, prompt, r.prefill, true);
@@ -66,7 +66,7 @@ Run run(Backend& b, const std::vector<int32_t>& prompt, int64_t V) {
   return r;
 }
 
-void expect_close(const Run& gpu, const Run& cpu, const std::string& what) {
+void expect_close(const LogitsRun& gpu, const LogitsRun& cpu, const std::string& what) {
   // bf16 activations on both sides; the GPU prefill multiplies bf16-rounded dequantised weights
   // (2^-9 relative), its decode the exact f32 ones: ~5e-2 absolute on logits of scale ~4.
   EXPECT_TRUE(all_close(gpu.prefill, cpu.prefill, 5e-2, 0, what + " prefill logits"));
@@ -96,7 +96,7 @@ TEST(Q4Backend, TinyAQuantizedAtLoadMatchesTheCpu) {
   cpu_backend.set_bf16_activations(true);
 
   const int64_t V = gpu_model->config.vocab;
-  const Run g = run(*gpu, prompt, V), c = run(cpu_backend, prompt, V);
+  const LogitsRun g = run(*gpu, prompt, V), c = run(cpu_backend, prompt, V);
   expect_close(g, c, "tiny-a q4 (quantized at load)");
 }
 
@@ -118,14 +118,14 @@ TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
   cpu::CpuBackend cpu_backend(model->config, model->weights);
   cpu_backend.set_bf16_activations(true);
   const int64_t V = model->config.vocab;
-  const Run g = run(*gpu, prompt, V), c = run(cpu_backend, prompt, V);
+  const LogitsRun g = run(*gpu, prompt, V), c = run(cpu_backend, prompt, V);
   expect_close(g, c, "tiny-a MLX 4-bit checkpoint");
 
   // The same device weights as quantizing the BF16 checkpoint on the GPU: identical logits.
   auto bf = load_model(data_path("tiny-a"));
   bf->config.rope_inv_freq_bf16 = true;
   auto gpu2 = cuda::make_cuda_backend(*bf, /*quantize=*/true);
-  const Run g2 = run(*gpu2, prompt, V);
+  const LogitsRun g2 = run(*gpu2, prompt, V);
   const auto [rel, mx] = rel_and_max(g2.prefill, g.prefill);
   EXPECT_EQ(mx, 0.0) << "GPU logits of the MLX checkpoint and of load-time quantization differ (rel " << rel << ")";
   EXPECT_EQ(g2.ids, g.ids);

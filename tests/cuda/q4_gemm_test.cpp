@@ -31,7 +31,7 @@ void check_case(const Case& c, uint64_t seed) {
   const std::vector<uint16_t> wb = W.dequant_bf16();
   const std::vector<uint16_t> ab = random_bf16_bits(size_t(c.M) * c.K, 1.f, seed + 1);
   const std::vector<float> a = widen(ab.data(), ab.size());
-  std::vector<float> want(size_t(c.M) * c.N), want32(size_t(c.M) * c.N);
+  std::vector<float> want(static_cast<size_t>(c.M) * c.N), want32(size_t(c.M) * c.N);
   cpu::matmul(Matrix{wb.data(), DType::BF16, c.N, c.K, "w"}, a.data(), c.M, c.K, want.data(), c.N,
               ThreadPool::global());
   cpu::matmul(W.view(0, c.N), a.data(), c.M, c.K, want32.data(), c.N, ThreadPool::global());

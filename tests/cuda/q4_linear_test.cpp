@@ -29,7 +29,7 @@ void check_shape(Shape s, uint64_t seed) {
   auto dx = upload_bf16(xb);
   const size_t guard = 37;
   {  // Store
-    cuda::DeviceBuffer<float> y(size_t(s.rows) + guard);
+    cuda::DeviceBuffer<float> y(static_cast<size_t>(s.rows) + guard);
     poison(y);
     cuda::q_gemv(W.q(), dx.get(), y.get(), cuda::GemvOut::Store, nullptr);
     std::vector<float> got = download(y);
@@ -51,8 +51,8 @@ void check_shape(Shape s, uint64_t seed) {
     std::vector<float> got = download(y);
     EXPECT_TRUE(guard_untouched(got, size_t(s.rows), "q_gemv Accumulate"));
     got.resize(size_t(s.rows));
-    std::vector<float> sum(size_t(s.rows));
-    std::vector<double> t2(size_t(s.rows));
+    std::vector<float> sum(static_cast<size_t>(s.rows));
+    std::vector<double> t2(static_cast<size_t>(s.rows));
     for (size_t r = 0; r < sum.size(); ++r) {
       sum[r] = y0[r] + want[r];
       t2[r] = tol[r] + 2 * kU * std::fabs(double(sum[r]));
@@ -60,15 +60,15 @@ void check_shape(Shape s, uint64_t seed) {
     EXPECT_TRUE(within(got, sum, t2, "q_gemv Accumulate"));
   }
   {  // bf16 out
-    cuda::DeviceBuffer<cuda::bf16> y(size_t(s.rows) + guard);
+    cuda::DeviceBuffer<cuda::bf16> y(static_cast<size_t>(s.rows) + guard);
     poison(y);
     cuda::q_gemv_bf16out(W.q(), dx.get(), y.get(), nullptr);
     std::vector<uint16_t> raw(y.size());
     LILAC_CUDA_CHECK(cudaDeviceSynchronize());
     LILAC_CUDA_CHECK(cudaMemcpy(raw.data(), y.get(), y.bytes(), cudaMemcpyDeviceToHost));
     EXPECT_TRUE(guard_untouched(raw, size_t(s.rows), "q_gemv_bf16out"));
-    std::vector<float> got(size_t(s.rows));
-    std::vector<double> t3(size_t(s.rows));
+    std::vector<float> got(static_cast<size_t>(s.rows));
+    std::vector<double> t3(static_cast<size_t>(s.rows));
     for (size_t r = 0; r < got.size(); ++r) {
       got[r] = bf16_to_f32(raw[r]);
       t3[r] = tol[r] * (1 + 1.0 / 256) + std::fabs(double(want[r])) / 256;

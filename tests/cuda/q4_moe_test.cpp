@@ -69,7 +69,7 @@ void check_decode(Shape s, uint64_t seed) {
   const std::vector<uint16_t> xb = to_bf16_rounding(x);
   auto dx = upload_bf16(xb);
   const size_t guard = 24;
-  cuda::DeviceBuffer<cuda::bf16> dact(size_t(n_act) + guard);
+  cuda::DeviceBuffer<cuda::bf16> dact(static_cast<size_t>(n_act) + guard);
   poison(dact);
   cuda::q_moe_gate_up_gemv(m.gu.q(), m.sgu.q(), didx.get(), k, dx.get(), s.H, s.I, s.Is, dact.get(),
                            nullptr);
@@ -103,8 +103,8 @@ void check_decode(Shape s, uint64_t seed) {
   std::vector<float> h0 = random_floats(size_t(s.H), 2.f, uint32_t(seed + 5));
   std::vector<float> out(static_cast<size_t>(s.H));
   cpu::moe_token_down(m.w, act_gpu.data(), idx.data(), wt.data(), k, shared_logit, out.data(), pool);
-  std::vector<float> want(size_t(s.H));
-  std::vector<double> td(size_t(s.H), 0.0);
+  std::vector<float> want(static_cast<size_t>(s.H));
+  std::vector<double> td(static_cast<size_t>(s.H), 0.0);
   for (int j = 0; j <= k; ++j) {
     const bool shared = j == k;
     const std::vector<float> a(act_gpu.begin() + ptrdiff_t(j) * s.I,
@@ -165,7 +165,7 @@ void check_prefill(Shape s, int T, uint64_t seed) {
   const int k = s.k, P = T * k;
   const auto gub = m.gu.dequant_bf16(), dnb = m.dn.dequant_bf16(), sgub = m.sgu.dequant_bf16();
   // Routing on the device (moe_route is tested against a counting sort in moe_prefill_test.cpp).
-  std::vector<float> logits(size_t(T) * (s.E + 1));
+  std::vector<float> logits(static_cast<size_t>(T) * (s.E + 1));
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = hash_uniform(seed + 7, i, 3.f);
   auto dlog = upload(logits);
   cuda::DeviceBuffer<uint8_t> ws(cuda::moe_routing_workspace_bytes(T, s.E, k));
@@ -188,14 +188,14 @@ void check_prefill(Shape s, int T, uint64_t seed) {
   for (int pass = 0; pass < 2; ++pass) {
     const bool shared = pass == 1;
     const int rows = shared ? T : P, I = shared ? s.Is : s.I;
-    cuda::DeviceBuffer<cuda::bf16> act(size_t(rows) * I + 16);
+    cuda::DeviceBuffer<cuda::bf16> act(static_cast<size_t>(rows) * I + 16);
     poison(act);
     if (shared)
       cuda::q_moe_shared_gate_up(dx.get(), T, s.H, m.sgu.q(), s.Is, act.get(), nullptr);
     else
       cuda::q_moe_grouped_gate_up(dx.get(), s.H, m.gu.q(), s.I, r, act.get(), nullptr);
     const auto got = download_bf16_as_f32(act);
-    std::vector<double> want(size_t(rows) * I), tol(size_t(rows) * I);
+    std::vector<double> want(static_cast<size_t>(rows) * I), tol(size_t(rows) * I);
     ThreadPool::global().parallel_for(size_t(rows), [&](size_t b0, size_t e0) {
       for (size_t row = b0; row < e0; ++row) {
         const int t = shared ? int(row) : sorted_token[row];
@@ -223,12 +223,12 @@ void check_prefill(Shape s, int T, uint64_t seed) {
 
     // grouped down from the GPU's act
     std::vector<float> actf(got.begin(), got.begin() + ptrdiff_t(rows) * I);
-    cuda::DeviceBuffer<float> y(size_t(P) * s.H + 16);
+    cuda::DeviceBuffer<float> y(static_cast<size_t>(P) * s.H + 16);
     poison(y);
     cuda::q_moe_grouped_down(act.get(), s.I, m.dn.q(), s.H, r, y.get(), nullptr);
     const auto yg = download(y);
     EXPECT_TRUE(guard_untouched(yg, size_t(P) * s.H, what + " grouped down"));
-    std::vector<double> yw(size_t(P) * s.H), yt(size_t(P) * s.H);
+    std::vector<double> yw(static_cast<size_t>(P) * s.H), yt(size_t(P) * s.H);
     ThreadPool::global().parallel_for(size_t(P), [&](size_t b0, size_t e0) {
       for (size_t row = b0; row < e0; ++row) {
         const float* a = &actf[row * size_t(s.I)];

@@ -23,7 +23,7 @@ namespace {
 std::vector<uint16_t> quantizer_inputs(int rows, int cols, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> w(size_t(rows) * size_t(cols));
+  std::vector<float> w(static_cast<size_t>(rows) * size_t(cols));
   for (int r = 0; r < rows; ++r) {
     float* row = &w[size_t(r) * size_t(cols)];
     const float scale = std::ldexp(1.f, (r % 41) - 20);  // 2^-20 .. 2^20
@@ -72,8 +72,8 @@ void check_quantizer(int rows, int cols, int bits, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << rows << " x " << cols << " at " << bits << " bits");
   const auto wb = quantizer_inputs(rows, cols, seed);
   const int G = cols / 64, wpr = cols * bits / 32;
-  std::vector<uint32_t> want_codes(size_t(rows) * wpr);
-  std::vector<uint16_t> want_s(size_t(rows) * G), want_b(size_t(rows) * G);
+  std::vector<uint32_t> want_codes(static_cast<size_t>(rows) * wpr);
+  std::vector<uint16_t> want_s(static_cast<size_t>(rows) * G), want_b(size_t(rows) * G);
   std::vector<float> row(static_cast<size_t>(cols));
   for (int r = 0; r < rows; ++r) {
     for (int j = 0; j < cols; ++j) row[size_t(j)] = bf16_to_f32(wb[size_t(r) * cols + j]);
@@ -117,9 +117,9 @@ void check_repack(int rows, int cols, int bits, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << rows << " x " << cols << " at " << bits << " bits");
   std::mt19937_64 rng(seed);
   const int G = cols / 64, P = bits / 4, wpr = cols * bits / 32;
-  std::vector<uint32_t> codes(size_t(rows) * wpr);
+  std::vector<uint32_t> codes(static_cast<size_t>(rows) * wpr);
   for (auto& c : codes) c = uint32_t(rng());
-  std::vector<uint16_t> s(size_t(rows) * G), b(size_t(rows) * G);
+  std::vector<uint16_t> s(static_cast<size_t>(rows) * G), b(size_t(rows) * G);
   for (size_t i = 0; i < s.size(); ++i) {
     s[i] = f32_to_bf16(float(int(rng() % 2001) - 1000) * 1e-4f);
     b[i] = f32_to_bf16(float(int(rng() % 2001) - 1000) * 1e-3f);

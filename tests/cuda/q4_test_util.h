@@ -38,7 +38,7 @@ struct HostQ {
     scales.resize(size_t(rows * G));
     biases.resize(size_t(rows * G));
     ThreadPool::global().parallel_for(size_t(rows), [&](size_t b0, size_t e0) {
-      std::vector<float> row(size_t(cols));
+      std::vector<float> row(static_cast<size_t>(cols));
       for (size_t i = b0; i < e0; ++i) {
         for (int64_t j = 0; j < cols; ++j)
           row[size_t(j)] = round_to_bf16(hash_uniform(seed, i * size_t(cols) + size_t(j), a));
@@ -77,13 +77,13 @@ struct HostQ {
 
   // Row r dequantised in f32 (cpu::dequantize_row) and as the prefill kernels' bf16 weights.
   std::vector<float> row_f32(int64_t r) const {
-    std::vector<float> out(size_t(cols));
+    std::vector<float> out(static_cast<size_t>(cols));
     cpu::widen_row(view(r, 1), 0, out.data());
     return out;
   }
   // All rows as bf16 bits (cpu::dequantize_row_bf16).
   std::vector<uint16_t> dequant_bf16() const {
-    std::vector<uint16_t> out(size_t(rows * cols));
+    std::vector<uint16_t> out(static_cast<size_t>(rows * cols));
     const Matrix m = view(0, rows);
     ThreadPool::global().parallel_for(size_t(rows), [&](size_t b0, size_t e0) {
       for (size_t r = b0; r < e0; ++r)
@@ -107,9 +107,9 @@ inline std::vector<double> q_gemv_tolerance(const HostQ& W, int64_t row0, int64_
                                             const std::vector<float>& x) {
   const int64_t K = W.cols, G = K / 64;
   const double u = std::ldexp(1.0, -24), cmax = W.bits == 4 ? 143 : 2431;
-  std::vector<double> sabs(size_t(G), 0.0);
+  std::vector<double> sabs(static_cast<size_t>(G), 0.0);
   for (int64_t k = 0; k < K; ++k) sabs[size_t(k / 64)] += std::fabs(x[size_t(k)]);
-  std::vector<double> tol(size_t(n));
+  std::vector<double> tol(static_cast<size_t>(n));
   ThreadPool::global().parallel_for(size_t(n), [&](size_t b0, size_t e0) {
     for (size_t i = b0; i < e0; ++i) {
       const int64_t r = row0 + int64_t(i);
@@ -129,7 +129,7 @@ inline std::vector<double> q_gemv_tolerance(const HostQ& W, int64_t row0, int64_
 // Host matmul of rows [row0, row0 + n) of W (dequantised f32) with x: the twin of q_gemv.
 inline std::vector<float> q_twin(const HostQ& W, int64_t row0, int64_t n,
                                  const std::vector<float>& x) {
-  std::vector<float> y(size_t(n));
+  std::vector<float> y(static_cast<size_t>(n));
   cpu::matmul(W.view(row0, n), x.data(), 1, W.cols, y.data(), n, ThreadPool::global());
   return y;
 }
