@@ -10,10 +10,10 @@
 // Per decode token the dense projections are 1.03 GB (vs 3.6 GB in bf16).
 // Work per weight: 2 FLOP of the dot product plus the dequantisation, which at 7.6 T weights/s
 // (4.3 TB/s of 4.5-bit weights) is the real ALU cost. Per 8 weights (one code word) a lane
-// issues 3 SHF + 4 LOP3 (magic-number bf16 pairs, q4_tile.cuh) + 2 SEL (the B mask) and an
-// eighth of... one HMMA per word (each m16n8k16 consumes one word per lane): 9 ALU + 1 HMMA per
-// 8 weights, ~26% of the SM's issue slots at full bandwidth (the scale/bias epilogue is per 64
-// weights). The f32 FMAs of a CUDA-core dot product (8 per word, plus conversions) would need
+// issues 3 SHF + 4 LOP3 (magic-number bf16 pairs, q4_tile.cuh) + 2 SEL (the B mask) and one
+// HMMA (each m16n8k16 consumes one word per lane): 9 ALU + 1 HMMA per 8 weights; at 7.6 T
+// weights/s that is 3.6 words per clock per SM, ~28% of its issue slots (the scale/bias
+// epilogue is per 64 weights). The f32 FMAs of a CUDA-core dot product (8 per word, plus conversions) would need
 // ~2x that; the tensor core also gives exact products and f32 sums.
 //
 // Design. Block = 8 warps. Work unit = one 16-row tile x one slice of the 8-group sets of its
