@@ -42,12 +42,14 @@ __device__ __forceinline__ uint64_t mix64(uint64_t x) {
 }
 
 __global__ void fill_words(uint32_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
     p[i] = uint32_t(mix64(seed ^ mix64(i)));
 }
 // Scale ~ +-0.004, bias ~ +-0.03: weights of the real model's magnitude.
 __global__ void fill_sb(uint32_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     const uint64_t h = mix64(seed ^ mix64(i));
     const float s = (float(uint32_t(h) >> 8) / 16777216.f - 0.5f) * 0.008f;
     const float b = (float(uint32_t(h >> 32) >> 8) / 16777216.f - 0.5f) * 0.06f;
@@ -56,7 +58,8 @@ __global__ void fill_sb(uint32_t* p, size_t n, uint64_t seed) {
   }
 }
 __global__ void fill_bf16(bf16* p, size_t n, uint64_t seed, float a) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     const float u = float(uint32_t(mix64(seed ^ mix64(i)) >> 40)) * (1.0f / 16777216.0f);
     p[i] = __float2bfloat16_rn(a * (2.f * u - 1.f));
   }
@@ -67,7 +70,8 @@ struct QBuf {
   DeviceBuffer<uint32_t> codes, sb;
   QMatrix q;
   QBuf(int rows, int cols, int bits, uint64_t seed)
-      : codes(lilac::cuda::q_code_words(rows, cols, bits)), sb(lilac::cuda::q_sb_words(rows, cols)) {
+      : codes(lilac::cuda::q_code_words(rows, cols, bits)),
+        sb(lilac::cuda::q_sb_words(rows, cols)) {
     fill_words<<<1024, 256>>>(codes.get(), codes.size(), seed);
     fill_sb<<<1024, 256>>>(sb.get(), sb.size(), seed + 1);
     LILAC_CUDA_LAUNCHED();
@@ -147,18 +151,19 @@ double time_plain(cudaStream_t s, int n, const std::function<void()>& launch) {
 }
 
 void report_bw(const char* name, const std::string& shape, double bytes, double s) {
-  std::printf("%-28s %-30s %9.2f MB %9.2f us %8.0f GB/s %6.1f%%\n", name, shape.c_str(), bytes / 1e6,
-              s * 1e6, bytes / s / 1e9, 100.0 * bytes / s / kCopyBandwidth);
+  std::printf("%-28s %-30s %9.2f MB %9.2f us %8.0f GB/s %6.1f%%\n", name, shape.c_str(),
+              bytes / 1e6, s * 1e6, bytes / s / 1e9, 100.0 * bytes / s / kCopyBandwidth);
   std::fflush(stdout);
 }
 
 void report_tf(const char* name, const std::string& shape, double flops, double s) {
-  std::printf("%-28s %-30s %9.1f us %8.1f TFLOP/s %6.1f%%\n", name, shape.c_str(), s * 1e6, flops / s / 1e12,
-              100.0 * flops / s / kTensorPeak);
+  std::printf("%-28s %-30s %9.1f us %8.1f TFLOP/s %6.1f%%\n", name, shape.c_str(), s * 1e6,
+              flops / s / 1e12, 100.0 * flops / s / kTensorPeak);
   std::fflush(stdout);
 }
 
-void bench_gemv(cudaStream_t s, const Options& opt, const char* name, int rows, int cols, int bits, bool acc) {
+void bench_gemv(cudaStream_t s, const Options& opt, const char* name, int rows, int cols, int bits,
+                bool acc) {
   if (!wanted(opt, name)) return;
   std::vector<QBuf> W;
   W.emplace_back(rows, cols, bits, 11);
@@ -171,8 +176,10 @@ void bench_gemv(cudaStream_t s, const Options& opt, const char* name, int rows, 
     lilac::cuda::q_gemv(W[size_t(r % copies)].q, x.get(), y.get(),
                         acc ? lilac::cuda::GemvOut::Accumulate : lilac::cuda::GemvOut::Store, s);
   });
-  report_bw(name, std::to_string(rows) + " x " + std::to_string(cols) + " " + std::to_string(bits) + "-bit",
-            W[0].bytes(), t);
+  report_bw(
+      name,
+      std::to_string(rows) + " x " + std::to_string(cols) + " " + std::to_string(bits) + "-bit",
+      W[0].bytes(), t);
 }
 
 void bench_moe_decode(cudaStream_t s, const Options& opt) {
@@ -207,14 +214,16 @@ void bench_moe_decode(cudaStream_t s, const Options& opt) {
   const double dn_bytes = (double(k) * I + Is) * H * 4.5 / 8;
   if (wanted(opt, "q_moe_gate_up_gemv")) {
     const double t = time_graph(s, opt, [&](int r) {
-      lilac::cuda::q_moe_gate_up_gemv(gu.q, sgu.q, didx.get() + size_t(r) * k, k, x.get(), H, I, Is, act.get(), s);
+      lilac::cuda::q_moe_gate_up_gemv(gu.q, sgu.q, didx.get() + size_t(r) * k, k, x.get(), H, I, Is,
+                                      act.get(), s);
     });
     report_bw("q_moe_gate_up_gemv", "8 x 1024 + 1024 rows x 2048", gu_bytes, t);
   }
   if (wanted(opt, "q_moe_down_gemv")) {
     const double t = time_graph(s, opt, [&](int r) {
-      lilac::cuda::q_moe_down_gemv(dn.q, sdn.q, didx.get() + size_t(r) * k, dw.get() + size_t(r) * k, logit.get(),
-                                   act.get(), k, H, I, Is, h.get(), s);
+      lilac::cuda::q_moe_down_gemv(dn.q, sdn.q, didx.get() + size_t(r) * k,
+                                   dw.get() + size_t(r) * k, logit.get(), act.get(), k, H, I, Is,
+                                   h.get(), s);
     });
     report_bw("q_moe_down_gemv", "9 x 2048 rows x 512", dn_bytes, t);
   }
@@ -233,11 +242,12 @@ void bench_gemm(cudaStream_t s, const Options& opt) {
     int N, K, bits;
     lilac::cuda::GemmOut mode;
   };
-  const Shape shapes[] = {{"q_gemm gdn_in_proj", 12352, 2048, 4, lilac::cuda::GemmOut::StoreF32},
-                          {"q_gemm attn_qkv", 9216, 2048, 4, lilac::cuda::GemmOut::StoreF32},
-                          {"q_gemm out_proj (+=)", 2048, 4096, 4, lilac::cuda::GemmOut::AccumulateF32},
-                          {"q_gemm router 8-bit", 257, 2048, 8, lilac::cuda::GemmOut::StoreF32},
-                          {"q_gemm shared_down", 2048, 512, 4, lilac::cuda::GemmOut::StoreF32}};
+  const Shape shapes[] = {
+      {"q_gemm gdn_in_proj", 12352, 2048, 4, lilac::cuda::GemmOut::StoreF32},
+      {"q_gemm attn_qkv", 9216, 2048, 4, lilac::cuda::GemmOut::StoreF32},
+      {"q_gemm out_proj (+=)", 2048, 4096, 4, lilac::cuda::GemmOut::AccumulateF32},
+      {"q_gemm router 8-bit", 257, 2048, 8, lilac::cuda::GemmOut::StoreF32},
+      {"q_gemm shared_down", 2048, 512, 4, lilac::cuda::GemmOut::StoreF32}};
   for (const Shape& sh : shapes) {
     if (!wanted(opt, sh.name)) continue;
     QBuf W(sh.N, sh.K, sh.bits, 31);
@@ -245,22 +255,27 @@ void bench_gemm(cudaStream_t s, const Options& opt) {
       auto A = random_bf16(size_t(M) * sh.K, 32, 1.f);
       DeviceBuffer<float> C(static_cast<size_t>(M) * sh.N);
       LILAC_CUDA_CHECK(cudaMemset(C.get(), 0, C.bytes()));
-      const double t = time_plain(s, 25, [&] { lilac::cuda::q_gemm(A.get(), M, W.q, C.get(), sh.mode, s); });
-      report_tf(sh.name, "N " + std::to_string(sh.N) + " K " + std::to_string(sh.K) + " M " + std::to_string(M),
-                2.0 * M * sh.N * sh.K, t);
+      const double t =
+          time_plain(s, 25, [&] { lilac::cuda::q_gemm(A.get(), M, W.q, C.get(), sh.mode, s); });
+      report_tf(
+          sh.name,
+          "N " + std::to_string(sh.N) + " K " + std::to_string(sh.K) + " M " + std::to_string(M),
+          2.0 * M * sh.N * sh.K, t);
     }
   }
 }
 
-// The MoE block of one layer in prefill (route, grouped gate_up, grouped down, shared gate_up, shared
-// down, combine) on 4-bit experts, uniform random router.
+// The MoE block of one layer in prefill (route, grouped gate_up, grouped down, shared gate_up,
+// shared down, combine) on 4-bit experts, uniform random router.
 void bench_moe_prefill(cudaStream_t s, const Options& opt) {
   if (!wanted(opt, "q_moe prefill")) return;
   const int H = 2048, E = 256, k = 8, I = 512, Is = 512;
   QBuf gu(E * 2 * I, H, 4, 41), dn(E * H, I, 4, 42), sgu(2 * Is, H, 4, 43), sdn(H, Is, 4, 44);
-  std::printf("== q_moe prefill block (E 256, k 8, I 512, H 2048; 4-bit experts, uniform random router) ==\n");
-  std::printf("%6s %9s %9s %9s %9s %9s %9s %10s %8s\n", "T", "route", "gate_up", "down", "sh_gu", "sh_down",
-              "combine", "block us", "TFLOP/s");
+  std::printf(
+      "== q_moe prefill block (E 256, k 8, I 512, H 2048; 4-bit experts, uniform random router) "
+      "==\n");
+  std::printf("%6s %9s %9s %9s %9s %9s %9s %10s %8s\n", "T", "route", "gate_up", "down", "sh_gu",
+              "sh_down", "combine", "block us", "TFLOP/s");
   for (int T : {512, 2048, 8192}) {
     auto x = random_bf16(size_t(T) * H, 45, 1.f);
     DeviceBuffer<float> logits(static_cast<size_t>(T) * (E + 1));
@@ -281,10 +296,14 @@ void bench_moe_prefill(cudaStream_t s, const Options& opt) {
     DeviceBuffer<float> y(static_cast<size_t>(T) * k * H), shared(size_t(T) * H), h(size_t(T) * H);
     LILAC_CUDA_CHECK(cudaMemset(h.get(), 0, h.bytes()));
     lilac::cuda::moe_route(logits.get(), E + 1, T, E, k, r, s);
-    const double t_route = time_plain(s, 25, [&] { lilac::cuda::moe_route(logits.get(), E + 1, T, E, k, r, s); });
-    const double t_gu = time_plain(s, 25, [&] { lilac::cuda::q_moe_grouped_gate_up(x.get(), H, gu.q, I, r, act.get(), s); });
-    const double t_dn = time_plain(s, 25, [&] { lilac::cuda::q_moe_grouped_down(act.get(), I, dn.q, H, r, y.get(), s); });
-    const double t_sgu = time_plain(s, 25, [&] { lilac::cuda::q_moe_shared_gate_up(x.get(), T, H, sgu.q, Is, sact.get(), s); });
+    const double t_route =
+        time_plain(s, 25, [&] { lilac::cuda::moe_route(logits.get(), E + 1, T, E, k, r, s); });
+    const double t_gu = time_plain(
+        s, 25, [&] { lilac::cuda::q_moe_grouped_gate_up(x.get(), H, gu.q, I, r, act.get(), s); });
+    const double t_dn = time_plain(
+        s, 25, [&] { lilac::cuda::q_moe_grouped_down(act.get(), I, dn.q, H, r, y.get(), s); });
+    const double t_sgu = time_plain(
+        s, 25, [&] { lilac::cuda::q_moe_shared_gate_up(x.get(), T, H, sgu.q, Is, sact.get(), s); });
     const double t_sdn = time_plain(s, 25, [&] {
       lilac::cuda::q_gemm(sact.get(), T, sdn.q, shared.get(), lilac::cuda::GemmOut::StoreF32, s);
     });
@@ -293,8 +312,9 @@ void bench_moe_prefill(cudaStream_t s, const Options& opt) {
     });
     const double total = t_route + t_gu + t_dn + t_sgu + t_sdn + t_comb;
     const double flops = 2.0 * T * (double(k) * 3 * I * H + 3.0 * Is * H);
-    std::printf("%6d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f %8.1f\n", T, t_route * 1e6, t_gu * 1e6, t_dn * 1e6,
-                t_sgu * 1e6, t_sdn * 1e6, t_comb * 1e6, total * 1e6, flops / total / 1e12);
+    std::printf("%6d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f %8.1f\n", T, t_route * 1e6,
+                t_gu * 1e6, t_dn * 1e6, t_sgu * 1e6, t_sdn * 1e6, t_comb * 1e6, total * 1e6,
+                flops / total / 1e12);
     std::fflush(stdout);
   }
 }
@@ -303,15 +323,17 @@ void bench_load(cudaStream_t s, const Options& opt) {
   if (!wanted(opt, "quantize")) return;
   const int rows = 262144, cols = 2048;  // one layer's gate_up stack: 1.07 GB of bf16
   auto w = random_bf16(size_t(rows) * cols, 51, 0.05f);
-  DeviceBuffer<uint32_t> codes(static_cast<size_t>(rows) * cols / 8), tiled(lilac::cuda::q_code_words(rows, cols, 4)),
-      sb(lilac::cuda::q_sb_words(rows, cols));
+  DeviceBuffer<uint32_t> codes(static_cast<size_t>(rows) * cols / 8),
+      tiled(lilac::cuda::q_code_words(rows, cols, 4)), sb(lilac::cuda::q_sb_words(rows, cols));
   DeviceBuffer<uint16_t> sc(static_cast<size_t>(rows) * cols / 64), bi(size_t(rows) * cols / 64);
   const double tq = time_plain(s, 5, [&] {
     lilac::cuda::quantize_mlx(w.get(), rows, cols, 4, codes.get(), sc.get(), bi.get(), s);
   });
-  report_bw("quantize_mlx (4-bit)", "262144 x 2048 bf16 in", double(rows) * cols * 2 * (1 + 4.5 / 16), tq);
+  report_bw("quantize_mlx (4-bit)", "262144 x 2048 bf16 in",
+            double(rows) * cols * 2 * (1 + 4.5 / 16), tq);
   const double tr = time_plain(s, 5, [&] {
-    lilac::cuda::repack_mlx(codes.get(), sc.get(), bi.get(), rows, cols, 4, tiled.get(), sb.get(), s);
+    lilac::cuda::repack_mlx(codes.get(), sc.get(), bi.get(), rows, cols, 4, tiled.get(), sb.get(),
+                            s);
   });
   report_bw("repack_mlx (4-bit)", "262144 x 2048", double(rows) * cols * 4.5 / 8 * 2, tr);
 }
@@ -321,18 +343,22 @@ void bench_load(cudaStream_t s, const Options& opt) {
 int main(int argc, char** argv) {
   Options opt;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) opt.runs = std::max(10, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) opt.filter = argv[++i];
+    if (!std::strcmp(argv[i], "--runs") && i + 1 < argc)
+      opt.runs = std::max(10, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc)
+      opt.filter = argv[++i];
   }
   try {
     cudaDeviceProp p{};
     LILAC_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
-    std::printf("%s, %d SMs; 4-bit weights: 4.5 bits per weight (8-bit: 8.5); decode: median of %d graph "
-                "replays of %d launches over > 2x L2 of weight copies\n",
-                p.name, p.multiProcessorCount, opt.runs, kReps);
+    std::printf(
+        "%s, %d SMs; 4-bit weights: 4.5 bits per weight (8-bit: 8.5); decode: median of %d graph "
+        "replays of %d launches over > 2x L2 of weight copies\n",
+        p.name, p.multiProcessorCount, opt.runs, kReps);
     cudaStream_t s;
     LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    std::printf("%-28s %-30s %12s %12s %13s %7s\n", "kernel", "shape", "bytes", "time", "bandwidth", "of peak");
+    std::printf("%-28s %-30s %12s %12s %13s %7s\n", "kernel", "shape", "bytes", "time", "bandwidth",
+                "of peak");
     bench_gemv(s, opt, "q_gemv gdn_in_proj", 12352, 2048, 4, false);
     bench_gemv(s, opt, "q_gemv attn_qkv", 9216, 2048, 4, false);
     bench_gemv(s, opt, "q_gemv out_proj (+= h)", 2048, 4096, 4, true);

@@ -147,7 +147,8 @@ int run_logits(const LogitsOptions& o) {
   const bool quantized = has_quantized_weights(model->weights);
   if (o.weights == "bf16" && quantized)
     fail("--weights bf16: {} holds quantized weights ({})", o.model, model->report.quantization);
-  // q4 on a float checkpoint: quantized in memory (cpu) or on the GPU at load (cuda), the same codes.
+  // q4 on a float checkpoint: quantized in memory (cpu) or on the GPU at load (cuda), the same
+  // codes.
   auto backend = open_backend(*model, o.device, o.weights);
   const int64_t V = model->config.vocab, T = int64_t(prompt.size());
   auto seq = backend->new_sequence(T + o.decode + 1);

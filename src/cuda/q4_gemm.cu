@@ -110,7 +110,8 @@ __global__ void __launch_bounds__(kQThreads, 1)
       for (int q = 0; q < 4; ++q) {
         const int row = (t0 + r) * kQTileRows + g + 8 * (q >> 1);
         const int tok = m0 + 8 * n + 2 * t + (q & 1);
-        if (row < N && tok < M) store_one<MODE>(C, size_t(tok) * size_t(N) + size_t(row), acc[r][n][q]);
+        if (row < N && tok < M)
+          store_one<MODE>(C, size_t(tok) * size_t(N) + size_t(row), acc[r][n][q]);
       }
 }
 

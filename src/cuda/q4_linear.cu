@@ -13,8 +13,8 @@
 // issues 3 SHF + 4 LOP3 (magic-number bf16 pairs, q4_tile.cuh) + 2 SEL (the B mask) and one
 // HMMA (each m16n8k16 consumes one word per lane): 9 ALU + 1 HMMA per 8 weights; at 7.6 T
 // weights/s that is 3.6 words per clock per SM, ~28% of its issue slots (the scale/bias
-// epilogue is per 64 weights). The f32 FMAs of a CUDA-core dot product (8 per word, plus conversions) would need
-// ~2x that; the tensor core also gives exact products and f32 sums.
+// epilogue is per 64 weights). The f32 FMAs of a CUDA-core dot product (8 per word, plus
+// conversions) would need ~2x that; the tensor core also gives exact products and f32 sums.
 //
 // Design. Block = 8 warps. Work unit = one 16-row tile x one slice of the 8-group sets of its
 // columns (a set = 8 groups = 512 columns: one q_set_dot: 8 x 16-byte code loads per lane, all in
@@ -73,9 +73,12 @@ __global__ void __launch_bounds__(kThreads)
     for (int s = 0; s < S; ++s) v += part[warp + s][lane];
     const int row = tile * kQTileRows + lane;
     if (row >= W.rows) return;
-    if (kMode == kOutF32) static_cast<float*>(y)[row] = v;
-    else if (kMode == kOutAddF32) static_cast<float*>(y)[row] += v;
-    else static_cast<bf16*>(y)[row] = __float2bfloat16_rn(v);
+    if (kMode == kOutF32)
+      static_cast<float*>(y)[row] = v;
+    else if (kMode == kOutAddF32)
+      static_cast<float*>(y)[row] += v;
+    else
+      static_cast<bf16*>(y)[row] = __float2bfloat16_rn(v);
   } else {
     if (tile >= tiles || (lane & 3) != 0) return;
 #pragma unroll
@@ -83,9 +86,12 @@ __global__ void __launch_bounds__(kThreads)
       const int row = tile * kQTileRows + (lane >> 2) + 8 * h;
       const float v = h ? r1 : r0;
       if (row >= W.rows) continue;
-      if (kMode == kOutF32) static_cast<float*>(y)[row] = v;
-      else if (kMode == kOutAddF32) static_cast<float*>(y)[row] += v;
-      else static_cast<bf16*>(y)[row] = __float2bfloat16_rn(v);
+      if (kMode == kOutF32)
+        static_cast<float*>(y)[row] = v;
+      else if (kMode == kOutAddF32)
+        static_cast<float*>(y)[row] += v;
+      else
+        static_cast<bf16*>(y)[row] = __float2bfloat16_rn(v);
     }
   }
 }

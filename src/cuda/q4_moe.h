@@ -22,8 +22,7 @@ namespace lilac::cuda {
 // j < k; act[k * I + i] the shared expert's, i < Is. One launch; the grid depends on k, I, Is.
 // Twin: cpu::moe_token_act (dequantised weights), then bf16 rounding.
 void q_moe_gate_up_gemv(const QMatrix& gate_up, const QMatrix& shared_gate_up, const int32_t* idx,
-                        int k, const bf16* x, int H, int I, int Is, bf16* act,
-                        cudaStream_t stream);
+                        int k, const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream);
 
 // h[c] += sum_{j<k} w[j] * (down_{idx[j]}[c] . act_j) + sigmoid(*shared_logit) *
 // (shared_down[c] . act_k), fixed order (j ascending, shared last). One launch of H / 16 blocks of
@@ -35,8 +34,8 @@ void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int3
 // Prefill, grouped by expert through moe_route's tables (moe_prefill.h). The weights are
 // dequantised to bf16 (w = RNE_bf16(s q + b), cpu::dequantize_row_bf16) and multiplied on tensor
 // cores with f32 accumulation. act [T*k, I] bf16, sorted rows.
-void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I,
-                           const MoeRouting& r, bf16* act, cudaStream_t stream);
+void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
+                           bf16* act, cudaStream_t stream);
 // y [T*k, H] f32, sorted rows = act . down_e^T.
 void q_moe_grouped_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
                         float* y, cudaStream_t stream);

@@ -137,8 +137,8 @@ void check_matrix(const char* what, const QMatrix& m, int rows, int cols) {
 
 void check_dims(const char* what, int k, int H, int I, int Is) {
   if (k < 1 || k > 31 || H < 64 || H % 64 || I < 64 || I % 64 || Is < 64 || Is % 64)
-    fail("cuda::{}: unsupported k={} H={} I={} Is={} (k <= 31; H, I, Is multiples of 64)", what,
-         k, H, I, Is);
+    fail("cuda::{}: unsupported k={} H={} I={} Is={} (k <= 31; H, I, Is multiples of 64)", what, k,
+         H, I, Is);
 }
 
 }  // namespace
@@ -161,11 +161,11 @@ void q_moe_gate_up_gemv(const QMatrix& gate_up, const QMatrix& shared_gate_up, c
   const int sps = (sets + S - 1) / S;
   const int grid = ceil_div(units, kWarps / S);
   if (gate_up.bits == 4)
-    q_moe_gate_up_kernel<4><<<grid, kThreads, 0, stream>>>(gate_up, shared_gate_up, idx, k, x, I,
-                                                           Is, act, S, sps);
+    q_moe_gate_up_kernel<4>
+        <<<grid, kThreads, 0, stream>>>(gate_up, shared_gate_up, idx, k, x, I, Is, act, S, sps);
   else
-    q_moe_gate_up_kernel<8><<<grid, kThreads, 0, stream>>>(gate_up, shared_gate_up, idx, k, x, I,
-                                                           Is, act, S, sps);
+    q_moe_gate_up_kernel<8>
+        <<<grid, kThreads, 0, stream>>>(gate_up, shared_gate_up, idx, k, x, I, Is, act, S, sps);
   LILAC_CUDA_LAUNCHED();
 }
 
@@ -182,11 +182,11 @@ void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int3
          shared_down.bits);
   const int grid = H / kQTileRows, threads = 32 * std::min(k + 1, kDownMaxWarps);
   if (down.bits == 4)
-    q_moe_down_kernel<4><<<grid, threads, 0, stream>>>(down, shared_down, idx, w, shared_logit,
-                                                       act, k, H, I, h);
+    q_moe_down_kernel<4>
+        <<<grid, threads, 0, stream>>>(down, shared_down, idx, w, shared_logit, act, k, H, I, h);
   else
-    q_moe_down_kernel<8><<<grid, threads, 0, stream>>>(down, shared_down, idx, w, shared_logit,
-                                                       act, k, H, I, h);
+    q_moe_down_kernel<8>
+        <<<grid, threads, 0, stream>>>(down, shared_down, idx, w, shared_logit, act, k, H, I, h);
   LILAC_CUDA_LAUNCHED();
 }
 

@@ -184,8 +184,8 @@ void launch_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const G
 }
 
 template <int BITS>
-void launch_down(const bf16* act, int I, const QMatrix& down, int H, const GroupArgs& g,
-                 int tiles, float* y, cudaStream_t stream) {
+void launch_down(const bf16* act, int I, const QMatrix& down, int H, const GroupArgs& g, int tiles,
+                 float* y, cudaStream_t stream) {
   auto kernel = q_moe_down_kernel<BITS>;
   static std::once_flag once;
   const int64_t blocks = int64_t(tiles) * ceil_div(H, kQRows);
@@ -214,8 +214,8 @@ GroupArgs group_args(const MoeRouting& r) {
 
 }  // namespace
 
-void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I,
-                           const MoeRouting& r, bf16* act, cudaStream_t stream) {
+void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
+                           bf16* act, cudaStream_t stream) {
   check_routing(r, "q_moe_grouped_gate_up");
   check("q_moe_grouped_gate_up", gate_up, 2 * I, H, H, I);
   if (!x || !act) fail("cuda::q_moe_grouped_gate_up: null pointer");
@@ -229,7 +229,8 @@ void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I,
 void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
                           bf16* act, cudaStream_t stream) {
   check("q_moe_shared_gate_up", shared_gate_up, 2 * Is, H, H, Is);
-  if (shared_gate_up.rows != 2 * Is) fail("cuda::q_moe_shared_gate_up: {} rows", shared_gate_up.rows);
+  if (shared_gate_up.rows != 2 * Is)
+    fail("cuda::q_moe_shared_gate_up: {} rows", shared_gate_up.rows);
   if (!x || !act || T < 1) fail("cuda::q_moe_shared_gate_up: bad arguments (T {})", T);
   const GroupArgs g{nullptr, nullptr, nullptr, nullptr, nullptr, T};
   const int tiles = ceil_div(T, kQTokens);

@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int k = 0; k < per_word; ++k) {
         const int e = j * per_word + k;
-        const float x = (e & 1) ? __uint_as_float(v[e >> 1] & 0xffff0000u)
-                                : __uint_as_float(v[e >> 1] << 16);
+        const float x =
+            (e & 1) ? __uint_as_float(v[e >> 1] & 0xffff0000u) : __uint_as_float(v[e >> 1] << 16);
         float q = rintf((x - bias) / scale);
         q = q > 0.f ? fminf(q, n_bins) : 0.f;  // MLX's clamp to [0, n_bins]; NaN -> 0
         word |= uint32_t(q) << (k * BITS);
@@ -145,20 +145,20 @@ void quantize_mlx(const bf16* w, int64_t rows, int cols, int bits, uint32_t* cod
                   uint16_t* scales, uint16_t* biases, cudaStream_t stream) {
   check_shape("quantize_mlx", rows, cols, bits);
   if (!w || !codes || !scales || !biases) fail("cuda::quantize_mlx: null pointer");
-  if (reinterpret_cast<uintptr_t>(w) % 16 != 0) fail("cuda::quantize_mlx: w must be 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(w) % 16 != 0)
+    fail("cuda::quantize_mlx: w must be 16-byte aligned");
   const int64_t n_groups = rows * (cols / kQGroup);
   if (bits == 4)
-    quantize_mlx_kernel<4><<<grid_for(n_groups, 256), 256, 0, stream>>>(w, n_groups, codes, scales,
-                                                                        biases);
+    quantize_mlx_kernel<4>
+        <<<grid_for(n_groups, 256), 256, 0, stream>>>(w, n_groups, codes, scales, biases);
   else
-    quantize_mlx_kernel<8><<<grid_for(n_groups, 256), 256, 0, stream>>>(w, n_groups, codes, scales,
-                                                                        biases);
+    quantize_mlx_kernel<8>
+        <<<grid_for(n_groups, 256), 256, 0, stream>>>(w, n_groups, codes, scales, biases);
   LILAC_CUDA_LAUNCHED();
 }
 
-void repack_mlx(const uint32_t* codes, const uint16_t* scales, const uint16_t* biases,
-                int64_t rows, int cols, int bits, uint32_t* tiled_codes, uint32_t* sb,
-                cudaStream_t stream) {
+void repack_mlx(const uint32_t* codes, const uint16_t* scales, const uint16_t* biases, int64_t rows,
+                int cols, int bits, uint32_t* tiled_codes, uint32_t* sb, cudaStream_t stream) {
   check_shape("repack_mlx", rows, cols, bits);
   if (!codes || !scales || !biases || !tiled_codes || !sb) fail("cuda::repack_mlx: null pointer");
   const int64_t n_words = int64_t(q_code_words(rows, cols, bits));

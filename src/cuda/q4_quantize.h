@@ -21,8 +21,7 @@ void quantize_mlx(const bf16* w, int64_t rows, int cols, int bits, uint32_t* cod
 
 // MLX format (as above) -> tiled layout: tiled_codes [q_code_words(rows, cols, bits)], sb
 // [q_sb_words(rows, cols)] (rows padded to 16 with zeros). The inputs and outputs must not overlap.
-void repack_mlx(const uint32_t* codes, const uint16_t* scales, const uint16_t* biases,
-                int64_t rows, int cols, int bits, uint32_t* tiled_codes, uint32_t* sb,
-                cudaStream_t stream);
+void repack_mlx(const uint32_t* codes, const uint16_t* scales, const uint16_t* biases, int64_t rows,
+                int cols, int bits, uint32_t* tiled_codes, uint32_t* sb, cudaStream_t stream);
 
 }  // namespace lilac::cuda

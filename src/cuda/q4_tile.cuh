@@ -30,8 +30,8 @@ namespace lilac::cuda::qtile {
 
 using tile::mma_bf16_16816;
 
-constexpr uint32_t kBf16x2One = 0x3F803F80u;     // (1.0, 1.0)
-constexpr uint32_t kBf16x2Neg128 = 0xC300C300u;  // (-128, -128)
+constexpr uint32_t kBf16x2One = 0x3F803F80u;      // (1.0, 1.0)
+constexpr uint32_t kBf16x2Neg128 = 0xC300C300u;   // (-128, -128)
 constexpr uint32_t kBf16x2Sixteen = 0x41804180u;  // (16, 16)
 constexpr uint32_t kBf16x2Neg2048 = 0xC500C500u;  // (-2048, -2048)
 
@@ -99,10 +99,10 @@ __device__ __forceinline__ void q_set_dot(const uint32_t* const (&codes)[NT],
 #pragma unroll
       for (int p = 0; p < P; ++p)
         // Addresses are clamped to a valid group so a speculated load cannot fault.
-        cw[nt][m][p] = m < ng ? ld_w16(codes[nt] + (size_t(grp0 + (m < ng ? m : 0)) * P + p) *
-                                                     kQBlockWords +
-                                       lane * 4)
-                              : make_uint4(0, 0, 0, 0);
+        cw[nt][m][p] =
+            m < ng ? ld_w16(codes[nt] + (size_t(grp0 + (m < ng ? m : 0)) * P + p) * kQBlockWords +
+                            lane * 4)
+                   : make_uint4(0, 0, 0, 0);
   uint2 sbv[NT][2];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -284,8 +284,7 @@ __device__ __forceinline__ void q_gemm_mainloop(float (&acc)[2][16][4],
   int read_stage = 0, write_stage = S - 1;
   for (int kt = 0; kt < KT; ++kt) {
     if (kt + S - 1 < KT)
-      tile::load_operand<XCfg>(xrows, sX + uint32_t(write_stage * kQStageElems * 2), kt + S - 1,
-                               K);
+      tile::load_operand<XCfg>(xrows, sX + uint32_t(write_stage * kQStageElems * 2), kt + S - 1, K);
     tile::cp_async_commit();
 
     if (warp_active) {
@@ -298,8 +297,8 @@ __device__ __forceinline__ void q_gemm_mainloop(float (&acc)[2][16][4],
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
           uint32_t bfr[4];
-          tile::ldmatrix_x4(bfr,
-                            b_base + uint32_t(jj * 16 * 128) + uint32_t(((2 * kb + b_hi) ^ sw) << 4));
+          tile::ldmatrix_x4(
+              bfr, b_base + uint32_t(jj * 16 * 128) + uint32_t(((2 * kb + b_hi) ^ sw) << 4));
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             mma_bf16_16816(acc[r][2 * jj], a[r], bfr[0], bfr[1]);

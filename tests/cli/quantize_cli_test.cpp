@@ -77,8 +77,9 @@ TEST(CliQuantize, QuantizesInspectsAndRuns) {
   // The CUDA backend runs MLX 4-bit checkpoints (tests/cuda/q4_backend_test.cpp); without a GPU
   // (CI) or without nvcc at build time it says why it cannot.
   auto cuda = run_lilac("logits --model " + out + " --prompt-ids 1,2 --device cuda");
-  if (cuda.status != 0)
+  if (cuda.status != 0) {
     EXPECT_THAT(cuda.output, AnyOf(HasSubstr("no CUDA device"), HasSubstr("no CUDA backend")));
+  }
 }
 
 TEST(CliQuantize, Refusals) {

@@ -68,8 +68,10 @@ TEST(DequantBf16, RowMatchesTheExactValueRoundedOnce) {
     std::vector<float> f32(static_cast<size_t>(n));
     cpu::dequantize_row(codes.data(), s.data(), b.data(), bits, 64, n, f32.data());
     for (int k = 0; k < n; ++k) {
-      const uint32_t q = (codes[size_t(k) * bits / 32] >> (bits * (k % (32 / bits)))) & ((1u << bits) - 1);
-      const double exact = double(bf16_to_f32(s[size_t(k / 64)])) * q + bf16_to_f32(b[size_t(k / 64)]);
+      const uint32_t q =
+          (codes[size_t(k) * bits / 32] >> (bits * (k % (32 / bits)))) & ((1u << bits) - 1);
+      const double exact =
+          double(bf16_to_f32(s[size_t(k / 64)])) * q + bf16_to_f32(b[size_t(k / 64)]);
       ASSERT_EQ(got[size_t(k)], nearest_bf16(exact)) << bits << "-bit element " << k;
       // Within half a bf16 step of the f32 dequantisation (the two differ by one rounding).
       ASSERT_LE(std::fabs(bf16_to_f32(got[size_t(k)]) - f32[size_t(k)]),

@@ -41,39 +41,69 @@ std::pair<double, double> rel_and_max(const std::vector<float>& a, const std::ve
   return {std::sqrt(num / std::max(den, 1e-30)), mx};
 }
 
-int32_t argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
+int32_t argmax(const float* x, int64_t n) {
+  return int32_t(std::max_element(x, x + n) - x);
+}
 
-// Prefill logits of the fixture's prompt (all positions) and 16 greedy decode steps' logits.
+// Prefill logits of the fixture's prompt (all positions) and 16 greedy decode steps' logits;
+// with `forced`, the decode feeds those ids instead of its own argmax (teacher forcing).
 struct LogitsRun {
   std::vector<float> prefill;
   std::vector<std::vector<float>> steps;
-  std::vector<int32_t> ids;
+  std::vector<int32_t> ids;  // the greedy ids (argmax of the previous logits)
 };
 
-LogitsRun run(Backend& b, const std::vector<int32_t>& prompt, int64_t V) {
+LogitsRun run(Backend& b, const std::vector<int32_t>& prompt, int64_t V,
+              const std::vector<int32_t>* forced = nullptr) {
   LogitsRun r;
   auto seq = b.new_sequence(64);
   r.prefill.resize(prompt.size() * size_t(V));
   b.forward(*seq, prompt, r.prefill, true);
   int32_t next = argmax(&r.prefill[(prompt.size() - 1) * size_t(V)], V);
-  for (int j = 0; j < 16; ++j) {
+  for (size_t j = 0; j < 16; ++j) {
     r.ids.push_back(next);
+    int32_t feed = forced ? (*forced)[j] : next;
     std::vector<float> step(static_cast<size_t>(V));
-    b.forward(*seq, std::span(&next, 1), step, false);
+    b.forward(*seq, std::span(&feed, 1), step, false);
     next = argmax(step.data(), V);
     r.steps.push_back(std::move(step));
   }
   return r;
 }
 
-void expect_close(const LogitsRun& gpu, const LogitsRun& cpu, const std::string& what) {
+// The GPU runs greedily; the CPU is fed the GPU's ids, so every step compares the same sequence.
+// Each greedy id must be the CPU's too, unless the CPU's own top two are closer than the two
+// backends' logits differ at that step (a genuine near-tie; reported).
+void expect_close(Backend& gpu, Backend& cpu, const std::vector<int32_t>& prompt, int64_t V,
+                  const std::string& what) {
+  const LogitsRun g = run(gpu, prompt, V);
+  const LogitsRun c = run(cpu, prompt, V, &g.ids);
   // bf16 activations on both sides; the GPU prefill multiplies bf16-rounded dequantised weights
-  // (2^-9 relative), its decode the exact f32 ones: ~5e-2 absolute on logits of scale ~4.
-  EXPECT_TRUE(all_close(gpu.prefill, cpu.prefill, 5e-2, 0, what + " prefill logits"));
-  for (size_t j = 0; j < cpu.ids.size(); ++j) {
-    ASSERT_EQ(gpu.ids[j], cpu.ids[j]) << what << ": greedy id differs at decode step " << j;
-    EXPECT_TRUE(all_close(gpu.steps[j], cpu.steps[j], 5e-2, 0, what + " decode step " + std::to_string(j)));
+  // (2^-9 relative), its decode the exact f32 ones: well within 5e-2 on logits of scale ~4.
+  EXPECT_TRUE(all_close(g.prefill, c.prefill, 5e-2, 0, what + " prefill logits"));
+  int same = 0;
+  for (size_t j = 0; j < g.ids.size(); ++j) {
+    const std::vector<float>& prev =
+        j == 0 ? std::vector<float>(c.prefill.end() - V, c.prefill.end()) : c.steps[j - 1];
+    const std::vector<float>& gprev =
+        j == 0 ? std::vector<float>(g.prefill.end() - V, g.prefill.end()) : g.steps[j - 1];
+    double diff = 0;
+    for (int64_t v = 0; v < V; ++v)
+      diff = std::max(diff, std::fabs(double(prev[size_t(v)]) - gprev[size_t(v)]));
+    const int32_t cpu_id = argmax(prev.data(), V);
+    if (cpu_id == g.ids[j]) {
+      ++same;
+    } else {
+      const double margin = double(prev[size_t(cpu_id)]) - prev[size_t(g.ids[j])];
+      std::printf("  %s step %zu: gpu id %d, cpu id %d, cpu margin %.3g, logit difference %.3g\n",
+                  what.c_str(), j, g.ids[j], cpu_id, margin, diff);
+      EXPECT_LE(margin, 2 * diff) << what << ": greedy id differs at decode step " << j
+                                  << " without a near-tie";
+    }
+    EXPECT_TRUE(
+        all_close(g.steps[j], c.steps[j], 5e-2, 0, what + " decode step " + std::to_string(j)));
   }
+  std::printf("  %s: %d of %zu greedy ids identical\n", what.c_str(), same, g.ids.size());
 }
 
 TEST(Q4Backend, TinyAQuantizedAtLoadMatchesTheCpu) {
@@ -95,14 +125,13 @@ TEST(Q4Backend, TinyAQuantizedAtLoadMatchesTheCpu) {
   cpu::CpuBackend cpu_backend(cpu_model->config, cpu_model->weights);
   cpu_backend.set_bf16_activations(true);
 
-  const int64_t V = gpu_model->config.vocab;
-  const LogitsRun g = run(*gpu, prompt, V), c = run(cpu_backend, prompt, V);
-  expect_close(g, c, "tiny-a q4 (quantized at load)");
+  expect_close(*gpu, cpu_backend, prompt, gpu_model->config.vocab, "tiny-a q4 (quantized at load)");
 }
 
 TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
   LILAC_REQUIRE_GPU();
-  const auto dir = std::filesystem::temp_directory_path() / ("lilac-q4-test-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("lilac-q4-test-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   QuantizeOptions qo;
   qo.input = data_path("tiny-a");
@@ -118,8 +147,8 @@ TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
   cpu::CpuBackend cpu_backend(model->config, model->weights);
   cpu_backend.set_bf16_activations(true);
   const int64_t V = model->config.vocab;
-  const LogitsRun g = run(*gpu, prompt, V), c = run(cpu_backend, prompt, V);
-  expect_close(g, c, "tiny-a MLX 4-bit checkpoint");
+  expect_close(*gpu, cpu_backend, prompt, V, "tiny-a MLX 4-bit checkpoint");
+  const LogitsRun g = run(*gpu, prompt, V);
 
   // The same device weights as quantizing the BF16 checkpoint on the GPU: identical logits.
   auto bf = load_model(data_path("tiny-a"));
@@ -127,7 +156,9 @@ TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
   auto gpu2 = cuda::make_cuda_backend(*bf, /*quantize=*/true);
   const LogitsRun g2 = run(*gpu2, prompt, V);
   const auto [rel, mx] = rel_and_max(g2.prefill, g.prefill);
-  EXPECT_EQ(mx, 0.0) << "GPU logits of the MLX checkpoint and of load-time quantization differ (rel " << rel << ")";
+  EXPECT_EQ(mx, 0.0)
+      << "GPU logits of the MLX checkpoint and of load-time quantization differ (rel " << rel
+      << ")";
   EXPECT_EQ(g2.ids, g.ids);
   std::filesystem::remove_all(dir);
 }
@@ -145,8 +176,8 @@ TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   EXPECT_EQ(host->weights.layers[0].moe.router.bits, 8);
   cpu::CpuBackend cpu_backend(host->config, host->weights);
   cpu_backend.set_bf16_activations(true);
-  cuda::CudaBackend gpu_backend(
-      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed, /*q4=*/true)));
+  cuda::CudaBackend gpu_backend(std::shared_ptr<cuda::DeviceModel>(
+      cuda::synthetic_device_model(host->config, seed, /*q4=*/true)));
   std::vector<int32_t> prompt = {17, 248044, 9, 100000, 3, 77777, 12345, 5};
   const int64_t T = int64_t(prompt.size()), H = cfg.hidden;
   std::map<std::string, std::vector<float>> cpu_trace, gpu_trace;
@@ -179,12 +210,14 @@ TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
         int differ = 0;
         for (size_t t = 0; t < g.size() / k; ++t) {
           std::vector<float> a(g.begin() + ptrdiff_t(t * k), g.begin() + ptrdiff_t((t + 1) * k));
-          std::vector<float> b(it->second.begin() + ptrdiff_t(t * k), it->second.begin() + ptrdiff_t((t + 1) * k));
+          std::vector<float> b(it->second.begin() + ptrdiff_t(t * k),
+                               it->second.begin() + ptrdiff_t((t + 1) * k));
           std::sort(a.begin(), a.end());
           std::sort(b.begin(), b.end());
           differ += a != b;
         }
-        std::printf("  %-28s %d of %zu tokens route differently\n", name.c_str(), differ, g.size() / k);
+        std::printf("  %-28s %d of %zu tokens route differently\n", name.c_str(), differ,
+                    g.size() / k);
         EXPECT_EQ(differ, 0) << name;
         continue;
       }
@@ -197,8 +230,8 @@ TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
     // CPU the f32 ones: a little more than the BF16 test's 5e-3.
     EXPECT_LT(rel, 1e-2) << "layer " << i << " (max abs " << mx << ")";
   }
-  cpu_backend.forward_head(&gpu_trace.at("hidden." + std::to_string(layers))[size_t((T - 1) * H)], 1,
-                           cpu_logits.data());
+  cpu_backend.forward_head(&gpu_trace.at("hidden." + std::to_string(layers))[size_t((T - 1) * H)],
+                           1, cpu_logits.data());
   auto [rel, mx] = rel_and_max(gpu_logits, cpu_logits);
   std::printf("  logits                       rel %.2e  max abs %.3e\n", rel, mx);
   EXPECT_LT(rel, 1e-2) << "logits (max abs " << mx << ")";
@@ -212,7 +245,8 @@ TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   gpu_backend.forward(*gs9, nine, gpu9, false);
   auto [rel3, mx3] = rel_and_max(gpu_logits, gpu9);
   std::printf("  gpu decode vs gpu prefill      rel %.2e  max abs %.3e\n", rel3, mx3);
-  EXPECT_LT(rel3, 2e-2) << "GPU decode step vs GPU prefill of the same tokens (max abs " << mx3 << ")";
+  EXPECT_LT(rel3, 2e-2) << "GPU decode step vs GPU prefill of the same tokens (max abs " << mx3
+                        << ")";
 }
 
 // The q4 synthetic model is deterministic under greedy decoding (graphs, fixed summation orders).
@@ -221,13 +255,15 @@ TEST(Q4Backend, SyntheticGreedyDecodeIsDeterministic) {
   ModelConfig cfg = qwen36_35b_a3b_config();
   cfg.layers = 8;
   cfg.layer_types.resize(8);
-  cuda::CudaBackend backend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3, true)));
+  cuda::CudaBackend backend(
+      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3, true)));
   auto once = [&] {
     auto seq = backend.new_sequence(512);
     SamplingParams greedy;
     greedy.temperature = 0;
     std::vector<int32_t> prompt(300);
-    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 2654435761u) % kQwen36RealTokens);
+    for (size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = int32_t((i * 2654435761u) % kQwen36RealTokens);
     backend.begin_sampling(*seq, prompt, greedy);
     std::vector<int32_t> out;
     StepResult r = backend.step(*seq, prompt, 0);

@@ -48,8 +48,10 @@ void check_case(const Case& c, uint64_t seed) {
   const bool bf = c.mode == cuda::GemmOut::StoreBF16;
   cuda::DeviceBuffer<float> cf(bf ? 0 : n + guard);
   cuda::DeviceBuffer<cuda::bf16> cb(bf ? n + guard : 0);
-  if (bf) poison(cb);
-  else poison(cf);
+  if (bf)
+    poison(cb);
+  else
+    poison(cf);
   if (!c0.empty()) LILAC_CUDA_CHECK(cudaMemcpy(cf.get(), c0.data(), n * 4, cudaMemcpyHostToDevice));
   cuda::q_gemm(da.get(), c.M, W.q(), bf ? static_cast<void*>(cb.get()) : cf.get(), c.mode, nullptr);
   std::vector<float> got(n + guard);
@@ -79,8 +81,8 @@ void check_case(const Case& c, uint64_t seed) {
   // ||w|| ||a||.
   EXPECT_TRUE(check_elements(
       n, [&](size_t i) { return got[i]; }, [&](size_t i) { return base(i) + double(want32[i]); },
-      [&](size_t i) { return tol(i, std::ldexp(wn[i % size_t(c.N)] * an[i / size_t(c.N)], -9)); }, where,
-      what + " vs the f32 twin"));
+      [&](size_t i) { return tol(i, std::ldexp(wn[i % size_t(c.N)] * an[i / size_t(c.N)], -9)); },
+      where, what + " vs the f32 twin"));
 }
 
 TEST(Q4Gemm, ModelShapes) {
@@ -113,7 +115,7 @@ TEST(Q4Gemm, BadArgumentsThrow) {
   auto* c = reinterpret_cast<float*>(uintptr_t(256));
   EXPECT_THROW(cuda::q_gemm(a, 4, q, c, cuda::GemmOut::StoreF32, nullptr), Error);  // K % 64
   q.cols = 128;
-  EXPECT_THROW(cuda::q_gemm(a, 0, q, c, cuda::GemmOut::StoreF32, nullptr), Error);  // M
+  EXPECT_THROW(cuda::q_gemm(a, 0, q, c, cuda::GemmOut::StoreF32, nullptr), Error);      // M
   EXPECT_THROW(cuda::q_gemm(a + 1, 4, q, c, cuda::GemmOut::StoreF32, nullptr), Error);  // align
 }
 

@@ -20,7 +20,8 @@ struct Shape {
 };
 
 void check_shape(Shape s, uint64_t seed) {
-  SCOPED_TRACE(testing::Message() << "W [" << s.rows << ", " << s.cols << "] at " << s.bits << " bits");
+  SCOPED_TRACE(testing::Message() << "W [" << s.rows << ", " << s.cols << "] at " << s.bits
+                                  << " bits");
   HostQ W(s.rows, s.cols, s.bits, std::sqrt(3.f / float(s.cols)), seed);
   std::vector<float> x = random_floats(size_t(s.cols), 1.f, uint32_t(seed + 1));
   const std::vector<uint16_t> xb = to_bf16_rounding(x);
@@ -40,7 +41,8 @@ void check_shape(Shape s, uint64_t seed) {
     cuda::q_gemv(W.q(), dx.get(), y.get(), cuda::GemvOut::Store, nullptr);
     std::vector<float> again = download(y);
     again.resize(size_t(s.rows));
-    EXPECT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * 4)) << "q_gemv is not deterministic";
+    EXPECT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * 4))
+        << "q_gemv is not deterministic";
   }
   {  // Accumulate into a residual
     std::vector<float> y0 = random_floats(size_t(s.rows), 3.f, uint32_t(seed + 2));
@@ -81,7 +83,8 @@ TEST(Q4Gemv, ModelShapes) {
   LILAC_REQUIRE_GPU();
   uint64_t seed = 100;
   // GDN in_proj, attention qkv, out_proj / o_proj, router + shared gate (8-bit).
-  for (Shape s : {Shape{12352, 2048, 4}, Shape{9216, 2048, 4}, Shape{2048, 4096, 4}, Shape{257, 2048, 8}})
+  for (Shape s :
+       {Shape{12352, 2048, 4}, Shape{9216, 2048, 4}, Shape{2048, 4096, 4}, Shape{257, 2048, 8}})
     check_shape(s, seed++);
 }
 
@@ -94,13 +97,15 @@ TEST(Q4Gemv, AwkwardShapes) {
   LILAC_REQUIRE_GPU();
   uint64_t seed = 200;
   for (int bits : {4, 8})
-    for (Shape s : {Shape{1, 64, bits}, Shape{17, 128, bits}, Shape{33, 576, bits}, Shape{100, 4160, bits},
-                    Shape{392, 128, bits}, Shape{5, 16384, bits}, Shape{2048, 512, bits}})
+    for (Shape s :
+         {Shape{1, 64, bits}, Shape{17, 128, bits}, Shape{33, 576, bits}, Shape{100, 4160, bits},
+          Shape{392, 128, bits}, Shape{5, 16384, bits}, Shape{2048, 512, bits}})
       check_shape(s, seed++);
 }
 
-// The tolerance is meaningful: one code one step off (at the largest |x_k|, the row moves by |s x_k|)
-// exceeds twice the bound in most rows, so a single wrong nibble would fail q_gemv's comparison.
+// The tolerance is meaningful: one code one step off (at the largest |x_k|, the row moves by |s
+// x_k|) exceeds twice the bound in most rows, so a single wrong nibble would fail q_gemv's
+// comparison.
 TEST(Q4Gemv, ToleranceSeesOneWrongCode) {
   LILAC_REQUIRE_GPU();
   HostQ W(64, 2048, 4, std::sqrt(3.f / 2048.f), 9);
@@ -132,8 +137,8 @@ TEST(Q4Embed, ExactRows) {
     for (size_t t = 0; t < ids.size(); ++t) {
       const std::vector<float> want = table.row_f32(ids[t]);
       for (size_t k = 0; k < 2048; ++k)
-        ASSERT_EQ(got[t * 2048 + k], want[k]) << bits << "-bit token " << t << " (row " << ids[t]
-                                              << ") element " << k;
+        ASSERT_EQ(got[t * 2048 + k], want[k])
+            << bits << "-bit token " << t << " (row " << ids[t] << ") element " << k;
     }
   }
 }

@@ -93,7 +93,8 @@ void check_decode(Shape s, uint64_t seed) {
     for (int i = 0; i < n; ++i) {
       const size_t at = size_t(j) * size_t(s.I) + size_t(i);
       const double gi = g[size_t(i)], ui = u[size_t(i)];
-      tol[at] = 1.1 * (std::fabs(ui) * tg[size_t(i)] + std::fabs(gi / (1 + std::exp(-gi))) * tu[size_t(i)]) +
+      tol[at] = 1.1 * (std::fabs(ui) * tg[size_t(i)] +
+                       std::fabs(gi / (1 + std::exp(-gi))) * tu[size_t(i)]) +
                 (1.0 / 256 + 1e-6) * std::fabs(act_cpu[at]) + 1e-30;
     }
   }
@@ -102,7 +103,8 @@ void check_decode(Shape s, uint64_t seed) {
   // down, from the GPU's act
   std::vector<float> h0 = random_floats(size_t(s.H), 2.f, uint32_t(seed + 5));
   std::vector<float> out(static_cast<size_t>(s.H));
-  cpu::moe_token_down(m.w, act_gpu.data(), idx.data(), wt.data(), k, shared_logit, out.data(), pool);
+  cpu::moe_token_down(m.w, act_gpu.data(), idx.data(), wt.data(), k, shared_logit, out.data(),
+                      pool);
   std::vector<float> want(static_cast<size_t>(s.H));
   std::vector<double> td(static_cast<size_t>(s.H), 0.0);
   for (int j = 0; j <= k; ++j) {
@@ -122,8 +124,8 @@ void check_decode(Shape s, uint64_t seed) {
   h_init.resize(size_t(s.H) + guard, 0.f);
   auto dh = upload(h_init);
   LILAC_CUDA_CHECK(cudaMemset(dh.get() + s.H, 0xff, guard * sizeof(float)));
-  cuda::q_moe_down_gemv(m.dn.q(), m.sdn.q(), didx.get(), dwt.get(), dlogit.get(), dact.get(), k, s.H,
-                        s.I, s.Is, dh.get(), nullptr);
+  cuda::q_moe_down_gemv(m.dn.q(), m.sdn.q(), didx.get(), dwt.get(), dlogit.get(), dact.get(), k,
+                        s.H, s.I, s.Is, dh.get(), nullptr);
   std::vector<float> got = download(dh);
   EXPECT_TRUE(guard_untouched(got, size_t(s.H), "q_moe_down_gemv"));
   got.resize(size_t(s.H));
@@ -158,8 +160,8 @@ double norm_bf16(const uint16_t* w, int n) {
 }
 
 void check_prefill(Shape s, int T, uint64_t seed) {
-  const std::string what = "T " + std::to_string(T) + " E " + std::to_string(s.E) + " bits " +
-                           std::to_string(s.bits);
+  const std::string what =
+      "T " + std::to_string(T) + " E " + std::to_string(s.E) + " bits " + std::to_string(s.bits);
   SCOPED_TRACE(what);
   QMoe m(s, seed);
   const int k = s.k, P = T * k;
@@ -173,8 +175,10 @@ void check_prefill(Shape s, int T, uint64_t seed) {
   cuda::moe_route(dlog.get(), s.E + 1, T, s.E, k, r, nullptr);
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<int32_t> sorted_token(static_cast<size_t>(P)), offsets(size_t(s.E) + 1);
-  LILAC_CUDA_CHECK(cudaMemcpy(sorted_token.data(), r.sorted_token, size_t(P) * 4, cudaMemcpyDeviceToHost));
-  LILAC_CUDA_CHECK(cudaMemcpy(offsets.data(), r.expert_offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
+  LILAC_CUDA_CHECK(
+      cudaMemcpy(sorted_token.data(), r.sorted_token, size_t(P) * 4, cudaMemcpyDeviceToHost));
+  LILAC_CUDA_CHECK(
+      cudaMemcpy(offsets.data(), r.expert_offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
   std::vector<int32_t> expert_of(static_cast<size_t>(P));
   for (int e = 0; e < s.E; ++e)
     for (int i = offsets[size_t(e)]; i < offsets[size_t(e) + 1]; ++i) expert_of[size_t(i)] = e;
@@ -217,7 +221,9 @@ void check_prefill(Shape s, int T, uint64_t seed) {
     EXPECT_TRUE(check_elements(
         size_t(rows) * I, [&](size_t i) { return got[i]; }, [&](size_t i) { return want[i]; },
         [&](size_t i) { return tol[i]; },
-        [&](size_t i) { return "row " + std::to_string(i / size_t(I)) + ", col " + std::to_string(i % size_t(I)); },
+        [&](size_t i) {
+          return "row " + std::to_string(i / size_t(I)) + ", col " + std::to_string(i % size_t(I));
+        },
         what + (shared ? " shared gate_up" : " grouped gate_up")));
     if (shared) continue;
 
@@ -243,7 +249,10 @@ void check_prefill(Shape s, int T, uint64_t seed) {
     EXPECT_TRUE(check_elements(
         size_t(P) * s.H, [&](size_t i) { return yg[i]; }, [&](size_t i) { return yw[i]; },
         [&](size_t i) { return yt[i]; },
-        [&](size_t i) { return "sorted row " + std::to_string(i / size_t(s.H)) + ", col " + std::to_string(i % size_t(s.H)); },
+        [&](size_t i) {
+          return "sorted row " + std::to_string(i / size_t(s.H)) + ", col " +
+                 std::to_string(i % size_t(s.H));
+        },
         what + " grouped down"));
   }
 }
@@ -251,7 +260,8 @@ void check_prefill(Shape s, int T, uint64_t seed) {
 TEST(Q4MoePrefill, TinyShapes) {
   LILAC_REQUIRE_GPU();
   for (int bits : {4, 8})
-    for (int T : {1, 37, 300}) check_prefill(Shape{128, 16, 4, 64, 64, bits}, T, 40 + uint64_t(T) + bits);
+    for (int T : {1, 37, 300})
+      check_prefill(Shape{128, 16, 4, 64, 64, bits}, T, 40 + uint64_t(T) + bits);
 }
 
 TEST(Q4MoePrefill, RealShape) {
@@ -267,8 +277,10 @@ TEST(Q4Moe, BadArgumentsThrow) {
   auto* a = reinterpret_cast<cuda::bf16*>(uintptr_t(256));
   cuda::QMatrix shared = q;
   shared.bits = 8;
-  EXPECT_THROW(cuda::q_moe_gate_up_gemv(q, shared, i, 8, x, 2048, 512, 512, a, nullptr), Error);  // bits differ
-  EXPECT_THROW(cuda::q_moe_gate_up_gemv(q, q, i, 8, x, 2048, 500, 512, a, nullptr), Error);  // I % 64
+  EXPECT_THROW(cuda::q_moe_gate_up_gemv(q, shared, i, 8, x, 2048, 512, 512, a, nullptr),
+               Error);  // bits differ
+  EXPECT_THROW(cuda::q_moe_gate_up_gemv(q, q, i, 8, x, 2048, 500, 512, a, nullptr),
+               Error);  // I % 64
   EXPECT_THROW(cuda::q_moe_gate_up_gemv(q, q, i, 40, x, 2048, 512, 512, a, nullptr), Error);  // k
 }
 

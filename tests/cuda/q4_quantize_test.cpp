@@ -44,7 +44,8 @@ std::vector<uint16_t> quantizer_inputs(int rows, int cols, uint32_t seed) {
           if (j % 64 > 1) row[j] = std::fmin(std::fmax(row[j], -1.9f), 1.9f);
         break;
       case 4:  // 0 and 15 with half-step values: rint ties (half to even)
-        for (int j = 0; j < cols; ++j) row[j] = j % 64 == 0 ? 0.f : j % 64 == 1 ? 15.f : float(j % 15) + 0.5f;
+        for (int j = 0; j < cols; ++j)
+          row[j] = j % 64 == 0 ? 0.f : j % 64 == 1 ? 15.f : float(j % 15) + 0.5f;
         break;
       case 5:  // bf16 subnormals
         for (int j = 0; j < cols; ++j) row[j] = float(j % 7 - 3) * 1e-39f;
@@ -77,8 +78,8 @@ void check_quantizer(int rows, int cols, int bits, uint32_t seed) {
   std::vector<float> row(static_cast<size_t>(cols));
   for (int r = 0; r < rows; ++r) {
     for (int j = 0; j < cols; ++j) row[size_t(j)] = bf16_to_f32(wb[size_t(r) * cols + j]);
-    mlx_quantize_row(row.data(), cols, bits, 64, &want_codes[size_t(r) * wpr], &want_s[size_t(r) * G],
-                     &want_b[size_t(r) * G]);
+    mlx_quantize_row(row.data(), cols, bits, 64, &want_codes[size_t(r) * wpr],
+                     &want_s[size_t(r) * G], &want_b[size_t(r) * G]);
   }
   auto dw = upload_bf16(wb);
   cuda::DeviceBuffer<uint32_t> codes(want_codes.size());
@@ -91,8 +92,9 @@ void check_quantizer(int rows, int cols, int bits, uint32_t seed) {
   const auto got_s = download(s), got_b = download(b);
   for (size_t i = 0; i < want_codes.size(); ++i)
     ASSERT_EQ(got_codes[i], want_codes[i])
-        << "codes: row " << i / wpr << " word " << i % wpr << " (group " << (i % wpr) * (32 / bits) / 64
-        << "): gpu 0x" << std::hex << got_codes[i] << " vs cpu 0x" << want_codes[i];
+        << "codes: row " << i / wpr << " word " << i % wpr << " (group "
+        << (i % wpr) * (32 / bits) / 64 << "): gpu 0x" << std::hex << got_codes[i] << " vs cpu 0x"
+        << want_codes[i];
   for (size_t i = 0; i < want_s.size(); ++i) {
     ASSERT_EQ(got_s[i], want_s[i]) << "scale of row " << i / G << " group " << i % G << ": gpu "
                                    << bf16_to_f32(got_s[i]) << " vs cpu " << bf16_to_f32(want_s[i]);
@@ -128,8 +130,9 @@ void check_repack(int rows, int cols, int bits, uint64_t seed) {
   std::vector<uint32_t> want_sb(cuda::q_sb_words(rows, cols), 0u);
   for (int r = 0; r < rows; ++r)
     for (int k = 0; k < cols; ++k) {
-      const uint32_t q = (codes[size_t(r) * wpr + size_t(k * bits / 32)] >> (bits * (k % (32 / bits)))) &
-                         ((1u << bits) - 1);
+      const uint32_t q =
+          (codes[size_t(r) * wpr + size_t(k * bits / 32)] >> (bits * (k % (32 / bits)))) &
+          ((1u << bits) - 1);
       for (int p = 0; p < P; ++p) {
         size_t w;
         int shift;
@@ -153,8 +156,8 @@ void check_repack(int rows, int cols, int bits, uint64_t seed) {
                                << (i % 128) / 4 << ", word " << i % 4 << "): gpu 0x" << std::hex
                                << got[i] << " vs 0x" << want[i];
   for (size_t i = 0; i < want_sb.size(); ++i)
-    ASSERT_EQ(got_sb[i], want_sb[i]) << "sb word " << i << " (block " << i / 16 << ", slot " << i % 16
-                                     << ")";
+    ASSERT_EQ(got_sb[i], want_sb[i])
+        << "sb word " << i << " (block " << i / 16 << ", slot " << i % 16 << ")";
 }
 
 TEST(Q4Quantize, RepackPutsEveryCodeWhereTheLayoutSays) {
@@ -171,8 +174,8 @@ TEST(Q4Quantize, BadArgumentsThrow) {
   auto* w = reinterpret_cast<const cuda::bf16*>(uintptr_t(256));
   auto* c = reinterpret_cast<uint32_t*>(uintptr_t(256));
   auto* h = reinterpret_cast<uint16_t*>(uintptr_t(256));
-  EXPECT_THROW(cuda::quantize_mlx(w, 4, 100, 4, c, h, h, nullptr), Error);  // cols % 64
-  EXPECT_THROW(cuda::quantize_mlx(w, 4, 128, 3, c, h, h, nullptr), Error);  // bits
+  EXPECT_THROW(cuda::quantize_mlx(w, 4, 100, 4, c, h, h, nullptr), Error);   // cols % 64
+  EXPECT_THROW(cuda::quantize_mlx(w, 4, 128, 3, c, h, h, nullptr), Error);   // bits
   EXPECT_THROW(cuda::repack_mlx(c, h, h, 0, 128, 4, c, c, nullptr), Error);  // rows
 }
 

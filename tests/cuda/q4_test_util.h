@@ -42,8 +42,8 @@ struct HostQ {
       for (size_t i = b0; i < e0; ++i) {
         for (int64_t j = 0; j < cols; ++j)
           row[size_t(j)] = round_to_bf16(hash_uniform(seed, i * size_t(cols) + size_t(j), a));
-        mlx_quantize_row(row.data(), cols, bits, 64, &codes[i * size_t(wpr)], &scales[i * size_t(G)],
-                         &biases[i * size_t(G)]);
+        mlx_quantize_row(row.data(), cols, bits, 64, &codes[i * size_t(wpr)],
+                         &scales[i * size_t(G)], &biases[i * size_t(G)]);
       }
     });
     upload_tiled();
