@@ -20,12 +20,14 @@
 
 #include "../test_data.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/linear.h"
 #include "cuda/cuda_backend.h"
 #include "cuda_test_util.h"
 #include "io/checkpoint.h"
 #include "io/quantize.h"
 #include "io/safetensors.h"
 #include "model/qwen36.h"
+#include "util/thread_pool.h"
 
 namespace lilac::test {
 namespace {
@@ -163,9 +165,43 @@ TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
   std::filesystem::remove_all(dir);
 }
 
+// Replaces every quantized matrix of `w` by the weights the GPU prefill kernels multiply:
+// bf16 RNE(s q + b) (cpu::dequantize_row_bf16), stored in `storage`.
+void to_prefill_weights(ModelWeights& w, std::vector<std::vector<uint16_t>>& storage) {
+  auto conv = [&](Matrix& m) {
+    if (!m.quantized()) return;
+    auto& v = storage.emplace_back(size_t(m.rows * m.cols));
+    ThreadPool::global().parallel_for(size_t(m.rows), [&](size_t b, size_t e) {
+      for (size_t r = b; r < e; ++r)
+        cpu::dequantize_row_bf16(m.row(int64_t(r)), m.row_scales(int64_t(r)),
+                                 m.row_biases(int64_t(r)), m.bits, m.group_size, m.cols,
+                                 &v[r * size_t(m.cols)]);
+    });
+    m = Matrix{v.data(), DType::BF16, m.rows, m.cols, m.name};
+  };
+  conv(w.embed);
+  conv(w.lm_head);
+  for (auto& L : w.layers) {
+    for (Matrix* m :
+         {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.gdn.in_proj_qkv,
+          &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a, &L.gdn.out_proj, &L.moe.router,
+          &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down, &L.moe.shared_expert_gate})
+      conv(*m);
+    for (auto& e : L.moe.experts) {
+      conv(e.gate);
+      conv(e.up);
+      conv(e.down);
+    }
+  }
+}
+
 // As CudaBackend.SyntheticFullSizeFirstLayersMatchTheCpu (cuda_backend_test.cpp), on the q4
 // synthetic model: the device quantizes the synthetic bf16 values with cuda::quantize_mlx, the host
 // copy with mlx_quantize_row (bit-identical), so both backends hold the same quantized weights.
+// The GPU prefill multiplies them as bf16 RNE(s q + b), so the CPU runs that twin of them
+// (to_prefill_weights): with the f32 dequantisation instead, the routers' inputs would differ by
+// ~1e-3 relative and near-tied experts would swap, which says nothing about the kernels (the
+// tiny-a tests compare with the CPU's f32 4-bit path end to end).
 TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   LILAC_REQUIRE_GPU();
   ModelConfig cfg = qwen36_35b_a3b_config();
@@ -174,6 +210,9 @@ TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   auto host = cuda::synthetic_host_model(cfg, seed, layers, /*q4=*/true);
   ASSERT_TRUE(host->weights.layers[0].moe.router.quantized());
   EXPECT_EQ(host->weights.layers[0].moe.router.bits, 8);
+  EXPECT_EQ(host->weights.layers[0].moe.experts[0].down.bits, 4);
+  std::vector<std::vector<uint16_t>> prefill_storage;
+  to_prefill_weights(host->weights, prefill_storage);
   cpu::CpuBackend cpu_backend(host->config, host->weights);
   cpu_backend.set_bf16_activations(true);
   cuda::CudaBackend gpu_backend(std::shared_ptr<cuda::DeviceModel>(
@@ -226,15 +265,13 @@ TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
     }
     auto [rel, mx] = rel_and_max(want, h);
     std::printf("  hidden.%-20lld rel %.2e  max abs %.3e\n", (long long)(i + 1), rel, mx);
-    // The GPU prefill multiplies bf16-rounded dequantised weights (2^-9 relative per weight), the
-    // CPU the f32 ones: a little more than the BF16 test's 5e-3.
-    EXPECT_LT(rel, 1e-2) << "layer " << i << " (max abs " << mx << ")";
+    EXPECT_LT(rel, 5e-3) << "layer " << i << " (max abs " << mx << ")";
   }
   cpu_backend.forward_head(&gpu_trace.at("hidden." + std::to_string(layers))[size_t((T - 1) * H)],
                            1, cpu_logits.data());
   auto [rel, mx] = rel_and_max(gpu_logits, cpu_logits);
   std::printf("  logits                       rel %.2e  max abs %.3e\n", rel, mx);
-  EXPECT_LT(rel, 1e-2) << "logits (max abs " << mx << ")";
+  EXPECT_LT(rel, 5e-3) << "logits (max abs " << mx << ")";
 
   int32_t t = 4242;
   gpu_backend.forward(*gs, std::span(&t, 1), gpu_logits, false);
@@ -245,7 +282,9 @@ TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   gpu_backend.forward(*gs9, nine, gpu9, false);
   auto [rel3, mx3] = rel_and_max(gpu_logits, gpu9);
   std::printf("  gpu decode vs gpu prefill      rel %.2e  max abs %.3e\n", rel3, mx3);
-  EXPECT_LT(rel3, 2e-2) << "GPU decode step vs GPU prefill of the same tokens (max abs " << mx3
+  // Decode multiplies the exact f32 dequantised weights, prefill their bf16 rounding (and a
+  // near-tied expert may swap): looser than the BF16 test's 1e-2; a decode kernel bug is O(1).
+  EXPECT_LT(rel3, 5e-2) << "GPU decode step vs GPU prefill of the same tokens (max abs " << mx3
                         << ")";
 }
 
