@@ -17,26 +17,43 @@ bool cuda_available() {
 #endif
 }
 
-std::unique_ptr<Backend> open_backend(const Model& model, const std::string& device) {
-  // auto: the GPU when there is one and it can run these weights (no 4-bit kernels yet).
-  std::string d = device == "auto"
-                      ? (cuda_available() && !has_quantized_weights(model.weights) ? "cuda" : "cpu")
-                      : device;
-  if (d == "cpu") return std::make_unique<cpu::CpuBackend>(model.config, model.weights);
-  if (d == "cuda") {
-    if (has_quantized_weights(model.weights))
-      fail(
-          "--device cuda: the CUDA backend has no 4-bit kernels yet (issue 6); run quantized "
-          "weights with --device cpu");
+namespace {
+
+std::string resolve_device(const std::string& device) {
+  if (device == "auto") return cuda_available() ? "cuda" : "cpu";
+  return device;
+}
+
+std::unique_ptr<Backend> open_cuda(const Model& model, bool quantize) {
 #ifdef LILAC_HAVE_CUDA
-    if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
-    return cuda::make_cuda_backend(model);
+  if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
+  return cuda::make_cuda_backend(model, quantize);
 #else
-    fail(
-        "--device cuda: this build of lilac has no CUDA backend (nvcc was not found at build "
-        "time)");
+  (void)model;
+  (void)quantize;
+  fail(
+      "--device cuda: this build of lilac has no CUDA backend (nvcc was not found at build "
+      "time)");
 #endif
-  }
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> open_backend(Model& model, const std::string& device,
+                                      const std::string& weights) {
+  if (weights != "q4" || has_quantized_weights(model.weights)) return open_backend(model, device);
+  const std::string d = resolve_device(device);
+  if (d == "cuda") return open_cuda(model, /*quantize=*/true);
+  if (d != "cpu") fail("unknown device '{}' (expected cpu, cuda or auto)", device);
+  quantize_model_in_memory(model);
+  return std::make_unique<cpu::CpuBackend>(model.config, model.weights);
+}
+
+std::unique_ptr<Backend> open_backend(const Model& model, const std::string& device) {
+  // auto: the GPU when there is one (BF16 or MLX 4/8-bit weights alike).
+  const std::string d = resolve_device(device);
+  if (d == "cpu") return std::make_unique<cpu::CpuBackend>(model.config, model.weights);
+  if (d == "cuda") return open_cuda(model, /*quantize=*/false);
   fail("unknown device '{}' (expected cpu, cuda or auto)", device);
 }
 

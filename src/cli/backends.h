@@ -13,6 +13,11 @@ namespace lilac::cli {
 
 bool cuda_available();
 std::unique_ptr<Backend> open_backend(const Model& model, const std::string& device);
+// The same with a weights choice: "q4" on a float checkpoint quantizes it as `lilac quantize`
+// would: in memory for the CPU backend (quantize_model_in_memory, which changes `model`), on the
+// GPU at load for the CUDA backend (bit-identical codes; `model` unchanged). "" or "bf16": as is.
+std::unique_ptr<Backend> open_backend(Model& model, const std::string& device,
+                                      const std::string& weights);
 // The full-size Qwen3.6-35B-A3B with random weights generated on the device (no file).
 std::unique_ptr<Backend> open_synthetic_backend(const std::string& device,
                                                 const std::string& weights, uint64_t seed);

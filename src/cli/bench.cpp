@@ -53,12 +53,10 @@ int run_bench_cli(const BenchCliOptions& o) {
     bo.n_real_tokens = kQwen36RealTokens;
   } else {
     model = load_model(o.model);
-    // q4 on a float checkpoint quantizes it in memory as `lilac quantize` would; a quantized
-    // checkpoint is q4 whatever the flag says.
-    if (o.weights == "q4" && !has_quantized_weights(model->weights))
-      quantize_model_in_memory(*model);
+    // q4 on a float checkpoint quantizes it as `lilac quantize` would (in memory on the CPU, on
+    // the GPU at load for cuda); a quantized checkpoint is q4 whatever the flag says.
     if (has_quantized_weights(model->weights)) weights = "q4";
-    backend = open_backend(*model, o.device);
+    backend = open_backend(*model, o.device, weights);
     model_name = o.model;
   }
   if (!o.lengths.empty()) bo.lengths = parse_lengths(o.lengths);

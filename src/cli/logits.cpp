@@ -145,11 +145,11 @@ int run_logits(const LogitsOptions& o) {
   auto model = load_model(o.model);
   model->config.rope_inv_freq_bf16 = o.rope_freq_bf16;
   const bool quantized = has_quantized_weights(model->weights);
-  if (o.weights == "q4" && !quantized)
-    quantize_model_in_memory(*model);
-  else if (o.weights == "bf16" && quantized)
+  if (o.weights == "bf16" && quantized)
     fail("--weights bf16: {} holds quantized weights ({})", o.model, model->report.quantization);
-  auto backend = open_backend(*model, o.device);
+  // q4 on a float checkpoint: quantized in memory (cpu) or on the GPU at load (cuda), the same
+  // codes.
+  auto backend = open_backend(*model, o.device, o.weights);
   const int64_t V = model->config.vocab, T = int64_t(prompt.size());
   auto seq = backend->new_sequence(T + o.decode + 1);
   // Named intermediates of the prefill (the first time each name appears), for backend diffs.

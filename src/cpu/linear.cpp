@@ -121,6 +121,33 @@ void dequantize_row(const void* codes, const uint16_t* scales, const uint16_t* b
   dequantize_row_scalar(codes, scales, biases, bits, group_size, n, dst);
 }
 
+uint16_t double_to_bf16(double v) {
+  const float f = float(v);  // round to nearest even in f32
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  // The bf16 rounding of f equals that of v unless f is exactly a bf16 midpoint (the only f32
+  // value that can lie between v and a bf16 rounding boundary is f itself): then v decides.
+  if (double(f) != v && (u & 0xffffu) == 0x8000u)
+    return std::fabs(v) > std::fabs(double(f)) ? uint16_t((u >> 16) + 1) : uint16_t(u >> 16);
+  return f32_to_bf16(f);
+}
+
+void dequantize_row_bf16(const void* codes, const uint16_t* scales, const uint16_t* biases,
+                         int bits, int group_size, int64_t n, uint16_t* dst) {
+  const uint8_t* c = static_cast<const uint8_t*>(codes);
+  const uint32_t mask = (1u << bits) - 1u;
+  const int per_word = 32 / bits;
+  for (int64_t g = 0; g < n / group_size; ++g) {
+    const double s = bf16_to_f32(scales[g]), b = bf16_to_f32(biases[g]);
+    for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) {
+      uint32_t word;
+      std::memcpy(&word, c + 4 * (k / per_word), 4);
+      const uint32_t q = (word >> (bits * int(k % per_word))) & mask;
+      dst[k] = double_to_bf16(s * double(q) + b);
+    }
+  }
+}
+
 void widen_row(const Matrix& W, int64_t r, float* dst) {
   if (W.quantized())
     dequantize_row(W.row(r), W.row_scales(r), W.row_biases(r), W.bits, W.group_size, W.cols, dst);

@@ -41,4 +41,17 @@ void dequantize_row_scalar(const void* codes, const uint16_t* scales, const uint
 // True when dequantize_row uses its AVX2/FMA path on this CPU.
 bool dequantize_row_vectorised();
 
+// The weights the GPU's 4-bit prefill kernels multiply (twin of their fma.rn.bf16x2
+// dequantisation): dst[k] = RNE_bf16(scale * q + bias) of the exact value, as bf16 bits. The
+// exact value is computed in double (scale and bias have 8 significant bits, q <= 255: it is
+// exact, or so far from a bf16 rounding boundary that double's rounding cannot matter), then
+// rounded once. Equals f32_to_bf16(dequantize_row's value) except when that f32 value lies
+// exactly on a bf16 tie the exact value does not (a double rounding), e.g. scale 1.0078125,
+// q 3, bias -2^-40.
+void dequantize_row_bf16(const void* codes, const uint16_t* scales, const uint16_t* biases,
+                         int bits, int group_size, int64_t n, uint16_t* dst);
+
+// RNE of a double to bf16 bits with one rounding (no double rounding through f32). Finite input.
+uint16_t double_to_bf16(double v);
+
 }  // namespace lilac::cpu

@@ -20,6 +20,9 @@
 #include "cuda/moe_prefill.h"
 #include "cuda/norm.h"
 #include "cuda/position.h"
+#include "cuda/q4_gemm.h"
+#include "cuda/q4_linear.h"
+#include "cuda/q4_moe.h"
 #include "cuda/sampling.h"
 #include "model/qwen36.h"
 #include "util/error.h"
@@ -310,6 +313,62 @@ std::vector<float> download_f32(const T* d, size_t n, cudaStream_t s) {
 
 }  // namespace
 
+// ---- per-matrix format dispatch ---------------------------------------------------------------
+// Each device matrix is BF16 (its pointer) or MLX affine 4/8-bit (its QMatrix in DeviceLayerQ /
+// DeviceModelQ, the pointer null): these call the BF16 launcher or the q4_* one with the same
+// contract. The call sites below differ from the BF16-only backend only in naming both.
+
+namespace {
+
+void proj_gemv(const bf16* w, const QMatrix& q, int rows, int cols, const bf16* x, float* y, GemvOut mode,
+               cudaStream_t s) {
+  if (q) q_gemv(q, x, y, mode, s);
+  else gemv(w, rows, cols, x, y, mode, s);
+}
+
+void proj_gemm(const bf16* A, int M, int K, const bf16* w, const QMatrix& q, int N, void* C, GemmOut mode,
+               cudaStream_t s) {
+  if (q) q_gemm(A, M, q, C, mode, s);
+  else gemm(A, M, K, w, N, C, mode, s);
+}
+
+void embed_rows(const int32_t* ids, const DeviceModel& m, float* h, int T, int H, cudaStream_t s) {
+  if (m.q.embed) q_embed(ids, m.q.embed, h, T, s);
+  else embed(ids, m.embed, h, T, H, s);
+}
+
+void moe_gate_up_decode(const DeviceLayer& L, const int32_t* idx, int k, const bf16* x, int H, int I, int Is,
+                        bf16* act, cudaStream_t s) {
+  if (L.q.gate_up) q_moe_gate_up_gemv(L.q.gate_up, L.q.shared_gate_up, idx, k, x, H, I, Is, act, s);
+  else moe_gate_up_gemv(L.gate_up, L.shared_gate_up, idx, k, x, H, I, Is, act, s);
+}
+
+void moe_down_decode(const DeviceLayer& L, const int32_t* idx, const float* wt, const float* shared_logit,
+                     const bf16* act, int k, int H, int I, int Is, float* h, cudaStream_t s) {
+  if (L.q.down) q_moe_down_gemv(L.q.down, L.q.shared_down, idx, wt, shared_logit, act, k, H, I, Is, h, s);
+  else moe_down_gemv(L.down, L.shared_down, idx, wt, shared_logit, act, k, H, I, Is, h, s);
+}
+
+void moe_gate_up_prefill(const DeviceLayer& L, const bf16* x, int H, int I, const MoeRouting& r, bf16* act,
+                         cudaStream_t s) {
+  if (L.q.gate_up) q_moe_grouped_gate_up(x, H, L.q.gate_up, I, r, act, s);
+  else moe_grouped_gate_up(x, H, L.gate_up, I, r, act, s);
+}
+
+void moe_down_prefill(const DeviceLayer& L, const bf16* act, int I, int H, const MoeRouting& r, float* y,
+                      cudaStream_t s) {
+  if (L.q.down) q_moe_grouped_down(act, I, L.q.down, H, r, y, s);
+  else moe_grouped_down(act, I, L.down, H, r, y, s);
+}
+
+void moe_shared_gate_up_prefill(const DeviceLayer& L, const bf16* x, int T, int H, int Is, bf16* act,
+                                cudaStream_t s) {
+  if (L.q.shared_gate_up) q_moe_shared_gate_up(x, T, H, L.q.shared_gate_up, Is, act, s);
+  else moe_shared_gate_up(x, T, H, L.shared_gate_up, Is, act, s);
+}
+
+}  // namespace
+
 // ---- one layer ------------------------------------------------------------------------------
 
 void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int pos0, Timer* timer) {
@@ -336,7 +395,7 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), T, H, eps, s); });
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    timed(timer, "gemm.gdn_in_proj", [&] { gemm(w.x.get(), T, H, L.in_proj, cols, w.proj.get(), GemmOut::StoreF32, s); });
+    timed(timer, "gemm.gdn_in_proj", [&] { proj_gemm(w.x.get(), T, H, L.in_proj, L.q.in_proj, cols, w.proj.get(), GemmOut::StoreF32, s); });
     timed(timer, "gdn_prefill", [&] {
       gdn_prefill(w.proj.get(), T, L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
                   st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
@@ -347,11 +406,11 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
       trace_(tp + "gdn.normed", v.data(), {T, c.gdn_v_channels()});
     }
     timed(timer, "gemm.gdn_out_proj", [&] {
-      gemm(w.mix.get(), T, int(c.gdn_v_channels()), L.out_proj, H, w.h.get(), GemmOut::AccumulateF32, s);
+      proj_gemm(w.mix.get(), T, int(c.gdn_v_channels()), L.out_proj, L.q.out_proj, H, w.h.get(), GemmOut::AccumulateF32, s);
     });
   } else {
     const int cols = int(c.q_proj_rows() + 2 * c.kv_dim());
-    timed(timer, "gemm.attn_qkv", [&] { gemm(w.x.get(), T, H, L.qkv_proj, cols, w.proj.get(), GemmOut::StoreF32, s); });
+    timed(timer, "gemm.attn_qkv", [&] { proj_gemm(w.x.get(), T, H, L.qkv_proj, L.q.qkv_proj, cols, w.proj.get(), GemmOut::StoreF32, s); });
     timed(timer, "qk_norm_rope_store", [&] {
       qk_norm_rope_store(w.proj.get(), T, st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
                          int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps, w.q.get(), w.gate.get(),
@@ -366,14 +425,14 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
       trace_(tp + "attn.gated", v.data(), {T, c.heads * c.head_dim});
     }
     timed(timer, "gemm.attn_o_proj", [&] {
-      gemm(w.mix.get(), T, int(c.heads * c.head_dim), L.o_proj, H, w.h.get(), GemmOut::AccumulateF32, s);
+      proj_gemm(w.mix.get(), T, int(c.heads * c.head_dim), L.o_proj, L.q.o_proj, H, w.h.get(), GemmOut::AccumulateF32, s);
     });
   }
   if (trace_) trace_delta(tp + "mixer_out");
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), T, H, eps, s); });
-  timed(timer, "gemm.router", [&] { gemm(w.x.get(), T, H, L.router, E + 1, w.router.get(), GemmOut::StoreF32, s); });
+  timed(timer, "gemm.router", [&] { proj_gemm(w.x.get(), T, H, L.router, L.q.router, E + 1, w.router.get(), GemmOut::StoreF32, s); });
   MoeRouting r = moe_routing_layout(w.routing.get(), T, E, k);
   timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, T, E, k, r, s); });
   if (trace_) {
@@ -385,12 +444,12 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
       std::copy_n(&logits[size_t(t) * size_t(E + 1)], E, &router[size_t(t) * size_t(E)]);
     trace_(tp + "moe.router_logits", router.data(), {T, E});
   }
-  timed(timer, "moe_grouped_gate_up", [&] { moe_grouped_gate_up(w.x.get(), H, L.gate_up, I, r, w.act.get(), s); });
-  timed(timer, "moe_grouped_down", [&] { moe_grouped_down(w.act.get(), I, L.down, H, r, w.y.get(), s); });
+  timed(timer, "moe_grouped_gate_up", [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
+  timed(timer, "moe_grouped_down", [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
   timed(timer, "moe_shared_gate_up",
-        [&] { moe_shared_gate_up(w.x.get(), T, H, L.shared_gate_up, Is, w.shared_act.get(), s); });
+        [&] { moe_shared_gate_up_prefill(L, w.x.get(), T, H, Is, w.shared_act.get(), s); });
   timed(timer, "gemm.shared_down",
-        [&] { gemm(w.shared_act.get(), T, Is, L.shared_down, H, w.shared_out.get(), GemmOut::StoreF32, s); });
+        [&] { proj_gemm(w.shared_act.get(), T, Is, L.shared_down, L.q.shared_down, H, w.shared_out.get(), GemmOut::StoreF32, s); });
   timed(timer, "moe_combine",
         [&] { moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s); });
   if (trace_) trace_delta(tp + "moe_out");
@@ -404,25 +463,31 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   const float eps = c.rms_eps;
   cudaStream_t s = stream_;
 
-  // The input norm is fused into the first projection (gemv_rms: each block normalises h).
+  // The first projection of the layer, from the residual: BF16 weights fuse the input norm into
+  // the GEMV (gemv_rms: each block normalises h); 4-bit weights normalise first, then q_gemv.
+  auto first_projection = [&](const char* name, const bf16* wb, const QMatrix& wq, int rows) {
+    if (wb) {
+      timed(timer, name, [&] { gemv_rms(wb, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s); });
+    } else {
+      timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), 1, H, eps, s); });
+      timed(timer, name, [&] { proj_gemv(wb, wq, rows, H, w.x.get(), w.proj.get(), GemvOut::Store, s); });
+    }
+  };
   if (L.type == LayerType::GatedDeltaNet) {
     const int rows = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    timed(timer, "gemv_rms.gdn_in_proj", [&] {
-      gemv_rms(L.in_proj, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
-    });
+    first_projection("gemv_rms.gdn_in_proj", L.in_proj, L.q.in_proj, rows);
     timed(timer, "gdn_decode", [&] {
       gdn_decode(w.proj.get(), L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
                  st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
                  int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.gdn_decode_ws.get(), w.mix.get(), s,
                  options_.gdn_decode_path);
     });
-    timed(timer, "gemv.gdn_out_proj",
-          [&] { gemv(L.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(), GemvOut::Accumulate, s); });
+    timed(timer, "gemv.gdn_out_proj", [&] {
+      proj_gemv(L.out_proj, L.q.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(), GemvOut::Accumulate, s);
+    });
   } else {
     const int rows = int(c.q_proj_rows() + 2 * c.kv_dim());
-    timed(timer, "gemv_rms.attn_qkv", [&] {
-      gemv_rms(L.qkv_proj, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
-    });
+    first_projection("gemv_rms.attn_qkv", L.qkv_proj, L.q.qkv_proj, rows);
     if (options_.fused_attention_decode) {
       timed(timer, "attention_decode", [&] {  // qk norm + RoPE + cache store fused in
         attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
@@ -442,23 +507,29 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
       });
     }
     timed(timer, "gemv.attn_o_proj", [&] {
-      gemv(L.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(), GemvOut::Accumulate, s);
+      proj_gemv(L.o_proj, L.q.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(), GemvOut::Accumulate, s);
     });
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
-  // The post norm, the router GEMV (E + 1 rows: the shared gate logit last) and the top-k in one
-  // launch; it also leaves the normalised x for the experts' gate/up.
-  timed(timer, "moe_router", [&] {
-    moe_router(L.router, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(), w.topk_idx.get(), w.topk_w.get(),
-               w.x.get(), w.router_ws.get(), s);
-  });
-  timed(timer, "moe_gate_up_gemv", [&] {
-    moe_gate_up_gemv(L.gate_up, L.shared_gate_up, w.topk_idx.get(), k, w.x.get(), H, I, Is, w.act.get(), s);
-  });
+  if (L.router) {
+    // The post norm, the router GEMV (E + 1 rows: the shared gate logit last) and the top-k in one
+    // launch; it also leaves the normalised x for the experts' gate/up.
+    timed(timer, "moe_router", [&] {
+      moe_router(L.router, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(), w.topk_idx.get(), w.topk_w.get(),
+                 w.x.get(), w.router_ws.get(), s);
+    });
+  } else {
+    timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), 1, H, eps, s); });
+    timed(timer, "gemv.router",
+          [&] { proj_gemv(L.router, L.q.router, E + 1, H, w.x.get(), w.router.get(), GemvOut::Store, s); });
+    timed(timer, "router_topk",
+          [&] { router_topk(w.router.get(), E + 1, 1, E, k, w.topk_idx.get(), w.topk_w.get(), s); });
+  }
+  timed(timer, "moe_gate_up_gemv",
+        [&] { moe_gate_up_decode(L, w.topk_idx.get(), k, w.x.get(), H, I, Is, w.act.get(), s); });
   timed(timer, "moe_down_gemv", [&] {
-    moe_down_gemv(L.down, L.shared_down, w.topk_idx.get(), w.topk_w.get(), w.router.get() + E, w.act.get(), k, H, I,
-                  Is, w.h.get(), s);
+    moe_down_decode(L, w.topk_idx.get(), w.topk_w.get(), w.router.get() + E, w.act.get(), k, H, I, Is, w.h.get(), s);
   });
 }
 
@@ -492,7 +563,7 @@ void CudaBackend::decode_launches(CudaSequenceState& st, bool sample, Timer* tim
   // Per-kernel events between launches: no programmatic overlap while timing (launch.h).
   std::optional<ScopedPdl> no_pdl;
   if (timer) no_pdl.emplace(false);
-  timed(timer, "embed", [&] { embed(st.d_token(), model_->embed, w.h.get(), 1, H, stream_); });
+  timed(timer, "embed", [&] { embed_rows(st.d_token(), *model_, w.h.get(), 1, H, stream_); });
   for (int64_t i = 0; i < c.layers; ++i) {
     if (trace_) {
       auto h = download_f32(w.h.get(), size_t(H), stream_);
@@ -504,10 +575,18 @@ void CudaBackend::decode_launches(CudaSequenceState& st, bool sample, Timer* tim
     auto h = download_f32(w.h.get(), size_t(H), stream_);
     trace_(fmt::format("decode.hidden.{}", c.layers), h.data(), {1, H});
   }
-  timed(timer, "gemv_rms.lm_head", [&] {
-    gemv_rms(model_->lm_head, int(c.vocab), H, w.h.get(), model_->final_norm, c.rms_eps, w.logits.get(),
-             GemvOut::Store, stream_);
-  });
+  if (model_->lm_head) {
+    timed(timer, "gemv_rms.lm_head", [&] {
+      gemv_rms(model_->lm_head, int(c.vocab), H, w.h.get(), model_->final_norm, c.rms_eps, w.logits.get(),
+               GemvOut::Store, stream_);
+    });
+  } else {
+    timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), 1, H, c.rms_eps, stream_); });
+    timed(timer, "gemv.lm_head", [&] {
+      proj_gemv(model_->lm_head, model_->q.lm_head, int(c.vocab), H, w.x.get(), w.logits.get(), GemvOut::Store,
+                stream_);
+    });
+  }
   if (sample) sample_launches(st, timer);
   timed(timer, "advance_position", [&] { advance_position(st.d_pos(), 1, stream_); });
 }
@@ -544,7 +623,7 @@ void CudaBackend::prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T
   const int H = int(c.hidden), V = int(c.vocab);
   const int pos0 = int(st.position());
   LILAC_CUDA_CHECK(cudaMemcpyAsync(w.ids.get(), ids, size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
-  timed(timer, "embed", [&] { embed(w.ids.get(), model_->embed, w.h.get(), T, H, stream_); });
+  timed(timer, "embed", [&] { embed_rows(w.ids.get(), *model_, w.h.get(), T, H, stream_); });
   auto emit_rows = [&](const std::string& name, const float* d, int rows, int cols) {
     std::vector<float> host(size_t(rows) * size_t(cols));
     LILAC_CUDA_CHECK(cudaMemcpyAsync(host.data(), d, host.size() * 4, cudaMemcpyDeviceToHost, stream_));
@@ -569,10 +648,10 @@ void CudaBackend::prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T
     });
     if (n == 1)
       timed(timer, "gemv.lm_head",
-            [&] { gemv(model_->lm_head, V, H, w.x.get(), w.logits.get(), GemvOut::Store, stream_); });
+            [&] { proj_gemv(model_->lm_head, model_->q.lm_head, V, H, w.x.get(), w.logits.get(), GemvOut::Store, stream_); });
     else
       timed(timer, "gemm.lm_head",
-            [&] { gemm(w.x.get(), n, H, model_->lm_head, V, w.logits.get(), GemmOut::StoreF32, stream_); });
+            [&] { proj_gemm(w.x.get(), n, H, model_->lm_head, model_->q.lm_head, V, w.logits.get(), GemmOut::StoreF32, stream_); });
     if (trace_) {
       std::vector<float> xf(size_t(n) * size_t(H));
       std::vector<uint16_t> xb(xf.size());
@@ -689,7 +768,7 @@ StepResult CudaBackend::step(SequenceState& state, std::span<const int32_t> ids,
         // lm_head on the last row, then the device sampler.
         const int H = int(c.hidden);
         rms_norm(ws_->h.get() + size_t(n - 1) * size_t(H), model_->final_norm, ws_->x.get(), 1, H, c.rms_eps, stream_);
-        gemv(model_->lm_head, int(c.vocab), H, ws_->x.get(), ws_->logits.get(), GemvOut::Store, stream_);
+        proj_gemv(model_->lm_head, model_->q.lm_head, int(c.vocab), H, ws_->x.get(), ws_->logits.get(), GemvOut::Store, stream_);
         sample_launches(st, nullptr);
       }
     }
@@ -767,16 +846,16 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
 
 // ---- factories ------------------------------------------------------------------------------
 
-std::unique_ptr<CudaBackend> make_cuda_backend(const Model& model) {
-  return std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(upload_model(model)),
+std::unique_ptr<CudaBackend> make_cuda_backend(const Model& model, bool quantize) {
+  return std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(upload_model(model, quantize)),
                                        CudaOptions::from_environment());
 }
 
 std::unique_ptr<CudaBackend> make_synthetic_backend(const std::string& weights, uint64_t seed) {
-  if (weights != "bf16") fail("--weights {}: the synthetic model supports bf16 in this build", weights);
-  auto backend =
-      std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(synthetic_device_model(qwen36_35b_a3b_config(), seed)),
-                                    CudaOptions::from_environment());
+  if (weights != "bf16" && weights != "q4") fail("--weights {}: the synthetic model is bf16 or q4", weights);
+  auto backend = std::make_unique<CudaBackend>(
+      std::shared_ptr<DeviceModel>(synthetic_device_model(qwen36_35b_a3b_config(), seed, weights == "q4")),
+      CudaOptions::from_environment());
   backend->set_sampling_vocab(kQwen36RealTokens);
   return backend;
 }

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -11,8 +12,11 @@
 
 #include "cpu/attention.h"
 #include "cuda/common.h"
+#include "cuda/q4_quantize.h"
+#include "io/mlx_affine.h"
 #include "cuda/synthetic.h"
 #include "cuda/synthetic_fill.h"
+#include "io/quantize.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/thread_pool.h"
@@ -28,6 +32,8 @@ namespace {
 
 // One device tensor. Upload sources: `parts` (matrices whose rows are concatenated, bf16
 // target) or `vec` (f32 target). Synthetic: uniform in [centre - a, centre + a).
+// Matrices with bits 4 / 8 are stored in the tiled layout (q4_layout.h): codes at `offset`, scale
+// / bias words at `sb_offset`, described by *qtarget.
 struct Planned {
   std::string name;
   bool is_bf16 = true;
@@ -37,17 +43,77 @@ struct Planned {
   const std::vector<float>* vec = nullptr;
   const void** target = nullptr;
   size_t offset = 0;  // in the arena
+  // Matrices only:
+  int64_t rows = 0, cols = 0;
+  int64_t rows_per_stack = 0;  // experts: rows of one expert (a multiple of 16 when quantized)
+  int bits = 0;                // 0: bf16
+  QMatrix* qtarget = nullptr;
+  size_t sb_offset = 0;
+};
+
+// How the matrices of a plan are stored.
+enum class Format {
+  Bf16,         // every matrix bf16 (float checkpoints, the bf16 synthetic model)
+  FromWeights,  // as the checkpoint holds them (MLX quantized matrices stay quantized)
+  Quantize,     // quantized at load with q4_bits_for (--weights q4, the q4 synthetic model)
 };
 
 float uniform_bound(int64_t fan_in) { return std::sqrt(3.0f / float(fan_in)); }  // std 1/sqrt(fan_in)
 
+// The bits a matrix is stored with: Bf16 -> 0; Quantize -> q4_bits_for; FromWeights -> the
+// parts' bits (all parts alike, group 64), 0 for float parts.
+int matrix_bits(Format f, const std::string& name, int64_t cols, const std::vector<const Matrix*>& parts) {
+  if (f == Format::Bf16) return 0;
+  if (f == Format::Quantize) return q4_bits_for(name, cols);
+  if (parts.empty() || !parts[0]->quantized()) {
+    for (const Matrix* m : parts)
+      if (m->quantized()) fail("{}: mixes quantized ({}) and float parts", name, m->name);
+    return 0;
+  }
+  const int bits = parts[0]->bits;
+  for (const Matrix* m : parts) {
+    if (!m->quantized() || m->bits != bits)
+      fail("{}: its parts have different formats ({} at {} bits, {} at {} bits); the CUDA backend "
+           "fuses them into one matrix",
+           name, parts[0]->name, bits, m->name, m->bits);
+    if (m->group_size != kQGroup)
+      fail("{}: group size {}: the CUDA 4-bit kernels support group size {} only", m->name,
+           m->group_size, kQGroup);
+  }
+  return bits;
+}
+
+QMatrix* q_slot(DeviceModel& dm, const std::string& name) {
+  if (name == "embed") return &dm.q.embed;
+  if (name == "lm_head") return &dm.q.lm_head;
+  const size_t dot = name.find('.', 7);  // "layers.N."
+  DeviceLayerQ& q = dm.layers[size_t(std::stoll(name.substr(7, dot - 7)))].q;
+  const std::string leaf = name.substr(dot + 1);
+  if (leaf == "in_proj") return &q.in_proj;
+  if (leaf == "out_proj") return &q.out_proj;
+  if (leaf == "qkv_proj") return &q.qkv_proj;
+  if (leaf == "o_proj") return &q.o_proj;
+  if (leaf == "router") return &q.router;
+  if (leaf == "gate_up") return &q.gate_up;
+  if (leaf == "down") return &q.down;
+  if (leaf == "shared_gate_up") return &q.shared_gate_up;
+  if (leaf == "shared_down") return &q.shared_down;
+  fail("no quantized slot for {}", name);
+}
+
 // Every tensor of the device layout, in arena order. `w` may be null (synthetic).
-std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceModel& dm) {
+std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceModel& dm, Format format) {
   std::vector<Planned> p;
   const int64_t H = c.hidden, V = c.vocab;
-  auto mat = [&](std::string name, int64_t rows, int64_t cols, const bf16** target, std::vector<const Matrix*> parts) {
-    p.push_back({std::move(name), true, size_t(rows * cols), 0.f, uniform_bound(cols), std::move(parts), nullptr,
-                 reinterpret_cast<const void**>(target)});
+  auto mat = [&](std::string name, int64_t rows, int64_t cols, const bf16** target, std::vector<const Matrix*> parts,
+                 int64_t rows_per_stack = 0) {
+    Planned t{std::move(name), true, size_t(rows * cols), 0.f, uniform_bound(cols), std::move(parts), nullptr,
+              reinterpret_cast<const void**>(target)};
+    t.rows = rows;
+    t.cols = cols;
+    t.rows_per_stack = rows_per_stack ? rows_per_stack : rows;
+    t.bits = matrix_bits(format, t.name, cols, t.parts);
+    p.push_back(std::move(t));
   };
   auto vec = [&](std::string name, int64_t n, float centre, float a, const float** target, const std::vector<float>* src) {
     p.push_back({std::move(name), false, size_t(n), centre, a, {}, src, reinterpret_cast<const void**>(target)});
@@ -95,29 +161,104 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
         gate_up.push_back(&e.up);
         down.push_back(&e.down);
       }
-    mat(s + "gate_up", E * 2 * I, H, &L.gate_up, gate_up);
-    mat(s + "down", E * H, I, &L.down, down);
+    mat(s + "gate_up", E * 2 * I, H, &L.gate_up, gate_up, 2 * I);
+    mat(s + "down", E * H, I, &L.down, down, H);
     mat(s + "shared_gate_up", 2 * Is, H, &L.shared_gate_up,
         m ? std::vector<const Matrix*>{&m->shared_gate, &m->shared_up} : std::vector<const Matrix*>{});
     mat(s + "shared_down", H, Is, &L.shared_down, m ? std::vector<const Matrix*>{&m->shared_down} : std::vector<const Matrix*>{});
   }
   size_t offset = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = offset;
+    offset += (bytes + 255) / 256 * 256;
+    return at;
+  };
   for (auto& t : p) {
-    t.offset = offset;
-    offset += (t.count * (t.is_bf16 ? 2 : 4) + 255) / 256 * 256;
+    if (t.bits == 0) {
+      t.offset = take(t.count * (t.is_bf16 ? 2 : 4));
+      continue;
+    }
+    if (t.rows_per_stack % kQTileRows != 0)
+      fail("{}: {} rows per expert: the 4-bit expert kernels need a multiple of {}", t.name, t.rows_per_stack,
+           kQTileRows);
+    t.qtarget = q_slot(dm, t.name);
+    t.offset = take(q_code_words(t.rows, t.cols, t.bits) * 4);
+    t.sb_offset = take(q_sb_words(t.rows, t.cols) * 4);
+    ++dm.quantized_matrices;
   }
   dm.bytes = offset;
   return p;
 }
 
-void allocate(DeviceModel& dm, std::vector<Planned>& p) {
+// Device scratch for building quantized matrices: MLX-format codes / scales / biases of the
+// largest quantized matrix, and its bf16 values when it is quantized here.
+struct Staging {
+  DeviceBuffer<uint32_t> codes;
+  DeviceBuffer<uint16_t> scales, biases;
+  DeviceBuffer<bf16> values;
+  size_t bytes = 0;
+
+  Staging(const std::vector<Planned>& p, bool need_values) {
+    size_t words = 0, groups = 0, elems = 0;
+    for (const auto& t : p) {
+      if (t.bits == 0) continue;
+      words = std::max(words, size_t(t.rows * t.cols * t.bits / 32));
+      groups = std::max(groups, size_t(t.rows * (t.cols / kQGroup)));
+      elems = std::max(elems, size_t(t.rows * t.cols));
+    }
+    bytes = words * 4 + groups * 4 + (need_values ? elems * 2 : 0);
+    sizes[0] = words;
+    sizes[1] = groups;
+    sizes[2] = need_values ? elems : 0;
+  }
+  void allocate() {
+    codes.resize(sizes[0]);
+    scales.resize(sizes[1]);
+    biases.resize(sizes[1]);
+    values.resize(sizes[2]);
+  }
+  size_t sizes[3] = {0, 0, 0};
+};
+
+// MLX staging -> the tiled matrix in the arena, and its description.
+void finish_quantized(DeviceModel& dm, const Planned& t, Staging& st) {
+  uint8_t* base = static_cast<uint8_t*>(dm.arena);
+  uint32_t* codes = reinterpret_cast<uint32_t*>(base + t.offset);
+  uint32_t* sb = reinterpret_cast<uint32_t*>(base + t.sb_offset);
+  repack_mlx(st.codes.get(), st.scales.get(), st.biases.get(), t.rows, int(t.cols), t.bits, codes, sb, nullptr);
+  *t.target = nullptr;
+  *t.qtarget = QMatrix{codes, sb, int(t.rows), int(t.cols), t.bits};
+}
+
+void allocate(DeviceModel& dm, std::vector<Planned>& p, size_t staging_bytes = 0) {
   size_t free_b = 0, total_b = 0;
   LILAC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  if (dm.bytes + (1ull << 30) > free_b)
-    fail("the model needs {:.2f} GB of GPU memory but only {:.2f} GB are free", double(dm.bytes) / 1e9,
-         double(free_b) / 1e9);
+  if (dm.bytes + staging_bytes + (1ull << 30) > free_b)
+    fail("the model needs {:.2f} GB of GPU memory (+ {:.2f} GB while loading) but only {:.2f} GB are free",
+         double(dm.bytes) / 1e9, double(staging_bytes) / 1e9, double(free_b) / 1e9);
   LILAC_CUDA_CHECK(cudaMalloc(&dm.arena, dm.bytes));
-  for (auto& t : p) *t.target = static_cast<uint8_t*>(dm.arena) + t.offset;
+  for (auto& t : p) *t.target = t.bits ? nullptr : static_cast<uint8_t*>(dm.arena) + t.offset;
+}
+
+// A float part's elements as bf16 (F16 / F32 rounded to nearest even) into `dst` (device).
+void upload_bf16_part(const Matrix& m, bf16* dst, std::vector<uint16_t>& staging) {
+  const size_t n = size_t(m.numel());
+  if (m.dtype == DType::BF16) {
+    LILAC_CUDA_CHECK(cudaMemcpy(dst, m.data, n * 2, cudaMemcpyHostToDevice));
+    return;
+  }
+  staging.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    if (m.dtype == DType::F32) std::memcpy(&v, static_cast<const uint8_t*>(m.data) + 4 * i, 4);
+    else {
+      uint16_t h;
+      std::memcpy(&h, static_cast<const uint8_t*>(m.data) + 2 * i, 2);
+      v = f16_to_f32(h);
+    }
+    staging[i] = f32_to_bf16(v);
+  }
+  LILAC_CUDA_CHECK(cudaMemcpy(dst, staging.data(), n * 2, cudaMemcpyHostToDevice));
 }
 
 // inv_freq is tiny and computed on the host exactly as the CPU backend does.
@@ -132,65 +273,99 @@ void set_inv_freq(DeviceModel& dm) {
 
 }  // namespace
 
-std::unique_ptr<DeviceModel> upload_model(const Model& model) {
+int q4_bits_for(const std::string& device_name, int64_t cols) {
+  if (cols % kQGroup != 0) return 0;
+  return device_name.ends_with(".router") ? kMlxRouterBits : kMlxDefaultBits;
+}
+
+std::unique_ptr<DeviceModel> upload_model(const Model& model, bool quantize) {
   auto dm = std::make_unique<DeviceModel>();
   dm->config = model.config;
+  if (quantize && has_quantized_weights(model.weights))
+    fail("upload: --weights q4 asks to quantize {}, which is already quantized", model.checkpoint->dir());
+  const Format format = quantize ? Format::Quantize : Format::FromWeights;
+  auto p = plan(model.config, &model.weights, *dm, format);
   dm->source = "checkpoint " + model.checkpoint->dir();
-  auto p = plan(model.config, &model.weights, *dm);
-  allocate(*dm, p);
+  if (quantize) dm->source += " (quantized to 4-bit on the GPU at load)";
+  else if (dm->quantized_matrices) dm->source += " (MLX affine quantized)";
+  Staging st(p, quantize);
+  allocate(*dm, p, st.bytes);
+  st.allocate();
   std::vector<uint16_t> staging;
+  std::vector<float> rounded;
   for (const auto& t : p) {
     uint8_t* dst = static_cast<uint8_t*>(dm->arena) + t.offset;
     if (!t.is_bf16) {
       if (!t.vec || t.vec->size() != t.count) fail("upload: {} has {} values, expected {}", t.name, t.vec ? t.vec->size() : 0, t.count);
-      LILAC_CUDA_CHECK(cudaMemcpy(dst, t.vec->data(), t.count * 4, cudaMemcpyHostToDevice));
+      const float* src = t.vec->data();
+      // quantize_model_in_memory rounds every vector but A_log (neg_exp_A) to bf16, as MLX stores it.
+      if (quantize && !t.name.ends_with("neg_exp_A")) {
+        rounded.assign(t.vec->begin(), t.vec->end());
+        for (float& v : rounded) v = round_to_bf16(v);
+        src = rounded.data();
+      }
+      LILAC_CUDA_CHECK(cudaMemcpy(dst, src, t.count * 4, cudaMemcpyHostToDevice));
       continue;
     }
-    size_t done = 0;
+    int64_t done = 0;  // rows
     for (const Matrix* m : t.parts) {
-      const size_t n = size_t(m->numel());
-      if (m->dtype == DType::BF16) {
-        LILAC_CUDA_CHECK(cudaMemcpy(dst + done * 2, m->data, n * 2, cudaMemcpyHostToDevice));
-      } else {
-        staging.resize(n);
-        for (size_t i = 0; i < n; ++i) {
-          float v;
-          if (m->dtype == DType::F32) std::memcpy(&v, static_cast<const uint8_t*>(m->data) + 4 * i, 4);
-          else {
-            uint16_t h;
-            std::memcpy(&h, static_cast<const uint8_t*>(m->data) + 2 * i, 2);
-            v = f16_to_f32(h);
-          }
-          staging[i] = f32_to_bf16(v);
-        }
-        LILAC_CUDA_CHECK(cudaMemcpy(dst + done * 2, staging.data(), n * 2, cudaMemcpyHostToDevice));
+      if (m->cols != t.cols) fail("upload: {} has {} columns, expected {}", m->name, m->cols, t.cols);
+      if (t.bits == 0) {
+        upload_bf16_part(*m, reinterpret_cast<bf16*>(dst) + size_t(done * t.cols), staging);
+      } else if (quantize) {
+        upload_bf16_part(*m, st.values.get() + size_t(done * t.cols), staging);
+      } else {  // MLX codes, scales and biases, rows concatenated
+        const int64_t G = t.cols / kQGroup;
+        LILAC_CUDA_CHECK(cudaMemcpy(st.codes.get() + size_t(done * t.cols * t.bits / 32), m->data,
+                                    size_t(m->rows * m->cols * t.bits / 8), cudaMemcpyHostToDevice));
+        LILAC_CUDA_CHECK(cudaMemcpy(st.scales.get() + size_t(done * G), m->scales, size_t(m->rows * G) * 2,
+                                    cudaMemcpyHostToDevice));
+        LILAC_CUDA_CHECK(cudaMemcpy(st.biases.get() + size_t(done * G), m->biases, size_t(m->rows * G) * 2,
+                                    cudaMemcpyHostToDevice));
       }
-      done += n;
+      done += m->rows;
     }
-    if (done != t.count) fail("upload: {} got {} elements, expected {}", t.name, done, t.count);
-  }
-  set_inv_freq(*dm);
-  return dm;
-}
-
-std::unique_ptr<DeviceModel> synthetic_device_model(const ModelConfig& config, uint64_t seed) {
-  auto dm = std::make_unique<DeviceModel>();
-  dm->config = config;
-  dm->source = "synthetic (seed " + std::to_string(seed) + ")";
-  auto p = plan(config, nullptr, *dm);
-  allocate(*dm, p);
-  for (const auto& t : p) {
-    uint64_t key = synthetic::tensor_key(seed, t.name.c_str());
-    uint8_t* dst = static_cast<uint8_t*>(dm->arena) + t.offset;
-    if (t.is_bf16) fill_synthetic_bf16(reinterpret_cast<bf16*>(dst), t.count, key, t.centre, t.a, nullptr);
-    else fill_synthetic_f32(reinterpret_cast<float*>(dst), t.count, key, t.centre, t.a, nullptr);
+    if (done != t.rows) fail("upload: {} got {} rows, expected {}", t.name, done, t.rows);
+    if (t.bits == 0) continue;
+    if (quantize)
+      quantize_mlx(st.values.get(), t.rows, int(t.cols), t.bits, st.codes.get(), st.scales.get(), st.biases.get(),
+                   nullptr);
+    finish_quantized(*dm, t, st);
   }
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   set_inv_freq(*dm);
   return dm;
 }
 
-std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& config, uint64_t seed, int64_t layers) {
+std::unique_ptr<DeviceModel> synthetic_device_model(const ModelConfig& config, uint64_t seed, bool q4) {
+  auto dm = std::make_unique<DeviceModel>();
+  dm->config = config;
+  dm->source = std::string(q4 ? "synthetic q4" : "synthetic") + " (seed " + std::to_string(seed) + ")";
+  auto p = plan(config, nullptr, *dm, q4 ? Format::Quantize : Format::Bf16);
+  Staging st(p, true);
+  allocate(*dm, p, st.bytes);
+  st.allocate();
+  for (const auto& t : p) {
+    uint64_t key = synthetic::tensor_key(seed, t.name.c_str());
+    uint8_t* dst = static_cast<uint8_t*>(dm->arena) + t.offset;
+    if (t.bits) {
+      fill_synthetic_bf16(st.values.get(), t.count, key, t.centre, t.a, nullptr);
+      quantize_mlx(st.values.get(), t.rows, int(t.cols), t.bits, st.codes.get(), st.scales.get(), st.biases.get(),
+                   nullptr);
+      finish_quantized(*dm, t, st);
+    } else if (t.is_bf16) {
+      fill_synthetic_bf16(reinterpret_cast<bf16*>(dst), t.count, key, t.centre, t.a, nullptr);
+    } else {
+      fill_synthetic_f32(reinterpret_cast<float*>(dst), t.count, key, t.centre, t.a, nullptr);
+    }
+  }
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  set_inv_freq(*dm);
+  return dm;
+}
+
+std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& config, uint64_t seed, int64_t layers,
+                                                         bool q4) {
   auto hm = std::make_unique<HostSyntheticModel>();
   hm->config = config;
   hm->config.layers = layers;
@@ -198,21 +373,46 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
   // Plan the truncated model's device layout, generate each tensor on the host, then point the
   // ModelWeights views into the fused host buffers exactly as the device layout fuses them.
   DeviceModel shape_only;
-  auto p = plan(hm->config, nullptr, shape_only);
+  shape_only.layers.resize(size_t(layers));
+  auto p = plan(hm->config, nullptr, shape_only, q4 ? Format::Quantize : Format::Bf16);
+  struct HostQ {
+    const uint32_t* codes;
+    const uint16_t *scales, *biases;
+    int bits;
+  };
   std::map<std::string, const uint16_t*> bf;
+  std::map<std::string, HostQ> qm;
   std::map<std::string, std::vector<float>> f32;
-  hm->bf16_storage.reserve(p.size());
+  hm->bf16_storage.reserve(3 * p.size());
+  hm->code_storage.reserve(p.size());
   for (const auto& t : p) {
     uint64_t key = synthetic::tensor_key(seed, t.name.c_str());
     if (t.is_bf16) {
-      auto& v = hm->bf16_storage.emplace_back(t.count);
+      std::vector<uint16_t> v(t.count);
       ThreadPool::global().parallel_for(
           t.count,
           [&](size_t b, size_t e) {
             for (size_t i = b; i < e; ++i) v[i] = f32_to_bf16(synthetic::value(key, i, t.centre, t.a));
           },
           1 << 16);
-      bf[t.name] = v.data();
+      if (t.bits == 0) {
+        bf[t.name] = hm->bf16_storage.emplace_back(std::move(v)).data();
+        continue;
+      }
+      // The device quantizes these bf16 values with cuda::quantize_mlx: the same codes.
+      const int64_t G = t.cols / kQGroup, wpr = t.cols * t.bits / 32;
+      auto& codes = hm->code_storage.emplace_back(size_t(t.rows * wpr));
+      auto& scales = hm->bf16_storage.emplace_back(size_t(t.rows * G));
+      auto& biases = hm->bf16_storage.emplace_back(size_t(t.rows * G));
+      ThreadPool::global().parallel_for(size_t(t.rows), [&](size_t b, size_t e) {
+        std::vector<float> row(static_cast<size_t>(t.cols));
+        for (size_t r = b; r < e; ++r) {
+          for (int64_t j = 0; j < t.cols; ++j) row[size_t(j)] = bf16_to_f32(v[r * size_t(t.cols) + size_t(j)]);
+          mlx_quantize_row(row.data(), t.cols, t.bits, kQGroup, &codes[r * size_t(wpr)], &scales[r * size_t(G)],
+                           &biases[r * size_t(G)]);
+        }
+      });
+      qm[t.name] = HostQ{codes.data(), scales.data(), biases.data(), t.bits};
     } else {
       auto& v = f32[t.name];
       v.resize(t.count);
@@ -223,7 +423,16 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
   const ModelConfig& c = hm->config;
   const int64_t H = c.hidden;
   auto view = [&](const std::string& name, int64_t row0, int64_t rows, int64_t cols) {
-    return Matrix{bf.at(name) + size_t(row0 * cols), DType::BF16, rows, cols, name};
+    auto it = qm.find(name);
+    if (it == qm.end()) return Matrix{bf.at(name) + size_t(row0 * cols), DType::BF16, rows, cols, name};
+    const HostQ& q = it->second;
+    const int64_t G = cols / kQGroup;
+    Matrix m{q.codes + size_t(row0 * cols * q.bits / 32), DType::U32, rows, cols, name};
+    m.bits = q.bits;
+    m.group_size = kQGroup;
+    m.scales = q.scales + size_t(row0 * G);
+    m.biases = q.biases + size_t(row0 * G);
+    return m;
   };
   ModelWeights& w = hm->weights;
   w.embed = view("embed", 0, c.vocab, H);

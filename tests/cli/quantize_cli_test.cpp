@@ -12,6 +12,7 @@ namespace lilac::test {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -73,9 +74,12 @@ TEST(CliQuantize, QuantizesInspectsAndRuns) {
   auto bf = run_lilac("logits --model " + out + " --weights bf16 --prompt-ids 1,2");
   EXPECT_EQ(bf.status, 1);
   EXPECT_THAT(bf.output, HasSubstr("holds quantized weights"));
+  // The CUDA backend runs MLX 4-bit checkpoints (tests/cuda/q4_backend_test.cpp); without a GPU
+  // (CI) or without nvcc at build time it says why it cannot.
   auto cuda = run_lilac("logits --model " + out + " --prompt-ids 1,2 --device cuda");
-  EXPECT_EQ(cuda.status, 1);
-  EXPECT_THAT(cuda.output, HasSubstr("no 4-bit kernels yet"));
+  if (cuda.status != 0) {
+    EXPECT_THAT(cuda.output, AnyOf(HasSubstr("no CUDA device"), HasSubstr("no CUDA backend")));
+  }
 }
 
 TEST(CliQuantize, Refusals) {

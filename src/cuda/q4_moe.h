@@ -1,0 +1,46 @@
+// Mixture-of-experts kernels over 4/8-bit expert weights (tiled layout, q4_layout.h), with the
+// contracts of the BF16 ones (moe_decode.h, moe_prefill.h): the same inputs, outputs, routing
+// and summation order rules; the weights are QMatrix stacks:
+//   gate_up        [E * 2I, H]  per expert I gate rows then I up rows (expert e = rows e*2I ..)
+//   down           [E * H, I]
+//   shared_gate_up [2 Is, H], shared_down [H, Is]
+// Requirements: H, I, Is multiples of 64 (a quantization group), and of 16 rows per expert part
+// (2I, H, Is multiples of 16: true when they are multiples of 64). Bits 4 or 8.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common.h"
+#include "cuda/moe_prefill.h"
+#include "cuda/q4_layout.h"
+
+namespace lilac::cuda {
+
+// Decode (one token). act[j * I + i] = bf16(silu(gate_e[i] . x) * (up_e[i] . x)), e = idx[j],
+// j < k; act[k * I + i] the shared expert's, i < Is. One launch; the grid depends on k, I, Is.
+// Twin: cpu::moe_token_act (dequantised weights), then bf16 rounding.
+void q_moe_gate_up_gemv(const QMatrix& gate_up, const QMatrix& shared_gate_up, const int32_t* idx,
+                        int k, const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream);
+
+// h[c] += sum_{j<k} w[j] * (down_{idx[j]}[c] . act_j) + sigmoid(*shared_logit) *
+// (shared_down[c] . act_k), fixed order (j ascending, shared last). One launch of H / 16 blocks of
+// (k + 1) warps. k <= 31. Twin: cpu::moe_token_down.
+void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int32_t* idx,
+                     const float* w, const float* shared_logit, const bf16* act, int k, int H,
+                     int I, int Is, float* h, cudaStream_t stream);
+
+// Prefill, grouped by expert through moe_route's tables (moe_prefill.h). The weights are
+// dequantised to bf16 (w = RNE_bf16(s q + b), cpu::dequantize_row_bf16) and multiplied on tensor
+// cores with f32 accumulation. act [T*k, I] bf16, sorted rows.
+void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
+                           bf16* act, cudaStream_t stream);
+// y [T*k, H] f32, sorted rows = act . down_e^T.
+void q_moe_grouped_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
+                        float* y, cudaStream_t stream);
+// The shared expert's act [T, Is] bf16 (the same kernel over dense rows).
+void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
+                          bf16* act, cudaStream_t stream);
+
+}  // namespace lilac::cuda

@@ -1,0 +1,123 @@
+// cuda::q_gemm against its twin: cpu::dequantize_row_bf16 (exactly the weights the kernel
+// multiplies) + cpu::matmul, so only the f32 summation order differs (tight tolerance); and
+// against the f32 dequantisation (cpu::dequantize_row) within the bf16 rounding of the weights.
+// Real prefill shapes (GDN in_proj, out_proj +=, the 8-bit router, shared down) and awkward ones
+// (M = 1, 17, 130, 257; N not a multiple of 16 or of the 256-row block; K of one group). Outputs
+// poisoned.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda/q4_gemm.h"
+#include "q4_test_util.h"
+#include "util/error.h"
+
+namespace lilac::test {
+namespace {
+
+struct Case {
+  int M, N, K, bits;
+  cuda::GemmOut mode;
+};
+
+void check_case(const Case& c, uint64_t seed) {
+  const std::string what = "q_gemm M " + std::to_string(c.M) + " N " + std::to_string(c.N) + " K " +
+                           std::to_string(c.K) + " " + std::to_string(c.bits) + "-bit mode " +
+                           std::to_string(int(c.mode));
+  SCOPED_TRACE(what);
+  HostQ W(c.N, c.K, c.bits, std::sqrt(3.f / float(c.K)), seed);
+  const std::vector<uint16_t> wb = W.dequant_bf16();
+  const std::vector<uint16_t> ab = random_bf16_bits(size_t(c.M) * c.K, 1.f, seed + 1);
+  const std::vector<float> a = widen(ab.data(), ab.size());
+  std::vector<float> want(static_cast<size_t>(c.M) * c.N), want32(size_t(c.M) * c.N);
+  cpu::matmul(Matrix{wb.data(), DType::BF16, c.N, c.K, "w"}, a.data(), c.M, c.K, want.data(), c.N,
+              ThreadPool::global());
+  cpu::matmul(W.view(0, c.N), a.data(), c.M, c.K, want32.data(), c.N, ThreadPool::global());
+  const auto wn = row_norms(wb.data(), c.N, c.K), an = row_norms(ab.data(), c.M, c.K);
+  const double dt = dot_tolerance(int64_t(c.K));
+
+  std::vector<float> c0;  // the residual for AccumulateF32
+  if (c.mode == cuda::GemmOut::AccumulateF32) {
+    c0.resize(size_t(c.M) * c.N);
+    for (size_t i = 0; i < c0.size(); ++i) c0[i] = hash_uniform(seed + 2, i, 2.f);
+  }
+  auto da = upload_bf16(ab);
+  const size_t n = size_t(c.M) * c.N, guard = 64;
+  const bool bf = c.mode == cuda::GemmOut::StoreBF16;
+  cuda::DeviceBuffer<float> cf(bf ? 0 : n + guard);
+  cuda::DeviceBuffer<cuda::bf16> cb(bf ? n + guard : 0);
+  if (bf)
+    poison(cb);
+  else
+    poison(cf);
+  if (!c0.empty()) LILAC_CUDA_CHECK(cudaMemcpy(cf.get(), c0.data(), n * 4, cudaMemcpyHostToDevice));
+  cuda::q_gemm(da.get(), c.M, W.q(), bf ? static_cast<void*>(cb.get()) : cf.get(), c.mode, nullptr);
+  std::vector<float> got(n + guard);
+  if (bf) {
+    const auto g = download_bf16_as_f32(cb);
+    std::vector<uint16_t> raw(cb.size());
+    LILAC_CUDA_CHECK(cudaMemcpy(raw.data(), cb.get(), cb.bytes(), cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(guard_untouched(raw, n, what));
+    got.assign(g.begin(), g.end());
+  } else {
+    got = download(cf);
+    EXPECT_TRUE(guard_untouched(got, n, what));
+  }
+  auto base = [&](size_t i) { return c0.empty() ? 0.0 : double(c0[i]); };
+  auto tol = [&](size_t i, double extra) {
+    const double t = dt * wn[i % size_t(c.N)] * an[i / size_t(c.N)] + extra;
+    const double ref = base(i) + want[i];
+    return t + (bf ? std::fabs(ref) / 256 : 2 * kU * std::fabs(ref)) + 1e-30;
+  };
+  auto where = [&](size_t i) {
+    return "token " + std::to_string(i / size_t(c.N)) + ", row " + std::to_string(i % size_t(c.N));
+  };
+  EXPECT_TRUE(check_elements(
+      n, [&](size_t i) { return got[i]; }, [&](size_t i) { return base(i) + double(want[i]); },
+      [&](size_t i) { return tol(i, 0.0); }, where, what + " vs the bf16-weight twin"));
+  // The f32 dequantisation: each weight within 2^-9 of its bf16 rounding: sum |w a| 2^-9 <= 2^-9
+  // ||w|| ||a||.
+  EXPECT_TRUE(check_elements(
+      n, [&](size_t i) { return got[i]; }, [&](size_t i) { return base(i) + double(want32[i]); },
+      [&](size_t i) { return tol(i, std::ldexp(wn[i % size_t(c.N)] * an[i / size_t(c.N)], -9)); },
+      where, what + " vs the f32 twin"));
+}
+
+TEST(Q4Gemm, ModelShapes) {
+  LILAC_REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (const Case& c : {Case{130, 12352, 2048, 4, cuda::GemmOut::StoreF32},
+                        Case{257, 2048, 4096, 4, cuda::GemmOut::AccumulateF32},
+                        Case{300, 257, 2048, 8, cuda::GemmOut::StoreF32},
+                        Case{129, 2048, 512, 4, cuda::GemmOut::StoreF32},
+                        Case{64, 1024, 2048, 4, cuda::GemmOut::StoreBF16}})
+    check_case(c, seed++);
+}
+
+TEST(Q4Gemm, AwkwardShapes) {
+  LILAC_REQUIRE_GPU();
+  uint64_t seed = 50;
+  for (int bits : {4, 8})
+    for (const Case& c : {Case{1, 100, 64, bits, cuda::GemmOut::StoreF32},
+                          Case{17, 392, 128, bits, cuda::GemmOut::AccumulateF32},
+                          Case{3, 17, 192, bits, cuda::GemmOut::StoreF32},
+                          Case{200, 300, 256, bits, cuda::GemmOut::StoreBF16},
+                          Case{128, 256, 576, bits, cuda::GemmOut::StoreF32}})
+      check_case(c, seed++);
+}
+
+TEST(Q4Gemm, BadArgumentsThrow) {
+  cuda::QMatrix q{reinterpret_cast<const uint32_t*>(uintptr_t(256)),
+                  reinterpret_cast<const uint32_t*>(uintptr_t(256)), 16, 96, 4};
+  auto* a = reinterpret_cast<const cuda::bf16*>(uintptr_t(256));
+  auto* c = reinterpret_cast<float*>(uintptr_t(256));
+  EXPECT_THROW(cuda::q_gemm(a, 4, q, c, cuda::GemmOut::StoreF32, nullptr), Error);  // K % 64
+  q.cols = 128;
+  EXPECT_THROW(cuda::q_gemm(a, 0, q, c, cuda::GemmOut::StoreF32, nullptr), Error);      // M
+  EXPECT_THROW(cuda::q_gemm(a + 1, 4, q, c, cuda::GemmOut::StoreF32, nullptr), Error);  // align
+}
+
+}  // namespace
+}  // namespace lilac::test

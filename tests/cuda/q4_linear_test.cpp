@@ -1,0 +1,160 @@
+// cuda::q_gemv / q_gemv_bf16out / q_embed against their CPU twins (cpu::dequantize_row +
+// cpu::matmul; cpu::widen_row) on weights quantized by the CPU quantizer, at the model's decode
+// shapes (GDN in_proj, attention qkv, out_proj / o_proj, the 8-bit router, lm_head) and awkward
+// ones (one row, rows not a multiple of 16, one group, group counts not a multiple of 8).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cuda/q4_linear.h"
+#include "q4_test_util.h"
+#include "util/error.h"
+
+namespace lilac::test {
+namespace {
+
+struct Shape {
+  int rows, cols, bits;
+};
+
+void check_shape(Shape s, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "W [" << s.rows << ", " << s.cols << "] at " << s.bits
+                                  << " bits");
+  HostQ W(s.rows, s.cols, s.bits, std::sqrt(3.f / float(s.cols)), seed);
+  std::vector<float> x = random_floats(size_t(s.cols), 1.f, uint32_t(seed + 1));
+  const std::vector<uint16_t> xb = to_bf16_rounding(x);
+  const std::vector<float> want = q_twin(W, 0, s.rows, x);
+  const std::vector<double> tol = q_gemv_tolerance(W, 0, s.rows, x);
+  auto dx = upload_bf16(xb);
+  const size_t guard = 37;
+  {  // Store
+    cuda::DeviceBuffer<float> y(static_cast<size_t>(s.rows) + guard);
+    poison(y);
+    cuda::q_gemv(W.q(), dx.get(), y.get(), cuda::GemvOut::Store, nullptr);
+    std::vector<float> got = download(y);
+    EXPECT_TRUE(guard_untouched(got, size_t(s.rows), "q_gemv Store"));
+    got.resize(size_t(s.rows));
+    EXPECT_TRUE(within(got, want, tol, "q_gemv Store"));
+    // Deterministic.
+    cuda::q_gemv(W.q(), dx.get(), y.get(), cuda::GemvOut::Store, nullptr);
+    std::vector<float> again = download(y);
+    again.resize(size_t(s.rows));
+    EXPECT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * 4))
+        << "q_gemv is not deterministic";
+  }
+  {  // Accumulate into a residual
+    std::vector<float> y0 = random_floats(size_t(s.rows), 3.f, uint32_t(seed + 2));
+    y0.resize(size_t(s.rows) + guard, 0.f);
+    auto y = upload(y0);
+    LILAC_CUDA_CHECK(cudaMemset(y.get() + s.rows, 0xff, guard * sizeof(float)));
+    cuda::q_gemv(W.q(), dx.get(), y.get(), cuda::GemvOut::Accumulate, nullptr);
+    std::vector<float> got = download(y);
+    EXPECT_TRUE(guard_untouched(got, size_t(s.rows), "q_gemv Accumulate"));
+    got.resize(size_t(s.rows));
+    std::vector<float> sum(static_cast<size_t>(s.rows));
+    std::vector<double> t2(static_cast<size_t>(s.rows));
+    for (size_t r = 0; r < sum.size(); ++r) {
+      sum[r] = y0[r] + want[r];
+      t2[r] = tol[r] + 2 * kU * std::fabs(double(sum[r]));
+    }
+    EXPECT_TRUE(within(got, sum, t2, "q_gemv Accumulate"));
+  }
+  {  // bf16 out
+    cuda::DeviceBuffer<cuda::bf16> y(static_cast<size_t>(s.rows) + guard);
+    poison(y);
+    cuda::q_gemv_bf16out(W.q(), dx.get(), y.get(), nullptr);
+    std::vector<uint16_t> raw(y.size());
+    LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+    LILAC_CUDA_CHECK(cudaMemcpy(raw.data(), y.get(), y.bytes(), cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(guard_untouched(raw, size_t(s.rows), "q_gemv_bf16out"));
+    std::vector<float> got(static_cast<size_t>(s.rows));
+    std::vector<double> t3(static_cast<size_t>(s.rows));
+    for (size_t r = 0; r < got.size(); ++r) {
+      got[r] = bf16_to_f32(raw[r]);
+      t3[r] = tol[r] * (1 + 1.0 / 256) + std::fabs(double(want[r])) / 256;
+    }
+    EXPECT_TRUE(within(got, want, t3, "q_gemv_bf16out"));
+  }
+}
+
+TEST(Q4Gemv, ModelShapes) {
+  LILAC_REQUIRE_GPU();
+  uint64_t seed = 100;
+  // GDN in_proj, attention qkv, out_proj / o_proj, router + shared gate (8-bit).
+  for (Shape s :
+       {Shape{12352, 2048, 4}, Shape{9216, 2048, 4}, Shape{2048, 4096, 4}, Shape{257, 2048, 8}})
+    check_shape(s, seed++);
+}
+
+TEST(Q4Gemv, LmHead) {
+  LILAC_REQUIRE_GPU();
+  check_shape(Shape{248320, 2048, 4}, 7);
+}
+
+TEST(Q4Gemv, AwkwardShapes) {
+  LILAC_REQUIRE_GPU();
+  uint64_t seed = 200;
+  for (int bits : {4, 8})
+    for (Shape s :
+         {Shape{1, 64, bits}, Shape{17, 128, bits}, Shape{33, 576, bits}, Shape{100, 4160, bits},
+          Shape{392, 128, bits}, Shape{5, 16384, bits}, Shape{2048, 512, bits}})
+      check_shape(s, seed++);
+}
+
+// The tolerance is meaningful: one code one step off (at the largest |x_k|, the row moves by |s
+// x_k|) exceeds twice the bound in most rows, so a single wrong nibble would fail q_gemv's
+// comparison.
+TEST(Q4Gemv, ToleranceSeesOneWrongCode) {
+  LILAC_REQUIRE_GPU();
+  HostQ W(64, 2048, 4, std::sqrt(3.f / 2048.f), 9);
+  std::vector<float> x = random_floats(2048, 1.f, 10);
+  to_bf16_rounding(x);
+  const std::vector<double> tol = q_gemv_tolerance(W, 0, 64, x);
+  size_t kx = 0;  // the element where a wrong code shows most
+  for (size_t k = 0; k < x.size(); ++k)
+    if (std::fabs(x[k]) > std::fabs(x[kx])) kx = k;
+  int caught = 0;
+  for (int r = 0; r < 64; ++r) {
+    const double s = bf16_to_f32(W.scales[size_t(r) * 32 + kx / 64]);
+    caught += std::fabs(s * x[kx]) > 2 * tol[size_t(r)];
+  }
+  EXPECT_GT(caught, 32) << "the q_gemv tolerance is too loose to see one wrong code in most rows";
+}
+
+TEST(Q4Embed, ExactRows) {
+  LILAC_REQUIRE_GPU();
+  for (int bits : {4, 8}) {
+    HostQ table(300, 2048, bits, 1.f, 33 + bits);
+    std::vector<int32_t> ids = {0, 299, 17, 17, 150, 1};
+    auto d_ids = upload(ids);
+    cuda::DeviceBuffer<float> h(ids.size() * 2048 + 11);
+    poison(h);
+    cuda::q_embed(d_ids.get(), table.q(), h.get(), int(ids.size()), nullptr);
+    std::vector<float> got = download(h);
+    EXPECT_TRUE(guard_untouched(got, ids.size() * 2048, "q_embed"));
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const std::vector<float> want = table.row_f32(ids[t]);
+      for (size_t k = 0; k < 2048; ++k)
+        ASSERT_EQ(got[t * 2048 + k], want[k])
+            << bits << "-bit token " << t << " (row " << ids[t] << ") element " << k;
+    }
+  }
+}
+
+TEST(Q4Gemv, BadArgumentsThrow) {
+  cuda::QMatrix q{reinterpret_cast<const uint32_t*>(uintptr_t(256)),
+                  reinterpret_cast<const uint32_t*>(uintptr_t(256)), 16, 100, 4};
+  auto* x = reinterpret_cast<const cuda::bf16*>(uintptr_t(256));
+  auto* y = reinterpret_cast<float*>(uintptr_t(256));
+  EXPECT_THROW(cuda::q_gemv(q, x, y, cuda::GemvOut::Store, nullptr), Error);  // cols % 64
+  q.cols = 128;
+  q.bits = 3;
+  EXPECT_THROW(cuda::q_gemv(q, x, y, cuda::GemvOut::Store, nullptr), Error);  // bits
+  q.bits = 4;
+  EXPECT_THROW(cuda::q_gemv(q, x + 1, y, cuda::GemvOut::Store, nullptr), Error);  // x alignment
+}
+
+}  // namespace
+}  // namespace lilac::test

@@ -1,0 +1,288 @@
+// 4-bit MoE kernels against their CPU twins on weights quantized by the CPU quantizer:
+//  * decode: q_moe_gate_up_gemv vs cpu::moe_token_act, q_moe_down_gemv vs cpu::moe_token_down
+//    (dequantised f32 weights; bounds of q4_test_util.h), real shapes (H 2048, E 256, k 8,
+//    I = Is = 512) and the tiny-a fixture's (H 128, E 16, k 4, I = Is = 64), 4 and 8 bits;
+//  * prefill: q_moe_grouped_gate_up / q_moe_grouped_down / q_moe_shared_gate_up on moe_route's
+//    tables vs double-precision dot products with the bf16 weights the kernels multiply
+//    (cpu::dequantize_row_bf16), T = 1, 37, 300, uniform routing. Outputs poisoned.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "cpu/moe.h"
+#include "cuda/moe_decode.h"
+#include "cuda/moe_prefill.h"
+#include "cuda/q4_moe.h"
+#include "q4_test_util.h"
+#include "util/error.h"
+
+namespace lilac::test {
+namespace {
+
+struct Shape {
+  int H, E, k, I, Is, bits;
+};
+
+struct QMoe {
+  Shape s;
+  HostQ gu, dn, sgu, sdn;
+  MoeWeights w;
+  QMoe(Shape shape, uint64_t seed)
+      : s(shape),
+        gu(int64_t(shape.E) * 2 * shape.I, shape.H, shape.bits, std::sqrt(3.f / shape.H), seed),
+        dn(int64_t(shape.E) * shape.H, shape.I, shape.bits, std::sqrt(3.f / shape.I), seed + 1),
+        sgu(2 * shape.Is, shape.H, shape.bits, std::sqrt(3.f / shape.H), seed + 2),
+        sdn(shape.H, shape.Is, shape.bits, std::sqrt(3.f / shape.Is), seed + 3) {
+    for (int e = 0; e < s.E; ++e)
+      w.experts.push_back(ExpertWeights{gu.view(int64_t(e) * 2 * s.I, s.I),
+                                        gu.view(int64_t(e) * 2 * s.I + s.I, s.I),
+                                        dn.view(int64_t(e) * s.H, s.H)});
+    w.shared_gate = sgu.view(0, s.Is);
+    w.shared_up = sgu.view(s.Is, s.Is);
+    w.shared_down = sdn.view(0, s.H);
+  }
+};
+
+void check_decode(Shape s, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "H=" << s.H << " E=" << s.E << " k=" << s.k << " I=" << s.I
+                                  << " Is=" << s.Is << " bits=" << s.bits);
+  ThreadPool& pool = ThreadPool::global();
+  QMoe m(s, seed);
+  const int k = s.k, n_act = s.k * s.I + s.Is;
+  std::vector<int32_t> idx(static_cast<size_t>(k));
+  std::vector<float> wt(static_cast<size_t>(k));
+  for (int j = 0; j < k; ++j) {
+    idx[size_t(j)] = int32_t((size_t(j) * 37 + seed) % size_t(s.E));  // distinct for E > k (37 odd)
+    wt[size_t(j)] = float(k - j) / float(k * (k + 1) / 2);
+  }
+  idx[0] = s.E - 1;  // the last expert's rows end the stack
+  const float shared_logit = 0.7f;
+  auto didx = upload(idx);
+  auto dwt = upload(wt);
+  auto dlogit = upload(std::vector<float>{shared_logit});
+
+  std::vector<float> x = random_floats(size_t(s.H), 1.f, uint32_t(seed + 9));
+  const std::vector<uint16_t> xb = to_bf16_rounding(x);
+  auto dx = upload_bf16(xb);
+  const size_t guard = 24;
+  cuda::DeviceBuffer<cuda::bf16> dact(static_cast<size_t>(n_act) + guard);
+  poison(dact);
+  cuda::q_moe_gate_up_gemv(m.gu.q(), m.sgu.q(), didx.get(), k, dx.get(), s.H, s.I, s.Is, dact.get(),
+                           nullptr);
+  std::vector<uint16_t> raw(dact.size());
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  LILAC_CUDA_CHECK(cudaMemcpy(raw.data(), dact.get(), dact.bytes(), cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(guard_untouched(raw, size_t(n_act), "q_moe_gate_up_gemv"));
+  std::vector<float> act_gpu(static_cast<size_t>(n_act));
+  for (size_t i = 0; i < act_gpu.size(); ++i) act_gpu[i] = bf16_to_f32(raw[i]);
+  std::vector<float> act_cpu(static_cast<size_t>(n_act));
+  cpu::moe_token_act(m.w, x.data(), idx.data(), k, act_cpu.data(), pool);
+  // act = silu(g) u moves by <= 1.1 (|u| tol_g + |silu(g)| tol_u), then bf16 rounding.
+  std::vector<double> tol(static_cast<size_t>(n_act));
+  for (int j = 0; j <= k; ++j) {
+    const bool shared = j == k;
+    const HostQ& M = shared ? m.sgu : m.gu;
+    const int n = shared ? s.Is : s.I;
+    const int64_t g0 = shared ? 0 : int64_t(idx[size_t(j)]) * 2 * s.I;
+    const auto g = q_twin(M, g0, n, x), u = q_twin(M, g0 + n, n, x);
+    const auto tg = q_gemv_tolerance(M, g0, n, x), tu = q_gemv_tolerance(M, g0 + n, n, x);
+    for (int i = 0; i < n; ++i) {
+      const size_t at = size_t(j) * size_t(s.I) + size_t(i);
+      const double gi = g[size_t(i)], ui = u[size_t(i)];
+      tol[at] = 1.1 * (std::fabs(ui) * tg[size_t(i)] +
+                       std::fabs(gi / (1 + std::exp(-gi))) * tu[size_t(i)]) +
+                (1.0 / 256 + 1e-6) * std::fabs(act_cpu[at]) + 1e-30;
+    }
+  }
+  EXPECT_TRUE(within(act_gpu, act_cpu, tol, "q_moe_gate_up_gemv act"));
+
+  // down, from the GPU's act
+  std::vector<float> h0 = random_floats(size_t(s.H), 2.f, uint32_t(seed + 5));
+  std::vector<float> out(static_cast<size_t>(s.H));
+  cpu::moe_token_down(m.w, act_gpu.data(), idx.data(), wt.data(), k, shared_logit, out.data(),
+                      pool);
+  std::vector<float> want(static_cast<size_t>(s.H));
+  std::vector<double> td(static_cast<size_t>(s.H), 0.0);
+  for (int j = 0; j <= k; ++j) {
+    const bool shared = j == k;
+    const std::vector<float> a(act_gpu.begin() + ptrdiff_t(j) * s.I,
+                               act_gpu.begin() + ptrdiff_t(j) * s.I + (shared ? s.Is : s.I));
+    const auto t = shared ? q_gemv_tolerance(m.sdn, 0, s.H, a)
+                          : q_gemv_tolerance(m.dn, int64_t(idx[size_t(j)]) * s.H, s.H, a);
+    const double weight = shared ? 1 / (1 + std::exp(-double(shared_logit))) : wt[size_t(j)];
+    for (int c = 0; c < s.H; ++c) td[size_t(c)] += weight * t[size_t(c)];
+  }
+  for (size_t c = 0; c < want.size(); ++c) {
+    want[c] = h0[c] + out[c];
+    td[c] += 4 * kU * (std::fabs(double(h0[c])) + std::fabs(double(out[c]))) + 1e-30;
+  }
+  std::vector<float> h_init = h0;
+  h_init.resize(size_t(s.H) + guard, 0.f);
+  auto dh = upload(h_init);
+  LILAC_CUDA_CHECK(cudaMemset(dh.get() + s.H, 0xff, guard * sizeof(float)));
+  cuda::q_moe_down_gemv(m.dn.q(), m.sdn.q(), didx.get(), dwt.get(), dlogit.get(), dact.get(), k,
+                        s.H, s.I, s.Is, dh.get(), nullptr);
+  std::vector<float> got = download(dh);
+  EXPECT_TRUE(guard_untouched(got, size_t(s.H), "q_moe_down_gemv"));
+  got.resize(size_t(s.H));
+  EXPECT_TRUE(within(got, want, td, "q_moe_down_gemv h"));
+}
+
+TEST(Q4MoeDecode, RealShape) {
+  LILAC_REQUIRE_GPU();
+  check_decode(Shape{2048, 256, 8, 512, 512, 4}, 1000);
+}
+
+TEST(Q4MoeDecode, TinyAndEightBit) {
+  LILAC_REQUIRE_GPU();
+  check_decode(Shape{128, 16, 4, 64, 64, 4}, 2000);
+  check_decode(Shape{128, 16, 4, 64, 64, 8}, 2100);
+  check_decode(Shape{192, 9, 3, 128, 64, 4}, 2200);  // I != Is, 3 groups of H
+  check_decode(Shape{2048, 32, 8, 512, 512, 8}, 2300);
+}
+
+// ---- prefill ------------------------------------------------------------------------------------
+
+double dot_d(const uint16_t* w, const float* a, int n) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += double(bf16_to_f32(w[i])) * a[i];
+  return s;
+}
+
+double norm_bf16(const uint16_t* w, int n) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += double(bf16_to_f32(w[i])) * bf16_to_f32(w[i]);
+  return std::sqrt(s);
+}
+
+void check_prefill(Shape s, int T, uint64_t seed) {
+  const std::string what =
+      "T " + std::to_string(T) + " E " + std::to_string(s.E) + " bits " + std::to_string(s.bits);
+  SCOPED_TRACE(what);
+  QMoe m(s, seed);
+  const int k = s.k, P = T * k;
+  const auto gub = m.gu.dequant_bf16(), dnb = m.dn.dequant_bf16(), sgub = m.sgu.dequant_bf16();
+  // Routing on the device (moe_route is tested against a counting sort in moe_prefill_test.cpp).
+  std::vector<float> logits(static_cast<size_t>(T) * (s.E + 1));
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = hash_uniform(seed + 7, i, 3.f);
+  auto dlog = upload(logits);
+  cuda::DeviceBuffer<uint8_t> ws(cuda::moe_routing_workspace_bytes(T, s.E, k));
+  const cuda::MoeRouting r = cuda::moe_routing_layout(ws.get(), T, s.E, k);
+  cuda::moe_route(dlog.get(), s.E + 1, T, s.E, k, r, nullptr);
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> sorted_token(static_cast<size_t>(P)), offsets(size_t(s.E) + 1);
+  LILAC_CUDA_CHECK(
+      cudaMemcpy(sorted_token.data(), r.sorted_token, size_t(P) * 4, cudaMemcpyDeviceToHost));
+  LILAC_CUDA_CHECK(
+      cudaMemcpy(offsets.data(), r.expert_offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<int32_t> expert_of(static_cast<size_t>(P));
+  for (int e = 0; e < s.E; ++e)
+    for (int i = offsets[size_t(e)]; i < offsets[size_t(e) + 1]; ++i) expert_of[size_t(i)] = e;
+
+  const auto xb = random_bf16_bits(size_t(T) * s.H, 1.f, seed + 8);
+  const auto x = widen(xb.data(), xb.size());
+  auto dx = upload_bf16(xb);
+  const double dtH = dot_tolerance(int64_t(s.H)), dtI = dot_tolerance(int64_t(s.I));
+
+  // gate_up (grouped) and the shared expert's
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool shared = pass == 1;
+    const int rows = shared ? T : P, I = shared ? s.Is : s.I;
+    cuda::DeviceBuffer<cuda::bf16> act(static_cast<size_t>(rows) * I + 16);
+    poison(act);
+    if (shared)
+      cuda::q_moe_shared_gate_up(dx.get(), T, s.H, m.sgu.q(), s.Is, act.get(), nullptr);
+    else
+      cuda::q_moe_grouped_gate_up(dx.get(), s.H, m.gu.q(), s.I, r, act.get(), nullptr);
+    const auto got = download_bf16_as_f32(act);
+    std::vector<double> want(static_cast<size_t>(rows) * I), tol(size_t(rows) * I);
+    ThreadPool::global().parallel_for(size_t(rows), [&](size_t b0, size_t e0) {
+      for (size_t row = b0; row < e0; ++row) {
+        const int t = shared ? int(row) : sorted_token[row];
+        const uint16_t* base = shared ? sgub.data() : &gub[size_t(expert_of[row]) * 2 * s.I * s.H];
+        const float* xt = &x[size_t(t) * s.H];
+        const double xn = std::sqrt(std::inner_product(xt, xt + s.H, xt, 0.0));
+        for (int i = 0; i < I; ++i) {
+          const uint16_t* gw = base + size_t(i) * s.H;
+          const uint16_t* uw = base + size_t(I + i) * s.H;
+          const double g = dot_d(gw, xt, s.H), u = dot_d(uw, xt, s.H);
+          const double silu = g / (1 + std::exp(-g)), v = silu * u;
+          want[row * I + size_t(i)] = v;
+          tol[row * I + size_t(i)] = 1.1 * (std::fabs(u) * dtH * norm_bf16(gw, s.H) * xn +
+                                            std::fabs(silu) * dtH * norm_bf16(uw, s.H) * xn) +
+                                     std::fabs(v) * (1.0 / 256 + 1e-6) + 1e-30;
+        }
+      }
+    });
+    EXPECT_TRUE(check_elements(
+        size_t(rows) * I, [&](size_t i) { return got[i]; }, [&](size_t i) { return want[i]; },
+        [&](size_t i) { return tol[i]; },
+        [&](size_t i) {
+          return "row " + std::to_string(i / size_t(I)) + ", col " + std::to_string(i % size_t(I));
+        },
+        what + (shared ? " shared gate_up" : " grouped gate_up")));
+    if (shared) continue;
+
+    // grouped down from the GPU's act
+    std::vector<float> actf(got.begin(), got.begin() + ptrdiff_t(rows) * I);
+    cuda::DeviceBuffer<float> y(static_cast<size_t>(P) * s.H + 16);
+    poison(y);
+    cuda::q_moe_grouped_down(act.get(), s.I, m.dn.q(), s.H, r, y.get(), nullptr);
+    const auto yg = download(y);
+    EXPECT_TRUE(guard_untouched(yg, size_t(P) * s.H, what + " grouped down"));
+    std::vector<double> yw(static_cast<size_t>(P) * s.H), yt(size_t(P) * s.H);
+    ThreadPool::global().parallel_for(size_t(P), [&](size_t b0, size_t e0) {
+      for (size_t row = b0; row < e0; ++row) {
+        const float* a = &actf[row * size_t(s.I)];
+        const double an = std::sqrt(std::inner_product(a, a + s.I, a, 0.0));
+        for (int c = 0; c < s.H; ++c) {
+          const uint16_t* dw = &dnb[(size_t(expert_of[row]) * s.H + size_t(c)) * s.I];
+          yw[row * s.H + size_t(c)] = dot_d(dw, a, s.I);
+          yt[row * s.H + size_t(c)] = dtI * norm_bf16(dw, s.I) * an + 1e-30;
+        }
+      }
+    });
+    EXPECT_TRUE(check_elements(
+        size_t(P) * s.H, [&](size_t i) { return yg[i]; }, [&](size_t i) { return yw[i]; },
+        [&](size_t i) { return yt[i]; },
+        [&](size_t i) {
+          return "sorted row " + std::to_string(i / size_t(s.H)) + ", col " +
+                 std::to_string(i % size_t(s.H));
+        },
+        what + " grouped down"));
+  }
+}
+
+TEST(Q4MoePrefill, TinyShapes) {
+  LILAC_REQUIRE_GPU();
+  for (int bits : {4, 8})
+    for (int T : {1, 37, 300})
+      check_prefill(Shape{128, 16, 4, 64, 64, bits}, T, 40 + uint64_t(T) + bits);
+}
+
+TEST(Q4MoePrefill, RealShape) {
+  LILAC_REQUIRE_GPU();
+  check_prefill(Shape{2048, 256, 8, 512, 512, 4}, 300, 77);
+}
+
+TEST(Q4Moe, BadArgumentsThrow) {
+  cuda::QMatrix q{reinterpret_cast<const uint32_t*>(uintptr_t(256)),
+                  reinterpret_cast<const uint32_t*>(uintptr_t(256)), 1024, 2048, 4};
+  auto* i = reinterpret_cast<const int32_t*>(uintptr_t(256));
+  auto* x = reinterpret_cast<const cuda::bf16*>(uintptr_t(256));
+  auto* a = reinterpret_cast<cuda::bf16*>(uintptr_t(256));
+  cuda::QMatrix shared = q;
+  shared.bits = 8;
+  EXPECT_THROW(cuda::q_moe_gate_up_gemv(q, shared, i, 8, x, 2048, 512, 512, a, nullptr),
+               Error);  // bits differ
+  EXPECT_THROW(cuda::q_moe_gate_up_gemv(q, q, i, 8, x, 2048, 500, 512, a, nullptr),
+               Error);  // I % 64
+  EXPECT_THROW(cuda::q_moe_gate_up_gemv(q, q, i, 40, x, 2048, 512, 512, a, nullptr), Error);  // k
+}
+
+}  // namespace
+}  // namespace lilac::test
