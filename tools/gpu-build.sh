@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.device-build
 cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILAC_CUDA=ON -DLILAC_CUDA_PTX=OFF -DLILAC_WERROR=ON >/dev/null
-cmake --build build/device -j "$(nproc)" --target lilac lilac_cuda_tests tokenizer_bench $(ninja -C build/device -t targets all 2>/dev/null | grep -o "^lilac_cuda_bench_[a-z_]*" | sort -u) "$@"
+cmake --build build/device -j "$(nproc)" --target lilac lilac_cuda_tests tokenizer_bench $(ninja -C build/device -t targets all 2>/dev/null | grep -o "^lilac_cuda_bench_[a-z0-9_]*" | sort -u) "$@"
 rm -rf "$out" && mkdir -p "$out/lib"
 for t in lilac lilac_cuda_tests tokenizer_bench $(cd build/device && ls -d lilac_cuda_bench_* 2>/dev/null); do
   [ -f "build/device/$t" ] && cp "build/device/$t" "$out/"
