@@ -5,7 +5,7 @@
 #   logits      the tiny-a fixture through `lilac logits --device cuda` (both layouts, chunked)
 #   kernels     the kernel microbenchmarks (lilac_cuda_bench_*)
 #   bench       `lilac bench --synthetic` (ten lengths, 3 rounds); bench-short: 3 lengths, 1 round;
-#               bench-q4: the same in 4-bit weights
+#               bench-q4: the same in 4-bit weights (bench-q4-short: 3 lengths, 1 round)
 #   tokenizer   tokenizer throughput: lilac's Google Benchmark and HF tokenizers, same file
 # Everything is logged to $OUT/run.log (few files: the device tool brings back at most 8), a
 # one-line-per-step summary to $OUT/summary.txt, bench results to $OUT/bench.json.
@@ -45,6 +45,7 @@ for s in $steps; do
       for b in $(cd "$B" && ls -d lilac_cuda_bench_* 2>/dev/null); do run "$b" 90 "$B/$b"; done ;;
     bench) run bench 540 "$B/lilac" bench --synthetic --json "$OUT/bench.json" ;;
     bench-q4) run bench-q4 420 "$B/lilac" bench --synthetic --weights q4 --json "$OUT/bench-q4.json" ;;
+    bench-q4-short) run bench-q4 240 "$B/lilac" bench --synthetic --weights q4 --lengths 256,4096,32768 --rounds 1 --json "$OUT/bench-q4.json" ;;
     bench-short) run bench 240 "$B/lilac" bench --synthetic --lengths 256,4096,32768 --rounds 1 --json "$OUT/bench.json" ;;
     tokenizer)
       run tokenizer-lilac 60 "$B/tokenizer_bench" --benchmark_min_time=1
