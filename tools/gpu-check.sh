@@ -6,6 +6,7 @@
 #   kernels     the kernel microbenchmarks (lilac_cuda_bench_*)
 #   bench       `lilac bench --synthetic` (ten lengths, 3 rounds); bench-short: 3 lengths, 1 round;
 #               bench-q4: the same in 4-bit weights (bench-q4-short: 3 lengths, 1 round)
+#   ab          decode at 256 context under each A/B switch (LILAC_PDL=0, ...), bf16 and q4
 #   tokenizer   tokenizer throughput: lilac's Google Benchmark and HF tokenizers, same file
 # Everything is logged to $OUT/run.log (few files: the device tool brings back at most 8), a
 # one-line-per-step summary to $OUT/summary.txt, bench results to $OUT/bench.json.
@@ -45,6 +46,12 @@ for s in $steps; do
       for b in $(cd "$B" && ls -d lilac_cuda_bench_* 2>/dev/null); do run "$b" 90 "$B/$b"; done ;;
     bench) run bench 540 "$B/lilac" bench --synthetic --json "$OUT/bench.json" ;;
     bench-q4) run bench-q4 420 "$B/lilac" bench --synthetic --weights q4 --json "$OUT/bench-q4.json" ;;
+    ab)  # decode at 256 context under the A/B switches of CudaOptions / launch.h, both formats
+      for w in bf16 q4; do
+        for e in LILAC_NONE=1 LILAC_PDL=0 LILAC_L2_PREFETCH=1 LILAC_CUDA_GRAPHS=0; do
+          run "ab-$w-$e" 120 env "$e" "$B/lilac" bench --synthetic --weights "$w" --lengths 256 --rounds 1
+        done
+      done ;;
     bench-q4-short) run bench-q4 240 "$B/lilac" bench --synthetic --weights q4 --lengths 256,4096,32768 --rounds 1 --json "$OUT/bench-q4.json" ;;
     bench-short) run bench 240 "$B/lilac" bench --synthetic --lengths 256,4096,32768 --rounds 1 --json "$OUT/bench.json" ;;
     tokenizer)

@@ -29,6 +29,8 @@
 #include "cuda/attention.h"
 #include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
+#include "cuda/launch.h"
+#include "cuda/vec_util.cuh"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -200,6 +202,8 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   constexpr int NT = HD / 8;   // n-tiles of P V
   constexpr uint32_t kStage = kDecKeys * HD * 2;
   extern __shared__ __align__(128) unsigned char smem[];
+  pdl_launch_dependents();  // PDL (launch.h): q / qkv and the position come from earlier kernels
+  pdl_wait();
 
   const int n = *d_pos0 + 1;
   const int S = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
@@ -433,6 +437,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   __shared__ float w_s[kMaxSplits];
   __shared__ __align__(16) float red[16][64];
   __shared__ float scratch[32];
+  pdl_launch_dependents();  // PDL (launch.h): the split kernel's partials
+  pdl_wait();
   const int n = *d_pos0 + 1, kps = dec_keys_per_split(n, S), na = (n + kps - 1) / kps;
   const int h = blockIdx.x, d0 = blockIdx.y * 64, tid = threadIdx.x;
   float mx = -INFINITY;
@@ -481,12 +487,12 @@ void launch_decode(const bf16* q, const bf16* gate, const bf16* k_cache, const b
     return true;
   }();
   (void)attr_set;
-  attn_decode_split_kernel<HD, FUSED><<<dim3(S, kv_heads), kDecThreads, smem, stream>>>(
-      q, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, part_o, part_ml, fz);
-  LILAC_CUDA_LAUNCHED();
-  attn_decode_combine_kernel<HD, FUSED><<<dim3(heads, HD / 64), kCombineThreads, 0, stream>>>(
-      part_o, part_ml, gate, fz.qkv, d_pos0, S, heads, out);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(true, attn_decode_split_kernel<HD, FUSED>, dim3(S, kv_heads), dim3(kDecThreads),
+                size_t(smem), stream, q, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, part_o,
+                part_ml, fz);
+  launch_kernel(true, attn_decode_combine_kernel<HD, FUSED>, dim3(heads, HD / 64),
+                dim3(kCombineThreads), 0, stream, part_o, part_ml, gate, fz.qkv, d_pos0, S, heads,
+                out);
 }
 
 template <bool FUSED>

@@ -526,6 +526,13 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
     timed(timer, "router_topk",
           [&] { router_topk(w.router.get(), E + 1, 1, E, k, w.topk_idx.get(), w.topk_w.get(), s); });
   }
+  if (trace_) {  // the routing, to tell a near-tie flip from a wrong step (tests)
+    const std::string tp = fmt::format("decode.layer{}.", li);
+    auto ids = download_f32(w.topk_idx.get(), size_t(k), s);
+    trace_(tp + "moe.topk_ids", ids.data(), {1, k});
+    auto logits = download_f32(w.router.get(), size_t(E), s);
+    trace_(tp + "moe.router_logits", logits.data(), {1, E});
+  }
   timed(timer, "moe_gate_up_gemv",
         [&] { moe_gate_up_decode(L, w.topk_idx.get(), k, w.x.get(), H, I, Is, w.act.get(), s); });
   timed(timer, "moe_down_gemv", [&] {
@@ -828,6 +835,34 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
     Timer t(stream_);
     decode_launches(st, true, &t);
     report(fmt::format("decode step at context {} (un-graphed, per-kernel events)", ctx), t);
+  }
+  {
+    // The step as decoding runs it (one graph replay, greedy), replayed back to back: the GPU's
+    // time per step without the host round trip that separates the steps of step().
+    constexpr int kReplays = 20;
+    auto seq = new_sequence(ctx + 2 + kReplays);
+    auto& st = static_cast<CudaSequenceState&>(*seq);
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    begin_sampling(st, {}, greedy);
+    const int32_t pos = int32_t(ctx);
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(st.d_pos(), &pos, 4, cudaMemcpyHostToDevice, stream_));
+    run_decode(st, true);  // capture and warm-up
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(st.d_pos(), &pos, 4, cudaMemcpyHostToDevice, stream_));
+    cudaEvent_t a, b;
+    LILAC_CUDA_CHECK(cudaEventCreate(&a));
+    LILAC_CUDA_CHECK(cudaEventCreate(&b));
+    LILAC_CUDA_CHECK(cudaEventRecord(a, stream_));
+    for (int i = 0; i < kReplays; ++i) run_decode(st, true);
+    LILAC_CUDA_CHECK(cudaEventRecord(b, stream_));
+    LILAC_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    LILAC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    lines.push_back(fmt::format("decode step at context {} as a graph replay, {} back to back: {:.1f} us ({:.1f} tok/s; "
+                                "GPU time, no host round trip between steps)",
+                                ctx, kReplays, 1e3 * ms / kReplays, kReplays / (1e-3 * ms)));
   }
   {
     const int T = int(std::min<int64_t>(ws_->max_T, 4096));

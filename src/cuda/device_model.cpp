@@ -45,7 +45,8 @@ struct Planned {
   size_t offset = 0;  // in the arena
   // Matrices only:
   int64_t rows = 0, cols = 0;
-  int64_t rows_per_stack = 0;  // experts: rows of one expert (a multiple of 16 when quantized)
+  int64_t rows_per_stack = 0;  // stacked experts: rows of one expert (a multiple of 16 when
+                               // quantized); 0: one matrix (any rows: the last tile is padded)
   int bits = 0;                // 0: bf16
   QMatrix* qtarget = nullptr;
   size_t sb_offset = 0;
@@ -111,7 +112,7 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
               reinterpret_cast<const void**>(target)};
     t.rows = rows;
     t.cols = cols;
-    t.rows_per_stack = rows_per_stack ? rows_per_stack : rows;
+    t.rows_per_stack = rows_per_stack;
     t.bits = matrix_bits(format, t.name, cols, t.parts);
     p.push_back(std::move(t));
   };
@@ -178,7 +179,7 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
       t.offset = take(t.count * (t.is_bf16 ? 2 : 4));
       continue;
     }
-    if (t.rows_per_stack % kQTileRows != 0)
+    if (t.rows_per_stack % kQTileRows != 0)  // 0 (one matrix) passes
       fail("{}: {} rows per expert: the 4-bit expert kernels need a multiple of {}", t.name, t.rows_per_stack,
            kQTileRows);
     t.qtarget = q_slot(dm, t.name);

@@ -39,6 +39,8 @@
 
 #include "cuda/common.cuh"
 #include "cuda/gated_deltanet.h"
+#include "cuda/launch.h"
+#include "cuda/vec_util.cuh"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -277,6 +279,10 @@ __global__ void __launch_bounds__(2 * DK)
   __shared__ __align__(16) float red2[NW][kCols];  // ... and S'^T q
   __shared__ float s_beta, s_decay;
 
+  // PDL (launch.h): the launch overlaps the previous kernel's tail; everything read below (the
+  // projections, the states) waits for it.
+  pdl_launch_dependents();
+  pdl_wait();
   // The cluster's blocks all start before any remote store below (the wait sits after the loads).
   cluster_arrive_relaxed();
 
@@ -483,13 +489,18 @@ void launch_gdn_decode(const DecodeArgs& a, bool cluster, cudaStream_t stream) {
   cfg.blockDim = dim3(2 * DK);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(a.Dv / kCols);  // the whole grid row: a head's column blocks
   attr[0].val.clusterDim.y = unsigned(a.Hv / a.Hk);   // the value heads of one key head
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if (pdl_for(reinterpret_cast<const void*>(gdn_decode_cluster_kernel<DK, KC>), stream)) {
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.numAttrs = 2;
+  }
   LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_cluster_kernel<DK, KC>, a.proj, a.taps,
                                       a.conv_state, a.neg_exp_A, a.dt_bias, a.norm_w, a.state, a.Hk,
                                       a.Hv, a.Dv, a.eps, a.out));

@@ -30,14 +30,20 @@ std::atomic<int>& setting() {
   return s;
 }
 
+// A switch read once from the environment: "0" / "off" -> 0, "1" / "on" -> 1, else `dflt`.
+int env_switch(const char* name, int dflt) {
+  const char* env = std::getenv(name);
+  if (!env) return dflt;
+  if (!std::strcmp(env, "0") || !std::strcmp(env, "off")) return 0;
+  if (!std::strcmp(env, "1") || !std::strcmp(env, "on")) return 1;
+  return dflt;
+}
+
 std::atomic<int>& prefetch_setting() {
-  static std::atomic<int> s{[] {
-    const char* env = std::getenv("LILAC_L2_PREFETCH");
-    const bool off = env && (!std::strcmp(env, "0") || !std::strcmp(env, "off"));
-    return off ? 0 : 1;
-  }()};
+  static std::atomic<int> s{env_switch("LILAC_L2_PREFETCH", 0)};
   return s;
 }
+
 
 // Kernel -> whether its running machine code has the wait; guarded by registry_mutex().
 std::unordered_map<const void*, bool>& registry() {
@@ -67,6 +73,7 @@ bool l2_prefetch_enabled() {
 void set_l2_prefetch_enabled(bool on) {
   prefetch_setting().store(on ? 1 : 0, std::memory_order_relaxed);
 }
+
 
 ScopedPdl::ScopedPdl(bool on) : saved_(setting().exchange(on ? 1 : 0)) {}
 ScopedPdl::~ScopedPdl() {

@@ -42,10 +42,11 @@ bool pdl_for(const void* kernel, cudaStream_t stream);
 
 // Whether the same kernels prefetch weights into L2 ahead of their loads (cp.async.bulk.prefetch.L2
 // on sm_90: the GEMV's first item before pdl_wait, the routed experts' rows once the router's
-// choice is read, the shared expert's rows before the wait). On unless LILAC_L2_PREFETCH=0; the
-// setter is for benchmarks comparing both.
+// choice is read, the shared expert's rows before the wait). Off unless LILAC_L2_PREFETCH=1 (the
+// layer bench measured it slower: docs/kernels.md); the setter is for benchmarks comparing both.
 bool l2_prefetch_enabled();
 void set_l2_prefetch_enabled(bool on);
+
 
 // Kernels checked by pdl_for so far: how many run machine code with the wait (launched with PDL)
 // and how many do not (launched normally). For benchmark reports.

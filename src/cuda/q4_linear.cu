@@ -23,6 +23,8 @@
 // (deterministic). The host picks S so that tiles * S >= 16 warps per SM when the rows are few
 // (in_proj 772 tiles x 4, qkv 576 x 4, out_proj 128 x 8, router 17 x 4; lm_head 15520 x 1).
 // Non-persistent grid: x is read per set through the non-coherent path (4 KB, L1/L2-resident).
+// Launched with PDL (launch.h): the launch overlaps the previous kernel's tail; nothing is read
+// before griddepcontrol.wait.
 // Rows past W.rows (the padding of the last tile) are computed with zero codes and zero scales
 // and not stored.
 //
@@ -48,6 +50,8 @@ __global__ void __launch_bounds__(kThreads)
     q_gemv_kernel(QMatrix W, const bf16* __restrict__ x, void* __restrict__ y, int S,
                   int sets_per_slice) {
   __shared__ float part[kWarps][kQTileRows];
+  pdl_launch_dependents();  // PDL (launch.h): x is the previous kernel's output
+  pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tiles = W.tiles(), G = W.groups(), sets = (G + 7) / 8;
   const int tile = blockIdx.x * (kWarps / S) + warp / S;
@@ -132,11 +136,8 @@ void launch(const char* what, const QMatrix& W, const bf16* x, void* y, cudaStre
   while (S < kWarps && S < sets && (long long)tiles * S < target) S *= 2;
   const int sps = (sets + S - 1) / S;
   const int grid = ceil_div(tiles, kWarps / S);
-  if (W.bits == 4)
-    q_gemv_kernel<4, kMode><<<grid, kThreads, 0, stream>>>(W, x, y, S, sps);
-  else
-    q_gemv_kernel<8, kMode><<<grid, kThreads, 0, stream>>>(W, x, y, S, sps);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(true, W.bits == 4 ? q_gemv_kernel<4, kMode> : q_gemv_kernel<8, kMode>, dim3(grid),
+                dim3(kThreads), 0, stream, W, x, y, S, sps);
 }
 
 }  // namespace

@@ -34,6 +34,8 @@ __global__ void __launch_bounds__(kThreads)
                          int k, const bf16* __restrict__ x, int I, int Is, bf16* __restrict__ act,
                          int S, int sets_per_slice) {
   __shared__ float part[kWarps][2][kQTileRows];
+  pdl_launch_dependents();  // PDL (launch.h): idx and x come from the previous kernels
+  pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int P = I / kQTileRows, Ps = Is / kQTileRows;
   const int unit = blockIdx.x * (kWarps / S) + warp / S;
@@ -98,6 +100,8 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32)
                       const float* __restrict__ w, const float* __restrict__ shared_logit,
                       const bf16* __restrict__ act, int k, int H, int I, float* __restrict__ h) {
   __shared__ float part[32][kQTileRows];
+  pdl_launch_dependents();  // PDL (launch.h): idx, w and act come from the previous kernels
+  pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int tile = blockIdx.x;
   constexpr int PL = BITS / 4;
@@ -160,13 +164,9 @@ void q_moe_gate_up_gemv(const QMatrix& gate_up, const QMatrix& shared_gate_up, c
   while (S < kWarps && S < sets && (long long)units * S < 8LL * sm_count()) S *= 2;
   const int sps = (sets + S - 1) / S;
   const int grid = ceil_div(units, kWarps / S);
-  if (gate_up.bits == 4)
-    q_moe_gate_up_kernel<4>
-        <<<grid, kThreads, 0, stream>>>(gate_up, shared_gate_up, idx, k, x, I, Is, act, S, sps);
-  else
-    q_moe_gate_up_kernel<8>
-        <<<grid, kThreads, 0, stream>>>(gate_up, shared_gate_up, idx, k, x, I, Is, act, S, sps);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(true, gate_up.bits == 4 ? q_moe_gate_up_kernel<4> : q_moe_gate_up_kernel<8>,
+                dim3(grid), dim3(kThreads), 0, stream, gate_up, shared_gate_up, idx, k, x, I, Is,
+                act, S, sps);
 }
 
 void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int32_t* idx,
@@ -181,13 +181,8 @@ void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int3
     fail("cuda::q_moe_down_gemv: experts at {} bits, shared expert at {}", down.bits,
          shared_down.bits);
   const int grid = H / kQTileRows, threads = 32 * std::min(k + 1, kDownMaxWarps);
-  if (down.bits == 4)
-    q_moe_down_kernel<4>
-        <<<grid, threads, 0, stream>>>(down, shared_down, idx, w, shared_logit, act, k, H, I, h);
-  else
-    q_moe_down_kernel<8>
-        <<<grid, threads, 0, stream>>>(down, shared_down, idx, w, shared_logit, act, k, H, I, h);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(true, down.bits == 4 ? q_moe_down_kernel<4> : q_moe_down_kernel<8>, dim3(grid),
+                dim3(threads), 0, stream, down, shared_down, idx, w, shared_logit, act, k, H, I, h);
 }
 
 }  // namespace lilac::cuda

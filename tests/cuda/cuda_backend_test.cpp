@@ -231,15 +231,52 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   gpu_backend.forward(*gs_graph, std::span(&t, 1), graphed, false);
   EXPECT_EQ(graphed, gpu_logits) << "graph replay vs the same launches un-graphed";
   // The GPU's decode path (GEMV, gdn_decode, attention_decode) against its own prefill path over
-  // the same 9 tokens.
+  // the same 9 tokens, layer by layer on the last token. Not teacher-forced: the two paths round
+  // differently, so a router whose k-th and (k+1)-th logits nearly tie may pick another expert in
+  // one of them. Such a flip is reported with its margin (and must be a near tie); the layers after
+  // it are not comparable. Without a flip every layer and the logits must agree.
   auto gs9 = gpu_backend.new_sequence(16);
   std::vector<int32_t> nine = prompt;
   nine.push_back(t);
   std::vector<float> gpu9(V);
+  std::map<std::string, std::vector<float>> trace9;
+  gpu_backend.set_trace(recorder(trace9));
   gpu_backend.forward(*gs9, nine, gpu9, false);
+  gpu_backend.set_trace(nullptr);
+  const size_t k = size_t(cfg.experts_per_token), E = size_t(cfg.experts);
+  bool flipped = false;
+  for (int64_t i = 0; i < layers && !flipped; ++i) {
+    const std::string tp = "layer" + std::to_string(i) + ".moe.";
+    const auto& ids9 = trace9.at(tp + "topk_ids");
+    std::vector<float> a(ids9.end() - ptrdiff_t(k), ids9.end());
+    std::vector<float> b = gpu_trace.at("decode." + tp + "topk_ids");
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a != b) {
+      // The margin at the top-k boundary, from the decode step's router logits.
+      std::vector<float> logits = gpu_trace.at("decode." + tp + "router_logits");
+      std::vector<float> sorted = logits;
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      const float margin = sorted[k - 1] - sorted[k];
+      const auto& l9 = trace9.at(tp + "router_logits");
+      std::vector<float> last9(l9.end() - ptrdiff_t(E), l9.end());
+      auto [rl, ml] = rel_and_max(logits, last9);
+      std::printf("  layer %lld routes the last token differently (top-k margin %.3e, router logits max abs %.3e)\n",
+                  (long long)i, margin, ml);
+      EXPECT_LT(margin, 4 * ml + 1e-4f) << "layer " << i << ": a routing difference that is not a near tie";
+      flipped = true;
+      continue;
+    }
+    const auto& h9 = trace9.at("hidden." + std::to_string(i + 1));
+    std::vector<float> last(h9.end() - ptrdiff_t(H), h9.end());
+    auto [rh, mh] = rel_and_max(gpu_trace.at("decode.hidden." + std::to_string(i + 1)), last);
+    std::printf("  decode vs prefill hidden.%-3lld rel %.2e  max abs %.3e\n", (long long)(i + 1), rh, mh);
+    EXPECT_LT(rh, 1e-2) << "GPU decode step vs GPU prefill of the same tokens, layer " << i;
+  }
   auto [rel3, mx3] = rel_and_max(gpu_logits, gpu9);
-  std::printf("  gpu decode vs gpu prefill      rel %.2e  max abs %.3e\n", rel3, mx3);
-  EXPECT_LT(rel3, 1e-2) << "GPU decode step vs GPU prefill of the same tokens (max abs " << mx3 << ")";
+  std::printf("  gpu decode vs gpu prefill      rel %.2e  max abs %.3e%s\n", rel3, mx3,
+              flipped ? " (after a routing flip: not compared)" : "");
+  if (!flipped) EXPECT_LT(rel3, 1e-2) << "GPU decode step vs GPU prefill of the same tokens (max abs " << mx3 << ")";
 }
 
 TEST(CudaBackend, SyntheticGreedyDecodeIsDeterministic) {

@@ -160,16 +160,17 @@ TEST(CudaDecodeSequence, GraphWithPdlEqualsPlainLaunches) {
     EXPECT_EQ(got.result, want.result);
   }
 
-  // Without the L2 prefetch hints (they must not change a bit).
+  // The L2 prefetch hints switched the other way round (they must not change a bit).
   {
     cuda::ScopedPdl on(true);
-    cuda::set_l2_prefetch_enabled(false);
+    const bool prefetch = cuda::l2_prefetch_enabled();
+    cuda::set_l2_prefetch_enabled(!prefetch);
     seq.reset(s);
     seq.launches(s);
     Sequence::Out got = seq.read(s);
-    cuda::set_l2_prefetch_enabled(true);
-    EXPECT_TRUE(same_bits(got.h, want.h, "no-prefetch h"));
-    EXPECT_TRUE(same_bits(got.logits, want.logits, "no-prefetch logits"));
+    cuda::set_l2_prefetch_enabled(prefetch);
+    EXPECT_TRUE(same_bits(got.h, want.h, "switched prefetch h"));
+    EXPECT_TRUE(same_bits(got.logits, want.logits, "switched prefetch logits"));
     EXPECT_EQ(got.result, want.result);
   }
 

@@ -73,16 +73,56 @@ LogitsRun run(Backend& b, const std::vector<int32_t>& prompt, int64_t V,
   return r;
 }
 
+// Replaces every quantized matrix of `w` by the weights the GPU prefill kernels multiply:
+// bf16 RNE(s q + b) (cpu::dequantize_row_bf16), stored in `storage`. The embedding stays: the
+// GPU's lookup (q_embed) dequantises it exactly in f32, as the CPU does.
+void to_prefill_weights(ModelWeights& w, std::vector<std::vector<uint16_t>>& storage) {
+  auto conv = [&](Matrix& m) {
+    if (!m.quantized()) return;
+    auto& v = storage.emplace_back(size_t(m.rows * m.cols));
+    ThreadPool::global().parallel_for(size_t(m.rows), [&](size_t b, size_t e) {
+      for (size_t r = b; r < e; ++r)
+        cpu::dequantize_row_bf16(m.row(int64_t(r)), m.row_scales(int64_t(r)),
+                                 m.row_biases(int64_t(r)), m.bits, m.group_size, m.cols,
+                                 &v[r * size_t(m.cols)]);
+    });
+    m = Matrix{v.data(), DType::BF16, m.rows, m.cols, m.name};
+  };
+  conv(w.lm_head);
+  for (auto& L : w.layers) {
+    for (Matrix* m :
+         {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.gdn.in_proj_qkv,
+          &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a, &L.gdn.out_proj, &L.moe.router,
+          &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down, &L.moe.shared_expert_gate})
+      conv(*m);
+    for (auto& e : L.moe.experts) {
+      conv(e.gate);
+      conv(e.up);
+      conv(e.down);
+    }
+  }
+}
+
 // The GPU runs greedily; the CPU is fed the GPU's ids, so every step compares the same sequence.
 // Each greedy id must be the CPU's too, unless the CPU's own top two are closer than the two
 // backends' logits differ at that step (a genuine near-tie; reported).
-void expect_close(Backend& gpu, Backend& cpu, const std::vector<int32_t>& prompt, int64_t V,
-                  const std::string& what) {
+// The GPU prefill multiplies bf16-rounded dequantised weights (2^-9 relative), its decode the exact
+// f32 ones: the prefill logits are compared with `prefill_twin`, a CPU backend over the weights
+// to_prefill_weights gives (tiny-a's random logits move by up to ~0.2 with the f32 weights
+// instead: its bf16 GPU run is 4.6e-2 from the HF reference already), the decode steps with `cpu`.
+void expect_close(Backend& gpu, Backend& cpu, Backend& prefill_twin, const std::vector<int32_t>& prompt,
+                  int64_t V, const std::string& what) {
   const LogitsRun g = run(gpu, prompt, V);
   const LogitsRun c = run(cpu, prompt, V, &g.ids);
-  // bf16 activations on both sides; the GPU prefill multiplies bf16-rounded dequantised weights
-  // (2^-9 relative), its decode the exact f32 ones: well within 5e-2 on logits of scale ~4.
-  EXPECT_TRUE(all_close(g.prefill, c.prefill, 5e-2, 0, what + " prefill logits"));
+  std::vector<float> twin(prompt.size() * size_t(V));
+  auto seq = prefill_twin.new_sequence(64);
+  prefill_twin.forward(*seq, prompt, twin, true);
+  // 8e-2: tiny-a's bf16-activation logits are that sensitive to summation order alone (its BF16
+  // GPU run is 4.6e-2 from the HF reference).
+  EXPECT_TRUE(all_close(g.prefill, twin, 8e-2, 0, what + " prefill logits"));
+  const auto [rel, mx] = rel_and_max(g.prefill, c.prefill);
+  std::printf("  %s prefill logits vs the CPU's f32 4-bit path: rel %.2e, max abs %.3e\n", what.c_str(), rel,
+              mx);
   int same = 0;
   for (size_t j = 0; j < g.ids.size(); ++j) {
     const std::vector<float>& prev =
@@ -126,8 +166,13 @@ TEST(Q4Backend, TinyAQuantizedAtLoadMatchesTheCpu) {
   quantize_model_in_memory(*cpu_model);
   cpu::CpuBackend cpu_backend(cpu_model->config, cpu_model->weights);
   cpu_backend.set_bf16_activations(true);
+  ModelWeights twin_weights = cpu_model->weights;
+  std::vector<std::vector<uint16_t>> twin_storage;
+  to_prefill_weights(twin_weights, twin_storage);
+  cpu::CpuBackend twin(cpu_model->config, twin_weights);
+  twin.set_bf16_activations(true);
 
-  expect_close(*gpu, cpu_backend, prompt, gpu_model->config.vocab, "tiny-a q4 (quantized at load)");
+  expect_close(*gpu, cpu_backend, twin, prompt, gpu_model->config.vocab, "tiny-a q4 (quantized at load)");
 }
 
 TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
@@ -148,8 +193,13 @@ TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
   auto gpu = cuda::make_cuda_backend(*model);
   cpu::CpuBackend cpu_backend(model->config, model->weights);
   cpu_backend.set_bf16_activations(true);
+  ModelWeights twin_weights = model->weights;
+  std::vector<std::vector<uint16_t>> twin_storage;
+  to_prefill_weights(twin_weights, twin_storage);
+  cpu::CpuBackend twin(model->config, twin_weights);
+  twin.set_bf16_activations(true);
   const int64_t V = model->config.vocab;
-  expect_close(*gpu, cpu_backend, prompt, V, "tiny-a MLX 4-bit checkpoint");
+  expect_close(*gpu, cpu_backend, twin, prompt, V, "tiny-a MLX 4-bit checkpoint");
   const LogitsRun g = run(*gpu, prompt, V);
 
   // The same device weights as quantizing the BF16 checkpoint on the GPU: identical logits.
@@ -163,36 +213,6 @@ TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
       << ")";
   EXPECT_EQ(g2.ids, g.ids);
   std::filesystem::remove_all(dir);
-}
-
-// Replaces every quantized matrix of `w` by the weights the GPU prefill kernels multiply:
-// bf16 RNE(s q + b) (cpu::dequantize_row_bf16), stored in `storage`.
-void to_prefill_weights(ModelWeights& w, std::vector<std::vector<uint16_t>>& storage) {
-  auto conv = [&](Matrix& m) {
-    if (!m.quantized()) return;
-    auto& v = storage.emplace_back(size_t(m.rows * m.cols));
-    ThreadPool::global().parallel_for(size_t(m.rows), [&](size_t b, size_t e) {
-      for (size_t r = b; r < e; ++r)
-        cpu::dequantize_row_bf16(m.row(int64_t(r)), m.row_scales(int64_t(r)),
-                                 m.row_biases(int64_t(r)), m.bits, m.group_size, m.cols,
-                                 &v[r * size_t(m.cols)]);
-    });
-    m = Matrix{v.data(), DType::BF16, m.rows, m.cols, m.name};
-  };
-  conv(w.embed);
-  conv(w.lm_head);
-  for (auto& L : w.layers) {
-    for (Matrix* m :
-         {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.gdn.in_proj_qkv,
-          &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a, &L.gdn.out_proj, &L.moe.router,
-          &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down, &L.moe.shared_expert_gate})
-      conv(*m);
-    for (auto& e : L.moe.experts) {
-      conv(e.gate);
-      conv(e.up);
-      conv(e.down);
-    }
-  }
 }
 
 // As CudaBackend.SyntheticFullSizeFirstLayersMatchTheCpu (cuda_backend_test.cpp), on the q4
