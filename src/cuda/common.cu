@@ -4,7 +4,8 @@
 namespace lilac::cuda {
 
 void fail_cuda(cudaError_t err, const char* expr, const char* file, int line) {
-  fail("CUDA error {} ({}) at {}:{}: {}", cudaGetErrorName(err), cudaGetErrorString(err), file, line, expr);
+  fail("CUDA error {} ({}) at {}:{}: {}", cudaGetErrorName(err), cudaGetErrorString(err), file,
+       line, expr);
 }
 
 int device_count() {

@@ -29,7 +29,11 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return warp_sum(v);
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ float silu(float x) {
+  return x / (1.f + __expf(-x));
+}
+__device__ __forceinline__ float sigmoid(float x) {
+  return 1.f / (1.f + __expf(-x));
+}
 
 }  // namespace lilac::cuda

@@ -18,18 +18,23 @@ using bf16 = __nv_bfloat16;
 // Throws lilac::Error "CUDA error <name> (<string>) at <file>:<line>: <expr>".
 [[noreturn]] void fail_cuda(cudaError_t err, const char* expr, const char* file, int line);
 
-#define LILAC_CUDA_CHECK(expr)                                                             \
-  do {                                                                                     \
-    cudaError_t lilac_err_ = (expr);                                                       \
-    if (lilac_err_ != cudaSuccess) ::lilac::cuda::fail_cuda(lilac_err_, #expr, __FILE__, __LINE__); \
+#define LILAC_CUDA_CHECK(expr)                                         \
+  do {                                                                 \
+    cudaError_t lilac_err_ = (expr);                                   \
+    if (lilac_err_ != cudaSuccess)                                     \
+      ::lilac::cuda::fail_cuda(lilac_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 // After a kernel launch: catches bad launch configurations at once (not async faults).
 #define LILAC_CUDA_LAUNCHED() LILAC_CUDA_CHECK(cudaGetLastError())
 
 int device_count();
 
-inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int ceil_div(int a, int b) {
+  return (a + b - 1) / b;
+}
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // An owning device allocation of n elements of T (cudaMalloc; never managed memory).
 template <typename T>
@@ -38,7 +43,8 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t n) { resize(n); }
   ~DeviceBuffer() { release(); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       release();

@@ -38,12 +38,12 @@ struct Workspace {
   int max_T = 0;
   int proj_cols = 0;  // widest projection output (GDN in_proj or attention qkv)
   DeviceBuffer<int32_t> ids;
-  DeviceBuffer<float> h;        // [max_T, H] residual stream
-  DeviceBuffer<bf16> x;         // [max_T, H] normed activations
-  DeviceBuffer<float> proj;     // [max_T, proj_cols]
-  DeviceBuffer<bf16> mix;       // [max_T, max(Hv*Dv, heads*hd)] mixer output before out/o_proj
-  DeviceBuffer<bf16> q, gate;   // [max_T, heads*hd]
-  DeviceBuffer<float> router;   // [max_T, E+1]
+  DeviceBuffer<float> h;           // [max_T, H] residual stream
+  DeviceBuffer<bf16> x;            // [max_T, H] normed activations
+  DeviceBuffer<float> proj;        // [max_T, proj_cols]
+  DeviceBuffer<bf16> mix;          // [max_T, max(Hv*Dv, heads*hd)] mixer output before out/o_proj
+  DeviceBuffer<bf16> q, gate;      // [max_T, heads*hd]
+  DeviceBuffer<float> router;      // [max_T, E+1]
   DeviceBuffer<int32_t> topk_idx;  // decode [k]
   DeviceBuffer<float> topk_w;      // decode [k]
   DeviceBuffer<uint8_t> routing;   // moe_prefill routing workspace for max_T
@@ -55,18 +55,19 @@ struct Workspace {
   int logit_rows = 0;
   DeviceBuffer<float> gdn_prefill_ws;  // gdn_prefill workspace for max_T tokens
   DeviceBuffer<float> gdn_decode_ws;   // gdn_decode scratch (counters kept at zero by the kernels)
-  DeviceBuffer<uint8_t> router_ws;     // moe_router's counter (zeroed once, kept at zero by the kernel)
-  DeviceBuffer<uint8_t> sample_ws;   // sample() workspace
-  DeviceBuffer<uint8_t> argmax_ws;   // argmax() workspace (zeroed once; launches leave it zeroed)
+  DeviceBuffer<uint8_t>
+      router_ws;  // moe_router's counter (zeroed once, kept at zero by the kernel)
+  DeviceBuffer<uint8_t> sample_ws;  // sample() workspace
+  DeviceBuffer<uint8_t> argmax_ws;  // argmax() workspace (zeroed once; launches leave it zeroed)
 };
 
 class CudaSequenceState : public SequenceState {
  public:
   int64_t max_ctx = 0;
   int n_attn = 0, n_gdn = 0;
-  DeviceBuffer<bf16> kv;     // [n_attn][2][kv_heads][max_ctx][hd]
-  DeviceBuffer<float> conv;  // [n_gdn][K-1][C]
-  DeviceBuffer<float> rec;   // [n_gdn][Hv][Dk][Dv]
+  DeviceBuffer<bf16> kv;          // [n_attn][2][kv_heads][max_ctx][hd]
+  DeviceBuffer<float> conv;       // [n_gdn][K-1][C]
+  DeviceBuffer<float> rec;        // [n_gdn][Hv][Dk][Dv]
   DeviceBuffer<int32_t> scalars;  // [0] position
   // The sampler's output; its first field is the token the next decode step embeds.
   DeviceBuffer<DeviceSampleResult> sample_out;
@@ -151,10 +152,13 @@ CudaOptions CudaOptions::from_environment() {
   CudaOptions o;
   if (const char* g = std::getenv("LILAC_GDN_DECODE")) {
     std::string v = g;
-    if (v == "cluster") o.gdn_decode_path = GdnDecodePath::Cluster;
-    else if (v == "counter") o.gdn_decode_path = GdnDecodePath::Counter;
+    if (v == "cluster")
+      o.gdn_decode_path = GdnDecodePath::Cluster;
+    else if (v == "counter")
+      o.gdn_decode_path = GdnDecodePath::Counter;
   }
-  if (const char* a = std::getenv("LILAC_ATTN_DECODE")) o.fused_attention_decode = std::string(a) != "split";
+  if (const char* a = std::getenv("LILAC_ATTN_DECODE"))
+    o.fused_attention_decode = std::string(a) != "split";
   if (const char* gr = std::getenv("LILAC_CUDA_GRAPHS")) o.use_graphs = std::string(gr) != "0";
   return o;
 }
@@ -181,7 +185,8 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
   w.topk_idx.resize(k);
   w.topk_w.resize(k);
   w.routing.resize(moe_routing_workspace_bytes(w.max_T, int(c.experts), int(k)));
-  w.act.resize(std::max(T * k, k + 1) * size_t(std::max(c.expert_intermediate, c.shared_intermediate)));
+  w.act.resize(std::max(T * k, k + 1) *
+               size_t(std::max(c.expert_intermediate, c.shared_intermediate)));
   w.y.resize(T * k * size_t(H));
   w.shared_act.resize(T * size_t(c.shared_intermediate));
   w.shared_out.resize(T * size_t(H));
@@ -191,7 +196,8 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
   LILAC_CUDA_CHECK(cudaMemset(w.argmax_ws.get(), 0, w.argmax_ws.bytes()));
   w.sample_ws.resize(sample_workspace_bytes(int(c.vocab)));
   LILAC_CUDA_CHECK(cudaMemset(w.sample_ws.get(), 0, w.sample_ws.bytes()));
-  const int Hk = int(c.gdn_key_heads), Hv = int(c.gdn_value_heads), Dk = int(c.gdn_key_dim), Dv = int(c.gdn_value_dim);
+  const int Hk = int(c.gdn_key_heads), Hv = int(c.gdn_value_heads), Dk = int(c.gdn_key_dim),
+            Dv = int(c.gdn_value_dim);
   w.gdn_prefill_ws.resize(gdn_prefill_workspace_floats(w.max_T, Hk, Hv, Dk, Dv));
   w.gdn_decode_ws.resize(gdn_decode_workspace_floats(Hk, Hv, Dv));
   gdn_decode_workspace_init(w.gdn_decode_ws.get(), Hk, Hv, Dv, stream_);
@@ -207,13 +213,14 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::device_description() const {
   int dev = 0;
   cudaDeviceProp p{};
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return "cuda";
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess)
+    return "cuda";
   int sm_clock = 0, mem_clock = 0;
   cudaDeviceGetAttribute(&sm_clock, cudaDevAttrClockRate, dev);
   cudaDeviceGetAttribute(&mem_clock, cudaDevAttrMemoryClockRate, dev);
-  return fmt::format("{} ({} SMs, {:.0f} GB, sm_{}{}, max SM clock {} MHz, memory clock {} MHz)", p.name,
-                     p.multiProcessorCount, double(p.totalGlobalMem) / 1e9, p.major, p.minor, sm_clock / 1000,
-                     mem_clock / 1000);
+  return fmt::format("{} ({} SMs, {:.0f} GB, sm_{}{}, max SM clock {} MHz, memory clock {} MHz)",
+                     p.name, p.multiProcessorCount, double(p.totalGlobalMem) / 1e9, p.major,
+                     p.minor, sm_clock / 1000, mem_clock / 1000);
 }
 
 std::unique_ptr<SequenceState> CudaBackend::new_sequence(int64_t max_context) {
@@ -222,7 +229,8 @@ std::unique_ptr<SequenceState> CudaBackend::new_sequence(int64_t max_context) {
   st->max_ctx = max_context;
   st->n_attn = int(c.count_layers(LayerType::FullAttention));
   st->n_gdn = int(c.count_layers(LayerType::GatedDeltaNet));
-  st->kv.resize(size_t(st->n_attn) * 2 * size_t(c.kv_heads) * size_t(max_context) * size_t(c.head_dim));
+  st->kv.resize(size_t(st->n_attn) * 2 * size_t(c.kv_heads) * size_t(max_context) *
+                size_t(c.head_dim));
   st->conv.resize(size_t(st->n_gdn) * size_t((c.gdn_conv_kernel - 1) * c.gdn_conv_channels()));
   st->rec.resize(size_t(st->n_gdn) * size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim));
   st->scalars.resize(1);
@@ -237,8 +245,8 @@ std::unique_ptr<SequenceState> CudaBackend::new_sequence(int64_t max_context) {
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->output_counts.get(), 0, st->output_counts.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->seen.get(), 0, st->seen.bytes(), stream_));
   if (st->n_attn > 0)
-    st->attn_partial.resize(
-        attention_decode_workspace_floats(int(c.heads), int(c.kv_heads), int(c.head_dim), int(max_context)));
+    st->attn_partial.resize(attention_decode_workspace_floats(int(c.heads), int(c.kv_heads),
+                                                              int(c.head_dim), int(max_context)));
   begin_sampling(*st, {}, SamplingParams{});
   return st;
 }
@@ -247,11 +255,13 @@ std::unique_ptr<SequenceState> CudaBackend::clone(const SequenceState& state) {
   return clone_with_capacity(state, static_cast<const CudaSequenceState&>(state).max_ctx);
 }
 
-std::unique_ptr<SequenceState> CudaBackend::clone_with_capacity(const SequenceState& state, int64_t max_context) {
+std::unique_ptr<SequenceState> CudaBackend::clone_with_capacity(const SequenceState& state,
+                                                                int64_t max_context) {
   const auto& src = static_cast<const CudaSequenceState&>(state);
   if (max_context < src.position())
     fail("clone: capacity {} is below the sequence's {} tokens", max_context, src.position());
-  auto dst = std::unique_ptr<CudaSequenceState>(static_cast<CudaSequenceState*>(new_sequence(max_context).release()));
+  auto dst = std::unique_ptr<CudaSequenceState>(
+      static_cast<CudaSequenceState*>(new_sequence(max_context).release()));
   const ModelConfig& c = model_->config;
   // Only the filled rows [0, position) of each layer's K and V, per kv head (the two states'
   // capacities, hence their strides, may differ): one 2-D copy per layer and K/V.
@@ -260,21 +270,24 @@ std::unique_ptr<SequenceState> CudaBackend::clone_with_capacity(const SequenceSt
     for (int slot = 0; slot < src.n_attn; ++slot)
       for (bf16* (CudaSequenceState::*cache)(const ModelConfig&, int) const :
            {&CudaSequenceState::k_cache, &CudaSequenceState::v_cache})
-        LILAC_CUDA_CHECK(cudaMemcpy2DAsync((dst.get()->*cache)(c, slot), size_t(dst->max_ctx) * row_bytes,
-                                           (src.*cache)(c, slot), size_t(src.max_ctx) * row_bytes,
-                                           size_t(src.position()) * row_bytes, size_t(c.kv_heads),
-                                           cudaMemcpyDeviceToDevice, stream_));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->conv.get(), src.conv.get(), src.conv.bytes(), cudaMemcpyDeviceToDevice, stream_));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->rec.get(), src.rec.get(), src.rec.bytes(), cudaMemcpyDeviceToDevice, stream_));
+        LILAC_CUDA_CHECK(cudaMemcpy2DAsync(
+            (dst.get()->*cache)(c, slot), size_t(dst->max_ctx) * row_bytes, (src.*cache)(c, slot),
+            size_t(src.max_ctx) * row_bytes, size_t(src.position()) * row_bytes, size_t(c.kv_heads),
+            cudaMemcpyDeviceToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->conv.get(), src.conv.get(), src.conv.bytes(),
+                                   cudaMemcpyDeviceToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->rec.get(), src.rec.get(), src.rec.bytes(),
+                                   cudaMemcpyDeviceToDevice, stream_));
   LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->scalars.get(), src.scalars.get(), src.scalars.bytes(),
                                    cudaMemcpyDeviceToDevice, stream_));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->sample_out.get(), src.sample_out.get(), src.sample_out.bytes(),
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->sample_out.get(), src.sample_out.get(),
+                                   src.sample_out.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->sampler_params.get(), src.sampler_params.get(),
+                                   src.sampler_params.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->output_counts.get(), src.output_counts.get(),
+                                   src.output_counts.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->seen.get(), src.seen.get(), src.seen.bytes(),
                                    cudaMemcpyDeviceToDevice, stream_));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->sampler_params.get(), src.sampler_params.get(), src.sampler_params.bytes(),
-                                   cudaMemcpyDeviceToDevice, stream_));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->output_counts.get(), src.output_counts.get(), src.output_counts.bytes(),
-                                   cudaMemcpyDeviceToDevice, stream_));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->seen.get(), src.seen.get(), src.seen.bytes(), cudaMemcpyDeviceToDevice, stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   dst->set_position(src.position());
   dst->token_on_device = src.token_on_device;
@@ -286,7 +299,8 @@ std::unique_ptr<SequenceState> CudaBackend::clone_with_capacity(const SequenceSt
 
 size_t CudaBackend::state_bytes(const SequenceState& state) const {
   const auto& st = static_cast<const CudaSequenceState&>(state);
-  return st.kv.bytes() + st.conv.bytes() + st.rec.bytes() + st.output_counts.bytes() + st.seen.bytes();
+  return st.kv.bytes() + st.conv.bytes() + st.rec.bytes() + st.output_counts.bytes() +
+         st.seen.bytes();
 }
 
 // ---- tracing (tests and diffs only: synchronises and copies) -------------------------------
@@ -320,51 +334,68 @@ std::vector<float> download_f32(const T* d, size_t n, cudaStream_t s) {
 
 namespace {
 
-void proj_gemv(const bf16* w, const QMatrix& q, int rows, int cols, const bf16* x, float* y, GemvOut mode,
-               cudaStream_t s) {
-  if (q) q_gemv(q, x, y, mode, s);
-  else gemv(w, rows, cols, x, y, mode, s);
+void proj_gemv(const bf16* w, const QMatrix& q, int rows, int cols, const bf16* x, float* y,
+               GemvOut mode, cudaStream_t s) {
+  if (q)
+    q_gemv(q, x, y, mode, s);
+  else
+    gemv(w, rows, cols, x, y, mode, s);
 }
 
-void proj_gemm(const bf16* A, int M, int K, const bf16* w, const QMatrix& q, int N, void* C, GemmOut mode,
-               cudaStream_t s) {
-  if (q) q_gemm(A, M, q, C, mode, s);
-  else gemm(A, M, K, w, N, C, mode, s);
+void proj_gemm(const bf16* A, int M, int K, const bf16* w, const QMatrix& q, int N, void* C,
+               GemmOut mode, cudaStream_t s) {
+  if (q)
+    q_gemm(A, M, q, C, mode, s);
+  else
+    gemm(A, M, K, w, N, C, mode, s);
 }
 
 void embed_rows(const int32_t* ids, const DeviceModel& m, float* h, int T, int H, cudaStream_t s) {
-  if (m.q.embed) q_embed(ids, m.q.embed, h, T, s);
-  else embed(ids, m.embed, h, T, H, s);
+  if (m.q.embed)
+    q_embed(ids, m.q.embed, h, T, s);
+  else
+    embed(ids, m.embed, h, T, H, s);
 }
 
-void moe_gate_up_decode(const DeviceLayer& L, const int32_t* idx, int k, const bf16* x, int H, int I, int Is,
-                        bf16* act, cudaStream_t s) {
-  if (L.q.gate_up) q_moe_gate_up_gemv(L.q.gate_up, L.q.shared_gate_up, idx, k, x, H, I, Is, act, s);
-  else moe_gate_up_gemv(L.gate_up, L.shared_gate_up, idx, k, x, H, I, Is, act, s);
+void moe_gate_up_decode(const DeviceLayer& L, const int32_t* idx, int k, const bf16* x, int H,
+                        int I, int Is, bf16* act, cudaStream_t s) {
+  if (L.q.gate_up)
+    q_moe_gate_up_gemv(L.q.gate_up, L.q.shared_gate_up, idx, k, x, H, I, Is, act, s);
+  else
+    moe_gate_up_gemv(L.gate_up, L.shared_gate_up, idx, k, x, H, I, Is, act, s);
 }
 
-void moe_down_decode(const DeviceLayer& L, const int32_t* idx, const float* wt, const float* shared_logit,
-                     const bf16* act, int k, int H, int I, int Is, float* h, cudaStream_t s) {
-  if (L.q.down) q_moe_down_gemv(L.q.down, L.q.shared_down, idx, wt, shared_logit, act, k, H, I, Is, h, s);
-  else moe_down_gemv(L.down, L.shared_down, idx, wt, shared_logit, act, k, H, I, Is, h, s);
+void moe_down_decode(const DeviceLayer& L, const int32_t* idx, const float* wt,
+                     const float* shared_logit, const bf16* act, int k, int H, int I, int Is,
+                     float* h, cudaStream_t s) {
+  if (L.q.down)
+    q_moe_down_gemv(L.q.down, L.q.shared_down, idx, wt, shared_logit, act, k, H, I, Is, h, s);
+  else
+    moe_down_gemv(L.down, L.shared_down, idx, wt, shared_logit, act, k, H, I, Is, h, s);
 }
 
-void moe_gate_up_prefill(const DeviceLayer& L, const bf16* x, int H, int I, const MoeRouting& r, bf16* act,
-                         cudaStream_t s) {
-  if (L.q.gate_up) q_moe_grouped_gate_up(x, H, L.q.gate_up, I, r, act, s);
-  else moe_grouped_gate_up(x, H, L.gate_up, I, r, act, s);
+void moe_gate_up_prefill(const DeviceLayer& L, const bf16* x, int H, int I, const MoeRouting& r,
+                         bf16* act, cudaStream_t s) {
+  if (L.q.gate_up)
+    q_moe_grouped_gate_up(x, H, L.q.gate_up, I, r, act, s);
+  else
+    moe_grouped_gate_up(x, H, L.gate_up, I, r, act, s);
 }
 
-void moe_down_prefill(const DeviceLayer& L, const bf16* act, int I, int H, const MoeRouting& r, float* y,
-                      cudaStream_t s) {
-  if (L.q.down) q_moe_grouped_down(act, I, L.q.down, H, r, y, s);
-  else moe_grouped_down(act, I, L.down, H, r, y, s);
+void moe_down_prefill(const DeviceLayer& L, const bf16* act, int I, int H, const MoeRouting& r,
+                      float* y, cudaStream_t s) {
+  if (L.q.down)
+    q_moe_grouped_down(act, I, L.q.down, H, r, y, s);
+  else
+    moe_grouped_down(act, I, L.down, H, r, y, s);
 }
 
-void moe_shared_gate_up_prefill(const DeviceLayer& L, const bf16* x, int T, int H, int Is, bf16* act,
-                                cudaStream_t s) {
-  if (L.q.shared_gate_up) q_moe_shared_gate_up(x, T, H, L.q.shared_gate_up, Is, act, s);
-  else moe_shared_gate_up(x, T, H, L.shared_gate_up, Is, act, s);
+void moe_shared_gate_up_prefill(const DeviceLayer& L, const bf16* x, int T, int H, int Is,
+                                bf16* act, cudaStream_t s) {
+  if (L.q.shared_gate_up)
+    q_moe_shared_gate_up(x, T, H, L.q.shared_gate_up, Is, act, s);
+  else
+    moe_shared_gate_up(x, T, H, L.shared_gate_up, Is, act, s);
 }
 
 }  // namespace
@@ -395,44 +426,56 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), T, H, eps, s); });
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    timed(timer, "gemm.gdn_in_proj", [&] { proj_gemm(w.x.get(), T, H, L.in_proj, L.q.in_proj, cols, w.proj.get(), GemmOut::StoreF32, s); });
+    timed(timer, "gemm.gdn_in_proj", [&] {
+      proj_gemm(w.x.get(), T, H, L.in_proj, L.q.in_proj, cols, w.proj.get(), GemmOut::StoreF32, s);
+    });
     timed(timer, "gdn_prefill", [&] {
-      gdn_prefill(w.proj.get(), T, L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
-                  st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
-                  int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.gdn_prefill_ws.get(), w.mix.get(), s);
+      gdn_prefill(w.proj.get(), T, L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias,
+                  L.gdn_norm, st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads),
+                  int(c.gdn_key_dim), int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps,
+                  w.gdn_prefill_ws.get(), w.mix.get(), s);
     });
     if (trace_) {
       auto v = download_f32(w.mix.get(), size_t(T) * size_t(c.gdn_v_channels()), s);
       trace_(tp + "gdn.normed", v.data(), {T, c.gdn_v_channels()});
     }
     timed(timer, "gemm.gdn_out_proj", [&] {
-      proj_gemm(w.mix.get(), T, int(c.gdn_v_channels()), L.out_proj, L.q.out_proj, H, w.h.get(), GemmOut::AccumulateF32, s);
+      proj_gemm(w.mix.get(), T, int(c.gdn_v_channels()), L.out_proj, L.q.out_proj, H, w.h.get(),
+                GemmOut::AccumulateF32, s);
     });
   } else {
     const int cols = int(c.q_proj_rows() + 2 * c.kv_dim());
-    timed(timer, "gemm.attn_qkv", [&] { proj_gemm(w.x.get(), T, H, L.qkv_proj, L.q.qkv_proj, cols, w.proj.get(), GemmOut::StoreF32, s); });
+    timed(timer, "gemm.attn_qkv", [&] {
+      proj_gemm(w.x.get(), T, H, L.qkv_proj, L.q.qkv_proj, cols, w.proj.get(), GemmOut::StoreF32,
+                s);
+    });
     timed(timer, "qk_norm_rope_store", [&] {
-      qk_norm_rope_store(w.proj.get(), T, st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
-                         int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps, w.q.get(), w.gate.get(),
-                         st.k_cache(c, slot), st.v_cache(c, slot), int(st.max_ctx), s);
+      qk_norm_rope_store(w.proj.get(), T, st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq,
+                         int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps,
+                         w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot),
+                         int(st.max_ctx), s);
     });
     timed(timer, "attention_prefill", [&] {
-      attention_prefill(w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot), pos0, T, int(c.heads),
-                        int(c.kv_heads), int(c.head_dim), int(st.max_ctx), w.mix.get(), s);
+      attention_prefill(w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot), pos0, T,
+                        int(c.heads), int(c.kv_heads), int(c.head_dim), int(st.max_ctx),
+                        w.mix.get(), s);
     });
     if (trace_) {
       auto v = download_f32(w.mix.get(), size_t(T) * size_t(c.heads * c.head_dim), s);
       trace_(tp + "attn.gated", v.data(), {T, c.heads * c.head_dim});
     }
     timed(timer, "gemm.attn_o_proj", [&] {
-      proj_gemm(w.mix.get(), T, int(c.heads * c.head_dim), L.o_proj, L.q.o_proj, H, w.h.get(), GemmOut::AccumulateF32, s);
+      proj_gemm(w.mix.get(), T, int(c.heads * c.head_dim), L.o_proj, L.q.o_proj, H, w.h.get(),
+                GemmOut::AccumulateF32, s);
     });
   }
   if (trace_) trace_delta(tp + "mixer_out");
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), T, H, eps, s); });
-  timed(timer, "gemm.router", [&] { proj_gemm(w.x.get(), T, H, L.router, L.q.router, E + 1, w.router.get(), GemmOut::StoreF32, s); });
+  timed(timer, "gemm.router", [&] {
+    proj_gemm(w.x.get(), T, H, L.router, L.q.router, E + 1, w.router.get(), GemmOut::StoreF32, s);
+  });
   MoeRouting r = moe_routing_layout(w.routing.get(), T, E, k);
   timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, T, E, k, r, s); });
   if (trace_) {
@@ -444,14 +487,19 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
       std::copy_n(&logits[size_t(t) * size_t(E + 1)], E, &router[size_t(t) * size_t(E)]);
     trace_(tp + "moe.router_logits", router.data(), {T, E});
   }
-  timed(timer, "moe_grouped_gate_up", [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
-  timed(timer, "moe_grouped_down", [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
+  timed(timer, "moe_grouped_gate_up",
+        [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
+  timed(timer, "moe_grouped_down",
+        [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
   timed(timer, "moe_shared_gate_up",
         [&] { moe_shared_gate_up_prefill(L, w.x.get(), T, H, Is, w.shared_act.get(), s); });
-  timed(timer, "gemm.shared_down",
-        [&] { proj_gemm(w.shared_act.get(), T, Is, L.shared_down, L.q.shared_down, H, w.shared_out.get(), GemmOut::StoreF32, s); });
-  timed(timer, "moe_combine",
-        [&] { moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s); });
+  timed(timer, "gemm.shared_down", [&] {
+    proj_gemm(w.shared_act.get(), T, Is, L.shared_down, L.q.shared_down, H, w.shared_out.get(),
+              GemmOut::StoreF32, s);
+  });
+  timed(timer, "moe_combine", [&] {
+    moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
+  });
   if (trace_) trace_delta(tp + "moe_out");
 }
 
@@ -467,10 +515,13 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   // the GEMV (gemv_rms: each block normalises h); 4-bit weights normalise first, then q_gemv.
   auto first_projection = [&](const char* name, const bf16* wb, const QMatrix& wq, int rows) {
     if (wb) {
-      timed(timer, name, [&] { gemv_rms(wb, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s); });
+      timed(timer, name, [&] {
+        gemv_rms(wb, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
+      });
     } else {
       timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), 1, H, eps, s); });
-      timed(timer, name, [&] { proj_gemv(wb, wq, rows, H, w.x.get(), w.proj.get(), GemvOut::Store, s); });
+      timed(timer, name,
+            [&] { proj_gemv(wb, wq, rows, H, w.x.get(), w.proj.get(), GemvOut::Store, s); });
     }
   };
   if (L.type == LayerType::GatedDeltaNet) {
@@ -478,36 +529,40 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
     first_projection("gemv_rms.gdn_in_proj", L.in_proj, L.q.in_proj, rows);
     timed(timer, "gdn_decode", [&] {
       gdn_decode(w.proj.get(), L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
-                 st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
-                 int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.gdn_decode_ws.get(), w.mix.get(), s,
-                 options_.gdn_decode_path);
+                 st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads),
+                 int(c.gdn_key_dim), int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps,
+                 w.gdn_decode_ws.get(), w.mix.get(), s, options_.gdn_decode_path);
     });
     timed(timer, "gemv.gdn_out_proj", [&] {
-      proj_gemv(L.out_proj, L.q.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(), GemvOut::Accumulate, s);
+      proj_gemv(L.out_proj, L.q.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(),
+                GemvOut::Accumulate, s);
     });
   } else {
     const int rows = int(c.q_proj_rows() + 2 * c.kv_dim());
     first_projection("gemv_rms.attn_qkv", L.qkv_proj, L.q.qkv_proj, rows);
     if (options_.fused_attention_decode) {
       timed(timer, "attention_decode", [&] {  // qk norm + RoPE + cache store fused in
-        attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
-                             int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps, st.k_cache(c, slot),
-                             st.v_cache(c, slot), int(st.max_ctx), st.attn_partial.get(), w.mix.get(), s);
+        attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq,
+                             int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps,
+                             st.k_cache(c, slot), st.v_cache(c, slot), int(st.max_ctx),
+                             st.attn_partial.get(), w.mix.get(), s);
       });
     } else {
       timed(timer, "qk_norm_rope_store", [&] {
-        qk_norm_rope_store(w.proj.get(), 1, st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq, int(c.heads),
-                           int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps, w.q.get(), w.gate.get(),
-                           st.k_cache(c, slot), st.v_cache(c, slot), int(st.max_ctx), s);
+        qk_norm_rope_store(w.proj.get(), 1, st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq,
+                           int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps,
+                           w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot),
+                           int(st.max_ctx), s);
       });
       timed(timer, "attention_decode", [&] {
-        attention_decode(w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot), st.d_pos(),
-                         int(c.heads), int(c.kv_heads), int(c.head_dim), int(st.max_ctx), st.attn_partial.get(),
-                         w.mix.get(), s);
+        attention_decode(w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot),
+                         st.d_pos(), int(c.heads), int(c.kv_heads), int(c.head_dim),
+                         int(st.max_ctx), st.attn_partial.get(), w.mix.get(), s);
       });
     }
     timed(timer, "gemv.attn_o_proj", [&] {
-      proj_gemv(L.o_proj, L.q.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(), GemvOut::Accumulate, s);
+      proj_gemv(L.o_proj, L.q.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(),
+                GemvOut::Accumulate, s);
     });
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
@@ -516,15 +571,17 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
     // The post norm, the router GEMV (E + 1 rows: the shared gate logit last) and the top-k in one
     // launch; it also leaves the normalised x for the experts' gate/up.
     timed(timer, "moe_router", [&] {
-      moe_router(L.router, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(), w.topk_idx.get(), w.topk_w.get(),
-                 w.x.get(), w.router_ws.get(), s);
+      moe_router(L.router, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(), w.topk_idx.get(),
+                 w.topk_w.get(), w.x.get(), w.router_ws.get(), s);
     });
   } else {
     timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), 1, H, eps, s); });
-    timed(timer, "gemv.router",
-          [&] { proj_gemv(L.router, L.q.router, E + 1, H, w.x.get(), w.router.get(), GemvOut::Store, s); });
-    timed(timer, "router_topk",
-          [&] { router_topk(w.router.get(), E + 1, 1, E, k, w.topk_idx.get(), w.topk_w.get(), s); });
+    timed(timer, "gemv.router", [&] {
+      proj_gemv(L.router, L.q.router, E + 1, H, w.x.get(), w.router.get(), GemvOut::Store, s);
+    });
+    timed(timer, "router_topk", [&] {
+      router_topk(w.router.get(), E + 1, 1, E, k, w.topk_idx.get(), w.topk_w.get(), s);
+    });
   }
   if (trace_) {  // the routing, to tell a near-tie flip from a wrong step (tests)
     const std::string tp = fmt::format("decode.layer{}.", li);
@@ -536,7 +593,8 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   timed(timer, "moe_gate_up_gemv",
         [&] { moe_gate_up_decode(L, w.topk_idx.get(), k, w.x.get(), H, I, Is, w.act.get(), s); });
   timed(timer, "moe_down_gemv", [&] {
-    moe_down_decode(L, w.topk_idx.get(), w.topk_w.get(), w.router.get() + E, w.act.get(), k, H, I, Is, w.h.get(), s);
+    moe_down_decode(L, w.topk_idx.get(), w.topk_w.get(), w.router.get() + E, w.act.get(), k, H, I,
+                    Is, w.h.get(), s);
   });
 }
 
@@ -545,7 +603,8 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
 namespace {
 // Greedy without penalties or logprobs: the token is an argmax, one launch.
 bool argmax_only(const SequenceState& st) {
-  return st.sampling.greedy() && !st.penalties_active && !st.sampling.logprobs && st.sampling.top_logprobs == 0;
+  return st.sampling.greedy() && !st.penalties_active && !st.sampling.logprobs &&
+         st.sampling.top_logprobs == 0;
 }
 }  // namespace
 
@@ -553,12 +612,14 @@ void CudaBackend::sample_launches(CudaSequenceState& st, Timer* timer) {
   // Greedy without penalties or logprobs: one argmax launch writes the token in place (the
   // sampler's ten launches cost ~15 us; argmax ~3.5 us).
   if (argmax_only(st)) {
-    timed(timer, "argmax", [&] { argmax(ws_->logits.get(), sampling_vocab(), ws_->argmax_ws.get(), st.d_token(), stream_); });
+    timed(timer, "argmax", [&] {
+      argmax(ws_->logits.get(), sampling_vocab(), ws_->argmax_ws.get(), st.d_token(), stream_);
+    });
     return;
   }
   timed(timer, "sample", [&] {
-    sample(ws_->logits.get(), sampling_vocab(), st.sampler_params.get(), st.output_counts.get(), st.seen.get(),
-           ws_->sample_ws.get(), st.sample_out.get(), stream_);
+    sample(ws_->logits.get(), sampling_vocab(), st.sampler_params.get(), st.output_counts.get(),
+           st.seen.get(), ws_->sample_ws.get(), st.sample_out.get(), stream_);
   });
 }
 
@@ -584,14 +645,15 @@ void CudaBackend::decode_launches(CudaSequenceState& st, bool sample, Timer* tim
   }
   if (model_->lm_head) {
     timed(timer, "gemv_rms.lm_head", [&] {
-      gemv_rms(model_->lm_head, int(c.vocab), H, w.h.get(), model_->final_norm, c.rms_eps, w.logits.get(),
-               GemvOut::Store, stream_);
+      gemv_rms(model_->lm_head, int(c.vocab), H, w.h.get(), model_->final_norm, c.rms_eps,
+               w.logits.get(), GemvOut::Store, stream_);
     });
   } else {
-    timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), 1, H, c.rms_eps, stream_); });
+    timed(timer, "rms_norm",
+          [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), 1, H, c.rms_eps, stream_); });
     timed(timer, "gemv.lm_head", [&] {
-      proj_gemv(model_->lm_head, model_->q.lm_head, int(c.vocab), H, w.x.get(), w.logits.get(), GemvOut::Store,
-                stream_);
+      proj_gemv(model_->lm_head, model_->q.lm_head, int(c.vocab), H, w.x.get(), w.logits.get(),
+                GemvOut::Store, stream_);
     });
   }
   if (sample) sample_launches(st, timer);
@@ -604,7 +666,9 @@ void CudaBackend::run_decode(CudaSequenceState& st, bool sample) {
     return;
   }
   const bool fast_greedy = argmax_only(st);
-  cudaGraphExec_t& exec = !sample ? st.graph_plain : fast_greedy ? st.graph_argmax : st.graph_sample;
+  cudaGraphExec_t& exec = !sample       ? st.graph_plain
+                          : fast_greedy ? st.graph_argmax
+                                        : st.graph_sample;
   if (!exec) {
     cudaGraph_t graph;
     LILAC_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -623,17 +687,19 @@ void CudaBackend::run_decode(CudaSequenceState& st, bool sample) {
 
 // ---- prefill --------------------------------------------------------------------------------
 
-void CudaBackend::prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T, float* logits, bool all_logits,
-                                Timer* timer) {
+void CudaBackend::prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T, float* logits,
+                                bool all_logits, Timer* timer) {
   const ModelConfig& c = model_->config;
   Workspace& w = *ws_;
   const int H = int(c.hidden), V = int(c.vocab);
   const int pos0 = int(st.position());
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(w.ids.get(), ids, size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
+  LILAC_CUDA_CHECK(
+      cudaMemcpyAsync(w.ids.get(), ids, size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
   timed(timer, "embed", [&] { embed_rows(w.ids.get(), *model_, w.h.get(), T, H, stream_); });
   auto emit_rows = [&](const std::string& name, const float* d, int rows, int cols) {
     std::vector<float> host(size_t(rows) * size_t(cols));
-    LILAC_CUDA_CHECK(cudaMemcpyAsync(host.data(), d, host.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    LILAC_CUDA_CHECK(
+        cudaMemcpyAsync(host.data(), d, host.size() * 4, cudaMemcpyDeviceToHost, stream_));
     LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
     trace_(name, host.data(), {rows, cols});
   };
@@ -651,25 +717,32 @@ void CudaBackend::prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T
   for (int r0 = first; r0 < T; r0 += w.logit_rows) {
     const int n = std::min(w.logit_rows, T - r0);
     timed(timer, "rms_norm", [&] {
-      rms_norm(w.h.get() + size_t(r0) * size_t(H), model_->final_norm, w.x.get(), n, H, c.rms_eps, stream_);
+      rms_norm(w.h.get() + size_t(r0) * size_t(H), model_->final_norm, w.x.get(), n, H, c.rms_eps,
+               stream_);
     });
     if (n == 1)
-      timed(timer, "gemv.lm_head",
-            [&] { proj_gemv(model_->lm_head, model_->q.lm_head, V, H, w.x.get(), w.logits.get(), GemvOut::Store, stream_); });
+      timed(timer, "gemv.lm_head", [&] {
+        proj_gemv(model_->lm_head, model_->q.lm_head, V, H, w.x.get(), w.logits.get(),
+                  GemvOut::Store, stream_);
+      });
     else
-      timed(timer, "gemm.lm_head",
-            [&] { proj_gemm(w.x.get(), n, H, model_->lm_head, model_->q.lm_head, V, w.logits.get(), GemmOut::StoreF32, stream_); });
+      timed(timer, "gemm.lm_head", [&] {
+        proj_gemm(w.x.get(), n, H, model_->lm_head, model_->q.lm_head, V, w.logits.get(),
+                  GemmOut::StoreF32, stream_);
+      });
     if (trace_) {
       std::vector<float> xf(size_t(n) * size_t(H));
       std::vector<uint16_t> xb(xf.size());
-      LILAC_CUDA_CHECK(cudaMemcpyAsync(xb.data(), w.x.get(), xb.size() * 2, cudaMemcpyDeviceToHost, stream_));
+      LILAC_CUDA_CHECK(
+          cudaMemcpyAsync(xb.data(), w.x.get(), xb.size() * 2, cudaMemcpyDeviceToHost, stream_));
       LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
       for (size_t j = 0; j < xf.size(); ++j) xf[j] = bf16_to_f32(xb[j]);
       trace_("final_norm", xf.data(), {n, H});
     }
     if (logits) {
       float* dst = logits + (all_logits ? size_t(r0) * size_t(V) : 0);
-      LILAC_CUDA_CHECK(cudaMemcpyAsync(dst, w.logits.get(), size_t(n) * size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+      LILAC_CUDA_CHECK(cudaMemcpyAsync(dst, w.logits.get(), size_t(n) * size_t(V) * 4,
+                                       cudaMemcpyDeviceToHost, stream_));
     }
   }
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -686,14 +759,15 @@ void check_ids(std::span<const int32_t> ids, int64_t vocab) {
 
 }  // namespace
 
-void CudaBackend::forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,
-                          bool all_logits) {
+void CudaBackend::forward(SequenceState& state, std::span<const int32_t> ids,
+                          std::span<float> logits, bool all_logits) {
   auto& st = static_cast<CudaSequenceState&>(state);
   const ModelConfig& c = model_->config;
   const int64_t T = int64_t(ids.size()), V = c.vocab;
   if (T == 0) return;
   if (st.position() + T > st.max_ctx)
-    fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(), T, st.max_ctx);
+    fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(), T,
+         st.max_ctx);
   const int64_t n_out = all_logits ? T : 1;
   if (!logits.empty() && int64_t(logits.size()) < n_out * V)
     fail("forward: logits buffer holds {} floats, needs {}", logits.size(), n_out * V);
@@ -706,7 +780,8 @@ void CudaBackend::forward(SequenceState& state, std::span<const int32_t> ids, st
     st.set_position(st.position() + 1);
     st.token_on_device = -1;
     if (!logits.empty())
-      LILAC_CUDA_CHECK(cudaMemcpyAsync(logits.data(), ws_->logits.get(), size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+      LILAC_CUDA_CHECK(cudaMemcpyAsync(logits.data(), ws_->logits.get(), size_t(V) * 4,
+                                       cudaMemcpyDeviceToHost, stream_));
     LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return;
   }
@@ -715,12 +790,14 @@ void CudaBackend::forward(SequenceState& state, std::span<const int32_t> ids, st
     const int n = int(std::min(chunk, T - t0));
     const bool last = t0 + n == T;
     float* out = nullptr;
-    if (!logits.empty() && (all_logits || last)) out = logits.data() + (all_logits ? size_t(t0) * size_t(V) : 0);
+    if (!logits.empty() && (all_logits || last))
+      out = logits.data() + (all_logits ? size_t(t0) * size_t(V) : 0);
     prefill_chunk(st, ids.data() + t0, n, out, all_logits && out, nullptr);
   }
 }
 
-void CudaBackend::begin_sampling(SequenceState& state, std::span<const int32_t> prompt, const SamplingParams& params) {
+void CudaBackend::begin_sampling(SequenceState& state, std::span<const int32_t> prompt,
+                                 const SamplingParams& params) {
   Backend::begin_sampling(state, prompt, params);
   auto& st = static_cast<CudaSequenceState&>(state);
   DeviceSamplingParams p;
@@ -735,34 +812,38 @@ void CudaBackend::begin_sampling(SequenceState& state, std::span<const int32_t> 
   p.seed = params.seed;
   p.step = 0;
   p.advance = 1;  // the device records each sampled token in the penalty state
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(st.sampler_params.get(), &p, sizeof(p), cudaMemcpyHostToDevice, stream_));
+  LILAC_CUDA_CHECK(
+      cudaMemcpyAsync(st.sampler_params.get(), &p, sizeof(p), cudaMemcpyHostToDevice, stream_));
   if (st.penalties_active) {
     std::vector<int32_t> counts(size_t(model_->config.vocab), 0);
-    LILAC_CUDA_CHECK(cudaMemcpyAsync(st.output_counts.get(), counts.data(), counts.size() * 4, cudaMemcpyHostToDevice,
-                                     stream_));
-    LILAC_CUDA_CHECK(cudaMemcpyAsync(st.seen.get(), st.penalties.seen.data(), st.penalties.seen.size(),
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(st.output_counts.get(), counts.data(), counts.size() * 4,
                                      cudaMemcpyHostToDevice, stream_));
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(st.seen.get(), st.penalties.seen.data(),
+                                     st.penalties.seen.size(), cudaMemcpyHostToDevice, stream_));
   }
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-StepResult CudaBackend::step(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index) {
+StepResult CudaBackend::step(SequenceState& state, std::span<const int32_t> ids,
+                             uint64_t sample_index) {
   auto& st = static_cast<CudaSequenceState&>(state);
   const ModelConfig& c = model_->config;
   const int64_t T = int64_t(ids.size());
   if (T == 0) fail("step: no input ids");
   if (st.position() + T > st.max_ctx)
-    fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(), T, st.max_ctx);
+    fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(), T,
+         st.max_ctx);
   check_ids(ids, c.vocab);
   last_context_ = st.position() + T;
   // The Philox counter of this sample.
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(st.sampler_params.get()) +
-                                       offsetof(DeviceSamplingParams, step),
-                                   &sample_index, sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(
+      reinterpret_cast<uint8_t*>(st.sampler_params.get()) + offsetof(DeviceSamplingParams, step),
+      &sample_index, sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
   if (T == 1 && !trace_) {
     // The previous sampled token is already in device memory: no copy, the graph reads it.
     if (ids[0] != st.token_on_device)
-      LILAC_CUDA_CHECK(cudaMemcpyAsync(st.d_token(), ids.data(), 4, cudaMemcpyHostToDevice, stream_));
+      LILAC_CUDA_CHECK(
+          cudaMemcpyAsync(st.d_token(), ids.data(), 4, cudaMemcpyHostToDevice, stream_));
     run_decode(st, /*sample=*/true);
     st.set_position(st.position() + 1);
   } else {
@@ -774,14 +855,17 @@ StepResult CudaBackend::step(SequenceState& state, std::span<const int32_t> ids,
       if (last) {
         // lm_head on the last row, then the device sampler.
         const int H = int(c.hidden);
-        rms_norm(ws_->h.get() + size_t(n - 1) * size_t(H), model_->final_norm, ws_->x.get(), 1, H, c.rms_eps, stream_);
-        proj_gemv(model_->lm_head, model_->q.lm_head, int(c.vocab), H, ws_->x.get(), ws_->logits.get(), GemvOut::Store, stream_);
+        rms_norm(ws_->h.get() + size_t(n - 1) * size_t(H), model_->final_norm, ws_->x.get(), 1, H,
+                 c.rms_eps, stream_);
+        proj_gemv(model_->lm_head, model_->q.lm_head, int(c.vocab), H, ws_->x.get(),
+                  ws_->logits.get(), GemvOut::Store, stream_);
         sample_launches(st, nullptr);
       }
     }
   }
   DeviceSampleResult out;
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(&out, st.sample_out.get(), sizeof(out), cudaMemcpyDeviceToHost, stream_));
+  LILAC_CUDA_CHECK(
+      cudaMemcpyAsync(&out, st.sample_out.get(), sizeof(out), cudaMemcpyDeviceToHost, stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   st.token_on_device = out.token;
   StepResult r;
@@ -796,15 +880,19 @@ StepResult CudaBackend::step(SequenceState& state, std::span<const int32_t> ids,
   return r;
 }
 
-std::pair<std::vector<float>, std::vector<float>> CudaBackend::gdn_state(const SequenceState& state, int64_t layer) {
+std::pair<std::vector<float>, std::vector<float>> CudaBackend::gdn_state(const SequenceState& state,
+                                                                         int64_t layer) {
   const auto& st = static_cast<const CudaSequenceState&>(state);
   const ModelConfig& c = model_->config;
-  if (c.layer_types[size_t(layer)] != LayerType::GatedDeltaNet) fail("layer {} is not a Gated DeltaNet layer", layer);
+  if (c.layer_types[size_t(layer)] != LayerType::GatedDeltaNet)
+    fail("layer {} is not a Gated DeltaNet layer", layer);
   const int slot = int(c.slot_of_layer(layer));
   std::vector<float> conv(size_t((c.gdn_conv_kernel - 1) * c.gdn_conv_channels()));
   std::vector<float> rec(size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(conv.data(), st.conv_state(c, slot), conv.size() * 4, cudaMemcpyDeviceToHost, stream_));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(rec.data(), st.rec_state(c, slot), rec.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(conv.data(), st.conv_state(c, slot), conv.size() * 4,
+                                   cudaMemcpyDeviceToHost, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(rec.data(), st.rec_state(c, slot), rec.size() * 4,
+                                   cudaMemcpyDeviceToHost, stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return {conv, rec};
 }
@@ -818,10 +906,13 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
     auto totals = t.totals();
     double sum = 0;
     for (auto& [n, ms, count] : totals) sum += ms;
-    lines.push_back(fmt::format("{}: {:.1f} us in {} kernel kinds", title, sum * 1e3, totals.size()));
-    std::sort(totals.begin(), totals.end(), [](auto& a, auto& b) { return std::get<1>(a) > std::get<1>(b); });
+    lines.push_back(
+        fmt::format("{}: {:.1f} us in {} kernel kinds", title, sum * 1e3, totals.size()));
+    std::sort(totals.begin(), totals.end(),
+              [](auto& a, auto& b) { return std::get<1>(a) > std::get<1>(b); });
     for (auto& [n, ms, count] : totals)
-      lines.push_back(fmt::format("  {:<24} {:>10.1f} us {:>5.1f}%  ({} launches)", n, ms * 1e3, 100 * ms / sum, count));
+      lines.push_back(fmt::format("  {:<24} {:>10.1f} us {:>5.1f}%  ({} launches)", n, ms * 1e3,
+                                  100 * ms / sum, count));
   };
   const int64_t ctx = std::max<int64_t>(last_context_, 256);
   {
@@ -860,9 +951,10 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
     LILAC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     cudaEventDestroy(a);
     cudaEventDestroy(b);
-    lines.push_back(fmt::format("decode step at context {} as a graph replay, {} back to back: {:.1f} us ({:.1f} tok/s; "
-                                "GPU time, no host round trip between steps)",
-                                ctx, kReplays, 1e3 * ms / kReplays, kReplays / (1e-3 * ms)));
+    lines.push_back(fmt::format(
+        "decode step at context {} as a graph replay, {} back to back: {:.1f} us ({:.1f} tok/s; "
+        "GPU time, no host round trip between steps)",
+        ctx, kReplays, 1e3 * ms / kReplays, kReplays / (1e-3 * ms)));
   }
   {
     const int T = int(std::min<int64_t>(ws_->max_T, 4096));
@@ -887,10 +979,11 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Model& model, bool quantize
 }
 
 std::unique_ptr<CudaBackend> make_synthetic_backend(const std::string& weights, uint64_t seed) {
-  if (weights != "bf16" && weights != "q4") fail("--weights {}: the synthetic model is bf16 or q4", weights);
-  auto backend = std::make_unique<CudaBackend>(
-      std::shared_ptr<DeviceModel>(synthetic_device_model(qwen36_35b_a3b_config(), seed, weights == "q4")),
-      CudaOptions::from_environment());
+  if (weights != "bf16" && weights != "q4")
+    fail("--weights {}: the synthetic model is bf16 or q4", weights);
+  auto backend = std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(synthetic_device_model(
+                                                   qwen36_35b_a3b_config(), seed, weights == "q4")),
+                                               CudaOptions::from_environment());
   backend->set_sampling_vocab(kQwen36RealTokens);
   return backend;
 }

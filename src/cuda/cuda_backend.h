@@ -20,8 +20,8 @@ struct CudaOptions {
   int64_t prefill_chunk = 4096;  // tokens per prefill launch sequence (workspace sized for it)
   bool use_graphs = true;        // decode steps as CUDA graph replays
   // Kernel variants of the decode step (defaults: the fused / cluster kernels). The environment
-  // can switch them for A/B checks: LILAC_GDN_DECODE=cluster|counter, LILAC_ATTN_DECODE=fused|split,
-  // LILAC_CUDA_GRAPHS=0 (decode steps launched one by one).
+  // can switch them for A/B checks: LILAC_GDN_DECODE=cluster|counter,
+  // LILAC_ATTN_DECODE=fused|split, LILAC_CUDA_GRAPHS=0 (decode steps launched one by one).
   GdnDecodePath gdn_decode_path = GdnDecodePath::Auto;
   bool fused_attention_decode = true;
   static CudaOptions from_environment();
@@ -41,10 +41,13 @@ class CudaBackend : public Backend {
   std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override;
   void forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,
                bool all_logits) override;
-  void begin_sampling(SequenceState& state, std::span<const int32_t> prompt, const SamplingParams& params) override;
-  StepResult step(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index) override;
+  void begin_sampling(SequenceState& state, std::span<const int32_t> prompt,
+                      const SamplingParams& params) override;
+  StepResult step(SequenceState& state, std::span<const int32_t> ids,
+                  uint64_t sample_index) override;
   std::unique_ptr<SequenceState> clone(const SequenceState& state) override;
-  std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state, int64_t max_context) override;
+  std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state,
+                                                     int64_t max_context) override;
   size_t state_bytes(const SequenceState& state) const override;
 
   // Per-kernel times of one decode step and one prefill chunk (CUDA events around each launch,
@@ -55,14 +58,16 @@ class CudaBackend : public Backend {
 
   // Tests: the Gated DeltaNet conv state [K-1, C] and recurrent state [Hv, Dk, Dv] of layer
   // `layer` (f32, copied to the host), to compare with the CPU backend's.
-  std::pair<std::vector<float>, std::vector<float>> gdn_state(const SequenceState& state, int64_t layer);
+  std::pair<std::vector<float>, std::vector<float>> gdn_state(const SequenceState& state,
+                                                              int64_t layer);
 
   // Per-launch timing for kernel_breakdown (defined in cuda_backend.cpp).
   struct Timer;
 
  private:
   friend class CudaSequenceState;
-  void prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T, float* logits, bool all_logits, Timer* timer);
+  void prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T, float* logits,
+                     bool all_logits, Timer* timer);
   void decode_launches(CudaSequenceState& st, bool sample, Timer* timer);
   void run_decode(CudaSequenceState& st, bool sample);
   void layer_prefill(CudaSequenceState& st, int64_t layer, int T, int pos0, Timer* timer);

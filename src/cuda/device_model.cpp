@@ -13,9 +13,9 @@
 #include "cpu/attention.h"
 #include "cuda/common.h"
 #include "cuda/q4_quantize.h"
-#include "io/mlx_affine.h"
 #include "cuda/synthetic.h"
 #include "cuda/synthetic_fill.h"
+#include "io/mlx_affine.h"
 #include "io/quantize.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -59,11 +59,14 @@ enum class Format {
   Quantize,     // quantized at load with q4_bits_for (--weights q4, the q4 synthetic model)
 };
 
-float uniform_bound(int64_t fan_in) { return std::sqrt(3.0f / float(fan_in)); }  // std 1/sqrt(fan_in)
+float uniform_bound(int64_t fan_in) {
+  return std::sqrt(3.0f / float(fan_in));
+}  // std 1/sqrt(fan_in)
 
 // The bits a matrix is stored with: Bf16 -> 0; Quantize -> q4_bits_for; FromWeights -> the
 // parts' bits (all parts alike, group 64), 0 for float parts.
-int matrix_bits(Format f, const std::string& name, int64_t cols, const std::vector<const Matrix*>& parts) {
+int matrix_bits(Format f, const std::string& name, int64_t cols,
+                const std::vector<const Matrix*>& parts) {
   if (f == Format::Bf16) return 0;
   if (f == Format::Quantize) return q4_bits_for(name, cols);
   if (parts.empty() || !parts[0]->quantized()) {
@@ -74,9 +77,10 @@ int matrix_bits(Format f, const std::string& name, int64_t cols, const std::vect
   const int bits = parts[0]->bits;
   for (const Matrix* m : parts) {
     if (!m->quantized() || m->bits != bits)
-      fail("{}: its parts have different formats ({} at {} bits, {} at {} bits); the CUDA backend "
-           "fuses them into one matrix",
-           name, parts[0]->name, bits, m->name, m->bits);
+      fail(
+          "{}: its parts have different formats ({} at {} bits, {} at {} bits); the CUDA backend "
+          "fuses them into one matrix",
+          name, parts[0]->name, bits, m->name, m->bits);
     if (m->group_size != kQGroup)
       fail("{}: group size {}: the CUDA 4-bit kernels support group size {} only", m->name,
            m->group_size, kQGroup);
@@ -103,12 +107,19 @@ QMatrix* q_slot(DeviceModel& dm, const std::string& name) {
 }
 
 // Every tensor of the device layout, in arena order. `w` may be null (synthetic).
-std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceModel& dm, Format format) {
+std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceModel& dm,
+                          Format format) {
   std::vector<Planned> p;
   const int64_t H = c.hidden, V = c.vocab;
-  auto mat = [&](std::string name, int64_t rows, int64_t cols, const bf16** target, std::vector<const Matrix*> parts,
-                 int64_t rows_per_stack = 0) {
-    Planned t{std::move(name), true, size_t(rows * cols), 0.f, uniform_bound(cols), std::move(parts), nullptr,
+  auto mat = [&](std::string name, int64_t rows, int64_t cols, const bf16** target,
+                 std::vector<const Matrix*> parts, int64_t rows_per_stack = 0) {
+    Planned t{std::move(name),
+              true,
+              size_t(rows * cols),
+              0.f,
+              uniform_bound(cols),
+              std::move(parts),
+              nullptr,
               reinterpret_cast<const void**>(target)};
     t.rows = rows;
     t.cols = cols;
@@ -116,12 +127,22 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
     t.bits = matrix_bits(format, t.name, cols, t.parts);
     p.push_back(std::move(t));
   };
-  auto vec = [&](std::string name, int64_t n, float centre, float a, const float** target, const std::vector<float>* src) {
-    p.push_back({std::move(name), false, size_t(n), centre, a, {}, src, reinterpret_cast<const void**>(target)});
+  auto vec = [&](std::string name, int64_t n, float centre, float a, const float** target,
+                 const std::vector<float>* src) {
+    p.push_back({std::move(name),
+                 false,
+                 size_t(n),
+                 centre,
+                 a,
+                 {},
+                 src,
+                 reinterpret_cast<const void**>(target)});
   };
-  mat("embed", V, H, &dm.embed, w ? std::vector<const Matrix*>{&w->embed} : std::vector<const Matrix*>{});
+  mat("embed", V, H, &dm.embed,
+      w ? std::vector<const Matrix*>{&w->embed} : std::vector<const Matrix*>{});
   p.back().a = 1.0f;  // embedding rows: activations of unit-ish scale
-  mat("lm_head", V, H, &dm.lm_head, w ? std::vector<const Matrix*>{&w->lm_head} : std::vector<const Matrix*>{});
+  mat("lm_head", V, H, &dm.lm_head,
+      w ? std::vector<const Matrix*>{&w->lm_head} : std::vector<const Matrix*>{});
   vec("final_norm", H, 1.f, 0.1f, &dm.final_norm, w ? &w->final_norm_scale : nullptr);
   dm.layers.resize(size_t(c.layers));
   for (int64_t i = 0; i < c.layers; ++i) {
@@ -135,17 +156,20 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
       const int64_t C = c.gdn_conv_channels(), Hv = c.gdn_value_heads, Vd = c.gdn_v_channels();
       const auto* g = lw ? &lw->gdn : nullptr;
       mat(s + "in_proj", C + Vd + 2 * Hv, H, &L.in_proj,
-          g ? std::vector<const Matrix*>{&g->in_proj_qkv, &g->in_proj_z, &g->in_proj_b, &g->in_proj_a}
+          g ? std::vector<const Matrix*>{&g->in_proj_qkv, &g->in_proj_z, &g->in_proj_b,
+                                         &g->in_proj_a}
             : std::vector<const Matrix*>{});
       vec(s + "conv", C * c.gdn_conv_kernel, 0.f, 0.5f, &L.conv, g ? &g->conv : nullptr);
       vec(s + "neg_exp_A", Hv, -2.25f, 1.75f, &L.neg_exp_A, g ? &g->neg_exp_A : nullptr);
       vec(s + "dt_bias", Hv, 0.f, 1.f, &L.dt_bias, g ? &g->dt_bias : nullptr);
       vec(s + "gdn_norm", c.gdn_value_dim, 1.f, 0.1f, &L.gdn_norm, g ? &g->norm_scale : nullptr);
-      mat(s + "out_proj", H, Vd, &L.out_proj, g ? std::vector<const Matrix*>{&g->out_proj} : std::vector<const Matrix*>{});
+      mat(s + "out_proj", H, Vd, &L.out_proj,
+          g ? std::vector<const Matrix*>{&g->out_proj} : std::vector<const Matrix*>{});
     } else {
       const auto* a = lw ? &lw->attn : nullptr;
       mat(s + "qkv_proj", c.q_proj_rows() + 2 * c.kv_dim(), H, &L.qkv_proj,
-          a ? std::vector<const Matrix*>{&a->q_proj, &a->k_proj, &a->v_proj} : std::vector<const Matrix*>{});
+          a ? std::vector<const Matrix*>{&a->q_proj, &a->k_proj, &a->v_proj}
+            : std::vector<const Matrix*>{});
       vec(s + "q_norm", c.head_dim, 1.f, 0.1f, &L.q_norm, a ? &a->q_norm_scale : nullptr);
       vec(s + "k_norm", c.head_dim, 1.f, 0.1f, &L.k_norm, a ? &a->k_norm_scale : nullptr);
       mat(s + "o_proj", H, c.heads * c.head_dim, &L.o_proj,
@@ -154,7 +178,8 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
     const auto* m = lw ? &lw->moe : nullptr;
     const int64_t E = c.experts, I = c.expert_intermediate, Is = c.shared_intermediate;
     mat(s + "router", E + 1, H, &L.router,
-        m ? std::vector<const Matrix*>{&m->router, &m->shared_expert_gate} : std::vector<const Matrix*>{});
+        m ? std::vector<const Matrix*>{&m->router, &m->shared_expert_gate}
+          : std::vector<const Matrix*>{});
     std::vector<const Matrix*> gate_up, down;
     if (m)
       for (const auto& e : m->experts) {
@@ -165,8 +190,10 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
     mat(s + "gate_up", E * 2 * I, H, &L.gate_up, gate_up, 2 * I);
     mat(s + "down", E * H, I, &L.down, down, H);
     mat(s + "shared_gate_up", 2 * Is, H, &L.shared_gate_up,
-        m ? std::vector<const Matrix*>{&m->shared_gate, &m->shared_up} : std::vector<const Matrix*>{});
-    mat(s + "shared_down", H, Is, &L.shared_down, m ? std::vector<const Matrix*>{&m->shared_down} : std::vector<const Matrix*>{});
+        m ? std::vector<const Matrix*>{&m->shared_gate, &m->shared_up}
+          : std::vector<const Matrix*>{});
+    mat(s + "shared_down", H, Is, &L.shared_down,
+        m ? std::vector<const Matrix*>{&m->shared_down} : std::vector<const Matrix*>{});
   }
   size_t offset = 0;
   auto take = [&](size_t bytes) {
@@ -180,8 +207,8 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
       continue;
     }
     if (t.rows_per_stack % kQTileRows != 0)  // 0 (one matrix) passes
-      fail("{}: {} rows per expert: the 4-bit expert kernels need a multiple of {}", t.name, t.rows_per_stack,
-           kQTileRows);
+      fail("{}: {} rows per expert: the 4-bit expert kernels need a multiple of {}", t.name,
+           t.rows_per_stack, kQTileRows);
     t.qtarget = q_slot(dm, t.name);
     t.offset = take(q_code_words(t.rows, t.cols, t.bits) * 4);
     t.sb_offset = take(q_sb_words(t.rows, t.cols) * 4);
@@ -226,7 +253,8 @@ void finish_quantized(DeviceModel& dm, const Planned& t, Staging& st) {
   uint8_t* base = static_cast<uint8_t*>(dm.arena);
   uint32_t* codes = reinterpret_cast<uint32_t*>(base + t.offset);
   uint32_t* sb = reinterpret_cast<uint32_t*>(base + t.sb_offset);
-  repack_mlx(st.codes.get(), st.scales.get(), st.biases.get(), t.rows, int(t.cols), t.bits, codes, sb, nullptr);
+  repack_mlx(st.codes.get(), st.scales.get(), st.biases.get(), t.rows, int(t.cols), t.bits, codes,
+             sb, nullptr);
   *t.target = nullptr;
   *t.qtarget = QMatrix{codes, sb, int(t.rows), int(t.cols), t.bits};
 }
@@ -235,8 +263,10 @@ void allocate(DeviceModel& dm, std::vector<Planned>& p, size_t staging_bytes = 0
   size_t free_b = 0, total_b = 0;
   LILAC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (dm.bytes + staging_bytes + (1ull << 30) > free_b)
-    fail("the model needs {:.2f} GB of GPU memory (+ {:.2f} GB while loading) but only {:.2f} GB are free",
-         double(dm.bytes) / 1e9, double(staging_bytes) / 1e9, double(free_b) / 1e9);
+    fail(
+        "the model needs {:.2f} GB of GPU memory (+ {:.2f} GB while loading) but only {:.2f} GB "
+        "are free",
+        double(dm.bytes) / 1e9, double(staging_bytes) / 1e9, double(free_b) / 1e9);
   LILAC_CUDA_CHECK(cudaMalloc(&dm.arena, dm.bytes));
   for (auto& t : p) *t.target = t.bits ? nullptr : static_cast<uint8_t*>(dm.arena) + t.offset;
 }
@@ -251,7 +281,8 @@ void upload_bf16_part(const Matrix& m, bf16* dst, std::vector<uint16_t>& staging
   staging.resize(n);
   for (size_t i = 0; i < n; ++i) {
     float v;
-    if (m.dtype == DType::F32) std::memcpy(&v, static_cast<const uint8_t*>(m.data) + 4 * i, 4);
+    if (m.dtype == DType::F32)
+      std::memcpy(&v, static_cast<const uint8_t*>(m.data) + 4 * i, 4);
     else {
       uint16_t h;
       std::memcpy(&h, static_cast<const uint8_t*>(m.data) + 2 * i, 2);
@@ -264,7 +295,8 @@ void upload_bf16_part(const Matrix& m, bf16* dst, std::vector<uint16_t>& staging
 
 // inv_freq is tiny and computed on the host exactly as the CPU backend does.
 void set_inv_freq(DeviceModel& dm) {
-  auto f = cpu::rope_inv_freq(dm.config.rope_theta, dm.config.rotary_dim, dm.config.rope_inv_freq_bf16);
+  auto f =
+      cpu::rope_inv_freq(dm.config.rope_theta, dm.config.rotary_dim, dm.config.rope_inv_freq_bf16);
   float* d = nullptr;
   LILAC_CUDA_CHECK(cudaMalloc(&d, f.size() * 4));
   LILAC_CUDA_CHECK(cudaMemcpy(d, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
@@ -283,12 +315,15 @@ std::unique_ptr<DeviceModel> upload_model(const Model& model, bool quantize) {
   auto dm = std::make_unique<DeviceModel>();
   dm->config = model.config;
   if (quantize && has_quantized_weights(model.weights))
-    fail("upload: --weights q4 asks to quantize {}, which is already quantized", model.checkpoint->dir());
+    fail("upload: --weights q4 asks to quantize {}, which is already quantized",
+         model.checkpoint->dir());
   const Format format = quantize ? Format::Quantize : Format::FromWeights;
   auto p = plan(model.config, &model.weights, *dm, format);
   dm->source = "checkpoint " + model.checkpoint->dir();
-  if (quantize) dm->source += " (quantized to 4-bit on the GPU at load)";
-  else if (dm->quantized_matrices) dm->source += " (MLX affine quantized)";
+  if (quantize)
+    dm->source += " (quantized to 4-bit on the GPU at load)";
+  else if (dm->quantized_matrices)
+    dm->source += " (MLX affine quantized)";
   Staging st(p, quantize);
   allocate(*dm, p, st.bytes);
   st.allocate();
@@ -297,9 +332,11 @@ std::unique_ptr<DeviceModel> upload_model(const Model& model, bool quantize) {
   for (const auto& t : p) {
     uint8_t* dst = static_cast<uint8_t*>(dm->arena) + t.offset;
     if (!t.is_bf16) {
-      if (!t.vec || t.vec->size() != t.count) fail("upload: {} has {} values, expected {}", t.name, t.vec ? t.vec->size() : 0, t.count);
+      if (!t.vec || t.vec->size() != t.count)
+        fail("upload: {} has {} values, expected {}", t.name, t.vec ? t.vec->size() : 0, t.count);
       const float* src = t.vec->data();
-      // quantize_model_in_memory rounds every vector but A_log (neg_exp_A) to bf16, as MLX stores it.
+      // quantize_model_in_memory rounds every vector but A_log (neg_exp_A) to bf16, as MLX stores
+      // it.
       if (quantize && !t.name.ends_with("neg_exp_A")) {
         rounded.assign(t.vec->begin(), t.vec->end());
         for (float& v : rounded) v = round_to_bf16(v);
@@ -310,7 +347,8 @@ std::unique_ptr<DeviceModel> upload_model(const Model& model, bool quantize) {
     }
     int64_t done = 0;  // rows
     for (const Matrix* m : t.parts) {
-      if (m->cols != t.cols) fail("upload: {} has {} columns, expected {}", m->name, m->cols, t.cols);
+      if (m->cols != t.cols)
+        fail("upload: {} has {} columns, expected {}", m->name, m->cols, t.cols);
       if (t.bits == 0) {
         upload_bf16_part(*m, reinterpret_cast<bf16*>(dst) + size_t(done * t.cols), staging);
       } else if (quantize) {
@@ -318,19 +356,20 @@ std::unique_ptr<DeviceModel> upload_model(const Model& model, bool quantize) {
       } else {  // MLX codes, scales and biases, rows concatenated
         const int64_t G = t.cols / kQGroup;
         LILAC_CUDA_CHECK(cudaMemcpy(st.codes.get() + size_t(done * t.cols * t.bits / 32), m->data,
-                                    size_t(m->rows * m->cols * t.bits / 8), cudaMemcpyHostToDevice));
-        LILAC_CUDA_CHECK(cudaMemcpy(st.scales.get() + size_t(done * G), m->scales, size_t(m->rows * G) * 2,
+                                    size_t(m->rows * m->cols * t.bits / 8),
                                     cudaMemcpyHostToDevice));
-        LILAC_CUDA_CHECK(cudaMemcpy(st.biases.get() + size_t(done * G), m->biases, size_t(m->rows * G) * 2,
-                                    cudaMemcpyHostToDevice));
+        LILAC_CUDA_CHECK(cudaMemcpy(st.scales.get() + size_t(done * G), m->scales,
+                                    size_t(m->rows * G) * 2, cudaMemcpyHostToDevice));
+        LILAC_CUDA_CHECK(cudaMemcpy(st.biases.get() + size_t(done * G), m->biases,
+                                    size_t(m->rows * G) * 2, cudaMemcpyHostToDevice));
       }
       done += m->rows;
     }
     if (done != t.rows) fail("upload: {} got {} rows, expected {}", t.name, done, t.rows);
     if (t.bits == 0) continue;
     if (quantize)
-      quantize_mlx(st.values.get(), t.rows, int(t.cols), t.bits, st.codes.get(), st.scales.get(), st.biases.get(),
-                   nullptr);
+      quantize_mlx(st.values.get(), t.rows, int(t.cols), t.bits, st.codes.get(), st.scales.get(),
+                   st.biases.get(), nullptr);
     finish_quantized(*dm, t, st);
   }
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
@@ -338,10 +377,12 @@ std::unique_ptr<DeviceModel> upload_model(const Model& model, bool quantize) {
   return dm;
 }
 
-std::unique_ptr<DeviceModel> synthetic_device_model(const ModelConfig& config, uint64_t seed, bool q4) {
+std::unique_ptr<DeviceModel> synthetic_device_model(const ModelConfig& config, uint64_t seed,
+                                                    bool q4) {
   auto dm = std::make_unique<DeviceModel>();
   dm->config = config;
-  dm->source = std::string(q4 ? "synthetic q4" : "synthetic") + " (seed " + std::to_string(seed) + ")";
+  dm->source =
+      std::string(q4 ? "synthetic q4" : "synthetic") + " (seed " + std::to_string(seed) + ")";
   auto p = plan(config, nullptr, *dm, q4 ? Format::Quantize : Format::Bf16);
   Staging st(p, true);
   allocate(*dm, p, st.bytes);
@@ -351,8 +392,8 @@ std::unique_ptr<DeviceModel> synthetic_device_model(const ModelConfig& config, u
     uint8_t* dst = static_cast<uint8_t*>(dm->arena) + t.offset;
     if (t.bits) {
       fill_synthetic_bf16(st.values.get(), t.count, key, t.centre, t.a, nullptr);
-      quantize_mlx(st.values.get(), t.rows, int(t.cols), t.bits, st.codes.get(), st.scales.get(), st.biases.get(),
-                   nullptr);
+      quantize_mlx(st.values.get(), t.rows, int(t.cols), t.bits, st.codes.get(), st.scales.get(),
+                   st.biases.get(), nullptr);
       finish_quantized(*dm, t, st);
     } else if (t.is_bf16) {
       fill_synthetic_bf16(reinterpret_cast<bf16*>(dst), t.count, key, t.centre, t.a, nullptr);
@@ -365,8 +406,8 @@ std::unique_ptr<DeviceModel> synthetic_device_model(const ModelConfig& config, u
   return dm;
 }
 
-std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& config, uint64_t seed, int64_t layers,
-                                                         bool q4) {
+std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& config, uint64_t seed,
+                                                         int64_t layers, bool q4) {
   auto hm = std::make_unique<HostSyntheticModel>();
   hm->config = config;
   hm->config.layers = layers;
@@ -393,7 +434,8 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
       ThreadPool::global().parallel_for(
           t.count,
           [&](size_t b, size_t e) {
-            for (size_t i = b; i < e; ++i) v[i] = f32_to_bf16(synthetic::value(key, i, t.centre, t.a));
+            for (size_t i = b; i < e; ++i)
+              v[i] = f32_to_bf16(synthetic::value(key, i, t.centre, t.a));
           },
           1 << 16);
       if (t.bits == 0) {
@@ -408,9 +450,10 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
       ThreadPool::global().parallel_for(size_t(t.rows), [&](size_t b, size_t e) {
         std::vector<float> row(static_cast<size_t>(t.cols));
         for (size_t r = b; r < e; ++r) {
-          for (int64_t j = 0; j < t.cols; ++j) row[size_t(j)] = bf16_to_f32(v[r * size_t(t.cols) + size_t(j)]);
-          mlx_quantize_row(row.data(), t.cols, t.bits, kQGroup, &codes[r * size_t(wpr)], &scales[r * size_t(G)],
-                           &biases[r * size_t(G)]);
+          for (int64_t j = 0; j < t.cols; ++j)
+            row[size_t(j)] = bf16_to_f32(v[r * size_t(t.cols) + size_t(j)]);
+          mlx_quantize_row(row.data(), t.cols, t.bits, kQGroup, &codes[r * size_t(wpr)],
+                           &scales[r * size_t(G)], &biases[r * size_t(G)]);
         }
       });
       qm[t.name] = HostQ{codes.data(), scales.data(), biases.data(), t.bits};
@@ -425,7 +468,8 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
   const int64_t H = c.hidden;
   auto view = [&](const std::string& name, int64_t row0, int64_t rows, int64_t cols) {
     auto it = qm.find(name);
-    if (it == qm.end()) return Matrix{bf.at(name) + size_t(row0 * cols), DType::BF16, rows, cols, name};
+    if (it == qm.end())
+      return Matrix{bf.at(name) + size_t(row0 * cols), DType::BF16, rows, cols, name};
     const HostQ& q = it->second;
     const int64_t G = cols / kQGroup;
     Matrix m{q.codes + size_t(row0 * cols * q.bits / 32), DType::U32, rows, cols, name};
@@ -468,7 +512,8 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
     L.moe.router = view(s + "router", 0, E, H);
     L.moe.shared_expert_gate = view(s + "router", E, 1, H);
     for (int64_t e = 0; e < E; ++e)
-      L.moe.experts.push_back({view(s + "gate_up", e * 2 * I, I, H), view(s + "gate_up", e * 2 * I + I, I, H),
+      L.moe.experts.push_back({view(s + "gate_up", e * 2 * I, I, H),
+                               view(s + "gate_up", e * 2 * I + I, I, H),
                                view(s + "down", e * H, H, I)});
     L.moe.shared_gate = view(s + "shared_gate_up", 0, Is, H);
     L.moe.shared_up = view(s + "shared_gate_up", Is, Is, H);

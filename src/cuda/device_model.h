@@ -22,11 +22,11 @@ using bf16 = __nv_bfloat16;
 // is held in exactly one format: BF16 (the pointer in DeviceLayer, this QMatrix empty) or
 // quantized (the pointer null, this QMatrix set); the backend dispatches per matrix.
 struct DeviceLayerQ {
-  QMatrix in_proj, out_proj;                  // GDN
-  QMatrix qkv_proj, o_proj;                   // attention
-  QMatrix router;                             // [E + 1, H], 8-bit in MLX checkpoints
-  QMatrix gate_up, down;                      // stacks [E * 2I, H], [E * H, I]
-  QMatrix shared_gate_up, shared_down;        // [2Is, H], [H, Is]
+  QMatrix in_proj, out_proj;            // GDN
+  QMatrix qkv_proj, o_proj;             // attention
+  QMatrix router;                       // [E + 1, H], 8-bit in MLX checkpoints
+  QMatrix gate_up, down;                // stacks [E * 2I, H], [E * H, I]
+  QMatrix shared_gate_up, shared_down;  // [2Is, H], [H, Is]
 };
 
 struct DeviceLayer {
@@ -34,8 +34,8 @@ struct DeviceLayer {
   const float* input_norm = nullptr;  // [H], 1 + w
   const float* post_norm = nullptr;   // [H], 1 + w
   // Gated DeltaNet
-  const bf16* in_proj = nullptr;  // [C + Hv*Dv + 2*Hv, H]: qkv, z, b, a
-  const float* conv = nullptr;    // [C, K]
+  const bf16* in_proj = nullptr;     // [C + Hv*Dv + 2*Hv, H]: qkv, z, b, a
+  const float* conv = nullptr;       // [C, K]
   const float* neg_exp_A = nullptr;  // [Hv]
   const float* dt_bias = nullptr;    // [Hv]
   const float* gdn_norm = nullptr;   // [Dv], plain w
@@ -60,22 +60,22 @@ struct DeviceModelQ {
 
 struct DeviceModel {
   ModelConfig config;
-  const bf16* embed = nullptr;       // [V, H]
-  const bf16* lm_head = nullptr;     // [V, H]
+  const bf16* embed = nullptr;        // [V, H]
+  const bf16* lm_head = nullptr;      // [V, H]
   const float* final_norm = nullptr;  // [H], 1 + w
   const float* inv_freq = nullptr;    // [R/2] RoPE inverse frequencies
   std::vector<DeviceLayer> layers;
-  DeviceModelQ q;    // quantized embed / lm_head (see DeviceLayerQ)
+  DeviceModelQ q;                  // quantized embed / lm_head (see DeviceLayerQ)
   int64_t quantized_matrices = 0;  // how many device matrices are 4/8-bit
-  size_t bytes = 0;  // device memory held
-  std::string source;  // "checkpoint DIR" or "synthetic (seed N)"
+  size_t bytes = 0;                // device memory held
+  std::string source;              // "checkpoint DIR" or "synthetic (seed N)"
 
   DeviceModel() = default;
   DeviceModel(const DeviceModel&) = delete;
   DeviceModel& operator=(const DeviceModel&) = delete;
   ~DeviceModel();
-  void* arena = nullptr;            // all weights
-  std::vector<void*> owned;         // small separate allocations (inv_freq)
+  void* arena = nullptr;     // all weights
+  std::vector<void*> owned;  // small separate allocations (inv_freq)
 };
 
 // Copies a loaded checkpoint's weights to the GPU (converting F16/F32 matrices to bf16).

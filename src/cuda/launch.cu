@@ -44,7 +44,6 @@ std::atomic<int>& prefetch_setting() {
   return s;
 }
 
-
 // Kernel -> whether its running machine code has the wait; guarded by registry_mutex().
 std::unordered_map<const void*, bool>& registry() {
   static std::unordered_map<const void*, bool> known;
@@ -73,7 +72,6 @@ bool l2_prefetch_enabled() {
 void set_l2_prefetch_enabled(bool on) {
   prefetch_setting().store(on ? 1 : 0, std::memory_order_relaxed);
 }
-
 
 ScopedPdl::ScopedPdl(bool on) : saved_(setting().exchange(on ? 1 : 0)) {}
 ScopedPdl::~ScopedPdl() {

@@ -47,7 +47,6 @@ bool pdl_for(const void* kernel, cudaStream_t stream);
 bool l2_prefetch_enabled();
 void set_l2_prefetch_enabled(bool on);
 
-
 // Kernels checked by pdl_for so far: how many run machine code with the wait (launched with PDL)
 // and how many do not (launched normally). For benchmark reports.
 void pdl_kernel_counts(int* with_wait, int* without);

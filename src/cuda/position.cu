@@ -4,7 +4,9 @@
 namespace lilac::cuda {
 
 namespace {
-__global__ void advance_kernel(int32_t* d_pos, int n) { *d_pos += n; }
+__global__ void advance_kernel(int32_t* d_pos, int n) {
+  *d_pos += n;
+}
 }  // namespace
 
 void advance_position(int32_t* d_pos, int n, cudaStream_t stream) {

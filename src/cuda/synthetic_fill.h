@@ -9,7 +9,9 @@
 
 namespace lilac::cuda {
 
-void fill_synthetic_bf16(__nv_bfloat16* p, size_t n, uint64_t key, float centre, float a, cudaStream_t stream);
-void fill_synthetic_f32(float* p, size_t n, uint64_t key, float centre, float a, cudaStream_t stream);
+void fill_synthetic_bf16(__nv_bfloat16* p, size_t n, uint64_t key, float centre, float a,
+                         cudaStream_t stream);
+void fill_synthetic_f32(float* p, size_t n, uint64_t key, float centre, float a,
+                        cudaStream_t stream);
 
 }  // namespace lilac::cuda

@@ -38,7 +38,8 @@ std::pair<std::unique_ptr<SequenceState>, size_t> PrefixCache::lookup(
   }
   if (best == entries_.end()) return {nullptr, 0};
   entries_.splice(entries_.begin(), entries_, best);  // most recently used
-  return {backend_.clone_with_capacity(*entries_.front().state, context_size_), entries_.front().tokens.size()};
+  return {backend_.clone_with_capacity(*entries_.front().state, context_size_),
+          entries_.front().tokens.size()};
 }
 
 void PrefixCache::evict_to(size_t budget) {

@@ -80,7 +80,8 @@ class Backend {
   // A copy with room for `max_context` tokens (>= the state's position): prompt-reuse snapshots
   // are stored compact (max_context = position) and restored with the full context. Backends
   // whose states grow on demand keep the default, a plain clone.
-  virtual std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state, int64_t max_context) {
+  virtual std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state,
+                                                             int64_t max_context) {
     (void)max_context;
     return clone(state);
   }

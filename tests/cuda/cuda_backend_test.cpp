@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -31,7 +31,9 @@ std::pair<double, double> rel_and_max(const std::vector<float>& a, const std::ve
   return {std::sqrt(num / std::max(den, 1e-30)), mx};
 }
 
-int32_t argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
+int32_t argmax(const float* x, int64_t n) {
+  return int32_t(std::max_element(x, x + n) - x);
+}
 
 TEST(CudaBackend, TinyAMatchesTheHFFixture) {
   LILAC_REQUIRE_GPU();
@@ -56,7 +58,8 @@ TEST(CudaBackend, TinyAMatchesTheHFFixture) {
       ASSERT_EQ(next, want_ids[j]) << dir << ": greedy id differs at decode step " << j;
       backend->forward(*seq, std::span(&next, 1), step, false);
       std::vector<float> want(want_decode.begin() + j * V, want_decode.begin() + (j + 1) * V);
-      EXPECT_TRUE(all_close(step, want, 5e-2, 0, std::string(dir) + " decode step " + std::to_string(j)));
+      EXPECT_TRUE(
+          all_close(step, want, 5e-2, 0, std::string(dir) + " decode step " + std::to_string(j)));
       next = argmax(step.data(), V);
     }
   }
@@ -121,7 +124,8 @@ TEST(CudaBackend, DeviceSamplingMatchesTheCpuSamplerOnTheSameLogits) {
     int32_t t = r.token;
     backend->forward(*probe, std::span(&t, 1), logits, false);
     r = backend->step(*seq, std::span(&t, 1), i);
-    EXPECT_EQ(r.token, sample_token(logits.data(), int32_t(V), p, nullptr, i).token) << "step " << i;
+    EXPECT_EQ(r.token, sample_token(logits.data(), int32_t(V), p, nullptr, i).token)
+        << "step " << i;
   }
 }
 
@@ -139,8 +143,9 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   auto host = cuda::synthetic_host_model(cfg, seed, layers);
   cpu::CpuBackend cpu_backend(host->config, host->weights);
   cpu_backend.set_bf16_activations(true);
-  cuda::CudaBackend gpu_backend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed)),
-                                cuda::CudaOptions::from_environment());
+  cuda::CudaBackend gpu_backend(
+      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed)),
+      cuda::CudaOptions::from_environment());
   std::vector<int32_t> prompt = {17, 248044, 9, 100000, 3, 77777, 12345, 5};
   const int64_t T = int64_t(prompt.size()), H = cfg.hidden;
   std::map<std::string, std::vector<float>> cpu_trace, gpu_trace;
@@ -179,7 +184,8 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
           std::sort(b.begin(), b.end());
           differ += a != b;
         }
-        std::printf("  %-28s %d of %zu tokens route differently\n", name.c_str(), differ, g.size() / k);
+        std::printf("  %-28s %d of %zu tokens route differently\n", name.c_str(), differ,
+                    g.size() / k);
         EXPECT_EQ(differ, 0) << name;
         continue;
       }
@@ -190,7 +196,8 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
     std::printf("  hidden.%-20lld rel %.2e  max abs %.3e\n", (long long)(i + 1), rel, mx);
     EXPECT_LT(rel, 5e-3) << "layer " << i << " (max abs " << mx << ")";
   }
-  cpu_backend.forward_head(&gpu_trace.at("hidden." + std::to_string(layers))[size_t((T - 1) * H)], 1, cpu_logits.data());
+  cpu_backend.forward_head(&gpu_trace.at("hidden." + std::to_string(layers))[size_t((T - 1) * H)],
+                           1, cpu_logits.data());
   auto [rel, mx] = rel_and_max(gpu_logits, cpu_logits);
   std::printf("  logits                       rel %.2e  max abs %.3e\n", rel, mx);
   EXPECT_LT(rel, 5e-3) << "logits (max abs " << mx << ")";
@@ -204,8 +211,8 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
     const auto& cst = static_cast<cpu::CpuSequenceState&>(*cs);
     auto [rc, mc] = rel_and_max(conv, cst.conv_state[size_t(cfg.slot_of_layer(i))]);
     auto [rr, mr] = rel_and_max(rec, cst.recurrent[size_t(cfg.slot_of_layer(i))]);
-    std::printf("  layer%lld conv state rel %.2e (max %.3e), recurrent state rel %.2e (max %.3e)\n", (long long)i, rc,
-                mc, rr, mr);
+    std::printf("  layer%lld conv state rel %.2e (max %.3e), recurrent state rel %.2e (max %.3e)\n",
+                (long long)i, rc, mc, rr, mr);
     EXPECT_LT(rc, 5e-3) << "conv state after prefill, layer " << i;
     EXPECT_LT(rr, 5e-3) << "recurrent state after prefill, layer " << i;
   }
@@ -261,22 +268,28 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
       const auto& l9 = trace9.at(tp + "router_logits");
       std::vector<float> last9(l9.end() - ptrdiff_t(E), l9.end());
       auto [rl, ml] = rel_and_max(logits, last9);
-      std::printf("  layer %lld routes the last token differently (top-k margin %.3e, router logits max abs %.3e)\n",
-                  (long long)i, margin, ml);
-      EXPECT_LT(margin, 4 * ml + 1e-4f) << "layer " << i << ": a routing difference that is not a near tie";
+      std::printf(
+          "  layer %lld routes the last token differently (top-k margin %.3e, router logits max "
+          "abs %.3e)\n",
+          (long long)i, margin, ml);
+      EXPECT_LT(margin, 4 * ml + 1e-4f)
+          << "layer " << i << ": a routing difference that is not a near tie";
       flipped = true;
       continue;
     }
     const auto& h9 = trace9.at("hidden." + std::to_string(i + 1));
     std::vector<float> last(h9.end() - ptrdiff_t(H), h9.end());
     auto [rh, mh] = rel_and_max(gpu_trace.at("decode.hidden." + std::to_string(i + 1)), last);
-    std::printf("  decode vs prefill hidden.%-3lld rel %.2e  max abs %.3e\n", (long long)(i + 1), rh, mh);
+    std::printf("  decode vs prefill hidden.%-3lld rel %.2e  max abs %.3e\n", (long long)(i + 1),
+                rh, mh);
     EXPECT_LT(rh, 1e-2) << "GPU decode step vs GPU prefill of the same tokens, layer " << i;
   }
   auto [rel3, mx3] = rel_and_max(gpu_logits, gpu9);
   std::printf("  gpu decode vs gpu prefill      rel %.2e  max abs %.3e%s\n", rel3, mx3,
               flipped ? " (after a routing flip: not compared)" : "");
-  if (!flipped) EXPECT_LT(rel3, 1e-2) << "GPU decode step vs GPU prefill of the same tokens (max abs " << mx3 << ")";
+  if (!flipped)
+    EXPECT_LT(rel3, 1e-2) << "GPU decode step vs GPU prefill of the same tokens (max abs " << mx3
+                          << ")";
 }
 
 TEST(CudaBackend, SyntheticGreedyDecodeIsDeterministic) {
@@ -284,13 +297,15 @@ TEST(CudaBackend, SyntheticGreedyDecodeIsDeterministic) {
   ModelConfig cfg = qwen36_35b_a3b_config();
   cfg.layers = 8;
   cfg.layer_types.resize(8);
-  cuda::CudaBackend backend(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3)));
+  cuda::CudaBackend backend(
+      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3)));
   auto run = [&] {
     auto seq = backend.new_sequence(512);
     SamplingParams greedy;
     greedy.temperature = 0;
     std::vector<int32_t> prompt(300);
-    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 2654435761u) % kQwen36RealTokens);
+    for (size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = int32_t((i * 2654435761u) % kQwen36RealTokens);
     backend.begin_sampling(*seq, prompt, greedy);
     std::vector<int32_t> out;
     StepResult r = backend.step(*seq, prompt, 0);

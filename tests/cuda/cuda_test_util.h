@@ -20,8 +20,8 @@
 namespace lilac::test {
 
 // Skips the test (rather than failing) on a machine without a GPU.
-#define LILAC_REQUIRE_GPU()                                                  \
-  do {                                                                       \
+#define LILAC_REQUIRE_GPU()                                                   \
+  do {                                                                        \
     if (::lilac::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
@@ -46,7 +46,8 @@ inline std::vector<uint16_t> to_bf16_rounding(std::vector<float>& v) {
 template <typename T>
 cuda::DeviceBuffer<T> upload(const std::vector<T>& host) {
   cuda::DeviceBuffer<T> d(host.size());
-  LILAC_CUDA_CHECK(cudaMemcpy(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  LILAC_CUDA_CHECK(
+      cudaMemcpy(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -80,10 +81,12 @@ void poison(cuda::DeviceBuffer<T>& d) {
 }
 
 // Every element within atol + rtol * |want|; reports the count and the worst element.
-inline ::testing::AssertionResult all_close(const std::vector<float>& got, const std::vector<float>& want,
-                                            double atol, double rtol, const std::string& what) {
+inline ::testing::AssertionResult all_close(const std::vector<float>& got,
+                                            const std::vector<float>& want, double atol,
+                                            double rtol, const std::string& what) {
   if (got.size() != want.size())
-    return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs " << want.size();
+    return ::testing::AssertionFailure()
+           << what << ": size " << got.size() << " vs " << want.size();
   size_t bad = 0, worst = 0;
   double worst_excess = -1;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -96,10 +99,10 @@ inline ::testing::AssertionResult all_close(const std::vector<float>& got, const
     }
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": " << bad << " of " << got.size()
-                                       << " elements out of tolerance; worst at [" << worst << "]: gpu "
-                                       << got[worst] << " vs cpu " << want[worst] << " (atol " << atol
-                                       << ", rtol " << rtol << ")";
+  return ::testing::AssertionFailure()
+         << what << ": " << bad << " of " << got.size() << " elements out of tolerance; worst at ["
+         << worst << "]: gpu " << got[worst] << " vs cpu " << want[worst] << " (atol " << atol
+         << ", rtol " << rtol << ")";
 }
 
 }  // namespace lilac::test

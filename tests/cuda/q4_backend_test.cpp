@@ -110,8 +110,8 @@ void to_prefill_weights(ModelWeights& w, std::vector<std::vector<uint16_t>>& sto
 // f32 ones: the prefill logits are compared with `prefill_twin`, a CPU backend over the weights
 // to_prefill_weights gives (tiny-a's random logits move by up to ~0.2 with the f32 weights
 // instead: its bf16 GPU run is 4.6e-2 from the HF reference already), the decode steps with `cpu`.
-void expect_close(Backend& gpu, Backend& cpu, Backend& prefill_twin, const std::vector<int32_t>& prompt,
-                  int64_t V, const std::string& what) {
+void expect_close(Backend& gpu, Backend& cpu, Backend& prefill_twin,
+                  const std::vector<int32_t>& prompt, int64_t V, const std::string& what) {
   const LogitsRun g = run(gpu, prompt, V);
   const LogitsRun c = run(cpu, prompt, V, &g.ids);
   std::vector<float> twin(prompt.size() * size_t(V));
@@ -121,8 +121,8 @@ void expect_close(Backend& gpu, Backend& cpu, Backend& prefill_twin, const std::
   // GPU run is 4.6e-2 from the HF reference).
   EXPECT_TRUE(all_close(g.prefill, twin, 8e-2, 0, what + " prefill logits"));
   const auto [rel, mx] = rel_and_max(g.prefill, c.prefill);
-  std::printf("  %s prefill logits vs the CPU's f32 4-bit path: rel %.2e, max abs %.3e\n", what.c_str(), rel,
-              mx);
+  std::printf("  %s prefill logits vs the CPU's f32 4-bit path: rel %.2e, max abs %.3e\n",
+              what.c_str(), rel, mx);
   int same = 0;
   for (size_t j = 0; j < g.ids.size(); ++j) {
     const std::vector<float>& prev =
@@ -172,7 +172,8 @@ TEST(Q4Backend, TinyAQuantizedAtLoadMatchesTheCpu) {
   cpu::CpuBackend twin(cpu_model->config, twin_weights);
   twin.set_bf16_activations(true);
 
-  expect_close(*gpu, cpu_backend, twin, prompt, gpu_model->config.vocab, "tiny-a q4 (quantized at load)");
+  expect_close(*gpu, cpu_backend, twin, prompt, gpu_model->config.vocab,
+               "tiny-a q4 (quantized at load)");
 }
 
 TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
