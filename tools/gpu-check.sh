@@ -31,7 +31,8 @@ run() {  # name, timeout seconds, command...
   [ $rc -eq 0 ] || status=1
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
-git log -1 --format='commit %H %s' >>"$OUT/summary.txt" 2>/dev/null || true
+# The build's own commit (git describe at configure time; the device copy's .git can be stale).
+"$B/lilac" --version >>"$OUT/summary.txt" 2>&1 || true
 for s in $steps; do
   case $s in
     tests) run gpu-tests 240 "$B/lilac_cuda_tests" --gtest_brief=1 ;;
