@@ -251,7 +251,11 @@ void Server::bind() {
 }
 
 void Server::start() {
-  thread_ = std::thread([this] { impl_->http.listen_after_bind(); });
+  impl_->listen_returned = false;
+  thread_ = std::thread([this] {
+    impl_->http.listen_after_bind();
+    impl_->listen_returned = true;
+  });
 }
 
 void Server::set_model(const ServingModel& model) {
@@ -277,8 +281,14 @@ bool Server::wait_idle(double seconds) const {
 }
 
 void Server::stop() {
-  if (impl_->http.is_running() || thread_.joinable()) impl_->http.stop();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  // httplib's stop() acts only on a listener that is already running: called before the thread
+  // reaches its accept loop (a model that fails to load right after start()), it would do nothing
+  // and the loop would then run forever. So wait until the loop runs, or has ended, first.
+  while (!impl_->http.is_running() && !impl_->listen_returned)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  impl_->http.stop();
+  thread_.join();
 }
 
 void Server::Impl::routes() {

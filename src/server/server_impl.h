@@ -21,7 +21,8 @@ struct Server::Impl {
   std::mutex model_mutex;
   std::optional<ServingModel> model;  // set once ready
   std::atomic<bool> draining{false};
-  std::atomic<size_t> in_flight{0};  // generations whose response is not finished
+  std::atomic<bool> listen_returned{false};  // the listener thread's listen_after_bind() is over
+  std::atomic<size_t> in_flight{0};          // generations whose response is not finished
   std::mutex counts_mutex;
   std::map<int, uint64_t> responses_by_status;
 
