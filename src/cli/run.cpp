@@ -28,7 +28,9 @@ void add_gen_options(CLI::App& app, GenOptions& o) {
   app.add_option("--model", o.model,
                  "Model directory (else $LILAC_MODEL, the Hugging Face cache, the demo model)");
   app.add_option("--device", o.device, "cuda, cpu or auto")->capture_default_str();
-  app.add_option("--weights", o.weights, "auto, bf16, fp8 or q4 (must match the checkpoint)")
+  app.add_option("--weights", o.weights,
+                 "auto, bf16, fp8 or q4 (the checkpoint's format; q4 on a BF16 checkpoint "
+                 "quantizes at load)")
       ->capture_default_str();
   app.add_option("--ctx-size", o.ctx_size, "Context size in tokens");
   app.add_option("--max-tokens", o.max_tokens,
@@ -55,8 +57,9 @@ std::unique_ptr<server::LoadedModel> load_for_terminal(const GenOptions& o) {
   lo.queue_capacity = 1;
   Progress progress("lilac: ");
   if (!o.quiet) lo.progress = [&progress](const std::string& line) { progress(line); };
-  return load_for_serving(choice, lo,
-                          [](const Model& m, const std::string& d) { return open_backend(m, d); });
+  return load_for_serving(choice, lo, [](Model& m, const std::string& d, const std::string& w) {
+    return open_backend(m, d, w);
+  });
 }
 
 server::TurnOptions turn_options(const GenOptions& o, const server::LoadedModel& m) {

@@ -107,8 +107,9 @@ int run_serve(const ServeOptions& o) {
   lo.snapshot_bytes = size_t(o.snapshot_mb) << 20;
   lo.scripted = o.scripted;
   lo.progress = [](const std::string& line) { Log::info(line); };
-  auto lm = load_for_serving(
-      choice, lo, [](const Model& m, const std::string& d) { return open_backend(m, d); });
+  auto lm = load_for_serving(choice, lo, [](Model& m, const std::string& d, const std::string& w) {
+    return open_backend(m, d, w);
+  });
 
   ServingModel sm;
   sm.engine = lm->engine.get();
@@ -166,7 +167,8 @@ const Command kServe{
       app.add_option("--device", o->device, "cuda, cpu or auto (cuda when a GPU is present)")
           ->capture_default_str();
       app.add_option("--weights", o->weights,
-                     "Weight format to serve: auto, bf16, fp8 or q4 (must match the checkpoint)")
+                     "Weight format to serve: auto, bf16, fp8 or q4 (the checkpoint's format; q4 "
+                     "on a BF16 checkpoint quantizes at load)")
           ->capture_default_str();
       app.add_option("--cors-origin", o->cors, "Allowed CORS origin (repeatable; '*' for any)");
       app.add_option("--log-level", o->log_level, "debug, info, warn, error or off")

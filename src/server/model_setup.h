@@ -48,7 +48,8 @@ SamplingParams load_generation_defaults(const std::string& dir);
 
 struct LoadOptions {
   std::string device = "auto";   // cpu | cuda | auto
-  std::string weights = "auto";  // auto | bf16 (validated against the checkpoint)
+  std::string weights = "auto";  // auto | bf16 | fp8 | q4: the checkpoint's format, or q4 on a
+                                 // BF16 checkpoint (quantized at load)
   int64_t context_size = 0;      // 0: min(32768, max_position_embeddings)
   int queue_capacity = 64;
   size_t snapshot_bytes = size_t(1) << 30;
@@ -71,8 +72,10 @@ struct LoadedModel {
 
 // Loads everything and warms the engine up. `open_backend` constructs the backend for a model
 // (cli::open_backend; the server library does not depend on the CLI).
-using BackendFactory =
-    std::function<std::unique_ptr<Backend>(const Model&, const std::string& device)>;
+// `weights` is "q4" when a BF16 checkpoint is to be quantized at load (the factory may change
+// `model`: the CPU backend quantizes its weights in memory), else "auto".
+using BackendFactory = std::function<std::unique_ptr<Backend>(Model&, const std::string& device,
+                                                              const std::string& weights)>;
 std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const LoadOptions& options,
                                               const BackendFactory& open_backend);
 

@@ -51,6 +51,15 @@ TEST(CliRun, AnswersOnePromptOnTheDemoModel) {
   EXPECT_EQ(a.output, b.output);
 }
 
+// --weights q4 on the BF16 demo checkpoint: quantized at load (on the CPU here, in memory), and
+// it answers.
+TEST(CliRun, QuantizesABf16CheckpointAtLoad) {
+  auto r = sh(kLilac + " run --model " + demo() +
+              " --device cpu --weights q4 --max-tokens 6 --seed 5 --no-think 'Hello there'");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("quantizing the BF16 weights to 4-bit at load"));
+}
+
 TEST(CliRun, Errors) {
   auto empty = sh("printf '' | " + kLilac + " run --model " + demo());
   EXPECT_EQ(empty.status, 1);
@@ -70,9 +79,9 @@ TEST(CliChat, HistoryResetAndExit) {
 }
 
 TEST(CliServe, RefusesBadFlagsBeforeServing) {
-  auto w = sh(kLilac + " serve --model " + demo() + " --port 0 --weights q4");
+  auto w = sh(kLilac + " serve --model " + demo() + " --port 0 --weights fp8");
   EXPECT_EQ(w.status, 1);
-  EXPECT_THAT(w.output, HasSubstr("--weights q4"));
+  EXPECT_THAT(w.output, HasSubstr("--weights fp8: the checkpoint"));
   auto d = sh(kLilac + " serve --model " + demo() + " --port 0 --device tpu");
   EXPECT_EQ(d.status, 1);
   EXPECT_THAT(d.output, HasSubstr("--device tpu"));
