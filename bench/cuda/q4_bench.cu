@@ -87,19 +87,6 @@ DeviceBuffer<bf16> random_bf16(size_t n, uint64_t seed, float a) {
   return b;
 }
 
-// f32 values around 1 (an RMS-norm input or scale): 1 + uniform(-0.5, 0.5), from the host.
-DeviceBuffer<float> random_floats_device(size_t n, uint64_t seed) {
-  std::vector<float> v(n);
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& x : v) {
-    z = z * 6364136223846793005ull + 1442695040888963407ull;
-    x = 1.f + (float((z >> 40) & 0xFFFFFF) / 16777216.f - 0.5f);
-  }
-  DeviceBuffer<float> b(n);
-  LILAC_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), n * 4, cudaMemcpyHostToDevice));
-  return b;
-}
-
 struct Options {
   int runs = 100;
   std::string filter;
@@ -193,42 +180,6 @@ void bench_gemv(cudaStream_t s, const Options& opt, const char* name, int rows, 
       name,
       std::to_string(rows) + " x " + std::to_string(cols) + " " + std::to_string(bits) + "-bit",
       W[0].bytes(), t);
-}
-
-// The fused-norm variants at their decode shapes: q_gemv_rms (in_proj) and q_moe_router (norm +
-// 8-bit router + top-k), to set against q_gemv alone plus a ~2 us rms_norm (and router_topk).
-void bench_fused(cudaStream_t s, const Options& opt) {
-  const int H = 2048, E = 256, k = 8;
-  auto h = random_floats_device(size_t(H), 31);
-  auto scale = random_floats_device(size_t(H), 32);
-  if (wanted(opt, "q_gemv_rms gdn_in_proj")) {
-    std::vector<QBuf> W;
-    W.emplace_back(12352, H, 4, 41);
-    const int copies = int(std::max<double>(1, double(kRotateBytes) / W[0].bytes() + 1));
-    for (int c = 1; c < copies; ++c) W.emplace_back(12352, H, 4, 41 + c);
-    DeviceBuffer<float> y(12352);
-    const double t = time_graph(s, opt, [&](int r) {
-      lilac::cuda::q_gemv_rms(W[size_t(r % copies)].q, h.get(), scale.get(), 1e-6f, y.get(),
-                              lilac::cuda::GemvOut::Store, s);
-    });
-    report_bw("q_gemv_rms gdn_in_proj", "12352 x 2048 4-bit, norm fused", W[0].bytes(), t);
-  }
-  if (wanted(opt, "q_moe_router")) {
-    std::vector<QBuf> W;
-    W.emplace_back(E + 1, H, 8, 51);
-    const int copies = int(std::max<double>(1, double(kRotateBytes) / W[0].bytes() + 1));
-    for (int c = 1; c < copies; ++c) W.emplace_back(E + 1, H, 8, 51 + c);
-    DeviceBuffer<float> logits(size_t(E + 1)), w(static_cast<size_t>(k));
-    DeviceBuffer<int32_t> idx(static_cast<size_t>(k));
-    DeviceBuffer<lilac::cuda::bf16> x(static_cast<size_t>(H));
-    DeviceBuffer<char> ws(lilac::cuda::moe_router_workspace_bytes());
-    LILAC_CUDA_CHECK(cudaMemset(ws.get(), 0, ws.bytes()));
-    const double t = time_graph(s, opt, [&](int r) {
-      lilac::cuda::q_moe_router(W[size_t(r % copies)].q, E, h.get(), scale.get(), 1e-6f, k,
-                                logits.get(), idx.get(), w.get(), x.get(), ws.get(), s);
-    });
-    report_bw("q_moe_router", "257 x 2048 8-bit, norm + top-k", W[0].bytes(), t);
-  }
 }
 
 void bench_moe_decode(cudaStream_t s, const Options& opt) {
@@ -413,7 +364,6 @@ int main(int argc, char** argv) {
     bench_gemv(s, opt, "q_gemv out_proj (+= h)", 2048, 4096, 4, true);
     bench_gemv(s, opt, "q_gemv router 8-bit", 257, 2048, 8, false);
     bench_gemv(s, opt, "q_gemv lm_head", 248320, 2048, 4, false);
-    bench_fused(s, opt);
     bench_moe_decode(s, opt);
     bench_load(s, opt);
     bench_gemm(s, opt);

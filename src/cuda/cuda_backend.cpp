@@ -511,15 +511,18 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   const float eps = c.rms_eps;
   cudaStream_t s = stream_;
 
-  // The first projection of the layer, from the residual, with the input norm fused in (each
-  // block normalises h): gemv_rms for BF16 weights, q_gemv_rms for 4-bit ones.
+  // The first projection of the layer, from the residual: BF16 weights fuse the input norm into
+  // the GEMV (gemv_rms: each block normalises h); 4-bit weights normalise first, then q_gemv.
   auto first_projection = [&](const char* name, const bf16* wb, const QMatrix& wq, int rows) {
-    timed(timer, name, [&] {
-      if (wb)
+    if (wb) {
+      timed(timer, name, [&] {
         gemv_rms(wb, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
-      else
-        q_gemv_rms(wq, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
-    });
+      });
+    } else {
+      timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), 1, H, eps, s); });
+      timed(timer, name,
+            [&] { proj_gemv(wb, wq, rows, H, w.x.get(), w.proj.get(), GemvOut::Store, s); });
+    }
   };
   if (L.type == LayerType::GatedDeltaNet) {
     const int rows = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
@@ -571,10 +574,13 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
       moe_router(L.router, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(), w.topk_idx.get(),
                  w.topk_w.get(), w.x.get(), w.router_ws.get(), s);
     });
-  } else {  // the same for a 4/8-bit router
-    timed(timer, "moe_router", [&] {
-      q_moe_router(L.q.router, E, w.h.get(), L.post_norm, eps, k, w.router.get(), w.topk_idx.get(),
-                   w.topk_w.get(), w.x.get(), w.router_ws.get(), s);
+  } else {
+    timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), 1, H, eps, s); });
+    timed(timer, "gemv.router", [&] {
+      proj_gemv(L.router, L.q.router, E + 1, H, w.x.get(), w.router.get(), GemvOut::Store, s);
+    });
+    timed(timer, "router_topk", [&] {
+      router_topk(w.router.get(), E + 1, 1, E, k, w.topk_idx.get(), w.topk_w.get(), s);
     });
   }
   if (trace_) {  // the routing, to tell a near-tie flip from a wrong step (tests)

@@ -28,18 +28,12 @@
 // Rows past W.rows (the padding of the last tile) are computed with zero codes and zero scales
 // and not stored.
 //
-// Fused variants (the BF16 path's gemv_rms and moe_router, for 4-bit layers): q_gemv_rms stages h
-// and the norm scale in shared memory (cp.async; the scale before the PDL wait), normalises in
-// the order rms_norm uses and runs the same MMAs on x from shared memory; q_moe_router adds the
-// last-block top-k (router_select) and block 0's store of x. -3 launches per 4-bit layer.
-//
 // q_embed: one block per token, one thread per element: tiled code position (q4_layout.h),
 // scale and bias, h = fmaf(s, q, b) (exact: cpu::dequantize_row's arithmetic).
 #include "cuda/q4_linear.h"
 
 #include <algorithm>
 
-#include "cuda/gemv.cuh"
 #include "cuda/q4_tile.cuh"
 #include "util/error.h"
 
@@ -51,65 +45,13 @@ constexpr int kWarps = kThreads / 32;
 
 enum : int { kOutF32 = 0, kOutAddF32 = 1, kOutBf16 = 2 };
 
-// The kernel's arguments. kNorm: x = bf16(rms_norm(h) * scale), computed by every block into
-// shared memory (vec_util.cuh rms_norm_staged: bit for bit what rms_norm stores). kRouter (with
-// kNorm): moe_router's epilogue on the E logits (gemv.cuh router_select in the last block to
-// finish; block 0 also stores the normalised x for the experts).
-struct QParams {
-  QMatrix W;
-  const bf16* x = nullptr;
-  void* y = nullptr;
-  int S = 1, sets_per_slice = 1;
-  const float* h = nullptr;
-  const float* scale = nullptr;
-  float eps = 0.f;
-  int E = 0, k = 0;
-  int32_t* idx = nullptr;
-  float* w = nullptr;
-  bf16* x_out = nullptr;
-  unsigned int* counter = nullptr;
-};
-
-template <int kMode>
-__device__ __forceinline__ void store_row(void* y, int row, float v) {
-  if (kMode == kOutF32)
-    static_cast<float*>(y)[row] = v;
-  else if (kMode == kOutAddF32)
-    static_cast<float*>(y)[row] += v;
-  else
-    static_cast<bf16*>(y)[row] = __float2bfloat16_rn(v);
-}
-
-template <int BITS, int kMode, bool kNorm, bool kRouter>
-__global__ void __launch_bounds__(kThreads) q_gemv_kernel(const QParams p) {
-  static_assert(!kRouter || kNorm, "the router epilogue comes with the fused norm");
-  static_assert(!kNorm || kThreads == kRmsThreads, "the fused norm needs blocks of kRmsThreads");
-  extern __shared__ uint4 xs[];  // kNorm: x bf16 [cols], then h and the scale f32 [cols] each
+template <int BITS, int kMode>
+__global__ void __launch_bounds__(kThreads)
+    q_gemv_kernel(QMatrix W, const bf16* __restrict__ x, void* __restrict__ y, int S,
+                  int sets_per_slice) {
   __shared__ float part[kWarps][kQTileRows];
-  __shared__ float scratch[32];
-  const QMatrix& W = p.W;
-  pdl_launch_dependents();  // PDL (launch.h): x (or h) is the previous kernel's output
-  const int nch = W.cols >> 3;
-  float* hs = reinterpret_cast<float*>(xs + nch);
-  float* scale_s = hs + W.cols;
-  if constexpr (kNorm) {  // the scale is a weight: its copy starts before the wait
-    for (int i = threadIdx.x; i < 2 * nch; i += kThreads)
-      cp_async16(scale_s + 4 * i, p.scale + 4 * i);
-  }
+  pdl_launch_dependents();  // PDL (launch.h): x is the previous kernel's output
   pdl_wait();
-  const bf16* x = p.x;
-  if constexpr (kNorm) {
-    for (int i = threadIdx.x; i < 2 * nch; i += kThreads) cp_async16(hs + 4 * i, p.h + 4 * i);
-    cp_async_wait_all();
-    __syncthreads();
-    rms_norm_staged(hs, scale_s, W.cols, p.eps, xs, scratch);
-    __syncthreads();
-    x = reinterpret_cast<const bf16*>(xs);
-    if (kRouter && blockIdx.x == 0 && p.x_out)
-      for (int i = threadIdx.x; i < nch; i += kThreads)
-        reinterpret_cast<uint4*>(p.x_out)[i] = xs[i];
-  }
-  const int S = p.S;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tiles = W.tiles(), G = W.groups(), sets = (G + 7) / 8;
   const int tile = blockIdx.x * (kWarps / S) + warp / S;
@@ -118,9 +60,9 @@ __global__ void __launch_bounds__(kThreads) q_gemv_kernel(const QParams p) {
   if (tile < tiles) {  // warp-uniform
     const uint32_t* const codes[1] = {W.codes + size_t(tile) * G * (BITS / 4) * kQBlockWords};
     const uint32_t* const sb[1] = {W.sb + size_t(tile) * G * kQSbWords};
-    const int s1 = min(sets, (slice + 1) * p.sets_per_slice);
-    for (int set = slice * p.sets_per_slice; set < s1; ++set)
-      qtile::q_set_dot<BITS, 1, kNorm>(codes, sb, G, set, x, y2);
+    const int s1 = min(sets, (slice + 1) * sets_per_slice);
+    for (int set = slice * sets_per_slice; set < s1; ++set)
+      qtile::q_set_dot<BITS, 1>(codes, sb, G, set, x, y2);
   }
   float r0 = qtile::quad_sum(y2[0][0]), r1 = qtile::quad_sum(y2[0][1]);
   if (S > 1) {
@@ -130,30 +72,31 @@ __global__ void __launch_bounds__(kThreads) q_gemv_kernel(const QParams p) {
       part[warp][g + 8] = r1;
     }
     __syncthreads();
-    if (slice == 0 && tile < tiles && lane < kQTileRows) {
-      float v = 0.f;
-      for (int s = 0; s < S; ++s) v += part[warp + s][lane];
-      const int row = tile * kQTileRows + lane;
-      if (row < W.rows) store_row<kMode>(p.y, row, v);
-    }
-  } else if (tile < tiles && (lane & 3) == 0) {
+    if (slice != 0 || tile >= tiles || lane >= kQTileRows) return;
+    float v = 0.f;
+    for (int s = 0; s < S; ++s) v += part[warp + s][lane];
+    const int row = tile * kQTileRows + lane;
+    if (row >= W.rows) return;
+    if (kMode == kOutF32)
+      static_cast<float*>(y)[row] = v;
+    else if (kMode == kOutAddF32)
+      static_cast<float*>(y)[row] += v;
+    else
+      static_cast<bf16*>(y)[row] = __float2bfloat16_rn(v);
+  } else {
+    if (tile >= tiles || (lane & 3) != 0) return;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = tile * kQTileRows + (lane >> 2) + 8 * h;
-      if (row < W.rows) store_row<kMode>(p.y, row, h ? r1 : r0);
+      const float v = h ? r1 : r0;
+      if (row >= W.rows) continue;
+      if (kMode == kOutF32)
+        static_cast<float*>(y)[row] = v;
+      else if (kMode == kOutAddF32)
+        static_cast<float*>(y)[row] += v;
+      else
+        static_cast<bf16*>(y)[row] = __float2bfloat16_rn(v);
     }
-  }
-  if constexpr (kRouter) {
-    // The last block to finish (threadfence-reduction pattern) selects the experts.
-    __shared__ bool s_last;
-    __threadfence();  // this thread's logits (and x_out) are visible before the count moves
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    if (warp == 0) gemv_detail::router_select(static_cast<const float*>(p.y), p.E, p.k, p.idx, p.w);
-    if (threadIdx.x == 0) *p.counter = 0u;  // ready for the next launch
   }
 }
 
@@ -184,46 +127,17 @@ void check(const char* what, const QMatrix& W, const void* x, const void* y) {
   if (reinterpret_cast<uintptr_t>(x) % 4 != 0) fail("cuda::{}: x must be 4-byte aligned", what);
 }
 
-// The plan (S slices per tile) depends on the shape only, so the fused-norm variants sum in the
-// same order as the plain kernel: q_gemv_rms equals rms_norm + q_gemv bit for bit.
-template <int kMode, bool kNorm, bool kRouter>
-void launch(QParams p, cudaStream_t stream) {
-  const QMatrix& W = p.W;
+template <int kMode>
+void launch(const char* what, const QMatrix& W, const bf16* x, void* y, cudaStream_t stream) {
+  check(what, W, x, y);
   const int tiles = W.tiles(), sets = (W.groups() + 7) / 8;
   const long long target = 16LL * sm_count();
   int S = 1;
   while (S < kWarps && S < sets && (long long)tiles * S < target) S *= 2;
-  p.S = S;
-  p.sets_per_slice = (sets + S - 1) / S;
+  const int sps = (sets + S - 1) / S;
   const int grid = ceil_div(tiles, kWarps / S);
-  auto* kernel = W.bits == 4 ? q_gemv_kernel<4, kMode, kNorm, kRouter>
-                             : q_gemv_kernel<8, kMode, kNorm, kRouter>;
-  const size_t smem = kNorm ? size_t(W.cols) * 10 : 0;
-  if (smem > 48 * 1024)
-    LILAC_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_kernel(true, kernel, dim3(grid), dim3(kThreads), smem, stream, p);
-}
-
-template <int kMode>
-void launch(const char* what, const QMatrix& W, const bf16* x, void* y, cudaStream_t stream) {
-  check(what, W, x, y);
-  QParams p;
-  p.W = W;
-  p.x = x;
-  p.y = y;
-  launch<kMode, false, false>(p, stream);
-}
-
-constexpr int kMaxNormCols = 16384;  // h, scale and x staged: 160 KB of shared memory
-
-void check_norm(const char* what, const QMatrix& W, const float* h, const float* scale,
-                const void* y) {
-  check(what, W, h, y);
-  if (!scale) fail("cuda::{}: null pointer", what);
-  if (W.cols > kMaxNormCols) fail("cuda::{}: {} columns (at most {})", what, W.cols, kMaxNormCols);
-  if (!is_aligned(h, 16) || !is_aligned(scale, 16))
-    fail("cuda::{}: h and scale must be 16-byte aligned", what);
+  launch_kernel(true, W.bits == 4 ? q_gemv_kernel<4, kMode> : q_gemv_kernel<8, kMode>, dim3(grid),
+                dim3(kThreads), 0, stream, W, x, y, S, sps);
 }
 
 }  // namespace
@@ -237,46 +151,6 @@ void q_gemv(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_
 
 void q_gemv_bf16out(const QMatrix& W, const bf16* x, bf16* y, cudaStream_t stream) {
   launch<kOutBf16>("q_gemv_bf16out", W, x, y, stream);
-}
-
-void q_gemv_rms(const QMatrix& W, const float* h, const float* scale, float eps, float* y,
-                GemvOut mode, cudaStream_t stream) {
-  check_norm("q_gemv_rms", W, h, scale, y);
-  QParams p;
-  p.W = W;
-  p.h = h;
-  p.scale = scale;
-  p.eps = eps;
-  p.y = y;
-  if (mode == GemvOut::Store)
-    launch<kOutF32, true, false>(p, stream);
-  else
-    launch<kOutAddF32, true, false>(p, stream);
-}
-
-void q_moe_router(const QMatrix& router, int E, const float* h, const float* scale, float eps,
-                  int k, float* logits, int32_t* idx, float* w, bf16* x_out, void* workspace,
-                  cudaStream_t stream) {
-  check_norm("q_moe_router", router, h, scale, logits);
-  if (!idx || !w || !workspace) fail("cuda::q_moe_router: null pointer");
-  if (E < 1 || E > 256 || router.rows != E + 1 || k < 1 || k > E || k > 32)
-    fail(
-        "cuda::q_moe_router: unsupported E={} k={} rows={} (E + 1 rows, E <= 256, k <= min(E, 32))",
-        E, k, router.rows);
-  if (x_out && !is_aligned(x_out, 16)) fail("cuda::q_moe_router: x_out must be 16-byte aligned");
-  QParams p;
-  p.W = router;
-  p.h = h;
-  p.scale = scale;
-  p.eps = eps;
-  p.y = logits;
-  p.E = E;
-  p.k = k;
-  p.idx = idx;
-  p.w = w;
-  p.x_out = x_out;
-  p.counter = static_cast<unsigned int*>(workspace);
-  launch<kOutF32, true, true>(p, stream);
 }
 
 void q_embed(const int32_t* ids, const QMatrix& table, float* h, int T, cudaStream_t stream) {

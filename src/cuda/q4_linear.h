@@ -23,22 +23,6 @@ void q_gemv(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_
 // The same with a bf16 store (round to nearest even).
 void q_gemv_bf16out(const QMatrix& W, const bf16* x, bf16* y, cudaStream_t stream);
 
-// q_gemv of x = bf16(rms_norm(h) * scale) (h f32 [W.cols], scale f32 [W.cols] holding 1 + w,
-// both 16-byte aligned, W.cols <= 16384): each block normalises h itself, bit for bit as
-// rms_norm stores it, so the result equals rms_norm + q_gemv exactly (tested) and saves the
-// norm's launch before the 4-bit in_proj / qkv.
-void q_gemv_rms(const QMatrix& W, const float* h, const float* scale, float eps, float* y,
-                GemvOut mode, cudaStream_t stream);
-
-// The 4-bit twin of moe_router (moe_decode.h): the post norm, the router GEMV over its E + 1 rows
-// (the shared expert's gate logit last; 8-bit in MLX checkpoints) and the top-k in one launch;
-// equal bit for bit to rms_norm + q_gemv + router_topk (tested). logits f32 [E + 1]; idx / w
-// [k]; x_out (optional) gets the normalised x for the experts; workspace:
-// moe_router_workspace_bytes(), zeroed once (left zeroed).
-void q_moe_router(const QMatrix& router, int E, const float* h, const float* scale, float eps,
-                  int k, float* logits, int32_t* idx, float* w, bf16* x_out, void* workspace,
-                  cudaStream_t stream);
-
 // h[t, :] = f32(scale * q + bias) of row ids[t] of the table (exactly cpu::dequantize_row: one
 // fmaf per element). ids int32 [T] on the device (graph-safe), valid rows of the table.
 void q_embed(const int32_t* ids, const QMatrix& table, float* h, int T, cudaStream_t stream);

@@ -80,9 +80,8 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int kb) {
 // pairs whose scale and bias it loads (one 8-byte load per group: rows g and g + 8). One more
 // MMA per kb with A = 1 gives Sx of every group of the set in the same positions.
 // codes[nt] / sb[nt]: the tile's block (group 0, plane 0) in codes and sb.
-// x: bf16 [64 G], 4-byte aligned: in global memory, read through the non-coherent path, or
-// (kSharedX) in shared memory (the fused-norm kernels stage it there).
-template <int BITS, int NT, bool kSharedX = false>
+// x: bf16 [64 G] (global memory, read through the non-coherent path; 4-byte aligned).
+template <int BITS, int NT>
 __device__ __forceinline__ void q_set_dot(const uint32_t* const (&codes)[NT],
                                           const uint32_t* const (&sb)[NT], int G, int set,
                                           const bf16* __restrict__ x, float (&y)[NT][2]) {
@@ -121,13 +120,8 @@ __device__ __forceinline__ void q_set_dot(const uint32_t* const (&codes)[NT],
     const uint32_t* xg = reinterpret_cast<const uint32_t*>(x) + size_t(grp0 + (has ? g : 0)) * 32;
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
-      if constexpr (kSharedX) {
-        X[kb][0] = has ? xg[8 * kb + t] : 0u;
-        X[kb][1] = has ? xg[8 * kb + t + 4] : 0u;
-      } else {
-        X[kb][0] = has ? ld_ro4(xg + 8 * kb + t) : 0u;
-        X[kb][1] = has ? ld_ro4(xg + 8 * kb + t + 4) : 0u;
-      }
+      X[kb][0] = has ? ld_ro4(xg + 8 * kb + t) : 0u;
+      X[kb][1] = has ? ld_ro4(xg + 8 * kb + t + 4) : 0u;
     }
   }
   float sx[4] = {0.f, 0.f, 0.f, 0.f};

@@ -8,8 +8,6 @@
 #include <cstring>
 #include <vector>
 
-#include "cuda/moe_decode.h"
-#include "cuda/norm.h"
 #include "cuda/q4_linear.h"
 #include "q4_test_util.h"
 #include "util/error.h"
@@ -123,109 +121,6 @@ TEST(Q4Gemv, ToleranceSeesOneWrongCode) {
     caught += std::fabs(s * x[kx]) > 2 * tol[size_t(r)];
   }
   EXPECT_GT(caught, 32) << "the q_gemv tolerance is too loose to see one wrong code in most rows";
-}
-
-// q_gemv_rms (the input norm fused) against the unfused GPU path rms_norm + q_gemv: equal bit for
-// bit (same plan, same order; the norm computed as rms_norm computes it), both ways of storing.
-TEST(Q4Gemv, RmsFusedEqualsNormThenGemv) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 300;
-  for (Shape s : {Shape{12352, 2048, 4}, Shape{9216, 2048, 4}, Shape{392, 128, 4},
-                  Shape{17, 576, 8}, Shape{33, 4160, 4}, Shape{5, 16384, 8}}) {
-    SCOPED_TRACE(testing::Message()
-                 << "W [" << s.rows << ", " << s.cols << "] at " << s.bits << " bits");
-    HostQ W(s.rows, s.cols, s.bits, std::sqrt(3.f / float(s.cols)), seed++);
-    std::vector<float> h = random_floats(size_t(s.cols), 2.f, uint32_t(seed++));
-    std::vector<float> scale = random_floats(size_t(s.cols), 0.1f, uint32_t(seed++));
-    for (auto& v : scale) v += 1.f;
-    auto dh = upload(h);
-    auto ds = upload(scale);
-    const float eps = 1e-6f;
-    cuda::DeviceBuffer<cuda::bf16> x(static_cast<size_t>(s.cols));
-    cuda::rms_norm(dh.get(), ds.get(), x.get(), 1, s.cols, eps, nullptr);
-    for (auto mode : {cuda::GemvOut::Store, cuda::GemvOut::Accumulate}) {
-      std::vector<float> y0 = random_floats(size_t(s.rows) + 9, 1.f, uint32_t(seed++));
-      auto y1 = upload(y0);
-      auto y2 = upload(y0);
-      cuda::q_gemv(W.q(), x.get(), y1.get(), mode, nullptr);
-      cuda::q_gemv_rms(W.q(), dh.get(), ds.get(), eps, y2.get(), mode, nullptr);
-      const std::vector<float> a = download(y1), b = download(y2);
-      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
-          << "q_gemv_rms differs from rms_norm + q_gemv ("
-          << (mode == cuda::GemvOut::Store ? "Store" : "Accumulate") << ")";
-    }
-  }
-}
-
-// q_moe_router (post norm + router q_gemv + top-k, one launch) against rms_norm + q_gemv +
-// router_topk: logits, ids, weights and the normalised x equal bit for bit, the workspace counter
-// back at zero after each launch (the second launch reuses it).
-TEST(Q4Gemv, MoeRouterFusedEqualsUnfused) {
-  LILAC_REQUIRE_GPU();
-  struct Case {
-    int E, H, k, bits;
-  };
-  std::vector<uint8_t> zero(cuda::moe_router_workspace_bytes(), 0);
-  auto ws = upload(zero);
-  for (Case c : {Case{256, 2048, 8, 8}, Case{256, 2048, 8, 4}, Case{16, 128, 4, 8},
-                 Case{5, 64, 5, 4}, Case{64, 4096, 32, 8}}) {
-    SCOPED_TRACE(testing::Message()
-                 << "E=" << c.E << " H=" << c.H << " k=" << c.k << " at " << c.bits << " bits");
-    const int rows = c.E + 1;
-    const uint64_t seed = uint64_t(c.E * 31 + c.H + c.k + c.bits);
-    HostQ W(rows, c.H, c.bits, 0.05f, seed);
-    std::vector<float> h = random_floats(size_t(c.H), 2.f, uint32_t(seed + 1));
-    std::vector<float> scale = random_floats(size_t(c.H), 0.1f, uint32_t(seed + 2));
-    for (auto& v : scale) v += 1.f;
-    const float eps = 1e-6f;
-    auto dh = upload(h);
-    auto ds = upload(scale);
-
-    cuda::DeviceBuffer<cuda::bf16> x1(static_cast<size_t>(c.H));
-    cuda::DeviceBuffer<float> l1(static_cast<size_t>(rows));
-    cuda::DeviceBuffer<int32_t> i1(static_cast<size_t>(c.k));
-    cuda::DeviceBuffer<float> w1(static_cast<size_t>(c.k));
-    cuda::rms_norm(dh.get(), ds.get(), x1.get(), 1, c.H, eps, nullptr);
-    cuda::q_gemv(W.q(), x1.get(), l1.get(), cuda::GemvOut::Store, nullptr);
-    cuda::router_topk(l1.get(), rows, 1, c.E, c.k, i1.get(), w1.get(), nullptr);
-    const std::vector<float> logits1 = download(l1), wt1 = download(w1);
-    const std::vector<int32_t> idx1 = download(i1);
-    std::vector<uint16_t> xb1(static_cast<size_t>(c.H));
-    LILAC_CUDA_CHECK(cudaMemcpy(xb1.data(), x1.get(), xb1.size() * 2, cudaMemcpyDeviceToHost));
-
-    for (int launch = 0; launch < 2; ++launch) {
-      SCOPED_TRACE(testing::Message() << "launch " << launch);
-      const size_t guard = 16;
-      cuda::DeviceBuffer<cuda::bf16> x2(size_t(c.H) + guard);
-      cuda::DeviceBuffer<float> l2(size_t(rows) + guard);
-      cuda::DeviceBuffer<int32_t> i2(size_t(c.k) + guard);
-      cuda::DeviceBuffer<float> w2(size_t(c.k) + guard);
-      poison(x2);
-      poison(l2);
-      poison(i2);
-      poison(w2);
-      cuda::q_moe_router(W.q(), c.E, dh.get(), ds.get(), eps, c.k, l2.get(), i2.get(), w2.get(),
-                         x2.get(), ws.get(), nullptr);
-      std::vector<float> logits2 = download(l2), wt2 = download(w2);
-      std::vector<int32_t> idx2 = download(i2);
-      std::vector<uint16_t> xb2(x2.size());
-      LILAC_CUDA_CHECK(cudaMemcpy(xb2.data(), x2.get(), x2.bytes(), cudaMemcpyDeviceToHost));
-      EXPECT_TRUE(guard_untouched(logits2, size_t(rows), "q_moe_router logits"));
-      EXPECT_TRUE(guard_untouched(idx2, size_t(c.k), "q_moe_router idx"));
-      EXPECT_TRUE(guard_untouched(wt2, size_t(c.k), "q_moe_router w"));
-      EXPECT_TRUE(guard_untouched(xb2, size_t(c.H), "q_moe_router x_out"));
-      EXPECT_EQ(0, std::memcmp(logits2.data(), logits1.data(), size_t(rows) * 4))
-          << "logits differ from rms_norm + q_gemv";
-      idx2.resize(size_t(c.k));
-      wt2.resize(size_t(c.k));
-      EXPECT_EQ(idx2, idx1) << "ids differ from router_topk";
-      EXPECT_EQ(0, std::memcmp(wt2.data(), wt1.data(), size_t(c.k) * 4))
-          << "weights differ from router_topk";
-      EXPECT_EQ(0, std::memcmp(xb2.data(), xb1.data(), size_t(c.H) * 2))
-          << "x_out differs from rms_norm";
-      EXPECT_EQ(download(ws), zero) << "the workspace counter was not left at zero";
-    }
-  }
 }
 
 TEST(Q4Embed, ExactRows) {
