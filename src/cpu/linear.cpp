@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "util/fp8.h"
 #include "util/half.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -148,7 +149,24 @@ void dequantize_row_bf16(const void* codes, const uint16_t* scales, const uint16
   }
 }
 
+// Row r of an FP8 E4M3 matrix: fp8 * its block's scale, in f32 (the checkpoint's weight; one
+// rounding, of the product).
+static void widen_fp8_row(const Matrix& W, int64_t r, float* dst) {
+  const uint8_t* q = W.row(r);
+  const int64_t scale_cols = (W.cols + W.block_cols - 1) / W.block_cols;
+  const int64_t s0 = (r / W.block_rows) * scale_cols;
+  for (int64_t b = 0; b < scale_cols; ++b) {
+    float s;
+    widen_row(static_cast<const uint8_t*>(W.block_scale) +
+                  size_t(s0 + b) * dtype_size(W.block_scale_dtype),
+              W.block_scale_dtype, 1, &s);
+    const int64_t c1 = std::min(W.cols, (b + 1) * W.block_cols);
+    for (int64_t c = b * W.block_cols; c < c1; ++c) dst[c] = fp8_e4m3_to_f32(q[c]) * s;
+  }
+}
+
 void widen_row(const Matrix& W, int64_t r, float* dst) {
+  if (W.fp8()) return widen_fp8_row(W, r, dst);
   if (W.quantized())
     dequantize_row(W.row(r), W.row_scales(r), W.row_biases(r), W.bits, W.group_size, W.cols, dst);
   else

@@ -26,7 +26,8 @@ float dot(const float* a, const float* b, int64_t n);
 // Widens n elements of a plain (BF16 / F16 / F32) weight row to f32.
 void widen_row(const void* src, DType dtype, int64_t n, float* dst);
 
-// Row r of W as f32, W.cols values, whatever its storage (plain or quantized).
+// Row r of W as f32, W.cols values, whatever its storage (plain, MLX quantized, or FP8 with
+// block scales).
 void widen_row(const Matrix& W, int64_t r, float* dst);
 
 // Dequantises n elements (whole groups) of one MLX affine-quantized row (layout in weights.h):

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "cpu/attention.h"
+#include "cpu/linear.h"
 #include "cuda/common.h"
 #include "cuda/q4_quantize.h"
 #include "cuda/synthetic.h"
@@ -271,7 +272,9 @@ void allocate(DeviceModel& dm, std::vector<Planned>& p, size_t staging_bytes = 0
   for (auto& t : p) *t.target = t.bits ? nullptr : static_cast<uint8_t*>(dm.arena) + t.offset;
 }
 
-// A float part's elements as bf16 (F16 / F32 rounded to nearest even) into `dst` (device).
+// A float part's elements as bf16 into `dst` (device): BF16 as is; F16 / F32 rounded to nearest
+// even; FP8 dequantized (fp8 * its block's scale, cpu::widen_row) and rounded: the values a BF16
+// checkpoint would hold, as `lilac quantize` reads them. Rows are converted by the thread pool.
 void upload_bf16_part(const Matrix& m, bf16* dst, std::vector<uint16_t>& staging) {
   const size_t n = size_t(m.numel());
   if (m.dtype == DType::BF16) {
@@ -279,17 +282,14 @@ void upload_bf16_part(const Matrix& m, bf16* dst, std::vector<uint16_t>& staging
     return;
   }
   staging.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    float v;
-    if (m.dtype == DType::F32)
-      std::memcpy(&v, static_cast<const uint8_t*>(m.data) + 4 * i, 4);
-    else {
-      uint16_t h;
-      std::memcpy(&h, static_cast<const uint8_t*>(m.data) + 2 * i, 2);
-      v = f16_to_f32(h);
+  const size_t cols = size_t(m.cols);
+  ThreadPool::global().parallel_for(size_t(m.rows), [&](size_t r0, size_t r1) {
+    std::vector<float> row(cols);
+    for (size_t r = r0; r < r1; ++r) {
+      cpu::widen_row(m, int64_t(r), row.data());
+      for (size_t c = 0; c < cols; ++c) staging[r * cols + c] = f32_to_bf16(row[c]);
     }
-    staging[i] = f32_to_bf16(v);
-  }
+  });
   LILAC_CUDA_CHECK(cudaMemcpy(dst, staging.data(), n * 2, cudaMemcpyHostToDevice));
 }
 

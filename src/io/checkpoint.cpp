@@ -187,16 +187,34 @@ class Binder {
     return &t;
   }
 
+  // A [rows, cols] weight: BF16 / F16 / F32, or FP8 E4M3 with its block scales c + "_scale_inv"
+  // (F32 / BF16 / F16, [ceil(rows / block_rows), ceil(cols / block_cols)]).
   Matrix matrix(const std::string& c, int64_t rows, int64_t cols) {
     Matrix m;
     m.name = c;
     m.rows = rows;
     m.cols = cols;
-    if (const CheckpointTensor* t = get(c, {rows, cols})) {
-      m.data = t->data();
-      m.dtype = t->info->dtype;
-      m.name = t->info->name;
+    const CheckpointTensor* t = get(c, {rows, cols}, /*float_only=*/false);
+    if (!t) return m;
+    m.name = t->info->name;
+    if (t->info->dtype == DType::F8_E4M3) {
+      const std::vector<int64_t> grid = {(rows + block_rows_ - 1) / block_rows_,
+                                         (cols + block_cols_ - 1) / block_cols_};
+      const CheckpointTensor* s = get(c + "_scale_inv", grid);
+      if (!s) return m;
+      rep_.parameters -= s->info->numel();  // scales, not parameters
+      m.block_scale = s->data();
+      m.block_scale_dtype = s->info->dtype;
+      m.block_rows = block_rows_;
+      m.block_cols = block_cols_;
+    } else if (!is_float_weight(t->info->dtype)) {
+      rep_.problems.push_back(
+          fmt::format("tensor '{}' ({}): dtype {} is not BF16, F16, F32 or F8_E4M3", t->info->name,
+                      t->file->path(), dtype_name(t->info->dtype)));
+      return m;
     }
+    m.data = t->data();
+    m.dtype = t->info->dtype;
     return m;
   }
 
@@ -267,6 +285,7 @@ class Binder {
   }
 
   int fused_layers = 0, per_expert_layers = 0;
+  int64_t block_rows_ = 128, block_cols_ = 128;  // FP8 weight_scale_inv blocks (config.json)
 
  private:
   LoadReport& rep_;
@@ -328,14 +347,14 @@ LayerWeights bind_layer(Binder& b, const ModelConfig& cfg, const std::string& p,
 ModelWeights bind_weights(const Checkpoint& ck, const ModelConfig& cfg, LoadReport& rep) {
   if (ck.format() == WeightFormat::MLX4) return bind_weights_mlx(ck, cfg, rep);
   ModelWeights w;
-  if (ck.format() != WeightFormat::BF16) {
-    rep.problems.push_back(
-        fmt::format("{}: {} checkpoints are not loaded for inference; convert it with "
-                    "`lilac quantize --model {} --out DIR` (MLX 4-bit)",
-                    ck.dir(), format_name(ck.format()), ck.dir()));
-    return w;
-  }
   Binder b(ck, rep);
+  b.block_rows_ = cfg.fp8_block_rows;
+  b.block_cols_ = cfg.fp8_block_cols;
+  if (ck.format() == WeightFormat::FP8)
+    rep.notes.push_back(fmt::format(
+        "FP8 E4M3 weights with {}x{} block scales: the CPU dequantizes them as it reads them, the "
+        "GPU to BF16 at load; --weights q4 quantizes them to 4-bit at load",
+        cfg.fp8_block_rows, cfg.fp8_block_cols));
   const int64_t H = cfg.hidden;
   w.embed = b.matrix("embed_tokens.weight", cfg.vocab, H);
   if (b.has("lm_head.weight") || !cfg.tie_word_embeddings)

@@ -164,6 +164,20 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
          c.experts);
   if (c.gdn_conv_kernel < 1) fail("{}: linear_conv_kernel_dim must be >= 1", source);
 
+  // FP8 block size: quantization_config.weight_block_size, at the top or in text_config.
+  for (const json* scope : std::initializer_list<const json*>{&top, &text}) {
+    if (!scope->contains("quantization_config")) continue;
+    const json& q = (*scope)["quantization_config"];
+    if (!q.is_object() || !q.contains("weight_block_size")) continue;
+    const json& b = q["weight_block_size"];
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+        b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0)
+      fail("{}: quantization_config.weight_block_size must be two positive integers", source);
+    c.fp8_block_rows = b[0].get<int64_t>();
+    c.fp8_block_cols = b[1].get<int64_t>();
+    break;
+  }
+
   if (text.contains("eos_token_id"))
     read_eos(text["eos_token_id"], c.eos_token_ids);
   else if (top.contains("eos_token_id"))

@@ -391,21 +391,6 @@ json read_json(const std::string& path) {
   return j;
 }
 
-// FP8 block size from quantization_config.weight_block_size (default [128, 128]).
-std::pair<int64_t, int64_t> fp8_block(const json& cfg) {
-  for (const json* scope : {&cfg, cfg.contains("text_config") ? &cfg["text_config"] : nullptr}) {
-    if (!scope || !scope->contains("quantization_config")) continue;
-    const json& q = (*scope)["quantization_config"];
-    if (!q.is_object() || !q.contains("weight_block_size")) continue;
-    const json& b = q["weight_block_size"];
-    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
-        b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0)
-      fail("config.json: quantization_config.weight_block_size must be two positive integers");
-    return {b[0].get<int64_t>(), b[1].get<int64_t>()};
-  }
-  return {128, 128};
-}
-
 }  // namespace
 
 QuantizeSummary quantize_checkpoint(const QuantizeOptions& o) {
@@ -416,8 +401,7 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& o) {
   sum.input_format = ck->format();
   if (sum.input_format == WeightFormat::MLX4)
     fail("{}: already an MLX quantized checkpoint (it has *.scales tensors)", o.input);
-  auto [br, bc] = fp8_block(config);
-  Planner planner(*ck, cfg, br, bc);
+  Planner planner(*ck, cfg, cfg.fp8_block_rows, cfg.fp8_block_cols);
   planner.plan();
   if (!planner.problems.empty()) {
     std::string msg =
@@ -529,6 +513,7 @@ void quantize_model_in_memory(Model& model) {
       quantize_rows(row, W.rows, W.cols, 0, what, nullptr, nullptr, nullptr, plain, pool);
       W.data = plain;
       W.dtype = DType::BF16;
+      W.block_scale = nullptr;  // an FP8 source's scales are applied
       return;
     }
     const int64_t groups = W.rows * (W.cols / kMlxGroupSize);
@@ -538,6 +523,7 @@ void quantize_model_in_memory(Model& model) {
     quantize_rows(row, W.rows, W.cols, bits, what, codes, scales, biases, nullptr, pool);
     W.data = codes;
     W.dtype = DType::U32;
+    W.block_scale = nullptr;
     W.bits = bits;
     W.group_size = kMlxGroupSize;
     W.scales = scales;

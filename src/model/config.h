@@ -47,6 +47,9 @@ struct ModelConfig {
 
   int64_t mtp_layers = 0;
   bool tie_word_embeddings = false;
+  // FP8 checkpoints: the block of one weight_scale_inv entry
+  // (quantization_config.weight_block_size, default 128 x 128).
+  int64_t fp8_block_rows = 128, fp8_block_cols = 128;
   int64_t max_position_embeddings = 0;
   std::vector<int32_t> eos_token_ids;  // from text_config / generation_config
 

@@ -34,8 +34,15 @@ struct Matrix {
   int group_size = 0;                // elements per scale/bias (64 in MLX checkpoints)
   const uint16_t* scales = nullptr;  // bf16 [rows, cols / group_size]
   const uint16_t* biases = nullptr;  // bf16 [rows, cols / group_size]
+  // FP8 E4M3 checkpoints (dtype F8_E4M3): W[r, c] = fp8(data[r, c]) * block_scale[r / block_rows,
+  // c / block_cols], the checkpoint's weight_scale_inv (F32, BF16 or F16, row-major
+  // [ceil(rows / block_rows), ceil(cols / block_cols)]).
+  const void* block_scale = nullptr;
+  DType block_scale_dtype = DType::F32;
+  int64_t block_rows = 0, block_cols = 0;
 
   bool quantized() const { return bits != 0; }
+  bool fp8() const { return dtype == DType::F8_E4M3; }
   // Bytes of one row of `data` (the codes when quantized).
   size_t row_bytes() const {
     return quantized() ? size_t(cols) * size_t(bits) / 8 : size_t(cols) * dtype_size(dtype);

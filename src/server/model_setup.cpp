@@ -163,17 +163,17 @@ std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const L
   say("loading weights from " + choice.dir);
   lm->model = load_model(choice.dir);
   std::string fmt_name = format_name(lm->model->checkpoint->format());
-  // --weights q4 on a BF16 checkpoint: quantized at load (MLX affine 4-bit, 8-bit routers, as
-  // `lilac quantize` writes it; on the GPU when the backend is CUDA). Any other mismatch is
-  // refused: lilac does not dequantize, and FP8 goes through `lilac quantize` first.
+  // --weights q4 on a BF16 or FP8 checkpoint: quantized at load (MLX affine 4-bit, 8-bit
+  // routers, as `lilac quantize` writes it; on the GPU when the backend is CUDA). Any other
+  // mismatch is refused: lilac does not dequantize a 4-bit checkpoint.
+  const WeightFormat format = lm->model->checkpoint->format();
   const bool quantize_at_load =
-      o.weights == "q4" && lm->model->checkpoint->format() == WeightFormat::BF16;
+      o.weights == "q4" && (format == WeightFormat::BF16 || format == WeightFormat::FP8);
   const std::string wanted = o.weights == "q4" ? "mlx-4bit" : o.weights;
   if (o.weights != "auto" && wanted != fmt_name && !quantize_at_load)
     fail(
         "--weights {}: the checkpoint in {} holds {} weights; lilac serves a checkpoint in its own "
-        "format, or quantizes a BF16 one at load (--weights q4); convert it first (`lilac "
-        "quantize` makes q4 from BF16 or FP8)",
+        "format, or quantizes a BF16 or FP8 one at load (--weights q4)",
         o.weights, choice.dir, fmt_name);
   if (!o.scripted.empty()) {
     say("TEST-ONLY: scripted backend from " + o.scripted +
@@ -183,9 +183,9 @@ std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const L
                                           ScriptedBackend::load_script(o.scripted, *lm->tokenizer));
   } else {
     say("starting the " + o.device + " backend" +
-        (quantize_at_load ? " (quantizing the BF16 weights to 4-bit at load)" : ""));
+        (quantize_at_load ? " (quantizing the " + fmt_name + " weights to 4-bit at load)" : ""));
     lm->backend = open_backend(*lm->model, o.device, quantize_at_load ? "q4" : "auto");
-    if (quantize_at_load) fmt_name = "bf16 quantized to 4-bit at load";
+    if (quantize_at_load) fmt_name += " quantized to 4-bit at load";
   }
   EngineOptions eo;
   const int64_t max_pos = lm->model->config.max_position_embeddings;

@@ -57,7 +57,7 @@ TEST(CliRun, QuantizesABf16CheckpointAtLoad) {
   auto r = sh(kLilac + " run --model " + demo() +
               " --device cpu --weights q4 --max-tokens 6 --seed 5 --no-think 'Hello there'");
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("quantizing the BF16 weights to 4-bit at load"));
+  EXPECT_THAT(r.output, HasSubstr("quantizing the bf16 weights to 4-bit at load"));
 }
 
 TEST(CliRun, Errors) {

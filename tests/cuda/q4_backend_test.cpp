@@ -18,6 +18,7 @@
 
 #include <unistd.h>
 
+#include "../io/quant_test_util.h"
 #include "../test_data.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/linear.h"
@@ -71,6 +72,32 @@ LogitsRun run(Backend& b, const std::vector<int32_t>& prompt, int64_t V,
     r.steps.push_back(std::move(step));
   }
   return r;
+}
+
+// An FP8 checkpoint on the GPU: each weight is uploaded as bf16(fp8 * scale), the exact values of
+// its bf16 equivalent, and quantized at load from those values, so both runs give the bf16
+// equivalent's logits and ids bit for bit (BF16 weights, and --weights q4).
+TEST(Q4Backend, Fp8CheckpointEqualsItsBf16Equivalent) {
+  LILAC_REQUIRE_GPU();
+  TempDir t;
+  write_fp8_tiny_a(t.str("fp8"), t.str("bf16"));
+  auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
+  const auto prompt = read_i32(*ref, "prompt_ids");
+  for (bool quantize : {false, true}) {
+    SCOPED_TRACE(quantize ? "--weights q4" : "bf16");
+    auto f = load_model(t.str("fp8"));
+    auto b = load_model(t.str("bf16"));
+    ASSERT_EQ(f->checkpoint->format(), WeightFormat::FP8);
+    auto gf = cuda::make_cuda_backend(*f, quantize);
+    auto gb = cuda::make_cuda_backend(*b, quantize);
+    const int64_t V = f->config.vocab;
+    const LogitsRun rf = run(*gf, prompt, V), rb = run(*gb, prompt, V);
+    const auto [rel, mx] = rel_and_max(rf.prefill, rb.prefill);
+    EXPECT_EQ(mx, 0.0) << "prefill logits (rel " << rel << ")";
+    EXPECT_EQ(rf.ids, rb.ids);
+    for (size_t j = 0; j < rf.steps.size(); ++j)
+      EXPECT_EQ(rel_and_max(rf.steps[j], rb.steps[j]).second, 0.0) << "decode step " << j;
+  }
 }
 
 // Replaces every quantized matrix of `w` by the weights the GPU prefill kernels multiply:

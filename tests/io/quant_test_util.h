@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 #include "util/error.h"
 #include "util/fp8.h"
+#include "util/half.h"
 
 namespace lilac::test {
 
@@ -140,6 +141,60 @@ inline uint8_t fp8_e4m3_encode(float x) {
     code = uint8_t(dl < dh ? hi - 1 : dh < dl ? hi : (hi % 2 == 0 ? hi : hi - 1));
   }
   return std::signbit(x) ? uint8_t(code | 0x80) : code;
+}
+
+// tiny-a (per-expert layout) in Qwen's FP8 layout, written to `fp8_dir`: per-expert, attention
+// and GDN projections as F8_E4M3 with F32 weight_scale_inv over 128x128 blocks (block amax ->
+// 448); embeddings, lm_head, router, shared_expert_gate, in_proj_a/b and the float tensors stay
+// BF16. `bf16_dir` gets its BF16 equivalent: every FP8 weight as bf16(fp8 * scale_inv), the
+// values a loader of the FP8 file reads. Returns the FP8 tensors (to write broken variants).
+inline TensorSet write_fp8_tiny_a(const std::string& fp8_dir, const std::string& bf16_dir) {
+  TensorSet src(data_path("tiny-a-per-expert")), fp8, bf16;
+  for (size_t i = 0; i < src.names.size(); ++i) {
+    const std::string& n = src.names[i];
+    const auto& info = src.infos[i];
+    const bool stays =
+        n.find("embed_tokens") != std::string::npos || n.starts_with("lm_head") ||
+        n.ends_with("mlp.gate.weight") || n.find("shared_expert_gate") != std::string::npos ||
+        n.find("in_proj_a") != std::string::npos || n.find("in_proj_b") != std::string::npos ||
+        info.shape.size() != 2 || n.find("visual") != std::string::npos;
+    if (stays) {
+      fp8.add(n, info.dtype, info.shape, src.bytes[i].data(), src.bytes[i].size());
+      bf16.add(n, info.dtype, info.shape, src.bytes[i].data(), src.bytes[i].size());
+      continue;
+    }
+    const int64_t rows = info.shape[0], cols = info.shape[1], sr = (rows + 127) / 128,
+                  sc = (cols + 127) / 128;
+    std::vector<float> w(size_t(rows * cols)), scale(size_t(sr * sc), 0.f);
+    for (size_t k = 0; k < w.size(); ++k) {
+      uint16_t h;
+      std::memcpy(&h, &src.bytes[i][2 * k], 2);
+      w[k] = bf16_to_f32(h);
+      float& s = scale[size_t((int64_t(k) / cols / 128) * sc + (int64_t(k) % cols) / 128)];
+      s = std::max(s, std::fabs(w[k]) / 448.0f);  // block amax -> 448
+    }
+    std::vector<uint8_t> q(w.size());
+    std::vector<uint16_t> deq(w.size());
+    for (size_t k = 0; k < w.size(); ++k) {
+      const float s = scale[size_t((int64_t(k) / cols / 128) * sc + (int64_t(k) % cols) / 128)];
+      q[k] = fp8_e4m3_encode(s > 0 ? w[k] / s : 0.f);
+      deq[k] = f32_to_bf16(fp8_e4m3_to_f32(q[k]) * s);  // the block scale multiplies
+    }
+    fp8.add(n, DType::F8_E4M3, info.shape, q.data(), q.size());
+    fp8.add(n + "_scale_inv", DType::F32, {sr, sc}, reinterpret_cast<const uint8_t*>(scale.data()),
+            scale.size() * 4);
+    bf16.add(n, DType::BF16, info.shape, reinterpret_cast<const uint8_t*>(deq.data()),
+             deq.size() * 2);
+  }
+  copy_configs("tiny-a-per-expert", fp8_dir);
+  copy_configs("tiny-a-per-expert", bf16_dir);
+  edit_json(fp8_dir + "/config.json", [](auto& j) {
+    j["quantization_config"] = {
+        {"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+  });
+  fp8.write(fp8_dir);
+  bf16.write(bf16_dir);
+  return fp8;
 }
 
 }  // namespace lilac::test

@@ -262,58 +262,7 @@ TEST_F(QuantizeTinyA, ShardedOutputHoldsTheSameTensors) {
 // (W = fp8 * scale_inv, rounded to bf16, computed here) quantizes to.
 TEST(QuantizeFp8, MatchesItsBf16Equivalent) {
   TempDir t;
-  TensorSet src(data_path("tiny-a-per-expert")), fp8, bf16;
-  std::vector<std::vector<uint8_t>> keep;
-  int fp8_tensors = 0;
-  for (size_t i = 0; i < src.names.size(); ++i) {
-    const std::string& n = src.names[i];
-    const auto& info = src.infos[i];
-    const bool stays =
-        n.find("embed_tokens") != std::string::npos || n.starts_with("lm_head") ||
-        n.ends_with("mlp.gate.weight") || n.find("shared_expert_gate") != std::string::npos ||
-        n.find("in_proj_a") != std::string::npos || n.find("in_proj_b") != std::string::npos ||
-        info.shape.size() != 2 || n.find("visual") != std::string::npos;
-    if (stays) {
-      fp8.add(n, info.dtype, info.shape, src.bytes[i].data(), src.bytes[i].size());
-      bf16.add(n, info.dtype, info.shape, src.bytes[i].data(), src.bytes[i].size());
-      continue;
-    }
-    const int64_t rows = info.shape[0], cols = info.shape[1], sr = (rows + 127) / 128,
-                  sc = (cols + 127) / 128;
-    std::vector<float> w(size_t(rows * cols)), scale(size_t(sr * sc), 0.f);
-    for (size_t k = 0; k < w.size(); ++k) {
-      uint16_t h;
-      std::memcpy(&h, &src.bytes[i][2 * k], 2);
-      w[k] = bf16_to_f32(h);
-      float& s = scale[size_t((int64_t(k) / cols / 128) * sc + (int64_t(k) % cols) / 128)];
-      s = std::max(s, std::fabs(w[k]) / 448.0f);  // block amax -> 448
-    }
-    std::vector<uint8_t> q(w.size());
-    std::vector<uint16_t> deq(w.size());
-    for (size_t k = 0; k < w.size(); ++k) {
-      const float s = scale[size_t((int64_t(k) / cols / 128) * sc + (int64_t(k) % cols) / 128)];
-      q[k] = fp8_e4m3_encode(s > 0 ? w[k] / s : 0.f);
-      deq[k] = f32_to_bf16(fp8_e4m3_to_f32(q[k]) * s);  // the block scale multiplies
-    }
-    fp8.add(n, DType::F8_E4M3, info.shape, q.data(), q.size());
-    const std::string sname = n + "_scale_inv";
-    fp8.add(sname, DType::F32, {sr, sc}, reinterpret_cast<const uint8_t*>(scale.data()),
-            scale.size() * 4);
-    bf16.add(n, DType::BF16, info.shape, reinterpret_cast<const uint8_t*>(deq.data()),
-             deq.size() * 2);
-    ++fp8_tensors;
-  }
-  EXPECT_GT(fp8_tensors, 200);
-  copy_configs("tiny-a-per-expert", t.str("fp8"));
-  copy_configs("tiny-a-per-expert", t.str("bf16"));
-  edit_json(t.str("fp8/config.json"), [](auto& j) {
-    j["quantization_config"] = {
-        {"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
-  });
-  fp8.write(t.str("fp8"));
-  bf16.write(t.str("bf16"));
-  EXPECT_THAT(load_error(t.str("fp8")),
-              HasSubstr("convert it with `lilac quantize"));  // not loaded directly
+  TensorSet fp8 = write_fp8_tiny_a(t.str("fp8"), t.str("bf16"));
   auto s = quantize_dir(t.str("fp8"), t.str("fp8-q4"));
   EXPECT_EQ(s.input_format, WeightFormat::FP8);
   quantize_dir(t.str("bf16"), t.str("bf16-q4"));
