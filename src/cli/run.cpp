@@ -29,7 +29,7 @@ void add_gen_options(CLI::App& app, GenOptions& o) {
                  "Model directory (else $LILAC_MODEL, the Hugging Face cache, the demo model)");
   app.add_option("--device", o.device, "cuda, cpu or auto")->capture_default_str();
   app.add_option("--weights", o.weights,
-                 "auto, bf16, fp8 or q4 (the checkpoint's format; q4 on a BF16 checkpoint "
+                 "auto, bf16, fp8 or q4 (the checkpoint's format; q4 on a BF16 or FP8 checkpoint "
                  "quantizes at load)")
       ->capture_default_str();
   app.add_option("--ctx-size", o.ctx_size, "Context size in tokens");

@@ -168,7 +168,7 @@ const Command kServe{
           ->capture_default_str();
       app.add_option("--weights", o->weights,
                      "Weight format to serve: auto, bf16, fp8 or q4 (the checkpoint's format; q4 "
-                     "on a BF16 checkpoint quantizes at load)")
+                     "on a BF16 or FP8 checkpoint quantizes at load)")
           ->capture_default_str();
       app.add_option("--cors-origin", o->cors, "Allowed CORS origin (repeatable; '*' for any)");
       app.add_option("--log-level", o->log_level, "debug, info, warn, error or off")
