@@ -475,15 +475,8 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& o) {
 
 bool has_quantized_weights(const ModelWeights& w) {
   bool any = w.embed.quantized() || w.lm_head.quantized();
-  for (const auto& L : w.layers) {
-    for (const Matrix* m :
-         {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.gdn.in_proj_qkv,
-          &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a, &L.gdn.out_proj, &L.moe.router,
-          &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down, &L.moe.shared_expert_gate})
-      any = any || m->quantized();
-    for (const auto& e : L.moe.experts)
-      any = any || e.gate.quantized() || e.up.quantized() || e.down.quantized();
-  }
+  for (const auto& L : w.layers)
+    L.for_each_matrix([&](const Matrix& m) { any = any || m.quantized(); });
   return any;
 }
 

@@ -107,6 +107,33 @@ struct LayerWeights {
   FullAttentionWeights attn;                     // when type == FullAttention
   GatedDeltaNetWeights gdn;                      // when type == GatedDeltaNet
   MoeWeights moe;
+
+  // Calls f(Matrix&) on every weight matrix of the layer: both mixers' slots (set or not: check
+  // `data`), the router and shared expert, then each expert's gate, up and down. For code that
+  // treats them alike (format checks, whole-model conversions in tests).
+  template <typename F>
+  void for_each_matrix(F&& f) {
+    visit(*this, f);
+  }
+  template <typename F>
+  void for_each_matrix(F&& f) const {
+    visit(*this, f);
+  }
+
+ private:
+  template <typename Self, typename F>
+  static void visit(Self& L, F& f) {
+    for (auto* m :
+         {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.gdn.in_proj_qkv,
+          &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a, &L.gdn.out_proj, &L.moe.router,
+          &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down, &L.moe.shared_expert_gate})
+      f(*m);
+    for (auto& e : L.moe.experts) {
+      f(e.gate);
+      f(e.up);
+      f(e.down);
+    }
+  }
 };
 
 // Multi-token prediction head (MODEL.md section 7).

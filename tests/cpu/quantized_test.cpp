@@ -134,14 +134,10 @@ TEST_F(QuantizedTinyA, EightBitEverywhereIsNearlyExact) {
   auto& w = m->weights;
   q8(w.embed);
   q8(w.lm_head);
-  for (auto& L : w.layers) {
-    for (Matrix* x :
-         {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.gdn.in_proj_qkv,
-          &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a, &L.gdn.out_proj, &L.moe.router,
-          &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down, &L.moe.shared_expert_gate})
-      if (x->data) q8(*x);
-    for (auto& e : L.moe.experts) q8(e.gate), q8(e.up), q8(e.down);
-  }
+  for (auto& L : w.layers)
+    L.for_each_matrix([&](Matrix& x) {
+      if (x.data) q8(x);
+    });
   auto a = agreement(run(*m));
   std::printf("q8 tiny-a: top-1 %.1f%%, mean KL %.5f nats\n", 100 * a.top1, a.mean_kl);
   EXPECT_GE(a.top1, 0.85);

@@ -116,18 +116,7 @@ void to_prefill_weights(ModelWeights& w, std::vector<std::vector<uint16_t>>& sto
     m = Matrix{v.data(), DType::BF16, m.rows, m.cols, m.name};
   };
   conv(w.lm_head);
-  for (auto& L : w.layers) {
-    for (Matrix* m :
-         {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.gdn.in_proj_qkv,
-          &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a, &L.gdn.out_proj, &L.moe.router,
-          &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down, &L.moe.shared_expert_gate})
-      conv(*m);
-    for (auto& e : L.moe.experts) {
-      conv(e.gate);
-      conv(e.up);
-      conv(e.down);
-    }
-  }
+  for (auto& L : w.layers) L.for_each_matrix(conv);
 }
 
 // The GPU runs greedily; the CPU is fed the GPU's ids, so every step compares the same sequence.
