@@ -11,13 +11,7 @@
 # Everything is logged to $OUT/run.log (few files: the device tool brings back at most 8), a
 # one-line-per-step summary to $OUT/summary.txt, bench results to $OUT/bench.json.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-B=.device-build
-[ -d "$B" ] || tar -xJf .device-build.tar.xz
-export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export LILAC_TEST_DATA="$PWD/tests/data"
+source "$(dirname "$0")/gpu-env.sh"
 steps=${*:-tests logits bench}
 status=0
 run() {  # name, timeout seconds, command...

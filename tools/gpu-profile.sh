@@ -4,12 +4,7 @@
 # ncu then sees plain launches), one CSV row per kernel with its time, DRAM bytes and throughput.
 # Usage: tools/gpu-profile.sh [bf16|q4] [launch count]   -> $OUT/ncu-<weights>.csv
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-B=.device-build
-[ -d "$B" ] || tar -xJf .device-build.tar.xz
-export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/gpu-env.sh"
 weights=${1:-bf16}
 count=${2:-260}
 # Decode-only kernels (the prefill runs GEMMs; its one lm_head GEMV per prompt is skipped by
