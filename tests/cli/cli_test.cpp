@@ -8,29 +8,12 @@
 #include <fstream>
 
 #include "../test_data.h"
+#include "cli_util.h"
 
 namespace lilac::test {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct RunResult {
-  int status;
-  std::string output;  // stdout + stderr
-};
-
-RunResult run_lilac(const std::string& args) {
-  std::string cmd = std::string(LILAC_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  RunResult r{-1, ""};
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
 
 TEST(CliInspect, DescribesAGoodCheckpoint) {
   auto r = run_lilac("inspect --model " + data_path("tiny-a"));

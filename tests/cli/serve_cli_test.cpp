@@ -6,29 +6,12 @@
 #include <cstdio>
 
 #include "../test_data.h"
+#include "cli_util.h"
 
 namespace lilac::test {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct Run {
-  int status;
-  std::string output;
-};
-
-// Runs a shell command; the output is stdout and stderr, or stdout alone.
-Run sh(const std::string& cmd, bool with_stderr = true) {
-  FILE* p = popen((cmd + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
-  Run r{-1, ""};
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
 
 const std::string kLilac = LILAC_BINARY;
 std::string demo() {
@@ -38,13 +21,13 @@ std::string demo() {
 TEST(CliRun, AnswersOnePromptOnTheDemoModel) {
   const std::string flags =
       " --model " + demo() + " --device cpu --max-tokens 6 --seed 5 --no-think";
-  auto r = sh(kLilac + " run" + flags + " 'Hello there'");
+  auto r = run_shell(kLilac + " run" + flags + " 'Hello there'");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("RANDOM weights"));
   // The answer alone (stdout): the same seed and prompt, from the arguments or from stdin, give
   // the same text.
-  auto a = sh(kLilac + " run -q" + flags + " 'Hello there'", false);
-  auto b = sh("echo 'Hello there' | " + kLilac + " run -q" + flags, false);
+  auto a = run_shell(kLilac + " run -q" + flags + " 'Hello there'", false);
+  auto b = run_shell("echo 'Hello there' | " + kLilac + " run -q" + flags, false);
   EXPECT_EQ(a.status, 0);
   EXPECT_EQ(b.status, 0);
   EXPECT_FALSE(a.output.empty());
@@ -54,24 +37,25 @@ TEST(CliRun, AnswersOnePromptOnTheDemoModel) {
 // --weights q4 on the BF16 demo checkpoint: quantized at load (on the CPU here, in memory), and
 // it answers.
 TEST(CliRun, QuantizesABf16CheckpointAtLoad) {
-  auto r = sh(kLilac + " run --model " + demo() +
-              " --device cpu --weights q4 --max-tokens 6 --seed 5 --no-think 'Hello there'");
+  auto r = run_shell(kLilac + " run --model " + demo() +
+                     " --device cpu --weights q4 --max-tokens 6 --seed 5 --no-think 'Hello there'");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("quantizing the bf16 weights to 4-bit at load"));
 }
 
 TEST(CliRun, Errors) {
-  auto empty = sh("printf '' | " + kLilac + " run --model " + demo());
+  auto empty = run_shell("printf '' | " + kLilac + " run --model " + demo());
   EXPECT_EQ(empty.status, 1);
   EXPECT_THAT(empty.output, HasSubstr("the prompt is empty"));
-  auto missing = sh(kLilac + " run --model /nonexistent/model hi");
+  auto missing = run_shell(kLilac + " run --model /nonexistent/model hi");
   EXPECT_EQ(missing.status, 1);
   EXPECT_THAT(missing.output, HasSubstr("/nonexistent/model"));
 }
 
 TEST(CliChat, HistoryResetAndExit) {
-  auto r = sh("printf 'hi\\n/help\\n/reset\\nagain\\n/bogus\\n/exit\\nnever\\n' | " + kLilac +
-              " chat -q --model " + demo() + " --device cpu --max-tokens 4 --seed 1");
+  auto r =
+      run_shell("printf 'hi\\n/help\\n/reset\\nagain\\n/bogus\\n/exit\\nnever\\n' | " + kLilac +
+                " chat -q --model " + demo() + " --device cpu --max-tokens 4 --seed 1");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("(new conversation)"));
   EXPECT_THAT(r.output, HasSubstr("unknown command /bogus"));
@@ -79,16 +63,16 @@ TEST(CliChat, HistoryResetAndExit) {
 }
 
 TEST(CliServe, RefusesBadFlagsBeforeServing) {
-  auto w = sh(kLilac + " serve --model " + demo() + " --port 0 --weights fp8");
+  auto w = run_shell(kLilac + " serve --model " + demo() + " --port 0 --weights fp8");
   EXPECT_EQ(w.status, 1);
   EXPECT_THAT(w.output, HasSubstr("--weights fp8: the checkpoint"));
-  auto d = sh(kLilac + " serve --model " + demo() + " --port 0 --device tpu");
+  auto d = run_shell(kLilac + " serve --model " + demo() + " --port 0 --device tpu");
   EXPECT_EQ(d.status, 1);
   EXPECT_THAT(d.output, HasSubstr("--device tpu"));
-  auto l = sh(kLilac + " serve --model " + demo() + " --port 0 --log-level loud");
+  auto l = run_shell(kLilac + " serve --model " + demo() + " --port 0 --log-level loud");
   EXPECT_EQ(l.status, 1);
   EXPECT_THAT(l.output, HasSubstr("unknown log level"));
-  auto p = sh(kLilac + " serve --model " + demo() + " --port 70000");
+  auto p = run_shell(kLilac + " serve --model " + demo() + " --port 70000");
   EXPECT_EQ(p.status, 1);
 }
 
