@@ -1,0 +1,238 @@
+// CudaBackend's internals shared by its two source files (cuda_backend.cpp: construction,
+// sequences, the Backend API, graphs and profiling; cuda_backend_layers.cpp: the launch sequences
+// of a layer, a decode step and a prefill chunk): the workspace, the per-sequence device state,
+// the launch timer and the per-matrix format dispatch. Not part of the public API.
+#pragma once
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/gemm.h"
+#include "cuda/linear.h"
+#include "cuda/moe_decode.h"
+#include "cuda/moe_prefill.h"
+#include "cuda/norm.h"
+#include "cuda/q4_gemm.h"
+#include "cuda/q4_linear.h"
+#include "cuda/q4_moe.h"
+#include "cuda/sampling.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace lilac::cuda {
+
+// ---- workspace and per-sequence state -------------------------------------------------------
+
+// Activation buffers shared by every sequence of this backend (one stream: launches never
+// overlap). Sized for `max_T` tokens per prefill chunk; decode uses row 0.
+struct Workspace {
+  int max_T = 0;
+  int proj_cols = 0;  // widest projection output (GDN in_proj or attention qkv)
+  DeviceBuffer<int32_t> ids;
+  DeviceBuffer<float> h;           // [max_T, H] residual stream
+  DeviceBuffer<bf16> x;            // [max_T, H] normed activations
+  DeviceBuffer<float> proj;        // [max_T, proj_cols]
+  DeviceBuffer<bf16> mix;          // [max_T, max(Hv*Dv, heads*hd)] mixer output before out/o_proj
+  DeviceBuffer<bf16> q, gate;      // [max_T, heads*hd]
+  DeviceBuffer<float> router;      // [max_T, E+1]
+  DeviceBuffer<int32_t> topk_idx;  // decode [k]
+  DeviceBuffer<float> topk_w;      // decode [k]
+  DeviceBuffer<uint8_t> routing;   // moe_prefill routing workspace for max_T
+  DeviceBuffer<bf16> act;          // [max(max_T*k, k+1), I]
+  DeviceBuffer<float> y;           // [max_T*k, H]
+  DeviceBuffer<bf16> shared_act;   // [max_T, Is]
+  DeviceBuffer<float> shared_out;  // [max_T, H]
+  DeviceBuffer<float> logits;      // [logit_rows, V]
+  int logit_rows = 0;
+  DeviceBuffer<float> gdn_prefill_ws;  // gdn_prefill workspace for max_T tokens
+  DeviceBuffer<float> gdn_decode_ws;   // gdn_decode scratch (counters kept at zero by the kernels)
+  DeviceBuffer<uint8_t>
+      router_ws;  // moe_router's counter (zeroed once, kept at zero by the kernel)
+  DeviceBuffer<uint8_t> sample_ws;  // sample() workspace
+  DeviceBuffer<uint8_t> argmax_ws;  // argmax() workspace (zeroed once; launches leave it zeroed)
+};
+
+class CudaSequenceState : public SequenceState {
+ public:
+  int64_t max_ctx = 0;
+  int n_attn = 0, n_gdn = 0;
+  DeviceBuffer<bf16> kv;          // [n_attn][2][kv_heads][max_ctx][hd]
+  DeviceBuffer<float> conv;       // [n_gdn][K-1][C]
+  DeviceBuffer<float> rec;        // [n_gdn][Hv][Dk][Dv]
+  DeviceBuffer<int32_t> scalars;  // [0] position
+  // The sampler's output; its first field is the token the next decode step embeds.
+  DeviceBuffer<DeviceSampleResult> sample_out;
+  DeviceBuffer<DeviceSamplingParams> sampler_params;
+  DeviceBuffer<int32_t> output_counts;
+  DeviceBuffer<uint8_t> seen;
+  DeviceBuffer<float> attn_partial;  // attention_decode split-K workspace (depends on max_ctx)
+  // Decode-step graphs: forward only (forward()), forward + argmax, forward + sampler.
+  cudaGraphExec_t graph_plain = nullptr, graph_argmax = nullptr, graph_sample = nullptr;
+  int32_t token_on_device = -1;  // the id scalars[1] holds (the last sampled token), or -1
+
+  ~CudaSequenceState() override { drop_graphs(); }
+  void drop_graphs() {
+    for (cudaGraphExec_t* g : {&graph_plain, &graph_argmax, &graph_sample}) {
+      if (*g) cudaGraphExecDestroy(*g);
+      *g = nullptr;
+    }
+  }
+  void set_position(int64_t p) { position_ = p; }
+
+  int32_t* d_pos() const { return scalars.get(); }
+  int32_t* d_token() const { return reinterpret_cast<int32_t*>(sample_out.get()); }
+  bf16* k_cache(const ModelConfig& c, int slot) const {
+    return kv.get() + size_t(slot) * 2 * size_t(c.kv_heads) * size_t(max_ctx) * size_t(c.head_dim);
+  }
+  bf16* v_cache(const ModelConfig& c, int slot) const {
+    return k_cache(c, slot) + size_t(c.kv_heads) * size_t(max_ctx) * size_t(c.head_dim);
+  }
+  float* conv_state(const ModelConfig& c, int slot) const {
+    return conv.get() + size_t(slot) * size_t((c.gdn_conv_kernel - 1) * c.gdn_conv_channels());
+  }
+  float* rec_state(const ModelConfig& c, int slot) const {
+    return rec.get() + size_t(slot) * size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim);
+  }
+};
+
+// Optional per-launch timing (kernel_breakdown): an event after each named launch.
+struct CudaBackend::Timer {
+  cudaStream_t stream;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  explicit Timer(cudaStream_t s) : stream(s) { mark("start"); }
+  ~Timer() {
+    for (auto& m : marks) cudaEventDestroy(m.second);
+  }
+  void mark(const std::string& name) {
+    cudaEvent_t e;
+    LILAC_CUDA_CHECK(cudaEventCreate(&e));
+    LILAC_CUDA_CHECK(cudaEventRecord(e, stream));
+    marks.emplace_back(name, e);
+  }
+  // name -> (total ms, launches), in first-seen order.
+  std::vector<std::tuple<std::string, double, int>> totals() const {
+    LILAC_CUDA_CHECK(cudaEventSynchronize(marks.back().second));
+    std::vector<std::tuple<std::string, double, int>> out;
+    std::map<std::string, size_t> index;
+    for (size_t i = 1; i < marks.size(); ++i) {
+      float ms = 0;
+      LILAC_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second));
+      auto [it, fresh] = index.emplace(marks[i].first, out.size());
+      if (fresh) out.emplace_back(marks[i].first, 0.0, 0);
+      std::get<1>(out[it->second]) += ms;
+      std::get<2>(out[it->second]) += 1;
+    }
+    return out;
+  }
+};
+
+// Runs `launch`, then marks it on the timer when one is active.
+template <typename F>
+inline void timed(CudaBackend::Timer* timer, const char* name, F&& launch) {
+  launch();
+  if (timer) timer->mark(name);
+}
+
+// ---- tracing (tests and diffs only: synchronises and copies) -------------------------------
+
+template <typename T>
+std::vector<float> download_f32(const T* d, size_t n, cudaStream_t s) {
+  std::vector<T> raw(n);
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(raw.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+  LILAC_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      uint16_t b;
+      std::memcpy(&b, &raw[i], 2);
+      out[i] = bf16_to_f32(b);
+    } else {
+      out[i] = float(raw[i]);
+    }
+  }
+  return out;
+}
+
+// ---- per-matrix format dispatch ---------------------------------------------------------------
+// Each device matrix is BF16 (its pointer) or MLX affine 4/8-bit (its QMatrix in DeviceLayerQ /
+// DeviceModelQ, the pointer null): these call the BF16 launcher or the q4_* one with the same
+// contract. The call sites differ from a BF16-only backend only in naming both.
+
+inline void proj_gemv(const bf16* w, const QMatrix& q, int rows, int cols, const bf16* x, float* y,
+                      GemvOut mode, cudaStream_t s) {
+  if (q)
+    q_gemv(q, x, y, mode, s);
+  else
+    gemv(w, rows, cols, x, y, mode, s);
+}
+
+inline void proj_gemm(const bf16* A, int M, int K, const bf16* w, const QMatrix& q, int N, void* C,
+                      GemmOut mode, cudaStream_t s) {
+  if (q)
+    q_gemm(A, M, q, C, mode, s);
+  else
+    gemm(A, M, K, w, N, C, mode, s);
+}
+
+inline void embed_rows(const int32_t* ids, const DeviceModel& m, float* h, int T, int H,
+                       cudaStream_t s) {
+  if (m.q.embed)
+    q_embed(ids, m.q.embed, h, T, s);
+  else
+    embed(ids, m.embed, h, T, H, s);
+}
+
+inline void moe_gate_up_decode(const DeviceLayer& L, const int32_t* idx, int k, const bf16* x,
+                               int H, int I, int Is, bf16* act, cudaStream_t s) {
+  if (L.q.gate_up)
+    q_moe_gate_up_gemv(L.q.gate_up, L.q.shared_gate_up, idx, k, x, H, I, Is, act, s);
+  else
+    moe_gate_up_gemv(L.gate_up, L.shared_gate_up, idx, k, x, H, I, Is, act, s);
+}
+
+inline void moe_down_decode(const DeviceLayer& L, const int32_t* idx, const float* wt,
+                            const float* shared_logit, const bf16* act, int k, int H, int I, int Is,
+                            float* h, cudaStream_t s) {
+  if (L.q.down)
+    q_moe_down_gemv(L.q.down, L.q.shared_down, idx, wt, shared_logit, act, k, H, I, Is, h, s);
+  else
+    moe_down_gemv(L.down, L.shared_down, idx, wt, shared_logit, act, k, H, I, Is, h, s);
+}
+
+inline void moe_gate_up_prefill(const DeviceLayer& L, const bf16* x, int H, int I,
+                                const MoeRouting& r, bf16* act, cudaStream_t s) {
+  if (L.q.gate_up)
+    q_moe_grouped_gate_up(x, H, L.q.gate_up, I, r, act, s);
+  else
+    moe_grouped_gate_up(x, H, L.gate_up, I, r, act, s);
+}
+
+inline void moe_down_prefill(const DeviceLayer& L, const bf16* act, int I, int H,
+                             const MoeRouting& r, float* y, cudaStream_t s) {
+  if (L.q.down)
+    q_moe_grouped_down(act, I, L.q.down, H, r, y, s);
+  else
+    moe_grouped_down(act, I, L.down, H, r, y, s);
+}
+
+inline void moe_shared_gate_up_prefill(const DeviceLayer& L, const bf16* x, int T, int H, int Is,
+                                       bf16* act, cudaStream_t s) {
+  if (L.q.shared_gate_up)
+    q_moe_shared_gate_up(x, T, H, L.q.shared_gate_up, Is, act, s);
+  else
+    moe_shared_gate_up(x, T, H, L.shared_gate_up, Is, act, s);
+}
+
+// Greedy without penalties or logprobs: the token is an argmax, one launch.
+inline bool argmax_only(const SequenceState& st) {
+  return st.sampling.greedy() && !st.penalties_active && !st.sampling.logprobs &&
+         st.sampling.top_logprobs == 0;
+}
+
+}  // namespace lilac::cuda
