@@ -24,6 +24,7 @@
 
 #include <cmath>
 
+#include "bench_timing.h"
 #include "cuda/attention.h"
 #include "cuda/common.h"
 #include "cuda/gated_deltanet.h"
@@ -90,34 +91,7 @@ struct Options {
 
 // Median time of one replay of a graph holding everything `record` launches on s.
 double time_graph(cudaStream_t s, const Options& opt, const std::function<void()>& record) {
-  record();  // one-time host setup (occupancy queries, PDL checks) outside the capture
-  LILAC_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  LILAC_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  record();
-  LILAC_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  LILAC_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  LILAC_CUDA_CHECK(cudaEventCreate(&a));
-  LILAC_CUDA_CHECK(cudaEventCreate(&b));
-  for (int w = 0; w < 3; ++w) LILAC_CUDA_CHECK(cudaGraphLaunch(exec, s));
-  std::vector<float> ms;
-  for (int r = 0; r < opt.runs; ++r) {
-    LILAC_CUDA_CHECK(cudaEventRecord(a, s));
-    LILAC_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    LILAC_CUDA_CHECK(cudaEventRecord(b, s));
-    LILAC_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    LILAC_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  LILAC_CUDA_CHECK(cudaEventDestroy(a));
-  LILAC_CUDA_CHECK(cudaEventDestroy(b));
-  LILAC_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  LILAC_CUDA_CHECK(cudaGraphDestroy(graph));
-  return double(ms[ms.size() / 2]) * 1e-3;
+  return lilac::bench::median_graph_replay_seconds(s, opt.runs, record);
 }
 
 // Median time of one launch of `launch(rep)` (rep = 0..kReps-1 picks the rotated inputs), in a

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "cuda/common.h"
 #include "cuda/moe_decode.h"
 #include "cuda/moe_prefill.h"
@@ -96,58 +97,18 @@ bool wanted(const Options& o, const std::string& name) {
   return o.filter.empty() || name.find(o.filter) != std::string::npos;
 }
 
+// Median time of one of kReps launches, replayed as one graph.
 double time_graph(cudaStream_t s, const Options& opt, const std::function<void(int)>& launch) {
-  launch(0);
-  LILAC_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  LILAC_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int r = 0; r < kReps; ++r) launch(r);
-  LILAC_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  LILAC_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  LILAC_CUDA_CHECK(cudaEventCreate(&a));
-  LILAC_CUDA_CHECK(cudaEventCreate(&b));
-  for (int w = 0; w < 3; ++w) LILAC_CUDA_CHECK(cudaGraphLaunch(exec, s));
-  std::vector<float> ms;
-  for (int r = 0; r < opt.runs; ++r) {
-    LILAC_CUDA_CHECK(cudaEventRecord(a, s));
-    LILAC_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    LILAC_CUDA_CHECK(cudaEventRecord(b, s));
-    LILAC_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    LILAC_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  LILAC_CUDA_CHECK(cudaEventDestroy(a));
-  LILAC_CUDA_CHECK(cudaEventDestroy(b));
-  LILAC_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  LILAC_CUDA_CHECK(cudaGraphDestroy(graph));
-  return double(ms[ms.size() / 2]) * 1e-3 / kReps;
+  return lilac::bench::median_graph_replay_seconds(s, opt.runs,
+                                                   [&] {
+                                                     for (int r = 0; r < kReps; ++r) launch(r);
+                                                   }) /
+         kReps;
 }
 
 // Median of n timed launches (prefill: each launch is long, no graph needed).
 double time_plain(cudaStream_t s, int n, const std::function<void()>& launch) {
-  launch();
-  LILAC_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaEvent_t a, b;
-  LILAC_CUDA_CHECK(cudaEventCreate(&a));
-  LILAC_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int i = 0; i < n; ++i) {
-    LILAC_CUDA_CHECK(cudaEventRecord(a, s));
-    launch();
-    LILAC_CUDA_CHECK(cudaEventRecord(b, s));
-    LILAC_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    LILAC_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  LILAC_CUDA_CHECK(cudaEventDestroy(a));
-  LILAC_CUDA_CHECK(cudaEventDestroy(b));
-  return double(ms[ms.size() / 2]) * 1e-3;
+  return lilac::bench::median_seconds(s, n, launch);
 }
 
 void report_bw(const char* name, const std::string& shape, double bytes, double s) {

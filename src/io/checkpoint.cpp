@@ -136,13 +136,6 @@ std::string canonical_tensor_name(const std::string& name) {
 }
 
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 class Binder {
  public:
   Binder(const Checkpoint& ck, LoadReport& rep) : rep_(rep) {
@@ -178,7 +171,7 @@ class Binder {
     if (t.info->shape != shape) {
       rep_.problems.push_back(
           fmt::format("tensor '{}' ({}): shape {}, expected {} from config.json", orig,
-                      t.file->path(), shape_str(t.info->shape), shape_str(shape)));
+                      t.file->path(), shape_string(t.info->shape), shape_string(shape)));
       return nullptr;
     }
     rep_.tensors_used++;

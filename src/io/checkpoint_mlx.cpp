@@ -19,13 +19,6 @@ namespace lilac {
 using nlohmann::json;
 
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 // Quantization parameters of one module: config.json's default or a per-path override.
 struct QuantSpec {
   bool quantized = true;
@@ -176,8 +169,8 @@ class MlxBinder {
       return out;
     }
     if (t->info->shape != shape) {
-      bad(c, fmt::format("shape {}, expected {} from config.json", shape_str(t->info->shape),
-                         shape_str(shape)));
+      bad(c, fmt::format("shape {}, expected {} from config.json", shape_string(t->info->shape),
+                         shape_string(shape)));
       return out;
     }
     count(*t);
@@ -229,8 +222,8 @@ class MlxBinder {
         return out;
       }
       if (w->info->shape != with({rows, cols})) {
-        bad(wname, fmt::format("shape {}, expected {} from config.json", shape_str(w->info->shape),
-                               shape_str(with({rows, cols}))));
+        bad(wname, fmt::format("shape {}, expected {} from config.json",
+                               shape_string(w->info->shape), shape_string(with({rows, cols}))));
         return out;
       }
       count(*w);
@@ -266,8 +259,8 @@ class MlxBinder {
         bad(wname,
             fmt::format(
                 "shape {}, expected {} for {}-bit codes of a [{}, {}] matrix (config.json {}){}",
-                shape_str(w->info->shape), shape_str(with({rows, words})), spec.bits, rows, cols,
-                spec.source, hint));
+                shape_string(w->info->shape), shape_string(with({rows, words})), spec.bits, rows,
+                cols, spec.source, hint));
         good = false;
       }
     }
@@ -279,7 +272,7 @@ class MlxBinder {
         good = false;
       } else if (sb->info->shape != with({rows, groups})) {
         bad(c, fmt::format("shape {}, expected {} (group size {}, config.json {})",
-                           shape_str(sb->info->shape), shape_str(with({rows, groups})),
+                           shape_string(sb->info->shape), shape_string(with({rows, groups})),
                            spec.group_size, spec.source));
         good = false;
       }

@@ -27,13 +27,6 @@ namespace lilac {
 using nlohmann::json;
 
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
@@ -195,8 +188,8 @@ class Planner {
     }
     if (t->info->shape != shape) {
       problems.push_back(fmt::format("tensor '{}' ({}): shape {}, expected {} from config.json",
-                                     t->info->name, t->file->path(), shape_str(t->info->shape),
-                                     shape_str(shape)));
+                                     t->info->name, t->file->path(), shape_string(t->info->shape),
+                                     shape_string(shape)));
       return false;
     }
     return true;

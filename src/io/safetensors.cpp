@@ -20,10 +20,14 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-std::string TensorInfo::shape_string() const {
+std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+std::string TensorInfo::shape_string() const {
+  return lilac::shape_string(shape);
 }
 
 namespace {

@@ -32,6 +32,9 @@ struct TensorInfo {
   std::string shape_string() const;  // "[16, 128, 64]"
 };
 
+// A shape as error messages print it: "[16, 128, 64]".
+std::string shape_string(const std::vector<int64_t>& shape);
+
 class SafetensorsFile {
  public:
   // Maps and validates; throws lilac::Error naming the file (and tensor) on any defect.
