@@ -25,4 +25,16 @@ StepResult Backend::step(SequenceState& state, std::span<const int32_t> ids,
   return r;
 }
 
+std::vector<StepResult> Backend::step_batch(std::span<const BatchItem> items) {
+  std::vector<StepResult> out(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchItem& it = items[i];
+    if (it.sample)
+      out[i] = step(*it.state, it.ids, it.sample_index);
+    else
+      forward(*it.state, it.ids, {}, false);
+  }
+  return out;
+}
+
 }  // namespace lilac

@@ -41,6 +41,15 @@ class SequenceState {
 // One sampled token: its id, its raw logprob and the requested top logprobs.
 using StepResult = SampleResult;
 
+// One sequence's share of a batched step (Backend::step_batch): its state, the ids it consumes
+// (the previous sampled token when decoding, or a piece of its prompt), and whether to sample.
+struct BatchItem {
+  SequenceState* state = nullptr;
+  std::span<const int32_t> ids;
+  uint64_t sample_index = 0;  // as in step(): tokens sampled so far in this request
+  bool sample = true;         // false: a prompt piece that is not the last (no logits, no token)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -68,6 +77,13 @@ class Backend {
                               const SamplingParams& params);
   virtual StepResult step(SequenceState& state, std::span<const int32_t> ids,
                           uint64_t sample_index);
+  // Advances several distinct sequences at once: each item consumes its ids and, when
+  // item.sample, samples its next token with its own parameters, seed and penalties exactly as
+  // step() would. Returns one result per item, in order (token -1 where !sample). Results equal
+  // those of the items run one at a time (greedy: the same tokens; logits within the backend's
+  // stated tolerance). The base implementation runs the items one by one (forward() / step());
+  // the CUDA backend runs decode items as one batched pass.
+  virtual std::vector<StepResult> step_batch(std::span<const BatchItem> items);
   // The number of ids the sampler may choose from (the tokenizer's size; the model's vocab may
   // be padded). Defaults to the model's vocab.
   void set_sampling_vocab(int32_t n) { sampling_vocab_ = n; }
