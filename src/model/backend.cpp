@@ -1,5 +1,6 @@
 #include "model/backend.h"
 
+#include <limits>
 #include <vector>
 
 namespace lilac {
@@ -15,21 +16,42 @@ void Backend::begin_sampling(SequenceState& state, std::span<const int32_t> prom
   }
 }
 
+// Samples from host logits with the state's parameters and penalties, and records the output.
+static StepResult sample_host(SequenceState& state, const float* logits, int32_t n_vocab,
+                              uint64_t sample_index) {
+  StepResult r = sample_token(logits, n_vocab, state.sampling,
+                              state.penalties_active ? &state.penalties : nullptr, sample_index);
+  if (state.penalties_active) state.penalties.add_output(r.token);
+  return r;
+}
+
 StepResult Backend::step(SequenceState& state, std::span<const int32_t> ids,
                          uint64_t sample_index) {
   std::vector<float> logits(size_t(config().vocab));
   forward(state, ids, logits, false);
-  StepResult r = sample_token(logits.data(), sampling_vocab(), state.sampling,
-                              state.penalties_active ? &state.penalties : nullptr, sample_index);
-  if (state.penalties_active) state.penalties.add_output(r.token);
-  return r;
+  return sample_host(state, logits.data(), sampling_vocab(), sample_index);
+}
+
+StepResult Backend::step_constrained(SequenceState& state, std::span<const int32_t> ids,
+                                     uint64_t sample_index, TokenConstraint& constraint) {
+  std::vector<float> logits(size_t(config().vocab));
+  forward(state, ids, logits, false);
+  const int32_t n = sampling_vocab();
+  std::vector<uint32_t> allowed((size_t(n) + 31) / 32, 0u);
+  constraint.allowed_tokens(allowed);
+  for (int32_t t = 0; t < n; ++t)
+    if (!(allowed[size_t(t) / 32] >> (t % 32) & 1u))
+      logits[size_t(t)] = -std::numeric_limits<float>::infinity();
+  return sample_host(state, logits.data(), n, sample_index);
 }
 
 std::vector<StepResult> Backend::step_batch(std::span<const BatchItem> items) {
   std::vector<StepResult> out(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const BatchItem& it = items[i];
-    if (it.sample)
+    if (it.sample && it.constraint)
+      out[i] = step_constrained(*it.state, it.ids, it.sample_index, *it.constraint);
+    else if (it.sample)
       out[i] = step(*it.state, it.ids, it.sample_index);
     else
       forward(*it.state, it.ids, {}, false);

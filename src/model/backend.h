@@ -41,6 +41,19 @@ class SequenceState {
 // One sampled token: its id, its raw logprob and the requested top logprobs.
 using StepResult = SampleResult;
 
+// Limits which tokens may be sampled next (structured output: a grammar's parser state). The
+// mask is a bitset over the sampling vocab: bit t % 32 of word t / 32 set when token t may be
+// sampled. Backends call allowed_tokens() once per sampled token, after the forward pass was
+// started (a device backend may compute the mask on the host while the device works); the engine
+// calls accept() with every token the sequence takes (sampled or forced), in order.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // Fills `allowed` ((sampling vocab + 31) / 32 words) for the next token.
+  virtual void allowed_tokens(std::span<uint32_t> allowed) = 0;
+  virtual void accept(int32_t token) = 0;
+};
+
 // One sequence's share of a batched step (Backend::step_batch): its state, the ids it consumes
 // (the previous sampled token when decoding, or a piece of its prompt), and whether to sample.
 struct BatchItem {
@@ -48,6 +61,7 @@ struct BatchItem {
   std::span<const int32_t> ids;
   uint64_t sample_index = 0;  // as in step(): tokens sampled so far in this request
   bool sample = true;         // false: a prompt piece that is not the last (no logits, no token)
+  TokenConstraint* constraint = nullptr;  // when sampling: only the tokens it allows (null: any)
 };
 
 class Backend {
@@ -84,6 +98,10 @@ class Backend {
   // stated tolerance). The base implementation runs the items one by one (forward() / step());
   // the CUDA backend runs decode items as one batched pass.
   virtual std::vector<StepResult> step_batch(std::span<const BatchItem> items);
+  // step() with a constraint: forward() for the logits, the disallowed tokens set to -inf, then
+  // the host sampler (the reference; any backend can run it).
+  StepResult step_constrained(SequenceState& state, std::span<const int32_t> ids,
+                              uint64_t sample_index, TokenConstraint& constraint);
   // The number of ids the sampler may choose from (the tokenizer's size; the model's vocab may
   // be padded). Defaults to the model's vocab.
   void set_sampling_vocab(int32_t n) { sampling_vocab_ = n; }
