@@ -1,7 +1,7 @@
 // Tokenizer throughput: encoding tests/data/tokenizer/tok_bench.txt on one thread (bytes/s), the
 // same with a cold pre-token cache, decoding, and the load time of the 11 MB tokenizer.json.
 // Reference: HF `tokenizers` (Rust, one thread) encodes tok_bench.txt at 1.1-1.4 MB/s on the
-// GPU machine's CPU (fixtures README).
+// GPU machine's CPU (docs/model.md section 10).
 #include <benchmark/benchmark.h>
 
 #include <fstream>

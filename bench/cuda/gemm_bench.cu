@@ -20,7 +20,7 @@ using lilac::cuda::DeviceBuffer;
 using lilac::cuda::GemmOut;
 using lilac::cuda::GemmTile;
 
-constexpr double kPeakTflops = 790.0;  // measured bf16 dense rate of the H200 (PERFORMANCE.md)
+constexpr double kPeakTflops = 790.0;  // H200 bf16 dense rate (docs/benchmarking.md section 3)
 constexpr int kWarmup = 3, kRuns = 25;
 
 __global__ void fill_bf16(bf16* p, size_t n, uint64_t seed, float scale) {

@@ -22,7 +22,7 @@ using namespace lilac::cuda;
 
 namespace {
 
-constexpr double kCopyGBs = 4300.0;  // H200 device-to-device copy bandwidth (PERFORMANCE.md)
+constexpr double kCopyGBs = 4300.0;  // H200 copy bandwidth (docs/benchmarking.md section 3)
 
 cudaStream_t g_stream = nullptr;
 

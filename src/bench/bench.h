@@ -1,7 +1,8 @@
-// The benchmark protocol of PERFORMANCE.md over any Backend: for each context length L, from a
-// fresh sequence, prefill L synthetic ids (prefill tok/s = L / time to first token), then exactly
-// `decode_steps` greedy decode steps (decode tok/s = steps / their time); one warm-up round per
-// length, then `rounds` timed rounds, median reported; a digest of the greedy tokens per length.
+// The benchmark protocol (docs/benchmarking.md section 1) over any Backend: for each context length
+// L, from a fresh sequence, prefill L synthetic ids (prefill tok/s = L / time to first token), then
+// exactly `decode_steps` greedy decode steps (decode tok/s = steps / their time); one warm-up round
+// per length, then `rounds` timed rounds, median reported; a digest of the greedy tokens per
+// length.
 #pragma once
 
 #include <cstdint>

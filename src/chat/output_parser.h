@@ -1,5 +1,5 @@
-// Splits the model's streamed output into reasoning, content and tool calls (MODEL.md section 6),
-// one token's text at a time. Holds back text that may be the start of a tag; malformed or
+// Splits the model's streamed output (docs/model.md section 7) into reasoning, content and tool
+// calls, one token's text at a time. Holds back text that may be the start of a tag; malformed or
 // truncated XML degrades to content, never a crash.
 //
 // Output grammar (Qwen3.5/3.6):

@@ -1,4 +1,5 @@
-// `lilac bench`: the PERFORMANCE.md protocol on a checkpoint or on a synthetic full-size model.
+// `lilac bench`: the protocol of docs/benchmarking.md on a checkpoint or on a synthetic full-size
+// model.
 #include <cstdio>
 #include <fstream>
 #include <sstream>

@@ -1,4 +1,4 @@
-// Gated full attention on the CPU: the ops of MODEL.md section 2 ("Full attention"), f32.
+// Gated full attention on the CPU: the ops of docs/model.md section 2.3, f32.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The CPU backend: the reference forward pass (MODEL.md section 2) over ModelWeights, f32
+// The CPU backend: the reference forward pass (docs/model.md section 2) over ModelWeights, f32
 // arithmetic on weights read in place (BF16 / F16 / F32). It is the specification in code that
 // the CUDA kernels are tested against, and the way to run without a GPU.
 #pragma once

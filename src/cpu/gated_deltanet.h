@@ -1,4 +1,4 @@
-// Gated DeltaNet on the CPU: the ops of MODEL.md section 2 ("Gated DeltaNet"), f32.
+// Gated DeltaNet on the CPU: the ops of docs/model.md section 2.2, f32.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Mixture-of-experts block on the CPU (MODEL.md section 2, "MoE"), f32.
+// Mixture-of-experts block on the CPU (docs/model.md section 2.4), f32.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Gated full attention on the GPU (MODEL.md section 2 "Full attention"; twin: cpu/attention.cpp).
+// Gated full attention on the GPU (docs/model.md section 2.3; twin: cpu/attention.cpp).
 // Layouts: qkv projection f32 [T, heads*2*hd + 2*kv_heads*hd] (per head hd query values then hd
 // gate values, then k, then v); q bf16 [T, heads, hd]; gate bf16 [T, heads*hd]; KV cache bf16 per
 // layer [kv_heads, max_ctx, hd]; attention output bf16 [T, heads*hd] = attn * sigmoid(gate). Query

@@ -1,4 +1,4 @@
-// The CUDA backend: the forward pass of MODEL.md section 2 in the hand-written kernels of
+// The CUDA backend: the forward pass of docs/model.md section 2 in the hand-written kernels of
 // src/cuda (docs/cuda-design.md), over a DeviceModel. A decode step is one CUDA graph replay
 // (embed -> 40 layers -> lm_head -> sampling -> position advance) that reads the token and the
 // position from device memory, so no host round trip happens inside a step; prefill runs in

@@ -1,4 +1,4 @@
-// Gated DeltaNet on the GPU (MODEL.md section 2 "Gated DeltaNet"; twin: cpu/gated_deltanet.cpp).
+// Gated DeltaNet on the GPU (docs/model.md section 2.2; twin: cpu/gated_deltanet.cpp).
 // Input: the fused in_proj output, f32 per token [C + Hv*Dv + 2*Hv] = qkv (C = 2*Hk*Dk + Hv*Dv:
 // q [Hk, Dk], k [Hk, Dk], v [Hv, Dv]), z [Hv, Dv], b [Hv], a [Hv]. conv_taps [C, K] f32; conv_state
 // [K-1, C] f32 (oldest row first); recurrent state [Hv, Dk, Dv] f32; norm_scale [Dv] (plain w);

@@ -1,4 +1,4 @@
-// Mixture-of-experts prefill on the GPU (MODEL.md section 2, "MoE"), T tokens at once, with the
+// Mixture-of-experts prefill on the GPU (docs/model.md section 2.4), T tokens at once, with the
 // tokens grouped by expert on the device (no host round trip, no readback of counts):
 // - moe_route: top-k per token + stable counting sort of the T*k (token, slot) pairs;
 // - moe_grouped_gate_up: act[s] = bf16(silu(x[tok(s)] . gate_e) * (x[tok(s)] . up_e)), sorted rows;

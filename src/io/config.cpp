@@ -1,6 +1,6 @@
-// config.json -> ModelConfig. Accepts the variants MODEL.md lists: keys under text_config or at
-// the top, rope keys under rope_parameters or at the top of text_config, layer_types or
-// full_attention_interval.
+// config.json -> ModelConfig. Accepts the variants of docs/model.md section 1: keys under
+// text_config or at the top, rope keys under rope_parameters or at the top of text_config,
+// layer_types or full_attention_interval.
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>

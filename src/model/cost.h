@@ -1,5 +1,5 @@
 // What a forward pass must move and compute, from the config alone: the denominators of the
-// bench's "fraction of roofline" columns (PERFORMANCE.md).
+// bench's "fraction of roofline" columns (docs/benchmarking.md section 3).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The real Qwen3.6-35B-A3B text config (MODEL.md section 1), for the synthetic full-size model
+// The real Qwen3.6-35B-A3B text config (docs/model.md section 1), for the synthetic full-size model
 // the bench and the GPU tests build when no checkpoint is at hand.
 #pragma once
 

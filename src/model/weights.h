@@ -136,7 +136,7 @@ struct LayerWeights {
   }
 };
 
-// Multi-token prediction head (MODEL.md section 7).
+// Multi-token prediction head (docs/model.md section 8).
 struct MtpWeights {
   Matrix fc;                                       // [H, 2H]
   std::vector<float> pre_fc_norm_embedding_scale;  // [H], 1 + w

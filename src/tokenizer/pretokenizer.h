@@ -8,7 +8,7 @@
 
 namespace lilac::tok {
 
-// The Qwen3.5/3.6 pre-tokenizer regex (MODEL.md section 5).
+// The Qwen3.5/3.6 pre-tokenizer regex (docs/model.md section 6).
 extern const char* const kQwen35Regex;
 // GPT-2's, for a bare ByteLevel pre-tokenizer with use_regex = true.
 extern const char* const kGpt2Regex;

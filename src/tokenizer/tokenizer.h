@@ -1,6 +1,6 @@
-// The HF tokenizer.json machinery Qwen3.5/3.6 needs (MODEL.md section 5): NFC normalizer, Split
-// pre-tokenizer regex (PCRE2, UTF + UCP), byte-level mapping, BPE merges, added tokens matched as
-// whole strings before BPE, byte-level decoding. Ids always come from the files.
+// The HF tokenizer.json machinery Qwen3.5/3.6 needs (docs/model.md section 6): NFC normalizer,
+// Split pre-tokenizer regex (PCRE2, UTF + UCP), byte-level mapping, BPE merges, added tokens
+// matched as whole strings before BPE, byte-level decoding. Ids always come from the files.
 //
 // INTERFACE CONTRACT (the engine and server code against this; implementations may add to it).
 #pragma once
@@ -16,7 +16,7 @@
 namespace lilac {
 
 struct TokenizerOptions {
-  // Replace the file's pre-tokenizer regex with the Qwen3.5/3.6 one (MODEL.md section 5). Set
+  // Replace the file's pre-tokenizer regex with the Qwen3.5/3.6 one (docs/model.md section 6). Set
   // automatically by from_model_dir for model_type qwen3_5 / qwen3_5_moe.
   bool force_qwen35_regex = false;
 };

@@ -77,8 +77,8 @@ TEST_P(CpuBackendFixture, PrefillLogitsAndHiddenStatesMatchHF) {
   EXPECT_LE(err, 1e-4) << "prefill_logits worst at token " << at / 512 << " id " << at % 512;
   ASSERT_EQ(hidden.size(), size_t(model->config.layers + 2));
   // HF's hidden_states: the embedding, then the residual after each layer but the last, whose
-  // entry is taken after the final norm (the fixture README says before; the data says after:
-  // its rows have RMS ~1). docs/model-notes.md.
+  // entry is taken after the final norm (the fixture's description says before; the data says
+  // after: its rows have RMS ~1). docs/model-notes.md.
   for (int64_t i = 0; i <= model->config.layers; ++i) {
     const auto& h = hidden[i == model->config.layers ? "final_norm" : fmt::format("hidden.{}", i)];
     auto [e, w] = max_abs_diff(h.data(), &r.hidden[size_t(i * T * H)], size_t(T * H));

@@ -50,7 +50,7 @@ TEST(CudaBackend, TinyAMatchesTheHFFixture) {
     auto seq = backend->new_sequence(64);
     std::vector<float> logits(prompt.size() * size_t(V));
     backend->forward(*seq, prompt, logits, true);
-    // bf16 activations: about 5e-2 absolute on logits of scale ~4 (fixtures README).
+    // bf16 activations: about 5e-2 absolute on logits of scale ~4 (docs/model.md section 10).
     EXPECT_TRUE(all_close(logits, want_prefill, 5e-2, 0, std::string(dir) + " prefill_logits"));
     int32_t next = argmax(&logits[(prompt.size() - 1) * size_t(V)], V);
     std::vector<float> step(static_cast<size_t>(V));

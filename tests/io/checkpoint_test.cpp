@@ -268,8 +268,9 @@ TEST(Checkpoint, F32AndF16WeightsAccepted) {
 }
 
 TEST(Checkpoint, MtpHeadLoadsWhenPresent) {
-  // The MTP head (MODEL.md section 7): fc [H, 2H], three norms, one full-attention decoder layer
-  // with MoE under mtp.layers.0. Built here from tiny-a's own layer-3 tensors (per-expert layout).
+  // The MTP head (docs/model.md section 8): fc [H, 2H], three norms, one full-attention decoder
+  // layer with MoE under mtp.layers.0. Built here from tiny-a's own layer-3 tensors (per-expert
+  // layout).
   ModelCopy m("tiny-a-per-expert");
   std::vector<std::vector<uint8_t>> keep;
   m.rewrite("model.safetensors", [&](auto& ts) {
