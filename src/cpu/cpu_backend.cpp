@@ -29,6 +29,12 @@ std::unique_ptr<SequenceState> CpuBackend::new_sequence(int64_t max_context) {
   const int64_t n_gdn = cfg_.count_layers(LayerType::GatedDeltaNet);
   st->k_cache.resize(static_cast<size_t>(n_attn));
   st->v_cache.resize(static_cast<size_t>(n_attn));
+  // The KV rows are reserved up front (address space; pages are touched as the cache fills), so
+  // state_bytes() reports what the sequence may grow to and an impossible size fails here, at
+  // start-up for the engine's slots, not in the middle of a request.
+  const size_t kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
+  for (auto* cache : {&st->k_cache, &st->v_cache})
+    for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
   st->conv_state.assign(
       size_t(n_gdn),
       std::vector<float>(size_t((cfg_.gdn_conv_kernel - 1) * cfg_.gdn_conv_channels()), 0.f));
@@ -41,6 +47,19 @@ std::unique_ptr<SequenceState> CpuBackend::new_sequence(int64_t max_context) {
 
 std::unique_ptr<SequenceState> CpuBackend::clone(const SequenceState& state) {
   return std::make_unique<CpuSequenceState>(static_cast<const CpuSequenceState&>(state));
+}
+
+std::unique_ptr<SequenceState> CpuBackend::clone_with_capacity(const SequenceState& state,
+                                                               int64_t max_context) {
+  const auto& src = static_cast<const CpuSequenceState&>(state);
+  if (max_context < src.position())
+    fail("clone: capacity {} is below the sequence's {} tokens", max_context, src.position());
+  auto st = std::make_unique<CpuSequenceState>(src);  // vector copies: capacity = size
+  st->max_context = max_context;
+  const size_t kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
+  for (auto* cache : {&st->k_cache, &st->v_cache})
+    for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
+  return st;
 }
 
 size_t CpuBackend::state_bytes(const SequenceState& state) const {

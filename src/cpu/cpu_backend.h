@@ -36,6 +36,8 @@ class CpuBackend : public Backend {
   void forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,
                bool all_logits) override;
   std::unique_ptr<SequenceState> clone(const SequenceState& state) override;
+  std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state,
+                                                     int64_t max_context) override;
   size_t state_bytes(const SequenceState& state) const override;
 
   // Round activations to bf16 wherever the CUDA backend stores them in bf16 (normed inputs of
