@@ -222,7 +222,7 @@ void Engine::worker() {
     std::vector<Planned> plan = plan_step();
     if (plan.empty()) continue;
     std::vector<BatchItem> items(plan.size());
-    int decoders = 0;
+    int takers = 0;  // sequences that take a token in this step (decoding or ending a prompt)
     for (size_t i = 0; i < plan.size(); ++i) {
       Slot& s = *plan[i].slot;
       Running& run = *s.run;
@@ -235,10 +235,11 @@ void Engine::worker() {
       it.sample = plan[i].sample;
       it.sample_index = uint64_t(run.res.tokens.size());
       it.constraint = plan[i].sample ? s.job->request.constraint.get() : nullptr;
-      if (!plan[i].prompt_piece) decoders++;
+      if (!plan[i].prompt_piece || run.prompt_pos + plan[i].n == s.job->request.prompt.size())
+        takers++;
     }
     metrics_.steps_total++;
-    if (decoders > 0) metrics_.batch_size.observe(decoders);
+    if (takers > 0) metrics_.batch_size.observe(takers);
     std::vector<StepResult> results;
     try {
       results = backend_.step_batch(items);

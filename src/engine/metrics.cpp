@@ -61,7 +61,7 @@ std::string Metrics::render(size_t queue_length, size_t running) const {
   s += time_per_output_token.render("lilac_time_per_output_token_seconds",
                                     "Time between generated tokens");
   s += queue_time.render("lilac_queue_time_seconds", "Time requests waited in the queue");
-  s += batch_size.render("lilac_batch_size", "Sequences that took a token per decode step");
+  s += batch_size.render("lilac_batch_size", "Sequences that took a token per step (decode steps)");
   return s;
 }
 
