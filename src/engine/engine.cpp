@@ -288,11 +288,13 @@ Engine::Slot& Engine::choose_slot(const std::vector<int32_t>& prompt, size_t& re
     reused = live->consumed.size();
     return *live;
   }
+  reused = 0;
+  // A state that has consumed nothing is as fresh as a new one (the slots' states at start-up).
+  if (snap_len == 0 && victim->state && victim->state->position() == 0) return *victim;
   // The victim's state is released before its replacement is made: the slots' memory was sized
   // for one state each.
   victim->state.reset();
   victim->consumed.clear();
-  reused = 0;
   if (snap_len > 0) {
     auto [snap, len] = cache_.lookup(prompt);
     victim->state = std::move(snap);

@@ -48,7 +48,10 @@ class BatchRecorder : public Backend {
   explicit BatchRecorder(Backend& inner) : inner_(inner) {}
   std::string name() const override { return "recorder"; }
   const ModelConfig& config() const override { return inner_.config(); }
-  std::unique_ptr<SequenceState> new_sequence(int64_t n) override { return inner_.new_sequence(n); }
+  std::unique_ptr<SequenceState> new_sequence(int64_t n) override {
+    new_sequences++;
+    return inner_.new_sequence(n);
+  }
   void forward(SequenceState& st, std::span<const int32_t> ids, std::span<float> logits,
                bool all) override {
     inner_.forward(st, ids, logits, all);
@@ -88,6 +91,7 @@ class BatchRecorder : public Backend {
   std::mutex mutex;
   std::vector<StepRecord> steps;
   std::atomic<bool> fail_next{false};
+  std::atomic<int> new_sequences{0};
   std::chrono::milliseconds delay{0};
 
  private:
@@ -460,6 +464,16 @@ TEST(EngineBatching, SlotsThatDoNotFitFailAtStartUp) {
   fits.parallel = 3;
   Engine e(d.cpu, *d.tok, fits);
   const SlotMemory& m = e.slot_memory();
+  // The first requests use the states allocated at start-up; a slot's used state is replaced by
+  // a fresh one only when its contents cannot serve the next prompt.
+  BatchRecorder rec(d.cpu);
+  Engine counted(rec, *d.tok, fits);
+  const int at_start = rec.new_sequences;
+  EXPECT_EQ(at_start, 3 + 2) << "three slots, and two tiny states to measure one";
+  for (int i = 0; i < 3; ++i) counted.submit(greedy_request(prompt_of(*d.tok, i), 2)).get();
+  EXPECT_EQ(rec.new_sequences, at_start);
+  counted.submit(greedy_request(prompt_of(*d.tok, 3), 2)).get();
+  EXPECT_EQ(rec.new_sequences, at_start + 1);
   // The demo model: one attention layer, 2 kv heads x 64 dims, K and V in f32 on the CPU.
   EXPECT_EQ(m.kv_per_token, size_t(2 * 2 * 64 * 4));
   EXPECT_GT(m.fixed, 0u);
