@@ -8,10 +8,11 @@
 
 namespace lilac {
 
-std::vector<int32_t> bench_prompt(int64_t L, int32_t n_real) {
+std::vector<int32_t> bench_prompt(int64_t L, int32_t n_real, int64_t offset) {
   std::vector<int32_t> ids(static_cast<size_t>(L));
   for (int64_t i = 0; i < L; ++i)
-    ids[size_t(i)] = int32_t((uint64_t(uint32_t(uint64_t(i) * 2654435761ull))) % uint64_t(n_real));
+    ids[size_t(i)] =
+        int32_t((uint64_t(uint32_t(uint64_t(i + offset) * 2654435761ull))) % uint64_t(n_real));
   return ids;
 }
 
@@ -140,6 +141,82 @@ nlohmann::json bench_json(const std::vector<BenchRow>& rows, const nlohmann::jso
   j["mean_prefill_tok_s"] = rows.empty() ? 0 : sp / double(rows.size());
   j["mean_decode_tok_s"] = rows.empty() ? 0 : sd / double(rows.size());
   return j;
+}
+
+std::vector<ConcurrencyRow> run_concurrency_bench(Backend& backend, const ConcurrencyOptions& o) {
+  using clock = std::chrono::steady_clock;
+  const int32_t n_real = o.n_real_tokens > 0 ? o.n_real_tokens : int32_t(backend.config().vocab);
+  const int64_t L = o.prompt_tokens;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<ConcurrencyRow> rows;
+  for (int N : o.levels) {
+    ConcurrencyRow row;
+    row.concurrency = N;
+    row.decode_steps = o.decode_steps;
+    std::vector<std::unique_ptr<SequenceState>> seqs;
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<int32_t> last(size_t(N), 0), first_tokens;
+    const auto t0 = clock::now();
+    for (int s = 0; s < N; ++s) {
+      prompts.push_back(bench_prompt(L, n_real, int64_t(s) * L));
+      seqs.push_back(backend.new_sequence(L + o.warmup_steps + o.decode_steps + 2));
+      backend.begin_sampling(*seqs.back(), prompts.back(), greedy);
+      BatchItem item;
+      item.state = seqs.back().get();
+      item.ids = prompts.back();
+      last[size_t(s)] = backend.step_batch(std::span<const BatchItem>(&item, 1)).at(0).token;
+    }
+    row.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
+    std::vector<BatchItem> items(static_cast<size_t>(N));
+    auto decode = [&](int step) {
+      for (int s = 0; s < N; ++s) {
+        BatchItem& it = items[size_t(s)];
+        it.state = seqs[size_t(s)].get();
+        it.ids = std::span<const int32_t>(&last[size_t(s)], 1);
+        it.sample_index = uint64_t(step + 1);
+      }
+      first_tokens.push_back(last[0]);
+      auto res = backend.step_batch(items);
+      for (int s = 0; s < N; ++s) last[size_t(s)] = res[size_t(s)].token;
+    };
+    for (int i = 0; i < o.warmup_steps; ++i) decode(i);
+    const auto t1 = clock::now();
+    for (int i = 0; i < o.decode_steps; ++i) decode(o.warmup_steps + i);
+    const double secs = std::chrono::duration<double>(clock::now() - t1).count();
+    row.step_ms = 1e3 * secs / o.decode_steps;
+    row.per_stream_tok_s = o.decode_steps / secs;
+    row.output_tok_s = double(N) * row.per_stream_tok_s;
+    row.first_digest = fnv1a(first_tokens);
+    if (o.progress)
+      o.progress(fmt::format(
+          "concurrency {:>3}  prefill {:.3f} s  step {:.3f} ms  {:.1f} tok/s ({:.1f} per stream)",
+          N, row.prefill_s, row.step_ms, row.output_tok_s, row.per_stream_tok_s));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string concurrency_table(const std::vector<ConcurrencyRow>& rows) {
+  std::string s = fmt::format("{:>11} {:>14} {:>16} {:>10}  {}\n", "concurrency", "output tok/s",
+                              "per stream tok/s", "step ms", "digest of stream 0");
+  for (const auto& r : rows)
+    s += fmt::format("{:>11} {:>14.1f} {:>16.2f} {:>10.3f}  {}\n", r.concurrency, r.output_tok_s,
+                     r.per_stream_tok_s, r.step_ms, r.first_digest);
+  return s;
+}
+
+nlohmann::json concurrency_json(const std::vector<ConcurrencyRow>& rows) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& r : rows)
+    a.push_back({{"concurrency", r.concurrency},
+                 {"output_tok_s", r.output_tok_s},
+                 {"per_stream_tok_s", r.per_stream_tok_s},
+                 {"step_ms", r.step_ms},
+                 {"decode_steps", r.decode_steps},
+                 {"prefill_s", r.prefill_s},
+                 {"stream0_digest", r.first_digest}});
+  return a;
 }
 
 }  // namespace lilac

@@ -37,13 +37,42 @@ struct BenchRow {
   double prefill_tflops = 0;
 };
 
-// id_i = ((i * 2654435761) mod 2^32) mod n_real
-std::vector<int32_t> bench_prompt(int64_t L, int32_t n_real);
+// id_i = (((i + offset) * 2654435761) mod 2^32) mod n_real
+std::vector<int32_t> bench_prompt(int64_t L, int32_t n_real, int64_t offset = 0);
 
 std::vector<BenchRow> run_bench(Backend& backend, const BenchOptions& options);
 
+// Concurrency (continuous batching): for each N, N sequences each prefilled with a prompt of
+// `prompt_tokens` synthetic ids (sequence s reads the ids from offset s * prompt_tokens, so the
+// prompts differ; sequence 0's is the protocol's), then `warmup_steps` untimed and
+// `decode_steps` timed greedy decode steps, each one Backend::step_batch call over all N.
+struct ConcurrencyOptions {
+  std::vector<int> levels = {1, 2, 4, 8, 16, 32, 64};
+  int64_t prompt_tokens = 1024;
+  int decode_steps = 64;
+  int warmup_steps = 2;
+  int32_t n_real_tokens = 0;  // as in BenchOptions
+  std::function<void(const std::string&)> progress;
+};
+
+struct ConcurrencyRow {
+  int concurrency = 0;
+  int decode_steps = 0;
+  double step_ms = 0;           // one batched decode step
+  double output_tok_s = 0;      // summed over the streams
+  double per_stream_tok_s = 0;  // one stream's rate
+  double prefill_s = 0;         // the N prompts, one after the other (not the measure)
+  std::string first_digest;     // of sequence 0's greedy tokens: equal at every N when batching
+                                // is exact
+};
+
+std::vector<ConcurrencyRow> run_concurrency_bench(Backend& backend, const ConcurrencyOptions& o);
+
 // The table printed on stdout and the JSON document written by `lilac bench --json`.
 std::string bench_table(const std::vector<BenchRow>& rows);
+std::string concurrency_table(const std::vector<ConcurrencyRow>& rows);
 nlohmann::json bench_json(const std::vector<BenchRow>& rows, const nlohmann::json& header);
+// `bench_json` with "concurrency_results" beside "results".
+nlohmann::json concurrency_json(const std::vector<ConcurrencyRow>& rows);
 
 }  // namespace lilac

@@ -17,14 +17,15 @@ namespace lilac::cli {
 namespace {
 
 struct BenchCliOptions {
-  std::string model, device = "auto", weights = "bf16", json_out, lengths;
+  std::string model, device = "auto", weights = "bf16", json_out, lengths, concurrency;
+  int64_t prompt_tokens = 1024;
   bool synthetic = false;
   int rounds = 3, decode = 64;
   int64_t prefill_chunk = 0;
   uint64_t seed = 1;
 };
 
-std::vector<int64_t> parse_lengths(const std::string& s) {
+std::vector<int64_t> parse_lengths(const std::string& s, const char* flag = "--lengths") {
   std::vector<int64_t> v;
   std::stringstream ss(s);
   std::string item;
@@ -35,7 +36,7 @@ std::vector<int64_t> parse_lengths(const std::string& s) {
       if (used != item.size() || x <= 0) throw std::invalid_argument(item);
       v.push_back(x);
     } catch (const std::exception&) {
-      fail("--lengths: '{}' is not a positive integer", item);
+      fail("{}: '{}' is not a positive integer", flag, item);
     }
   }
   return v;
@@ -60,7 +61,22 @@ int run_bench_cli(const BenchCliOptions& o) {
     backend = open_backend(*model, o.device, weights);
     model_name = o.model;
   }
-  if (!o.lengths.empty()) bo.lengths = parse_lengths(o.lengths);
+  // --concurrency alone runs only the concurrency sweep; with --lengths, both.
+  if (!o.lengths.empty())
+    bo.lengths = parse_lengths(o.lengths);
+  else if (!o.concurrency.empty())
+    bo.lengths.clear();
+  ConcurrencyOptions co;
+  co.levels.clear();
+  for (int64_t n : o.concurrency.empty() ? std::vector<int64_t>{}
+                                         : parse_lengths(o.concurrency, "--concurrency")) {
+    if (n > 4096) fail("--concurrency {}: at most 4096 sequences", n);
+    co.levels.push_back(int(n));
+  }
+  if (o.prompt_tokens < 1) fail("--prompt-tokens must be >= 1");
+  co.prompt_tokens = o.prompt_tokens;
+  co.decode_steps = o.decode;
+  co.n_real_tokens = bo.n_real_tokens;
   bo.rounds = o.rounds;
   bo.decode_steps = o.decode;
   bo.prefill_chunk = o.prefill_chunk;
@@ -68,8 +84,11 @@ int run_bench_cli(const BenchCliOptions& o) {
   bo.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   std::fprintf(stderr, "bench: %s on %s\n", model_name.c_str(),
                backend->device_description().c_str());
+  co.progress = bo.progress;
   auto rows = run_bench(*backend, bo);
-  std::printf("%s", bench_table(rows).c_str());
+  if (!rows.empty()) std::printf("%s", bench_table(rows).c_str());
+  auto crows = run_concurrency_bench(*backend, co);
+  if (!crows.empty()) std::printf("%s", concurrency_table(crows).c_str());
   for (const auto& line : backend_report(*backend)) std::printf("%s\n", line.c_str());
   if (!o.json_out.empty()) {
     nlohmann::json header = {{"engine", std::string("lilac ") + version()},
@@ -83,7 +102,9 @@ int run_bench_cli(const BenchCliOptions& o) {
                              {"bytes_per_weight", bo.bytes_per_weight},
                              {"copy_bandwidth_bytes_s", bo.copy_bandwidth},
                              {"matmul_flops_s", bo.matmul_rate}};
+    if (!crows.empty()) header["prompt_tokens"] = o.prompt_tokens;
     auto j = bench_json(rows, header);
+    j["concurrency_results"] = concurrency_json(crows);
     j["breakdown"] = backend_report(*backend);
     std::ofstream out(o.json_out);
     out << j.dump(2) << "\n";
@@ -102,6 +123,11 @@ const Command kBench{
       app.add_option("--device", o->device, "cuda, cpu or auto")->default_val("auto");
       app.add_option("--weights", o->weights, "bf16 or q4")->default_val("bf16");
       app.add_option("--lengths", o->lengths, "Comma-separated context lengths (default: the ten)");
+      app.add_option("--concurrency", o->concurrency,
+                     "Comma-separated sequence counts: N prompts of --prompt-tokens ids, then "
+                     "--decode batched decode steps over all N (alone: only this sweep)");
+      app.add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for --concurrency")
+          ->default_val(1024);
       app.add_option("--rounds", o->rounds, "Timed rounds per length (median)")->default_val(3);
       app.add_option("--decode", o->decode, "Decode steps per round")->default_val(64);
       app.add_option("--prefill-chunk", o->prefill_chunk, "Prefill in chunks of this many tokens");

@@ -55,6 +55,7 @@ std::unique_ptr<server::LoadedModel> load_for_terminal(const GenOptions& o) {
   lo.weights = o.weights;
   lo.context_size = o.ctx_size;
   lo.queue_capacity = 1;
+  lo.parallel = 1;  // one conversation at a time: one slot
   Progress progress("lilac: ");
   if (!o.quiet) lo.progress = [&progress](const std::string& line) { progress(line); };
   return load_for_serving(choice, lo, [](Model& m, const std::string& d, const std::string& w) {

@@ -24,12 +24,13 @@ namespace {
 struct ServeOptions {
   std::string model, host = "127.0.0.1", api_key, alias, device = "auto", weights = "auto",
                      log_level = "info";
-  std::string scripted;
+  std::string scripted, tokenizer;
   std::vector<std::string> cors;
-  int port = 8080, queue = 64, threads = 0;
-  int64_t ctx_size = 0, snapshot_mb = 1024, max_body_mb = 16;
+  int port = 8080, queue = 64, threads = 0, parallel = 0;
+  int64_t ctx_size = 0, snapshot_mb = 1024, max_body_mb = 16, step_tokens = 0;
   double grace = 10;
-  bool log_json = false;
+  bool log_json = false, synthetic = false;
+  uint64_t seed = 1;
 };
 
 // Signals arrive on one thread (sigwait); everything else runs with them blocked.
@@ -52,7 +53,19 @@ int run_serve(const ServeOptions& o) {
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
     fail("--device {}: expected cuda, cpu or auto", o.device);
 
-  ModelChoice choice = choose_model(o.model);
+  if (o.synthetic && (!o.model.empty() || !o.scripted.empty()))
+    fail("--synthetic serves the random full-size model: no --model or --scripted with it");
+  if (!o.synthetic && !o.tokenizer.empty()) fail("--tokenizer goes with --synthetic");
+  ModelChoice choice;
+  if (o.synthetic) {
+    if (o.device == "cpu")
+      fail("--synthetic needs the cuda device: the full-size model is generated on the GPU");
+    if (o.weights != "auto" && o.weights != "bf16" && o.weights != "q4")
+      fail("--synthetic --weights {}: expected bf16 or q4", o.weights);
+    choice.dir = "synthetic";
+  } else {
+    choice = choose_model(o.model);
+  }
   if (choice.demo) Log::warn(demo_warning());
   if (!o.scripted.empty())
     Log::warn("TEST-ONLY --scripted: answers come from " + o.scripted + ", not from a model");
@@ -104,25 +117,39 @@ int run_serve(const ServeOptions& o) {
   lo.weights = o.weights;
   lo.context_size = o.ctx_size;
   lo.queue_capacity = o.queue;
+  lo.parallel = o.parallel;
+  lo.step_tokens = o.step_tokens;
   lo.snapshot_bytes = size_t(o.snapshot_mb) << 20;
   lo.scripted = o.scripted;
   lo.progress = [](const std::string& line) { Log::info(line); };
-  auto lm = load_for_serving(choice, lo, [](Model& m, const std::string& d, const std::string& w) {
-    return open_backend(m, d, w);
-  });
+  std::unique_ptr<LoadedModel> lm;
+  if (o.synthetic) {
+    const std::string weights = o.weights == "auto" ? "bf16" : o.weights;
+    lo.weights = weights;
+    lm = load_synthetic_for_serving(lo, o.tokenizer, [&] {
+      return open_synthetic_backend(o.device == "auto" ? "cuda" : o.device, weights, o.seed);
+    });
+  } else {
+    lm = load_for_serving(choice, lo, [](Model& m, const std::string& d, const std::string& w) {
+      return open_backend(m, d, w);
+    });
+  }
 
   ServingModel sm;
   sm.engine = lm->engine.get();
   sm.tokenizer = lm->tokenizer.get();
   sm.chat_template = lm->chat_template.get();
   sm.defaults = lm->defaults;
-  sm.model_id = o.alias.empty() ? default_model_id(choice.dir, choice.demo) : o.alias;
+  sm.model_id = !o.alias.empty() ? o.alias
+                : o.synthetic    ? "synthetic-qwen3.6-35b-a3b"
+                                 : default_model_id(choice.dir, choice.demo);
   sm.context_size = lm->engine->options().context_size;
   server.set_model(sm);
   waiter->ready = true;
   const std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
   Log::info("serving", {{"model", sm.model_id},
                         {"context", sm.context_size},
+                        {"parallel", lm->engine->options().parallel},
                         {"auth", api_key.empty() ? "off" : "on"}});
   std::printf("listening on http://%s:%d\n", host.c_str(), server.port());
   std::fflush(stdout);
@@ -175,7 +202,21 @@ const Command kServe{
           ->capture_default_str();
       app.add_flag("--log-json", o->log_json, "Log JSON lines");
       app.add_option("--queue", o->queue,
-                     "Requests that may wait beyond the running one (then 429)")
+                     "Requests that may wait beyond the running ones (then 429)")
+          ->capture_default_str();
+      app.add_option("--parallel", o->parallel,
+                     "Sequences in flight at once (continuous batching; default: 16 on cuda, 4 "
+                     "on the cpu); each slot holds --ctx-size tokens of KV cache");
+      app.add_option("--step-tokens", o->step_tokens,
+                     "Most tokens in one batched step: decode tokens plus prompt pieces "
+                     "(default: 2048)");
+      app.add_flag("--synthetic", o->synthetic,
+                   "Serve the full-size model with random weights made on the GPU (benchmarks; "
+                   "prompts as token ids via /v1/completions or through --tokenizer)");
+      app.add_option("--tokenizer", o->tokenizer,
+                     "With --synthetic: a tokenizer.json (may be gzipped; default: the source "
+                     "tree's tests/data/tokenizer/qwen3-tokenizer.json.gz)");
+      app.add_option("--seed", o->seed, "With --synthetic: the seed of the random weights")
           ->capture_default_str();
       app.add_option("--snapshot-mb", o->snapshot_mb,
                      "Memory for prompt-reuse snapshots (MiB; 0: off)")

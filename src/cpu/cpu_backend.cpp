@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "cpu/attention.h"
 #include "cpu/gated_deltanet.h"
@@ -29,6 +30,12 @@ std::unique_ptr<SequenceState> CpuBackend::new_sequence(int64_t max_context) {
   const int64_t n_gdn = cfg_.count_layers(LayerType::GatedDeltaNet);
   st->k_cache.resize(static_cast<size_t>(n_attn));
   st->v_cache.resize(static_cast<size_t>(n_attn));
+  // The KV rows are reserved up front (address space; pages are touched as the cache fills), so
+  // state_bytes() reports what the sequence may grow to and an impossible size fails here, at
+  // start-up for the engine's slots, not in the middle of a request.
+  const size_t kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
+  for (auto* cache : {&st->k_cache, &st->v_cache})
+    for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
   st->conv_state.assign(
       size_t(n_gdn),
       std::vector<float>(size_t((cfg_.gdn_conv_kernel - 1) * cfg_.gdn_conv_channels()), 0.f));
@@ -43,6 +50,19 @@ std::unique_ptr<SequenceState> CpuBackend::clone(const SequenceState& state) {
   return std::make_unique<CpuSequenceState>(static_cast<const CpuSequenceState&>(state));
 }
 
+std::unique_ptr<SequenceState> CpuBackend::clone_with_capacity(const SequenceState& state,
+                                                               int64_t max_context) {
+  const auto& src = static_cast<const CpuSequenceState&>(state);
+  if (max_context < src.position())
+    fail("clone: capacity {} is below the sequence's {} tokens", max_context, src.position());
+  auto st = std::make_unique<CpuSequenceState>(src);  // vector copies: capacity = size
+  st->max_context = max_context;
+  const size_t kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
+  for (auto* cache : {&st->k_cache, &st->v_cache})
+    for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
+  return st;
+}
+
 size_t CpuBackend::state_bytes(const SequenceState& state) const {
   const auto& st = static_cast<const CpuSequenceState&>(state);
   size_t n = 0;
@@ -51,50 +71,60 @@ size_t CpuBackend::state_bytes(const SequenceState& state) const {
   return n;
 }
 
-void CpuBackend::full_attention(int64_t layer, const float* x, int64_t T, CpuSequenceState& st,
-                                float* out) {
+void CpuBackend::full_attention(int64_t layer, const float* x, int64_t R,
+                                std::span<const Segment> segs, float* out) {
   const auto& a = w_.layers[size_t(layer)].attn;
   const int64_t H = cfg_.hidden, nh = cfg_.heads, kvh = cfg_.kv_heads, hd = cfg_.head_dim;
-  const int64_t pos0 = st.position(), slot = cfg_.slot_of_layer(layer);
+  const int64_t slot = cfg_.slot_of_layer(layer);
   const std::string p = fmt::format("layer{}.attn.", layer);
 
-  std::vector<float> qg(size_t(T * nh * 2 * hd)), q(size_t(T * nh * hd)), gate(size_t(T * nh * hd));
-  std::vector<float> k(size_t(T * kvh * hd)), v(size_t(T * kvh * hd));
-  matmul(a.q_proj, x, T, H, qg.data(), nh * 2 * hd, pool_);
-  matmul(a.k_proj, x, T, H, k.data(), kvh * hd, pool_);
-  matmul(a.v_proj, x, T, H, v.data(), kvh * hd, pool_);
-  split_query_gate(qg.data(), T, nh, hd, q.data(), gate.data());
-  for (int64_t i = 0; i < T * nh; ++i)
+  // The projections and norms act on every row alike; rope, the cache and the attention itself
+  // per sequence.
+  std::vector<float> qg(size_t(R * nh * 2 * hd)), q(size_t(R * nh * hd)), gate(size_t(R * nh * hd));
+  std::vector<float> k(size_t(R * kvh * hd)), v(size_t(R * kvh * hd));
+  matmul(a.q_proj, x, R, H, qg.data(), nh * 2 * hd, pool_);
+  matmul(a.k_proj, x, R, H, k.data(), kvh * hd, pool_);
+  matmul(a.v_proj, x, R, H, v.data(), kvh * hd, pool_);
+  split_query_gate(qg.data(), R, nh, hd, q.data(), gate.data());
+  for (int64_t i = 0; i < R * nh; ++i)
     rms_norm(&q[size_t(i * hd)], a.q_norm_scale.data(), hd, cfg_.rms_eps, &q[size_t(i * hd)]);
-  for (int64_t i = 0; i < T * kvh; ++i)
+  for (int64_t i = 0; i < R * kvh; ++i)
     rms_norm(&k[size_t(i * hd)], a.k_norm_scale.data(), hd, cfg_.rms_eps, &k[size_t(i * hd)]);
-  rope(q.data(), T, nh, hd, cfg_.rotary_dim, pos0, inv_freq_.data());
-  rope(k.data(), T, kvh, hd, cfg_.rotary_dim, pos0, inv_freq_.data());
+  for (const Segment& s : segs) {
+    const int64_t pos0 = s.st->position();
+    rope(&q[size_t(s.row0 * nh * hd)], s.T, nh, hd, cfg_.rotary_dim, pos0, inv_freq_.data());
+    rope(&k[size_t(s.row0 * kvh * hd)], s.T, kvh, hd, cfg_.rotary_dim, pos0, inv_freq_.data());
+  }
   round_bf16(q.data(), q.size());
   round_bf16(gate.data(), gate.size());
   round_bf16(k.data(), k.size());
   round_bf16(v.data(), v.size());
-  emit(p + "q", q.data(), {T, nh, hd});
-  emit(p + "k", k.data(), {T, kvh, hd});
-  emit(p + "v", v.data(), {T, kvh, hd});
+  emit(p + "q", q.data(), {R, nh, hd});
+  emit(p + "k", k.data(), {R, kvh, hd});
+  emit(p + "v", v.data(), {R, kvh, hd});
 
-  auto& kc = st.k_cache[size_t(slot)];
-  auto& vc = st.v_cache[size_t(slot)];
-  kc.resize(size_t((pos0 + T) * kvh * hd));
-  vc.resize(size_t((pos0 + T) * kvh * hd));
-  std::memcpy(&kc[size_t(pos0 * kvh * hd)], k.data(), k.size() * 4);
-  std::memcpy(&vc[size_t(pos0 * kvh * hd)], v.data(), v.size() * 4);
-
-  std::vector<float> o(size_t(T * nh * hd));
-  attention(q.data(), kc.data(), vc.data(), pos0, T, nh, kvh, hd, o.data(), pool_);
+  std::vector<float> o(size_t(R * nh * hd));
+  for (const Segment& s : segs) {
+    const int64_t pos0 = s.st->position(), T = s.T;
+    auto& kc = s.st->k_cache[size_t(slot)];
+    auto& vc = s.st->v_cache[size_t(slot)];
+    kc.resize(size_t((pos0 + T) * kvh * hd));
+    vc.resize(size_t((pos0 + T) * kvh * hd));
+    std::memcpy(&kc[size_t(pos0 * kvh * hd)], &k[size_t(s.row0 * kvh * hd)],
+                size_t(T * kvh * hd) * 4);
+    std::memcpy(&vc[size_t(pos0 * kvh * hd)], &v[size_t(s.row0 * kvh * hd)],
+                size_t(T * kvh * hd) * 4);
+    attention(&q[size_t(s.row0 * nh * hd)], kc.data(), vc.data(), pos0, T, nh, kvh, hd,
+              &o[size_t(s.row0 * nh * hd)], pool_);
+  }
   for (size_t i = 0; i < o.size(); ++i) o[i] *= sigmoid(gate[i]);
   round_bf16(o.data(), o.size());
-  emit(p + "gated", o.data(), {T, nh * hd});
-  matmul(a.o_proj, o.data(), T, nh * hd, out, H, pool_);
+  emit(p + "gated", o.data(), {R, nh * hd});
+  matmul(a.o_proj, o.data(), R, nh * hd, out, H, pool_);
 }
 
-void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSequenceState& st,
-                                float* out) {
+void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T,
+                                std::span<const Segment> segs, float* out) {
   const auto& g = w_.layers[size_t(layer)].gdn;
   const int64_t H = cfg_.hidden, C = cfg_.gdn_conv_channels(), K = cfg_.gdn_conv_kernel;
   const int64_t Hk = cfg_.gdn_key_heads, Hv = cfg_.gdn_value_heads, Dk = cfg_.gdn_key_dim,
@@ -109,9 +139,11 @@ void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSeq
   matmul(g.in_proj_b, x, T, H, b.data(), Hv, pool_);
   matmul(g.in_proj_a, x, T, H, a.data(), Hv, pool_);
 
+  // The convolution and the recurrence run per sequence (its own states), the rest per row.
   std::vector<float> conv(size_t(T * C));
-  causal_conv_silu(qkv.data(), T, C, K, g.conv.data(), st.conv_state[size_t(slot)].data(),
-                   conv.data());
+  for (const Segment& s : segs)
+    causal_conv_silu(&qkv[size_t(s.row0 * C)], s.T, C, K, g.conv.data(),
+                     s.st->conv_state[size_t(slot)].data(), &conv[size_t(s.row0 * C)]);
   emit(p + "conv", conv.data(), {T, C});
 
   std::vector<float> q(size_t(T * Hk * Dk)), k(size_t(T * Hk * Dk)), v(size_t(T * Hv * Dv));
@@ -133,8 +165,11 @@ void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSeq
   emit(p + "beta", beta.data(), {T, Hv});
 
   std::vector<float> core(size_t(T * Hv * Dv));
-  gdn_recurrence(q.data(), k.data(), v.data(), gl.data(), beta.data(), T, Hk, Hv, Dk, Dv,
-                 st.recurrent[size_t(slot)].data(), core.data(), pool_);
+  for (const Segment& s : segs)
+    gdn_recurrence(&q[size_t(s.row0 * Hk * Dk)], &k[size_t(s.row0 * Hk * Dk)],
+                   &v[size_t(s.row0 * Hv * Dv)], &gl[size_t(s.row0 * Hv)],
+                   &beta[size_t(s.row0 * Hv)], s.T, Hk, Hv, Dk, Dv,
+                   s.st->recurrent[size_t(slot)].data(), &core[size_t(s.row0 * Hv * Dv)], pool_);
   emit(p + "core", core.data(), {T, Hv, Dv});
   for (int64_t i = 0; i < T * Hv; ++i)
     gated_rms_norm(&core[size_t(i * Dv)], &z[size_t(i * Dv)], g.norm_scale.data(), Dv, cfg_.rms_eps,
@@ -162,14 +197,19 @@ void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids,
   for (int64_t t = 0; t < T; ++t)
     widen_row(w_.embed, ids[size_t(t)], &h[size_t(t * H)]);  // dequantises one row when quantized
   emit("hidden.0", h.data(), {T, H});
-  for (int64_t i = 0; i < cfg_.layers; ++i) forward_layer(i, h.data(), T, st);
+  const Segment seg{&st, 0, T};
+  for (int64_t i = 0; i < cfg_.layers; ++i) layer(i, h.data(), T, std::span(&seg, 1));
   st.advance(T);
   if (logits.empty()) return;
   forward_head(&h[size_t((T - n_out) * H)], n_out, logits.data());
 }
 
 void CpuBackend::forward_layer(int64_t i, float* h, int64_t T, SequenceState& state) {
-  auto& st = static_cast<CpuSequenceState&>(state);
+  const Segment seg{&static_cast<CpuSequenceState&>(state), 0, T};
+  layer(i, h, T, std::span(&seg, 1));
+}
+
+void CpuBackend::layer(int64_t i, float* h, int64_t T, std::span<const Segment> segs) {
   const int64_t H = cfg_.hidden;
   const LayerWeights& L = w_.layers[size_t(i)];
   std::vector<float> xn(size_t(T * H)), mix(size_t(T * H));
@@ -177,9 +217,9 @@ void CpuBackend::forward_layer(int64_t i, float* h, int64_t T, SequenceState& st
     rms_norm(h + t * H, L.input_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
   round_bf16(xn.data(), xn.size());
   if (L.type == LayerType::FullAttention)
-    full_attention(i, xn.data(), T, st, mix.data());
+    full_attention(i, xn.data(), T, segs, mix.data());
   else
-    gated_deltanet(i, xn.data(), T, st, mix.data());
+    gated_deltanet(i, xn.data(), T, segs, mix.data());
   emit(fmt::format("layer{}.mixer_out", i), mix.data(), {T, H});
   for (size_t j = 0; j < mix.size(); ++j) h[j] += mix[j];
   for (int64_t t = 0; t < T; ++t)
@@ -190,6 +230,64 @@ void CpuBackend::forward_layer(int64_t i, float* h, int64_t T, SequenceState& st
   emit(fmt::format("layer{}.moe_out", i), mix.data(), {T, H});
   for (size_t j = 0; j < mix.size(); ++j) h[j] += mix[j];
   emit(fmt::format("hidden.{}", i + 1), h, {T, H});
+}
+
+std::vector<StepResult> CpuBackend::step_batch(std::span<const BatchItem> items) {
+  if (items.size() < 2 || trace_) return Backend::step_batch(items);
+  const int64_t H = cfg_.hidden, V = cfg_.vocab;
+  // Everything is checked before any state changes.
+  std::vector<Segment> segs;
+  int64_t R = 0;
+  for (const BatchItem& it : items) {
+    auto* st = static_cast<CpuSequenceState*>(it.state);
+    const int64_t T = int64_t(it.ids.size());
+    if (!st || T == 0) fail("step_batch: an item without a state or ids");
+    for (const Segment& s : segs)
+      if (s.st == st) fail("step_batch: one sequence appears in two items");
+    if (st->position() + T > st->max_context)
+      fail("context overflow: {} tokens in the sequence + {} new > context size {}", st->position(),
+           T, st->max_context);
+    for (int32_t id : it.ids)
+      if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
+    segs.push_back({st, R, T});
+    R += T;
+  }
+  std::vector<float> h(size_t(R * H));
+  for (size_t j = 0; j < items.size(); ++j)
+    for (int64_t t = 0; t < segs[j].T; ++t)
+      widen_row(w_.embed, items[j].ids[size_t(t)], &h[size_t((segs[j].row0 + t) * H)]);
+  for (int64_t i = 0; i < cfg_.layers; ++i) layer(i, h.data(), R, segs);
+  for (const Segment& s : segs) s.st->advance(s.T);
+
+  // The sampling items' last rows through the head, then each samples as step() would.
+  std::vector<size_t> sampling;
+  for (size_t j = 0; j < items.size(); ++j)
+    if (items[j].sample) sampling.push_back(j);
+  std::vector<StepResult> out(items.size());
+  if (sampling.empty()) return out;
+  std::vector<float> last(sampling.size() * size_t(H)), logits(sampling.size() * size_t(V));
+  for (size_t k = 0; k < sampling.size(); ++k) {
+    const Segment& s = segs[sampling[k]];
+    std::memcpy(&last[k * size_t(H)], &h[size_t((s.row0 + s.T - 1) * H)], size_t(H) * 4);
+  }
+  forward_head(last.data(), int64_t(sampling.size()), logits.data());
+  const int32_t n = sampling_vocab();
+  for (size_t k = 0; k < sampling.size(); ++k) {
+    const BatchItem& it = items[sampling[k]];
+    float* row = &logits[k * size_t(V)];
+    if (it.constraint) {  // as step_constrained: disallowed tokens to -inf
+      std::vector<uint32_t> allowed((size_t(n) + 31) / 32, 0u);
+      it.constraint->allowed_tokens(allowed);
+      for (int32_t t = 0; t < n; ++t)
+        if (!(allowed[size_t(t) / 32] >> (t % 32) & 1u))
+          row[t] = -std::numeric_limits<float>::infinity();
+    }
+    SequenceState& st = *it.state;
+    out[sampling[k]] = sample_token(row, n, st.sampling,
+                                    st.penalties_active ? &st.penalties : nullptr, it.sample_index);
+    if (st.penalties_active) st.penalties.add_output(out[sampling[k]].token);
+  }
+  return out;
 }
 
 void CpuBackend::forward_head(const float* h, int64_t rows, float* logits) {

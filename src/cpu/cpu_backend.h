@@ -35,7 +35,15 @@ class CpuBackend : public Backend {
   std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override;
   void forward(SequenceState& state, std::span<const int32_t> ids, std::span<float> logits,
                bool all_logits) override;
+  // All items in one pass: the rows of every item go through each layer's projections and MoE
+  // together (each weight read once per step, not once per sequence); rope, the KV cache, the
+  // attention, the convolution and the recurrence run per sequence. Every row's arithmetic is
+  // that of the item alone, so the results are bit for bit those of the one-by-one loop. With a
+  // trace observer set, or one item, it is the loop.
+  std::vector<StepResult> step_batch(std::span<const BatchItem> items) override;
   std::unique_ptr<SequenceState> clone(const SequenceState& state) override;
+  std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state,
+                                                     int64_t max_context) override;
   size_t state_bytes(const SequenceState& state) const override;
 
   // Round activations to bf16 wherever the CUDA backend stores them in bf16 (normed inputs of
@@ -51,8 +59,17 @@ class CpuBackend : public Backend {
   void forward_head(const float* h, int64_t rows, float* logits);
 
  private:
-  void full_attention(int64_t layer, const float* x, int64_t T, CpuSequenceState& st, float* out);
-  void gated_deltanet(int64_t layer, const float* x, int64_t T, CpuSequenceState& st, float* out);
+  // Rows [row0, row0 + T) of a pass are one sequence's next T tokens (from its position on).
+  struct Segment {
+    CpuSequenceState* st;
+    int64_t row0, T;
+  };
+  // Layer i on the R rows of h [R, H], the rows split into sequences by `segs`.
+  void layer(int64_t i, float* h, int64_t R, std::span<const Segment> segs);
+  void full_attention(int64_t layer, const float* x, int64_t R, std::span<const Segment> segs,
+                      float* out);
+  void gated_deltanet(int64_t layer, const float* x, int64_t R, std::span<const Segment> segs,
+                      float* out);
   void emit(const std::string& name, const float* data, std::vector<int64_t> shape) const {
     if (trace_) trace_(name, data, shape);
   }

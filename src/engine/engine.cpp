@@ -1,3 +1,7 @@
+// The continuous-batching scheduler (docs/batching.md). One worker thread owns the slots; each
+// iteration admits queued requests into free slots, drops cancelled ones, plans one step (every
+// decoding sequence feeds its last token, prompts still being read get pieces under the token
+// budget), runs it as one Backend::step_batch call and hands each sequence its result.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -28,12 +32,52 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
+// One request in flight in a slot.
+struct Running {
+  Running(const Tokenizer& tok, const GenerationRequest& rq)
+      : decoder(tok, rq.skip_special_tokens), stops(rq.stop_strings) {}
+  uint64_t order = 0;         // admission number: prompt pieces go first-come first-served
+  size_t prompt_pos = 0;      // prompt ids the state has consumed
+  std::vector<size_t> marks;  // snapshot points still ahead, ascending
+  size_t mark = 0;
+  bool decoding = false;  // the prompt is read; `pending` is the last token taken, not yet fed
+  int32_t pending = -1;
+  bool thinking = false;  // inside reasoning with a thinking budget to enforce
+  size_t forced = 0;      // think_close ids taken so far
+  StreamDecoder decoder;
+  StopMatcher stops;
+  GenerationResult res;
+  Clock::time_point admitted, decode_start, last_token_at;
+};
+
+struct Engine::Slot {
+  std::unique_ptr<SequenceState> state;  // null after a failure (allocated again on use)
+  std::vector<int32_t> consumed;         // the ids `state` has consumed, in order
+  uint64_t last_used = 0;
+  std::unique_ptr<Job> job;  // the request in this slot (null: free)
+  std::unique_ptr<Running> run;
+};
+
+// One sequence's share of the planned step.
+struct Engine::Planned {
+  Slot* slot = nullptr;
+  bool prompt_piece = false;
+  size_t n = 1;        // ids fed
+  bool sample = true;  // false: a prompt piece before the last, or a forced token follows
+};
+
 Engine::Engine(Backend& backend, const Tokenizer& tokenizer, EngineOptions options)
     : backend_(backend),
       tokenizer_(tokenizer),
       options_(options),
       cache_(backend, options.snapshot_budget, options.context_size) {
+  if (options_.parallel < 1)
+    fail("parallel (sequence slots) must be at least 1, not {}", options_.parallel);
+  if (options_.step_token_budget < 1) fail("the step token budget must be at least 1");
+  if (options_.context_size < 2) fail("the context size must be at least 2 tokens");
   backend_.set_sampling_vocab(std::min<int32_t>(tokenizer.size(), int32_t(backend.config().vocab)));
+  metrics_.slots = options_.parallel;
+  allocate_slots();
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -42,13 +86,47 @@ Engine::~Engine() {
   if (thread_.joinable()) thread_.join();
 }
 
+// Every slot gets its full-context state now, so a configuration that does not fit fails at
+// start-up. The per-slot size is measured from two tiny states (1 and 2 tokens of context): the
+// difference is the KV cache per token, the rest is the fixed recurrent state.
+void Engine::allocate_slots() {
+  {
+    auto one = backend_.new_sequence(1), two = backend_.new_sequence(2);
+    const size_t b1 = backend_.state_bytes(*one), b2 = backend_.state_bytes(*two);
+    slot_memory_.kv_per_token = b2 > b1 ? b2 - b1 : 0;
+    slot_memory_.fixed = b1 - std::min(b1, slot_memory_.kv_per_token);
+    slot_memory_.per_slot =
+        slot_memory_.fixed + slot_memory_.kv_per_token * size_t(options_.context_size);
+    slot_memory_.total = slot_memory_.per_slot * size_t(options_.parallel);
+  }
+  const ModelConfig& c = backend_.config();
+  auto mib = [](size_t b) { return fmt::format("{:.1f} MiB", double(b) / (1 << 20)); };
+  for (int i = 0; i < options_.parallel; ++i) {
+    auto slot = std::make_unique<Slot>();
+    try {
+      slot->state = backend_.new_sequence(options_.context_size);
+    } catch (const std::exception& e) {
+      slots_.clear();
+      fail(
+          "{} sequence slots of {} tokens do not fit on {}: each slot needs {} ({} of KV cache "
+          "for the {} attention layers + {} of recurrent state), {} in all; slot {} failed ({}). "
+          "Lower --parallel or --ctx-size.",
+          options_.parallel, options_.context_size, backend_.device_description(),
+          mib(slot_memory_.per_slot),
+          mib(slot_memory_.kv_per_token * size_t(options_.context_size)),
+          c.count_layers(LayerType::FullAttention), mib(slot_memory_.fixed),
+          mib(slot_memory_.total), i, e.what());
+    }
+    slots_.push_back(std::move(slot));
+  }
+}
+
 void Engine::shutdown() {
   std::deque<std::unique_ptr<Job>> dropped;
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
     dropped.swap(queue_);
-    if (running_cancel_) *running_cancel_ = true;
   }
   wake_.notify_all();
   for (auto& job : dropped) {
@@ -64,11 +142,6 @@ size_t Engine::queue_length() const {
   return queue_.size();
 }
 
-bool Engine::busy() const {
-  std::lock_guard lock(mutex_);
-  return running_cancel_ != nullptr;
-}
-
 std::future<GenerationResult> Engine::submit(GenerationRequest request) {
   const int64_t n = int64_t(request.prompt.size());
   if (n == 0) fail("the prompt is empty");
@@ -77,6 +150,8 @@ std::future<GenerationResult> Engine::submit(GenerationRequest request) {
          options_.context_size);
   for (int32_t id : request.prompt)
     if (id < 0 || id >= backend_.config().vocab) fail("token id {} is out of range", id);
+  for (int32_t id : request.think_close)
+    if (id < 0 || id >= backend_.config().vocab) fail("think_close id {} is out of range", id);
   if (request.max_tokens < 1) fail("max_tokens must be at least 1");
   request.max_tokens = std::min(request.max_tokens, options_.context_size - n);
   auto job = std::make_unique<Job>();
@@ -102,161 +177,326 @@ void Engine::warm_up() {
   greedy.temperature = 0;
   int32_t ids[2] = {0, 0};
   backend_.begin_sampling(*seq, std::span<const int32_t>(ids, 2), greedy);
-  StepResult r = backend_.step(*seq, std::span<const int32_t>(ids, 2), 0);
-  backend_.step(*seq, std::span<const int32_t>(&r.token, 1), 1);
+  BatchItem item;
+  item.state = seq.get();
+  item.ids = std::span<const int32_t>(ids, 2);
+  StepResult r = backend_.step_batch(std::span<const BatchItem>(&item, 1)).at(0);
+  item.ids = std::span<const int32_t>(&r.token, 1);
+  item.sample_index = 1;
+  backend_.step_batch(std::span<const BatchItem>(&item, 1));
   ready_ = true;
+}
+
+void Engine::complete(std::unique_ptr<Job> job, GenerationResult result) {
+  metrics_.requests_total++;
+  if (result.finish == FinishReason::Error) metrics_.requests_failed++;
+  if (result.finish == FinishReason::Cancelled) metrics_.requests_cancelled++;
+  job->promise.set_value(std::move(result));
 }
 
 void Engine::worker() {
   for (;;) {
-    std::unique_ptr<Job> job;
+    // Admission: queued requests join the running batch while slots are free (FIFO).
+    std::vector<std::unique_ptr<Job>> admitted;
+    bool stopping = false;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      running_cancel_ = job->request.cancelled;
-      if (stopping_) *running_cancel_ = true;
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || running_ > 0; });
+      stopping = stopping_;
+      if (stopping && running_ == 0 && queue_.empty()) return;
+      while (!queue_.empty() && running_ < options_.parallel) {
+        admitted.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        running_++;
+      }
     }
-    GenerationResult result;
+    for (auto& job : admitted) admit(std::move(job));
+
+    // Requests cancelled (client gone, shutdown) leave before the step.
+    for (auto& slot : slots_) {
+      if (!slot->job) continue;
+      if (stopping) *slot->job->request.cancelled = true;
+      if (slot->job->request.cancelled->load()) finish(*slot, FinishReason::Cancelled);
+    }
+
+    std::vector<Planned> plan = plan_step();
+    if (plan.empty()) continue;
+    std::vector<BatchItem> items(plan.size());
+    int takers = 0;  // sequences that take a token in this step (decoding or ending a prompt)
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Slot& s = *plan[i].slot;
+      Running& run = *s.run;
+      BatchItem& it = items[i];
+      it.state = s.state.get();
+      it.ids =
+          plan[i].prompt_piece
+              ? std::span<const int32_t>(s.job->request.prompt).subspan(run.prompt_pos, plan[i].n)
+              : std::span<const int32_t>(&run.pending, 1);
+      it.sample = plan[i].sample;
+      it.sample_index = uint64_t(run.res.tokens.size());
+      it.constraint = plan[i].sample ? s.job->request.constraint.get() : nullptr;
+      if (!plan[i].prompt_piece || run.prompt_pos + plan[i].n == s.job->request.prompt.size())
+        takers++;
+    }
+    metrics_.steps_total++;
+    if (takers > 0) metrics_.batch_size.observe(takers);
+    std::vector<StepResult> results;
     try {
-      result = run(*job);
+      results = backend_.step_batch(items);
+      if (results.size() != items.size())
+        fail("step_batch returned {} results for {} items", results.size(), items.size());
     } catch (const std::exception& e) {
-      // A failed step leaves the sequence in an unknown state: drop it.
-      live_.reset();
-      live_tokens_.clear();
-      result.finish = FinishReason::Error;
-      result.error = e.what();
-      result.prompt_tokens = int64_t(job->request.prompt.size());
+      // The states of this batch are unknown now: fail its requests, drop their states.
+      for (auto& p : plan) {
+        p.slot->state.reset();
+        p.slot->consumed.clear();
+        finish(*p.slot, FinishReason::Error, e.what());
+      }
+      continue;
     }
-    metrics_.requests_total++;
-    if (result.finish == FinishReason::Error) metrics_.requests_failed++;
-    if (result.finish == FinishReason::Cancelled) metrics_.requests_cancelled++;
-    {
-      std::lock_guard lock(mutex_);
-      running_cancel_.reset();
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Slot& s = *plan[i].slot;
+      try {
+        apply(s, plan[i], results[i]);
+      } catch (const std::exception& e) {
+        if (s.job) finish(s, FinishReason::Error, e.what());
+      }
     }
-    job->promise.set_value(std::move(result));
   }
 }
 
-GenerationResult Engine::run(Job& job) {
-  GenerationRequest& rq = job.request;
-  GenerationResult res;
-  const std::vector<int32_t>& prompt = rq.prompt;
-  res.prompt_tokens = int64_t(prompt.size());
-  res.queue_s = seconds_since(job.queued_at);
-  metrics_.queue_time.observe(res.queue_s);
-  const auto start = Clock::now();
-  auto is_cancelled = [&] { return rq.cancelled->load(); };
-
-  // Where to start: the live sequence when the prompt extends what it consumed, else the longest
-  // snapshot that is a prefix of the prompt, else a fresh sequence.
-  std::unique_ptr<SequenceState> st;
-  size_t reused = 0;
-  auto [snap, snap_len] = cache_.lookup(prompt);
-  if (live_ && live_tokens_.size() < prompt.size() && live_tokens_.size() >= snap_len &&
-      std::equal(live_tokens_.begin(), live_tokens_.end(), prompt.begin())) {
-    st = std::move(live_);
-    reused = live_tokens_.size();
-  } else if (snap) {
-    st = std::move(snap);
-    reused = snap_len;
+// Picks the slot for a prompt and how many of its ids are already in that slot's state: a free
+// slot whose live sequence the prompt extends (no copy), else the longest prompt-reuse snapshot
+// restored into a free slot, else a fresh state. The slot given up is an empty one, else the
+// least recently used.
+Engine::Slot& Engine::choose_slot(const std::vector<int32_t>& prompt, size_t& reused) {
+  const size_t snap_len = cache_.match_length(prompt);
+  Slot* live = nullptr;
+  Slot* victim = nullptr;
+  for (auto& sp : slots_) {
+    Slot& s = *sp;
+    if (s.job) continue;
+    const size_t n = s.consumed.size();
+    if (s.state && n > 0 && n < prompt.size() && n >= snap_len &&
+        (!live || n > live->consumed.size()) &&
+        std::equal(s.consumed.begin(), s.consumed.end(), prompt.begin()))
+      live = &s;
+    auto rank = [](const Slot& x) { return x.state && !x.consumed.empty() ? x.last_used + 1 : 0; };
+    if (!victim || rank(s) < rank(*victim)) victim = &s;
+  }
+  if (live) {
+    reused = live->consumed.size();
+    return *live;
+  }
+  reused = 0;
+  // A state that has consumed nothing is as fresh as a new one (the slots' states at start-up).
+  if (snap_len == 0 && victim->state && victim->state->position() == 0) return *victim;
+  // The victim's state is released before its replacement is made: the slots' memory was sized
+  // for one state each.
+  victim->state.reset();
+  victim->consumed.clear();
+  if (snap_len > 0) {
+    auto [snap, len] = cache_.lookup(prompt);
+    victim->state = std::move(snap);
+    reused = len;
+    victim->consumed.assign(prompt.begin(), prompt.begin() + std::ptrdiff_t(len));
   } else {
-    st = backend_.new_sequence(options_.context_size);
+    victim->state = backend_.new_sequence(options_.context_size);
   }
-  live_.reset();
-  live_tokens_.clear();
-  res.cached_tokens = int64_t(reused);
-  metrics_.prompt_tokens_total += prompt.size();
+  return *victim;
+}
+
+void Engine::admit(std::unique_ptr<Job> job) {
+  GenerationRequest& rq = job->request;
+  GenerationResult early;
+  early.prompt_tokens = int64_t(rq.prompt.size());
+  early.queue_s = seconds_since(job->queued_at);
+  if (rq.cancelled->load()) {
+    early.finish = FinishReason::Cancelled;
+    running_--;
+    complete(std::move(job), std::move(early));
+    return;
+  }
+  Slot* slot = nullptr;
+  size_t reused = 0;
+  try {
+    slot = &choose_slot(rq.prompt, reused);
+    backend_.begin_sampling(*slot->state, rq.prompt, rq.sampling);
+  } catch (const std::exception& e) {
+    if (slot) {
+      slot->state.reset();
+      slot->consumed.clear();
+    }
+    early.finish = FinishReason::Error;
+    early.error = e.what();
+    running_--;
+    complete(std::move(job), std::move(early));
+    return;
+  }
+  metrics_.queue_time.observe(early.queue_s);
+  auto run = std::make_unique<Running>(tokenizer_, rq);
+  run->order = ++admissions_;
+  run->admitted = Clock::now();
+  run->res = early;
+  run->res.cached_tokens = int64_t(reused);
+  run->prompt_pos = reused;
+  run->thinking = rq.starts_in_reasoning && rq.thinking_budget >= 0;
+  metrics_.prompt_tokens_total += rq.prompt.size();
   metrics_.cached_prompt_tokens_total += reused;
-
-  backend_.begin_sampling(*st, prompt, rq.sampling);
-  // Prefill the rest of the prompt in chunks (checking for cancellation between them); the last
-  // chunk goes through step(), which samples the first token.
-  size_t pos = reused;
-  const size_t chunk = size_t(std::max<int64_t>(1, options_.prefill_chunk));
-  std::vector<size_t> marks;  // snapshot points still ahead, ascending
   for (size_t m : rq.snapshot_at)
-    if (m > pos && m < prompt.size()) marks.push_back(m);
-  std::sort(marks.begin(), marks.end());
-  marks.erase(std::unique(marks.begin(), marks.end()), marks.end());
-  size_t mark = 0;
-  while (prompt.size() - pos > chunk || mark < marks.size()) {
-    if (is_cancelled()) {
-      res.finish = FinishReason::Cancelled;
-      return res;
-    }
-    size_t n = std::min(chunk, prompt.size() - pos);
-    if (mark < marks.size()) n = std::min(n, marks[mark] - pos);
-    if (pos + n >= prompt.size()) break;  // the last piece goes through step()
-    backend_.forward(*st, std::span(prompt).subspan(pos, n), {}, false);
-    pos += n;
-    if (mark < marks.size() && pos == marks[mark]) {
-      cache_.store(*st, std::span(prompt).first(pos));
-      ++mark;
-    }
-  }
-  if (is_cancelled()) {
-    res.finish = FinishReason::Cancelled;
-    return res;
-  }
-  StepResult next = backend_.step(*st, std::span(prompt).subspan(pos), 0);
-  res.prefill_s = seconds_since(start);
-  metrics_.time_to_first_token.observe(res.prefill_s);
-  cache_.store(*st, prompt);  // the snapshot "after the prompt"
+    if (m > reused && m < rq.prompt.size()) run->marks.push_back(m);
+  std::sort(run->marks.begin(), run->marks.end());
+  run->marks.erase(std::unique(run->marks.begin(), run->marks.end()), run->marks.end());
+  slot->last_used = run->order;
+  slot->job = std::move(job);
+  slot->run = std::move(run);
+}
 
-  StreamDecoder decoder(tokenizer_, rq.skip_special_tokens);
-  StopMatcher stops(rq.stop_strings);
-  const auto decode_start = Clock::now();
-  auto last_token_at = decode_start;
-  res.finish = FinishReason::Length;
-  for (int64_t n = 1;; ++n) {
-    const int32_t token = next.token;
-    res.tokens.push_back(token);
-    metrics_.generated_tokens_total++;
-    const bool stop_id =
-        std::find(rq.stop_ids.begin(), rq.stop_ids.end(), token) != rq.stop_ids.end();
-    TokenEvent ev;
-    ev.id = token;
-    ev.logprob = next.logprob;
-    ev.top_logprobs = std::move(next.top);
-    if (!stop_id) ev.text = stops.push(decoder.push(token));
-    res.text += ev.text;
-    if (rq.on_token && !rq.on_token(ev)) *rq.cancelled = true;
-    if (stop_id || stops.stopped()) {
-      res.finish = FinishReason::Stop;
-      break;
+// True when the sequence's next token is a think_close id instead of a sampled one.
+static bool forcing(const GenerationRequest& rq, const Running& run) {
+  return run.thinking && int64_t(run.res.tokens.size()) >= rq.thinking_budget &&
+         run.forced < rq.think_close.size();
+}
+
+std::vector<Engine::Planned> Engine::plan_step() {
+  std::vector<Planned> plan;
+  std::vector<Slot*> reading;  // sequences still reading their prompt
+  for (auto& sp : slots_) {
+    Slot& s = *sp;
+    if (!s.job) continue;
+    if (!s.run->decoding) {
+      reading.push_back(&s);
+      continue;
     }
-    if (is_cancelled()) {
-      res.finish = FinishReason::Cancelled;
-      break;
+    Planned p;
+    p.slot = &s;
+    p.sample = !forcing(s.job->request, *s.run);
+    plan.push_back(p);
+  }
+  // Prompt pieces fill what the decode tokens leave of the budget, oldest request first; the
+  // oldest always gets at least one token, so a prompt is never starved.
+  std::sort(reading.begin(), reading.end(),
+            [](const Slot* a, const Slot* b) { return a->run->order < b->run->order; });
+  int64_t budget = options_.step_token_budget - int64_t(plan.size());
+  const size_t chunk = size_t(std::max<int64_t>(1, options_.prefill_chunk));
+  for (Slot* s : reading) {
+    if (budget <= 0 && s != reading.front()) break;
+    const Running& run = *s->run;
+    const auto& prompt = s->job->request.prompt;
+    size_t n = std::min(chunk, prompt.size() - run.prompt_pos);
+    n = std::min(n, size_t(std::max<int64_t>(1, budget)));
+    if (run.mark < run.marks.size()) n = std::min(n, run.marks[run.mark] - run.prompt_pos);
+    Planned p;
+    p.slot = s;
+    p.prompt_piece = true;
+    p.n = n;
+    const bool last = run.prompt_pos + n == prompt.size();
+    p.sample = last && !forcing(s->job->request, run);
+    plan.push_back(p);
+    budget -= int64_t(n);
+  }
+  return plan;
+}
+
+void Engine::apply(Slot& s, const Planned& p, StepResult& r) {
+  Running& run = *s.run;
+  const GenerationRequest& rq = s.job->request;
+  if (p.prompt_piece) {
+    s.consumed.insert(s.consumed.end(), rq.prompt.begin() + std::ptrdiff_t(run.prompt_pos),
+                      rq.prompt.begin() + std::ptrdiff_t(run.prompt_pos + p.n));
+    run.prompt_pos += p.n;
+    if (run.mark < run.marks.size() && run.prompt_pos == run.marks[run.mark]) {
+      cache_.store(*s.state, s.consumed);
+      ++run.mark;
     }
-    if (n >= rq.max_tokens || st->position() + 1 >= options_.context_size) break;
-    next = backend_.step(*st, std::span<const int32_t>(&token, 1), uint64_t(n));
+    if (run.prompt_pos < rq.prompt.size()) return;
+    // The last piece: the first token.
+    run.res.prefill_s = seconds_since(run.admitted);
+    metrics_.time_to_first_token.observe(run.res.prefill_s);
+    cache_.store(*s.state, s.consumed);  // the snapshot "after the prompt"
+    run.decoding = true;
+    run.decode_start = run.last_token_at = Clock::now();
+  } else {
+    s.consumed.push_back(run.pending);
+  }
+  if (p.sample)
+    take(s, r.token, r.logprob, std::move(r.top));
+  else
+    take(s, rq.think_close[run.forced++], 0.f, {});
+}
+
+// The sequence takes `token` (sampled or forced): stream it, then decide whether it goes on.
+void Engine::take(Slot& s, int32_t token, float logprob,
+                  std::vector<std::pair<int32_t, float>> top) {
+  Running& run = *s.run;
+  GenerationRequest& rq = s.job->request;
+  run.res.tokens.push_back(token);
+  metrics_.generated_tokens_total++;
+  if (run.res.tokens.size() > 1) {
     const auto now = Clock::now();
     metrics_.time_per_output_token.observe(
-        std::chrono::duration<double>(now - last_token_at).count());
-    last_token_at = now;
+        std::chrono::duration<double>(now - run.last_token_at).count());
+    run.last_token_at = now;
   }
-  res.decode_s = seconds_since(decode_start);
+  if (rq.constraint) rq.constraint->accept(token);
+  if (run.thinking &&
+      (token == rq.think_end_id || (run.forced > 0 && run.forced == rq.think_close.size())))
+    run.thinking = false;
+  const bool stop_id =
+      std::find(rq.stop_ids.begin(), rq.stop_ids.end(), token) != rq.stop_ids.end();
+  TokenEvent ev;
+  ev.id = token;
+  ev.logprob = logprob;
+  ev.top_logprobs = std::move(top);
+  if (!stop_id) ev.text = run.stops.push(run.decoder.push(token));
+  run.res.text += ev.text;
+  if (rq.on_token && !rq.on_token(ev)) *rq.cancelled = true;
+  if (stop_id || run.stops.stopped()) return finish(s, FinishReason::Stop);
+  if (rq.cancelled->load()) return finish(s, FinishReason::Cancelled);
+  if (int64_t(run.res.tokens.size()) >= rq.max_tokens ||
+      s.state->position() + 1 >= options_.context_size)
+    return finish(s, FinishReason::Length);
+  run.pending = token;
+}
+
+// The request leaves its slot. The slot keeps its state and the ids it consumed (a next prompt
+// that extends them continues it), except after a failure.
+void Engine::finish(Slot& s, FinishReason reason, const std::string& error) {
+  Running& run = *s.run;
+  GenerationRequest& rq = s.job->request;
+  GenerationResult res = std::move(run.res);
+  res.finish = reason;
+  res.error = error;
+  if (run.decoding)
+    res.decode_s = seconds_since(run.decode_start);
+  else
+    res.prefill_s = seconds_since(run.admitted);
   // Text still held back (incomplete UTF-8 at a length cut, a partial stop string).
-  if (res.finish != FinishReason::Cancelled) {
+  if (reason == FinishReason::Stop || reason == FinishReason::Length) {
     TokenEvent tail;
-    tail.text = stops.stopped() ? "" : stops.push(decoder.flush()) + stops.flush();
+    tail.text = run.stops.stopped() ? "" : run.stops.push(run.decoder.flush()) + run.stops.flush();
     if (!tail.text.empty()) {
       res.text += tail.text;
-      if (rq.on_token) rq.on_token(tail);
+      try {
+        if (rq.on_token) rq.on_token(tail);
+      } catch (const std::exception&) {
+        // The consumer failed on the last text; the result still carries it.
+      }
     }
   }
-  // Keep the sequence: it has consumed the prompt and every generated token but the last.
-  live_tokens_ = prompt;
-  live_tokens_.insert(live_tokens_.end(), res.tokens.begin(), res.tokens.end() - 1);
-  live_ = std::move(st);
-  if (res.finish != FinishReason::Cancelled)
-    cache_.store(*live_, live_tokens_);  // "after the answer"
-  return res;
+  // The snapshot "after the answer": the prompt and every generated token but the last.
+  if (s.state && run.decoding && reason != FinishReason::Cancelled &&
+      reason != FinishReason::Error) {
+    try {
+      cache_.store(*s.state, s.consumed);
+    } catch (const std::exception&) {
+      // No snapshot (out of memory for the copy): the answer stands.
+    }
+  }
+  s.last_used = ++admissions_;
+  s.run.reset();
+  running_--;
+  complete(std::move(s.job), std::move(res));
 }
 
 }  // namespace lilac

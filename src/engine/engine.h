@@ -1,8 +1,11 @@
-// The generation engine: one model, one sequence at a time. Requests (prompt ids, sampling,
-// stops, max tokens) wait in a bounded FIFO queue and run on the engine's worker thread: prompt
-// prefill in chunks (reusing snapshots of earlier conversations, prefix_cache.h), then decode
-// token by token, streaming each token's text (complete UTF-8, stop strings held back) through
-// the request's callback. A request is cancellable at any step.
+// The generation engine: one model, continuous batching (docs/batching.md). Requests (prompt ids,
+// sampling, stops, max tokens) wait in a bounded FIFO queue; the engine's worker thread admits
+// them into up to `parallel` sequence slots and advances every running sequence with one
+// Backend::step_batch call per step: each decoding sequence by one token, and prompts still being
+// read by chunks under a per-step token budget (reusing snapshots of earlier conversations,
+// prefix_cache.h). Each token's text (complete UTF-8, stop strings held back) streams through
+// the request's callback. A request joins at the next step, leaves as soon as it is done, and is
+// cancellable at any step.
 #pragma once
 
 #include <atomic>
@@ -28,9 +31,20 @@ namespace lilac {
 
 struct EngineOptions {
   int64_t context_size = 32768;         // tokens per sequence (prompt + answer)
-  int queue_capacity = 64;              // waiting requests beyond the running one
-  int64_t prefill_chunk = 2048;         // prompt tokens per forward call (cancellation granularity)
+  int queue_capacity = 64;              // waiting requests beyond the running ones
+  int parallel = 1;                     // sequence slots: requests in flight at once
+  int64_t prefill_chunk = 2048;         // most prompt tokens of one sequence in one step
+  int64_t step_token_budget = 2048;     // most tokens (decode + prompt pieces) in one step
   size_t snapshot_budget = 1ull << 30;  // bytes of prompt-reuse snapshots (0: off)
+};
+
+// What the slots occupy (allocated at start-up): per slot, the attention layers' KV cache for
+// context_size tokens plus the fixed recurrent (GDN conv + state) part.
+struct SlotMemory {
+  size_t per_slot = 0;      // bytes of one slot
+  size_t kv_per_token = 0;  // bytes of KV cache per token of context
+  size_t fixed = 0;         // bytes independent of the context (recurrent state, buffers)
+  size_t total = 0;         // all slots
 };
 
 // One generated token as the callback sees it.
@@ -55,6 +69,17 @@ struct GenerationRequest {
   // e.g. where the last message starts: a later turn of the same conversation re-renders the
   // answer differently (reasoning dropped) but still agrees with the prompt up to there.
   std::vector<size_t> snapshot_at;
+  // Structured output: the tokens each sampled step may take (null: any). The engine accepts
+  // every token the sequence takes into it, sampled or forced.
+  std::shared_ptr<TokenConstraint> constraint;
+  // Thinking budget: when >= 0 and the request starts inside reasoning, once that many tokens
+  // were generated without think_end_id, the engine stops sampling and takes think_close one id
+  // per step as if sampled (streamed, counted in max_tokens, accepted by the constraint), then
+  // samples the answer.
+  bool starts_in_reasoning = false;
+  int64_t thinking_budget = -1;
+  int32_t think_end_id = -1;
+  std::vector<int32_t> think_close;
   // Called on the engine thread for every token; return false to cancel.
   std::function<bool(const TokenEvent&)> on_token;
   // Set from any thread (client gone, server stopping): the request stops within a step.
@@ -78,6 +103,8 @@ class QueueFull : public std::runtime_error {
 
 class Engine {
  public:
+  // Allocates the `parallel` slots (one sequence state of context_size tokens each); throws
+  // lilac::Error naming the bytes when they do not fit.
   Engine(Backend& backend, const Tokenizer& tokenizer, EngineOptions options = {});
   ~Engine();  // cancels queued and running requests, joins the worker
 
@@ -96,8 +123,10 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   Metrics& metrics() { return metrics_; }
   size_t queue_length() const;
-  // A request is running (prefill or decode).
-  bool busy() const;
+  // Requests running (admitted into a slot, prefill or decode).
+  size_t running() const { return size_t(running_.load()); }
+  bool busy() const { return running() > 0; }
+  const SlotMemory& slot_memory() const { return slot_memory_; }
   Backend& backend() { return backend_; }
 
  private:
@@ -106,23 +135,35 @@ class Engine {
     std::promise<GenerationResult> promise;
     std::chrono::steady_clock::time_point queued_at;
   };
+  struct Slot;  // engine.cpp
+  struct Planned;
+
+  void allocate_slots();
   void worker();
-  GenerationResult run(Job& job);
+  void admit(std::unique_ptr<Job> job);
+  Slot& choose_slot(const std::vector<int32_t>& prompt, size_t& reused);
+  std::vector<Planned> plan_step();
+  void apply(Slot& slot, const Planned& p, StepResult& r);
+  void take(Slot& slot, int32_t token, float logprob, std::vector<std::pair<int32_t, float>> top);
+  void finish(Slot& slot, FinishReason reason, const std::string& error = {});
+  void complete(std::unique_ptr<Job> job, GenerationResult result);
 
   Backend& backend_;
   const Tokenizer& tokenizer_;
   EngineOptions options_;
   PrefixCache cache_;
   Metrics metrics_;
-  // The live sequence of the last request and the ids it has consumed: a next prompt that
+  SlotMemory slot_memory_;
+  // The slots, touched only by the worker after construction. A free slot keeps the state of its
+  // last request and the ids that state consumed (the "live" sequence): a next prompt that
   // extends them continues it without a copy.
-  std::unique_ptr<SequenceState> live_;
-  std::vector<int32_t> live_tokens_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  uint64_t admissions_ = 0;  // admission order (FIFO prefill) and slot recency
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Job>> queue_;
-  std::shared_ptr<std::atomic<bool>> running_cancel_;
+  std::atomic<int> running_{0};
   bool stopping_ = false;
   std::atomic<bool> ready_{false};
   std::thread thread_;

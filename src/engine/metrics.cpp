@@ -27,7 +27,7 @@ std::string Histogram::render(const std::string& name, const std::string& help) 
   return s;
 }
 
-std::string Metrics::render(size_t queue_length, bool running) const {
+std::string Metrics::render(size_t queue_length, size_t running) const {
   std::string s;
   auto counter = [&](const char* name, const char* help, uint64_t v) {
     s += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {}\n", name, help, name, name, v);
@@ -42,18 +42,26 @@ std::string Metrics::render(size_t queue_length, bool running) const {
   counter("lilac_cached_prompt_tokens_total", "Prompt tokens reused from snapshots",
           cached_prompt_tokens_total.load());
   counter("lilac_generation_tokens_total", "Tokens generated", generated_tokens_total.load());
+  counter("lilac_steps_total", "Batched steps run (decode tokens and prompt pieces)",
+          steps_total.load());
   s += fmt::format(
       "# HELP lilac_queue_length Requests waiting\n# TYPE lilac_queue_length "
       "gauge\nlilac_queue_length {}\n",
       queue_length);
   s += fmt::format(
-      "# HELP lilac_running Requests running\n# TYPE lilac_running gauge\nlilac_running {}\n",
-      running ? 1 : 0);
+      "# HELP lilac_running Sequences running (admitted into a slot)\n# TYPE lilac_running "
+      "gauge\nlilac_running {}\n",
+      running);
+  s += fmt::format(
+      "# HELP lilac_slots Sequence slots (--parallel)\n# TYPE lilac_slots gauge\nlilac_slots "
+      "{}\n",
+      slots);
   s += time_to_first_token.render("lilac_time_to_first_token_seconds",
                                   "Time from start of processing to the first token");
   s += time_per_output_token.render("lilac_time_per_output_token_seconds",
                                     "Time between generated tokens");
   s += queue_time.render("lilac_queue_time_seconds", "Time requests waited in the queue");
+  s += batch_size.render("lilac_batch_size", "Sequences that took a token per step (decode steps)");
   return s;
 }
 

@@ -37,9 +37,13 @@ struct Metrics {
   Histogram time_to_first_token{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram time_per_output_token{{0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1}};
   Histogram queue_time{{0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60}};
+  // Sequences that took a token, per step in which any did (continuous batching).
+  Histogram batch_size{{1, 2, 4, 8, 16, 32, 64, 128}};
+  std::atomic<uint64_t> steps_total{0};  // batched steps run (decode and prompt pieces)
+  int slots = 1;                         // sequence slots (--parallel)
 
-  // The whole exposition, with the current queue length and running flag as gauges.
-  std::string render(size_t queue_length, bool running) const;
+  // The whole exposition, with the current queue length and running sequences as gauges.
+  std::string render(size_t queue_length, size_t running) const;
 };
 
 }  // namespace lilac

@@ -19,16 +19,18 @@ void PrefixCache::store(const SequenceState& state, std::span<const int32_t> tok
       entries_.erase(it);
       break;
     }
-  size_t need = backend_.state_bytes(state);
+  // Compact: a slot's state has room for the whole context, the snapshot only for its tokens.
+  auto snapshot = backend_.clone_with_capacity(state, state.position());
+  size_t need = backend_.state_bytes(*snapshot);
   if (need > budget_) return;
   evict_to(budget_ - need);
   entries_.push_front(
-      {std::vector<int32_t>(tokens.begin(), tokens.end()), backend_.clone(state), need});
+      {std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(snapshot), need});
   bytes_ += need;
 }
 
-std::pair<std::unique_ptr<SequenceState>, size_t> PrefixCache::lookup(
-    std::span<const int32_t> prompt) {
+std::list<PrefixCache::Entry>::const_iterator PrefixCache::best_match(
+    std::span<const int32_t> prompt) const {
   auto best = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     const auto& t = it->tokens;
@@ -36,6 +38,17 @@ std::pair<std::unique_ptr<SequenceState>, size_t> PrefixCache::lookup(
       continue;
     if (std::equal(t.begin(), t.end(), prompt.begin())) best = it;
   }
+  return best;
+}
+
+size_t PrefixCache::match_length(std::span<const int32_t> prompt) const {
+  auto best = best_match(prompt);
+  return best == entries_.end() ? 0 : best->tokens.size();
+}
+
+std::pair<std::unique_ptr<SequenceState>, size_t> PrefixCache::lookup(
+    std::span<const int32_t> prompt) {
+  auto best = best_match(prompt);
   if (best == entries_.end()) return {nullptr, 0};
   entries_.splice(entries_.begin(), entries_, best);  // most recently used
   return {backend_.clone_with_capacity(*entries_.front().state, context_size_),

@@ -21,14 +21,17 @@ class PrefixCache {
   PrefixCache(Backend& backend, size_t budget_bytes, int64_t context_size)
       : backend_(backend), budget_(budget_bytes), context_size_(context_size) {}
 
-  // Stores a snapshot (a clone) of `state`, which has consumed exactly `tokens`. Replaces an
-  // entry with the same tokens; skipped when the snapshot alone exceeds the budget.
+  // Stores a snapshot (a compact clone: room for its own tokens only) of `state`, which has
+  // consumed exactly `tokens`. Replaces an entry with the same tokens; skipped when the snapshot
+  // alone exceeds the budget.
   void store(const SequenceState& state, std::span<const int32_t> tokens);
 
   // The longest snapshot whose tokens are a prefix of `prompt` (at most prompt.size() - 1 tokens,
   // so at least one token is left to feed and sample from). Returns a fresh clone the caller owns
   // and the number of prompt tokens it covers; {nullptr, 0} when nothing matches.
   std::pair<std::unique_ptr<SequenceState>, size_t> lookup(std::span<const int32_t> prompt);
+  // The number of prompt tokens lookup() would cover, without cloning (0: nothing matches).
+  size_t match_length(std::span<const int32_t> prompt) const;
 
   size_t bytes() const { return bytes_; }
   size_t entries() const { return entries_.size(); }
@@ -41,6 +44,7 @@ class PrefixCache {
     size_t bytes;
   };
   void evict_to(size_t budget);
+  std::list<Entry>::const_iterator best_match(std::span<const int32_t> prompt) const;
 
   Backend& backend_;
   size_t budget_;

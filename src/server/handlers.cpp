@@ -76,7 +76,7 @@ void launch(Server::Impl& s, Job& job, std::vector<int32_t> ids, ParseOptions pa
   rq.sampling = job.common.sampling;
   if (!job.common.seed_given) rq.sampling.seed = random_seed();
   rq.max_tokens = job.common.max_tokens.value_or(m.context_size);
-  rq.stop_ids = m.tokenizer->eos_ids();
+  if (!job.common.ignore_eos) rq.stop_ids = m.tokenizer->eos_ids();
   rq.stop_strings = job.common.stop;
   if (size_t at = last_turn_start(ids, *m.tokenizer); at > 0) rq.snapshot_at.push_back(at);
   rq.prompt = std::move(ids);

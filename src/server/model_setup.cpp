@@ -141,6 +141,42 @@ SamplingParams load_generation_defaults(const std::string& dir) {
   return p;
 }
 
+namespace {
+
+// The engine over a loaded backend: slots, queue, snapshots; then the warm-up.
+void start_engine(LoadedModel& lm, const LoadOptions& o, int64_t context,
+                  const std::string& format_name, std::chrono::steady_clock::time_point t0) {
+  auto say = [&](const std::string& s) {
+    if (o.progress) o.progress(s);
+  };
+  if (context < 16) fail("--ctx-size {} is too small (at least 16)", context);
+  if (o.queue_capacity < 1) fail("--queue {} must be at least 1", o.queue_capacity);
+  if (o.parallel < 0) fail("--parallel {} must be at least 1", o.parallel);
+  if (o.step_tokens < 0) fail("--step-tokens {} must be at least 1", o.step_tokens);
+  EngineOptions eo;
+  eo.context_size = context;
+  eo.queue_capacity = o.queue_capacity;
+  eo.parallel = o.parallel > 0 ? o.parallel : default_parallel(*lm.backend);
+  if (o.step_tokens > 0) eo.step_token_budget = o.step_tokens;
+  eo.snapshot_budget = o.snapshot_bytes;
+  say(fmt::format("allocating {} sequence slots of {} tokens", eo.parallel, eo.context_size));
+  lm.engine = std::make_unique<Engine>(*lm.backend, *lm.tokenizer, eo);
+  const SlotMemory& m = lm.engine->slot_memory();
+  say(
+      fmt::format("slots: {} x {:.1f} MiB ({:.1f} KiB of KV cache per token + {:.1f} MiB of "
+                  "recurrent state) = {:.1f} MiB",
+                  eo.parallel, double(m.per_slot) / (1 << 20), double(m.kv_per_token) / 1024,
+                  double(m.fixed) / (1 << 20), double(m.total) / (1 << 20)));
+  say("warming up");
+  lm.engine->warm_up();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  lm.description = fmt::format("{} ({}, {}) on {}", lm.choice.dir, lm.backend->config().summary(),
+                               format_name, lm.backend->device_description());
+  say(fmt::format("model ready in {:.1f} s: {}", secs, lm.description));
+}
+
+}  // namespace
+
 LoadedModel::~LoadedModel() {
   if (engine) engine->shutdown();
   engine.reset();  // joins the worker before the backend goes away
@@ -187,24 +223,50 @@ std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const L
     lm->backend = open_backend(*lm->model, o.device, quantize_at_load ? "q4" : "auto");
     if (quantize_at_load) fmt_name += " quantized to 4-bit at load";
   }
-  EngineOptions eo;
   const int64_t max_pos = lm->model->config.max_position_embeddings;
-  eo.context_size =
+  const int64_t context =
       o.context_size > 0 ? o.context_size : std::min<int64_t>(32768, max_pos > 0 ? max_pos : 32768);
-  if (max_pos > 0 && eo.context_size > max_pos)
-    fail("--ctx-size {} is larger than the model's max_position_embeddings ({})", eo.context_size,
-         max_pos);
-  if (eo.context_size < 16) fail("--ctx-size {} is too small (at least 16)", eo.context_size);
-  if (o.queue_capacity < 1) fail("--queue {} must be at least 1", o.queue_capacity);
-  eo.queue_capacity = o.queue_capacity;
-  eo.snapshot_budget = o.snapshot_bytes;
-  lm->engine = std::make_unique<Engine>(*lm->backend, *lm->tokenizer, eo);
-  say("warming up");
-  lm->engine->warm_up();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  lm->description = fmt::format("{} ({}, {}) on {}", choice.dir, lm->model->config.summary(),
-                                fmt_name, lm->backend->device_description());
-  say(fmt::format("model ready in {:.1f} s: {}", secs, lm->description));
+  if (max_pos > 0 && context > max_pos)
+    fail("--ctx-size {} is larger than the model's max_position_embeddings ({})", context, max_pos);
+  start_engine(*lm, o, context, fmt_name, t0);
+  return lm;
+}
+
+int default_parallel(const Backend& backend) {
+  return backend.name() == "cuda" ? 16 : 4;
+}
+
+std::unique_ptr<LoadedModel> load_synthetic_for_serving(
+    const LoadOptions& o, const std::string& tokenizer_file,
+    const std::function<std::unique_ptr<Backend>()>& make_backend) {
+  auto say = [&](const std::string& s) {
+    if (o.progress) o.progress(s);
+  };
+  auto lm = std::make_unique<LoadedModel>();
+  lm->choice.dir = "synthetic";
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string tok = tokenizer_file;
+#ifdef LILAC_SOURCE_DIR
+  if (tok.empty()) {
+    const fs::path bundled =
+        fs::path(LILAC_SOURCE_DIR) / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz";
+    std::error_code ec;
+    if (fs::is_regular_file(bundled, ec)) tok = bundled.string();
+  }
+#endif
+  if (tok.empty())
+    fail(
+        "--synthetic: give --tokenizer FILE (a tokenizer.json, e.g. the Qwen3 one in "
+        "tests/data/tokenizer/qwen3-tokenizer.json.gz)");
+  say("loading the tokenizer from " + tok);
+  TokenizerOptions to;
+  to.force_qwen35_regex = true;
+  lm->tokenizer = Tokenizer::from_file(tok, to);
+  lm->chat_template = ChatTemplate::builtin_qwen36();
+  lm->defaults.temperature = 0;
+  say("generating the synthetic full-size model (random weights) on the device");
+  lm->backend = make_backend();
+  start_engine(*lm, o, o.context_size > 0 ? o.context_size : 32768, "synthetic " + o.weights, t0);
   return lm;
 }
 

@@ -52,6 +52,8 @@ struct LoadOptions {
                                  // BF16 checkpoint (quantized at load)
   int64_t context_size = 0;      // 0: min(32768, max_position_embeddings)
   int queue_capacity = 64;
+  int parallel = 0;         // sequence slots (0: 16 on cuda, 4 on the cpu)
+  int64_t step_tokens = 0;  // tokens per batched step (0: the engine's default)
   size_t snapshot_bytes = size_t(1) << 30;
   std::string scripted;  // TEST-ONLY: a script file for ScriptedBackend instead of the model
   std::function<void(const std::string&)> progress;  // log lines while loading
@@ -78,5 +80,16 @@ using BackendFactory = std::function<std::unique_ptr<Backend>(Model&, const std:
                                                               const std::string& weights)>;
 std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const LoadOptions& options,
                                               const BackendFactory& open_backend);
+
+// The full-size model with random weights (no checkpoint; `lilac serve --synthetic`): the backend
+// from `make_backend`, the tokenizer from `tokenizer_file` (a tokenizer.json, possibly gzipped;
+// "": the Qwen3 tokenizer of the source tree's tests/data when present), the built-in Qwen3.6
+// chat template, greedy defaults.
+std::unique_ptr<LoadedModel> load_synthetic_for_serving(
+    const LoadOptions& options, const std::string& tokenizer_file,
+    const std::function<std::unique_ptr<Backend>()>& make_backend);
+
+// The default number of slots for a backend: 16 on cuda, 4 elsewhere.
+int default_parallel(const Backend& backend);
 
 }  // namespace lilac::server

@@ -130,6 +130,7 @@ void parse_common(const json& b, const SamplingParams& defaults, CommonParams& c
   if (present(b, "best_of") && integer(b, "best_of", 1, INT32_MAX) != 1)
     bad_field("best_of", "only best_of = 1 is supported");
   if (present(b, "stream")) c.stream = boolean(b, "stream");
+  if (present(b, "ignore_eos")) c.ignore_eos = boolean(b, "ignore_eos");  // vLLM's field
   if (present(b, "stream_options")) {
     const json& so = b["stream_options"];
     if (!so.is_object()) bad_field("stream_options", "'stream_options' must be an object");

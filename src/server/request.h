@@ -22,6 +22,7 @@ struct CommonParams {
   std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens
   std::vector<std::string> stop;
   bool stream = false;
+  bool ignore_eos = false;  // generate through eos ids (benchmarks: exactly max_tokens)
   bool include_usage = false;
   bool logprobs = false;
   int top_logprobs = 0;

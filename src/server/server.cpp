@@ -308,7 +308,7 @@ void Server::Impl::routes() {
       std::lock_guard lock(s.model_mutex);
       if (s.model)
         text = s.model->engine->metrics().render(s.model->engine->queue_length(),
-                                                 s.model->engine->busy());
+                                                 s.model->engine->running());
     }
     text +=
         "# HELP lilac_http_responses_total HTTP responses by status code\n# TYPE "

@@ -1,0 +1,81 @@
+// `lilac bench --concurrency` on the CPU with the demo model (so CI runs the batched bench), and
+// the CLI refusals of the serving flags that come with batching (--parallel, --synthetic).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../test_data.h"
+#include "cli_util.h"
+
+namespace lilac::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string demo() {
+  return data_root() + "/../../models/demo";
+}
+
+TEST(CliBench, ConcurrencySweepWritesConcurrencyResults) {
+  TempDir dir;
+  const std::string out = dir.str("bench.json");
+  auto r =
+      run_lilac("bench --model " + demo() +
+                " --device cpu --concurrency 1,2,4 --prompt-tokens 48 --decode 6 --json " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("per stream tok/s"));
+  std::ifstream in(out);
+  nlohmann::json j = nlohmann::json::parse(in);
+  for (const char* key : {"engine", "commit", "gpu", "device", "weights", "model", "decode_steps"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["prompt_tokens"], 48);
+  EXPECT_TRUE(j["results"].empty()) << "--concurrency alone runs only the concurrency sweep";
+  const auto& rows = j["concurrency_results"];
+  ASSERT_EQ(rows.size(), 3u);
+  const int levels[] = {1, 2, 4};
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& row = rows[i];
+    EXPECT_EQ(row["concurrency"], levels[i]);
+    EXPECT_EQ(row["decode_steps"], 6);
+    const double total = row["output_tok_s"], per_stream = row["per_stream_tok_s"];
+    EXPECT_GT(per_stream, 0);
+    EXPECT_NEAR(total, per_stream * levels[i], 1e-6 * total);
+    EXPECT_NEAR(row["step_ms"].get<double>(), 1e3 / per_stream, 1e-6 * 1e3 / per_stream);
+    // Stream 0 reads the same prompt at every level: batching gives it the same greedy tokens.
+    EXPECT_EQ(row["stream0_digest"], rows[0]["stream0_digest"]);
+  }
+}
+
+TEST(CliBench, ConcurrencyAndLengthsTogether) {
+  TempDir dir;
+  const std::string out = dir.str("bench.json");
+  auto r = run_lilac("bench --model " + demo() +
+                     " --device cpu --lengths 32 --rounds 1 --concurrency 2 --prompt-tokens 16 "
+                     "--decode 4 --json " +
+                     out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream in(out);
+  nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["results"].size(), 1u);
+  EXPECT_EQ(j["concurrency_results"].size(), 1u);
+  auto bad = run_lilac("bench --model " + demo() + " --device cpu --concurrency 2,x");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_THAT(bad.output, HasSubstr("--concurrency: 'x' is not a positive integer"));
+}
+
+TEST(CliServe, ParallelAndSyntheticRefusals) {
+  auto r = run_lilac("serve --model " + demo() + " --device cpu --port 0 --parallel=-2");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.output, HasSubstr("--parallel -2 must be at least 1"));
+  auto s = run_lilac("serve --synthetic --device cpu --port 0");
+  EXPECT_NE(s.status, 0);
+  EXPECT_THAT(s.output, HasSubstr("--synthetic needs the cuda device"));
+  auto t = run_lilac("serve --synthetic --model " + demo() + " --port 0");
+  EXPECT_NE(t.status, 0);
+  EXPECT_THAT(t.output, HasSubstr("no --model or --scripted with it"));
+}
+
+}  // namespace
+}  // namespace lilac::test
