@@ -212,7 +212,21 @@ GenerationResult Engine::run(Job& job) {
   const auto decode_start = Clock::now();
   auto last_token_at = decode_start;
   res.finish = FinishReason::Length;
+  // Thinking budget: reasoning tokens counted until think_end_id; at the budget the think_close
+  // ids replace the sampled ones (forced counts how many were fed).
+  bool thinking = rq.starts_in_reasoning && rq.thinking_budget >= 0 && !rq.think_close.empty();
+  int64_t thought = 0;
+  size_t forced = 0;
   for (int64_t n = 1;; ++n) {
+    if (thinking && (forced > 0 || thought >= rq.thinking_budget)) {
+      next.token = rq.think_close[forced++];
+      next.logprob = 0;
+      next.top.clear();
+      if (forced == rq.think_close.size()) thinking = false;
+    } else if (thinking) {
+      if (next.token == rq.think_end_id) thinking = false;
+      ++thought;
+    }
     const int32_t token = next.token;
     res.tokens.push_back(token);
     metrics_.generated_tokens_total++;

@@ -55,6 +55,14 @@ struct GenerationRequest {
   // e.g. where the last message starts: a later turn of the same conversation re-renders the
   // answer differently (reasoning dropped) but still agrees with the prompt up to there.
   std::vector<size_t> snapshot_at;
+  // Thinking budget: with thinking_budget >= 0 and starts_in_reasoning (the prompt ends inside
+  // <think>), once that many tokens were generated without think_end_id, sampling stops and the
+  // think_close ids ("</think>\n\n" tokenized) are fed one per step as if sampled (each a
+  // normal token event, counted in max_tokens); then sampling resumes for the answer.
+  int64_t thinking_budget = -1;
+  int32_t think_end_id = -1;
+  std::vector<int32_t> think_close;
+  bool starts_in_reasoning = false;
   // Called on the engine thread for every token; return false to cancel.
   std::function<bool(const TokenEvent&)> on_token;
   // Set from any thread (client gone, server stopping): the request stops within a step.
