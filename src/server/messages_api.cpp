@@ -456,6 +456,9 @@ void anthropic_errors(httplib::Response& res, Fn fn) {
     send_json(res, e.status, anthropic_error_body(e.status, e.what()));
   } catch (const Error& e) {
     send_json(res, 400, anthropic_error_body(400, e.what()));
+  } catch (const std::exception& e) {
+    Log::error("internal error", {{"path", "/v1/messages"}, {"error", e.what()}});
+    send_json(res, 500, anthropic_error_body(500, std::string("internal error: ") + e.what()));
   }
 }
 

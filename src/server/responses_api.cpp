@@ -19,6 +19,12 @@ bool present(const json& j, const char* key) {
   return j.contains(key) && !j[key].is_null();
 }
 
+// j[key] when j is an object and it is a string, else `otherwise` (never throws).
+std::string string_or(const json& j, const char* key, const std::string& otherwise) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return otherwise;
+  return j[key].get<std::string>();
+}
+
 // Text of a message's content: a string, or parts input_text / output_text / text / refusal.
 std::string content_text(const json& content, const std::string& where) {
   if (content.is_string()) return content.get<std::string>();
@@ -166,7 +172,9 @@ Converted convert(const json& b) {
       const json& t = b["tools"][i];
       const std::string w = fmt::format("tools[{}]", i);
       if (!t.is_object()) bad_field(w, "'{}' must be an object", w);
-      const std::string type = t.value("type", std::string("function"));
+      if (t.contains("type") && !t["type"].is_string())
+        bad_field(w + ".type", "'{}.type' must be a string", w);
+      const std::string type = string_or(t, "type", "function");
       if (type != "function") {
         Log::warn("/v1/responses: tool type '" + type + "' is not supported; ignored",
                   {{"tool", t.value("name", json())}});
@@ -186,7 +194,7 @@ Converted convert(const json& b) {
     r.echo["tool_choice"] = tc;
     if (tc.is_string()) {
       c["tool_choice"] = tc;
-    } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("name")) {
+    } else if (string_or(tc, "type", "") == "function" && tc.contains("name")) {
       c["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
     } else {
       Log::warn("/v1/responses: tool_choice " + tc.dump() + " is not supported; using auto");
@@ -207,8 +215,8 @@ Converted convert(const json& b) {
     r.echo["reasoning"] = rs;
   }
   if (present(b, "text") && b["text"].is_object() && present(b["text"], "format") &&
-      b["text"]["format"].value("type", "text") != "text")
-    Log::warn("/v1/responses: text.format " + b["text"]["format"].value("type", "") +
+      string_or(b["text"]["format"], "type", "text") != "text")
+    Log::warn("/v1/responses: text.format " + string_or(b["text"]["format"], "type", "?") +
               " is not enforced; the answer is free text");
   for (const char* key : {"instructions", "metadata", "max_output_tokens"})
     r.echo[key] = present(b, key) ? b[key] : json(nullptr);

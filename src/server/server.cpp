@@ -158,8 +158,13 @@ Server::Server(ServerOptions options)
     }
     if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (s.draining) {
-      send_error(res,
-                 ApiError(503, "the server is shutting down", "server_error", "", "shutting_down"));
+      const ApiError e(503, "the server is shutting down", "server_error", "", "shutting_down");
+      if (is_anthropic_path(req.path)) {
+        res.set_header("Retry-After", "1");
+        send_json(res, 503, anthropic_error_body(503, e.what()));
+      } else {
+        send_error(res, e);
+      }
       return httplib::Server::HandlerResponse::Handled;
     }
     if (!options_.api_key.empty()) {

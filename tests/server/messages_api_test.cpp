@@ -221,8 +221,10 @@ TEST(MessagesApi, ErrorsInAnthropicShapeAndApiKeys) {
       400, "invalid_request_error", "nope");
   expect_error(ts.client().Post("/v1/messages/nothing", key, "{}", "application/json"), 404,
                "not_found_error", "no route");
-  // The server still serves.
+  // The server still serves; once draining, 503 in Anthropic's shape.
   EXPECT_EQ(ts.post("/v1/messages", body("hi"), key)->status, 200);
+  ts.srv->drain();
+  expect_error(ts.post("/v1/messages", body("hi"), key), 503, "overloaded_error", "shutting down");
 }
 
 TEST(MessagesApi, ThinkingBudgetStopSequencesAndUndeclaredCalls) {

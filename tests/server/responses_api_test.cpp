@@ -3,6 +3,8 @@
 // function calls and their outputs in the input, reasoning effort, and the clear 400s.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "server/agent_api.h"
 #include "server_fixture.h"
 
@@ -202,6 +204,77 @@ TEST(ResponsesApi, EffortBudgets) {
   EXPECT_EQ(effort_budget("high", "f"), 24576);
   EXPECT_EQ(effort_budget("xhigh", "f"), -1);
   EXPECT_THROW(effort_budget("huge", "f"), server::ApiError);
+}
+
+// Every field of a valid body (and of its nested objects) replaced by values of every JSON
+// type: the answer is 200 or a 4xx, never a 5xx, and the server keeps serving.
+void replace_everywhere(const json& j, const std::function<void(const json&)>& each) {
+  const json odd[] = {nullptr,
+                      1,
+                      -5,
+                      2.5,
+                      "x",
+                      "",
+                      true,
+                      json::array(),
+                      json::object(),
+                      json::array({1, "a", nullptr}),
+                      json{{"type", "image"}}};
+  std::function<void(const json&, const json::json_pointer&)> walk =
+      [&](const json& node, const json::json_pointer& at) {
+        if (node.is_object())
+          for (auto& [k, v] : node.items()) walk(v, at / k);
+        if (node.is_array())
+          for (size_t i = 0; i < node.size(); ++i) walk(node[i], at / i);
+        if (at.empty()) return;
+        for (const auto& o : odd) {
+          json copy = j;
+          copy[at] = o;
+          each(copy);
+        }
+        json removed = j;
+        json& parent = removed[at.parent_pointer()];
+        if (parent.is_array())
+          parent.erase(std::stoul(at.back()));
+        else
+          parent.erase(at.back());
+        each(removed);
+      };
+  walk(j, json::json_pointer());
+}
+
+TEST(AgentApis, OddBodiesAreNever5xx) {
+  ServerFixtureOptions o;
+  auto tok = Tokenizer::from_model_dir(demo_dir());
+  o.script = {script_text(*tok, "ok")};
+  TestServer ts(std::move(o));
+  const json messages = json::parse(R"({"model": "m", "max_tokens": 5, "system": [{"type": "text",
+    "text": "s"}], "thinking": {"type": "enabled", "budget_tokens": 2}, "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}, "output_config": {"effort": "low"},
+    "tools": [{"name": "f", "input_schema": {"type": "object"}}], "stop_sequences": ["z"],
+    "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type":
+    "tool_use", "id": "t", "name": "f", "input": {}}]}, {"role": "user", "content": [{"type":
+    "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "r"}]}]}]})");
+  const json responses = json::parse(R"({"model": "m", "max_output_tokens": 5, "instructions": "i",
+    "reasoning": {"effort": "low"}, "tool_choice": {"type": "function", "name": "f"}, "text":
+    {"format": {"type": "text"}}, "tools": [{"type": "function", "name": "f",
+    "parameters": {"type": "object"}}], "input": [{"role": "user", "content": [{"type": "input_text",
+    "text": "hi"}]}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "c", "output": "r"}]})");
+  int sent = 0;
+  for (const auto& [path, valid] :
+       {std::pair{"/v1/messages", messages}, std::pair{"/v1/messages/count_tokens", messages},
+        std::pair{"/v1/responses", responses}}) {
+    auto ok = ts.post(path, valid);
+    ASSERT_EQ(ok->status, 200) << path << " " << ok->body;
+    replace_everywhere(valid, [&](const json& b) {
+      auto r = ts.post(path, b);
+      ASSERT_TRUE(r) << b.dump();
+      EXPECT_LT(r->status, 500) << path << " " << b.dump() << " -> " << r->body;
+      ++sent;
+    });
+  }
+  EXPECT_GT(sent, 500);
+  EXPECT_EQ(ts.post("/v1/responses", responses)->status, 200);
 }
 
 }  // namespace
