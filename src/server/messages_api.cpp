@@ -3,6 +3,7 @@
 // parse_chat_request; the answer is written as Anthropic content blocks (thinking, text,
 // tool_use) or as its SSE event sequence. Errors use Anthropic's shape. See docs/api.md.
 #include <ctime>
+#include <optional>
 
 #include "server/agent_api.h"
 #include "server/log.h"
@@ -193,7 +194,7 @@ json convert_tools(const json& tools) {
 struct MessagesRequest {
   json chat_body = json::object();
   std::vector<std::string> stop;
-  int64_t thinking_budget = -1;
+  std::optional<int64_t> thinking_budget;  // set by the request (else the kwargs decide)
 };
 
 // The Anthropic body -> a chat-completions body (validated afterwards by parse_chat_request).
@@ -485,7 +486,8 @@ void handle_messages(Server::Impl& s, const httplib::Request& req, httplib::Resp
     auto job = std::make_shared<AgentJob>();
     job->model = s.serving();
     MessagesRequest mr = prepare(*job, parse_body(req.body), true);
-    launch_agent_job(s, *job, render_and_encode(*job), mr.thinking_budget);
+    launch_agent_job(s, *job, render_and_encode(*job),
+                     mr.thinking_budget.value_or(chat_thinking_budget(job->chat)));
     respond_agent(res, job, job->stream ? stream_messages : complete_messages);
   });
 }

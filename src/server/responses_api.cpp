@@ -3,6 +3,7 @@
 // parse_chat_request; the answer is a list of output items (reasoning, message, function_call),
 // whole or as the Responses SSE event sequence. See docs/api.md.
 #include <ctime>
+#include <optional>
 
 #include "server/agent_api.h"
 #include "server/log.h"
@@ -51,8 +52,8 @@ std::string content_text(const json& content, const std::string& where) {
 
 struct Converted {
   json chat_body = json::object();
-  int64_t thinking_budget = -1;
-  json echo = json::object();  // request fields the response object repeats
+  std::optional<int64_t> thinking_budget;  // set by the request (else the kwargs decide)
+  json echo = json::object();              // request fields the response object repeats
 };
 
 // The input items -> chat-completions messages. System / developer messages before the first
@@ -432,7 +433,8 @@ void handle_responses(Server::Impl& s, const httplib::Request& req, httplib::Res
                                  job->model.defaults);
   job->stream = job->chat.common.stream;
   job->echo = cv.echo;
-  launch_agent_job(s, *job, render_and_encode(*job), cv.thinking_budget);
+  launch_agent_job(s, *job, render_and_encode(*job),
+                   cv.thinking_budget.value_or(chat_thinking_budget(job->chat)));
   auto body = [job](AgentJob&, httplib::DataSink& sink) {
     return job->stream ? stream_response(*job, sink) : complete_response(*job, sink);
   };

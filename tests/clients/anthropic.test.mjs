@@ -116,3 +116,22 @@ test('thinking budget_tokens cuts the thinking; disabled thinking; count_tokens'
   assert.ok(on.input_tokens > 0);
   assert.ok(off.input_tokens > on.input_tokens, `${off.input_tokens} vs ${on.input_tokens}`);
 });
+
+test('--chat-template-kwargs: server-wide defaults (a thinking budget); invalid JSON refused at start', async () => {
+  const file = writeScript([{ text: 'one two three four five six seven eight nine ten\n</think>\n\nDone.' }]);
+  const s = await startServer(['--scripted', file, '--chat-template-kwargs', '{"thinking_budget": 2}']);
+  try {
+    const client = new Anthropic({ baseURL: s.url, apiKey: 'none' });
+    const m = await client.messages.create({ model: 'x', max_tokens: 50, messages: [{ role: 'user', content: 'hi' }] });
+    assert.equal(m.content[0].type, 'thinking');
+    assert.ok('one two'.startsWith(m.content[0].thinking) && m.content[0].thinking.length > 0, m.content[0].thinking);
+    // A request's own budget wins over the default.
+    const own = await client.messages.create({
+      model: 'x', max_tokens: 50, thinking: { type: 'enabled', budget_tokens: 100 }, messages: [{ role: 'user', content: 'hi' }],
+    });
+    assert.equal(own.content[0].thinking, 'one two three four five six seven eight nine ten');
+  } finally {
+    assert.equal((await s.stop()).code, 0, s.stderr());
+  }
+  await assert.rejects(startServer(['--scripted', file, '--chat-template-kwargs', '[1, 2]']), /must be a JSON object/);
+});
