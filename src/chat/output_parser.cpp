@@ -91,7 +91,8 @@ bool json_kind_allowed(const ojson& v, const std::set<std::string>& types) {
 
 // A parameter's text as the JSON value the schema asks for: strings raw; other types parsed as
 // JSON (Python spellings True/False/None accepted, as the Qwen3.5 template renders them), falling
-// back to the raw string; without a schema, JSON when it parses, else the string.
+// back to the raw string when it does not parse or its type is not one the schema allows;
+// without a schema, JSON when it parses, else the string.
 ojson typed_value(const std::string& text, const std::set<std::string>& types) {
   bool only_string = types.count("string") &&
                      std::all_of(types.begin(), types.end(),
@@ -107,8 +108,14 @@ ojson typed_value(const std::string& text, const std::set<std::string>& types) {
     else
       return text;
   }
-  if (types.empty() || !types.count("string") || json_kind_allowed(v, types)) return v;
-  return text;
+  if (types.empty() || json_kind_allowed(v, types)) return v;
+  return text;  // does not fit the schema (e.g. "3.5" for an integer): the raw string
+}
+
+// Characters of a function name as models write them (get_weather, mcp__fs__read, a.b-c).
+bool name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-' || c == '.' || c == ':';
 }
 
 enum class CallStatus { Complete, InsideValue, Malformed };
@@ -129,13 +136,19 @@ struct OutputParser::Impl {
   std::string buf;             // text not released yet
   size_t call_scan = 0;        // ToolCall: where the search for the next </tool_call> resumes
   std::string ws_before_call;  // whitespace trimmed before <tool_call>: restored if it is no call
+  Mode call_from = Mode::Content;  // ToolCall: the mode the call interrupted (and returns to)
+  std::string
+      rejoin_ws;  // reasoning split by a call: the whitespace before it, put back if more follows
+  bool implicit_open = false;  // ToolCall: the call began at <function= (no <tool_call>)
   int next_index = 0;
+  bool tools_declared = false;  // a tool list was given: calls to other names are text
   std::map<std::string, std::map<std::string, std::set<std::string>>>
       schemas;  // tool -> param -> types
 
   Impl(bool in_reasoning, const nlohmann::json& tools)
       : mode(in_reasoning ? Mode::Reasoning : Mode::Content) {
     if (!tools.is_array()) return;
+    tools_declared = true;
     for (const auto& tool : tools) {
       if (!tool.is_object()) continue;
       const nlohmann::json& fn = tool.contains("function") ? tool["function"] : tool;
@@ -150,15 +163,25 @@ struct OutputParser::Impl {
 
   void emit(ParsedDelta& out, std::string_view text) {
     if (text.empty()) return;
-    (mode == Mode::Reasoning ? out.reasoning : out.content).append(text);
+    std::string& dst = mode == Mode::Reasoning ? out.reasoning : out.content;
+    dst.append(rejoin_ws);
+    rejoin_ws.clear();
+    dst.append(text);
     segment_start = false;
   }
 
-  // Tool-call text that is not a call: content, verbatim.
+  bool declared(const std::string& name) const {
+    return !tools_declared || schemas.count(name) > 0;
+  }
+
+  // Tool-call text that is not a call: text of the mode the call interrupted, verbatim.
   void emit_raw(ParsedDelta& out, std::string_view text) {
-    mode = Mode::Content;
-    if (!segment_start) out.content.append(ws_before_call);
-    out.content.append(text);
+    mode = call_from;
+    std::string& dst = mode == Mode::Reasoning ? out.reasoning : out.content;
+    dst.append(rejoin_ws);
+    rejoin_ws.clear();
+    if (!segment_start) dst.append(ws_before_call);
+    dst.append(text);
     ws_before_call.clear();
     segment_start = false;
   }
@@ -183,7 +206,7 @@ struct OutputParser::Impl {
       if (!final && starts_with(kThinkOpen, buf)) return false;
       response_start = false;
     }
-    size_t call = buf.find(kCallOpen);
+    size_t call = std::min(buf.find(kCallOpen), buf.find(kFunctionOpen));
     size_t think = mode == Mode::Reasoning ? buf.find(kThinkClose) : std::string::npos;
     if (call != std::string::npos || think != std::string::npos) {
       size_t at = std::min(call, think);
@@ -192,12 +215,15 @@ struct OutputParser::Impl {
       ws_before_call = before.substr(rtrim(before).size());
       if (at == think) {
         buf.erase(0, at + kThinkClose.size());
+        rejoin_ws.clear();
         mode = Mode::Content;
         segment_start = true;
       } else {
         buf.erase(0, at);
+        call_from = mode;
         mode = Mode::ToolCall;
-        call_scan = kCallOpen.size();
+        implicit_open = !starts_with(buf, kCallOpen);
+        call_scan = implicit_open ? 0 : kCallOpen.size();
       }
       return true;
     }
@@ -208,7 +234,7 @@ struct OutputParser::Impl {
     }
     // Release all but what may still become a tag, the whitespace before it (trimmed if a tag
     // follows) and an incomplete UTF-8 character.
-    size_t hold = partial_suffix(buf, kCallOpen);
+    size_t hold = std::max(partial_suffix(buf, kCallOpen), partial_suffix(buf, kFunctionOpen));
     if (mode == Mode::Reasoning) hold = std::max(hold, partial_suffix(buf, kThinkClose));
     size_t cut = buf.size() - hold;
     while (cut > 0 && is_ws(buf[cut - 1])) --cut;
@@ -218,26 +244,56 @@ struct OutputParser::Impl {
     return false;
   }
 
-  // One step inside <tool_call>; buf starts with the tag. False when it needs more text.
-  bool step_call(ParsedDelta& out, bool final) {
-    // Not a call at all (prose that mentions the tag): degrade now rather than at the end.
-    size_t b = skip_ws(buf, kCallOpen.size());
-    if (b < buf.size()) {
-      std::string_view rest = std::string_view(buf).substr(b);
-      bool xml = starts_with(rest, kFunctionOpen) || starts_with(kFunctionOpen, rest);
-      if (!xml && rest[0] != '{') {
-        emit_raw(out, kCallOpen);
-        buf.erase(0, kCallOpen.size());
-        return true;
-      }
+  // Whether `rest` (text after <tool_call> and whitespace, or at <function=) can still be the
+  // start of a call: <function=NAME> with a declared NAME, then <parameter= or </function>; or
+  // (after <tool_call> only) JSON. False as soon as it cannot, so prose that mentions a tag is
+  // released at once instead of at the end of the output.
+  bool may_be_call(std::string_view rest) const {
+    if (!starts_with(rest, kFunctionOpen)) {
+      if (starts_with(kFunctionOpen, rest)) return true;
+      return !implicit_open && rest[0] == '{';
     }
-    for (size_t e = buf.find(kCallClose, call_scan); e != std::string::npos;
-         e = buf.find(kCallClose, e + 1)) {
-      ParsedCall c =
-          parse_call(std::string_view(buf).substr(kCallOpen.size(), e - kCallOpen.size()), true);
-      if (c.status == CallStatus::InsideValue) continue;  // this </tool_call> is part of a value
-      size_t end = e + kCallClose.size();
-      if (c.status == CallStatus::Complete) {
+    size_t i = kFunctionOpen.size();
+    while (i < rest.size() && name_char(rest[i])) ++i;
+    if (i == rest.size()) return true;
+    if (rest[i] != '>' || i == kFunctionOpen.size()) return false;
+    if (!declared(std::string(rest.substr(kFunctionOpen.size(), i - kFunctionOpen.size()))))
+      return false;
+    std::string_view body = rest.substr(skip_ws(rest, i + 1));
+    for (std::string_view tag : {kParamOpen, kFunctionClose})
+      if (starts_with(body, tag) || starts_with(tag, body)) return true;
+    return false;
+  }
+
+  // One step inside a call; buf starts with <tool_call> (or with <function= when the model left
+  // out the opening tag: the call then ends at </function>, and a </tool_call> right after it
+  // belongs to it). False when it needs more text.
+  bool step_call(ParsedDelta& out, bool final) {
+    const size_t open = implicit_open ? 0 : kCallOpen.size();
+    const std::string_view tag = implicit_open ? kFunctionOpen : kCallOpen;
+    size_t b = skip_ws(buf, open);
+    if (b < buf.size() && !may_be_call(std::string_view(buf).substr(b))) {
+      emit_raw(out, tag);
+      buf.erase(0, tag.size());
+      return true;
+    }
+    const std::string_view close = implicit_open ? kFunctionClose : kCallClose;
+    for (size_t e = buf.find(close, call_scan); e != std::string::npos;
+         e = buf.find(close, e + 1)) {
+      const size_t block_end = implicit_open ? e + close.size() : e;
+      ParsedCall c = parse_call(std::string_view(buf).substr(open, block_end - open), true);
+      if (c.status == CallStatus::InsideValue) continue;  // this closing tag is part of a value
+      size_t end = e + close.size();
+      if (implicit_open) {
+        const size_t k = skip_ws(buf, end);
+        std::string_view after = std::string_view(buf).substr(k);
+        if (!final && after.size() < kCallClose.size() && starts_with(kCallClose, after)) {
+          call_scan = e;  // a </tool_call> may follow: wait for it
+          return false;
+        }
+        if (starts_with(after, kCallClose)) end = k + kCallClose.size();
+      }
+      if (c.status == CallStatus::Complete && declared(c.name)) {
         release(out, c);
       } else {
         emit_raw(out, std::string_view(buf).substr(0, end));
@@ -245,11 +301,10 @@ struct OutputParser::Impl {
       buf.erase(0, end);
       return true;
     }
-    call_scan =
-        std::max(kCallOpen.size(), buf.size() - std::min(buf.size(), kCallClose.size() - 1));
+    call_scan = std::max(open, buf.size() - std::min(buf.size(), close.size() - 1));
     if (!final) return false;
-    ParsedCall c = parse_call(std::string_view(buf).substr(kCallOpen.size()), false);
-    if (c.status == CallStatus::Complete)
+    ParsedCall c = parse_call(std::string_view(buf).substr(open), false);
+    if (c.status == CallStatus::Complete && declared(c.name))
       release(out, c);
     else
       emit_raw(out, rtrim(buf));  // the end of the output: trimmed like any content
@@ -258,11 +313,14 @@ struct OutputParser::Impl {
   }
 
   void release(ParsedDelta& out, const ParsedCall& c) {
+    // Reasoning goes on after a call inside it: the text after the call is joined to the text
+    // before it with the whitespace that preceded the call (content drops it, as before).
+    if (call_from == Mode::Reasoning && !segment_start) rejoin_ws = ws_before_call;
     ws_before_call.clear();
     out.tool_calls.emplace_back(
         next_index++, ToolCall{c.name, c.arguments.dump(-1, ' ', false,
                                                         nlohmann::json::error_handler_t::replace)});
-    mode = Mode::Content;
+    mode = call_from;  // a call inside the thinking: the thinking goes on until </think>
     segment_start = true;
   }
 

@@ -6,9 +6,13 @@
 //   [<think>] reasoning </think> content (<tool_call> call </tool_call> content)*
 //   call := <function=NAME> (<parameter=KEY>\nVALUE\n</parameter>)* </function>
 //         | {"name": NAME, "arguments": {...}}          (the JSON form older Qwen models use)
-// Reasoning ends at </think> or at a <tool_call>; without in_reasoning the output may still open
-// with <think>. A tool call whose text is not a call degrades to content, raw; so does one left
-// unclosed at finish() unless its </function> was seen.
+// What models really write is accepted too (docs/api.md, "Tool calls as the model really writes
+// them"): a call inside the reasoning is a call, and the reasoning goes on after it until
+// </think>; a call without its opening <tool_call> (<function=NAME>...</function>, optionally
+// followed by </tool_call>) is a call. Without in_reasoning the output may still open with
+// <think>. A tool call whose text is not a call degrades to text, raw, where it was written
+// (reasoning or content); so does one left unclosed at finish() unless its </function> was seen,
+// and so does a call to a function the tool list does not declare (when a list is given).
 //
 // Whitespace: reasoning and content are trimmed at both ends of each segment (the newlines the
 // template puts around </think> and <tool_call> are not text), so trailing whitespace is held
@@ -42,7 +46,9 @@ struct ParsedDelta {
 class OutputParser {
  public:
   // in_reasoning: the prompt ended inside <think> (thinking on), so output starts as reasoning.
-  // tools: the request's tool list (JSON schemas type the parameter values), may be null/empty.
+  // tools: the request's tool list (JSON schemas type the parameter values; a value that does
+  // not fit its schema keeps the raw string). An array, even empty, declares the callable names:
+  // a call to any other is text. null: any name is a call (no list to check against).
   OutputParser(bool in_reasoning, const nlohmann::json& tools);
   ParsedDelta push(std::string_view text);
   ParsedDelta finish();  // end of generation: release everything held back

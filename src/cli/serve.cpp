@@ -25,6 +25,7 @@ struct ServeOptions {
   std::string model, host = "127.0.0.1", api_key, alias, device = "auto", weights = "auto",
                      log_level = "info";
   std::string scripted, tokenizer;
+  std::string chat_template_kwargs;  // JSON object: defaults for every chat request
   std::vector<std::string> cors;
   int port = 8080, queue = 64, threads = 0, parallel = 0;
   int64_t ctx_size = 0, snapshot_mb = 1024, max_body_mb = 16, step_tokens = 0;
@@ -53,6 +54,12 @@ int run_serve(const ServeOptions& o) {
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
     fail("--device {}: expected cuda, cpu or auto", o.device);
 
+  nlohmann::json template_kwargs = nlohmann::json::object();
+  if (!o.chat_template_kwargs.empty()) {
+    template_kwargs = nlohmann::json::parse(o.chat_template_kwargs, nullptr, false);
+    if (template_kwargs.is_discarded() || !template_kwargs.is_object())
+      fail("--chat-template-kwargs must be a JSON object, e.g. '{{\"preserve_thinking\": true}}'");
+  }
   if (o.synthetic && (!o.model.empty() || !o.scripted.empty()))
     fail("--synthetic serves the random full-size model: no --model or --scripted with it");
   if (!o.synthetic && !o.tokenizer.empty()) fail("--tokenizer goes with --synthetic");
@@ -144,6 +151,7 @@ int run_serve(const ServeOptions& o) {
                 : o.synthetic    ? "synthetic-qwen3.6-35b-a3b"
                                  : default_model_id(choice.dir, choice.demo);
   sm.context_size = lm->engine->options().context_size;
+  sm.chat_template_kwargs = template_kwargs;
   server.set_model(sm);
   waiter->ready = true;
   const std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
@@ -227,6 +235,9 @@ const Command kServe{
           ->capture_default_str();
       app.add_option("--http-threads", o->threads,
                      "HTTP worker threads (default: max(48, queue + 16))");
+      app.add_option("--chat-template-kwargs", o->chat_template_kwargs,
+                     "Default chat_template_kwargs for every chat request, a JSON object (e.g. "
+                     "'{\"preserve_thinking\": true}'); a request's own keys win");
       app.add_option("--scripted", o->scripted,
                      "TEST-ONLY: answers come from a JSON script (see "
                      "src/server/scripted_backend.h), no model runs");

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <ctime>
 
+#include "server/agent_api.h"
 #include "server/generation.h"
 #include "server/log.h"
 #include "server/request.h"
@@ -69,7 +70,8 @@ void check_length(const ServingModel& m, size_t n) {
 }
 
 // Queues the generation; 429 when the queue is full.
-void launch(Server::Impl& s, Job& job, std::vector<int32_t> ids, ParseOptions parse) {
+void launch(Server::Impl& s, Job& job, std::vector<int32_t> ids, ParseOptions parse,
+            int64_t thinking_budget = -1) {
   const ServingModel& m = job.model;
   check_length(m, ids.size());
   GenerationRequest rq;
@@ -79,6 +81,7 @@ void launch(Server::Impl& s, Job& job, std::vector<int32_t> ids, ParseOptions pa
   if (!job.common.ignore_eos) rq.stop_ids = m.tokenizer->eos_ids();
   rq.stop_strings = job.common.stop;
   if (size_t at = last_turn_start(ids, *m.tokenizer); at > 0) rq.snapshot_at.push_back(at);
+  apply_thinking_budget(rq, *m.tokenizer, thinking_budget, parse.in_reasoning);
   rq.prompt = std::move(ids);
   try {
     job.gen = std::make_unique<Generation>(*m.engine, std::move(rq), std::move(parse));
@@ -393,7 +396,8 @@ void respond(httplib::Response& res, std::shared_ptr<Job> job,
 }
 
 ChatRequest parse_chat(const ServingModel& m, const httplib::Request& req) {
-  return parse_chat_request(parse_body(req.body), m.defaults);
+  return parse_chat_request(with_default_kwargs(parse_body(req.body), m.chat_template_kwargs),
+                            m.defaults);
 }
 
 std::string render(const ServingModel& m, const ChatRequest& r) {
@@ -421,7 +425,7 @@ void handle_chat(Server::Impl& s, const httplib::Request& req, httplib::Response
   parse.in_reasoning = prompt_opens_reasoning(prompt);
   parse.tools = r.tools;
   parse.max_tool_calls = r.parallel_tool_calls ? -1 : 1;
-  launch(s, *job, encode_prompt(job->model, prompt), std::move(parse));
+  launch(s, *job, encode_prompt(job->model, prompt), std::move(parse), chat_thinking_budget(r));
   respond(res, job, job->common.stream ? stream_chat : complete_chat);
 }
 
@@ -455,7 +459,7 @@ void handle_completions(Server::Impl& s, const httplib::Request& req, httplib::R
 
 void handle_tokenize(Server::Impl& s, const httplib::Request& req, httplib::Response& res) {
   const ServingModel m = s.serving();
-  const json b = parse_body(req.body);
+  const json b = with_default_kwargs(parse_body(req.body), m.chat_template_kwargs);
   std::string text;
   bool parse_special = true;
   if (b.contains("parse_special")) {
@@ -513,7 +517,7 @@ void handle_detokenize(Server::Impl& s, const httplib::Request& req, httplib::Re
 
 void handle_apply_template(Server::Impl& s, const httplib::Request& req, httplib::Response& res) {
   const ServingModel m = s.serving();
-  const json b = parse_body(req.body);
+  const json b = with_default_kwargs(parse_body(req.body), m.chat_template_kwargs);
   ChatRequest r = parse_chat_request(b, m.defaults);
   if (b.contains("add_generation_prompt")) {
     if (!b["add_generation_prompt"].is_boolean())

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 
+#include "server/agent_api.h"
 #include "server/log.h"
 #include "server/server_impl.h"
 
@@ -157,33 +158,47 @@ Server::Server(ServerOptions options)
     }
     if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (s.draining) {
-      send_error(res,
-                 ApiError(503, "the server is shutting down", "server_error", "", "shutting_down"));
+      const ApiError e(503, "the server is shutting down", "server_error", "", "shutting_down");
+      if (is_anthropic_path(req.path)) {
+        res.set_header("Retry-After", "1");
+        send_json(res, 503, anthropic_error_body(503, e.what()));
+      } else {
+        send_error(res, e);
+      }
       return httplib::Server::HandlerResponse::Handled;
     }
     if (!options_.api_key.empty()) {
       const std::string auth = req.get_header_value("Authorization");
       const std::string expected = "Bearer " + options_.api_key;
-      if (!constant_time_equal(auth, expected)) {
-        send_error(res,
-                   ApiError(401,
-                            auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
-                                         : "incorrect API key provided",
-                            "authentication_error", "", "invalid_api_key"));
+      const std::string x_api_key = req.get_header_value("x-api-key");  // Anthropic's header
+      const bool ok = constant_time_equal(auth, expected) ||
+                      (!x_api_key.empty() && constant_time_equal(x_api_key, options_.api_key));
+      if (!ok) {
+        const ApiError e(401,
+                         auth.empty() && x_api_key.empty()
+                             ? "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key'"
+                             : "incorrect API key provided",
+                         "authentication_error", "", "invalid_api_key");
+        if (is_anthropic_path(req.path))
+          send_json(res, 401, anthropic_error_body(401, e.what()));
+        else
+          send_error(res, e);
         return httplib::Server::HandlerResponse::Handled;
       }
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
-  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                     httplib::Response& res) {
-    if (!res.body.empty() || res.status < 400) return httplib::Server::HandlerResponse::Unhandled;
-    send_json(
-        res, res.status,
-        error_body(default_message(res.status, req, options_.max_body), error_type(res.status)));
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  http.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty() || res.status < 400)
+          return httplib::Server::HandlerResponse::Unhandled;
+        const std::string message = default_message(res.status, req, options_.max_body);
+        send_json(res, res.status,
+                  is_anthropic_path(req.path) ? anthropic_error_body(res.status, message)
+                                              : error_body(message, error_type(res.status)));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
 
   http.set_exception_handler(
       [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
@@ -346,6 +361,13 @@ void Server::Impl::routes() {
             [&s](const httplib::Request& q, httplib::Response& r) { handle_chat(s, q, r); });
   http.Post("/v1/completions",
             [&s](const httplib::Request& q, httplib::Response& r) { handle_completions(s, q, r); });
+  http.Post("/v1/messages",
+            [&s](const httplib::Request& q, httplib::Response& r) { handle_messages(s, q, r); });
+  http.Post("/v1/messages/count_tokens", [&s](const httplib::Request& q, httplib::Response& r) {
+    handle_count_tokens(s, q, r);
+  });
+  http.Post("/v1/responses",
+            [&s](const httplib::Request& q, httplib::Response& r) { handle_responses(s, q, r); });
   http.Post("/tokenize",
             [&s](const httplib::Request& q, httplib::Response& r) { handle_tokenize(s, q, r); });
   http.Post("/detokenize",

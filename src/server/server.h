@@ -2,6 +2,7 @@
 // /v1/models, /health, /metrics, /tokenize, /detokenize, /apply-template. See docs/api.md.
 // It listens before the model is ready (/health says 503 "loading" meanwhile), refuses new work
 // with 503 while shutting down, and never lets one request's failure affect the next.
+// The agent APIs, /v1/messages (Anthropic) and /v1/responses, are in server/agent_api.h.
 #pragma once
 
 #include <atomic>
@@ -42,6 +43,8 @@ struct ServingModel {
   SamplingParams defaults;
   std::string model_id;  // the `model` the API reports
   int64_t context_size = 0;
+  // Server-wide chat_template_kwargs defaults (--chat-template-kwargs); a request's keys win.
+  nlohmann::json chat_template_kwargs = nlohmann::json::object();
 };
 
 class Server {

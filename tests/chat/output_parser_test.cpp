@@ -16,7 +16,9 @@ const json kTools = json::parse(R"([
     "detailed": {"type": "boolean"}, "filters": {"type": "object"}, "hours": {"type": "array"},
     "note": {"type": ["string", "null"]}, "either": {"anyOf": [{"type": "integer"}, {"type": "string"}]}}}}},
   {"type": "function", "function": {"name": "write_file", "parameters": {"type": "object", "properties": {
-    "path": {"type": "string"}, "content": {"type": "string"}}}}}
+    "path": {"type": "string"}, "content": {"type": "string"}}}}},
+  {"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}},
+  {"type": "function", "function": {"name": "x"}}
 ])");
 
 struct Result {
@@ -204,7 +206,14 @@ TEST(OutputParser, ValuesAreTypedByTheSchema) {
   // Unknown parameter or tool: JSON when it parses, else the string.
   EXPECT_EQ(args("get_weather", p("extra", "[1]") + p("other", "x y")),
             R"({"extra":[1],"other":"x y"})");
-  EXPECT_EQ(args("unknown_tool", p("n", "12") + p("s", "hello")), R"({"n":12,"s":"hello"})");
+  Result untyped = parse_all("</think><tool_call>\n<function=any_tool>\n" + p("n", "12") +
+                                 p("s", "hello") + "</function>\n</tool_call>",
+                             true, json());  // no tool list: any name is a call, values untyped
+  ASSERT_EQ(untyped.calls.size(), 1u);
+  EXPECT_EQ(untyped.calls[0].second.arguments, R"({"n":12,"s":"hello"})");
+  // A value that does not fit its schema keeps the raw string.
+  EXPECT_EQ(args("get_weather", p("days", "3.5") + p("detailed", "yes") + p("hours", "{}")),
+            R"({"days":"3.5","detailed":"yes","hours":"{}"})");
   // Parameter order is kept; values may hold newlines, code and angle brackets.
   EXPECT_EQ(args("write_file", p("path", "b") + p("content", "<div>\n  a</parameter>b\n</div>")),
             R"({"path":"b","content":"<div>\n  a</parameter>b\n</div>"})");
@@ -375,6 +384,138 @@ TEST(OutputParser, RandomTagSoupIsChunkingIndependent) {
     }
     expect_same(parse_chunks(chunks, reasoning), whole, s);
   }
+}
+
+const std::string kWeatherCall =
+    "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n"
+    "</parameter>\n</function>";
+
+// Every chunking (whole, byte by byte, a few random ones) gives `whole`'s result.
+void expect_chunking_independent(const std::string& s, bool in_reasoning, const Result& whole) {
+  expect_same(parse_chunks(bytes_of(s), in_reasoning), whole, "byte by byte: " + s);
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<std::string> chunks;
+    for (size_t i = 0; i < s.size();) {
+      size_t n = std::min<size_t>(s.size() - i, 1 + rng() % 9);
+      chunks.push_back(s.substr(i, n));
+      i += n;
+    }
+    expect_same(parse_chunks(chunks, in_reasoning), whole, "random chunks: " + s);
+  }
+}
+
+TEST(OutputParser, CallInsideTheThinkingIsACallAndNothingLeaks) {
+  // The model calls a tool before closing its thinking, then closes it: nothing is content.
+  const std::string s = "I need the weather.\n<tool_call>\n" + kWeatherCall +
+                        "\n</tool_call>\nWaiting for it.\n</think>\n\n";
+  Result r = parse_all(s);
+  EXPECT_EQ(r.reasoning, "I need the weather.\nWaiting for it.");
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].second.name, "get_weather");
+  EXPECT_EQ(r.calls[0].second.arguments, R"({"city":"Paris","days":2})");
+  expect_chunking_independent(s, true, r);
+  // An answer after the thinking is content; the call then eos is fine too.
+  Result answered =
+      parse_all("Hm.\n<tool_call>\n" + kWeatherCall + "\n</tool_call>\n</think>\n\nOK.");
+  EXPECT_EQ(answered.reasoning, "Hm.");
+  EXPECT_EQ(answered.content, "OK.");
+  EXPECT_EQ(answered.calls.size(), 1u);
+  // Two calls inside the thinking, no </think> at all.
+  Result two = parse_all("<tool_call>\n" + kWeatherCall + "\n</tool_call>\n<tool_call>\n" +
+                         kWeatherCall + "\n</tool_call>");
+  EXPECT_EQ(two.calls.size(), 2u);
+  EXPECT_EQ(two.reasoning, "");
+  EXPECT_EQ(two.content, "");
+}
+
+TEST(OutputParser, CallMissingItsOpeningTagIsRecovered) {
+  const std::string s = "Checking.\n</think>\n\nOne moment.\n" + kWeatherCall + "\n</tool_call>\n";
+  Result r = parse_all(s);
+  EXPECT_EQ(r.reasoning, "Checking.");
+  EXPECT_EQ(r.content, "One moment.");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].second.arguments, R"({"city":"Paris","days":2})");
+  expect_chunking_independent(s, true, r);
+  // Without </tool_call> either, twice in a row, and inside the thinking.
+  Result bare = parse_all("</think>" + kWeatherCall + "\n" + kWeatherCall + "\nDone.");
+  EXPECT_EQ(bare.calls.size(), 2u);
+  EXPECT_EQ(bare.content, "Done.");
+  expect_chunking_independent("</think>" + kWeatherCall + "\n" + kWeatherCall + "\nDone.", true,
+                              bare);
+  Result thinking = parse_all("Let me call.\n" + kWeatherCall + "\n</tool_call>");
+  EXPECT_EQ(thinking.reasoning, "Let me call.");
+  EXPECT_EQ(thinking.calls.size(), 1u);
+  // Prose that mentions the tag is text, released without waiting for the end.
+  OutputParser p(false, kTools);
+  EXPECT_EQ(p.push("Write <function=get_weather> like this").content,
+            "Write <function=get_weather> like this");
+  EXPECT_EQ(p.push(" or <function=a b>").content, " or <function=a b>");
+  // Truncated: raw text.
+  Result cut = parse_all("</think>" + kWeatherCall.substr(0, 40));
+  EXPECT_EQ(cut.content, "<function=get_weather>\n<parameter=city>");  // trimmed, as content is
+  EXPECT_TRUE(cut.calls.empty());
+}
+
+TEST(OutputParser, CallToAnUndeclaredFunctionIsText) {
+  const std::string call =
+      "<tool_call>\n<function=delete_everything>\n<parameter=path>\n/\n</parameter>\n</function>\n"
+      "</tool_call>";
+  Result r = parse_all("</think>Sure.\n" + call + "\nDone.");
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, "Sure.\n" + call + "\nDone.");
+  expect_chunking_independent("</think>Sure.\n" + call + "\nDone.", true, r);
+  // The JSON form, the form without <tool_call>, and inside the thinking (stays reasoning).
+  Result j = parse_all("</think><tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call>");
+  EXPECT_TRUE(j.calls.empty());
+  EXPECT_EQ(j.content, "<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call>");
+  Result bare = parse_all("</think><function=nope>\n</function>");
+  EXPECT_TRUE(bare.calls.empty());
+  EXPECT_EQ(bare.content, "<function=nope>\n</function>");
+  Result in_thinking = parse_all("Hm " + call + " ok</think>Answer");
+  EXPECT_TRUE(in_thinking.calls.empty());
+  EXPECT_EQ(in_thinking.reasoning, "Hm " + call + " ok");
+  EXPECT_EQ(in_thinking.content, "Answer");
+  // With an empty tool list (tool_choice none) every call is text.
+  Result none =
+      parse_all("</think><tool_call>\n" + kWeatherCall + "\n</tool_call>", true, json::array());
+  EXPECT_TRUE(none.calls.empty());
+  EXPECT_EQ(none.content, "<tool_call>\n" + kWeatherCall + "\n</tool_call>");
+}
+
+TEST(OutputParser, ThinkingCutByTheBudget) {
+  // The engine feeds "</think>\n\n" in the middle of a word when the budget is spent; the tokens
+  // arrive one by one.
+  OutputParser p(true, kTools);
+  Result r;
+  for (const char* t : {"Let", " me", " thi", "</think>", "\n\n", "The", " answer", "."})
+    add(r, p.push(t));
+  add(r, p.finish());
+  EXPECT_EQ(r.reasoning, "Let me thi");
+  EXPECT_EQ(r.content, "The answer.");
+  // Cut right after a call inside the thinking.
+  Result c = parse_all("<tool_call>\n" + kWeatherCall + "\n</tool_call></think>\n\nAfter.");
+  EXPECT_EQ(c.calls.size(), 1u);
+  EXPECT_EQ(c.content, "After.");
+}
+
+TEST(OutputParser, CallSplitAcrossManyTokensIsReleasedOnceWhole) {
+  const std::string s = "</think>\n\n<tool_call>\n" + kWeatherCall + "\n</tool_call>";
+  OutputParser p(true, kTools);
+  size_t released_at = 0, pushed = 0;
+  std::vector<std::pair<int, ToolCall>> calls;
+  for (size_t i = 0; i < s.size(); i += 2) {
+    ParsedDelta d = p.push(s.substr(i, 2));
+    pushed += std::min<size_t>(2, s.size() - i);
+    EXPECT_EQ(d.content, "");
+    if (!d.tool_calls.empty()) released_at = pushed;
+    for (auto& c : d.tool_calls) calls.push_back(c);
+  }
+  EXPECT_TRUE(p.finish().empty());
+  EXPECT_EQ(released_at, s.size());
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].second.arguments, R"({"city":"Paris","days":2})");
 }
 
 }  // namespace

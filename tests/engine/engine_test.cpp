@@ -174,7 +174,11 @@ struct Scripted {
     backend = std::make_unique<server::ScriptedBackend>(cfg, *tok,
                                                         std::vector<server::ScriptedResponse>{r});
     backend->set_step_delay(delay);
+    script_ids = r.ids;
   }
+  std::vector<int32_t> script_ids;
+  // The id the script samples at index i (it repeats its last id once it runs out).
+  int32_t scripted_at(size_t i) const { return script_ids[std::min(i, script_ids.size() - 1)]; }
 };
 
 TEST(Engine, QueueFullThrowsAndQueuedRequestsRun) {
@@ -245,6 +249,41 @@ TEST(Engine, CancelMidDecode) {
   EXPECT_EQ(f3.get().finish, FinishReason::Cancelled);
   EXPECT_EQ(f4.get().finish, FinishReason::Cancelled);
   EXPECT_THROW(e.submit(GenerationRequest{}), Error);
+}
+
+TEST(Engine, ThinkingBudgetClosesTheThinkingAndTheAnswerFollows) {
+  // The script thinks forever (no eos); a budget of 6 tokens cuts it.
+  Scripted s(0);
+  Engine e(*s.backend, *s.tok, EngineOptions{});
+  const auto close = s.tok->encode("</think>\n\n", true);
+  ASSERT_GE(close.size(), 2u);
+  auto run = [&](int64_t budget, bool in_reasoning, int32_t end_id) {
+    GenerationRequest r;
+    r.prompt = s.tok->encode("hello", true);
+    r.max_tokens = 20;
+    r.thinking_budget = budget;
+    r.think_end_id = end_id;
+    r.think_close = close;
+    r.starts_in_reasoning = in_reasoning;
+    return e.submit(std::move(r)).get();
+  };
+  const int32_t end_id = close[0];
+  GenerationResult cut = run(6, true, end_id);
+  ASSERT_EQ(cut.tokens.size(), 20u);  // the forced ids count in max_tokens
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(cut.tokens[i], s.scripted_at(i)) << i;
+  for (size_t i = 0; i < close.size(); ++i) EXPECT_EQ(cut.tokens[6 + i], close[i]) << i;
+  // Then sampling resumes (the script goes on where its index is).
+  EXPECT_EQ(cut.tokens[6 + close.size()], s.scripted_at(6 + close.size()));
+  const size_t at = cut.text.find("</think>\n\n");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(cut.text.substr(0, at),
+            s.tok->decode(std::vector<int32_t>(cut.tokens.begin(), cut.tokens.begin() + 6)));
+  // Budget 0: the thinking closes at once.
+  GenerationResult none = run(0, true, end_id);
+  EXPECT_EQ(std::vector<int32_t>(none.tokens.begin(), none.tokens.begin() + close.size()), close);
+  // No budget, or a prompt not in reasoning: nothing forced.
+  for (GenerationResult r : {run(-1, true, end_id), run(6, false, end_id)})
+    for (size_t i = 0; i < r.tokens.size(); ++i) EXPECT_EQ(r.tokens[i], s.scripted_at(i)) << i;
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ struct ServerFixtureOptions {
   EngineOptions engine;
   double step_delay = 0;
   bool warm_up = true;
+  nlohmann::json chat_template_kwargs = nlohmann::json::object();  // --chat-template-kwargs
 };
 
 class TestServer {
@@ -47,6 +48,7 @@ class TestServer {
     srv = std::make_unique<server::Server>(o.http);
     srv->bind();
     srv->start();
+    template_kwargs = o.chat_template_kwargs;
     if (o.warm_up) ready();
   }
   void ready() {
@@ -58,6 +60,7 @@ class TestServer {
     m.model_id = "test-model";
     m.context_size = engine->options().context_size;
     m.defaults.temperature = 0;
+    m.chat_template_kwargs = template_kwargs;
     srv->set_model(m);
   }
   ~TestServer() {
@@ -77,6 +80,7 @@ class TestServer {
     return client().Post(path.c_str(), body, "application/json");
   }
 
+  nlohmann::json template_kwargs;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatTemplate> chat_template;
   ModelConfig config;
@@ -91,6 +95,23 @@ inline server::ScriptedResponse script_text(const Tokenizer& tok, const std::str
   r.ids = tok.encode(text, true);
   r.match = match;
   return r;
+}
+
+// The named events of an SSE body ("event: NAME\ndata: JSON"), in order: {name, data}.
+inline std::vector<std::pair<std::string, nlohmann::json>> named_events(const std::string& body) {
+  std::vector<std::pair<std::string, nlohmann::json>> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (ev.rfind("event: ", 0) != 0) continue;
+    const size_t nl = ev.find('\n');
+    if (nl == std::string::npos || ev.compare(nl + 1, 6, "data: ") != 0) continue;
+    out.emplace_back(ev.substr(7, nl - 7), nlohmann::json::parse(ev.substr(nl + 7)));
+  }
+  return out;
 }
 
 // The `data: ...` events of an SSE body, in order ("[DONE]" kept as a string).
