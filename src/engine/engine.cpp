@@ -202,7 +202,16 @@ GenerationResult Engine::run(Job& job) {
     res.finish = FinishReason::Cancelled;
     return res;
   }
-  StepResult next = backend_.step(*st, std::span(prompt).subspan(pos), 0);
+  // Sampling steps go through step_batch with one item, which carries the request's constraint.
+  auto step = [&](std::span<const int32_t> ids, uint64_t sample_index) {
+    BatchItem item;
+    item.state = st.get();
+    item.ids = ids;
+    item.sample_index = sample_index;
+    item.constraint = rq.constraint.get();
+    return std::move(backend_.step_batch(std::span<const BatchItem>(&item, 1))[0]);
+  };
+  StepResult next = step(std::span(prompt).subspan(pos), 0);
   res.prefill_s = seconds_since(start);
   metrics_.time_to_first_token.observe(res.prefill_s);
   cache_.store(*st, prompt);  // the snapshot "after the prompt"
@@ -215,6 +224,7 @@ GenerationResult Engine::run(Job& job) {
   for (int64_t n = 1;; ++n) {
     const int32_t token = next.token;
     res.tokens.push_back(token);
+    if (rq.constraint) rq.constraint->accept(token);
     metrics_.generated_tokens_total++;
     const bool stop_id =
         std::find(rq.stop_ids.begin(), rq.stop_ids.end(), token) != rq.stop_ids.end();
@@ -234,7 +244,7 @@ GenerationResult Engine::run(Job& job) {
       break;
     }
     if (n >= rq.max_tokens || st->position() + 1 >= options_.context_size) break;
-    next = backend_.step(*st, std::span<const int32_t>(&token, 1), uint64_t(n));
+    next = step(std::span<const int32_t>(&token, 1), uint64_t(n));
     const auto now = Clock::now();
     metrics_.time_per_output_token.observe(
         std::chrono::duration<double>(now - last_token_at).count());

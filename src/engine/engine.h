@@ -55,6 +55,9 @@ struct GenerationRequest {
   // e.g. where the last message starts: a later turn of the same conversation re-renders the
   // answer differently (reasoning dropped) but still agrees with the prompt up to there.
   std::vector<size_t> snapshot_at;
+  // Structured output: limits every sampled token (null: none); the engine calls accept() with
+  // each token the sequence takes.
+  std::shared_ptr<TokenConstraint> constraint;
   // Called on the engine thread for every token; return false to cancel.
   std::function<bool(const TokenEvent&)> on_token;
   // Set from any thread (client gone, server stopping): the request stops within a step.
