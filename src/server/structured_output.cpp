@@ -158,13 +158,21 @@ std::string tool_call_grammar(const json& tools, bool parallel) {
 std::shared_ptr<TokenConstraint> grammar_constraint(const std::string& gbnf, const Tokenizer& tok,
                                                     bool open_after_think) {
   int32_t open_after = -1;
+  std::string text = gbnf;
   if (open_after_think) {
     auto id = tok.token_id("</think>");
     if (id) open_after = *id;
+    // After </think> the model writes a blank line before its answer (as the template renders
+    // it): up to two newlines may come first. The start rule is the first line (GbnfBuilder).
+    const std::string head = "root ::= ";
+    const size_t eol = text.find('\n');
+    if (id && text.rfind(head, 0) == 0 && eol != std::string::npos)
+      text = head + "[\\n]{0,2} (" + text.substr(head.size(), eol - head.size()) + ")" +
+             text.substr(eol);
   }
   std::shared_ptr<grammar::GrammarIndex> index;
   try {
-    index = compiled(gbnf, vocabulary(tok));
+    index = compiled(text, vocabulary(tok));
   } catch (const Error& e) {
     throw ApiError(400, std::string("the requested output format cannot be compiled: ") + e.what());
   }

@@ -4,7 +4,9 @@
 
 #include "../grammar/grammar_test.h"
 #include "chat/output_parser.h"
+#include "grammar/json_schema.h"
 #include "server/api_error.h"
+#include "server_fixture.h"
 
 namespace lilac::server {
 namespace {
@@ -79,6 +81,31 @@ TEST(StructuredOutput, ResponseFormatFieldsAndErrors) {
         {{"type", "json_schema"},
          {"json_schema", {{"schema", {{"type", "object"}, {"required", "a"}}}}}}}});
   EXPECT_EQ(s4, 400);  // a keyword of the wrong JSON type
+}
+
+// With thinking on, anything goes until </think>; then a blank line may precede the answer, which
+// must follow the grammar, and only the end of turn may follow a complete answer.
+TEST(StructuredOutput, ThinkingConstraintOpensAfterThinkAndAllowsTheBlankLine) {
+  auto tok = Tokenizer::from_model_dir(test::demo_dir());
+  auto c = grammar_constraint(grammar::json_object_grammar(), *tok, true);
+  const int32_t n = tok->size();
+  std::vector<uint32_t> bits((size_t(n) + 31) / 32);
+  auto allowed = [&](int32_t id) {
+    c->allowed_tokens(bits);
+    return bool(bits[size_t(id) / 32] >> (id % 32) & 1u);
+  };
+  const auto x = tok->encode("x", false);
+  ASSERT_FALSE(x.empty());
+  EXPECT_TRUE(allowed(x[0]));  // reasoning: free
+  for (int32_t id : tok->encode("some reasoning</think>", true)) c->accept(id);
+  EXPECT_FALSE(allowed(x[0]));
+  for (int32_t id : tok->encode("\n\n{\"a\": 1}", false)) {
+    ASSERT_TRUE(allowed(id)) << id;
+    c->accept(id);
+  }
+  const int32_t eos = tok->eos_ids().front();
+  EXPECT_TRUE(allowed(eos));
+  EXPECT_FALSE(allowed(x[0]));
 }
 
 }  // namespace
