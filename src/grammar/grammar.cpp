@@ -12,6 +12,7 @@ namespace {
 
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 constexpr int32_t kMaxRepeat = 100000;
+constexpr int64_t kMaxElements = 2000000;
 
 using Element = Grammar::Element;
 using Kind = Grammar::Kind;
@@ -296,6 +297,11 @@ class Parser {
   }
 
   Sequence repeat(const Sequence& x, int32_t min, int32_t max) {
+    // Nested bounded repetitions multiply: keep the compiled grammar to a sane size.
+    const int64_t copies = int64_t(min) + (max == Grammar::kUnbounded ? 1 : int64_t(max) - min);
+    size_ += copies * int64_t(x.size() + 1);
+    if (size_ > kMaxElements)
+      error(i_, "the grammar is too large (repetitions expand to over 2M elements)");
     Sequence out;
     for (int32_t k = 0; k < min; ++k) out.insert(out.end(), x.begin(), x.end());
     if (max == Grammar::kUnbounded) {
@@ -449,6 +455,7 @@ class Parser {
 
   std::string_view s_;
   size_t i_ = 0;
+  int64_t size_ = 0;  // elements created by repetitions
   Grammar g_;
   std::vector<std::vector<Sequence>> alts_;
   std::vector<bool> defined_;

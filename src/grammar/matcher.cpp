@@ -298,6 +298,7 @@ std::shared_ptr<const GrammarIndex::Entry> GrammarIndex::entry(const std::vector
   }
   e->uncertain = vocab_->sublist(uncertain);
   std::lock_guard lock(mutex_);
+  if (entries_.size() >= kMaxEntries) entries_.clear();  // bounded memory: start over
   return entries_.emplace(std::move(key), std::move(e)).first->second;
 }
 

@@ -69,6 +69,7 @@ struct ParseState {
 class GrammarIndex {
  public:
   static constexpr int kContextDepth = 4;
+  static constexpr size_t kMaxEntries = 4096;  // ~80 MB at most on a 150k vocabulary
   GrammarIndex(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const Vocabulary> vocab);
   const Grammar& grammar() const { return *grammar_; }
   const Vocabulary& vocab() const { return *vocab_; }

@@ -81,6 +81,7 @@ TEST(GrammarParse, ErrorsNameTheProblem) {
   EXPECT_NE(message("root ::= \"a").find("unterminated literal"), std::string::npos);
   EXPECT_NE(message("root ::= [b-a]").find("line 1"), std::string::npos);
   EXPECT_NE(message("root ::= \"a\"\nroot ::= \"b\"").find("defined twice"), std::string::npos);
+  EXPECT_NE(message("root ::= ((\"ab\"){1000}){1000}").find("too large"), std::string::npos);
 }
 
 TEST(GrammarMatcher, EndTokenOnlyWhenComplete) {
