@@ -6,7 +6,7 @@
 //         parser states appear; what the first requests with a new schema pay)
 //   warm: later episodes of the same grammar (the cache shared by requests is filled)
 // Prints p50 / p99 / max per schema, and the one-time costs (vocabulary build, grammar compile).
-// Usage: grammar_mask_bench [episodes=20] [steps=120]
+// Usage: grammar_mask_bench [episodes=20] [steps=120] [context depth=4]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +47,7 @@ struct Case {
 int main(int argc, char** argv) {
   const int episodes = argc > 1 ? std::atoi(argv[1]) : 20;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 120;
+  const int depth = argc > 3 ? std::atoi(argv[3]) : grammar::GrammarIndex::kContextDepth;
   auto t0 = Clock::now();
   TokenizerOptions opt;
   opt.force_qwen35_regex = true;
@@ -116,7 +117,7 @@ int main(int argc, char** argv) {
   for (const auto& c : cases) {
     t0 = Clock::now();
     auto index = std::make_shared<grammar::GrammarIndex>(
-        std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(c.gbnf)), vocab);
+        std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(c.gbnf)), vocab, depth);
     const double compile_ms = ms_since(t0);
     std::vector<double> cold, warm;
     int total = 0;

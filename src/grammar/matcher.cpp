@@ -239,8 +239,10 @@ void walk(const Grammar& g, const Vocabulary& v, const Vocabulary::SortedList& l
 }  // namespace detail
 
 GrammarIndex::GrammarIndex(std::shared_ptr<const Grammar> grammar,
-                           std::shared_ptr<const Vocabulary> vocab)
-    : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
+                           std::shared_ptr<const Vocabulary> vocab, int context_depth)
+    : grammar_(std::move(grammar)),
+      vocab_(std::move(vocab)),
+      context_depth_(std::max(1, context_depth)) {
   horizon_ = int32_t(std::max<size_t>(vocab_->max_token_bytes(), 1));
 }
 
@@ -256,7 +258,7 @@ std::shared_ptr<const GrammarIndex::Entry> GrammarIndex::entry(const std::vector
   std::vector<int64_t> key;
   std::vector<StackNode> chain;
   int32_t at = top;
-  for (int depth = 0; depth < kContextDepth && at >= 0; ++depth) {
+  for (int depth = 0; depth < context_depth_ && at >= 0; ++depth) {
     StackNode n = nodes[size_t(at)];
     key.push_back(n.elem);
     if (depth == 0 && grammar_->elements[size_t(n.elem)].kind == Kind::Run) {

@@ -70,7 +70,10 @@ class GrammarIndex {
  public:
   static constexpr int kContextDepth = 4;
   static constexpr size_t kMaxEntries = 4096;  // ~80 MB at most on a 150k vocabulary
-  GrammarIndex(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const Vocabulary> vocab);
+  // `context_depth`: the stack nodes a cached split looks at (kContextDepth; the benchmark varies
+  // it): deeper means fewer uncertain tokens to walk per step but more distinct contexts to cache.
+  GrammarIndex(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const Vocabulary> vocab,
+               int context_depth = kContextDepth);
   const Grammar& grammar() const { return *grammar_; }
   const Vocabulary& vocab() const { return *vocab_; }
 
@@ -87,6 +90,7 @@ class GrammarIndex {
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const Vocabulary> vocab_;
   int32_t horizon_ = 0;  // a token has at most this many bytes (so characters)
+  int context_depth_ = kContextDepth;
   mutable std::mutex mutex_;
   std::map<std::vector<int64_t>, std::shared_ptr<const Entry>> entries_;
 };
