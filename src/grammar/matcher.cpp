@@ -33,6 +33,12 @@ Vocabulary::SortedList Vocabulary::sublist(const std::vector<int32_t>& ids_in_or
   SortedList out;
   out.ids = ids_in_order;
   out.lcp.resize(out.ids.size(), 0);
+  out.offset.reserve(out.ids.size() + 1);
+  out.offset.push_back(0);
+  for (int32_t id : out.ids) {
+    out.flat += bytes_[size_t(id)];
+    out.offset.push_back(uint32_t(out.flat.size()));
+  }
   for (size_t i = 1; i < out.ids.size(); ++i) {
     const std::string& a = bytes_[size_t(out.ids[i - 1])];
     const std::string& b = bytes_[size_t(out.ids[i])];
@@ -202,7 +208,7 @@ void walk(const Grammar& g, const Vocabulary& v, const Vocabulary::SortedList& l
   const size_t n = list.ids.size();
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = list.ids[i];
-    const std::string& s = v.bytes(id);
+    const std::string_view s = list.bytes(i);
     const size_t d = std::min<size_t>(list.lcp[i], levels - 1);
     if (d + 1 < levels) nodes.resize(mark[d + 1]);
     levels = d + 1;

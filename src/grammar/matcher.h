@@ -21,6 +21,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "grammar/grammar.h"
@@ -38,10 +39,17 @@ class Vocabulary {
   const std::vector<int32_t>& end_tokens() const { return end_tokens_; }
   size_t max_token_bytes() const { return max_len_; }
 
-  // Ids in byte order with lcp[i] = common prefix length of ids[i-1] and ids[i] (lcp[0] = 0).
+  // Ids in byte order with lcp[i] = common prefix length of ids[i-1] and ids[i] (lcp[0] = 0),
+  // and their bytes laid out in that order (token i: flat[offset[i], offset[i + 1])), so a walk
+  // reads memory in sequence instead of chasing one string per token.
   struct SortedList {
     std::vector<int32_t> ids;
     std::vector<uint32_t> lcp;
+    std::string flat;
+    std::vector<uint32_t> offset;
+    std::string_view bytes(size_t i) const {
+      return std::string_view(flat).substr(offset[i], offset[i + 1] - offset[i]);
+    }
   };
   const SortedList& all() const { return all_; }
   SortedList sublist(const std::vector<int32_t>& ids_in_order) const;
