@@ -250,6 +250,7 @@ GrammarIndex::GrammarIndex(std::shared_ptr<const Grammar> grammar,
       vocab_(std::move(vocab)),
       context_depth_(std::max(1, context_depth)) {
   horizon_ = int32_t(std::max<size_t>(vocab_->max_token_bytes(), 1));
+  bucket_ = std::min(kRunBucket, horizon_ / 2);
 }
 
 size_t GrammarIndex::cached_entries() const {
@@ -263,14 +264,22 @@ std::shared_ptr<const GrammarIndex::Entry> GrammarIndex::entry(const std::vector
   // token's reach), and whether the chain ends at the real bottom.
   std::vector<int64_t> key;
   std::vector<StackNode> chain;
+  bool bucketed = false;
   int32_t at = top;
   for (int depth = 0; depth < context_depth_ && at >= 0; ++depth) {
     StackNode n = nodes[size_t(at)];
     key.push_back(n.elem);
     if (depth == 0 && grammar_->elements[size_t(n.elem)].kind == Kind::Run) {
       const Grammar::Run& r = grammar_->runs[size_t(grammar_->elements[size_t(n.elem)].arg)];
-      const int64_t to_max =
-          r.max == Grammar::kUnbounded ? horizon_ : std::min<int64_t>(r.max - n.count, horizon_);
+      // Characters the run may still take: past the longest token it makes no difference; from
+      // bucket_ on, one entry serves every count, its tokens longer than bucket_ bytes (the only
+      // ones a count above bucket_ can limit) left uncertain, so walked with the real count.
+      int64_t to_max = horizon_;
+      if (r.max != Grammar::kUnbounded) {
+        const int64_t left = r.max - n.count;
+        to_max = left >= horizon_ ? horizon_ : left > bucket_ ? -1 : left;
+      }
+      bucketed = to_max == -1;
       key.push_back(to_max);
       key.push_back(std::min<int64_t>(std::max(r.min - n.count, 0), horizon_));
       key.push_back(n.partial);
@@ -298,6 +307,15 @@ std::shared_ptr<const GrammarIndex::Entry> GrammarIndex::entry(const std::vector
                [&](int32_t id, detail::Verdict v) {
                  (v == detail::Verdict::Accept ? accepted : uncertain).push_back(id);
                });
+  if (bucketed) {
+    const auto is_long = [&](int32_t id) { return vocab_->bytes(id).size() > size_t(bucket_); };
+    std::erase_if(accepted, is_long);
+    std::vector<uint8_t> mark(size_t(vocab_->size()), 0);
+    for (int32_t id : uncertain) mark[size_t(id)] = 1;
+    uncertain.clear();
+    for (int32_t id : vocab_->all().ids)  // in byte order, as sublist wants
+      if (mark[size_t(id)] || is_long(id)) uncertain.push_back(id);
+  }
   if (accepted.size() > size_t(vocab_->size()) / 32) {
     e->accepted_bits.assign((size_t(vocab_->size()) + 31) / 32, 0u);
     for (int32_t id : accepted) e->accepted_bits[size_t(id) / 32] |= 1u << (id % 32);

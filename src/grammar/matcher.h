@@ -99,6 +99,9 @@ class GrammarIndex {
   std::shared_ptr<const Vocabulary> vocab_;
   int32_t horizon_ = 0;  // a token has at most this many bytes (so characters)
   int context_depth_ = kContextDepth;
+  // A run with more than this many characters left (and fewer than horizon_) shares one entry.
+  static constexpr int32_t kRunBucket = 24;
+  int32_t bucket_ = kRunBucket;
   mutable std::mutex mutex_;
   std::map<std::vector<int64_t>, std::shared_ptr<const Entry>> entries_;
 };

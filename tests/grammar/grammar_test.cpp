@@ -146,6 +146,22 @@ x ::= [aé😀]{1,4} | "{" x "}")",
   }
 }
 
+// A bounded run at every count: remaining counts past the longest token (clipped), above the
+// shared-entry bucket (its long tokens walked each step), and below it (an entry per count).
+TEST(GrammarMatcher, MaskEqualsBruteForceAtEveryCountOfARun) {
+  auto vocab = test::small_vocab("ab!", {"aaaaaaaa", "abababab", "aaaa!", "aaaaaa!", "a!"});
+  auto idx = test::index_for(R"(root ::= [ab]{0,12} "!")", vocab);
+  Matcher m(idx);
+  for (int count = 0; count <= 12; ++count) {
+    ASSERT_EQ(test::allowed_ids(m), test::brute_force_ids(m)) << "count " << count;
+    if (count < 12) {
+      ASSERT_TRUE(m.accept_bytes("a"));
+    }
+  }
+  ASSERT_TRUE(m.accept_bytes("!"));
+  EXPECT_TRUE(m.complete());
+}
+
 TEST(GrammarConstraint, OpensAfterTheThinkingToken) {
   auto vocab = test::small_vocab("ab", {"</think>"});
   const int32_t think_end = vocab->size() - 2;
