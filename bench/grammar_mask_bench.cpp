@@ -89,6 +89,9 @@ int main(int argc, char** argv) {
       "note": {"anyOf": [{"type": "string", "maxLength": 80}, {"type": "null"}]}
     },
     "required": ["id", "date", "lines", "note"]})");
+  const json article = json::parse(R"({"type": "object", "properties": {
+      "title": {"type": "string", "maxLength": 200}, "body": {"type": "string", "maxLength": 2000},
+      "words": {"type": "integer", "minimum": 0}}, "required": ["title", "body", "words"]})");
   const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"},
       "unit": {"type": "string", "enum": ["c", "f"]}, "days": {"type": "integer", "minimum": 1,
@@ -97,6 +100,7 @@ int main(int argc, char** argv) {
       {"json_object", grammar::json_object_grammar()},
       {"schema:person", grammar::json_schema_grammar(person)},
       {"schema:invoice", grammar::json_schema_grammar(invoice)},
+      {"schema:article", grammar::json_schema_grammar(article)},
       {"tool_call", server::tool_call_grammar(tools, false)},
   };
 
