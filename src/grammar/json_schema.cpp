@@ -486,7 +486,7 @@ std::string SchemaCompiler::number_rule(const json& s, const std::string& path, 
   if (!bounded) {
     const std::string i = "\"-\"? (\"0\" | [1-9] [0-9]{0,14})";
     if (integer) return out_.add("integer", i);
-    return out_.add("number", i + " " + frac + " ([eE] [-+]? [0-9]{1,3})?");
+    return out_.add("number", i + " " + frac + " ([eE] [-+]? [0-9]{1,2})?");
   }
   const auto a = int64_t(lo), b = int64_t(hi);
   std::vector<std::string> alts;

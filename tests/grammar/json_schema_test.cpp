@@ -89,6 +89,7 @@ TEST(JsonSchema, IntegerAndNumberBounds) {
   EXPECT_FALSE(valid(n, "-2.5"));  // rounded inwards: from -2
   EXPECT_FALSE(valid(n, "-3"));
   EXPECT_TRUE(valid({{"type", "number"}}, "-0.5e+10"));
+  EXPECT_FALSE(valid({{"type", "number"}}, "1e999"));  // Infinity as a double
   EXPECT_FALSE(valid({{"type", "number"}}, "1."));
   EXPECT_FALSE(valid({{"type", "number"}}, "1234567890123456"));  // past 15 digits
   EXPECT_EQ(error_of({{"type", "integer"}, {"minimum", 5}, {"maximum", 4}}).find("bounds") !=
