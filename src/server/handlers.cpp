@@ -7,6 +7,7 @@
 #include "server/log.h"
 #include "server/request.h"
 #include "server/server_impl.h"
+#include "server/structured_output.h"
 #include "util/version.h"
 
 namespace lilac::server {
@@ -71,7 +72,7 @@ void check_length(const ServingModel& m, size_t n) {
 
 // Queues the generation; 429 when the queue is full.
 void launch(Server::Impl& s, Job& job, std::vector<int32_t> ids, ParseOptions parse,
-            int64_t thinking_budget = -1) {
+            int64_t thinking_budget = -1, std::shared_ptr<TokenConstraint> constraint = nullptr) {
   const ServingModel& m = job.model;
   check_length(m, ids.size());
   GenerationRequest rq;
@@ -83,6 +84,7 @@ void launch(Server::Impl& s, Job& job, std::vector<int32_t> ids, ParseOptions pa
   if (size_t at = last_turn_start(ids, *m.tokenizer); at > 0) rq.snapshot_at.push_back(at);
   apply_thinking_budget(rq, *m.tokenizer, thinking_budget, parse.in_reasoning);
   rq.prompt = std::move(ids);
+  rq.constraint = std::move(constraint);  // structured output (structured_output.h)
   try {
     job.gen = std::make_unique<Generation>(*m.engine, std::move(rq), std::move(parse));
   } catch (const QueueFull&) {
@@ -425,7 +427,9 @@ void handle_chat(Server::Impl& s, const httplib::Request& req, httplib::Response
   parse.in_reasoning = prompt_opens_reasoning(prompt);
   parse.tools = r.tools;
   parse.max_tool_calls = r.parallel_tool_calls ? -1 : 1;
-  launch(s, *job, encode_prompt(job->model, prompt), std::move(parse), chat_thinking_budget(r));
+  auto constraint = chat_constraint(req.body, r, *job->model.tokenizer, parse.in_reasoning);
+  launch(s, *job, encode_prompt(job->model, prompt), std::move(parse), chat_thinking_budget(r),
+         std::move(constraint));
   respond(res, job, job->common.stream ? stream_chat : complete_chat);
 }
 
@@ -453,7 +457,8 @@ void handle_completions(Server::Impl& s, const httplib::Request& req, httplib::R
   if (r.echo) job->echo = r.prompt.empty() ? job->model.tokenizer->decode(ids) : r.prompt;
   ParseOptions parse;
   parse.chat = false;
-  launch(s, *job, std::move(ids), std::move(parse));
+  auto constraint = completion_constraint(req.body, *job->model.tokenizer);
+  launch(s, *job, std::move(ids), std::move(parse), -1, std::move(constraint));
   respond(res, job, job->common.stream ? stream_completion : complete_completion);
 }
 

@@ -134,6 +134,17 @@ StepResult ScriptedBackend::step(SequenceState& state, std::span<const int32_t> 
   return r;
 }
 
+std::vector<StepResult> ScriptedBackend::step_batch(std::span<const BatchItem> items) {
+  std::vector<StepResult> out(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].sample)
+      out[i] = step(*items[i].state, items[i].ids, items[i].sample_index);
+    else
+      forward(*items[i].state, items[i].ids, {}, false);
+  }
+  return out;
+}
+
 std::unique_ptr<SequenceState> ScriptedBackend::clone(const SequenceState& state) {
   return std::make_unique<ScriptedState>(static_cast<const ScriptedState&>(state));
 }

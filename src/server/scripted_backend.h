@@ -47,6 +47,9 @@ class ScriptedBackend : public Backend {
                       const SamplingParams& params) override;
   StepResult step(SequenceState& state, std::span<const int32_t> ids,
                   uint64_t sample_index) override;
+  // step() for every sampled item: the script forces the output, a TokenConstraint does not
+  // apply (the engine still calls its accept()).
+  std::vector<StepResult> step_batch(std::span<const BatchItem> items) override;
   std::unique_ptr<SequenceState> clone(const SequenceState& state) override;
   size_t state_bytes(const SequenceState& state) const override;
 
