@@ -34,6 +34,10 @@ __global__ void __launch_bounds__(kThreads)
                          int k, const bf16* __restrict__ x, int I, int Is, bf16* __restrict__ act,
                          int S, int sets_per_slice) {
   __shared__ float part[kWarps][2][kQTileRows];
+  // Batched: token blockIdx.y (its experts, x and act row).
+  idx += blockIdx.y * k;
+  x += size_t(blockIdx.y) * gate_up.cols;
+  act += size_t(blockIdx.y) * (size_t(k) * I + Is);
   pdl_launch_dependents();  // PDL (launch.h): idx and x come from the previous kernels
   pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -98,8 +102,15 @@ template <int BITS>
 __global__ void __launch_bounds__(kDownMaxWarps * 32)
     q_moe_down_kernel(QMatrix down, QMatrix shared_down, const int32_t* __restrict__ idx,
                       const float* __restrict__ w, const float* __restrict__ shared_logit,
-                      const bf16* __restrict__ act, int k, int H, int I, float* __restrict__ h) {
+                      const bf16* __restrict__ act, int k, int H, int I, float* __restrict__ h,
+                      int Is, int logit_stride) {
   __shared__ float part[32][kQTileRows];
+  // Batched: token blockIdx.y (its experts, weights, shared logit, act and residual rows).
+  idx += blockIdx.y * k;
+  w += blockIdx.y * k;
+  shared_logit += size_t(blockIdx.y) * logit_stride;
+  act += size_t(blockIdx.y) * (size_t(k) * I + Is);
+  h += size_t(blockIdx.y) * H;
   pdl_launch_dependents();  // PDL (launch.h): idx, w and act come from the previous kernels
   pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -148,9 +159,10 @@ void check_dims(const char* what, int k, int H, int I, int Is) {
 }  // namespace
 
 void q_moe_gate_up_gemv(const QMatrix& gate_up, const QMatrix& shared_gate_up, const int32_t* idx,
-                        int k, const bf16* x, int H, int I, int Is, bf16* act,
-                        cudaStream_t stream) {
+                        int k, const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream,
+                        int B) {
   if (!idx || !x || !act) fail("cuda::q_moe_gate_up_gemv: null pointer");
+  if (B < 1 || B > 65535) fail("cuda::q_moe_gate_up_gemv: B = {}", B);
   check_dims("q_moe_gate_up_gemv", k, H, I, Is);
   if (gate_up.rows % (2 * I) != 0) fail("cuda::q_moe_gate_up_gemv: gate_up rows {}", gate_up.rows);
   check_matrix("q_moe_gate_up_gemv", gate_up, gate_up.rows, H);
@@ -161,18 +173,19 @@ void q_moe_gate_up_gemv(const QMatrix& gate_up, const QMatrix& shared_gate_up, c
   const int units = k * (I / kQTileRows) + Is / kQTileRows;
   const int sets = (H / kQGroup + 7) / 8;
   int S = 1;
-  while (S < kWarps && S < sets && (long long)units * S < 8LL * sm_count()) S *= 2;
+  while (S < kWarps && S < sets && (long long)units * B * S < 8LL * sm_count()) S *= 2;
   const int sps = (sets + S - 1) / S;
   const int grid = ceil_div(units, kWarps / S);
   launch_kernel(true, gate_up.bits == 4 ? q_moe_gate_up_kernel<4> : q_moe_gate_up_kernel<8>,
-                dim3(grid), dim3(kThreads), 0, stream, gate_up, shared_gate_up, idx, k, x, I, Is,
+                dim3(grid, B), dim3(kThreads), 0, stream, gate_up, shared_gate_up, idx, k, x, I, Is,
                 act, S, sps);
 }
 
 void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int32_t* idx,
                      const float* w, const float* shared_logit, const bf16* act, int k, int H,
-                     int I, int Is, float* h, cudaStream_t stream) {
+                     int I, int Is, float* h, cudaStream_t stream, int B, int logit_stride) {
   if (!idx || !w || !shared_logit || !act || !h) fail("cuda::q_moe_down_gemv: null pointer");
+  if (B < 1 || B > 65535) fail("cuda::q_moe_down_gemv: B = {}", B);
   check_dims("q_moe_down_gemv", k, H, I, Is);
   if (down.rows % H != 0) fail("cuda::q_moe_down_gemv: down rows {}", down.rows);
   check_matrix("q_moe_down_gemv", down, down.rows, I);
@@ -181,8 +194,9 @@ void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int3
     fail("cuda::q_moe_down_gemv: experts at {} bits, shared expert at {}", down.bits,
          shared_down.bits);
   const int grid = H / kQTileRows, threads = 32 * std::min(k + 1, kDownMaxWarps);
-  launch_kernel(true, down.bits == 4 ? q_moe_down_kernel<4> : q_moe_down_kernel<8>, dim3(grid),
-                dim3(threads), 0, stream, down, shared_down, idx, w, shared_logit, act, k, H, I, h);
+  launch_kernel(true, down.bits == 4 ? q_moe_down_kernel<4> : q_moe_down_kernel<8>, dim3(grid, B),
+                dim3(threads), 0, stream, down, shared_down, idx, w, shared_logit, act, k, H, I, h,
+                Is, logit_stride);
 }
 
 }  // namespace lilac::cuda

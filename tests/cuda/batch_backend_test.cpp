@@ -1,0 +1,260 @@
+// CudaBackend::step_batch (label gpu): B sequences with prompts of different lengths (and KV
+// caches of different sizes) decode together, and each must give what it gives alone.
+//
+// The reference for sequence i is the single-sequence path: prefill its prompt, then three decode
+// steps through forward() (the decode graph), recording each step's logits and greedy id. The
+// batched run prefills the same prompts, then feeds each sequence the reference's ids (teacher
+// forcing: a near tie cannot make the runs diverge) through step_batch, and compares per row and
+// step: the logits within a relative tolerance (||a - b|| / ||b||; the batched pass computes the
+// dense projections as GEMMs over B rows instead of GEMVs, and 4-bit GEMMs multiply bf16-rounded
+// weights, so the sums are rounded differently and a router near tie may pick another expert), and
+// the greedy id equal to the reference's unless the reference's logit for the batched id is within
+// twice the row's largest logit difference of the maximum (a near tie, counted and printed).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "../test_data.h"
+#include "cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "model/qwen36.h"
+
+namespace lilac::test {
+namespace {
+
+constexpr int kSteps = 3;
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b, double* max_abs) {
+  double num = 0, den = 0, mx = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    num += d * d;
+    den += double(b[i]) * double(b[i]);
+    mx = std::isnan(d) ? INFINITY : std::max(mx, std::fabs(d));
+  }
+  *max_abs = mx;
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+int32_t argmax_n(const std::vector<float>& x, int32_t n) {
+  return int32_t(std::max_element(x.begin(), x.begin() + n) - x.begin());
+}
+
+// Sequence i's prompt: 2 + (37 i mod 150) ids (mixed context lengths), drawn from [0, n_ids).
+std::vector<int32_t> prompt_of(int i, int32_t n_ids, int32_t fixed_len = 0) {
+  const int len = fixed_len > 0 ? fixed_len : 2 + (37 * i) % 150;
+  std::vector<int32_t> p(static_cast<size_t>(len));
+  for (int t = 0; t < len; ++t)
+    p[size_t(t)] = int32_t((uint64_t(i * 1000 + t + 1) * 2654435761ull) % uint64_t(n_ids));
+  return p;
+}
+
+// KV capacity of sequence i: prompt + steps + 0, 50 or 300 spare rows (different cache strides).
+int64_t capacity_of(int i, size_t prompt_len) {
+  return int64_t(prompt_len) + kSteps + 1 + (i % 3) * (i % 2 ? 50 : 300);
+}
+
+struct Reference {
+  std::vector<int32_t> feed;               // the id fed at each decode step
+  std::vector<std::vector<float>> logits;  // the logits after it
+};
+
+Reference run_alone(cuda::CudaBackend& b, const std::vector<int32_t>& prompt, int64_t capacity) {
+  const int32_t nv = b.sampling_vocab();
+  const size_t V = size_t(b.config().vocab);
+  auto seq = b.new_sequence(capacity);
+  std::vector<float> logits(V);
+  b.forward(*seq, prompt, logits, false);
+  Reference r;
+  for (int j = 0; j < kSteps; ++j) {
+    int32_t next = argmax_n(logits, nv);
+    r.feed.push_back(next);
+    b.forward(*seq, std::span(&next, 1), logits, false);
+    r.logits.push_back(logits);
+  }
+  return r;
+}
+
+struct Prompts {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<Reference> ref;
+};
+
+Prompts references(cuda::CudaBackend& b, int n, int32_t n_ids,
+                   const std::vector<int32_t>* base = nullptr) {
+  Prompts p;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> prompt;
+    if (base)  // prefixes of a real prompt (tiny-a): 1 + i mod its length ids
+      prompt.assign(base->begin(), base->begin() + 1 + ptrdiff_t(i % int(base->size())));
+    else
+      prompt = prompt_of(i, n_ids);
+    p.ref.push_back(run_alone(b, prompt, capacity_of(i, prompt.size())));
+    p.ids.push_back(std::move(prompt));
+  }
+  return p;
+}
+
+// Runs sequences 0..B-1 batched and compares with the references; returns the worst relative
+// logits error.
+double check_batch(cuda::CudaBackend& b, const Prompts& p, int B, double tol,
+                   const std::string& label) {
+  SCOPED_TRACE(label + ", B = " + std::to_string(B));
+  const int32_t nv = b.sampling_vocab();
+  std::vector<std::unique_ptr<SequenceState>> seqs;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  for (int i = 0; i < B; ++i) {
+    seqs.push_back(b.new_sequence(capacity_of(i, p.ids[size_t(i)].size())));
+    b.forward(*seqs.back(), p.ids[size_t(i)], {}, false);
+    b.begin_sampling(*seqs.back(), p.ids[size_t(i)], greedy);
+  }
+  const int64_t passes0 = b.batched_passes();
+  double worst = 0;
+  int near_ties = 0;
+  for (int j = 0; j < kSteps; ++j) {
+    std::vector<BatchItem> items(static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) {
+      items[size_t(i)].state = seqs[size_t(i)].get();
+      items[size_t(i)].ids = std::span(&p.ref[size_t(i)].feed[size_t(j)], 1);
+      items[size_t(i)].sample_index = uint64_t(j);
+    }
+    const auto res = b.step_batch(items);
+    EXPECT_EQ(b.batched_passes(), passes0 + j + 1) << "the batched pass did not run";
+    for (int i = 0; i < B; ++i) {
+      const auto& want = p.ref[size_t(i)].logits[size_t(j)];
+      const auto got = b.last_batch_logits(i);
+      double mx = 0;
+      const double rel = rel_err(got, want, &mx);
+      worst = std::max(worst, rel);
+      EXPECT_LT(rel, tol) << "row " << i << " step " << j << " (max abs " << mx << ")";
+      EXPECT_EQ(res[size_t(i)].token, argmax_n(got, nv)) << "row " << i << ": not its argmax";
+      const int32_t alone = argmax_n(want, nv), batched = res[size_t(i)].token;
+      if (batched != alone) {
+        const bool tie = batched >= 0 && batched < nv &&
+                         double(want[size_t(batched)]) >= double(want[size_t(alone)]) - 2 * mx;
+        EXPECT_TRUE(tie) << "row " << i << " step " << j << ": id " << batched << " vs " << alone
+                         << " alone, not a near tie (logit gap "
+                         << want[size_t(alone)] - want[size_t(batched)] << ", max abs " << mx
+                         << ")";
+        near_ties += tie;
+      }
+      EXPECT_EQ(seqs[size_t(i)]->position(), int64_t(p.ids[size_t(i)].size()) + j + 1);
+    }
+  }
+  std::printf("  %-10s B=%-3d worst logits rel %.2e, %d near-tie id differences\n", label.c_str(),
+              B, worst, near_ties);
+  return worst;
+}
+
+// sizes: batch sizes with the decode MoE kernels; grouped_sizes: with the grouped (prefill) MoE.
+void check_sizes(cuda::CudaBackend& b, const std::vector<int>& sizes,
+                 const std::vector<int>& grouped_sizes, double tol, const std::string& label,
+                 const std::vector<int32_t>* base = nullptr) {
+  int n = *std::max_element(sizes.begin(), sizes.end());
+  for (int B : grouped_sizes) n = std::max(n, B);
+  const Prompts p = references(b, n, b.sampling_vocab(), base);
+  cuda::CudaOptions o = b.options();
+  o.batch_min_rows = 1;  // B = 1 through the batched pass too
+  o.batch_grouped_moe_min_rows = 0;
+  b.set_options(o);
+  for (int B : sizes) check_batch(b, p, B, tol, label);
+  o.batch_grouped_moe_min_rows = 1;
+  b.set_options(o);
+  for (int B : grouped_sizes) check_batch(b, p, B, tol, label + " grouped");
+}
+
+// Tolerances: the full-size synthetic model over 40 layers (random routers: near ties are
+// frequent), bf16 activations; measured worst values are printed by each run.
+TEST(BatchBackend, SyntheticBf16RowsMatchSingleSequences) {
+  LILAC_REQUIRE_GPU();
+  auto b = cuda::make_synthetic_backend("bf16", 7);
+  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, 5e-2, "bf16");
+}
+
+TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequences) {
+  LILAC_REQUIRE_GPU();
+  auto b = cuda::make_synthetic_backend("q4", 7);
+  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, 8e-2, "q4");
+}
+
+TEST(BatchBackend, TinyARowsMatchSingleSequences) {
+  LILAC_REQUIRE_GPU();
+  auto model = load_model(data_path("tiny-a"));
+  model->config.rope_inv_freq_bf16 = true;
+  auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
+  const auto prompt = read_i32(*ref, "prompt_ids");
+  for (bool q4 : {false, true}) {
+    auto b = cuda::make_cuda_backend(*model, q4);
+    check_sizes(*b, {1, 2, 3, 8, 17}, {3, 17}, q4 ? 5e-2 : 2e-2, q4 ? "tiny-a q4" : "tiny-a",
+                &prompt);
+  }
+}
+
+// One call with every kind of item: a prompt piece that samples nothing, a last prompt piece,
+// greedy decode rows, a sampled row (temperature, seed) and a greedy row that asks for logprobs
+// (both through the full sampler on their batch row).
+TEST(BatchBackend, MixedItemsInOneCall) {
+  LILAC_REQUIRE_GPU();
+  ModelConfig cfg = qwen36_35b_a3b_config();
+  cfg.layers = 8;
+  cfg.layer_types.resize(8);
+  cuda::CudaBackend b(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3)));
+  const int32_t V = int32_t(cfg.vocab);
+  std::vector<std::unique_ptr<SequenceState>> s;
+  for (int i = 0; i < 6; ++i) s.push_back(b.new_sequence(256));
+  SamplingParams greedy, hot, lp;
+  greedy.temperature = 0;
+  hot.temperature = 0.8f;
+  hot.seed = 42;
+  lp.temperature = 0;
+  lp.logprobs = true;
+  lp.top_logprobs = 3;
+  const SamplingParams* params[6] = {&greedy, &greedy, &greedy, &greedy, &hot, &lp};
+  for (int i = 0; i < 6; ++i) {
+    const auto prompt = prompt_of(i, V, 20 + i);
+    b.begin_sampling(*s[size_t(i)], prompt, *params[i]);
+    if (i >= 2) b.forward(*s[size_t(i)], prompt, {}, false);
+  }
+  // A clone of sequence 1 runs its last prompt piece through step() alone: the same result.
+  const auto piece0 = prompt_of(0, V, 10);
+  const auto piece1 = prompt_of(1, V, 21);
+  auto s1_alone = b.clone(*s[1]);
+  const StepResult want1 = b.step(*s1_alone, piece1, 0);
+  const int32_t ids[4] = {11, 22, 33, 44};
+  std::vector<BatchItem> items(6);
+  items[0] = {s[0].get(), piece0, 0, false, nullptr};
+  items[1] = {s[1].get(), piece1, 0, true, nullptr};
+  for (int i = 2; i < 6; ++i) items[size_t(i)] = {s[size_t(i)].get(), std::span(&ids[i - 2], 1), 5};
+  const int64_t passes0 = b.batched_passes();
+  const auto res = b.step_batch(items);
+  EXPECT_EQ(b.batched_passes(), passes0 + 1);
+  EXPECT_EQ(s[0]->position(), 10);
+  EXPECT_EQ(res[1].token, want1.token);
+  for (int i = 2; i < 6; ++i) EXPECT_EQ(s[size_t(i)]->position(), 20 + i + 1);
+  for (int row = 0; row < 4; ++row) {
+    const int i = row + 2;
+    const auto logits = b.last_batch_logits(row);
+    const SampleResult host = sample_token(logits.data(), V, *params[i], nullptr, 5);
+    EXPECT_EQ(res[size_t(i)].token, host.token) << "item " << i;
+    if (i == 5) {
+      ASSERT_EQ(res[5].top.size(), 3u);
+      EXPECT_NEAR(res[5].logprob, host.logprob, 1e-4);
+    }
+  }
+  // The next steps continue through step() on the same states (positions, tokens agree).
+  for (int i = 2; i < 6; ++i) {
+    const StepResult r = b.step(*s[size_t(i)], std::span(&res[size_t(i)].token, 1), 6);
+    EXPECT_GE(r.token, 0);
+    EXPECT_EQ(s[size_t(i)]->position(), 20 + i + 2);
+  }
+}
+
+}  // namespace
+}  // namespace lilac::test

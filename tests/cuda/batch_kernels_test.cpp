@@ -1,0 +1,292 @@
+// The batched decode kernels (label gpu) against their single-sequence versions at the real
+// model's dimensions: each batch row must give what the B = 1 launch gives for it alone.
+//  * gdn_decode_batch vs gdn_decode (cluster kernel) per row: outputs and both states
+//  bit-identical;
+//  * attention_decode_qkv_batch vs attention_decode_qkv per row (rows of different lengths and
+//    cache sizes): the new K/V cache rows bit-identical, the output within bf16 rounding (the
+//    batched launch uses the largest split count, so its f32 combine sums in another order);
+//  * moe_{gate_up,down}_gemv and q_moe_* with B tokens vs B single launches: bit-identical;
+//  * argmax_batch vs argmax per row (ties and NaN planted): identical;
+//  * finish_decode_batch: every row's position counter becomes pos + 1.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/attention.h"
+#include "cuda/decode_batch.h"
+#include "cuda/gated_deltanet.h"
+#include "cuda/moe_decode.h"
+#include "cuda/q4_moe.h"
+#include "cuda/sampling.h"
+#include "cuda/synthetic_fill.h"
+#include "cuda_test_util.h"
+#include "q4_test_util.h"
+
+namespace lilac::test {
+namespace {
+
+using cuda::bf16;
+using cuda::DecodeBatchRow;
+using cuda::DeviceBuffer;
+
+std::vector<uint16_t> bits_of(const DeviceBuffer<bf16>& d) {
+  std::vector<uint16_t> h(d.size());
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  LILAC_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.size() * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+DeviceBuffer<bf16> random_bf16(size_t n, float scale, uint32_t seed) {
+  auto v = random_floats(n, scale, seed);
+  return upload_bf16(to_bf16_rounding(v));
+}
+
+// ---- Gated DeltaNet ---------------------------------------------------------------------------
+
+TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
+  LILAC_REQUIRE_GPU();
+  const int Hk = 16, Hv = 32, Dk = 128, Dv = 128, K = 4, slots = 3, slot = 1;
+  if (!cuda::gdn_decode_uses_cluster(Hk, Hv, Dk, Dv)) GTEST_SKIP() << "no cluster path here";
+  const int C = 2 * Hk * Dk + Hv * Dv, P = C + Hv * Dv + 2 * Hv;
+  const size_t conv_n = size_t(K - 1) * C, rec_n = size_t(Hv) * Dk * Dv;
+  auto taps = upload(random_floats(size_t(C) * K, 0.3f, 1));
+  std::vector<float> negA = random_floats(size_t(Hv), 0.5f, 2);
+  for (float& x : negA) x = -std::exp(x);
+  auto nA = upload(negA);
+  auto dtb = upload(random_floats(size_t(Hv), 0.5f, 3));
+  auto normw = upload(random_floats(size_t(Dv), 0.2f, 4));
+  for (int B : {1, 3, 7}) {
+    SCOPED_TRACE("B = " + std::to_string(B));
+    auto proj = upload(random_floats(size_t(B) * P, 1.f, uint32_t(10 + B)));
+    std::vector<DeviceBuffer<float>> conv, rec, conv_ref, rec_ref;
+    std::vector<DecodeBatchRow> rows(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) {
+      auto c0 = random_floats(conv_n * slots, 0.5f, uint32_t(100 + b));
+      auto r0 = random_floats(rec_n * slots, 0.1f, uint32_t(200 + b));
+      conv.push_back(upload(c0));
+      rec.push_back(upload(r0));
+      conv_ref.push_back(upload(c0));
+      rec_ref.push_back(upload(r0));
+      rows[size_t(b)].conv = conv.back().get();
+      rows[size_t(b)].rec = rec.back().get();
+    }
+    auto d_rows = upload(rows);
+    DeviceBuffer<bf16> out(size_t(B) * Hv * Dv), out_ref(size_t(B) * Hv * Dv);
+    poison(out);
+    DeviceBuffer<float> ws(cuda::gdn_decode_workspace_floats(Hk, Hv, Dv));
+    cuda::gdn_decode_workspace_init(ws.get(), Hk, Hv, Dv, nullptr);
+    cuda::gdn_decode_batch(proj.get(), B, d_rows.get(), slot, taps.get(), nA.get(), dtb.get(),
+                           normw.get(), Hk, Hv, Dk, Dv, K, 1e-6f, out.get(), nullptr);
+    for (int b = 0; b < B; ++b)
+      cuda::gdn_decode(proj.get() + size_t(b) * P, taps.get(),
+                       conv_ref[size_t(b)].get() + size_t(slot) * conv_n, nA.get(), dtb.get(),
+                       normw.get(), rec_ref[size_t(b)].get() + size_t(slot) * rec_n, Hk, Hv, Dk, Dv,
+                       K, 1e-6f, ws.get(), out_ref.get() + size_t(b) * Hv * Dv, nullptr,
+                       cuda::GdnDecodePath::Cluster);
+    EXPECT_EQ(bits_of(out), bits_of(out_ref));
+    for (int b = 0; b < B; ++b) {
+      EXPECT_EQ(download(conv[size_t(b)]), download(conv_ref[size_t(b)])) << "conv row " << b;
+      EXPECT_EQ(download(rec[size_t(b)]), download(rec_ref[size_t(b)])) << "state row " << b;
+    }
+  }
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+TEST(BatchKernels, AttentionDecodeQkvBatchEqualsSingleRows) {
+  LILAC_REQUIRE_GPU();
+  const int heads = 16, kv = 2, hd = 256, R = 64, slots = 2, slot = 1;
+  const int qkv_n = heads * 2 * hd + 2 * kv * hd;
+  auto qn = upload(random_floats(size_t(hd), 0.2f, 1));
+  auto kn = upload(random_floats(size_t(hd), 0.2f, 2));
+  std::vector<float> inv(static_cast<size_t>(R / 2));
+  for (int j = 0; j < R / 2; ++j) inv[size_t(j)] = std::pow(1e7f, -2.f * float(j) / float(R));
+  auto d_inv = upload(inv);
+  // (position, cache rows): short, tile edges, one split, many splits, a full cache.
+  const std::vector<std::pair<int, int>> shapes = {{0, 8},      {17, 64},     {63, 300}, {64, 65},
+                                                   {999, 1024}, {4100, 5000}, {127, 128}};
+  for (int B : {1, 2, 7}) {
+    SCOPED_TRACE("B = " + std::to_string(B));
+    auto qkv = upload(random_floats(size_t(B) * qkv_n, 1.f, uint32_t(30 + B)));
+    std::vector<DeviceBuffer<bf16>> kvs, kvs_ref;
+    std::vector<DecodeBatchRow> rows(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) {
+      const auto [pos, max_ctx] = shapes[size_t(b)];
+      const size_t n = size_t(slots) * 2 * kv * size_t(max_ctx) * hd;
+      auto init = random_floats(n, 1.f, uint32_t(300 + b));
+      auto bits = to_bf16_rounding(init);
+      kvs.push_back(upload_bf16(bits));
+      kvs_ref.push_back(upload_bf16(bits));
+      rows[size_t(b)].kv = kvs.back().get();
+      rows[size_t(b)].max_ctx = max_ctx;
+      rows[size_t(b)].pos = pos;
+    }
+    auto d_rows = upload(rows);
+    DeviceBuffer<float> part(cuda::attention_decode_batch_workspace_floats(B, heads, kv, hd));
+    DeviceBuffer<bf16> out(size_t(B) * heads * hd), out_ref(size_t(B) * heads * hd);
+    poison(out);
+    cuda::attention_decode_qkv_batch(qkv.get(), B, d_rows.get(), slot, qn.get(), kn.get(),
+                                     d_inv.get(), heads, kv, hd, R, 1e-6f, part.get(), out.get(),
+                                     nullptr);
+    for (int b = 0; b < B; ++b) {
+      const auto [pos, max_ctx] = shapes[size_t(b)];
+      auto d_pos = upload(std::vector<int32_t>{pos});
+      DeviceBuffer<float> p1(cuda::attention_decode_workspace_floats(heads, kv, hd, max_ctx));
+      bf16* kc = kvs_ref[size_t(b)].get() + size_t(slot) * 2 * kv * size_t(max_ctx) * hd;
+      cuda::attention_decode_qkv(qkv.get() + size_t(b) * qkv_n, d_pos.get(), qn.get(), kn.get(),
+                                 d_inv.get(), heads, kv, hd, R, 1e-6f, kc,
+                                 kc + size_t(kv) * max_ctx * hd, max_ctx, p1.get(),
+                                 out_ref.get() + size_t(b) * heads * hd, nullptr);
+      LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    for (int b = 0; b < B; ++b)
+      EXPECT_EQ(bits_of(kvs[size_t(b)]), bits_of(kvs_ref[size_t(b)])) << "KV cache of row " << b;
+    // Output within bf16 rounding (values ~ 1: 2^-8 relative, plus one ulp of slack).
+    EXPECT_TRUE(all_close(download_bf16_as_f32(out), download_bf16_as_f32(out_ref), 1e-2, 1e-2,
+                          "attention_decode_qkv_batch out"));
+  }
+}
+
+// ---- MoE --------------------------------------------------------------------------------------
+
+struct MoeInputs {
+  int B, E, k, H, I, Is;
+  DeviceBuffer<int32_t> idx;
+  DeviceBuffer<float> w, logits;
+  DeviceBuffer<bf16> x;
+  std::vector<float> h0;
+};
+
+MoeInputs moe_inputs(int B, int E, int k, int H, int I, int Is, uint32_t seed) {
+  MoeInputs m{B, E, k, H, I, Is, {}, {}, {}, {}, {}};
+  std::vector<int32_t> idx(size_t(B) * k);
+  std::mt19937 rng(seed);
+  for (int b = 0; b < B; ++b) {
+    std::vector<int32_t> e(static_cast<size_t>(E));
+    std::iota(e.begin(), e.end(), 0);
+    std::shuffle(e.begin(), e.end(), rng);
+    std::copy_n(e.begin(), k, idx.begin() + ptrdiff_t(b) * k);
+  }
+  idx[0] = idx[size_t(k)];  // token 0 and token 1 share an expert (when B > 1)
+  if (B == 1) idx[0] = 3;
+  m.idx = upload(idx);
+  m.w = upload(random_floats(size_t(B) * k, 0.2f, seed + 1));
+  m.logits = upload(random_floats(size_t(B) * (E + 1), 1.f, seed + 2));
+  m.x = random_bf16(size_t(B) * H, 1.f, seed + 3);
+  m.h0 = random_floats(size_t(B) * H, 1.f, seed + 4);
+  return m;
+}
+
+TEST(BatchKernels, MoeDecodeBatchEqualsSingleTokensBf16) {
+  LILAC_REQUIRE_GPU();
+  const int E = 16, k = 8, H = 2048, I = 512, Is = 512;
+  DeviceBuffer<bf16> gate_up(size_t(E) * 2 * I * H), down(size_t(E) * H * I),
+      sgu(size_t(2) * Is * H), sdn(size_t(H) * Is);
+  cuda::fill_synthetic_bf16(gate_up.get(), gate_up.size(), 11, 0.f, 0.03f, nullptr);
+  cuda::fill_synthetic_bf16(down.get(), down.size(), 12, 0.f, 0.03f, nullptr);
+  cuda::fill_synthetic_bf16(sgu.get(), sgu.size(), 13, 0.f, 0.03f, nullptr);
+  cuda::fill_synthetic_bf16(sdn.get(), sdn.size(), 14, 0.f, 0.03f, nullptr);
+  for (int B : {1, 2, 5, 16}) {
+    SCOPED_TRACE("B = " + std::to_string(B));
+    MoeInputs m = moe_inputs(B, E, k, H, I, Is, uint32_t(50 + B));
+    const size_t A = size_t(k) * I + Is;
+    DeviceBuffer<bf16> act(size_t(B) * A), act_ref(size_t(B) * A);
+    poison(act);
+    cuda::moe_gate_up_gemv(gate_up.get(), sgu.get(), m.idx.get(), k, m.x.get(), H, I, Is, act.get(),
+                           nullptr, B);
+    for (int b = 0; b < B; ++b)
+      cuda::moe_gate_up_gemv(gate_up.get(), sgu.get(), m.idx.get() + b * k, k,
+                             m.x.get() + size_t(b) * H, H, I, Is, act_ref.get() + size_t(b) * A,
+                             nullptr);
+    EXPECT_EQ(bits_of(act), bits_of(act_ref));
+    auto h = upload(m.h0), h_ref = upload(m.h0);
+    cuda::moe_down_gemv(down.get(), sdn.get(), m.idx.get(), m.w.get(), m.logits.get() + E,
+                        act_ref.get(), k, H, I, Is, h.get(), nullptr, B, E + 1);
+    for (int b = 0; b < B; ++b)
+      cuda::moe_down_gemv(down.get(), sdn.get(), m.idx.get() + b * k, m.w.get() + b * k,
+                          m.logits.get() + size_t(b) * (E + 1) + E, act_ref.get() + size_t(b) * A,
+                          k, H, I, Is, h_ref.get() + size_t(b) * H, nullptr);
+    EXPECT_EQ(download(h), download(h_ref));
+  }
+}
+
+TEST(BatchKernels, MoeDecodeBatchEqualsSingleTokensQ4) {
+  LILAC_REQUIRE_GPU();
+  const int E = 8, k = 6, H = 2048, I = 512, Is = 512;
+  HostQ gate_up(int64_t(E) * 2 * I, H, 4, 0.05f, 21), down(int64_t(E) * H, I, 4, 0.05f, 22),
+      sgu(2 * Is, H, 4, 0.05f, 23), sdn(H, Is, 4, 0.05f, 24);
+  for (int B : {1, 3, 9}) {
+    SCOPED_TRACE("B = " + std::to_string(B));
+    MoeInputs m = moe_inputs(B, E, k, H, I, Is, uint32_t(70 + B));
+    const size_t A = size_t(k) * I + Is;
+    DeviceBuffer<bf16> act(size_t(B) * A), act_ref(size_t(B) * A);
+    poison(act);
+    cuda::q_moe_gate_up_gemv(gate_up.q(), sgu.q(), m.idx.get(), k, m.x.get(), H, I, Is, act.get(),
+                             nullptr, B);
+    for (int b = 0; b < B; ++b)
+      cuda::q_moe_gate_up_gemv(gate_up.q(), sgu.q(), m.idx.get() + b * k, k,
+                               m.x.get() + size_t(b) * H, H, I, Is, act_ref.get() + size_t(b) * A,
+                               nullptr);
+    EXPECT_EQ(bits_of(act), bits_of(act_ref));
+    auto h = upload(m.h0), h_ref = upload(m.h0);
+    cuda::q_moe_down_gemv(down.q(), sdn.q(), m.idx.get(), m.w.get(), m.logits.get() + E,
+                          act_ref.get(), k, H, I, Is, h.get(), nullptr, B, E + 1);
+    for (int b = 0; b < B; ++b)
+      cuda::q_moe_down_gemv(down.q(), sdn.q(), m.idx.get() + b * k, m.w.get() + b * k,
+                            m.logits.get() + size_t(b) * (E + 1) + E, act_ref.get() + size_t(b) * A,
+                            k, H, I, Is, h_ref.get() + size_t(b) * H, nullptr);
+    EXPECT_EQ(download(h), download(h_ref));
+  }
+}
+
+// ---- argmax and the position counters ----------------------------------------------------------
+
+TEST(BatchKernels, ArgmaxBatchEqualsArgmaxPerRow) {
+  LILAC_REQUIRE_GPU();
+  const int V = 248320, n = 248077, B = 9;
+  std::vector<float> x = random_floats(size_t(B) * V, 3.f, 5);
+  x[size_t(1) * V + 100] = 50.f;  // row 1: a tie at the maximum, lowest id wins
+  x[size_t(1) * V + 7] = 50.f;
+  x[size_t(2) * V + n - 1] = 60.f;                                 // row 2: the last real id
+  x[size_t(2) * V + n] = 90.f;                                     // ... beyond n: not a candidate
+  x[size_t(3) * V + 5] = std::numeric_limits<float>::quiet_NaN();  // NaN never wins
+  auto d = upload(x);
+  DeviceBuffer<uint8_t> ws(size_t(B) * cuda::argmax_workspace_bytes(n)), ws1(256);
+  LILAC_CUDA_CHECK(cudaMemset(ws.get(), 0, ws.bytes()));
+  LILAC_CUDA_CHECK(cudaMemset(ws1.get(), 0, ws1.bytes()));
+  DeviceBuffer<int32_t> out(static_cast<size_t>(B)), one(1);
+  for (int rep = 0; rep < 2; ++rep) {  // the workspace is left zeroed: a second launch agrees
+    cuda::argmax_batch(d.get(), n, size_t(V), B, ws.get(), out.get(), nullptr);
+    const auto got = download(out);
+    for (int b = 0; b < B; ++b) {
+      cuda::argmax(d.get() + size_t(b) * V, n, ws1.get(), one.get(), nullptr);
+      EXPECT_EQ(got[size_t(b)], download(one)[0]) << "row " << b;
+    }
+    EXPECT_EQ(got[1], 7);
+    EXPECT_EQ(got[2], n - 1);
+  }
+}
+
+TEST(BatchKernels, FinishDecodeBatchAdvancesEachRow) {
+  LILAC_REQUIRE_GPU();
+  const int B = 70;
+  DeviceBuffer<int32_t> pos(static_cast<size_t>(B));
+  LILAC_CUDA_CHECK(cudaMemset(pos.get(), 0, pos.bytes()));
+  std::vector<DecodeBatchRow> rows(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b) {
+    rows[size_t(b)].d_pos = pos.get() + (B - 1 - b);
+    rows[size_t(b)].pos = 10 * b;
+  }
+  auto d_rows = upload(rows);
+  cuda::finish_decode_batch(d_rows.get(), B, nullptr);
+  const auto got = download(pos);
+  for (int b = 0; b < B; ++b) EXPECT_EQ(got[size_t(B - 1 - b)], 10 * b + 1);
+}
+
+}  // namespace
+}  // namespace lilac::test
