@@ -49,7 +49,7 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* b = std::getenv("LILAC_BATCH_DECODE")) o.batch_decode = std::string(b) != "0";
   if (const char* m = std::getenv("LILAC_BATCH_MIN")) o.batch_min_rows = std::max(1, std::atoi(m));
   if (const char* g = std::getenv("LILAC_BATCH_GROUPED_MOE"))
-    o.batch_grouped_moe_min_rows = std::max(0, std::atoi(g));
+    o.batch_grouped_moe_min_rows = std::max(-1, std::atoi(g));
   return o;
 }
 

@@ -31,9 +31,10 @@ struct CudaOptions {
   int batch_min_rows = 2;
   // Batched passes of at least this many rows run the MoE as prefill does (moe_route, grouped
   // GEMMs over the tokens of each expert: every touched expert read once) instead of the decode
-  // MoE kernels with a grid row per token (each token reads its own experts). 0: never.
+  // MoE kernels with a grid row per token (each token reads its own experts). 0: never; -1:
+  // the measured default (16 with BF16 experts, never with 4-bit ones: docs/performance.md).
   // LILAC_BATCH_GROUPED_MOE=n.
-  int batch_grouped_moe_min_rows = 0;
+  int batch_grouped_moe_min_rows = -1;
   static CudaOptions from_environment();
 };
 

@@ -28,6 +28,16 @@ namespace lilac::cuda {
 
 namespace {
 
+// A dense projection over the B rows: 4-bit weights through q_gemv_rows (each weight read once,
+// the tokens as the MMA's n dimension), BF16 through the GEMM (gemm's Auto tiling).
+void rows_proj(const bf16* x, int B, int K, const bf16* w, const QMatrix& q, int N, float* y,
+               bool accumulate, cudaStream_t s) {
+  if (q)
+    q_gemv_rows(q, x, B, y, accumulate ? GemvOut::Accumulate : GemvOut::Store, s);
+  else
+    gemm(x, B, K, w, N, y, accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32, s);
+}
+
 // Device addresses of the descriptor's parts (no dereference of the device pointer).
 const DecodeBatchRow* rows_of(BatchUpload* d) {
   return reinterpret_cast<const DecodeBatchRow*>(reinterpret_cast<const char*>(d) +
@@ -81,25 +91,25 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe) {
   rms_norm(w.h.get(), L.input_norm, w.x.get(), B, H, eps, s);
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    proj_gemm(w.x.get(), B, H, L.in_proj, L.q.in_proj, cols, w.proj.get(), GemmOut::StoreF32, s);
+    rows_proj(w.x.get(), B, H, L.in_proj, L.q.in_proj, cols, w.proj.get(), false, s);
     gdn_decode_batch(w.proj.get(), B, rows, slot, L.conv, L.neg_exp_A, L.dt_bias, L.gdn_norm,
                      int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
                      int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.mix.get(), s);
-    proj_gemm(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, L.q.out_proj, H, w.h.get(),
-              GemmOut::AccumulateF32, s);
+    rows_proj(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, L.q.out_proj, H, w.h.get(), true,
+              s);
   } else {
     const int cols = int(c.q_proj_rows() + 2 * c.kv_dim());
-    proj_gemm(w.x.get(), B, H, L.qkv_proj, L.q.qkv_proj, cols, w.proj.get(), GemmOut::StoreF32, s);
+    rows_proj(w.x.get(), B, H, L.qkv_proj, L.q.qkv_proj, cols, w.proj.get(), false, s);
     attention_decode_qkv_batch(w.proj.get(), B, rows, slot, L.q_norm, L.k_norm, model_->inv_freq,
                                int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim),
                                eps, bw.attn_partial.get(), w.mix.get(), s);
-    proj_gemm(w.mix.get(), B, int(c.heads * c.head_dim), L.o_proj, L.q.o_proj, H, w.h.get(),
-              GemmOut::AccumulateF32, s);
+    rows_proj(w.mix.get(), B, int(c.heads * c.head_dim), L.o_proj, L.q.o_proj, H, w.h.get(), true,
+              s);
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
   rms_norm(w.h.get(), L.post_norm, w.x.get(), B, H, eps, s);
-  proj_gemm(w.x.get(), B, H, L.router, L.q.router, E + 1, w.router.get(), GemmOut::StoreF32, s);
+  rows_proj(w.x.get(), B, H, L.router, L.q.router, E + 1, w.router.get(), false, s);
   if (grouped_moe) {  // as prefill: tokens grouped by expert, each touched expert read once
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
     moe_route(w.router.get(), E + 1, B, E, k, r, s);
@@ -134,8 +144,7 @@ void CudaBackend::batch_launches(int B, bool grouped_moe) {
   embed_rows(ids_of(bw.upload.get()), *model_, w.h.get(), B, H, stream_);
   for (int64_t i = 0; i < c.layers; ++i) batch_layer(i, B, grouped_moe);
   rms_norm(w.h.get(), model_->final_norm, w.x.get(), B, H, c.rms_eps, stream_);
-  proj_gemm(w.x.get(), B, H, model_->lm_head, model_->q.lm_head, V, w.logits.get(),
-            GemmOut::StoreF32, stream_);
+  rows_proj(w.x.get(), B, H, model_->lm_head, model_->q.lm_head, V, w.logits.get(), false, stream_);
   argmax_batch(w.logits.get(), sampling_vocab(), size_t(V), B, bw.argmax_ws.get(), bw.tokens.get(),
                stream_);
   finish_decode_batch(rows_of(bw.upload.get()), B, stream_);
@@ -143,8 +152,12 @@ void CudaBackend::batch_launches(int B, bool grouped_moe) {
 
 void CudaBackend::run_batch_graph(int B) {
   BatchWorkspace& bw = *batch_;
-  const bool grouped =
-      options_.batch_grouped_moe_min_rows > 0 && B >= options_.batch_grouped_moe_min_rows;
+  int min_grouped = options_.batch_grouped_moe_min_rows;
+  if (min_grouped < 0) {  // the default: measured crossovers (docs/performance.md)
+    const bool q4_experts = !model_->layers.empty() && model_->layers[0].q.gate_up;
+    min_grouped = q4_experts ? 0 : 16;
+  }
+  const bool grouped = min_grouped > 0 && B >= min_grouped;
   if (!options_.use_graphs) {
     batch_launches(B, grouped);
     return;
@@ -251,7 +264,7 @@ std::vector<StepResult> CudaBackend::step_batch(std::span<const BatchItem> items
     distinct = distinct && states.insert(it.state).second;
     if (it.sample && !it.constraint && it.ids.size() == 1) decode.push_back(i);
   }
-  const int min_rows = std::max(2, options_.batch_min_rows);
+  const int min_rows = std::max(1, options_.batch_min_rows);
   if (!options_.batch_decode || trace_ || !gdn_ok || !distinct || int(decode.size()) < min_rows)
     return Backend::step_batch(items);
 
