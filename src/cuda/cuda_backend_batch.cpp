@@ -65,6 +65,7 @@ BatchWorkspace& CudaBackend::batch_ws() {
   b->tokens.resize(B);
   b->topk_idx.resize(B * k);
   b->topk_w.resize(B * k);
+  b->order.resize(B * k);
   b->act.resize(B * (k * size_t(c.expert_intermediate) + size_t(c.shared_intermediate)));
   if (c.count_layers(LayerType::FullAttention) > 0)
     b->attn_partial.resize(attention_decode_batch_workspace_floats(
@@ -122,10 +123,11 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe) {
     return;
   }
   router_topk(w.router.get(), E + 1, B, E, k, bw.topk_idx.get(), bw.topk_w.get(), s);
-  if (L.q.gate_up)
+  if (L.q.gate_up) {  // the pairs in expert order: a shared expert's weights come from L2
+    moe_sort_pairs(bw.topk_idx.get(), B * k, bw.order.get(), s);
     q_moe_gate_up_gemv(L.q.gate_up, L.q.shared_gate_up, bw.topk_idx.get(), k, w.x.get(), H, I, Is,
-                       bw.act.get(), s, B);
-  else
+                       bw.act.get(), s, B, bw.order.get());
+  } else
     moe_gate_up_gemv(L.gate_up, L.shared_gate_up, bw.topk_idx.get(), k, w.x.get(), H, I, Is,
                      bw.act.get(), s, B);
   if (L.q.down)

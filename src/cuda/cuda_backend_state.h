@@ -77,6 +77,7 @@ struct BatchWorkspace {
   DeviceBuffer<int32_t> tokens;        // [max_B] argmax of each row
   DeviceBuffer<int32_t> topk_idx;      // [max_B, k]
   DeviceBuffer<float> topk_w;          // [max_B, k]
+  DeviceBuffer<int32_t> order;         // [max_B * k] the pairs sorted by expert (4-bit MoE)
   DeviceBuffer<bf16> act;              // [max_B, k * I + Is]
   DeviceBuffer<float> attn_partial;    // attention_decode_batch_workspace_floats(max_B, ...)
   DeviceBuffer<uint8_t> argmax_ws;     // [max_B] slices of 256 bytes, zeroed once

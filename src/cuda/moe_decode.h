@@ -63,4 +63,8 @@ void moe_down_gemv(const bf16* down, const bf16* shared_down, const int32_t* idx
 // is exactly the B = 1 result for it. The experts' weights are read per token (a touched expert
 // once per token that picked it; L2 serves the shared expert and repeats).
 
+// order[0, n) = the pair indices p (of idx [n], e.g. [B, k] flattened) sorted by (idx[p], p): the
+// pairs that share an expert become neighbours. One block; n <= 2048. (moe_sort.cu)
+void moe_sort_pairs(const int32_t* idx, int n, int32_t* order, cudaStream_t stream);
+
 }  // namespace lilac::cuda

@@ -57,16 +57,32 @@ __device__ __forceinline__ void q_set_dot_rows(const uint32_t* codes, const uint
     sbv[m] = m < ng ? ld_ro8(sb + size_t(grp0 + (m < ng ? m : 0)) * kQSbWords + 2 * g)
                     : make_uint2(0, 0);
   const uint32_t ones[4] = {kBf16x2One, kBf16x2One, kBf16x2One, kBf16x2One};
+  // Group by group: the group's codes become MMA A fragments once, then every token chunk uses
+  // them (the dequantisation is not repeated per chunk).
 #pragma unroll
-  for (int ch = 0; ch < NCH; ++ch) {
-    const int tok = ch * kTok + g;  // this lane's B column
-    const bool has = tok < T;
-    const uint32_t* xt = reinterpret_cast<const uint32_t*>(x + size_t(has ? tok : 0) * ldx);
+  for (int m = 0; m < 8; ++m) {
+    if (m >= ng) continue;  // warp-uniform
+    uint32_t a[P][4][4];
 #pragma unroll
-    for (int m = 0; m < 8; ++m) {
-      if (m >= ng) continue;  // warp-uniform
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        const uint32_t w = word_of(cw[m][p], kb);
+        a[p][kb][0] = magic128(w);
+        a[p][kb][1] = magic128(w >> 4);
+        a[p][kb][2] = magic128(w >> 8);
+        a[p][kb][3] = magic128(w >> 12);
+      }
+    const float s0 = bf16_lo(sbv[m].x), b0 = bf16_hi(sbv[m].x);  // row g
+    const float s1 = bf16_lo(sbv[m].y), b1 = bf16_hi(sbv[m].y);  // row g + 8
+    const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ++ch) {
+      const int tok = ch * kTok + g;  // this lane's B column
+      const bool has = tok < T;
+      const uint32_t* xg = reinterpret_cast<const uint32_t*>(x + size_t(has ? tok : 0) * ldx) +
+                           size_t(grp0 + m) * 32;
       uint32_t X[4][2];
-      const uint32_t* xg = xt + size_t(grp0 + m) * 32;
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {
         X[kb][0] = has ? ld_ro4(xg + 8 * kb + t) : 0u;
@@ -80,21 +96,13 @@ __device__ __forceinline__ void q_set_dot_rows(const uint32_t* codes, const uint
       for (int kb = 0; kb < 4; ++kb) {
         mma_bf16_16816(sx, ones, X[kb][0], X[kb][1]);
 #pragma unroll
-        for (int p = 0; p < P; ++p) {
-          const uint32_t w = word_of(cw[m][p], kb);
-          const uint32_t a[4] = {magic128(w), magic128(w >> 4), magic128(w >> 8),
-                                 magic128(w >> 12)};
-          mma_bf16_16816(c[p], a, X[kb][0], X[kb][1]);
-        }
+        for (int p = 0; p < P; ++p) mma_bf16_16816(c[p], a[p][kb], X[kb][0], X[kb][1]);
       }
-      const float s0 = bf16_lo(sbv[m].x), b0 = bf16_hi(sbv[m].x);  // row g
-      const float s1 = bf16_lo(sbv[m].y), b1 = bf16_hi(sbv[m].y);  // row g + 8
-      const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const float cc = P == 1 ? c[0][q] : fmaf(16.f, c[P - 1][q], c[0][q]);
-        const float s = q < 2 ? s0 : s1, o = q < 2 ? o0 : o1;
-        y[ch][q] = fmaf(s, cc, y[ch][q]);
+        const float sc = q < 2 ? s0 : s1, o = q < 2 ? o0 : o1;
+        y[ch][q] = fmaf(sc, cc, y[ch][q]);
         y[ch][q] = fmaf(o, sx[q], y[ch][q]);
       }
     }

@@ -84,6 +84,10 @@ Reference run_alone(cuda::CudaBackend& b, const std::vector<int32_t>& prompt, in
 struct Prompts {
   std::vector<std::vector<int32_t>> ids;
   std::vector<Reference> ref;
+  // How far the single path's own decode step is from its own prefill of the same tokens (worst
+  // of sequences 0..3): the scale at which rounding-level differences (GEMV vs GEMM sums, a near
+  // tie in a router) come out of this model's layers.
+  double floor = 0;
 };
 
 Prompts references(cuda::CudaBackend& b, int n, int32_t n_ids,
@@ -96,6 +100,15 @@ Prompts references(cuda::CudaBackend& b, int n, int32_t n_ids,
     else
       prompt = prompt_of(i, n_ids);
     p.ref.push_back(run_alone(b, prompt, capacity_of(i, prompt.size())));
+    if (i < 4) {
+      std::vector<int32_t> longer = prompt;
+      longer.push_back(p.ref.back().feed[0]);
+      auto seq = b.new_sequence(int64_t(longer.size()));
+      std::vector<float> logits(size_t(b.config().vocab));
+      b.forward(*seq, longer, logits, false);
+      double mx = 0;
+      p.floor = std::max(p.floor, rel_err(p.ref.back().logits[0], logits, &mx));
+    }
     p.ids.push_back(std::move(prompt));
   }
   return p;
@@ -160,6 +173,10 @@ void check_sizes(cuda::CudaBackend& b, const std::vector<int>& sizes,
   int n = *std::max_element(sizes.begin(), sizes.end());
   for (int B : grouped_sizes) n = std::max(n, B);
   const Prompts p = references(b, n, b.sampling_vocab(), base);
+  // The tolerance: the stated one, or three times the model's own decode-vs-prefill difference.
+  tol = std::max(tol, 3 * p.floor);
+  std::printf("  %-10s single-path decode vs prefill: rel %.2e; tolerance %.2e\n", label.c_str(),
+              p.floor, tol);
   cuda::CudaOptions o = b.options();
   o.batch_min_rows = 1;  // B = 1 through the batched pass too
   o.batch_grouped_moe_min_rows = 0;
@@ -170,18 +187,32 @@ void check_sizes(cuda::CudaBackend& b, const std::vector<int>& sizes,
   for (int B : grouped_sizes) check_batch(b, p, B, tol, label + " grouped");
 }
 
-// Tolerances: the full-size synthetic model over 40 layers (random routers: near ties are
-// frequent), bf16 activations; measured worst values are printed by each run.
+// The synthetic model at full size, truncated to its first 8 layers (6 Gated DeltaNet, 2
+// attention): with random weights and routers, 40 layers amplify any rounding difference into
+// O(1) logit differences (the single path's own decode and prefill of the same tokens differ by
+// ~50% there: run 2 of bench/results/raw), so nothing would be tested; over 8 layers they differ
+// by about 1e-2. Measured worst values are printed by each run.
+std::unique_ptr<cuda::CudaBackend> synthetic_layers(bool q4, int64_t layers) {
+  ModelConfig cfg = qwen36_35b_a3b_config();
+  cfg.layers = layers;
+  cfg.layer_types.resize(size_t(layers));
+  auto b = std::make_unique<cuda::CudaBackend>(
+      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 7, q4)),
+      cuda::CudaOptions::from_environment());
+  b->set_sampling_vocab(kQwen36RealTokens);
+  return b;
+}
+
 TEST(BatchBackend, SyntheticBf16RowsMatchSingleSequences) {
   LILAC_REQUIRE_GPU();
-  auto b = cuda::make_synthetic_backend("bf16", 7);
-  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, 5e-2, "bf16");
+  auto b = synthetic_layers(false, 8);
+  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, 3e-2, "bf16");
 }
 
 TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequences) {
   LILAC_REQUIRE_GPU();
-  auto b = cuda::make_synthetic_backend("q4", 7);
-  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, 8e-2, "q4");
+  auto b = synthetic_layers(true, 8);
+  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, 3e-2, "q4");
 }
 
 TEST(BatchBackend, TinyARowsMatchSingleSequences) {

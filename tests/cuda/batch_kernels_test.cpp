@@ -237,6 +237,15 @@ TEST(BatchKernels, MoeDecodeBatchEqualsSingleTokensQ4) {
     // of the slices runs in another order: the bf16 act within one rounding step.
     EXPECT_TRUE(all_close(download_bf16_as_f32(act), download_bf16_as_f32(act_ref), 1e-4, 1e-2,
                           "q_moe_gate_up_gemv B rows"));
+    // The sorted launch (pairs in expert order, one grid row): the same activations.
+    DeviceBuffer<int32_t> order(size_t(B) * k);
+    cuda::moe_sort_pairs(m.idx.get(), B * k, order.get(), nullptr);
+    DeviceBuffer<bf16> act_sorted(size_t(B) * A);
+    poison(act_sorted);
+    cuda::q_moe_gate_up_gemv(gate_up.q(), sgu.q(), m.idx.get(), k, m.x.get(), H, I, Is,
+                             act_sorted.get(), nullptr, B, order.get());
+    EXPECT_TRUE(all_close(download_bf16_as_f32(act_sorted), download_bf16_as_f32(act_ref), 1e-4,
+                          1e-2, "q_moe_gate_up_gemv sorted"));
     auto h = upload(m.h0), h_ref = upload(m.h0);
     cuda::q_moe_down_gemv(down.q(), sdn.q(), m.idx.get(), m.w.get(), m.logits.get() + E,
                           act_ref.get(), k, H, I, Is, h.get(), nullptr, B, E + 1);
@@ -300,6 +309,24 @@ TEST(BatchKernels, QGemvRowsMatchesTheTwinPerRow) {
         EXPECT_TRUE(within(ga, sum, t2, "q_gemv_rows Accumulate, token " + std::to_string(t)));
       }
     }
+  }
+}
+
+TEST(BatchKernels, MoeSortPairsIsAStableSortByExpert) {
+  LILAC_REQUIRE_GPU();
+  for (int n : {1, 7, 512, 2048}) {
+    std::vector<int32_t> idx(static_cast<size_t>(n));
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    for (auto& e : idx) e = int32_t(rng() % 37);  // many repeats
+    auto d_idx = upload(idx);
+    DeviceBuffer<int32_t> order(static_cast<size_t>(n));
+    poison(order);
+    cuda::moe_sort_pairs(d_idx.get(), n, order.get(), nullptr);
+    std::vector<int32_t> want(static_cast<size_t>(n));
+    std::iota(want.begin(), want.end(), 0);
+    std::stable_sort(want.begin(), want.end(),
+                     [&](int32_t a, int32_t b) { return idx[size_t(a)] < idx[size_t(b)]; });
+    EXPECT_EQ(download(order), want) << "n = " << n;
   }
 }
 
