@@ -82,6 +82,9 @@ class CudaBackend : public Backend {
   // Benchmarks: the GPU time of one batched pass over `states` (each decoding one token; their
   // positions advance by `replays`), as the median of `replays` graph replays.
   double time_batched_pass(std::span<SequenceState* const> states, int replays);
+  // Per-kernel times of one batched pass over `states` (un-graphed, CUDA events around each
+  // launch; the sequences advance by one token).
+  std::vector<std::string> batch_kernel_breakdown(std::span<SequenceState* const> states);
 
   // Tests: the Gated DeltaNet conv state [K-1, C] and recurrent state [Hv, Dk, Dv] of layer
   // `layer` (f32, copied to the host), to compare with the CPU backend's.
@@ -101,8 +104,9 @@ class CudaBackend : public Backend {
   void layer_decode(CudaSequenceState& st, int64_t layer, Timer* timer);
   void sample_launches(CudaSequenceState& st, Timer* timer);
   // The batched decode pass (cuda_backend_batch.cpp).
-  void batch_layer(int64_t layer, int B, bool grouped_moe);
-  void batch_launches(int B, bool grouped_moe);
+  void batch_layer(int64_t layer, int B, bool grouped_moe, Timer* timer);
+  void batch_launches(int B, bool grouped_moe, Timer* timer);
+  bool batch_grouped_moe(int B) const;
   void run_batch_graph(int B);
   void upload_batch(std::span<CudaSequenceState* const> seqs, std::span<const int32_t> ids);
   void decode_batch(std::span<CudaSequenceState* const> seqs, std::span<const int32_t> ids,

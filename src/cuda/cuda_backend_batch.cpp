@@ -79,7 +79,7 @@ BatchWorkspace& CudaBackend::batch_ws() {
 
 // ---- the launches of one pass -----------------------------------------------------------------
 
-void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe) {
+void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer) {
   const ModelConfig& c = model_->config;
   const DeviceLayer& L = model_->layers[size_t(li)];
   Workspace& w = *ws_;
@@ -89,79 +89,122 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe) {
   const float eps = c.rms_eps;
   cudaStream_t s = stream_;
 
-  rms_norm(w.h.get(), L.input_norm, w.x.get(), B, H, eps, s);
+  timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), B, H, eps, s); });
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    rows_proj(w.x.get(), B, H, L.in_proj, L.q.in_proj, cols, w.proj.get(), false, s);
-    gdn_decode_batch(w.proj.get(), B, rows, slot, L.conv, L.neg_exp_A, L.dt_bias, L.gdn_norm,
-                     int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
-                     int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.mix.get(), s);
-    rows_proj(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, L.q.out_proj, H, w.h.get(), true,
-              s);
+    timed(timer, "proj.gdn_in_proj", [&] {
+      rows_proj(w.x.get(), B, H, L.in_proj, L.q.in_proj, cols, w.proj.get(), false, s);
+    });
+    timed(timer, "gdn_decode_batch", [&] {
+      gdn_decode_batch(w.proj.get(), B, rows, slot, L.conv, L.neg_exp_A, L.dt_bias, L.gdn_norm,
+                       int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
+                       int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.mix.get(), s);
+    });
+    timed(timer, "proj.gdn_out_proj", [&] {
+      rows_proj(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, L.q.out_proj, H, w.h.get(),
+                true, s);
+    });
   } else {
     const int cols = int(c.q_proj_rows() + 2 * c.kv_dim());
-    rows_proj(w.x.get(), B, H, L.qkv_proj, L.q.qkv_proj, cols, w.proj.get(), false, s);
-    attention_decode_qkv_batch(w.proj.get(), B, rows, slot, L.q_norm, L.k_norm, model_->inv_freq,
-                               int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim),
-                               eps, bw.attn_partial.get(), w.mix.get(), s);
-    rows_proj(w.mix.get(), B, int(c.heads * c.head_dim), L.o_proj, L.q.o_proj, H, w.h.get(), true,
-              s);
+    timed(timer, "proj.attn_qkv", [&] {
+      rows_proj(w.x.get(), B, H, L.qkv_proj, L.q.qkv_proj, cols, w.proj.get(), false, s);
+    });
+    timed(timer, "attention_decode_batch", [&] {
+      attention_decode_qkv_batch(w.proj.get(), B, rows, slot, L.q_norm, L.k_norm, model_->inv_freq,
+                                 int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim),
+                                 eps, bw.attn_partial.get(), w.mix.get(), s);
+    });
+    timed(timer, "proj.attn_o_proj", [&] {
+      rows_proj(w.mix.get(), B, int(c.heads * c.head_dim), L.o_proj, L.q.o_proj, H, w.h.get(), true,
+                s);
+    });
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
-  rms_norm(w.h.get(), L.post_norm, w.x.get(), B, H, eps, s);
-  rows_proj(w.x.get(), B, H, L.router, L.q.router, E + 1, w.router.get(), false, s);
+  timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), B, H, eps, s); });
+  timed(timer, "proj.router",
+        [&] { rows_proj(w.x.get(), B, H, L.router, L.q.router, E + 1, w.router.get(), false, s); });
   if (grouped_moe) {  // as prefill: tokens grouped by expert, each touched expert read once
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
-    moe_route(w.router.get(), E + 1, B, E, k, r, s);
-    moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s);
-    moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s);
-    moe_shared_gate_up_prefill(L, w.x.get(), B, H, Is, w.shared_act.get(), s);
-    proj_gemm(w.shared_act.get(), B, Is, L.shared_down, L.q.shared_down, H, w.shared_out.get(),
-              GemmOut::StoreF32, s);
-    moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
+    timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
+    timed(timer, "moe_grouped_gate_up",
+          [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
+    timed(timer, "moe_grouped_down",
+          [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
+    timed(timer, "moe_shared_gate_up",
+          [&] { moe_shared_gate_up_prefill(L, w.x.get(), B, H, Is, w.shared_act.get(), s); });
+    timed(timer, "gemm.shared_down", [&] {
+      proj_gemm(w.shared_act.get(), B, Is, L.shared_down, L.q.shared_down, H, w.shared_out.get(),
+                GemmOut::StoreF32, s);
+    });
+    timed(timer, "moe_combine", [&] {
+      moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
+    });
     return;
   }
-  router_topk(w.router.get(), E + 1, B, E, k, bw.topk_idx.get(), bw.topk_w.get(), s);
+  timed(timer, "router_topk", [&] {
+    router_topk(w.router.get(), E + 1, B, E, k, bw.topk_idx.get(), bw.topk_w.get(), s);
+  });
   if (L.q.gate_up) {  // the pairs in expert order: a shared expert's weights come from L2
-    moe_sort_pairs(bw.topk_idx.get(), B * k, bw.order.get(), s);
-    q_moe_gate_up_gemv(L.q.gate_up, L.q.shared_gate_up, bw.topk_idx.get(), k, w.x.get(), H, I, Is,
-                       bw.act.get(), s, B, bw.order.get());
+    timed(timer, "moe_sort_pairs",
+          [&] { moe_sort_pairs(bw.topk_idx.get(), B * k, bw.order.get(), s); });
+    timed(timer, "moe_gate_up_rows", [&] {
+      q_moe_gate_up_gemv(L.q.gate_up, L.q.shared_gate_up, bw.topk_idx.get(), k, w.x.get(), H, I, Is,
+                         bw.act.get(), s, B, bw.order.get());
+    });
   } else
-    moe_gate_up_gemv(L.gate_up, L.shared_gate_up, bw.topk_idx.get(), k, w.x.get(), H, I, Is,
-                     bw.act.get(), s, B);
+    timed(timer, "moe_gate_up_rows", [&] {
+      moe_gate_up_gemv(L.gate_up, L.shared_gate_up, bw.topk_idx.get(), k, w.x.get(), H, I, Is,
+                       bw.act.get(), s, B);
+    });
   if (L.q.down)
-    q_moe_down_gemv(L.q.down, L.q.shared_down, bw.topk_idx.get(), bw.topk_w.get(),
-                    w.router.get() + E, bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
+    timed(timer, "moe_down_rows", [&] {
+      q_moe_down_gemv(L.q.down, L.q.shared_down, bw.topk_idx.get(), bw.topk_w.get(),
+                      w.router.get() + E, bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
+    });
   else
-    moe_down_gemv(L.down, L.shared_down, bw.topk_idx.get(), bw.topk_w.get(), w.router.get() + E,
-                  bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
+    timed(timer, "moe_down_rows", [&] {
+      moe_down_gemv(L.down, L.shared_down, bw.topk_idx.get(), bw.topk_w.get(), w.router.get() + E,
+                    bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
+    });
 }
 
-void CudaBackend::batch_launches(int B, bool grouped_moe) {
+void CudaBackend::batch_launches(int B, bool grouped_moe, Timer* timer) {
   const ModelConfig& c = model_->config;
   Workspace& w = *ws_;
   BatchWorkspace& bw = *batch_;
   const int H = int(c.hidden), V = int(c.vocab);
-  embed_rows(ids_of(bw.upload.get()), *model_, w.h.get(), B, H, stream_);
-  for (int64_t i = 0; i < c.layers; ++i) batch_layer(i, B, grouped_moe);
-  rms_norm(w.h.get(), model_->final_norm, w.x.get(), B, H, c.rms_eps, stream_);
-  rows_proj(w.x.get(), B, H, model_->lm_head, model_->q.lm_head, V, w.logits.get(), false, stream_);
-  argmax_batch(w.logits.get(), sampling_vocab(), size_t(V), B, bw.argmax_ws.get(), bw.tokens.get(),
-               stream_);
-  finish_decode_batch(rows_of(bw.upload.get()), B, stream_);
+  timed(timer, "embed",
+        [&] { embed_rows(ids_of(bw.upload.get()), *model_, w.h.get(), B, H, stream_); });
+  for (int64_t i = 0; i < c.layers; ++i) batch_layer(i, B, grouped_moe, timer);
+  timed(timer, "rms_norm",
+        [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), B, H, c.rms_eps, stream_); });
+  timed(timer, "proj.lm_head", [&] {
+    rows_proj(w.x.get(), B, H, model_->lm_head, model_->q.lm_head, V, w.logits.get(), false,
+              stream_);
+  });
+  timed(timer, "argmax_batch", [&] {
+    argmax_batch(w.logits.get(), sampling_vocab(), size_t(V), B, bw.argmax_ws.get(),
+                 bw.tokens.get(), stream_);
+  });
+  timed(timer, "finish_decode_batch",
+        [&] { finish_decode_batch(rows_of(bw.upload.get()), B, stream_); });
 }
 
-void CudaBackend::run_batch_graph(int B) {
-  BatchWorkspace& bw = *batch_;
+bool CudaBackend::batch_grouped_moe(int B) const {
   int min_grouped = options_.batch_grouped_moe_min_rows;
   if (min_grouped < 0) {  // the default: measured crossovers (docs/performance.md)
     const bool q4_experts = !model_->layers.empty() && model_->layers[0].q.gate_up;
     min_grouped = q4_experts ? 0 : 16;
   }
-  const bool grouped = min_grouped > 0 && B >= min_grouped;
+  return min_grouped > 0 && B >= min_grouped;
+}
+
+void CudaBackend::run_batch_graph(int B) {
+  BatchWorkspace& bw = *batch_;
+  const bool grouped = batch_grouped_moe(B);
   if (!options_.use_graphs) {
-    batch_launches(B, grouped);
+    batch_launches(B, grouped, nullptr);
     return;
   }
   cudaGraphExec_t& exec = bw.graphs[{B, grouped}];
@@ -169,7 +212,7 @@ void CudaBackend::run_batch_graph(int B) {
     cudaGraph_t graph;
     LILAC_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      batch_launches(B, grouped);
+      batch_launches(B, grouped, nullptr);
     } catch (...) {
       cudaStreamEndCapture(stream_, &graph);
       bw.graphs.erase({B, grouped});
@@ -362,6 +405,41 @@ double CudaBackend::time_batched_pass(std::span<SequenceState* const> states, in
   }
   std::sort(ms.begin(), ms.end());
   return double(ms[ms.size() / 2]);
+}
+
+std::vector<std::string> CudaBackend::batch_kernel_breakdown(
+    std::span<SequenceState* const> states) {
+  const int B = int(states.size());
+  if (B < 1 || B > batch_ws().max_B) fail("batch_kernel_breakdown: {} sequences", B);
+  std::vector<CudaSequenceState*> seqs(static_cast<size_t>(B));
+  std::vector<int32_t> ids(static_cast<size_t>(B), 1);
+  for (int b = 0; b < B; ++b) seqs[size_t(b)] = static_cast<CudaSequenceState*>(states[size_t(b)]);
+  const bool grouped = batch_grouped_moe(B);
+  upload_batch(seqs, ids);
+  batch_launches(B, grouped, nullptr);  // warm-up (the same position is decoded again below)
+  std::vector<std::tuple<std::string, double, int>> totals;
+  {
+    ScopedPdl no_pdl(false);  // per-kernel events: no programmatic overlap
+    Timer t(stream_);
+    batch_launches(B, grouped, &t);
+    totals = t.totals();
+  }
+  for (auto* st : seqs) {
+    st->set_position(st->position() + 1);
+    st->token_on_device = -1;
+  }
+  double sum = 0;
+  for (auto& [n, ms, count] : totals) sum += ms;
+  std::vector<std::string> lines;
+  lines.push_back(
+      fmt::format("batched pass of {} rows{} (un-graphed, per-kernel events): {:.1f} us", B,
+                  grouped ? ", grouped MoE" : "", sum * 1e3));
+  std::sort(totals.begin(), totals.end(),
+            [](auto& a, auto& b) { return std::get<1>(a) > std::get<1>(b); });
+  for (auto& [n, ms, count] : totals)
+    lines.push_back(fmt::format("  {:<24} {:>10.1f} us {:>5.1f}%  ({} launches)", n, ms * 1e3,
+                                100 * ms / sum, count));
+  return lines;
 }
 
 }  // namespace lilac::cuda

@@ -89,6 +89,15 @@ void bench(const std::string& weights) {
         1e3 * B / step_ms, 1e3 / step_ms, median(seq_wall));
     std::fflush(stdout);
   }
+  // Where the time of a pass goes, at 16 and 64 rows (the default MoE choice).
+  cuda::CudaOptions o = b->options();
+  o.batch_grouped_moe_min_rows = -1;
+  b->set_options(o);
+  for (int B : {16, 64}) {
+    std::vector<SequenceState*> st;
+    for (int i = 0; i < B; ++i) st.push_back(seqs[size_t(i)].get());
+    for (const std::string& line : b->batch_kernel_breakdown(st)) std::printf("%s\n", line.c_str());
+  }
 }
 
 TEST(BatchBench, DISABLED_DecodeStepTimesBf16) {
