@@ -28,6 +28,8 @@ namespace lilac::cuda {
 
 namespace {
 
+constexpr int kSortedMoeMinRows = 32;
+
 // A dense projection over the B rows: 4-bit weights through q_gemv_rows (each weight read once,
 // the tokens as the MMA's n dimension), BF16 through the GEMM (gemm's Auto tiling).
 void rows_proj(const bf16* x, int B, int K, const bf16* w, const QMatrix& q, int N, float* y,
@@ -145,12 +147,16 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer)
   timed(timer, "router_topk", [&] {
     router_topk(w.router.get(), E + 1, B, E, k, bw.topk_idx.get(), bw.topk_w.get(), s);
   });
-  if (L.q.gate_up) {  // the pairs in expert order: a shared expert's weights come from L2
-    timed(timer, "moe_sort_pairs",
-          [&] { moe_sort_pairs(bw.topk_idx.get(), B * k, bw.order.get(), s); });
+  if (L.q.gate_up) {
+    // From 32 rows on, the pairs in expert order (a shared expert's weights come from L2); below,
+    // the sort costs more than the repeats it saves (run 3: docs/performance.md).
+    const bool sorted = B >= kSortedMoeMinRows;
+    if (sorted)
+      timed(timer, "moe_sort_pairs",
+            [&] { moe_sort_pairs(bw.topk_idx.get(), B * k, bw.order.get(), s); });
     timed(timer, "moe_gate_up_rows", [&] {
       q_moe_gate_up_gemv(L.q.gate_up, L.q.shared_gate_up, bw.topk_idx.get(), k, w.x.get(), H, I, Is,
-                         bw.act.get(), s, B, bw.order.get());
+                         bw.act.get(), s, B, sorted ? bw.order.get() : nullptr);
     });
   } else
     timed(timer, "moe_gate_up_rows", [&] {

@@ -114,9 +114,15 @@ Prompts references(cuda::CudaBackend& b, int n, int32_t n_ids,
   return p;
 }
 
+// Tolerances on the relative logits error of a row at a step: every row below max_tol, and the
+// median over rows and steps below median_tol.
+struct Tolerance {
+  double max_tol, median_tol;
+};
+
 // Runs sequences 0..B-1 batched and compares with the references; returns the worst relative
 // logits error.
-double check_batch(cuda::CudaBackend& b, const Prompts& p, int B, double tol,
+double check_batch(cuda::CudaBackend& b, const Prompts& p, int B, Tolerance tol,
                    const std::string& label) {
   SCOPED_TRACE(label + ", B = " + std::to_string(B));
   const int32_t nv = b.sampling_vocab();
@@ -131,6 +137,7 @@ double check_batch(cuda::CudaBackend& b, const Prompts& p, int B, double tol,
   const int64_t passes0 = b.batched_passes();
   double worst = 0;
   int near_ties = 0;
+  std::vector<double> rels;
   for (int j = 0; j < kSteps; ++j) {
     std::vector<BatchItem> items(static_cast<size_t>(B));
     for (int i = 0; i < B; ++i) {
@@ -146,7 +153,8 @@ double check_batch(cuda::CudaBackend& b, const Prompts& p, int B, double tol,
       double mx = 0;
       const double rel = rel_err(got, want, &mx);
       worst = std::max(worst, rel);
-      EXPECT_LT(rel, tol) << "row " << i << " step " << j << " (max abs " << mx << ")";
+      rels.push_back(rel);
+      EXPECT_LT(rel, tol.max_tol) << "row " << i << " step " << j << " (max abs " << mx << ")";
       EXPECT_EQ(res[size_t(i)].token, argmax_n(got, nv)) << "row " << i << ": not its argmax";
       const int32_t alone = argmax_n(want, nv), batched = res[size_t(i)].token;
       if (batched != alone) {
@@ -161,22 +169,23 @@ double check_batch(cuda::CudaBackend& b, const Prompts& p, int B, double tol,
       EXPECT_EQ(seqs[size_t(i)]->position(), int64_t(p.ids[size_t(i)].size()) + j + 1);
     }
   }
-  std::printf("  %-10s B=%-3d worst logits rel %.2e, %d near-tie id differences\n", label.c_str(),
-              B, worst, near_ties);
+  std::sort(rels.begin(), rels.end());
+  const double median = rels[rels.size() / 2];
+  EXPECT_LT(median, tol.median_tol) << "median relative logits error";
+  std::printf("  %-14s B=%-3d logits rel: median %.2e, worst %.2e; %d near-tie id differences\n",
+              label.c_str(), B, median, worst, near_ties);
   return worst;
 }
 
 // sizes: batch sizes with the decode MoE kernels; grouped_sizes: with the grouped (prefill) MoE.
 void check_sizes(cuda::CudaBackend& b, const std::vector<int>& sizes,
-                 const std::vector<int>& grouped_sizes, double tol, const std::string& label,
+                 const std::vector<int>& grouped_sizes, Tolerance tol, const std::string& label,
                  const std::vector<int32_t>* base = nullptr) {
   int n = *std::max_element(sizes.begin(), sizes.end());
   for (int B : grouped_sizes) n = std::max(n, B);
   const Prompts p = references(b, n, b.sampling_vocab(), base);
-  // The tolerance: the stated one, or three times the model's own decode-vs-prefill difference.
-  tol = std::max(tol, 3 * p.floor);
-  std::printf("  %-10s single-path decode vs prefill: rel %.2e; tolerance %.2e\n", label.c_str(),
-              p.floor, tol);
+  std::printf("  %-14s single-path decode vs prefill (sequences 0-3, step 0): rel %.2e\n",
+              label.c_str(), p.floor);
   cuda::CudaOptions o = b.options();
   o.batch_min_rows = 1;  // B = 1 through the batched pass too
   o.batch_grouped_moe_min_rows = 0;
@@ -189,9 +198,13 @@ void check_sizes(cuda::CudaBackend& b, const std::vector<int>& sizes,
 
 // The synthetic model at full size, truncated to its first 8 layers (6 Gated DeltaNet, 2
 // attention): with random weights and routers, 40 layers amplify any rounding difference into
-// O(1) logit differences (the single path's own decode and prefill of the same tokens differ by
-// ~50% there: run 2 of bench/results/raw), so nothing would be tested; over 8 layers they differ
-// by about 1e-2. Measured worst values are printed by each run.
+// O(1) logit differences (the batched and the single path differed by ~50% there even at B = 1:
+// run 2 of bench/results/raw), so nothing would be tested. Over 8 layers most rows agree to
+// ~1e-2, and the rows where a router near tie picked another expert in one layer differ by up to
+// ~0.3 (run 3: worst 0.29 over 64 rows x 3 steps, single-path decode vs prefill 6.5e-3 on
+// sequences without a flip). So: the median row within 1.5e-2, every row within 0.5 (a wrong row,
+// state, position or cache gives ~1 or more: two unrelated logit vectors of equal norm differ by
+// sqrt(2)), and the near-tie rule for the ids.
 std::unique_ptr<cuda::CudaBackend> synthetic_layers(bool q4, int64_t layers) {
   ModelConfig cfg = qwen36_35b_a3b_config();
   cfg.layers = layers;
@@ -206,13 +219,13 @@ std::unique_ptr<cuda::CudaBackend> synthetic_layers(bool q4, int64_t layers) {
 TEST(BatchBackend, SyntheticBf16RowsMatchSingleSequences) {
   LILAC_REQUIRE_GPU();
   auto b = synthetic_layers(false, 8);
-  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, 3e-2, "bf16");
+  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, {0.5, 1.5e-2}, "bf16");
 }
 
 TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequences) {
   LILAC_REQUIRE_GPU();
   auto b = synthetic_layers(true, 8);
-  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, 3e-2, "q4");
+  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, {0.5, 1.5e-2}, "q4");
 }
 
 TEST(BatchBackend, TinyARowsMatchSingleSequences) {
@@ -223,8 +236,10 @@ TEST(BatchBackend, TinyARowsMatchSingleSequences) {
   const auto prompt = read_i32(*ref, "prompt_ids");
   for (bool q4 : {false, true}) {
     auto b = cuda::make_cuda_backend(*model, q4);
-    check_sizes(*b, {1, 2, 3, 8, 17}, {3, 17}, q4 ? 5e-2 : 2e-2, q4 ? "tiny-a q4" : "tiny-a",
-                &prompt);
+    // tiny-a has no router near ties at these prompts: every row within 2e-2 (5e-2 grouped 4-bit:
+    // the prefill kernels multiply bf16-rounded weights).
+    check_sizes(*b, {1, 2, 3, 8, 17}, {3, 17}, {q4 ? 5e-2 : 2e-2, 1e-2},
+                q4 ? "tiny-a q4" : "tiny-a", &prompt);
   }
 }
 
