@@ -115,15 +115,15 @@ Prompts references(cuda::CudaBackend& b, int n, int32_t n_ids,
 }
 
 // Tolerances on the relative logits error of a row at a step: every row below max_tol, and the
-// median over rows and steps below median_tol.
+// median over all rows and steps of all the batch sizes checked below median_tol.
 struct Tolerance {
   double max_tol, median_tol;
 };
 
-// Runs sequences 0..B-1 batched and compares with the references; returns the worst relative
-// logits error.
-double check_batch(cuda::CudaBackend& b, const Prompts& p, int B, Tolerance tol,
-                   const std::string& label) {
+// Runs sequences 0..B-1 batched and compares with the references; adds each row's relative
+// logits error at each step to `rels`.
+void check_batch(cuda::CudaBackend& b, const Prompts& p, int B, Tolerance tol,
+                 const std::string& label, std::vector<double>& all_rels) {
   SCOPED_TRACE(label + ", B = " + std::to_string(B));
   const int32_t nv = b.sampling_vocab();
   std::vector<std::unique_ptr<SequenceState>> seqs;
@@ -169,18 +169,28 @@ double check_batch(cuda::CudaBackend& b, const Prompts& p, int B, Tolerance tol,
       EXPECT_EQ(seqs[size_t(i)]->position(), int64_t(p.ids[size_t(i)].size()) + j + 1);
     }
   }
+  all_rels.insert(all_rels.end(), rels.begin(), rels.end());
+  std::sort(rels.begin(), rels.end());
+  std::printf("  %-14s B=%-3d logits rel: median %.2e, worst %.2e; %d near-tie id differences\n",
+              label.c_str(), B, rels[rels.size() / 2], worst, near_ties);
+}
+
+void expect_median_below(std::vector<double> rels, double tol, const std::string& label) {
   std::sort(rels.begin(), rels.end());
   const double median = rels[rels.size() / 2];
-  EXPECT_LT(median, tol.median_tol) << "median relative logits error";
-  std::printf("  %-14s B=%-3d logits rel: median %.2e, worst %.2e; %d near-tie id differences\n",
-              label.c_str(), B, median, worst, near_ties);
-  return worst;
+  EXPECT_LT(median, tol) << label << ": median relative logits error over " << rels.size()
+                         << " rows and steps";
+  std::printf("  %-14s all sizes: median %.2e over %zu rows and steps\n", label.c_str(), median,
+              rels.size());
 }
 
 // sizes: batch sizes with the decode MoE kernels; grouped_sizes: with the grouped (prefill) MoE.
+// tol: with the decode MoE kernels; grouped_tol: with the grouped (prefill) MoE, whose 4-bit
+// kernels multiply bf16-rounded weights (as prefill does: the single path's own decode and prefill
+// differ by that much).
 void check_sizes(cuda::CudaBackend& b, const std::vector<int>& sizes,
-                 const std::vector<int>& grouped_sizes, Tolerance tol, const std::string& label,
-                 const std::vector<int32_t>* base = nullptr) {
+                 const std::vector<int>& grouped_sizes, Tolerance tol, Tolerance grouped_tol,
+                 const std::string& label, const std::vector<int32_t>* base = nullptr) {
   int n = *std::max_element(sizes.begin(), sizes.end());
   for (int B : grouped_sizes) n = std::max(n, B);
   const Prompts p = references(b, n, b.sampling_vocab(), base);
@@ -190,10 +200,14 @@ void check_sizes(cuda::CudaBackend& b, const std::vector<int>& sizes,
   o.batch_min_rows = 1;  // B = 1 through the batched pass too
   o.batch_grouped_moe_min_rows = 0;
   b.set_options(o);
-  for (int B : sizes) check_batch(b, p, B, tol, label);
+  std::vector<double> rels;
+  for (int B : sizes) check_batch(b, p, B, tol, label, rels);
+  expect_median_below(rels, tol.median_tol, label);
   o.batch_grouped_moe_min_rows = 1;
   b.set_options(o);
-  for (int B : grouped_sizes) check_batch(b, p, B, tol, label + " grouped");
+  rels.clear();
+  for (int B : grouped_sizes) check_batch(b, p, B, grouped_tol, label + " grouped", rels);
+  expect_median_below(rels, grouped_tol.median_tol, label + " grouped");
 }
 
 // The synthetic model at full size, truncated to its first 8 layers (6 Gated DeltaNet, 2
@@ -202,7 +216,8 @@ void check_sizes(cuda::CudaBackend& b, const std::vector<int>& sizes,
 // run 2 of bench/results/raw), so nothing would be tested. Over 8 layers most rows agree to
 // ~1e-2, and the rows where a router near tie picked another expert in one layer differ by up to
 // ~0.3 (run 3: worst 0.29 over 64 rows x 3 steps, single-path decode vs prefill 6.5e-3 on
-// sequences without a flip). So: the median row within 1.5e-2, every row within 0.5 (a wrong row,
+// sequences without a flip; run 4: median 8e-3). So: the median row within 1.5e-2 over all the
+// batch sizes (one small batch may hold one flipped sequence), every row within 0.5 (a wrong row,
 // state, position or cache gives ~1 or more: two unrelated logit vectors of equal norm differ by
 // sqrt(2)), and the near-tie rule for the ids.
 std::unique_ptr<cuda::CudaBackend> synthetic_layers(bool q4, int64_t layers) {
@@ -219,13 +234,13 @@ std::unique_ptr<cuda::CudaBackend> synthetic_layers(bool q4, int64_t layers) {
 TEST(BatchBackend, SyntheticBf16RowsMatchSingleSequences) {
   LILAC_REQUIRE_GPU();
   auto b = synthetic_layers(false, 8);
-  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, {0.5, 1.5e-2}, "bf16");
+  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, {0.5, 1.5e-2}, {0.5, 1.5e-2}, "bf16");
 }
 
 TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequences) {
   LILAC_REQUIRE_GPU();
   auto b = synthetic_layers(true, 8);
-  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, {0.5, 1.5e-2}, "q4");
+  check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, {0.5, 1.5e-2}, {0.5, 5e-2}, "q4");
 }
 
 TEST(BatchBackend, TinyARowsMatchSingleSequences) {
@@ -238,8 +253,8 @@ TEST(BatchBackend, TinyARowsMatchSingleSequences) {
     auto b = cuda::make_cuda_backend(*model, q4);
     // tiny-a has no router near ties at these prompts: every row within 2e-2 (5e-2 grouped 4-bit:
     // the prefill kernels multiply bf16-rounded weights).
-    check_sizes(*b, {1, 2, 3, 8, 17}, {3, 17}, {q4 ? 5e-2 : 2e-2, 1e-2},
-                q4 ? "tiny-a q4" : "tiny-a", &prompt);
+    const Tolerance tol{q4 ? 5e-2 : 2e-2, 1e-2};
+    check_sizes(*b, {1, 2, 3, 8, 17}, {3, 17}, tol, tol, q4 ? "tiny-a q4" : "tiny-a", &prompt);
   }
 }
 
