@@ -21,6 +21,7 @@
 #include "cuda/cuda_backend_state.h"
 #include "cuda/decode_batch.h"
 #include "cuda/gated_deltanet.h"
+#include "cuda/gemv_rows.h"
 #include "cuda/launch.h"
 #include "cuda/position.h"
 
@@ -30,12 +31,16 @@ namespace {
 
 constexpr int kSortedMoeMinRows = 32;
 
-// A dense projection over the B rows: 4-bit weights through q_gemv_rows (each weight read once,
-// the tokens as the MMA's n dimension), BF16 through the GEMM (gemm's Auto tiling).
+// A dense projection over the B rows, each weight read once, the tokens as the MMA's n
+// dimension: 4-bit weights through q_gemv_rows, BF16 through gemv_rows (the GEMM when K is not a
+// multiple of 64).
 void rows_proj(const bf16* x, int B, int K, const bf16* w, const QMatrix& q, int N, float* y,
                bool accumulate, cudaStream_t s) {
+  const GemvOut mode = accumulate ? GemvOut::Accumulate : GemvOut::Store;
   if (q)
-    q_gemv_rows(q, x, B, y, accumulate ? GemvOut::Accumulate : GemvOut::Store, s);
+    q_gemv_rows(q, x, B, y, mode, s);
+  else if (K % 64 == 0)
+    gemv_rows(w, N, K, x, B, y, mode, s);
   else
     gemm(x, B, K, w, N, y, accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32, s);
 }

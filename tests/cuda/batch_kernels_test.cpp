@@ -20,6 +20,7 @@
 #include "cuda/attention.h"
 #include "cuda/decode_batch.h"
 #include "cuda/gated_deltanet.h"
+#include "cuda/gemv_rows.h"
 #include "cuda/moe_decode.h"
 #include "cuda/q4_linear.h"
 #include "cuda/q4_moe.h"
@@ -254,6 +255,62 @@ TEST(BatchKernels, MoeDecodeBatchEqualsSingleTokensQ4) {
                             m.logits.get() + size_t(b) * (E + 1) + E, act_ref.get() + size_t(b) * A,
                             k, H, I, Is, h_ref.get() + size_t(b) * H, nullptr);
     EXPECT_EQ(download(h), download(h_ref));
+  }
+}
+
+// ---- the dense BF16 projections over B rows ---------------------------------------------------
+
+// gemv_rows against an f64 sum of the same bf16 values per token: within f32 rounding of the
+// products' magnitudes; Store and Accumulate; rows past the matrix and tokens past T unwritten.
+TEST(BatchKernels, GemvRowsMatchesTheTwinPerRow) {
+  LILAC_REQUIRE_GPU();
+  struct Shape {
+    int rows, cols;
+    std::vector<int> T;
+  };
+  const std::vector<Shape> shapes = {{2048, 4096, {1, 16, 64}},
+                                     {257, 2048, {2, 33}},
+                                     {100, 192, {1, 5, 8, 17, 64}},
+                                     {12352, 2048, {9}}};
+  uint32_t seed = 700;
+  for (const Shape& s : shapes) {
+    std::vector<float> w = random_floats(size_t(s.rows) * s.cols, 0.05f, ++seed);
+    auto dw = upload_bf16(to_bf16_rounding(w));
+    for (int T : s.T) {
+      SCOPED_TRACE(testing::Message() << "W [" << s.rows << ", " << s.cols << "], T = " << T);
+      std::vector<float> x = random_floats(size_t(T) * s.cols, 1.f, ++seed);
+      auto dx = upload_bf16(to_bf16_rounding(x));
+      const size_t n = size_t(T) * s.rows, guard = 29;
+      std::vector<float> y0 = random_floats(n, 2.f, ++seed);
+      y0.resize(n + guard, 0.f);
+      DeviceBuffer<float> ys(n + guard);
+      poison(ys);
+      auto ya = upload(y0);
+      LILAC_CUDA_CHECK(cudaMemset(ya.get() + n, 0xff, guard * sizeof(float)));
+      cuda::gemv_rows(dw.get(), s.rows, s.cols, dx.get(), T, ys.get(), cuda::GemvOut::Store,
+                      nullptr);
+      cuda::gemv_rows(dw.get(), s.rows, s.cols, dx.get(), T, ya.get(), cuda::GemvOut::Accumulate,
+                      nullptr);
+      const auto got_s = download(ys), got_a = download(ya);
+      EXPECT_TRUE(guard_untouched(got_s, n, "gemv_rows Store"));
+      EXPECT_TRUE(guard_untouched(got_a, n, "gemv_rows Accumulate"));
+      size_t bad = 0;
+      for (int t = 0; t < T; ++t)
+        for (int r = 0; r < s.rows; ++r) {
+          double sum = 0, mag = 0;
+          for (int k = 0; k < s.cols; ++k) {
+            const double p = double(w[size_t(r) * s.cols + k]) * double(x[size_t(t) * s.cols + k]);
+            sum += p;
+            mag += std::fabs(p);
+          }
+          const size_t i = size_t(t) * s.rows + r;
+          const double tol = 4e-6 * mag + 1e-6;
+          if (!(std::fabs(got_s[i] - sum) <= tol)) ++bad;
+          if (!(std::fabs(got_a[i] - (double(y0[i]) + sum)) <= tol + 4e-7 * std::fabs(y0[i])))
+            ++bad;
+        }
+      EXPECT_EQ(bad, 0u) << "elements out of tolerance";
+    }
   }
 }
 
