@@ -32,14 +32,15 @@ namespace {
 constexpr int kSortedMoeMinRows = 32;
 
 // A dense projection over the B rows, each weight read once, the tokens as the MMA's n
-// dimension: 4-bit weights through q_gemv_rows, BF16 through gemv_rows (the GEMM when K is not a
-// multiple of 64).
+// dimension: 4-bit weights through q_gemv_rows, BF16 through gemv_rows up to 32 rows and for the
+// layers' matrices; the GEMM for the lm_head (its tiles fill the GPU at any M) and from 33 rows
+// (gemv_rows' per-chunk MMAs then cost more than the GEMM's tiles: run 6, docs/performance.md).
 void rows_proj(const bf16* x, int B, int K, const bf16* w, const QMatrix& q, int N, float* y,
                bool accumulate, cudaStream_t s) {
   const GemvOut mode = accumulate ? GemvOut::Accumulate : GemvOut::Store;
   if (q)
     q_gemv_rows(q, x, B, y, mode, s);
-  else if (K % 64 == 0)
+  else if (K % 64 == 0 && B <= 32 && N <= 65536)
     gemv_rows(w, N, K, x, B, y, mode, s);
   else
     gemm(x, B, K, w, N, y, accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32, s);
