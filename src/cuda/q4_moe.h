@@ -34,8 +34,8 @@ void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int3
 // B > 1: B tokens at once, as moe_gate_up_gemv / moe_down_gemv (moe_decode.h) describe. With
 // `order` (moe_sort_pairs of idx [B, k]), q_moe_gate_up_gemv walks the B * k (token, slot) pairs
 // in expert order (one grid row): the pairs that share an expert run next to each other and read
-// its weights from L2 after the first; the results are those of the unsorted launch. With B > 1
-// the down kernel's grid is token-major (the B tokens of an output tile are neighbours).
+// its weights from L2 after the first; the results are those of the unsorted launch. From 32
+// tokens the down kernel's grid is token-major (the B tokens of an output tile are neighbours).
 
 // Prefill, grouped by expert through moe_route's tables (moe_prefill.h). The weights are
 // dequantised to bf16 (w = RNE_bf16(s q + b), cpu::dequantize_row_bf16) and multiplied on tensor
