@@ -8,6 +8,8 @@
 #               bench-q4: the same in 4-bit weights (bench-q4-short: 3 lengths, 1 round)
 #   ab          decode at 256 context under each A/B switch (LILAC_PDL=0, ...), bf16 and q4
 #   tokenizer   tokenizer throughput: lilac's Google Benchmark and HF tokenizers, same file
+#   batch       the batched decode step: its GPU tests, then its bench (BatchBench.*, disabled in
+#               the plain test run: B = 1..64 at 1024 context, BF16 and 4-bit, per-kernel split)
 # Everything is logged to $OUT/run.log (few files: the device tool brings back at most 8), a
 # one-line-per-step summary to $OUT/summary.txt, bench results to $OUT/bench.json.
 set -uo pipefail
@@ -49,6 +51,10 @@ for s in $steps; do
       done ;;
     bench-q4-short) run bench-q4 240 "$B/lilac" bench --synthetic --weights q4 --lengths 256,4096,32768 --rounds 1 --json "$OUT/bench-q4.json" ;;
     bench-short) run bench 240 "$B/lilac" bench --synthetic --lengths 256,4096,32768 --rounds 1 --json "$OUT/bench.json" ;;
+    batch)
+      run batch-tests 240 "$B/lilac_cuda_tests" --gtest_filter='BatchKernels.*:BatchBackend.*'
+      run batch-bench 240 "$B/lilac_cuda_tests" --gtest_also_run_disabled_tests \
+        --gtest_filter='BatchBench.*' ;;
     tokenizer)
       run tokenizer-lilac 60 "$B/tokenizer_bench" --benchmark_min_time=1
       run tokenizer-hf 60 python3 tools/hf_tokenizer_speed.py tests/data/tokenizer/qwen3-tokenizer.json.gz \

@@ -47,6 +47,20 @@ void attention_decode_qkv(const float* qkv, const int32_t* d_pos0, const float* 
                           int hd, int rotary_dim, float eps, bf16* k_cache, bf16* v_cache,
                           int max_ctx, float* partial, bf16* out, cudaStream_t stream);
 
+// B sequences at once (a batched decode step): row b takes the f32 qkv row qkv[b] of its token
+// at position rows[b].pos, stores its key and value in layer slot `slot` of its own KV cache
+// (rows[b].kv, rows[b].max_ctx) and attends over its own rows [0, pos]; out[b] [heads*hd]. Each
+// row computes exactly what attention_decode_qkv computes for it, except that every row uses the
+// split count attention_decode_batch_splits(kv_heads) (the largest). Two launches (grid z = the
+// row). `partial` holds attention_decode_batch_workspace_floats(B, ...) floats.
+struct DecodeBatchRow;
+int attention_decode_batch_splits(int kv_heads);
+size_t attention_decode_batch_workspace_floats(int B, int heads, int kv_heads, int hd);
+void attention_decode_qkv_batch(const float* qkv, int B, const DecodeBatchRow* rows, int slot,
+                                const float* q_norm, const float* k_norm, const float* inv_freq,
+                                int heads, int kv_heads, int hd, int rotary_dim, float eps,
+                                float* partial, bf16* out, cudaStream_t stream);
+
 // Causal flash attention for T queries (q, gate [T, heads*hd]) at positions pos0..pos0+T-1 over
 // cache rows [0, pos0 + T) (this chunk's keys already stored), GQA, softmax scale hd^-0.5; out [T,
 // heads*hd].

@@ -29,6 +29,7 @@
 #include "cuda/attention.h"
 #include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
+#include "cuda/decode_batch.h"
 #include "cuda/launch.h"
 #include "cuda/vec_util.cuh"
 #include "util/error.h"
@@ -177,6 +178,16 @@ struct FusedQkv {
   bf16 *k_cache, *v_cache;
 };
 
+// Batched decode (attention_decode_qkv_batch): B rows in grid z, each with its own sequence (rows,
+// device memory), qkv row (stride qkv_stride floats) and partials (stride part_stride floats).
+// rows == nullptr: the single-sequence launch.
+struct BatchArgs {
+  const DecodeBatchRow* rows;
+  int slot;
+  int qkv_stride;
+  size_t part_stride;
+};
+
 // Keys per split for n keys over S splits: a whole number of tiles, at least one. The split kernel
 // and the combine kernel both derive the active splits from it.
 __device__ __forceinline__ int dec_keys_per_split(int n, int S) {
@@ -194,7 +205,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     attn_decode_split_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
                              const bf16* __restrict__ v_cache, const int32_t* __restrict__ d_pos0,
                              int heads, int kv_heads, int max_ctx, float* __restrict__ part_o,
-                             float* __restrict__ part_ml, FusedQkv fz) {
+                             float* __restrict__ part_ml, FusedQkv fz, BatchArgs ba) {
   constexpr int EPL = HD / 32;
   const int group = heads / kv_heads;
   constexpr int RC = HD / 8;   // 16-byte chunks per K/V row
@@ -205,7 +216,21 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   pdl_launch_dependents();  // PDL (launch.h): q / qkv and the position come from earlier kernels
   pdl_wait();
 
-  const int n = *d_pos0 + 1;
+  int n;
+  if (ba.rows) {  // batched (attention_decode_qkv_batch): grid z = the row, its own sequence
+    const int b = blockIdx.z;
+    const DecodeBatchRow& r = ba.rows[b];
+    n = r.pos + 1;
+    max_ctx = r.max_ctx;
+    bf16* kc = r.kv + size_t(ba.slot) * 2 * kv_heads * size_t(max_ctx) * HD;
+    k_cache = fz.k_cache = kc;
+    v_cache = fz.v_cache = kc + size_t(kv_heads) * max_ctx * HD;
+    fz.qkv += size_t(b) * ba.qkv_stride;
+    part_o += size_t(b) * ba.part_stride;
+    part_ml += size_t(b) * ba.part_stride;
+  } else {
+    n = *d_pos0 + 1;
+  }
   const int S = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
   const int kps = dec_keys_per_split(n, S);
   const int start = split * kps;
@@ -433,13 +458,24 @@ __global__ void __launch_bounds__(kCombineThreads)
     attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                const bf16* __restrict__ gate, const float* __restrict__ qkv,
                                const int32_t* __restrict__ d_pos0, int S, int heads,
-                               bf16* __restrict__ out) {
+                               bf16* __restrict__ out, BatchArgs ba) {
   __shared__ float w_s[kMaxSplits];
   __shared__ __align__(16) float red[16][64];
   __shared__ float scratch[32];
   pdl_launch_dependents();  // PDL (launch.h): the split kernel's partials
   pdl_wait();
-  const int n = *d_pos0 + 1, kps = dec_keys_per_split(n, S), na = (n + kps - 1) / kps;
+  int n;
+  if (ba.rows) {  // batched: grid z = the row
+    const int b = blockIdx.z;
+    n = ba.rows[b].pos + 1;
+    qkv += size_t(b) * ba.qkv_stride;
+    part_o += size_t(b) * ba.part_stride;
+    part_ml += size_t(b) * ba.part_stride;
+    out += size_t(b) * heads * HD;
+  } else {
+    n = *d_pos0 + 1;
+  }
+  const int kps = dec_keys_per_split(n, S), na = (n + kps - 1) / kps;
   const int h = blockIdx.x, d0 = blockIdx.y * 64, tid = threadIdx.x;
   float mx = -INFINITY;
   for (int s = tid; s < na; s += kCombineThreads)
@@ -479,7 +515,8 @@ template <int HD, bool FUSED>
 void launch_decode(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
                    const int32_t* d_pos0, int heads, int kv_heads, int max_ctx, int S,
                    float* part_o, float* part_ml, const FusedQkv& fz, bf16* out,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, const BatchArgs& ba = BatchArgs{nullptr, 0, 0, 0},
+                   int B = 1) {
   constexpr int smem = FUSED ? dec_fused_smem_bytes<HD>() : dec_smem_bytes<HD>();
   static const bool attr_set = [] {
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel<HD, FUSED>,
@@ -487,12 +524,12 @@ void launch_decode(const bf16* q, const bf16* gate, const bf16* k_cache, const b
     return true;
   }();
   (void)attr_set;
-  launch_kernel(true, attn_decode_split_kernel<HD, FUSED>, dim3(S, kv_heads), dim3(kDecThreads),
+  launch_kernel(true, attn_decode_split_kernel<HD, FUSED>, dim3(S, kv_heads, B), dim3(kDecThreads),
                 size_t(smem), stream, q, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, part_o,
-                part_ml, fz);
-  launch_kernel(true, attn_decode_combine_kernel<HD, FUSED>, dim3(heads, HD / 64),
+                part_ml, fz, ba);
+  launch_kernel(true, attn_decode_combine_kernel<HD, FUSED>, dim3(heads, HD / 64, B),
                 dim3(kCombineThreads), 0, stream, part_o, part_ml, gate, fz.qkv, d_pos0, S, heads,
-                out);
+                out, ba);
 }
 
 template <bool FUSED>
@@ -600,6 +637,47 @@ void attention_decode_qkv(const float* qkv, const int32_t* d_pos0, const float* 
   const FusedQkv fz{qkv, q_norm, k_norm, inv_freq, rotary_dim, eps, k_cache, v_cache};
   launch_decode_hd<true>(hd, nullptr, nullptr, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx,
                          partial, fz, out, stream);
+}
+
+int attention_decode_batch_splits(int kv_heads) {
+  return attention_decode_splits(kv_heads, 1 << 30);
+}
+
+size_t attention_decode_batch_workspace_floats(int B, int heads, int kv_heads, int hd) {
+  return size_t(B) * size_t(attention_decode_batch_splits(kv_heads)) * heads * (hd + 2);
+}
+
+void attention_decode_qkv_batch(const float* qkv, int B, const DecodeBatchRow* rows, int slot,
+                                const float* q_norm, const float* k_norm, const float* inv_freq,
+                                int heads, int kv_heads, int hd, int rotary_dim, float eps,
+                                float* partial, bf16* out, cudaStream_t stream) {
+  check_attention_shape(heads, kv_heads, hd, 1);
+  if (!qkv || !rows || !partial || !out) fail("attention_decode_qkv_batch: null pointer");
+  if (B < 1 || B > 65535) fail("attention_decode_qkv_batch: B = {}", B);
+  if (rotary_dim < 0 || rotary_dim > hd || rotary_dim % 2)
+    fail("attention_decode_qkv_batch: rotary_dim {}", rotary_dim);
+  // Every row uses the largest split count (its key ranges follow its own length; empty splits
+  // exit): one graph serves any mix of context sizes.
+  const int S = attention_decode_batch_splits(kv_heads);
+  const size_t row = size_t(S) * heads * (hd + 2);
+  const FusedQkv fz{qkv, q_norm, k_norm, inv_freq, rotary_dim, eps, nullptr, nullptr};
+  const BatchArgs ba{rows, slot, heads * 2 * hd + 2 * kv_heads * hd, row};
+  float* part_o = partial;
+  float* part_ml = partial + size_t(S) * heads * hd;
+  switch (hd) {
+    case 64:
+      launch_decode<64, true>(nullptr, nullptr, nullptr, nullptr, nullptr, heads, kv_heads, 1, S,
+                              part_o, part_ml, fz, out, stream, ba, B);
+      break;
+    case 128:
+      launch_decode<128, true>(nullptr, nullptr, nullptr, nullptr, nullptr, heads, kv_heads, 1, S,
+                               part_o, part_ml, fz, out, stream, ba, B);
+      break;
+    default:
+      launch_decode<256, true>(nullptr, nullptr, nullptr, nullptr, nullptr, heads, kv_heads, 1, S,
+                               part_o, part_ml, fz, out, stream, ba, B);
+      break;
+  }
 }
 
 }  // namespace lilac::cuda

@@ -46,6 +46,10 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* a = std::getenv("LILAC_ATTN_DECODE"))
     o.fused_attention_decode = std::string(a) != "split";
   if (const char* gr = std::getenv("LILAC_CUDA_GRAPHS")) o.use_graphs = std::string(gr) != "0";
+  if (const char* b = std::getenv("LILAC_BATCH_DECODE")) o.batch_decode = std::string(b) != "0";
+  if (const char* m = std::getenv("LILAC_BATCH_MIN")) o.batch_min_rows = std::max(1, std::atoi(m));
+  if (const char* g = std::getenv("LILAC_BATCH_GROUPED_MOE"))
+    o.batch_grouped_moe_min_rows = std::max(-1, std::atoi(g));
   return o;
 }
 
@@ -93,6 +97,7 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
 }
 
 CudaBackend::~CudaBackend() {
+  batch_.reset();  // its graphs and buffers first
   if (stream_) cudaStreamDestroy(stream_);
 }
 

@@ -24,11 +24,23 @@ struct CudaOptions {
   // LILAC_ATTN_DECODE=fused|split, LILAC_CUDA_GRAPHS=0 (decode steps launched one by one).
   GdnDecodePath gdn_decode_path = GdnDecodePath::Auto;
   bool fused_attention_decode = true;
+  // step_batch: decode items of at least `batch_min_rows` sequences advance in one batched pass
+  // (cuda_backend_batch.cpp); fewer go through step() one by one. LILAC_BATCH_DECODE=0 turns the
+  // batched pass off (A/B), LILAC_BATCH_MIN=n sets the threshold.
+  bool batch_decode = true;
+  int batch_min_rows = 2;
+  // Batched passes of at least this many rows run the MoE as prefill does (moe_route, grouped
+  // GEMMs over the tokens of each expert: every touched expert read once) instead of the decode
+  // MoE kernels with a grid row per token (each token reads its own experts). 0: never; -1:
+  // the measured default (16 with BF16 experts, never with 4-bit ones: docs/performance.md).
+  // LILAC_BATCH_GROUPED_MOE=n.
+  int batch_grouped_moe_min_rows = -1;
   static CudaOptions from_environment();
 };
 
 class CudaSequenceState;
 struct Workspace;
+struct BatchWorkspace;
 
 class CudaBackend : public Backend {
  public:
@@ -45,6 +57,11 @@ class CudaBackend : public Backend {
                       const SamplingParams& params) override;
   StepResult step(SequenceState& state, std::span<const int32_t> ids,
                   uint64_t sample_index) override;
+  // Decode items (one id, sampling, no constraint) of distinct sequences run as batched passes of
+  // up to kMaxBatchRows rows (one graph replay per pass, per batch size); other items (prompt
+  // pieces, constrained items) run first, one by one, through forward() / step().
+  std::vector<StepResult> step_batch(std::span<const BatchItem> items) override;
+  static constexpr int kMaxBatchRows = 64;
   std::unique_ptr<SequenceState> clone(const SequenceState& state) override;
   std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state,
                                                      int64_t max_context) override;
@@ -55,6 +72,19 @@ class CudaBackend : public Backend {
   std::vector<std::string> kernel_breakdown();
 
   const DeviceModel& model() const { return *model_; }
+  const CudaOptions& options() const { return options_; }
+  void set_options(const CudaOptions& o) { options_ = o; }
+
+  // Tests and benchmarks: the number of batched passes run so far, and the f32 logits [V] of row
+  // `row` of the last batched pass (its rows in the order of the decode items).
+  int64_t batched_passes() const { return batched_passes_; }
+  std::vector<float> last_batch_logits(int row);
+  // Benchmarks: the GPU time of one batched pass over `states` (each decoding one token; their
+  // positions advance by `replays`), as the median of `replays` graph replays.
+  double time_batched_pass(std::span<SequenceState* const> states, int replays);
+  // Per-kernel times of one batched pass over `states` (un-graphed, CUDA events around each
+  // launch; the sequences advance by one token).
+  std::vector<std::string> batch_kernel_breakdown(std::span<SequenceState* const> states);
 
   // Tests: the Gated DeltaNet conv state [K-1, C] and recurrent state [Hv, Dk, Dv] of layer
   // `layer` (f32, copied to the host), to compare with the CPU backend's.
@@ -73,12 +103,23 @@ class CudaBackend : public Backend {
   void layer_prefill(CudaSequenceState& st, int64_t layer, int T, int pos0, Timer* timer);
   void layer_decode(CudaSequenceState& st, int64_t layer, Timer* timer);
   void sample_launches(CudaSequenceState& st, Timer* timer);
+  // The batched decode pass (cuda_backend_batch.cpp).
+  void batch_layer(int64_t layer, int B, bool grouped_moe, Timer* timer);
+  void batch_launches(int B, bool grouped_moe, Timer* timer);
+  bool batch_grouped_moe(int B) const;
+  void run_batch_graph(int B);
+  void upload_batch(std::span<CudaSequenceState* const> seqs, std::span<const int32_t> ids);
+  void decode_batch(std::span<CudaSequenceState* const> seqs, std::span<const int32_t> ids,
+                    std::span<const uint64_t> sample_index, std::span<StepResult> out);
+  BatchWorkspace& batch_ws();
 
   std::shared_ptr<DeviceModel> model_;
   CudaOptions options_;
   std::unique_ptr<Workspace> ws_;
   cudaStream_t stream_ = nullptr;
   int64_t last_context_ = 0;
+  std::unique_ptr<BatchWorkspace> batch_;
+  int64_t batched_passes_ = 0;
 };
 
 // Backends for the CLI: from a loaded checkpoint (quantize: `--weights q4` on a float

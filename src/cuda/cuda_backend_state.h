@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/decode_batch.h"
 #include "cuda/gemm.h"
 #include "cuda/linear.h"
 #include "cuda/moe_decode.h"
@@ -56,6 +57,38 @@ struct Workspace {
       router_ws;  // moe_router's counter (zeroed once, kept at zero by the kernel)
   DeviceBuffer<uint8_t> sample_ws;  // sample() workspace
   DeviceBuffer<uint8_t> argmax_ws;  // argmax() workspace (zeroed once; launches leave it zeroed)
+};
+
+// The batched decode pass's own buffers (cuda_backend_batch.cpp; allocated at the first
+// step_batch): the per-step descriptor (rows and ids, uploaded in one copy from pinned memory),
+// the per-row routing, expert activations, attention partials, argmax slices and tokens, and one
+// graph per batch size. The activations h, x, proj, mix, router and logits are Workspace's rows
+// 0..B-1.
+struct BatchUpload {
+  DecodeBatchRow rows[CudaBackend::kMaxBatchRows];
+  int32_t ids[CudaBackend::kMaxBatchRows];
+};
+
+struct BatchWorkspace {
+  int max_B = 0;
+  DeviceBuffer<BatchUpload> upload;    // [1]
+  BatchUpload* upload_host = nullptr;  // pinned
+  int32_t* tokens_host = nullptr;      // pinned [max_B]
+  DeviceBuffer<int32_t> tokens;        // [max_B] argmax of each row
+  DeviceBuffer<int32_t> topk_idx;      // [max_B, k]
+  DeviceBuffer<float> topk_w;          // [max_B, k]
+  DeviceBuffer<int32_t> order;         // [max_B * k] the pairs sorted by expert (4-bit MoE)
+  DeviceBuffer<bf16> act;              // [max_B, k * I + Is]
+  DeviceBuffer<float> attn_partial;    // attention_decode_batch_workspace_floats(max_B, ...)
+  DeviceBuffer<uint8_t> argmax_ws;     // [max_B] slices of 256 bytes, zeroed once
+  // (batch size, grouped MoE) -> forward + argmax + position advance
+  std::map<std::pair<int, bool>, cudaGraphExec_t> graphs;
+
+  ~BatchWorkspace() {
+    for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
+    if (upload_host) cudaFreeHost(upload_host);
+    if (tokens_host) cudaFreeHost(tokens_host);
+  }
 };
 
 class CudaSequenceState : public SequenceState {

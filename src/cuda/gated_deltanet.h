@@ -39,6 +39,17 @@ void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
                 int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
                 cudaStream_t stream, GdnDecodePath path = GdnDecodePath::Auto);
 
+// B sequences at once (a batched decode step; the cluster kernel only: gdn_decode_uses_cluster
+// must hold): row b reads proj[b] (rows of C + Hv*Dv + 2*Hv), updates the conv and recurrent state
+// of layer slot `slot` of its own sequence (rows[b].conv / .rec, device memory) and writes out[b]
+// [Hv*Dv]. Each row computes exactly what gdn_decode computes for it (the same kernel, grid z =
+// the row). One launch.
+struct DecodeBatchRow;
+void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
+                      const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
+                      const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
+                      bf16* out, cudaStream_t stream);
+
 // Prefill workspace for T tokens (no initialisation needed).
 size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv);
 

@@ -38,6 +38,7 @@
 #include <mutex>
 
 #include "cuda/common.cuh"
+#include "cuda/decode_batch.h"
 #include "cuda/gated_deltanet.h"
 #include "cuda/launch.h"
 #include "cuda/vec_util.cuh"
@@ -268,7 +269,8 @@ __global__ void __launch_bounds__(2 * DK)
                               float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
                               const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
                               float* __restrict__ state, int Hk, int Hv, int Dv, float eps,
-                              bf16* __restrict__ out) {
+                              bf16* __restrict__ out, const DecodeBatchRow* __restrict__ rows,
+                              int slot, int proj_stride) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NTH = 2 * DK, NW = NTH / 32;
   __shared__ __align__(16) float qk_all[2 * DK];   // post-conv q [0, DK) and k [DK, 2 DK) of kh
@@ -294,6 +296,15 @@ __global__ void __launch_bounds__(2 * DK)
   const int c0 = cb * kCols;
   const int cq = tid & 7, rg = tid >> 3;  // columns 4cq..4cq+3 (of 32), rows 4rg..4rg+3
   const uint32_t rank = cluster_ctarank();
+  // Batched (gdn_decode_batch): grid z = the batch row; its projection row, output row and the
+  // states of layer slot `slot` of its own sequence.
+  if (rows) {
+    const int b = blockIdx.z;
+    proj += size_t(b) * proj_stride;
+    out += size_t(b) * Hv * Dv;
+    conv_state = rows[b].conv + size_t(slot) * (KC - 1) * C;
+    state = rows[b].rec + size_t(slot) * Hv * DK * Dv;
+  }
 
   // 1. This thread's 4 x 4 slice of S, in flight while the rest is computed; warp 0 also fetches
   //    what the final norm needs.
@@ -469,11 +480,13 @@ struct DecodeArgs {
   float eps;
   float* ws;
   bf16* out;
+  const DecodeBatchRow* rows = nullptr;  // batched (cluster kernel only): B rows, grid z
+  int B = 1, slot = 0, proj_stride = 0;
 };
 
 template <int DK, int KC>
 void launch_gdn_decode(const DecodeArgs& a, bool cluster, cudaStream_t stream) {
-  const dim3 grid(a.Dv / kCols, a.Hv);
+  const dim3 grid(a.Dv / kCols, a.Hv, a.B);
   if (!cluster) {
     int* counters = reinterpret_cast<int*>(a.ws);
     float* o_ws = a.ws + counters_floats(a.Hk, a.Hv);
@@ -503,7 +516,7 @@ void launch_gdn_decode(const DecodeArgs& a, bool cluster, cudaStream_t stream) {
   }
   LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_cluster_kernel<DK, KC>, a.proj, a.taps,
                                       a.conv_state, a.neg_exp_A, a.dt_bias, a.norm_w, a.state, a.Hk,
-                                      a.Hv, a.Dv, a.eps, a.out));
+                                      a.Hv, a.Dv, a.eps, a.out, a.rows, a.slot, a.proj_stride));
   LILAC_CUDA_LAUNCHED();
 }
 
@@ -521,6 +534,8 @@ void launch_gdn_decode_k(int K, const DecodeArgs& a, bool cluster, cudaStream_t 
       break;
   }
 }
+
+void launch_gdn_decode_dk(int Dk, int K, const DecodeArgs& a, bool cluster, cudaStream_t stream);
 
 }  // namespace
 
@@ -564,6 +579,30 @@ void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
   }
   const DecodeArgs a{proj, conv_taps, conv_state, neg_exp_A, dt_bias,   norm_scale, state,
                      Hk,   Hv,        Dv,         eps,       workspace, out};
+  launch_gdn_decode_dk(Dk, K, a, cluster, stream);
+}
+
+void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
+                      const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
+                      const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
+                      bf16* out, cudaStream_t stream) {
+  if (!proj || !rows || !out) fail("gdn_decode_batch: null pointer");
+  if (B < 1 || B > 65535) fail("gdn_decode_batch: B = {}", B);
+  if (Hk <= 0 || Hv % Hk != 0 || Dv <= 0 || Dv % kCols != 0 || K < 2 || K > 4 ||
+      (Dk != 32 && Dk != 64 && Dk != 128) || !gdn_decode_uses_cluster(Hk, Hv, Dk, Dv))
+    fail("gdn_decode_batch: no batched (cluster) path for Hk {} Hv {} Dk {} Dv {} K {} here", Hk,
+         Hv, Dk, Dv, K);
+  DecodeArgs a{proj, conv_taps, nullptr, neg_exp_A, dt_bias, norm_scale, nullptr,
+               Hk,   Hv,        Dv,      eps,       nullptr, out};
+  a.rows = rows;
+  a.B = B;
+  a.slot = slot;
+  a.proj_stride = int(Dk * Hk * 2 + Hv * Dv * 2 + 2 * Hv);
+  launch_gdn_decode_dk(Dk, K, a, true, stream);
+}
+
+namespace {
+void launch_gdn_decode_dk(int Dk, int K, const DecodeArgs& a, bool cluster, cudaStream_t stream) {
   switch (Dk) {
     case 32:
       launch_gdn_decode_k<32>(K, a, cluster, stream);
@@ -576,5 +615,6 @@ void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
       break;
   }
 }
+}  // namespace
 
 }  // namespace lilac::cuda

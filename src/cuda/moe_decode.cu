@@ -73,6 +73,10 @@ __global__ void __launch_bounds__(kThreads)
                        const int32_t* __restrict__ idx, int k, const bf16* __restrict__ x, int H,
                        int I, int Is, bf16* __restrict__ act, int blocks_per_expert, int prefetch) {
   extern __shared__ uint4 xs[];  // [H / 8]
+  // Batched: token blockIdx.y (its experts, x and act row).
+  idx += blockIdx.y * k;
+  x += size_t(blockIdx.y) * H;
+  act += size_t(blockIdx.y) * (size_t(k) * I + Is);
   const int nch = H >> 3;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.x;
@@ -132,7 +136,13 @@ __global__ void __launch_bounds__(kThreads, 4)
     moe_down_kernel(const bf16* __restrict__ down, const bf16* __restrict__ shared_down,
                     const int32_t* __restrict__ idx, const float* __restrict__ w,
                     const float* __restrict__ shared_logit, const bf16* __restrict__ act, int k,
-                    int H, int I, int Is, float* __restrict__ h, int prefetch) {
+                    int H, int I, int Is, float* __restrict__ h, int prefetch, int logit_stride) {
+  // Batched: token blockIdx.y (its experts, weights, shared logit, act and residual rows).
+  idx += blockIdx.y * k;
+  w += blockIdx.y * k;
+  shared_logit += size_t(blockIdx.y) * logit_stride;
+  act += size_t(blockIdx.y) * (size_t(k) * I + Is);
+  h += size_t(blockIdx.y) * H;
   extern __shared__ uint4 as[];  // [(k * I + Is) / 8]: act slot j at j * I / 8, shared at k * I / 8
   __shared__ float s_w[kMaxK + 1];
   __shared__ float s_half[kWarps];
@@ -267,7 +277,8 @@ void moe_router(const bf16* router, int E, int H, const float* h, const float* s
 }
 
 void moe_gate_up_gemv(const bf16* gate_up, const bf16* shared_gate_up, const int32_t* idx, int k,
-                      const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream) {
+                      const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream, int B) {
+  if (B < 1 || B > 65535) fail("cuda::moe_gate_up_gemv: B = {}", B);
   if (!gate_up || !shared_gate_up || !idx || !x || !act)
     fail("cuda::moe_gate_up_gemv: null pointer");
   if (k < 1 || k > kMaxK || H < 8 || H % 8 || H > 16384 || I < 8 || I % 8 || Is < 8 || Is % 8)
@@ -276,14 +287,15 @@ void moe_gate_up_gemv(const bf16* gate_up, const bf16* shared_gate_up, const int
     fail("cuda::moe_gate_up_gemv: weights and x must be 16-byte aligned");
   const int bpe = ceil_div(I, kWarps);
   const int grid = k * bpe + ceil_div(Is, kWarps);
-  launch_kernel(true, moe_gate_up_kernel, dim3(grid), dim3(kThreads), size_t(H) * 2, stream,
+  launch_kernel(true, moe_gate_up_kernel, dim3(grid, B), dim3(kThreads), size_t(H) * 2, stream,
                 gate_up, shared_gate_up, idx, k, x, H, I, Is, act, bpe,
                 l2_prefetch_enabled() ? 1 : 0);
 }
 
 void moe_down_gemv(const bf16* down, const bf16* shared_down, const int32_t* idx, const float* w,
                    const float* shared_logit, const bf16* act, int k, int H, int I, int Is,
-                   float* h, cudaStream_t stream) {
+                   float* h, cudaStream_t stream, int B, int logit_stride) {
+  if (B < 1 || B > 65535) fail("cuda::moe_down_gemv: B = {}", B);
   if (!down || !shared_down || !idx || !w || !shared_logit || !act || !h)
     fail("cuda::moe_down_gemv: null pointer");
   if (k < 1 || k > kMaxK || H < 1 || I < 8 || I % 8 || Is < 8 || Is % 8 || k * I + Is > 65536)
@@ -294,9 +306,9 @@ void moe_down_gemv(const bf16* down, const bf16* shared_down, const int32_t* idx
   if (smem > 48 * 1024)
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(moe_down_kernel,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_kernel(true, moe_down_kernel, dim3(ceil_div(H, kDownOuts)), dim3(kThreads), smem, stream,
-                down, shared_down, idx, w, shared_logit, act, k, H, I, Is, h,
-                l2_prefetch_enabled() ? 1 : 0);
+  launch_kernel(true, moe_down_kernel, dim3(ceil_div(H, kDownOuts), B), dim3(kThreads), smem,
+                stream, down, shared_down, idx, w, shared_logit, act, k, H, I, Is, h,
+                l2_prefetch_enabled() ? 1 : 0, logit_stride);
 }
 
 }  // namespace lilac::cuda

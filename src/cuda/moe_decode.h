@@ -44,7 +44,8 @@ void moe_router(const bf16* router, int E, int H, const float* h, const float* s
 // x is moe_router's x_out. Launched with PDL (launch.h). Twin: cpu::moe_token_act (then bf16
 // rounding).
 void moe_gate_up_gemv(const bf16* gate_up, const bf16* shared_gate_up, const int32_t* idx, int k,
-                      const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream);
+                      const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream,
+                      int B = 1);
 
 // h[c] += sum_{j<k} w[j] * (down_{idx[j]}[c] . act_j) + sigmoid(*shared_logit) * (shared_down[c] .
 // act_k) for c < H, with act laid out as moe_gate_up_gemv writes it. down bf16 [E, H, I],
@@ -56,6 +57,14 @@ void moe_gate_up_gemv(const bf16* gate_up, const bf16* shared_gate_up, const int
 // (launch.h). Twin: cpu::moe_token_down (added to h).
 void moe_down_gemv(const bf16* down, const bf16* shared_down, const int32_t* idx, const float* w,
                    const float* shared_logit, const bf16* act, int k, int H, int I, int Is,
-                   float* h, cudaStream_t stream);
+                   float* h, cudaStream_t stream, int B = 1, int logit_stride = 0);
+// Batched decode (B tokens of B sequences, grid y = the token): token b reads idx/w at b * k, x and
+// h at b * H, act at b * (k * I + Is) and its shared logit at b * logit_stride; each token's result
+// is exactly the B = 1 result for it. The experts' weights are read per token (a touched expert
+// once per token that picked it; L2 serves the shared expert and repeats).
+
+// order[0, n) = the pair indices p (of idx [n], e.g. [B, k] flattened) sorted by (idx[p], p): the
+// pairs that share an expert become neighbours. One block; n <= 2048. (moe_sort.cu)
+void moe_sort_pairs(const int32_t* idx, int n, int32_t* order, cudaStream_t stream);
 
 }  // namespace lilac::cuda

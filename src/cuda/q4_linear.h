@@ -20,6 +20,14 @@ namespace lilac::cuda {
 // weight never goes through bf16: q4_tile.cuh). Never synchronises; graph-capturable.
 void q_gemv(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_t stream);
 
+// T token rows at once (the dense projections of a batched decode step; q4_gemv_rows.cu):
+// y[t, r] (=|+=) sum_k W[r, k] x[t, k] for t < T, r < W.rows; x bf16 [T, W.cols], y f32
+// [T, W.rows]. Each weight is read once for all rows (the tokens are the MMA's n dimension).
+// Same arithmetic as q_gemv per (row, group); the f32 sums over groups run in another order, so
+// a row's result equals q_gemv's up to f32 rounding. 1 <= T <= kQGemvRowsMax.
+constexpr int kQGemvRowsMax = 64;
+void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
+                 cudaStream_t stream);
 // The same with a bf16 store (round to nearest even).
 void q_gemv_bf16out(const QMatrix& W, const bf16* x, bf16* y, cudaStream_t stream);
 

@@ -22,14 +22,20 @@ namespace lilac::cuda {
 // j < k; act[k * I + i] the shared expert's, i < Is. One launch; the grid depends on k, I, Is.
 // Twin: cpu::moe_token_act (dequantised weights), then bf16 rounding.
 void q_moe_gate_up_gemv(const QMatrix& gate_up, const QMatrix& shared_gate_up, const int32_t* idx,
-                        int k, const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream);
+                        int k, const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream,
+                        int B = 1, const int32_t* order = nullptr);
 
 // h[c] += sum_{j<k} w[j] * (down_{idx[j]}[c] . act_j) + sigmoid(*shared_logit) *
 // (shared_down[c] . act_k), fixed order (j ascending, shared last). One launch of H / 16 blocks of
 // (k + 1) warps. k <= 31. Twin: cpu::moe_token_down.
 void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int32_t* idx,
                      const float* w, const float* shared_logit, const bf16* act, int k, int H,
-                     int I, int Is, float* h, cudaStream_t stream);
+                     int I, int Is, float* h, cudaStream_t stream, int B = 1, int logit_stride = 0);
+// B > 1: B tokens at once, as moe_gate_up_gemv / moe_down_gemv (moe_decode.h) describe. With
+// `order` (moe_sort_pairs of idx [B, k]), q_moe_gate_up_gemv walks the B * k (token, slot) pairs
+// in expert order (one grid row): the pairs that share an expert run next to each other and read
+// its weights from L2 after the first; the results are those of the unsorted launch. From 32
+// tokens the down kernel's grid is token-major (the B tokens of an output tile are neighbours).
 
 // Prefill, grouped by expert through moe_route's tables (moe_prefill.h). The weights are
 // dequantised to bf16 (w = RNE_bf16(s q + b), cpu::dequantize_row_bf16) and multiplied on tensor

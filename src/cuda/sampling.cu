@@ -154,12 +154,21 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int id) {
 }
 
 // Workspace: [0] the block counter (u32), [8] the running key (u64); both zero between launches.
+// Batched: one such slice of kArgmaxRowBytes per row.
+constexpr size_t kArgmaxRowBytes = 256;
 template <bool kVec>
 __global__ void __launch_bounds__(kArgThreads)
     argmax_kernel(const float* __restrict__ x, int n, unsigned int* counter,
-                  unsigned long long* key, int32_t* out) {
+                  unsigned long long* key, int32_t* out, size_t x_stride) {
   pdl_launch_dependents();  // PDL (launch.h): nothing is read before the wait
   pdl_wait();
+  // Batched (argmax_batch): row blockIdx.y has its own logits, workspace slice and output.
+  x += blockIdx.y * x_stride;
+  counter = reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(counter) +
+                                            blockIdx.y * kArgmaxRowBytes);
+  key = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(key) +
+                                              blockIdx.y * kArgmaxRowBytes);
+  out += blockIdx.y;
   __shared__ float sv[32];
   __shared__ int sid[32];
   __shared__ bool s_last;
@@ -732,7 +741,20 @@ void argmax(const float* logits, int n, void* workspace, int32_t* out, cudaStrea
   auto* key = reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + 8);
   const int grid = argmax_blocks(n);
   launch_kernel(true, is_aligned(logits, 16) ? argmax_kernel<true> : argmax_kernel<false>,
-                dim3(grid), dim3(kArgThreads), 0, stream, logits, n, counter, key, out);
+                dim3(grid), dim3(kArgThreads), 0, stream, logits, n, counter, key, out, size_t(0));
+}
+
+void argmax_batch(const float* logits, int n, size_t stride, int B, void* workspace, int32_t* out,
+                  cudaStream_t stream) {
+  if (!logits || !workspace || !out) fail("cuda::argmax_batch: null pointer");
+  if (n < 1 || B < 1 || B > 65535 || stride < size_t(n))
+    fail("cuda::argmax_batch: n = {}, B = {}, stride {}", n, B, stride);
+  if (!is_aligned(workspace, 8)) fail("cuda::argmax_batch: the workspace must be 8-byte aligned");
+  auto* counter = static_cast<unsigned int*>(workspace);
+  auto* key = reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + 8);
+  const bool vec = is_aligned(logits, 16) && stride % 4 == 0;
+  launch_kernel(true, vec ? argmax_kernel<true> : argmax_kernel<false>, dim3(argmax_blocks(n), B),
+                dim3(kArgThreads), 0, stream, logits, n, counter, key, out, stride);
 }
 
 size_t sample_workspace_bytes(int n_real) {

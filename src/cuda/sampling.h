@@ -26,6 +26,11 @@ size_t argmax_workspace_bytes(int n);
 // (cudaMemset); every launch leaves it that way again. Launched with PDL (launch.h). Twin:
 // lilac::argmax.
 void argmax(const float* logits, int n, void* workspace, int32_t* out, cudaStream_t stream);
+// B rows at once (a batched decode step): out[b] = argmax of logits[b * stride, + n), in one
+// launch (grid y = row). The workspace is B * argmax_workspace_bytes(n) bytes, zero-filled once;
+// row b uses slice b. Each row's result equals argmax() on that row.
+void argmax_batch(const float* logits, int n, size_t stride, int B, void* workspace, int32_t* out,
+                  cudaStream_t stream);
 
 // ---- sampling
 // ------------------------------------------------------------------------------------

@@ -1,0 +1,175 @@
+// gemv_rows: the BF16 decode GEMV over T <= 64 token rows at once (the dense projections of a
+// batched decode step), each weight read once for all rows; the BF16 twin of q_gemv_rows.
+//
+// Why: at M = 1..64 the prefill GEMM's tiles leave most SMs idle on the 2048-row matrices
+// (out_proj 2048 x 4096 at M = 16: 16 blocks, 43 us for 16.8 MB; run 3 of the batch bench).
+//
+// Design: a warp owns a 16-row tile and a slice of its columns (S slices per tile, S chosen so
+// that tiles x S fill the GPU, meeting in shared memory in slice order: deterministic). Per 64
+// columns a lane loads 2 x 16 bytes of row g and of row g + 8 (g = lane / 4, t = lane % 4: columns
+// 16t .. 16t + 15, so a quad reads 128 contiguous bytes of a row) and uses them as the A operand of
+// four m16n8k16 MMAs with the tokens as the n dimension (8 per MMA). The k order inside the MMAs is
+// a permutation of the columns (lane t's A elements 2t, 2t+1 | 2t+8, 2t+9 of k-block kb are
+// columns 16t + 4kb + 0, 1 | 2, 3), applied to the B operand alike (token g's x at the same
+// columns), so each product pairs the right weight with the right x. Two 64-column steps are in
+// flight per warp (8 x 16-byte loads per lane) before their MMAs. f32 accumulation.
+#include <algorithm>
+
+#include "cuda/gemm_tile.cuh"
+#include "cuda/gemv_rows.h"
+#include "cuda/launch.h"
+#include "cuda/vec_util.cuh"
+#include "util/error.h"
+
+namespace lilac::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTok = 8;
+constexpr int kStep = 64;   // columns per step
+constexpr int kUnroll = 2;  // steps in flight
+
+__device__ __forceinline__ uint4 ld_nc16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+template <int NCH, bool kAdd>
+__global__ void __launch_bounds__(kThreads)
+    gemv_rows_kernel(const bf16* __restrict__ W, int rows, int cols, const bf16* __restrict__ x,
+                     int T, float* __restrict__ y, int S, int steps_per_slice) {
+  __shared__ float part[kWarps][NCH][4][32];
+  pdl_launch_dependents();  // PDL (launch.h): x is the previous kernel's output
+  pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tiles = (rows + 15) / 16, steps = cols / kStep;
+  const int tile = blockIdx.x * (kWarps / S) + warp / S;
+  const int slice = warp % S;
+  float acc[NCH][4];
+#pragma unroll
+  for (int ch = 0; ch < NCH; ++ch) acc[ch][0] = acc[ch][1] = acc[ch][2] = acc[ch][3] = 0.f;
+  if (tile < tiles) {  // warp-uniform
+    // Rows past the matrix read row rows - 1 (valid memory) and are not stored.
+    const int r0 = min(tile * 16 + g, rows - 1), r1 = min(tile * 16 + g + 8, rows - 1);
+    const bf16* w0 = W + size_t(r0) * cols + 16 * t;
+    const bf16* w1 = W + size_t(r1) * cols + 16 * t;
+    const int s0 = slice * steps_per_slice, s1 = min(steps, s0 + steps_per_slice);
+    for (int st = s0; st < s1; st += kUnroll) {
+      uint4 wa[kUnroll][2][2];  // [step][row g / g + 8][first / second 16 bytes]
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = min(st + u, s1 - 1) * kStep;  // a clamped repeat is loaded, not used
+        wa[u][0][0] = ld_nc16(w0 + c);
+        wa[u][0][1] = ld_nc16(w0 + c + 8);
+        wa[u][1][0] = ld_nc16(w1 + c);
+        wa[u][1][1] = ld_nc16(w1 + c + 8);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (st + u >= s1) break;  // warp-uniform
+        const int c = (st + u) * kStep + 16 * t;
+        // A fragments of k-blocks 0..3: row g's words (2kb, 2kb+1), row g+8's likewise.
+        const uint32_t ra[8] = {wa[u][0][0].x, wa[u][0][0].y, wa[u][0][0].z, wa[u][0][0].w,
+                                wa[u][0][1].x, wa[u][0][1].y, wa[u][0][1].z, wa[u][0][1].w};
+        const uint32_t rb[8] = {wa[u][1][0].x, wa[u][1][0].y, wa[u][1][0].z, wa[u][1][0].w,
+                                wa[u][1][1].x, wa[u][1][1].y, wa[u][1][1].z, wa[u][1][1].w};
+#pragma unroll
+        for (int ch = 0; ch < NCH; ++ch) {
+          const int tok = ch * kTok + g;
+          const bool has = tok < T;
+          const bf16* xr = x + size_t(has ? tok : 0) * cols + c;
+          const uint4 xa = has ? ld_nc16(xr) : make_uint4(0, 0, 0, 0);
+          const uint4 xb = has ? ld_nc16(xr + 8) : make_uint4(0, 0, 0, 0);
+          const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {
+            const uint32_t a[4] = {ra[2 * kb], rb[2 * kb], ra[2 * kb + 1], rb[2 * kb + 1]};
+            tile::mma_bf16_16816(acc[ch], a, xw[2 * kb], xw[2 * kb + 1]);
+          }
+        }
+      }
+    }
+  }
+  if (S > 1) {
+#pragma unroll
+    for (int ch = 0; ch < NCH; ++ch)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) part[warp][ch][q][lane] = acc[ch][q];
+    __syncthreads();
+    if (slice != 0) return;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ++ch)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float v = 0.f;
+        for (int s = 0; s < S; ++s) v += part[warp + s][ch][q][lane];  // slice order
+        acc[ch][q] = v;
+      }
+  }
+  if (tile >= tiles) return;
+#pragma unroll
+  for (int ch = 0; ch < NCH; ++ch)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int row = tile * 16 + g + (q < 2 ? 0 : 8);
+      const int tok = ch * kTok + 2 * t + (q & 1);
+      if (row >= rows || tok >= T) continue;
+      float* dst = y + size_t(tok) * rows + row;
+      *dst = kAdd ? *dst + acc[ch][q] : acc[ch][q];
+    }
+}
+
+template <bool kAdd>
+void launch_add(int nch, dim3 grid, const bf16* W, int rows, int cols, const bf16* x, int T,
+                float* y, int S, int sps, cudaStream_t stream) {
+  const dim3 b(kThreads);
+  switch (nch) {
+    case 1:
+      launch_kernel(true, gemv_rows_kernel<1, kAdd>, grid, b, 0, stream, W, rows, cols, x, T, y, S,
+                    sps);
+      break;
+    case 2:
+      launch_kernel(true, gemv_rows_kernel<2, kAdd>, grid, b, 0, stream, W, rows, cols, x, T, y, S,
+                    sps);
+      break;
+    case 4:
+      launch_kernel(true, gemv_rows_kernel<4, kAdd>, grid, b, 0, stream, W, rows, cols, x, T, y, S,
+                    sps);
+      break;
+    default:
+      launch_kernel(true, gemv_rows_kernel<8, kAdd>, grid, b, 0, stream, W, rows, cols, x, T, y, S,
+                    sps);
+      break;
+  }
+}
+
+}  // namespace
+
+void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y, GemvOut mode,
+               cudaStream_t stream) {
+  if (!W || !x || !y) fail("cuda::gemv_rows: null pointer");
+  if (T < 1 || T > kGemvRowsMax) fail("cuda::gemv_rows: T = {} outside [1, {}]", T, kGemvRowsMax);
+  if (rows < 1 || cols < kStep || cols % kStep != 0)
+    fail("cuda::gemv_rows: unsupported [{}, {}] (cols a positive multiple of {})", rows, cols,
+         kStep);
+  if (!is_aligned(W, 16) || !is_aligned(x, 16))
+    fail("cuda::gemv_rows: W and x must be 16-byte aligned");
+  const int chunks = (T + kTok - 1) / kTok;
+  const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
+  const int tiles = (rows + 15) / 16, steps = cols / kStep;
+  const long long target = 16LL * sm_count();
+  int S = 1;
+  while (S < kWarps && S * kUnroll < steps && (long long)tiles * S < target) S *= 2;
+  const int sps = (steps + S - 1) / S;
+  const dim3 grid(ceil_div(tiles, kWarps / S));
+  if (mode == GemvOut::Accumulate)
+    launch_add<true>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+  else
+    launch_add<false>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+}
+
+}  // namespace lilac::cuda

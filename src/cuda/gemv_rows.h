@@ -1,0 +1,20 @@
+// The BF16 decode GEMV over T token rows at once (gemv_rows.cu): the dense projections of a
+// batched decode step, each weight read once for all rows (the tokens as the MMA's n dimension).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/common.h"
+#include "cuda/linear.h"
+
+namespace lilac::cuda {
+
+// y[t, r] (=|+=) sum_k W[r, k] x[t, k] for t < T <= kGemvRowsMax, r < rows; W bf16 [rows, cols],
+// x bf16 [T, cols], y f32 [T, rows]; cols a positive multiple of 64, W and x 16-byte aligned.
+// f32 accumulation (tensor cores); the sums run in another order than gemv's, so a row equals
+// gemv's result up to f32 rounding. Deterministic. Launched with PDL; graph-capturable.
+constexpr int kGemvRowsMax = 64;
+void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y, GemvOut mode,
+               cudaStream_t stream);
+
+}  // namespace lilac::cuda

@@ -1,0 +1,114 @@
+// The batched decode step's speed (label gpu; disabled by default, a benchmark rather than a
+// test): the full-size synthetic model, BF16 and 4-bit, 64 sequences prefilled with 1024-token
+// prompts, then for B = 1, 2, 4, 8, 16, 32, 64 the first B of them decode together:
+//   * graph: the GPU time of one batched pass (median of 10 graph replays, CudaEvents);
+//   * step_batch: the wall time of one CudaBackend::step_batch call (greedy rows), host upload,
+//     replay, token readback and bookkeeping included (median of 10 calls);
+//   * step() x B: B sequences advanced one after another through step() (the path before batching).
+// Run: lilac_cuda_tests --gtest_also_run_disabled_tests --gtest_filter='BatchBench.*'
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+#include "model/qwen36.h"
+
+namespace lilac::test {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void bench(const std::string& weights) {
+  auto b = cuda::make_synthetic_backend(weights, 1);
+  const int kMax = 64, kCtx = 1024, kReps = 10;
+  const int32_t nv = b->sampling_vocab();
+  std::vector<std::unique_ptr<SequenceState>> seqs;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  for (int i = 0; i < kMax; ++i) {
+    std::vector<int32_t> prompt(static_cast<size_t>(kCtx));
+    for (int t = 0; t < kCtx; ++t)
+      prompt[size_t(t)] = int32_t((uint64_t(i * 7919 + t) * 2654435761ull) % uint64_t(nv));
+    seqs.push_back(b->new_sequence(kCtx + 400));
+    b->begin_sampling(*seqs.back(), prompt, greedy);
+    b->forward(*seqs.back(), prompt, {}, false);
+  }
+  std::printf(
+      "%s, context %d: B, graph ms, tok/s (graph), step_batch ms, tok/s, per-stream tok/s, "
+      "step() x B ms\n",
+      weights.c_str(), kCtx);
+  for (int B : {1, 2, 4, 8, 16, 32, 64}) {
+    std::vector<SequenceState*> st;
+    for (int i = 0; i < B; ++i) st.push_back(seqs[size_t(i)].get());
+    cuda::CudaOptions o = b->options();
+    o.batch_min_rows = 1;
+    o.batch_grouped_moe_min_rows = 1;  // the MoE grouped by expert (prefill kernels)
+    b->set_options(o);
+    const double grouped_ms = b->time_batched_pass(st, kReps);
+    o.batch_grouped_moe_min_rows = 0;  // the decode MoE kernels, a grid row per token
+    b->set_options(o);
+    const double graph_ms = b->time_batched_pass(st, kReps);
+    std::vector<int32_t> ids(static_cast<size_t>(B), 17);
+    std::vector<double> wall;
+    uint64_t index = 0;
+    for (int r = 0; r < kReps + 1; ++r) {
+      std::vector<BatchItem> items(static_cast<size_t>(B));
+      for (int i = 0; i < B; ++i)
+        items[size_t(i)] = {st[size_t(i)], std::span(&ids[size_t(i)], 1), index};
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto res = b->step_batch(items);
+      const auto t1 = std::chrono::steady_clock::now();
+      for (int i = 0; i < B; ++i) ids[size_t(i)] = res[size_t(i)].token;
+      ++index;
+      if (r > 0) wall.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    const double step_ms = median(wall);
+    // The same B sequences advanced one by one through step() (the single-sequence graph).
+    std::vector<double> seq_wall;
+    for (int r = 0; r < 3; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < B; ++i) {
+        const StepResult res = b->step(*st[size_t(i)], std::span(&ids[size_t(i)], 1), index);
+        ids[size_t(i)] = res.token;
+      }
+      ++index;
+      seq_wall.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::printf(
+        "  B=%-3d graph %8.3f ms %9.1f tok/s (grouped MoE %8.3f ms %9.1f tok/s) | step_batch %8.3f "
+        "ms %9.1f tok/s %7.1f/stream | step() x B %8.3f ms\n",
+        B, graph_ms, 1e3 * B / graph_ms, grouped_ms, 1e3 * B / grouped_ms, step_ms,
+        1e3 * B / step_ms, 1e3 / step_ms, median(seq_wall));
+    std::fflush(stdout);
+  }
+  // Where the time of a pass goes, at 16 and 64 rows (the default MoE choice).
+  cuda::CudaOptions o = b->options();
+  o.batch_grouped_moe_min_rows = -1;
+  b->set_options(o);
+  for (int B : {16, 64}) {
+    std::vector<SequenceState*> st;
+    for (int i = 0; i < B; ++i) st.push_back(seqs[size_t(i)].get());
+    for (const std::string& line : b->batch_kernel_breakdown(st)) std::printf("%s\n", line.c_str());
+  }
+}
+
+TEST(BatchBench, DISABLED_DecodeStepTimesBf16) {
+  LILAC_REQUIRE_GPU();
+  bench("bf16");
+}
+
+TEST(BatchBench, DISABLED_DecodeStepTimesQ4) {
+  LILAC_REQUIRE_GPU();
+  bench("q4");
+}
+
+}  // namespace
+}  // namespace lilac::test
