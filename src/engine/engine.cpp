@@ -439,8 +439,10 @@ void Engine::take(Slot& s, int32_t token, float logprob,
     run.last_token_at = now;
   }
   if (rq.constraint) rq.constraint->accept(token);
-  if (run.thinking &&
-      (token == rq.think_end_id || (run.forced > 0 && run.forced == rq.think_close.size())))
+  // The thinking ends with a sampled think_end_id, or once every think_close id was forced (the
+  // close usually starts with think_end_id itself: that one must not stop the forcing).
+  if (run.thinking && ((run.forced == 0 && token == rq.think_end_id) ||
+                       (run.forced > 0 && run.forced == rq.think_close.size())))
     run.thinking = false;
   const bool stop_id =
       std::find(rq.stop_ids.begin(), rq.stop_ids.end(), token) != rq.stop_ids.end();
