@@ -10,6 +10,11 @@
 #   tokenizer   tokenizer throughput: lilac's Google Benchmark and HF tokenizers, same file
 #   batch       the batched decode step: its GPU tests, then its bench (BatchBench.*, disabled in
 #               the plain test run: B = 1..64 at 1024 context, BF16 and 4-bit, per-kernel split)
+#   concurrency `lilac bench --synthetic --concurrency 1,2,4,8,16,32,64`, BF16 and 4-bit (JSON each)
+#   serve-q4, serve-bf16
+#               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
+#               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
+#               node is $NODE (default: node on the PATH; the GPU image has none, so carry one)
 # Everything is logged to $OUT/run.log (few files: the device tool brings back at most 8), a
 # one-line-per-step summary to $OUT/summary.txt, bench results to $OUT/bench.json.
 set -uo pipefail
@@ -29,6 +34,32 @@ run() {  # name, timeout seconds, command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
 # The build's own commit (git describe at configure time; the device copy's .git can be stale).
 "$B/lilac" --version >>"$OUT/summary.txt" 2>&1 || true
+# Serves the synthetic model in `$1` weights and runs the HTTP serving bench at each concurrency.
+serve_bench() {
+  local w=$1 levels=$2 port=8091 pid
+  "$B/lilac" serve --synthetic --weights "$w" --tokenizer tests/data/tokenizer/qwen3-tokenizer.json.gz \
+    --port $port --parallel 64 --ctx-size 2304 \
+    --queue 256 >>"$OUT/serve-$w.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 120); do
+    python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/health')" \
+      2>/dev/null && break
+    sleep 1
+  done
+  for c in $levels; do
+    local n=$c
+    [ "$c" -lt 4 ] && n=4
+    run "serve-$w-c$c" 200 "${NODE:-node}" bench/serve_bench.mjs --url "http://127.0.0.1:$port" \
+      --concurrency "$c" --requests "$n" --input-tokens 1024 --output-tokens 1024 \
+      --json "$OUT/serve-$w-c$c.json"
+    cat "$OUT/serve-$w-c$c.json" >>"$OUT/run.log" 2>/dev/null
+  done
+  curl -s "http://127.0.0.1:$port/metrics" 2>/dev/null | grep -E '^lilac_(batch_size|steps|running|slots)' \
+    >>"$OUT/run.log" || true
+  kill -TERM "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+}
+
 for s in $steps; do
   case $s in
     tests) run gpu-tests 240 "$B/lilac_cuda_tests" --gtest_brief=1 ;;
@@ -55,6 +86,13 @@ for s in $steps; do
       run batch-tests 240 "$B/lilac_cuda_tests" --gtest_filter='BatchKernels.*:BatchBackend.*'
       run batch-bench 240 "$B/lilac_cuda_tests" --gtest_also_run_disabled_tests \
         --gtest_filter='BatchBench.*' ;;
+    concurrency)
+      for w in bf16 q4; do
+        run "concurrency-$w" 240 "$B/lilac" bench --synthetic --weights "$w" \
+          --concurrency 1,2,4,8,16,32,64 --json "$OUT/concurrency-$w.json"
+      done ;;
+    serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;
+    serve-bf16) serve_bench bf16 "${SERVE_CONCURRENCY:-16}" ;;
     tokenizer)
       run tokenizer-lilac 60 "$B/tokenizer_bench" --benchmark_min_time=1
       run tokenizer-hf 60 python3 tools/hf_tokenizer_speed.py tests/data/tokenizer/qwen3-tokenizer.json.gz \
