@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "engine/stop_matcher.h"
+#include "util/device_fault.h"
 #include "util/error.h"
 
 namespace lilac {
@@ -86,6 +87,7 @@ std::future<GenerationResult> Engine::submit(GenerationRequest request) {
   {
     std::lock_guard lock(mutex_);
     if (stopping_) fail("the server is shutting down");
+    if (!fault_.empty()) fail("the device failed ({}); restart the server", fault_);
     if (int(queue_.size()) >= options_.queue_capacity) {
       metrics_.requests_rejected++;
       throw QueueFull();
@@ -94,6 +96,11 @@ std::future<GenerationResult> Engine::submit(GenerationRequest request) {
   }
   wake_.notify_one();
   return future;
+}
+
+std::string Engine::fault() const {
+  std::lock_guard lock(mutex_);
+  return fault_;
 }
 
 void Engine::warm_up() {
@@ -120,8 +127,19 @@ void Engine::worker() {
       if (stopping_) *running_cancel_ = true;
     }
     GenerationResult result;
+    const std::string fault = this->fault();
     try {
+      if (!fault.empty()) fail("the device failed earlier ({}); restart the server", fault);
       result = run(*job);
+    } catch (const DeviceFault& e) {
+      live_.reset();
+      live_tokens_.clear();
+      cache_.clear();  // snapshots may live on the failed device
+      result.finish = FinishReason::Error;
+      result.error = std::string("device fault: ") + e.what();
+      result.prompt_tokens = int64_t(job->request.prompt.size());
+      std::lock_guard lock(mutex_);
+      fault_ = e.what();
     } catch (const std::exception& e) {
       // A failed step leaves the sequence in an unknown state: drop it.
       live_.reset();
