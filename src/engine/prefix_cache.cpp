@@ -19,12 +19,17 @@ void PrefixCache::store(const SequenceState& state, std::span<const int32_t> tok
       entries_.erase(it);
       break;
     }
-  size_t need = backend_.state_bytes(state);
+  // Everything the entry holds: the state's buffers (their capacity, not their size), the
+  // token list and the entry itself.
+  const size_t need =
+      backend_.state_bytes(state) + tokens.size() * sizeof(int32_t) + sizeof(Entry);
   if (need > budget_) return;
   evict_to(budget_ - need);
-  entries_.push_front(
-      {std::vector<int32_t>(tokens.begin(), tokens.end()), backend_.clone(state), need});
-  bytes_ += need;
+  Entry e{std::vector<int32_t>(tokens.begin(), tokens.end()), backend_.clone(state), 0};
+  e.bytes = backend_.state_bytes(*e.state) + e.tokens.capacity() * sizeof(int32_t) + sizeof(Entry);
+  bytes_ += e.bytes;
+  entries_.push_front(std::move(e));
+  evict_to(budget_);  // the clone may hold more than the original (capacity)
 }
 
 std::pair<std::unique_ptr<SequenceState>, size_t> PrefixCache::lookup(

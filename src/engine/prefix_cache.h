@@ -30,6 +30,7 @@ class PrefixCache {
   // and the number of prompt tokens it covers; {nullptr, 0} when nothing matches.
   std::pair<std::unique_ptr<SequenceState>, size_t> lookup(std::span<const int32_t> prompt);
 
+  // Bytes the snapshots hold: their states' buffers (capacity), token lists and entries.
   size_t bytes() const { return bytes_; }
   size_t entries() const { return entries_.size(); }
   void clear();
