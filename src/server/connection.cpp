@@ -444,9 +444,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   t_connection = c.get();
   const int64_t read_ns = read_timeout_sec_ * 1000000000 + read_timeout_usec_ * 1000;
   const int64_t write_ns = write_timeout_sec_ * 1000000000 + write_timeout_usec_ * 1000;
-  auto stopping = [this] { return svr_sock_ == INVALID_SOCKET || closing_; };
+  // Stopped: close. Closing (draining): a new connection still gets its one answer (a 503), an
+  // idle one closes at once.
+  bool first = true;
+  auto stopping = [this, &first] {
+    return svr_sock_ == INVALID_SOCKET || (closing_ && !first);
+  };
   bool ok = false;
-  for (size_t count = limits_.max_requests; count > 0; --count) {
+  for (size_t count = limits_.max_requests; count > 0; --count, first = false) {
     c->set_phase(Phase::Idle);
     if (stopping()) break;  // after set_phase: close_idle() either sees Idle or we see closing_
     if (c->buffer_begin == c->buffer_end &&
