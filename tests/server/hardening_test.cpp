@@ -243,7 +243,7 @@ TEST(Hardening, SlowClientsDoNotBlockHealthOrStreams) {
   auto endless = script_text(*tok, "tick ");
   endless.eos = false;
   o.script = {endless};
-  o.step_delay = 0.01;
+  o.step_delay = 0.05;  // 20 tokens a second: the stream outlasts the test
   auto ts = make_server(std::move(o));
   // A stream that runs through the attack.
   std::atomic<size_t> chunks{0};
