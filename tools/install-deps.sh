@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libcli11-dev libfmt-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev  # the sanitizer build and the libFuzzer runtime (tools/fuzz.sh)
   curl ca-certificates
 )
 missing=()

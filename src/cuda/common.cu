@@ -1,9 +1,26 @@
 #include "cuda/common.cuh"
+#include "util/device_fault.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
 
 void fail_cuda(cudaError_t err, const char* expr, const char* file, int line) {
+  // The sticky errors: the context is corrupt and only a new process recovers.
+  switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+      throw DeviceFault(fmt::format("CUDA error {} ({}) at {}:{}: {}", cudaGetErrorName(err),
+                                    cudaGetErrorString(err), file, line, expr));
+    default:
+      break;
+  }
   fail("CUDA error {} ({}) at {}:{}: {}", cudaGetErrorName(err), cudaGetErrorString(err), file,
        line, expr);
 }

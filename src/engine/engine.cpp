@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "engine/stop_matcher.h"
+#include "util/device_fault.h"
 #include "util/error.h"
 
 namespace lilac {
@@ -161,6 +162,7 @@ std::future<GenerationResult> Engine::submit(GenerationRequest request) {
   {
     std::lock_guard lock(mutex_);
     if (stopping_) fail("the server is shutting down");
+    if (!fault_.empty()) fail("the device failed ({}); restart the server", fault_);
     if (int(queue_.size()) >= options_.queue_capacity) {
       metrics_.requests_rejected++;
       throw QueueFull();
@@ -169,6 +171,11 @@ std::future<GenerationResult> Engine::submit(GenerationRequest request) {
   }
   wake_.notify_one();
   return future;
+}
+
+std::string Engine::fault() const {
+  std::lock_guard lock(mutex_);
+  return fault_;
 }
 
 void Engine::warm_up() {
@@ -211,6 +218,14 @@ void Engine::worker() {
       }
     }
     for (auto& job : admitted) admit(std::move(job));
+    // After a device fault nothing runs: every request fails with the reason.
+    if (const std::string f = fault(); !f.empty()) {
+      for (auto& slot : slots_)
+        if (slot->job)
+          finish(*slot, FinishReason::Error,
+                 "the device failed earlier (" + f + "); restart the server");
+      continue;
+    }
 
     // Requests cancelled (client gone, shutdown) leave before the step.
     for (auto& slot : slots_) {
@@ -245,6 +260,20 @@ void Engine::worker() {
       results = backend_.step_batch(items);
       if (results.size() != items.size())
         fail("step_batch returned {} results for {} items", results.size(), items.size());
+    } catch (const DeviceFault& e) {
+      // A sticky device error: this process cannot compute any more (docs/hardening.md). Fail
+      // this batch, remember the reason (/health turns 503), drop the snapshots.
+      {
+        std::lock_guard lock(mutex_);
+        fault_ = e.what();
+      }
+      cache_.clear();  // snapshots may live on the failed device
+      for (auto& p : plan) {
+        p.slot->state.reset();
+        p.slot->consumed.clear();
+        finish(*p.slot, FinishReason::Error, std::string("device fault: ") + e.what());
+      }
+      continue;
     } catch (const std::exception& e) {
       // The states of this batch are unknown now: fail its requests, drop their states.
       for (auto& p : plan) {

@@ -116,6 +116,9 @@ class Engine {
   // (graph capture, allocations). /health reports ready after it.
   void warm_up();
   bool ready() const { return ready_; }
+  // Why the device failed (a step threw DeviceFault), empty while healthy. Once set, every
+  // queued and later request fails with it.
+  std::string fault() const;
 
   // Stops taking requests; cancels everything queued or running.
   void shutdown();
@@ -165,6 +168,7 @@ class Engine {
   std::deque<std::unique_ptr<Job>> queue_;
   std::atomic<int> running_{0};
   bool stopping_ = false;
+  std::string fault_;  // see fault()
   std::atomic<bool> ready_{false};
   std::thread thread_;
 };

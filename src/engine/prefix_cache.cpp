@@ -20,13 +20,15 @@ void PrefixCache::store(const SequenceState& state, std::span<const int32_t> tok
       break;
     }
   // Compact: a slot's state has room for the whole context, the snapshot only for its tokens.
-  auto snapshot = backend_.clone_with_capacity(state, state.position());
-  size_t need = backend_.state_bytes(*snapshot);
-  if (need > budget_) return;
-  evict_to(budget_ - need);
-  entries_.push_front(
-      {std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(snapshot), need});
-  bytes_ += need;
+  // The budget counts everything the entry holds: the snapshot's buffers (their capacity, not
+  // their size), the token list and the entry itself.
+  Entry e{std::vector<int32_t>(tokens.begin(), tokens.end()),
+          backend_.clone_with_capacity(state, state.position()), 0};
+  e.bytes = backend_.state_bytes(*e.state) + e.tokens.capacity() * sizeof(int32_t) + sizeof(Entry);
+  if (e.bytes > budget_) return;
+  evict_to(budget_ - e.bytes);
+  bytes_ += e.bytes;
+  entries_.push_front(std::move(e));
 }
 
 std::list<PrefixCache::Entry>::const_iterator PrefixCache::best_match(

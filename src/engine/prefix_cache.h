@@ -33,6 +33,7 @@ class PrefixCache {
   // The number of prompt tokens lookup() would cover, without cloning (0: nothing matches).
   size_t match_length(std::span<const int32_t> prompt) const;
 
+  // Bytes the snapshots hold: their states' buffers (capacity), token lists and entries.
   size_t bytes() const { return bytes_; }
   size_t entries() const { return entries_.size(); }
   void clear();

@@ -2,14 +2,14 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "io/checkpoint_mlx.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/json_parse.h"
+#include "util/mapped_file.h"
 
 namespace fs = std::filesystem;
 
@@ -46,29 +46,37 @@ std::string layout_name(ExpertLayout l) {
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   auto ck = std::make_unique<Checkpoint>();
   ck->dir_ = dir;
-  if (!fs::is_directory(dir)) fail("{}: not a directory", dir);
+  std::error_code dir_ec;
+  if (!fs::is_directory(dir, dir_ec)) fail("{}: not a directory", dir);
   fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   // shard file name -> tensor names the index puts there
   std::map<std::string, std::vector<std::string>> shards;
-  if (fs::exists(index_path)) {
-    std::ifstream in(index_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    json index = json::parse(ss.str(), nullptr, false);
-    if (index.is_discarded() || !index.is_object()) fail("{}: not valid JSON", index_path.string());
+  std::error_code ec;
+  if (fs::exists(index_path, ec)) {
+    json index;
+    try {
+      index = parse_json(read_small_file(index_path.string()));
+    } catch (const JsonParseError& e) {
+      fail("{}: not valid JSON: {}", index_path.string(), e.what());
+    }
+    if (!index.is_object()) fail("{}: not valid JSON (not an object)", index_path.string());
     if (!index.contains("weight_map") || !index["weight_map"].is_object())
       fail("{}: missing \"weight_map\" object", index_path.string());
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
       if (!it.value().is_string())
         fail("{}: weight_map[\"{}\"] is not a file name", index_path.string(), it.key());
       std::string shard = it.value().get<std::string>();
-      if (shard.find('/') != std::string::npos || shard == "..")
+      if (shard.size() > 255)  // NAME_MAX: the filesystem would refuse it
+        fail("{}: weight_map[\"{}\"] names a file of {} characters (at most 255): \"{}...\"",
+             index_path.string(), it.key(), shard.size(), shard.substr(0, 40));
+      if (shard.empty() || shard.find('/') != std::string::npos ||
+          shard.find('\0') != std::string::npos || shard == "." || shard == "..")
         fail("{}: weight_map[\"{}\"] = \"{}\" is not a plain file name", index_path.string(),
              it.key(), shard);
       shards[shard].push_back(it.key());
     }
     if (shards.empty()) fail("{}: weight_map is empty", index_path.string());
-  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+  } else if (fs::exists(fs::path(dir) / "model.safetensors", ec)) {
     shards["model.safetensors"] = {};
   } else {
     fail("{}: no model.safetensors or model.safetensors.index.json", dir);
@@ -76,7 +84,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
 
   for (const auto& [shard, names] : shards) {
     fs::path p = fs::path(dir) / shard;
-    if (!fs::exists(p))
+    if (!fs::exists(p, ec))
       fail("{}: missing shard '{}' (the index puts {} tensors there, e.g. '{}')", dir, shard,
            names.size(), names.empty() ? "" : names.front());
     auto file = SafetensorsFile::open(p.string());

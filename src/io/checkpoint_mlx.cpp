@@ -8,11 +8,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "io/mlx_affine.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/json_parse.h"
+#include "util/mapped_file.h"
 
 namespace lilac {
 
@@ -38,11 +39,13 @@ struct QuantConfig {
 QuantConfig read_quant_config(const std::string& dir, std::vector<std::string>& problems) {
   QuantConfig qc;
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json cfg = json::parse(ss.str(), nullptr, false);
-  if (cfg.is_discarded() || !cfg.is_object()) {
+  json cfg;
+  try {
+    cfg = parse_json(read_small_file(path, 16 << 20));
+  } catch (const Error&) {
+    cfg = nullptr;
+  }
+  if (!cfg.is_object()) {
     problems.push_back(fmt::format("{}: not valid JSON", path));
     return qc;
   }

@@ -18,6 +18,8 @@
 #include "util/error.h"
 #include "util/fp8.h"
 #include "util/half.h"
+#include "util/json_parse.h"
+#include "util/mapped_file.h"
 #include "util/thread_pool.h"
 
 namespace fs = std::filesystem;
@@ -376,11 +378,13 @@ void run_job(const Job& j, ShardedWriter& writer, ThreadPool& pool) {
 }
 
 json read_json(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) fail("{}: not valid JSON", path);
+  json j;
+  try {
+    j = parse_json(read_small_file(path, 16 << 20));
+  } catch (const JsonParseError& e) {
+    fail("{}: not valid JSON: {}", path, e.what());
+  }
+  if (!j.is_object()) fail("{}: not valid JSON (not an object)", path);
   return j;
 }
 

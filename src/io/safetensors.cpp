@@ -5,10 +5,10 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "util/error.h"
 #include "util/half.h"
+#include "util/json_parse.h"
 
 namespace lilac {
 
@@ -91,20 +91,20 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   if (8 + n > size)
     fail("{}: header length {} runs past the end of the {}-byte file (truncated?)", path, n, size);
 
-  // Parse with a callback that rejects duplicate tensor names (nlohmann would keep the last).
-  std::set<std::string> seen;
-  std::string duplicate;
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth == 1 && event == json::parse_event_t::key) {
-      auto key = parsed.get<std::string>();
-      if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
-    }
-    return true;
-  };
-  json header = json::parse(p + 8, p + 8 + n, cb, /*allow_exceptions=*/false);
-  if (header.is_discarded()) fail("{}: header is not valid JSON", path);
+  // Duplicate keys are refused at every level: a tensor named twice, or a "dtype" or
+  // "data_offsets" given twice inside one entry (nlohmann would silently keep the last).
+  json header;
+  try {
+    header = parse_json(std::string_view(reinterpret_cast<const char*>(p + 8), size_t(n)),
+                        JsonLimits{.max_depth = 16, .reject_duplicate_keys = true});
+  } catch (const JsonParseError& e) {
+    if (e.field.find_first_of(".[") == std::string::npos && !e.field.empty() &&
+        std::string(e.what()).find("twice") != std::string::npos)
+      fail("{}: tensor '{}' appears twice in the header", path, e.field);
+    fail("{}: header is not valid JSON: {}{}", path, e.what(),
+         e.field.empty() ? "" : " (at '" + e.field + "')");
+  }
   if (!header.is_object()) fail("{}: header JSON is not an object", path);
-  if (!duplicate.empty()) fail("{}: tensor '{}' appears twice in the header", path, duplicate);
 
   f->data_start_ = p + 8 + n;
   uint64_t data_size = size - 8 - n;

@@ -493,7 +493,7 @@ void handle_tokenize(Server::Impl& s, const httplib::Request& req, httplib::Resp
     throw ApiError(400, e.what(), "invalid_request_error", "content");
   }
   json out = {{"tokens", ids}, {"count", ids.size()}};
-  if (b.value("with_pieces", false)) {
+  if (optional_bool(b, "with_pieces", false)) {
     json pieces = json::array();
     for (int32_t id : ids) pieces.push_back(m.tokenizer->token_bytes(id));
     out["pieces"] = pieces;
@@ -516,7 +516,7 @@ void handle_detokenize(Server::Impl& s, const httplib::Request& req, httplib::Re
                      "invalid_request_error", "tokens");
     ids.push_back(t.get<int32_t>());
   }
-  bool skip = b.value("skip_special_tokens", false);
+  bool skip = optional_bool(b, "skip_special_tokens", false);
   send_json(res, 200, {{"text", m.tokenizer->decode(ids, skip)}});
 }
 

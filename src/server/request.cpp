@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "server/api_error.h"
+#include "util/json_parse.h"
 
 namespace lilac::server {
 
@@ -24,15 +25,23 @@ json ApiError::to_json() const {
 json parse_body(const std::string& body) {
   json j;
   try {
-    j = json::parse(body);
-  } catch (const json::parse_error& e) {
-    std::string m = e.what();
-    // "[json.exception.parse_error.101] parse error at ...": keep the readable part.
-    if (auto p = m.find("] "); p != std::string::npos) m = m.substr(p + 2);
-    throw ApiError(400, "the request body is not valid JSON: " + m);
+    j = parse_json(body);
+  } catch (const JsonParseError& e) {
+    throw ApiError(400,
+                   e.field.empty() ? fmt::format("the request body is not valid JSON: {}", e.what())
+                                   : fmt::format("the request body is not valid JSON: {} (in '{}')",
+                                                 e.what(), e.field),
+                   "invalid_request_error", e.field);
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
   return j;
+}
+
+bool optional_bool(const json& b, const char* key, bool dflt) {
+  if (!b.contains(key) || b[key].is_null()) return dflt;
+  if (!b[key].is_boolean())
+    bad_field(key, "'{}' must be true or false, not {}", key, b[key].type_name());
+  return b[key].get<bool>();
 }
 
 namespace {
@@ -53,14 +62,18 @@ double number(const json& j, const char* key, double lo, double hi) {
 int64_t integer(const json& j, const char* key, int64_t lo, int64_t hi) {
   const json& v = j[key];
   if (v.is_number_float()) {
-    double d = v.get<double>();
+    // Range first, in double: converting a double outside int64's range is undefined.
+    // (2^63 is exactly representable; every double >= it is out of range.)
+    const double d = v.get<double>();
     if (std::floor(d) != d) bad_field(key, "'{}' must be an integer; got {}", key, v.dump());
-  } else if (!v.is_number()) {
-    bad_field(key, "'{}' must be an integer, not {}", key, v.type_name());
+    if (d < double(lo) || d > double(hi) || d >= 9223372036854775808.0)
+      bad_field(key, "'{}' must be between {} and {}; got {}", key, lo, hi, v.dump());
+    return int64_t(d);
   }
+  if (!v.is_number()) bad_field(key, "'{}' must be an integer, not {}", key, v.type_name());
   if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
     bad_field(key, "'{}' is out of range ({} to {}); got {}", key, lo, hi, v.dump());
-  const int64_t x = v.is_number_float() ? int64_t(v.get<double>()) : v.get<int64_t>();
+  const int64_t x = v.get<int64_t>();
   if (x < lo || x > hi) bad_field(key, "'{}' must be between {} and {}; got {}", key, lo, hi, x);
   return x;
 }
@@ -200,8 +213,12 @@ json normalise_tool_calls(const json& calls, const std::string& where) {
       const json& a = f["arguments"];
       if (a.is_string()) {
         const std::string s = a.get<std::string>();
-        args = s.empty() ? json::object() : json::parse(s, nullptr, false);
-        if (args.is_discarded() || !args.is_object())
+        try {
+          args = s.empty() ? json::object() : parse_json(s);
+        } catch (const JsonParseError&) {
+          args = nullptr;
+        }
+        if (!args.is_object())
           bad_field(w + ".function.arguments",
                     "'{}.function.arguments' must be a JSON object encoded as a string", w);
       } else if (a.is_object()) {

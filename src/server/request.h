@@ -54,8 +54,12 @@ ChatRequest parse_chat_request(const nlohmann::json& body, const SamplingParams&
 CompletionRequest parse_completion_request(const nlohmann::json& body,
                                            const SamplingParams& defaults);
 
-// Parses a request body as JSON: 400 on malformed JSON (invalid UTF-8 included) or a non-object.
+// Parses a request body as JSON: 400 on malformed JSON (invalid UTF-8 included), nesting deeper
+// than kMaxJsonDepth, a number outside double's range (the 400 names the field), or a non-object.
 nlohmann::json parse_body(const std::string& body);
+
+// body[key] as a bool: `dflt` when absent or null, a 400 naming the field when not a boolean.
+bool optional_bool(const nlohmann::json& body, const char* key, bool dflt);
 
 // The system-prompt instruction lilac adds for tool_choice required / named and
 // parallel_tool_calls false (the prompt is how a tool call is requested; see docs/api.md).

@@ -114,20 +114,39 @@ ServingModel Server::Impl::serving() {
   if (!model)
     throw ApiError(503, "the model is still loading; retry when GET /health returns 200",
                    "server_error", "", "model_loading");
+  if (std::string fault = model->engine->fault(); !fault.empty()) {
+    report_fault(fault);
+    throw ApiError(503, "the device failed (" + fault + "); the server must be restarted",
+                   "server_error", "", "device_fault");
+  }
   return *model;
 }
 
+void Server::Impl::report_fault(const std::string& fault) {
+  if (!fault_reported.exchange(true))
+    Log::error("device fault: the engine stopped taking work; restart the process",
+               {{"error", fault}});
+}
+
+namespace {
+
+ConnectionLimits connection_limits(const ServerOptions& o) {
+  ConnectionLimits l;
+  l.max_connections = std::max(o.max_connections, size_t(std::max(o.threads, 1)));
+  l.head_timeout_s = o.head_timeout;
+  return l;
+}
+
+}  // namespace
+
 Server::Server(ServerOptions options)
-    : impl_(std::make_unique<Impl>(*this)), options_(std::move(options)) {
+    : impl_(std::make_unique<Impl>(*this, connection_limits(options))),
+      options_(std::move(options)) {
   auto& http = impl_->http;
   Impl& s = *impl_;
   const ServerOptions& o = options_;
-  int threads = o.threads;
-  if (threads <= 0) threads = 48;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http.set_tcp_nodelay(true);
   http.set_payload_max_length(o.max_body);
-  http.set_keep_alive_timeout(5);
   http.set_read_timeout(30, 0);
   http.set_write_timeout(30, 0);
 
@@ -135,6 +154,24 @@ Server::Server(ServerOptions options)
     t_request_start = Clock::now();
     t_request_id = random_id(12);
     res.set_header("X-Request-Id", t_request_id);
+    // Framing before anything else; then every answer given here, before the body is read,
+    // closes a connection that has a body still to come (it would be parsed as a request).
+    if (auto bad = check_framing(req, options_.max_body)) {
+      HttpServer::close_after_response();
+      send_error(res, ApiError(bad->status, bad->message, error_type(bad->status)));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const bool chunked = req.has_header("Transfer-Encoding");
+    const bool has_body = chunked || (req.has_header("Content-Length") &&
+                                      req.get_header_value("Content-Length") != "0");
+    auto answered = [&] {
+      if (has_body) HttpServer::close_after_response();
+      return httplib::Server::HandlerResponse::Handled;
+    };
+    auto pass = [&] {
+      HttpServer::begin_body(chunked, options_.max_body);
+      return httplib::Server::HandlerResponse::Unhandled;
+    };
     // CORS: echo an allowed Origin (or "*"); answer preflights here.
     const std::string origin = req.get_header_value("Origin");
     bool cors = false;
@@ -153,11 +190,12 @@ Server::Server(ServerOptions options)
                        h.empty() ? "Authorization, Content-Type" : h);
         res.set_header("Access-Control-Max-Age", "600");
         res.status = 204;
-        return httplib::Server::HandlerResponse::Handled;
+        return answered();
       }
     }
-    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (req.path == "/health") return pass();
     if (s.draining) {
+      HttpServer::close_after_response();
       const ApiError e(503, "the server is shutting down", "server_error", "", "shutting_down");
       if (is_anthropic_path(req.path)) {
         res.set_header("Retry-After", "1");
@@ -183,16 +221,32 @@ Server::Server(ServerOptions options)
           send_json(res, 401, anthropic_error_body(401, e.what()));
         else
           send_error(res, e);
-        return httplib::Server::HandlerResponse::Handled;
+        return answered();
       }
     }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return pass();
+  });
+
+  // An answer that leaves the connection unusable (see above) says so.
+  http.set_post_routing_handler([&s](const httplib::Request&, httplib::Response& res) {
+    if (s.draining) HttpServer::close_after_response();  // no keep-alive while shutting down
+    if (!HttpServer::closing_after_response()) return;
+    res.headers.erase("Keep-Alive");
+    if (res.get_header_value("Connection") != "close") {
+      res.headers.erase("Connection");
+      res.set_header("Connection", "close");
+    }
   });
 
   http.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty() || res.status < 400)
           return httplib::Server::HandlerResponse::Unhandled;
+        // httplib's own errors: a request it could not parse or whose body it could not read
+        // leaves the connection at an unknown position; only a 404 / 405 comes after a complete
+        // request.
+        if (res.status != 404 && res.status != 405) HttpServer::close_after_response();
+        if (res.status == 400 && HttpServer::body_over_limit()) res.status = 413;
         const std::string message = default_message(res.status, req, options_.max_body);
         send_json(res, res.status,
                   is_anthropic_path(req.path) ? anthropic_error_body(res.status, message)
@@ -210,6 +264,10 @@ Server::Server(ServerOptions options)
           return;
         } catch (const Error& e) {
           send_error(res, ApiError(400, e.what()));
+          return;
+        } catch (const nlohmann::json::exception& e) {
+          // A request value of an unexpected type that no check caught: still the client's.
+          send_error(res, ApiError(400, std::string("invalid request: ") + e.what()));
           return;
         } catch (const std::exception& e) {
           what = e.what();
@@ -280,6 +338,13 @@ void Server::set_model(const ServingModel& model) {
 
 void Server::drain() {
   impl_->draining = true;
+  // Idle keep-alive connections close now, not after their keep-alive timeout: a client's next
+  // request goes to a fresh connection (and gets the 503 there, or a successor's answer).
+  impl_->http.close_idle();
+}
+
+size_t Server::open_connections() const {
+  return impl_->http.open_connections();
 }
 
 size_t Server::in_flight() const {
@@ -302,6 +367,7 @@ void Server::stop() {
   // and the loop would then run forever. So wait until the loop runs, or has ended, first.
   while (!impl_->http.is_running() && !impl_->listen_returned)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  impl_->http.close_idle();
   impl_->http.stop();
   thread_.join();
 }
@@ -311,9 +377,15 @@ void Server::Impl::routes() {
   http.Get("/health", [&s](const httplib::Request&, httplib::Response& res) {
     if (s.draining) return send_json(res, 503, {{"status", "shutting_down"}});
     bool ready;
+    std::string fault;
     {
       std::lock_guard lock(s.model_mutex);
       ready = s.model && s.model->engine->ready();
+      if (s.model) fault = s.model->engine->fault();
+    }
+    if (!fault.empty()) {
+      s.report_fault(fault);
+      return send_json(res, 503, {{"status", "device_fault"}, {"error", fault}});
     }
     send_json(res, ready ? 200 : 503, {{"status", ready ? "ok" : "loading"}});
   });

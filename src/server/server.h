@@ -32,7 +32,11 @@ struct ServerOptions {
   std::string api_key;                    // empty: no authentication
   std::vector<std::string> cors_origins;  // allowed Origins, or "*"
   size_t max_body = 16 << 20;             // bytes; larger bodies get 413
-  int threads = 0;  // HTTP worker threads (0: queue capacity + 16, at least 32)
+  // Connections are served by a thread each (src/server/connection.h): at most max(threads,
+  // max_connections) open at once; at the cap the longest-idle one is closed to make room.
+  int threads = 0;
+  size_t max_connections = 512;
+  double head_timeout = 10;  // seconds for a request's line and headers to arrive
 };
 
 // The model the server talks to (owned elsewhere; must outlive the server's use of it).
@@ -66,6 +70,8 @@ class Server {
   // Waits until no generation is in flight or `seconds` pass; true when idle.
   bool wait_idle(double seconds) const;
   size_t in_flight() const;
+  // Open HTTP connections (tests and the soak's bookkeeping).
+  size_t open_connections() const;
   // Closes the listener and joins the serving thread (call after the engine stopped).
   void stop();
 

@@ -2,7 +2,7 @@
 // handlers (handlers.cpp, streaming.cpp).
 #pragma once
 
-#include <httplib.h>
+#include "server/httplib_abi.h"
 
 #include <atomic>
 #include <map>
@@ -11,24 +11,28 @@
 #include <optional>
 
 #include "server/api_error.h"
+#include "server/connection.h"
 #include "server/server.h"
 
 namespace lilac::server {
 
 struct Server::Impl {
   Server& owner;
-  httplib::Server http;
+  HttpServer http;
   std::mutex model_mutex;
   std::optional<ServingModel> model;  // set once ready
   std::atomic<bool> draining{false};
   std::atomic<bool> listen_returned{false};  // the listener thread's listen_after_bind() is over
   std::atomic<size_t> in_flight{0};          // generations whose response is not finished
+  std::atomic<bool> fault_reported{false};   // the device fault was logged
   std::mutex counts_mutex;
   std::map<int, uint64_t> responses_by_status;
 
-  explicit Impl(Server& s) : owner(s) {}
+  Impl(Server& s, const ConnectionLimits& limits) : owner(s), http(limits) {}
   // The model, or an ApiError 503 while loading / shutting down.
   ServingModel serving();
+  // Logs a device fault (once).
+  void report_fault(const std::string& fault);
   void routes();
 };
 

@@ -33,4 +33,13 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// Reads a whole small file (config.json, an index, a template) into memory. Refuses, as a
+// lilac::Error naming the path, anything that is not a regular file (a FIFO would block the reader
+// forever, /dev/zero never ends) and files over `max_bytes`.
+std::string read_small_file(const std::string& path, size_t max_bytes = 64 << 20);
+
+// Opens `path` read-only without blocking (O_NONBLOCK: a FIFO opens at once instead of waiting
+// for a writer) and checks it is a regular file; returns the descriptor and its size.
+int open_regular_file(const std::string& path, size_t& size);
+
 }  // namespace lilac

@@ -3,8 +3,9 @@
 // forcing exact output token sequences.
 #pragma once
 
-#include <httplib.h>
+#include "server/httplib_abi.h"
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -31,6 +32,10 @@ struct ServerFixtureOptions {
   double step_delay = 0;
   bool warm_up = true;
   nlohmann::json chat_template_kwargs = nlohmann::json::object();  // --chat-template-kwargs
+  // Builds the backend (tests that need a backend of their own, e.g. one that faults).
+  std::function<std::unique_ptr<server::ScriptedBackend>(const ModelConfig&, const Tokenizer&,
+                                                         std::vector<server::ScriptedResponse>)>
+      make_backend;
 };
 
 class TestServer {
@@ -39,7 +44,9 @@ class TestServer {
     tokenizer = Tokenizer::from_model_dir(demo_dir());
     chat_template = ChatTemplate::from_model_dir(demo_dir());
     config = load_model_config(demo_dir());
-    backend = std::make_unique<server::ScriptedBackend>(config, *tokenizer, std::move(o.script));
+    backend = o.make_backend ? o.make_backend(config, *tokenizer, std::move(o.script))
+                             : std::make_unique<server::ScriptedBackend>(config, *tokenizer,
+                                                                         std::move(o.script));
     backend->set_step_delay(o.step_delay);
     if (o.engine.context_size == 32768) o.engine.context_size = 4096;
     engine = std::make_unique<Engine>(*backend, *tokenizer, o.engine);
@@ -65,7 +72,7 @@ class TestServer {
   }
   ~TestServer() {
     engine->shutdown();
-    srv->stop();
+    srv->stop();  // idempotent: a test may have stopped it
   }
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", srv->port());
