@@ -114,7 +114,7 @@ int run_bench_cli(const BenchCliOptions& o) {
 }
 
 const Command kBench{
-    "bench", "Benchmark prefill and decode over context lengths (PERFORMANCE.md)",
+    "bench", "Benchmark prefill and decode over context lengths (docs/benchmarking.md)",
     [](CLI::App& app) {
       auto o = std::make_shared<BenchCliOptions>();
       app.add_option("--model", o->model, "Model directory");
