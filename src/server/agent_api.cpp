@@ -74,33 +74,33 @@ std::vector<int32_t> render_and_encode(AgentJob& job) {
   return ids;
 }
 
-void launch_agent_job(Server::Impl& s, AgentJob& job, std::vector<int32_t> ids,
-                      int64_t thinking_budget) {
-  const ServingModel& m = job.model;
-  if (int64_t(ids.size()) >= m.context_size)
+void check_length(const ServingModel& m, size_t n) {
+  if (int64_t(n) >= m.context_size)
     throw ApiError(
         400,
         fmt::format(
-            "the prompt has {} tokens, and this server's context is {} tokens (prompt + answer)",
-            ids.size(), m.context_size),
+            "the prompt has {} tokens, and this server's context is {} tokens (prompt + answer)", n,
+            m.context_size),
         "invalid_request_error", "messages", "context_length_exceeded");
-  const CommonParams& c = job.chat.common;
+}
+
+std::unique_ptr<Generation> start_generation(Server::Impl& s, const ServingModel& m,
+                                             const CommonParams& c, std::vector<int32_t> ids,
+                                             ParseOptions parse, int64_t thinking_budget,
+                                             std::shared_ptr<TokenConstraint> constraint) {
+  check_length(m, ids.size());
   GenerationRequest rq;
   rq.sampling = c.sampling;
   if (!c.seed_given) rq.sampling.seed = random_seed();
   rq.max_tokens = c.max_tokens.value_or(m.context_size);
-  rq.stop_ids = m.tokenizer->eos_ids();
+  if (!c.ignore_eos) rq.stop_ids = m.tokenizer->eos_ids();
   rq.stop_strings = c.stop;
   if (size_t at = last_turn_start(ids, *m.tokenizer); at > 0) rq.snapshot_at.push_back(at);
-  ParseOptions parse;
-  parse.chat = true;
-  parse.in_reasoning = prompt_opens_reasoning(job.prompt);
-  parse.tools = job.chat.tools;
-  parse.max_tool_calls = job.chat.parallel_tool_calls ? -1 : 1;
   apply_thinking_budget(rq, *m.tokenizer, thinking_budget, parse.in_reasoning);
   rq.prompt = std::move(ids);
+  rq.constraint = std::move(constraint);  // structured output (structured_output.h)
   try {
-    job.gen = std::make_unique<Generation>(*m.engine, std::move(rq), std::move(parse));
+    return std::make_unique<Generation>(*m.engine, std::move(rq), std::move(parse));
   } catch (const QueueFull&) {
     throw ApiError(429, "the server is busy (the request queue is full); retry later",
                    "rate_limit_error", "", "queue_full");
@@ -109,6 +109,17 @@ void launch_agent_job(Server::Impl& s, AgentJob& job, std::vector<int32_t> ids,
       throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
     throw ApiError(400, e.what());
   }
+}
+
+void launch_agent_job(Server::Impl& s, AgentJob& job, std::vector<int32_t> ids,
+                      int64_t thinking_budget) {
+  ParseOptions parse;
+  parse.chat = true;
+  parse.in_reasoning = prompt_opens_reasoning(job.prompt);
+  parse.tools = job.chat.tools;
+  parse.max_tool_calls = job.chat.parallel_tool_calls ? -1 : 1;
+  job.gen = start_generation(s, job.model, job.chat.common, std::move(ids), std::move(parse),
+                             thinking_budget);
   job.in_flight = std::make_unique<InFlight>(s.in_flight);
 }
 

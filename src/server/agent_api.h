@@ -45,6 +45,20 @@ void apply_thinking_budget(GenerationRequest& rq, const Tokenizer& tok, int64_t 
 // its own (a request's key wins). 400 when the request's chat_template_kwargs is not an object.
 nlohmann::json with_default_kwargs(nlohmann::json body, const nlohmann::json& defaults);
 
+// ---- starting a generation (every endpoint) ------------------------------------------------
+
+// 400 (`context_length_exceeded`) when a prompt of n tokens leaves no room for an answer.
+void check_length(const ServingModel& m, size_t n);
+
+// Queues a generation of `ids` with the request's common parameters (sampling, seed, max tokens,
+// stops, ignore_eos), a snapshot where the last turn starts, the thinking budget and the
+// constraint (structured output). 400 when the prompt does not fit, 429 when the queue is full,
+// 503 while shutting down.
+std::unique_ptr<Generation> start_generation(Server::Impl& s, const ServingModel& m,
+                                             const CommonParams& c, std::vector<int32_t> ids,
+                                             ParseOptions parse, int64_t thinking_budget = -1,
+                                             std::shared_ptr<TokenConstraint> constraint = nullptr);
+
 // ---- running a converted request -----------------------------------------------------------
 
 // A generation for one of the agent APIs, and the state its response writer needs.

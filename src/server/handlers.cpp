@@ -60,41 +60,11 @@ std::vector<int32_t> encode_prompt(const ServingModel& m, const std::string& tex
   }
 }
 
-void check_length(const ServingModel& m, size_t n) {
-  if (int64_t(n) >= m.context_size)
-    throw ApiError(
-        400,
-        fmt::format(
-            "the prompt has {} tokens, and this server's context is {} tokens (prompt + answer)", n,
-            m.context_size),
-        "invalid_request_error", "messages", "context_length_exceeded");
-}
-
-// Queues the generation; 429 when the queue is full.
+// Queues the generation (start_generation) and counts it in flight.
 void launch(Server::Impl& s, Job& job, std::vector<int32_t> ids, ParseOptions parse,
             int64_t thinking_budget = -1, std::shared_ptr<TokenConstraint> constraint = nullptr) {
-  const ServingModel& m = job.model;
-  check_length(m, ids.size());
-  GenerationRequest rq;
-  rq.sampling = job.common.sampling;
-  if (!job.common.seed_given) rq.sampling.seed = random_seed();
-  rq.max_tokens = job.common.max_tokens.value_or(m.context_size);
-  if (!job.common.ignore_eos) rq.stop_ids = m.tokenizer->eos_ids();
-  rq.stop_strings = job.common.stop;
-  if (size_t at = last_turn_start(ids, *m.tokenizer); at > 0) rq.snapshot_at.push_back(at);
-  apply_thinking_budget(rq, *m.tokenizer, thinking_budget, parse.in_reasoning);
-  rq.prompt = std::move(ids);
-  rq.constraint = std::move(constraint);  // structured output (structured_output.h)
-  try {
-    job.gen = std::make_unique<Generation>(*m.engine, std::move(rq), std::move(parse));
-  } catch (const QueueFull&) {
-    throw ApiError(429, "the server is busy (the request queue is full); retry later",
-                   "rate_limit_error", "", "queue_full");
-  } catch (const Error& e) {
-    if (s.draining)
-      throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
-    throw ApiError(400, e.what());
-  }
+  job.gen = start_generation(s, job.model, job.common, std::move(ids), std::move(parse),
+                             thinking_budget, std::move(constraint));
   job.in_flight = std::make_unique<InFlight>(s.in_flight);
 }
 
