@@ -16,6 +16,7 @@ if [ "${#TARGETS[@]}" -eq 0 ]; then TARGETS=(safetensors model_config request to
 BUILD=build/asan
 ARTIFACTS=build/fuzz-artifacts
 mkdir -p "$ARTIFACTS"
+ulimit -s 65536 2>/dev/null || true  # ASan frames are large; see tools/test.sh
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 status=0
