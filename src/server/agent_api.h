@@ -6,7 +6,7 @@
 // kwargs defaults (--chat-template-kwargs). See docs/api.md.
 #pragma once
 
-#include <httplib.h>
+#include "server/httplib_abi.h"
 
 #include <chrono>
 #include <functional>
