@@ -5,11 +5,10 @@
 #include "chat/chat_template.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "chat/jinja.h"
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace lilac {
 
@@ -19,12 +18,9 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
+// A regular file only: a FIFO or /dev/zero as a template file is an error, not a hang.
 std::string read_file(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) fail("cannot read {}", p.string());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_small_file(p.string());
 }
 
 // nlohmann's copy and conversion recurse, so a request nested absurdly deep would overflow the

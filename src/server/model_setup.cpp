@@ -5,12 +5,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "server/scripted_backend.h"
 #include "util/error.h"
+#include "util/json_parse.h"
+#include "util/mapped_file.h"
 
 namespace fs = std::filesystem;
 
@@ -118,11 +118,15 @@ ModelChoice choose_model(const std::string& flag) {
 
 SamplingParams load_generation_defaults(const std::string& dir) {
   SamplingParams p;
-  std::ifstream in(fs::path(dir) / "generation_config.json");
-  if (!in) return p;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  const fs::path file = fs::path(dir) / "generation_config.json";
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return p;
+  nlohmann::json j;
+  try {  // a regular file only (a FIFO is an error, not a hang), bounded nesting
+    j = parse_json(read_small_file(file.string()));
+  } catch (const Error& e) {
+    fail("{}/generation_config.json: {}", dir, e.what());
+  }
   if (!j.is_object()) fail("{}/generation_config.json: not a JSON object", dir);
   auto num = [&](const char* key, auto& field) {
     if (!j.contains(key) || j[key].is_null()) return;

@@ -2,19 +2,20 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace lilac::tok {
 
 std::string read_file_maybe_gz(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path);
-  std::string raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) fail("{}: read error", path);
+  // A regular file only (a FIFO would block forever, /dev/zero never ends), and a bounded
+  // inflated size (a gzip bomb): the real tokenizer.json is 11 MB.
+  constexpr size_t kMaxTokenizerBytes = size_t(256) << 20;
+  std::string raw = read_small_file(path, kMaxTokenizerBytes);
   if (raw.size() < 2 || uint8_t(raw[0]) != 0x1F || uint8_t(raw[1]) != 0x8B) return raw;
 
   z_stream zs{};
@@ -26,7 +27,11 @@ std::string read_file_maybe_gz(const std::string& path) {
   zs.avail_in = static_cast<uInt>(raw.size());
   size_t produced = 0;
   for (;;) {
-    if (produced == out.size()) out.resize(out.size() * 2);
+    if (produced == out.size()) {
+      if (out.size() >= kMaxTokenizerBytes)
+        fail("{}: inflates to more than {} MiB", path, kMaxTokenizerBytes >> 20);
+      out.resize(std::min(out.size() * 2, kMaxTokenizerBytes));
+    }
     zs.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
     zs.avail_out = static_cast<uInt>(out.size() - produced);
     int rc = inflate(&zs, Z_NO_FLUSH);
