@@ -233,8 +233,10 @@ const Command kServe{
           ->capture_default_str();
       app.add_option("--grace", o->grace, "Seconds running requests get at shutdown")
           ->capture_default_str();
-      app.add_option("--http-threads", o->threads,
-                     "HTTP worker threads (default: max(48, queue + 16))");
+      app.add_option(
+          "--http-threads", o->threads,
+          "Connections served at once, a thread each (default and minimum: 512; at the cap the "
+          "longest-idle connection is closed)");
       app.add_option("--chat-template-kwargs", o->chat_template_kwargs,
                      "Default chat_template_kwargs for every chat request, a JSON object (e.g. "
                      "'{\"preserve_thinking\": true}'); a request's own keys win");
