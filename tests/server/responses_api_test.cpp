@@ -261,9 +261,11 @@ TEST(AgentApis, OddBodiesAreNever5xx) {
     "text": "hi"}]}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
     {"type": "function_call_output", "call_id": "c", "output": "r"}]})");
   int sent = 0;
-  for (const auto& [path, valid] :
+  for (const auto& [path_binding, valid] :
        {std::pair{"/v1/messages", messages}, std::pair{"/v1/messages/count_tokens", messages},
         std::pair{"/v1/responses", responses}}) {
+    const std::string path =
+        path_binding;  // lambdas cannot capture a structured binding (clang 14)
     auto ok = ts.post(path, valid);
     ASSERT_EQ(ok->status, 200) << path << " " << ok->body;
     replace_everywhere(valid, [&](const json& b) {
