@@ -1,5 +1,7 @@
 #include "cpu/cpu_backend.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -23,6 +25,18 @@ std::string CpuBackend::device_description() const {
   return fmt::format("cpu: {} threads", pool_.size());
 }
 
+// A KV cache of max_context tokens (floats_per_token f32 values each) that could never fit in
+// this machine's memory is refused before anything is reserved: the reservation would throw
+// bad_alloc, or abort the process under AddressSanitizer.
+static void check_kv_fits(int64_t max_context, size_t floats_per_token) {
+  const double bytes = double(max_context) * double(floats_per_token) * sizeof(float);
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (max_context < 0 || (ram > 0 && bytes > ram))
+    fail(
+        "a sequence of {} tokens needs {:.1f} MiB of KV cache, more than this machine's {:.1f} MiB",
+        max_context, bytes / (1 << 20), ram / (1 << 20));
+}
+
 std::unique_ptr<SequenceState> CpuBackend::new_sequence(int64_t max_context) {
   auto st = std::make_unique<CpuSequenceState>();
   st->max_context = max_context;
@@ -34,6 +48,7 @@ std::unique_ptr<SequenceState> CpuBackend::new_sequence(int64_t max_context) {
   // state_bytes() reports what the sequence may grow to and an impossible size fails here, at
   // start-up for the engine's slots, not in the middle of a request.
   const size_t kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
+  check_kv_fits(max_context, kv_row * (st->k_cache.size() + st->v_cache.size()));
   for (auto* cache : {&st->k_cache, &st->v_cache})
     for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
   st->conv_state.assign(
@@ -58,6 +73,7 @@ std::unique_ptr<SequenceState> CpuBackend::clone_with_capacity(const SequenceSta
   auto st = std::make_unique<CpuSequenceState>(src);  // vector copies: capacity = size
   st->max_context = max_context;
   const size_t kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
+  check_kv_fits(max_context, kv_row * (st->k_cache.size() + st->v_cache.size()));
   for (auto* cache : {&st->k_cache, &st->v_cache})
     for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
   return st;
