@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../error_within.h"
 #include "../test_data.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
@@ -111,20 +112,6 @@ TEST(SafetensorsHeader, DuplicateKeysInsideAnEntryAreRefused) {
   } catch (const Error& e) {
     EXPECT_THAT(std::string(e.what()), AllOf(HasSubstr("dtype"), HasSubstr("twice")));
   }
-}
-
-// The special-file checks must answer at once; before, opening a FIFO blocked forever.
-template <typename F>
-std::string error_within_seconds(F f) {
-  const auto start = std::chrono::steady_clock::now();
-  std::string what = "(no error)";
-  try {
-    f();
-  } catch (const Error& e) {
-    what = e.what();
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-  return what;
 }
 
 TEST(SpecialFiles, FifoAndDeviceFilesAreRefused) {

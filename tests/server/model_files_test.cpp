@@ -9,9 +9,9 @@
 
 #include <chrono>
 #include <filesystem>
-#include <functional>
 #include <string>
 
+#include "../error_within.h"
 #include "../test_data.h"
 #include "chat/chat_template.h"
 #include "server/model_setup.h"
@@ -23,19 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-// The error `f` throws, which must come within seconds (a FIFO would block the reader forever).
-std::string error_within_seconds(const std::function<void()>& f) {
-  const auto start = std::chrono::steady_clock::now();
-  std::string what = "(no error)";
-  try {
-    f();
-  } catch (const Error& e) {
-    what = e.what();
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-  return what;
-}
 
 // Replaces `path` by a FIFO or a link to /dev/zero.
 void make_special(const std::string& path, const std::string& kind) {
