@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "util/error.h"
+#include "util/utf8.h"
 
 namespace lilac::jinja::text {
 
@@ -30,21 +31,7 @@ uint32_t next_cp(std::string_view s, size_t& i) {
 }
 
 void append_cp(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
+  append_utf8(out, char32_t(cp));
 }
 
 static bool is_ascii(std::string_view s) {

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "util/error.h"
+#include "util/utf8.h"
 
 namespace lilac::grammar {
 
@@ -479,21 +480,7 @@ bool CodePointClass::intersects(uint32_t lo, uint32_t hi) const {
 
 std::string utf8_encode(uint32_t cp) {
   std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else if (cp < 0x800) {
-    s += char(0xC0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += char(0xE0 | (cp >> 12));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  } else {
-    s += char(0xF0 | (cp >> 18));
-    s += char(0x80 | ((cp >> 12) & 0x3F));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  }
+  append_utf8(s, char32_t(cp));
   return s;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tokenizer/unicode_tables.h"
+#include "util/utf8.h"
 
 namespace lilac::unicode {
 namespace {
@@ -156,21 +157,7 @@ size_t first_invalid_utf8(std::string_view s) {
 }
 
 void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(char(cp));
-  } else if (cp < 0x800) {
-    out.push_back(char(0xC0 | (cp >> 6)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(char(0xE0 | (cp >> 12)));
-    out.push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(char(0xF0 | (cp >> 18)));
-    out.push_back(char(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  }
+  lilac::append_utf8(out, cp);
 }
 
 uint8_t ccc(char32_t cp) {
