@@ -142,22 +142,6 @@ bool agent_event(AgentJob& job, httplib::DataSink& sink, const std::string& name
   return agent_emit(job, sink, "event: " + name + "\ndata: " + dump(data) + "\n\n");
 }
 
-void respond_agent(httplib::Response& res, std::shared_ptr<AgentJob> job,
-                   std::function<bool(AgentJob&, httplib::DataSink&)> body) {
-  const bool sse = job->stream;
-  res.status = 200;
-  if (sse) {
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-  }
-  res.set_chunked_content_provider(
-      sse ? "text/event-stream" : "application/json",
-      [job, body](size_t, httplib::DataSink& sink) { return body(*job, sink); },
-      [job](bool success) {
-        if (!success && job->gen) job->gen->cancel();
-      });
-}
-
 std::optional<std::string> matched_stop(const AgentJob& job, const GenerationResult& r) {
   if (r.finish != FinishReason::Stop || r.tokens.empty() || job.chat.common.stop.empty())
     return std::nullopt;

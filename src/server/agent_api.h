@@ -90,9 +90,30 @@ bool agent_heartbeat(AgentJob& job, httplib::DataSink& sink);
 bool agent_event(AgentJob& job, httplib::DataSink& sink, const std::string& name,
                  const nlohmann::json& data);
 
-// Hands the job to httplib as a chunked body produced by `body` on the handler thread.
-void respond_agent(httplib::Response& res, std::shared_ptr<AgentJob> job,
-                   std::function<bool(AgentJob&, httplib::DataSink&)> body);
+// Hands a job (anything with a `gen`) to httplib: the body is produced on the handler thread by
+// `body`, chunked (SSE when `stream`), so a client that disconnects is noticed (a failed write,
+// or the socket polled while waiting) and cancels the generation. Every endpoint answers this way.
+template <typename JobT, typename Body>
+void respond_chunked(httplib::Response& res, std::shared_ptr<JobT> job, bool stream, Body body) {
+  res.status = 200;
+  if (stream) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+  }
+  res.set_chunked_content_provider(
+      stream ? "text/event-stream" : "application/json",
+      [job, body](size_t, httplib::DataSink& sink) { return body(*job, sink); },
+      [job](bool success) {
+        if (!success && job->gen) job->gen->cancel();
+      });
+}
+
+// respond_chunked for the agent APIs.
+inline void respond_agent(httplib::Response& res, std::shared_ptr<AgentJob> job,
+                          std::function<bool(AgentJob&, httplib::DataSink&)> body) {
+  const bool stream = job->stream;
+  respond_chunked(res, std::move(job), stream, std::move(body));
+}
 
 // The stop string that ended a generation (finish Stop without an eos id), if any: the one that
 // occurs first in the decoded output.

@@ -349,22 +349,10 @@ bool complete_completion(Job& job, httplib::DataSink& sink) {
   return true;
 }
 
-// Hands the job to httplib: the body is produced on this handler thread, chunked, so a client that
-// disconnects is noticed (a failed write, or the socket polled while waiting) and cancels.
 void respond(httplib::Response& res, std::shared_ptr<Job> job,
              bool (*body)(Job&, httplib::DataSink&)) {
-  const bool sse = job->common.stream;
-  res.status = 200;
-  if (sse) {
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-  }
-  res.set_chunked_content_provider(
-      sse ? "text/event-stream" : "application/json",
-      [job, body](size_t, httplib::DataSink& sink) { return body(*job, sink); },
-      [job](bool success) {
-        if (!success && job->gen) job->gen->cancel();
-      });
+  const bool stream = job->common.stream;
+  respond_chunked(res, std::move(job), stream, body);
 }
 
 ChatRequest parse_chat(const ServingModel& m, const httplib::Request& req) {
