@@ -21,6 +21,10 @@ void fail_cuda(cudaError_t err, const char* expr, const char* file, int line) {
     default:
       break;
   }
+  // An ordinary error (bad argument, out of memory) leaves the context usable, but the runtime
+  // also records it as the "last error": consume it here, or the next launch check of an
+  // unrelated kernel would report it again and fail a request that did nothing wrong.
+  cudaGetLastError();
   fail("CUDA error {} ({}) at {}:{}: {}", cudaGetErrorName(err), cudaGetErrorString(err), file,
        line, expr);
 }

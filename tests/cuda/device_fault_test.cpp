@@ -55,6 +55,8 @@ TEST(DeviceFault, OrdinaryCudaErrorIsNotFatal) {
   } catch (const Error&) {
   }
   LILAC_CUDA_CHECK(cudaSetDevice(0));
+  // The error was consumed when it was reported: a later launch check does not see it again.
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 }  // namespace
