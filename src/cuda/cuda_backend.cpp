@@ -402,11 +402,14 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
         "GPU time, no host round trip between steps)",
         ctx, kReplays, 1e3 * ms / kReplays, kReplays / (1e-3 * ms)));
   }
-  {
-    const int T = int(std::min<int64_t>(ws_->max_T, 4096));
+  // A short prompt (every expert sees ~8 tokens) and a long one. Distinct token ids: with one
+  // repeated id every token routes to the same experts and the MoE looks far cheaper than it is.
+  for (const int64_t want : {int64_t(256), int64_t(4096)}) {
+    const int T = int(std::min<int64_t>(ws_->max_T, want));
     auto seq = new_sequence(T + 1);
     auto& st = static_cast<CudaSequenceState&>(*seq);
-    std::vector<int32_t> ids = std::vector<int32_t>(size_t(T), 1);
+    std::vector<int32_t> ids(static_cast<size_t>(T));
+    for (int i = 0; i < T; ++i) ids[size_t(i)] = int32_t((1 + int64_t(i) * 7919) % sampling_vocab());
     prefill_chunk(st, ids.data(), T, nullptr, false, nullptr);  // warm-up
     auto seq2 = new_sequence(T + 1);
     Timer t(stream_);

@@ -55,7 +55,8 @@ void bench(const std::string& weights) {
     o.batch_grouped_moe_min_rows = 0;  // the decode MoE kernels, a grid row per token
     b->set_options(o);
     const double graph_ms = b->time_batched_pass(st, kReps);
-    std::vector<int32_t> ids(static_cast<size_t>(B), 17);
+    std::vector<int32_t> ids(static_cast<size_t>(B));  // distinct tokens: realistic routing
+    for (int i = 0; i < B; ++i) ids[size_t(i)] = int32_t((17 + int64_t(i) * 7919) % nv);
     std::vector<double> wall;
     uint64_t index = 0;
     for (int r = 0; r < kReps + 1; ++r) {
