@@ -50,6 +50,8 @@ struct GroupArgs {
 
 struct TileWork {
   int e, row0, row_end;
+  // 16-token pairs of the tile that hold rows (1..8): the MMAs past them are skipped.
+  __device__ int token_pairs() const { return max(1, min(8, (row_end - row0 + 15) / 16)); }
 };
 
 template <bool GROUPED>
@@ -106,7 +108,8 @@ __global__ void __launch_bounds__(kQThreads, 1)
                                  gate_up.sb + size_t(gate_tile + P) * G * kQSbWords};
   const qtile::XRows xr = gather(x, H, ga.sorted_token, w);
   float acc[2][16][4];
-  qtile::q_gemm_mainloop<BITS>(acc, codes, sb, active, xr, H, reinterpret_cast<bf16*>(smem));
+  qtile::q_gemm_mainloop<BITS>(acc, codes, sb, active, xr, H, reinterpret_cast<bf16*>(smem),
+                               w.token_pairs());
   if (!active) return;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -148,7 +151,8 @@ __global__ void __launch_bounds__(kQThreads, 1)
   const uint32_t* const ss[2] = {sb[0], sb[1]};
   const qtile::XRows xr = gather(act, I, nullptr, w);
   float acc[2][16][4];
-  qtile::q_gemm_mainloop<BITS>(acc, cc, ss, active, xr, I, reinterpret_cast<bf16*>(smem));
+  qtile::q_gemm_mainloop<BITS>(acc, cc, ss, active, xr, I, reinterpret_cast<bf16*>(smem),
+                               w.token_pairs());
   if (!active) return;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll

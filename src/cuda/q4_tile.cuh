@@ -247,12 +247,16 @@ __device__ __forceinline__ void dequant_frag(const WTile<P>& w, int r, int kb, u
 // warp_active false: the warp loads and computes nothing (its rows are past the matrix).
 // Accumulator layout: acc[r][n][0..1]: row 16 r + g, tokens 8 n + 2t + {0, 1};
 // acc[r][n][2..3]: row 16 r + g + 8, the same tokens. `smem`: kQSmemBytes, 1024-byte aligned.
+// token_pairs (1..8, block-uniform): only tokens 0 .. 16 token_pairs - 1 hold data; the MMAs of
+// the others are skipped and their accumulators stay 0. A grouped MoE tile of a short prompt
+// holds ~8 tokens of its expert: without this it computes all 128 (16x the useful MMAs).
 // Leaves no cp.async in flight and ends with a barrier (the smem may be reused afterwards).
 template <int BITS>
 __device__ __forceinline__ void q_gemm_mainloop(float (&acc)[2][16][4],
                                                 const uint32_t* const (&codes)[2],
                                                 const uint32_t* const (&sb)[2], bool warp_active,
-                                                const XRows& xrows, int K, bf16* smem) {
+                                                const XRows& xrows, int K, bf16* smem,
+                                                int token_pairs = 8) {
   constexpr int P = BITS / 4;
   constexpr int S = kQStages;
   const uint32_t sX = tile::smem_u32(smem);
@@ -296,6 +300,7 @@ __device__ __forceinline__ void q_gemm_mainloop(float (&acc)[2][16][4],
         dequant_frag<P>(cur, 1, kb, a[1]);
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
+          if (jj >= token_pairs) break;  // uniform over the block
           uint32_t bfr[4];
           tile::ldmatrix_x4(
               bfr, b_base + uint32_t(jj * 16 * 128) + uint32_t(((2 * kb + b_hi) ^ sw) << 4));
