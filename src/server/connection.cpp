@@ -1,5 +1,7 @@
 #include "server/connection.h"
 
+#include "util/error.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
@@ -370,6 +372,19 @@ HttpServer::HttpServer(ConnectionLimits limits) : limits_(limits) {
   new_task_queue = [] { return new ThreadPerConnection(); };
   set_keep_alive_timeout(time_t(limits_.idle_timeout_s));
   set_keep_alive_max_count(limits_.max_requests);
+  // Called on each socket httplib creates to listen on, before bind(): the one that binds is the
+  // last one (the others are closed), so remember it for deepen_listen_queue().
+  set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_socket_ = int(sock);
+  });
+}
+
+void HttpServer::deepen_listen_queue() {
+  // Linux: listen() on a listening socket changes its backlog (capped at net.core.somaxconn).
+  const int fd = listen_socket_;
+  if (fd >= 0 && ::listen(fd, int(limits_.max_connections)) != 0)
+    lilac::fail("listen(backlog {}): {}", limits_.max_connections, std::strerror(errno));
 }
 
 HttpServer::~HttpServer() = default;
@@ -447,9 +462,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   // Stopped: close. Closing (draining): a new connection still gets its one answer (a 503), an
   // idle one closes at once.
   bool first = true;
-  auto stopping = [this, &first] {
-    return svr_sock_ == INVALID_SOCKET || (closing_ && !first);
-  };
+  auto stopping = [this, &first] { return svr_sock_ == INVALID_SOCKET || (closing_ && !first); };
   bool ok = false;
   for (size_t count = limits_.max_requests; count > 0; --count, first = false) {
     c->set_phase(Phase::Idle);

@@ -12,10 +12,10 @@
 //   within `body_timeout_s` of its head; an idle keep-alive connection closes after
 //   `idle_timeout_s`, and at once when the server stops (close_idle()).
 // - Framing (check_framing, before any body byte is read): one Content-Length of decimal digits,
-//   within --max-body, required on POST unless chunked (411); Transfer-Encoding only "chunked" and never with Content-Length; no
-//   Content-Encoding (compressed bodies are refused with 415, so --max-body is the size the
-//   handlers see). Chunked bodies are validated as they stream in: hex sizes only, the running
-//   total within --max-body, CRLF where the grammar says.
+//   within --max-body, required on POST unless chunked (411); Transfer-Encoding only "chunked" and
+//   never with Content-Length; no Content-Encoding (compressed bodies are refused with 415, so
+//   --max-body is the size the handlers see). Chunked bodies are validated as they stream in: hex
+//   sizes only, the running total within --max-body, CRLF where the grammar says.
 // - An early answer (401, 503, a framing error, a body read that failed) leaves unread body bytes
 //   on the connection, so the connection is closed after it ("Connection: close") instead of
 //   parsing those bytes as the next request. The close lingers (FIN, then the rest of the body read
@@ -69,6 +69,11 @@ class HttpServer : public httplib::Server {
   // Closes every connection that is waiting for a request; later responses close their
   // connection. Running requests and streams go on.
   void close_idle();
+  // After bind_to_port: a listen queue as deep as the connection cap. httplib listens with a
+  // backlog of 5; a burst of clients (16 agents starting at once) overflows it, the kernel drops
+  // their SYNs, and each retries only after TCP's 1 s retransmission timeout (seen as ~1 s of
+  // extra time to first token for 3 of 16 clients on the GPU machine).
+  void deepen_listen_queue();
   size_t open_connections() const;
   size_t evicted_connections() const { return evicted_; }
 
@@ -85,6 +90,7 @@ class HttpServer : public httplib::Server {
   std::list<std::shared_ptr<Connection>> connections_;
   std::atomic<bool> closing_{false};
   std::atomic<size_t> evicted_{0};
+  std::atomic<int> listen_socket_{-1};  // the last socket httplib set up for listening
 };
 
 }  // namespace lilac::server

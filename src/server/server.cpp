@@ -321,6 +321,7 @@ void Server::bind() {
            o.port);
     port_ = o.port;
   }
+  impl_->http.deepen_listen_queue();
 }
 
 void Server::start() {

@@ -3,12 +3,15 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <thread>
 
@@ -250,6 +253,41 @@ TEST(Http, StopRightAfterStartReturns) {
     std::_Exit(1);
   }
   run.get();
+}
+
+// A burst of clients connecting at once completes its TCP handshakes even before the accept loop
+// takes any of them: the listen queue is as deep as the connection cap (httplib's own backlog of 5
+// made the kernel drop the other SYNs, which clients retry only after 1 s).
+TEST(Http, BurstOfConnectionsIsQueued) {
+  server::ServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  server::Server srv(o);
+  srv.bind();  // listening, but nothing accepts yet
+  constexpr int kClients = 64;
+  std::vector<int> fds;
+  for (int i = 0; i < kClients; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(srv.port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ASSERT_TRUE(rc == 0 || errno == EINPROGRESS) << std::strerror(errno);
+    fds.push_back(fd);
+  }
+  int connected = 0;
+  for (const int fd : fds) {
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (::poll(&p, 1, 500) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+        err == 0)
+      ++connected;
+    ::close(fd);
+  }
+  EXPECT_EQ(connected, kClients) << "handshakes completed within 0.5 s without an accept";
 }
 
 }  // namespace
