@@ -3,6 +3,7 @@
 // without stream_calls on the same output.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <random>
 
@@ -230,6 +231,25 @@ TEST(OutputParserStream, ParameterGivenTwiceKeepsItsFirstValue) {
   ASSERT_EQ(plain.calls.size(), 1u);
   EXPECT_EQ(plain.calls[0].second.arguments, R"({"city":"Paris"})");
   expect_consistent(run(bytes_of(s), true), plain, s);
+}
+
+TEST(OutputParserStream, LongValuesStayLinear) {
+  // A 300 kB file body pushed 4 bytes at a time: the search for its </parameter> resumes where it
+  // stopped, so streaming costs no more than the plain parser.
+  std::string body(300000, 'x');
+  for (size_t i = 0; i < body.size(); i += 61) body[i] = '\n';
+  const std::string text =
+      "</think><tool_call>\n<function=write_file>\n<parameter=path>\na\n"
+      "</parameter>\n<parameter=content>\n" +
+      body + "\n</parameter>\n</function>\n</tool_call>";
+  std::vector<std::string> chunks;
+  for (size_t i = 0; i < text.size(); i += 4) chunks.push_back(text.substr(i, 4));
+  auto t0 = std::chrono::steady_clock::now();
+  StreamRun r = run(chunks, true);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.streamed.at(0).fragments.size(), 3u);
+  EXPECT_EQ(json::parse(r.calls[0].second.arguments)["content"], body);
 }
 
 TEST(OutputParserStream, RandomTagSoupStaysConsistent) {
