@@ -120,10 +120,36 @@ bool name_char(char c) {
 
 enum class CallStatus { Complete, InsideValue, Malformed };
 
+std::string json_text(const ojson& v) {
+  return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// The JSON text that adds one parameter to an arguments object: '{"key":value' for the first,
+// ',"key":value' after it. The fragments and the closing '}' ('{}' without parameters) are the
+// arguments text, streamed or not.
+std::string param_fragment(bool first, const std::string& key, const ojson& value) {
+  return (first ? "{" : ",") + json_text(ojson(key)) + ":" + json_text(value);
+}
+
 struct ParsedCall {
   CallStatus status = CallStatus::Malformed;
   std::string name;
-  ojson arguments = ojson::object();
+  bool json_form = false;
+  ojson arguments = ojson::object();                  // the JSON form's arguments
+  std::vector<std::pair<std::string, ojson>> params;  // the XML form's, in order (first wins)
+
+  std::vector<std::string> fragments() const {
+    if (json_form) return {json_text(arguments)};
+    std::vector<std::string> out;
+    for (const auto& [k, v] : params) out.push_back(param_fragment(out.empty(), k, v));
+    out.push_back(params.empty() ? "{}" : "}");
+    return out;
+  }
+  std::string arguments_text() const {
+    std::string s;
+    for (const auto& f : fragments()) s += f;
+    return s;
+  }
 };
 
 }  // namespace
@@ -141,12 +167,23 @@ struct OutputParser::Impl {
       rejoin_ws;  // reasoning split by a call: the whitespace before it, put back if more follows
   bool implicit_open = false;  // ToolCall: the call began at <function= (no <tool_call>)
   int next_index = 0;
+  bool stream_calls = false;  // release calls as they are written (OutputParser's constructor)
+  // The call being streamed (stream_calls): offsets are into the call's block, buf[open...).
+  struct StreamedCall {
+    bool started = false;
+    int index = -1;
+    std::string name;
+    std::vector<std::string> keys;  // parameters sent, in order
+    std::string sent;               // the argument fragments sent, joined
+    size_t resume = 0;              // where the next parameter (or </function>) starts
+    size_t value_scan = 0;  // where the search for the open parameter's </parameter> resumes
+  } streamed;
   bool tools_declared = false;  // a tool list was given: calls to other names are text
   std::map<std::string, std::map<std::string, std::set<std::string>>>
       schemas;  // tool -> param -> types
 
-  Impl(bool in_reasoning, const nlohmann::json& tools)
-      : mode(in_reasoning ? Mode::Reasoning : Mode::Content) {
+  Impl(bool in_reasoning, const nlohmann::json& tools, bool stream)
+      : mode(in_reasoning ? Mode::Reasoning : Mode::Content), stream_calls(stream) {
     if (!tools.is_array()) return;
     tools_declared = true;
     for (const auto& tool : tools) {
@@ -161,12 +198,21 @@ struct OutputParser::Impl {
     }
   }
 
+  // Text of the current mode (reasoning or content) into both of out's views.
+  void put_text(ParsedDelta& out, std::string_view text) {
+    if (text.empty()) return;
+    const bool reasoning = mode == Mode::Reasoning;
+    (reasoning ? out.reasoning : out.content).append(text);
+    const auto kind = reasoning ? ParsedPiece::Kind::Reasoning : ParsedPiece::Kind::Content;
+    if (out.pieces.empty() || out.pieces.back().kind != kind) out.pieces.push_back({kind, -1, ""});
+    out.pieces.back().text.append(text);
+  }
+
   void emit(ParsedDelta& out, std::string_view text) {
     if (text.empty()) return;
-    std::string& dst = mode == Mode::Reasoning ? out.reasoning : out.content;
-    dst.append(rejoin_ws);
+    put_text(out, rejoin_ws);
     rejoin_ws.clear();
-    dst.append(text);
+    put_text(out, text);
     segment_start = false;
   }
 
@@ -175,13 +221,15 @@ struct OutputParser::Impl {
   }
 
   // Tool-call text that is not a call: text of the mode the call interrupted, verbatim.
+  // A call already streamed (CallStart sent) that turns out not to be one is closed with the
+  // parameters sent, so the client's arguments stay a JSON object; its text follows as text.
   void emit_raw(ParsedDelta& out, std::string_view text) {
+    if (streamed.started) finish_streamed(out, {streamed.keys.empty() ? "{}" : "}"});
     mode = call_from;
-    std::string& dst = mode == Mode::Reasoning ? out.reasoning : out.content;
-    dst.append(rejoin_ws);
+    put_text(out, rejoin_ws);
     rejoin_ws.clear();
-    if (!segment_start) dst.append(ws_before_call);
-    dst.append(text);
+    if (!segment_start) put_text(out, ws_before_call);
+    put_text(out, text);
     ws_before_call.clear();
     segment_start = false;
   }
@@ -302,7 +350,10 @@ struct OutputParser::Impl {
       return true;
     }
     call_scan = std::max(open, buf.size() - std::min(buf.size(), close.size() - 1));
-    if (!final) return false;
+    if (!final) {
+      if (stream_calls) advance_stream(out, open);
+      return false;
+    }
     ParsedCall c = parse_call(std::string_view(buf).substr(open), false);
     if (c.status == CallStatus::Complete && declared(c.name))
       release(out, c);
@@ -317,11 +368,121 @@ struct OutputParser::Impl {
     // before it with the whitespace that preceded the call (content drops it, as before).
     if (call_from == Mode::Reasoning && !segment_start) rejoin_ws = ws_before_call;
     ws_before_call.clear();
-    out.tool_calls.emplace_back(
-        next_index++, ToolCall{c.name, c.arguments.dump(-1, ' ', false,
-                                                        nlohmann::json::error_handler_t::replace)});
+    std::vector<std::string> fragments = c.fragments();
+    if (streamed.started) {
+      // The fragments sent are the first ones of the whole call's (the same parse, see
+      // advance_stream); the rest follow, one per parameter, then the '}'.
+      const size_t k = streamed.keys.size();
+      std::string sent;
+      for (size_t f = 0; f < k && f < fragments.size(); ++f) sent += fragments[f];
+      if (c.json_form || k >= fragments.size() || sent != streamed.sent)
+        fragments = {k == 0 ? "{}" : "}"};  // not expected; keeps the streamed JSON an object
+      else
+        fragments.erase(fragments.begin(), fragments.begin() + long(k));
+      finish_streamed(out, fragments);
+    } else {
+      const int index = next_index++;
+      const std::string args = c.arguments_text();
+      out.pieces.push_back({ParsedPiece::Kind::CallStart, index, c.name});
+      out.pieces.push_back({ParsedPiece::Kind::CallArguments, index, args});
+      out.pieces.push_back({ParsedPiece::Kind::CallEnd, index, args});
+      out.tool_calls.emplace_back(index, ToolCall{c.name, args});
+    }
     mode = call_from;  // a call inside the thinking: the thinking goes on until </think>
     segment_start = true;
+  }
+
+  // The streamed call's last fragments, its CallEnd and its whole form in tool_calls.
+  void finish_streamed(ParsedDelta& out, const std::vector<std::string>& rest) {
+    for (const auto& f : rest) {
+      streamed.sent += f;
+      out.pieces.push_back({ParsedPiece::Kind::CallArguments, streamed.index, f});
+    }
+    out.pieces.push_back({ParsedPiece::Kind::CallEnd, streamed.index, streamed.sent});
+    out.tool_calls.emplace_back(streamed.index, ToolCall{streamed.name, streamed.sent});
+    streamed = StreamedCall{};
+  }
+
+  // Whether the text after a </parameter> makes it the end of its value (parse_call's rule:
+  // another parameter, </function>, or the end of the block, which is </tool_call> here), and
+  // whether the text so far may still become such text.
+  bool ends_value(std::string_view after) const {
+    return starts_with(after, kParamOpen) || starts_with(after, kFunctionClose) ||
+           (!implicit_open && starts_with(after, kCallClose));
+  }
+  bool may_end_value(std::string_view after) const {
+    return starts_with(kParamOpen, after) || starts_with(kFunctionClose, after) ||
+           (!implicit_open && starts_with(kCallClose, after));
+  }
+
+  // stream_calls: sends what the call's text so far decides, and nothing that the rest of it
+  // could change: CallStart once <function=NAME> is complete (may_be_call has accepted it: the
+  // name is declared), then each parameter whose end is certain. The rules are parse_call's, so
+  // the fragments are the first of the ones the whole call gives; whatever does not follow
+  // them (a malformed call) is left to the whole call, at its end. Resumes where it stopped.
+  void advance_stream(ParsedDelta& out, size_t open) {
+    const std::string_view block = std::string_view(buf).substr(open);
+    StreamedCall& s = streamed;
+    if (!s.started) {
+      const size_t i = skip_ws(block, 0);
+      if (!starts_with(block.substr(i), kFunctionOpen)) return;  // the JSON form, or too early
+      const size_t name_at = i + kFunctionOpen.size();
+      const size_t gt = block.find('>', name_at);
+      if (gt == std::string_view::npos) return;
+      s.started = true;
+      s.index = next_index++;
+      s.name = std::string(block.substr(name_at, gt - name_at));
+      s.resume = gt + 1;
+      out.pieces.push_back({ParsedPiece::Kind::CallStart, s.index, s.name});
+    }
+    while (true) {
+      const size_t i = skip_ws(block, s.resume);
+      if (!starts_with(block.substr(i), kParamOpen)) return;
+      const size_t key_at = i + kParamOpen.size();
+      const size_t gt = block.find('>', key_at);
+      if (gt == std::string_view::npos) return;
+      std::string key(trim(block.substr(key_at, gt - key_at)));
+      if (key.empty() || key.find_first_of("<\n") != std::string::npos) return;
+      const size_t value_at = gt + 1;
+      size_t end = std::string_view::npos;
+      for (size_t q = block.find(kParamClose, std::max(value_at, s.value_scan));
+           q != std::string_view::npos; q = block.find(kParamClose, q + 1)) {
+        std::string_view after = block.substr(skip_ws(block, q + kParamClose.size()));
+        if (ends_value(after)) {
+          end = q;
+          break;
+        }
+        if (may_end_value(after)) {  // undecided until more text comes
+          s.value_scan = q;
+          return;
+        }
+      }
+      if (end == std::string_view::npos) {
+        s.value_scan =
+            std::max(value_at, block.size() - std::min(block.size(), kParamClose.size() - 1));
+        return;
+      }
+      if (std::find(s.keys.begin(), s.keys.end(), key) == s.keys.end()) {
+        std::string f = param_fragment(
+            s.keys.empty(), key, param_value(s.name, key, block.substr(value_at, end - value_at)));
+        s.keys.push_back(key);
+        s.sent += f;
+        out.pieces.push_back({ParsedPiece::Kind::CallArguments, s.index, std::move(f)});
+      }
+      s.resume = end + kParamClose.size();
+      s.value_scan = 0;
+    }
+  }
+
+  // A parameter's value text (between <parameter=KEY> and its </parameter>, one newline each
+  // side dropped) as JSON typed by the tool's schema.
+  ojson param_value(const std::string& tool, const std::string& key, std::string_view value) const {
+    if (starts_with(value, "\n")) value.remove_prefix(1);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    std::set<std::string> types;
+    if (auto t = schemas.find(tool); t != schemas.end())
+      if (auto p = t->second.find(key); p != t->second.end()) types = p->second;
+    return typed_value(std::string(value), types);
   }
 
   // The text between <tool_call> and </tool_call> (closed), or up to the end of the output.
@@ -336,7 +497,6 @@ struct OutputParser::Impl {
     if (gt == std::string_view::npos) return c;
     c.name = std::string(trim(block.substr(i, gt - i)));
     if (c.name.empty() || c.name.find_first_of("<\n") != std::string::npos) return c;
-    auto tool = schemas.find(c.name);
     i = gt + 1;
     while (true) {
       i = skip_ws(block, i);
@@ -374,19 +534,16 @@ struct OutputParser::Impl {
         c.status = closed ? CallStatus::InsideValue : CallStatus::Malformed;
         return c;
       }
-      std::string_view value = block.substr(i, end - i);
-      if (starts_with(value, "\n")) value.remove_prefix(1);
-      if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
-      std::set<std::string> types;
-      if (tool != schemas.end())
-        if (auto p = tool->second.find(key); p != tool->second.end()) types = p->second;
-      c.arguments[key] = typed_value(std::string(value), types);
+      const bool repeated = std::any_of(c.params.begin(), c.params.end(),
+                                        [&](const auto& p) { return p.first == key; });
+      if (!repeated) c.params.emplace_back(key, param_value(c.name, key, block.substr(i, end - i)));
       i = end + kParamClose.size();
     }
   }
 
   static ParsedCall parse_json_call(std::string_view t, bool closed) {
     ParsedCall c;
+    c.json_form = true;
     ojson j;
     try {
       j = ojson::parse(t.begin(), t.end());
@@ -412,8 +569,8 @@ struct OutputParser::Impl {
   }
 };
 
-OutputParser::OutputParser(bool in_reasoning, const nlohmann::json& tools)
-    : impl_(std::make_shared<Impl>(in_reasoning, tools)) {}
+OutputParser::OutputParser(bool in_reasoning, const nlohmann::json& tools, bool stream_calls)
+    : impl_(std::make_shared<Impl>(in_reasoning, tools, stream_calls)) {}
 
 ParsedDelta OutputParser::push(std::string_view text) {
   ParsedDelta out;

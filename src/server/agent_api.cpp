@@ -118,6 +118,7 @@ void launch_agent_job(Server::Impl& s, AgentJob& job, std::vector<int32_t> ids,
   parse.in_reasoning = prompt_opens_reasoning(job.prompt);
   parse.tools = job.chat.tools;
   parse.max_tool_calls = job.chat.parallel_tool_calls ? -1 : 1;
+  parse.stream_calls = job.stream;
   job.gen = start_generation(s, job.model, job.chat.common, std::move(ids), std::move(parse),
                              thinking_budget);
   job.in_flight = std::make_unique<InFlight>(s.in_flight);

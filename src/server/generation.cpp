@@ -16,7 +16,7 @@ Generation::Generation(Engine& engine, GenerationRequest request, ParseOptions p
     ch->cv.notify_one();
     return true;
   };
-  if (parse_.chat) parser_.emplace(parse_.in_reasoning, parse_.tools);
+  if (parse_.chat) parser_.emplace(parse_.in_reasoning, parse_.tools, parse_.stream_calls);
   future_ = engine.submit(std::move(request));
 }
 
@@ -27,9 +27,29 @@ Generation::~Generation() {
 void Generation::absorb(const ParsedDelta& d, GenerationChunk& out) {
   out.reasoning += d.reasoning;
   out.content += d.content;
+  // A call's CallStart comes before its other pieces and its tool_calls entry: it decides the
+  // call's index, or that it is dropped (beyond max_tool_calls).
+  for (const ParsedPiece& p : d.pieces) {
+    if (p.index < 0) {
+      if (!out.pieces.empty() && out.pieces.back().kind == p.kind)
+        out.pieces.back().text += p.text;
+      else
+        out.pieces.push_back(p);
+      continue;
+    }
+    if (p.kind == ParsedPiece::Kind::CallStart) {
+      const bool keep = parse_.max_tool_calls < 0 || calls_seen_ < parse_.max_tool_calls;
+      call_index_[p.index] = keep ? calls_seen_++ : -1;
+    }
+    auto at = call_index_.find(p.index);
+    if (at == call_index_.end() || at->second < 0) continue;
+    out.pieces.push_back(p);
+    out.pieces.back().index = at->second;
+  }
   for (const auto& call : d.tool_calls) {
-    if (parse_.max_tool_calls >= 0 && calls_seen_ >= parse_.max_tool_calls) continue;
-    out.tool_calls.push_back({calls_seen_++, call.second});
+    auto at = call_index_.find(call.first);
+    if (at != call_index_.end() && at->second >= 0)
+      out.tool_calls.push_back({at->second, call.second});
   }
 }
 

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,10 +31,14 @@ struct GenerationChunk {
   std::string reasoning;
   std::string content;
   std::vector<std::pair<int, ToolCall>> tool_calls;
+  // The same output in the order it was written, tool calls piece by piece when
+  // ParseOptions::stream_calls (call indexes as in tool_calls). Streaming writers use these.
+  std::vector<ParsedPiece> pieces;
   std::vector<TokenLogprob> logprobs;  // one per token sampled since the last chunk
   bool finished = false;               // the request is over; result() is valid
   bool empty() const {
-    return reasoning.empty() && content.empty() && tool_calls.empty() && logprobs.empty();
+    return reasoning.empty() && content.empty() && tool_calls.empty() && pieces.empty() &&
+           logprobs.empty();
   }
 };
 
@@ -41,7 +46,8 @@ struct ParseOptions {
   bool chat = true;           // split with the output parser (else: raw text as content)
   bool in_reasoning = false;  // the prompt ended inside <think>
   nlohmann::json tools = nlohmann::json::array();
-  int max_tool_calls = -1;  // parallel_tool_calls false: 1 (later calls are dropped)
+  int max_tool_calls = -1;    // parallel_tool_calls false: 1 (later calls are dropped)
+  bool stream_calls = false;  // the parser releases calls as they are written (a stream)
 };
 
 class Generation {
@@ -77,6 +83,7 @@ class Generation {
   GenerationResult result_;
   bool done_ = false;
   int calls_seen_ = 0;
+  std::map<int, int> call_index_;  // the parser's call index -> ours (-1: dropped)
 };
 
 // True when the prompt ends inside an open <think> block (thinking on): the model's output

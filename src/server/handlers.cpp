@@ -174,21 +174,25 @@ bool stream_chat(Job& job, httplib::DataSink& sink) {
     GenerationChunk c = g.next(kPoll);
     pending.insert(pending.end(), c.logprobs.begin(), c.logprobs.end());
     bool wrote = false;
-    if (!c.reasoning.empty()) {
-      if (!send(chunk({{"reasoning_content", c.reasoning}}, nullptr, &pending))) return false;
-      wrote = true;
-    }
-    if (!c.content.empty()) {
-      if (!send(chunk({{"content", c.content}}, nullptr, &pending))) return false;
-      wrote = true;
-    }
-    for (const auto& [index, call] : c.tool_calls) {
-      any_call = true;
-      json head = tool_call_json(index, call, true);
-      head["function"]["arguments"] = "";
-      if (!send(chunk({{"tool_calls", json::array({head})}}, nullptr, &pending))) return false;
-      json args = {{"index", index}, {"function", {{"arguments", call.arguments}}}};
-      if (!send(chunk({{"tool_calls", json::array({args})}}, nullptr, &pending))) return false;
+    // In the order written; a call as OpenAI streams one: a head with its id, name and empty
+    // arguments, then the arguments fragment by fragment (one per parameter, then the '}').
+    for (const ParsedPiece& p : c.pieces) {
+      json delta;
+      if (p.kind == ParsedPiece::Kind::Reasoning) {
+        delta = {{"reasoning_content", p.text}};
+      } else if (p.kind == ParsedPiece::Kind::Content) {
+        delta = {{"content", p.text}};
+      } else if (p.kind == ParsedPiece::Kind::CallStart) {
+        any_call = true;
+        json head = tool_call_json(p.index, ToolCall{p.text, ""}, true);
+        delta = {{"tool_calls", json::array({head})}};
+      } else if (p.kind == ParsedPiece::Kind::CallArguments) {
+        json args = {{"index", p.index}, {"function", {{"arguments", p.text}}}};
+        delta = {{"tool_calls", json::array({args})}};
+      } else {
+        continue;  // CallEnd: nothing more to say in this API
+      }
+      if (!send(chunk(std::move(delta), nullptr, &pending))) return false;
       wrote = true;
     }
     if (c.finished) break;
@@ -385,6 +389,7 @@ void handle_chat(Server::Impl& s, const httplib::Request& req, httplib::Response
   parse.in_reasoning = prompt_opens_reasoning(prompt);
   parse.tools = r.tools;
   parse.max_tool_calls = r.parallel_tool_calls ? -1 : 1;
+  parse.stream_calls = r.common.stream;
   auto constraint = chat_constraint(req.body, r, *job->model.tokenizer, parse.in_reasoning);
   launch(s, *job, encode_prompt(job->model, prompt), std::move(parse), chat_thinking_budget(r),
          std::move(constraint));

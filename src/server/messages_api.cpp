@@ -412,20 +412,36 @@ bool stream_messages(AgentJob& job, httplib::DataSink& sink) {
   bool tool_use = false;
   for (;;) {
     GenerationChunk c = g.next(kPoll);
-    bool wrote = !c.reasoning.empty() || !c.content.empty() || !c.tool_calls.empty();
-    if (!text_delta("thinking", c.reasoning) || !text_delta("text", c.content)) return false;
-    for (const auto& [i, call] : c.tool_calls) {
-      (void)i;
-      tool_use = true;
-      if (!close_block()) return false;
-      json block = tool_use_block(call);
-      block["input"] = json::object();
-      if (!ev("content_block_start", {{"index", ++index}, {"content_block", block}}) ||
-          !ev("content_block_delta",
-              {{"index", index},
-               {"delta", {{"type", "input_json_delta"}, {"partial_json", call.arguments}}}}) ||
-          !ev("content_block_stop", {{"index", index}}))
-        return false;
+    bool wrote = !c.pieces.empty();
+    // In the order written; a call as a tool_use block whose input streams as input_json_delta
+    // fragments (one per parameter, then the '}'), stopped at the call's end.
+    for (const ParsedPiece& p : c.pieces) {
+      bool ok = true;
+      switch (p.kind) {
+        case ParsedPiece::Kind::Reasoning:
+          ok = text_delta("thinking", p.text);
+          break;
+        case ParsedPiece::Kind::Content:
+          ok = text_delta("text", p.text);
+          break;
+        case ParsedPiece::Kind::CallStart: {
+          tool_use = true;
+          json block = tool_use_block(ToolCall{p.text, "{}"});
+          ok = close_block() &&
+               ev("content_block_start", {{"index", ++index}, {"content_block", block}});
+          open = "tool_use";
+          break;
+        }
+        case ParsedPiece::Kind::CallArguments:
+          ok = ev("content_block_delta",
+                  {{"index", index},
+                   {"delta", {{"type", "input_json_delta"}, {"partial_json", p.text}}}});
+          break;
+        case ParsedPiece::Kind::CallEnd:
+          ok = close_block();
+          break;
+      }
+      if (!ok) return false;
     }
     if (c.finished) break;
     if (!wrote && !agent_heartbeat(job, sink)) return false;

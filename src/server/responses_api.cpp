@@ -255,31 +255,40 @@ class OutputItems {
         {{"item_id", id_}, {"output_index", items.size()}, {"content_index", 0}, {"delta", s}});
   }
 
-  bool call(const ToolCall& c) {
+  // A function_call item, streamed: added (arguments ""), a delta per fragment, then done.
+  bool call_start(const std::string& name) {
     if (!close()) return false;
-    json it = {{"type", "function_call"},
-               {"id", "fc_" + random_id(24)},
-               {"call_id", "call_" + random_id(24)},
-               {"name", c.name},
-               {"arguments", ""},
-               {"status", "in_progress"}};
+    call_ = {{"type", "function_call"},
+             {"id", "fc_" + random_id(24)},
+             {"call_id", "call_" + random_id(24)},
+             {"name", name},
+             {"arguments", ""},
+             {"status", "in_progress"}};
+    return ev("response.output_item.added", {{"output_index", items.size()}, {"item", call_}});
+  }
+  bool call_arguments(const std::string& fragment) {
+    if (call_.is_null()) return true;
+    call_["arguments"] = call_["arguments"].get<std::string>() + fragment;
+    return ev("response.function_call_arguments.delta",
+              {{"item_id", call_["id"]}, {"output_index", items.size()}, {"delta", fragment}});
+  }
+  bool call_end() {
+    if (call_.is_null()) return true;
+    json it = std::move(call_);
+    call_ = nullptr;
     const size_t at = items.size();
-    if (!ev("response.output_item.added", {{"output_index", at}, {"item", it}})) return false;
-    if (!ev("response.function_call_arguments.delta",
-            {{"item_id", it["id"]}, {"output_index", at}, {"delta", c.arguments}}))
-      return false;
     if (!ev("response.function_call_arguments.done", {{"item_id", it["id"]},
                                                       {"output_index", at},
-                                                      {"name", c.name},
-                                                      {"arguments", c.arguments}}))
+                                                      {"name", it["name"]},
+                                                      {"arguments", it["arguments"]}}))
       return false;
-    it["arguments"] = c.arguments;
     it["status"] = "completed";
     items.push_back(it);
     return ev("response.output_item.done", {{"output_index", at}, {"item", it}});
   }
 
   bool close() {
+    if (!call_end()) return false;
     if (open_.empty()) return true;
     const bool reasoning = open_ == "reasoning";
     const size_t at = items.size();
@@ -326,6 +335,7 @@ class OutputItems {
   }
   Send send_;
   std::string open_, text_, id_;
+  json call_;  // the function_call item being streamed (null when none)
 };
 
 struct ResponsesJob : AgentJob {
@@ -382,11 +392,27 @@ bool drive(AgentJob& job, httplib::DataSink& sink, OutputItems& out) {
   Generation& g = *job.gen;
   for (;;) {
     GenerationChunk c = g.next(kPoll);
-    bool wrote = !c.reasoning.empty() || !c.content.empty() || !c.tool_calls.empty();
-    if (!out.text("reasoning", c.reasoning) || !out.text("message", c.content)) return false;
-    for (const auto& [i, call] : c.tool_calls) {
-      (void)i;
-      if (!out.call(call)) return false;
+    bool wrote = !c.pieces.empty();
+    for (const ParsedPiece& p : c.pieces) {
+      bool ok = true;
+      switch (p.kind) {
+        case ParsedPiece::Kind::Reasoning:
+          ok = out.text("reasoning", p.text);
+          break;
+        case ParsedPiece::Kind::Content:
+          ok = out.text("message", p.text);
+          break;
+        case ParsedPiece::Kind::CallStart:
+          ok = out.call_start(p.text);
+          break;
+        case ParsedPiece::Kind::CallArguments:
+          ok = out.call_arguments(p.text);
+          break;
+        case ParsedPiece::Kind::CallEnd:
+          ok = out.call_end();
+          break;
+      }
+      if (!ok) return false;
     }
     if (c.finished) break;
     if (!wrote && !agent_heartbeat(job, sink)) return false;

@@ -67,8 +67,14 @@ test('messages.stream: thinking, text and a tool_use block, then the tool round 
   const stream = client.messages.stream({
     model: 'x', max_tokens: 400, tools: [weatherTool], messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
   });
-  stream.on('streamEvent', (e) => events.push(e.type));
+  const partials = [];
+  stream.on('streamEvent', (e) => {
+    events.push(e.type);
+    if (e.type === 'content_block_delta' && e.delta.type === 'input_json_delta') partials.push(e.delta.partial_json);
+  });
   const final = await stream.finalMessage();
+  // The tool_use input streams per parameter, then the closing brace.
+  assert.deepEqual(partials, ['{"city":"Paris"', ',"days":3', '}']);
   assert.deepEqual(final.content.map((b) => b.type), ['thinking', 'text', 'tool_use']);
   assert.equal(final.content[0].thinking, 'Need the weather.');
   assert.equal(final.content[1].text, 'Let me check.');

@@ -112,7 +112,22 @@ test('openai: stream().finalChatCompletion() reassembles tool calls', async () =
   const runner = client.chat.completions.stream({
     model: 'x', messages: [{ role: 'user', content: 'What is the weather in Paris?' }], tools: [weatherTool],
   });
+  const argDeltas = new Map();  // index -> the arguments deltas of that call, in order
+  const heads = [];
+  runner.on('chunk', (chunk) => {
+    for (const tc of chunk.choices[0]?.delta?.tool_calls ?? []) {
+      if (tc.id) heads.push(tc);
+      if (!argDeltas.has(tc.index)) argDeltas.set(tc.index, []);
+      argDeltas.get(tc.index).push(tc.function?.arguments ?? '');
+    }
+  });
   const final = await runner.finalChatCompletion();
+  // Each call: a head (id, type, name, arguments ''), then one arguments delta per parameter and
+  // the closing brace, with only index and function.arguments.
+  assert.equal(heads.length, 2);
+  for (const h of heads) assert.deepEqual([h.type, h.function.name, h.function.arguments], ['function', 'get_weather', '']);
+  assert.deepEqual(argDeltas.get(0), ['', '{"city":"Paris"', ',"days":3', '}']);
+  assert.deepEqual(argDeltas.get(1), ['', '{"city":"Zürich"', ',"days":1', '}']);
   const choice = final.choices[0];
   assert.equal(choice.finish_reason, 'tool_calls');
   const calls = choice.message.tool_calls;

@@ -59,12 +59,22 @@ test('responses streaming: the event sequence, then the function call round trip
   });
   const types = [];
   let args = '';
+  const deltas = [];
+  let done;
   let completed;
   for await (const e of stream) {
     types.push(e.type);
-    if (e.type === 'response.function_call_arguments.delta') args += e.delta;
+    if (e.type === 'response.function_call_arguments.delta') { args += e.delta; deltas.push(e.delta); }
+    if (e.type === 'response.function_call_arguments.done') done = e;
     if (e.type === 'response.completed') completed = e.response;
   }
+  // The arguments stream per parameter: '{"city":"Paris"', ',"days":3', '}'; done has them whole.
+  assert.deepEqual(deltas, ['{"city":"Paris"', ',"days":3', '}']);
+  assert.equal(done.arguments, args);
+  assert.equal(done.name, 'get_weather');
+  const added = types.indexOf('response.output_item.added', types.indexOf('response.reasoning_text.delta'));
+  assert.ok(added >= 0 && added < types.indexOf('response.function_call_arguments.delta'));
+  assert.ok(types.indexOf('response.function_call_arguments.done') < types.lastIndexOf('response.output_item.done'));
   assert.equal(types[0], 'response.created');
   assert.equal(types.at(-1), 'response.completed');
   assert.ok(types.includes('response.reasoning_text.delta'));

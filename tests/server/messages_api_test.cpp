@@ -113,6 +113,54 @@ TEST(MessagesApi, StreamingEventSequenceWithToolUse) {
   EXPECT_GT(delta["usage"]["output_tokens"].get<int>(), 10);
 }
 
+TEST(MessagesApi, StreamedToolUseInputPerParameterAndAMalformedCall) {
+  ServerFixtureOptions o;
+  auto tok = Tokenizer::from_model_dir(demo_dir());
+  o.script = {script_text(*tok,
+                          "x\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+                          "Rome\n</parameter>\n<parameter=days>\n2\n</parameter>\noops</tool_call>",
+                          "broken"),
+              script_text(*tok, "x\n</think>\n\n" + kCall)};
+  TestServer ts(std::move(o));
+  auto stream = [&](const std::string& text) {
+    auto r = ts.post("/v1/messages", body(text, {{"stream", true}, {"tools", kTools}}));
+    EXPECT_TRUE(r && r->status == 200);
+    return r ? named_events(r->body) : decltype(named_events("")){};
+  };
+  std::vector<std::string> partials;
+  for (const auto& [name, data] : stream("weather?"))
+    if (name == "content_block_delta" && data["delta"]["type"] == "input_json_delta")
+      partials.push_back(data["delta"]["partial_json"]);
+  EXPECT_EQ(partials, (std::vector<std::string>{R"({"city":"Paris")", R"(,"days":3)", "}"}));
+  // Malformed after its first parameter went out: the tool_use block is closed with what was
+  // sent (valid JSON), then the markup is a text block; every block is started and stopped.
+  partials.clear();
+  std::vector<std::string> blocks;
+  int open = -1;
+  std::string stop_reason;
+  for (const auto& [name, data] : stream("broken weather?")) {
+    if (name == "content_block_start") {
+      EXPECT_EQ(open, -1);
+      open = data["index"];
+      blocks.push_back(data["content_block"]["type"]);
+    }
+    if (name == "content_block_delta") {
+      EXPECT_EQ(data["index"], open);
+      if (data["delta"]["type"] == "input_json_delta")
+        partials.push_back(data["delta"]["partial_json"]);
+    }
+    if (name == "content_block_stop") {
+      EXPECT_EQ(data["index"], open);
+      open = -1;
+    }
+    if (name == "message_delta") stop_reason = data["delta"]["stop_reason"];
+  }
+  EXPECT_EQ(open, -1);
+  EXPECT_EQ(blocks, (std::vector<std::string>{"thinking", "tool_use", "text"}));
+  EXPECT_EQ(partials, (std::vector<std::string>{R"({"city":"Rome")", "}"}));
+  EXPECT_EQ(stop_reason, "tool_use");
+}
+
 TEST(MessagesApi, ToolRoundTripHistoryRendersLikeChat) {
   // tool_use / tool_result / thinking history becomes the chat messages the template expects:
   // the same prompt as the equivalent chat-completions request.

@@ -3,6 +3,8 @@
 // usage, stop strings across token boundaries, multibyte characters split across tokens.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "server_fixture.h"
 
 namespace lilac::test {
@@ -225,6 +227,57 @@ TEST(Protocol, NonStreamingToolCallsAndParallelOff) {
   p = ts.post("/apply-template", body);
   EXPECT_EQ(json::parse(p->body)["prompt"].get<std::string>().find("get_weather"),
             std::string::npos);
+}
+
+// The arguments deltas of each call in a chat stream (the head's "" first), by index.
+std::map<int, std::vector<std::string>> argument_deltas(const Split& s) {
+  std::map<int, std::vector<std::string>> out;
+  for (const auto& t : s.tool_deltas)
+    out[t["index"].get<int>()].push_back(t["function"]["arguments"].get<std::string>());
+  return out;
+}
+
+TEST(Protocol, StreamedCallsParallelOffAndAMalformedCall) {
+  ServerFixtureOptions o;
+  auto tok = Tokenizer::from_model_dir(demo_dir());
+  o.script = {script_text(*tok,
+                          "ok\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+                          "Rome\n</parameter>\n<parameter=days>\n2\n</parameter>\noops</tool_call>",
+                          "broken"),
+              script_text(*tok, "ok\n</think>\n\n" + weather_call("Paris", 3) + "\n" +
+                                    weather_call("Oslo", 1))};
+  TestServer ts(std::move(o));
+  // parallel_tool_calls false: the second call is dropped whole, from its first fragment on.
+  json body = {{"messages", user("weather?")},
+               {"tools", kWeatherTools},
+               {"stream", true},
+               {"parallel_tool_calls", false}};
+  auto r = ts.post("/v1/chat/completions", body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  Split s = split_stream(sse_events(r->body));
+  auto deltas = argument_deltas(s);
+  ASSERT_EQ(deltas.size(), 1u);
+  EXPECT_EQ(deltas[0], (std::vector<std::string>{"", R"({"city":"Paris")", R"(,"days":3)", "}"}));
+  EXPECT_EQ(s.content, "");
+  EXPECT_EQ(s.finish_chunk["choices"][0]["finish_reason"], "tool_calls");
+  // Garbage after the second parameter: the call already started is closed with the parameter
+  // sent (valid JSON), and its markup follows as content, as the non-streaming answer has it.
+  body = {{"messages", user("broken weather?")}, {"tools", kWeatherTools}, {"stream", true}};
+  r = ts.post("/v1/chat/completions", body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  s = split_stream(sse_events(r->body));
+  deltas = argument_deltas(s);
+  ASSERT_EQ(deltas.size(), 1u);
+  EXPECT_EQ(deltas[0], (std::vector<std::string>{"", R"({"city":"Rome")", "}"}));
+  EXPECT_NE(s.content.find("<parameter=days>"), std::string::npos) << s.content;
+  body["stream"] = false;
+  r = ts.post("/v1/chat/completions", body);
+  ASSERT_TRUE(r);
+  json plain = json::parse(r->body)["choices"][0]["message"];
+  EXPECT_FALSE(plain.contains("tool_calls"));
+  EXPECT_EQ(plain["content"], s.content);
 }
 
 TEST(Protocol, StopStringAcrossTokenBoundaries) {

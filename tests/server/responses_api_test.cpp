@@ -107,6 +107,47 @@ TEST(ResponsesApi, StreamingEventSequenceWithFunctionCall) {
   EXPECT_EQ(done["output"][1]["content"][0]["text"], "One moment.");
 }
 
+TEST(ResponsesApi, StreamedArgumentsPerParameterAndAMalformedCall) {
+  ServerFixtureOptions o;
+  auto tok = Tokenizer::from_model_dir(demo_dir());
+  o.script = {script_text(*tok,
+                          "x\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+                          "Rome\n</parameter>\n<parameter=days>\n2\n</parameter>\noops</tool_call>",
+                          "broken"),
+              script_text(*tok, "x\n</think>\n\n" + kCall)};
+  TestServer ts(std::move(o));
+  struct Seen {
+    std::vector<std::string> deltas;
+    std::string done_arguments;
+    json completed;
+  };
+  auto stream = [&](const std::string& input) {
+    Seen seen;
+    auto r = ts.post("/v1/responses", {{"input", input}, {"stream", true}, {"tools", kTools}});
+    EXPECT_TRUE(r && r->status == 200);
+    if (!r) return seen;
+    for (const auto& [name, data] : named_events(r->body)) {
+      if (name == "response.function_call_arguments.delta") seen.deltas.push_back(data["delta"]);
+      if (name == "response.function_call_arguments.done") seen.done_arguments = data["arguments"];
+      if (name == "response.completed") seen.completed = data["response"];
+    }
+    return seen;
+  };
+  Seen ok = stream("weather?");
+  EXPECT_EQ(ok.deltas, (std::vector<std::string>{R"({"city":"Paris")", R"(,"days":3)", "}"}));
+  EXPECT_EQ(ok.done_arguments, R"({"city":"Paris","days":3})");
+  // Malformed after its first parameter went out: the item is done with what was sent, and the
+  // markup follows as a message item.
+  Seen bad = stream("broken weather?");
+  EXPECT_EQ(bad.deltas, (std::vector<std::string>{R"({"city":"Rome")", "}"}));
+  EXPECT_EQ(bad.done_arguments, R"({"city":"Rome"})");
+  const json& out = bad.completed["output"];
+  ASSERT_EQ(out.size(), 3u) << out.dump();
+  EXPECT_EQ(out[1]["type"], "function_call");
+  EXPECT_EQ(out[1]["arguments"], R"({"city":"Rome"})");
+  EXPECT_EQ(out[2]["type"], "message");
+}
+
 TEST(ResponsesApi, FunctionCallOutputsRenderLikeChat) {
   ServerFixtureOptions o;
   auto tok = Tokenizer::from_model_dir(demo_dir());

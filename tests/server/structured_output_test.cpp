@@ -52,6 +52,20 @@ TEST(StructuredOutput, ToolCallGrammarIsTheTemplateFormatAndTheParserReadsIt) {
   ASSERT_EQ(d.tool_calls.size(), 1u);
   EXPECT_EQ(json::parse(d.tool_calls[0].second.arguments),
             json::parse(R"({"city": "Paris 2", "days": 3, "opts": {"x": true}})"));
+  // Streamed (a forced call in a stream), token by token: a fragment per parameter and the brace,
+  // joined the same arguments.
+  OutputParser streaming(false, nlohmann::json(kTools), true);
+  std::vector<std::string> fragments;
+  auto collect = [&](const ParsedDelta& delta) {
+    for (const auto& p : delta.pieces)
+      if (p.kind == ParsedPiece::Kind::CallArguments) fragments.push_back(p.text);
+  };
+  for (char c : call) collect(streaming.push(std::string(1, c)));
+  collect(streaming.finish());
+  ASSERT_EQ(fragments.size(), 4u);
+  std::string joined;
+  for (const auto& f : fragments) joined += f;
+  EXPECT_EQ(joined, d.tool_calls[0].second.arguments);
 }
 
 TEST(StructuredOutput, ResponseFormatFieldsAndErrors) {
