@@ -80,8 +80,11 @@ class GrammarIndex {
   static constexpr size_t kMaxEntries = 4096;  // ~80 MB at most on a 150k vocabulary
   // `context_depth`: the stack nodes a cached split looks at (kContextDepth; the benchmark varies
   // it): deeper means fewer uncertain tokens to walk per step but more distinct contexts to cache.
+  // `walk_threads`: threads that share the walk of the vocabulary for a new context, each over
+  // its own contiguous range of the sorted tokens (0: up to 8, as the machine has cores, for
+  // vocabularies of 8,192 tokens or more; 1 otherwise).
   GrammarIndex(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const Vocabulary> vocab,
-               int context_depth = kContextDepth);
+               int context_depth = kContextDepth, int walk_threads = 0);
   const Grammar& grammar() const { return *grammar_; }
   const Vocabulary& vocab() const { return *vocab_; }
 
@@ -99,6 +102,7 @@ class GrammarIndex {
   std::shared_ptr<const Vocabulary> vocab_;
   int32_t horizon_ = 0;  // a token has at most this many bytes (so characters)
   int context_depth_ = kContextDepth;
+  int walk_threads_ = 1;
   // A run with more than this many characters left (and fewer than horizon_) shares one entry.
   static constexpr int32_t kRunBucket = 24;
   int32_t bucket_ = kRunBucket;
@@ -139,12 +143,16 @@ ParseState initial_state(const Grammar& g, std::vector<StackNode>& nodes);
 void advance(const Grammar& g, std::vector<StackNode>& nodes, const ParseState& from, uint8_t b,
              ParseState& out);
 enum class Verdict : uint8_t { Reject, Accept, Uncertain };
-// Walks `list` from `start`, calling on(id, verdict) for every token not rejected. With
-// `bottom_is_context`, a stack that runs off the bottom with bytes left makes the token
+// Walks `list` from `start`, calling on(id, verdict) for every token not rejected, in list
+// order. With `bottom_is_context`, a stack that runs off the bottom with bytes left makes the token
 // Uncertain (the real stack continues below); otherwise such a path is dead.
 void walk(const Grammar& g, const Vocabulary& v, const Vocabulary::SortedList& list,
           std::vector<StackNode>& nodes, const ParseState& start, bool bottom_is_context,
           const std::function<void(int32_t, Verdict)>& on);
+// The same over list entries [begin, end) only (a walk shared between threads).
+void walk_range(const Grammar& g, const Vocabulary& v, const Vocabulary::SortedList& list,
+                size_t begin, size_t end, std::vector<StackNode>& nodes, const ParseState& start,
+                bool bottom_is_context, const std::function<void(int32_t, Verdict)>& on);
 }  // namespace detail
 
 }  // namespace lilac::grammar

@@ -130,17 +130,21 @@ x ::= [aé😀]{1,4} | "{" x "}")",
       // Runs longer than the longest token: counts past its length share cache entries.
       R"(root ::= "\"" [ab ]{0,30} "\"" [ab]{12,20} "}")",
   };
-  std::mt19937 rng(7);
-  for (const auto& g : grammars) {
-    SCOPED_TRACE(g);
-    auto idx = test::index_for(g, vocab);
-    for (int run = 0; run < 8; ++run) {
-      Matcher m(idx);
-      for (int step = 0; step < 24 && !m.finished(); ++step) {
-        const auto fast = test::allowed_ids(m);
-        ASSERT_EQ(fast, test::brute_force_ids(m)) << "run " << run << " step " << step;
-        if (fast.empty()) break;
-        ASSERT_TRUE(m.accept_token(fast[rng() % fast.size()]));
+  // One thread, and the walk of a new context split over 3 and 7 threads (ranges that start
+  // inside shared prefixes).
+  for (int threads : {1, 3, 7}) {
+    std::mt19937 rng(7);
+    for (const auto& g : grammars) {
+      SCOPED_TRACE(g + " threads " + std::to_string(threads));
+      auto idx = test::index_for(g, vocab, threads);
+      for (int run = 0; run < 8; ++run) {
+        Matcher m(idx);
+        for (int step = 0; step < 24 && !m.finished(); ++step) {
+          const auto fast = test::allowed_ids(m);
+          ASSERT_EQ(fast, test::brute_force_ids(m)) << "run " << run << " step " << step;
+          if (fast.empty()) break;
+          ASSERT_TRUE(m.accept_token(fast[rng() % fast.size()]));
+        }
       }
     }
   }

@@ -11,10 +11,13 @@
 
 namespace lilac::grammar::test {
 
+// `walk_threads` as GrammarIndex takes it (0: automatic, 1 for these small vocabularies).
 inline std::shared_ptr<GrammarIndex> index_for(const std::string& gbnf,
-                                               std::shared_ptr<const Vocabulary> vocab) {
+                                               std::shared_ptr<const Vocabulary> vocab,
+                                               int walk_threads = 0) {
   return std::make_shared<GrammarIndex>(std::make_shared<const Grammar>(parse_gbnf(gbnf)),
-                                        std::move(vocab));
+                                        std::move(vocab), GrammarIndex::kContextDepth,
+                                        walk_threads);
 }
 
 // A vocabulary of every single byte of `alphabet`, their pairs, and `extra`; ids from 1 (0 is an
