@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "io/dtype.h"
 #include "model/config.h"
+#include "model/dtype.h"
 
 namespace lilac {
 

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "chat/chat_template.h"
-#include "cpu/sampling.h"
 #include "engine/engine.h"
 #include "io/checkpoint.h"
 #include "model/backend.h"
+#include "model/sampling.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lilac::server {
