@@ -1,4 +1,4 @@
-#include "cli/backends.h"
+#include "runtime/backends.h"
 
 #include "cpu/cpu_backend.h"
 #include "io/quantize.h"
@@ -7,7 +7,7 @@
 #include "cuda/cuda_backend.h"
 #endif
 
-namespace lilac::cli {
+namespace lilac::runtime {
 
 bool cuda_available() {
 #ifdef LILAC_HAVE_CUDA
@@ -40,8 +40,8 @@ std::unique_ptr<Backend> open_cuda(const Model& model, bool quantize) {
 }  // namespace
 
 std::unique_ptr<Backend> open_backend(Model& model, const std::string& device,
-                                      const std::string& weights) {
-  if (weights != "q4" || has_quantized_weights(model.weights)) return open_backend(model, device);
+                                      bool quantize_at_load) {
+  if (!quantize_at_load || has_quantized_weights(model.weights)) return open_backend(model, device);
   const std::string d = resolve_device(device);
   if (d == "cuda") return open_cuda(model, /*quantize=*/true);
   if (d != "cpu") fail("unknown device '{}' (expected cpu, cuda or auto)", device);
@@ -57,9 +57,9 @@ std::unique_ptr<Backend> open_backend(const Model& model, const std::string& dev
   fail("unknown device '{}' (expected cpu, cuda or auto)", device);
 }
 
-}  // namespace lilac::cli
+}  // namespace lilac::runtime
 
-namespace lilac::cli {
+namespace lilac::runtime {
 
 std::unique_ptr<Backend> open_synthetic_backend(const std::string& device,
                                                 const std::string& weights, uint64_t seed) {
@@ -83,4 +83,4 @@ std::vector<std::string> backend_report(Backend& backend) {
   return {};
 }
 
-}  // namespace lilac::cli
+}  // namespace lilac::runtime
