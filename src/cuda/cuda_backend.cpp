@@ -409,7 +409,8 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
     auto seq = new_sequence(T + 1);
     auto& st = static_cast<CudaSequenceState&>(*seq);
     std::vector<int32_t> ids(static_cast<size_t>(T));
-    for (int i = 0; i < T; ++i) ids[size_t(i)] = int32_t((1 + int64_t(i) * 7919) % sampling_vocab());
+    for (int i = 0; i < T; ++i)
+      ids[size_t(i)] = int32_t((1 + int64_t(i) * 7919) % sampling_vocab());
     prefill_chunk(st, ids.data(), T, nullptr, false, nullptr);  // warm-up
     auto seq2 = new_sequence(T + 1);
     Timer t(stream_);
@@ -422,9 +423,12 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
 
 // ---- factories ------------------------------------------------------------------------------
 
-std::unique_ptr<CudaBackend> make_cuda_backend(const Model& model, bool quantize) {
-  return std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(upload_model(model, quantize)),
-                                       CudaOptions::from_environment());
+std::unique_ptr<CudaBackend> make_cuda_backend(const ModelConfig& config,
+                                               const ModelWeights& weights,
+                                               const std::string& checkpoint_dir, bool quantize) {
+  return std::make_unique<CudaBackend>(
+      std::shared_ptr<DeviceModel>(upload_model(config, weights, checkpoint_dir, quantize)),
+      CudaOptions::from_environment());
 }
 
 std::unique_ptr<CudaBackend> make_synthetic_backend(const std::string& weights, uint64_t seed) {

@@ -2,6 +2,7 @@
 
 #include "cpu/cpu_backend.h"
 #include "io/quantize.h"
+#include "model/weight_rows.h"
 #include "util/error.h"
 #ifdef LILAC_HAVE_CUDA
 #include "cuda/cuda_backend.h"
@@ -27,7 +28,7 @@ std::string resolve_device(const std::string& device) {
 std::unique_ptr<Backend> open_cuda(const Model& model, bool quantize) {
 #ifdef LILAC_HAVE_CUDA
   if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
-  return cuda::make_cuda_backend(model, quantize);
+  return cuda::make_cuda_backend(model.config, model.weights, model.checkpoint->dir(), quantize);
 #else
   (void)model;
   (void)quantize;

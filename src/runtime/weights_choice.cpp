@@ -1,6 +1,6 @@
 #include "runtime/weights_choice.h"
 
-#include "io/quantize.h"
+#include "model/weight_rows.h"
 #include "util/error.h"
 
 namespace lilac::runtime {
