@@ -11,8 +11,8 @@ namespace lilac::cli {
 
 using server::Generation;
 using server::GenerationChunk;
-using server::ParseOptions;
 using server::last_turn_start;
+using server::ParseOptions;
 using server::prompt_opens_reasoning;
 
 bool is_tty(int fd) {
