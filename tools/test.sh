@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The test command: installs dependencies, builds with warnings as errors (CUDA sources too when
-# nvcc is present), and runs every test that needs no GPU; then the same CPU suite under
+# The test command: checks the include layering (tools/check_layers.py), installs dependencies,
+# builds with warnings as errors (CUDA sources too when nvcc is present), and runs every test that
+# needs no GPU; then the same CPU suite under
 # ASan+UBSan (the `asan` preset: clang, one tree that also builds the libFuzzer targets) and each
 # fuzz target for LILAC_FUZZ_SECONDS (default 60; 0 skips the sanitizer stage).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The layering of src/ (docs/architecture.md): seconds, so first.
+python3 tools/check_layers.py
 tools/install-deps.sh
 cmake --preset ci
 cmake --build --preset ci

@@ -95,7 +95,7 @@ void bench_attention() {
   // The decode path: v1 = qk_norm_rope_store (T = 1) + attention_decode (3 launches); v2 =
   // attention_decode_qkv (2 launches). Both write the new key at row ctx - 1.
   const int P = kHeads * 2 * kHd + 2 * kKv * kHd;
-  const std::vector<float> inv_h = lilac::cpu::rope_inv_freq(1e7f, kR);
+  const std::vector<float> inv_h = lilac::rope_inv_freq(1e7f, kR);
   DeviceBuffer<float> inv(inv_h.size()), qn(static_cast<size_t>(kHd)), kn(static_cast<size_t>(kHd));
   LILAC_CUDA_CHECK(cudaMemcpy(inv.get(), inv_h.data(), inv_h.size() * 4, cudaMemcpyHostToDevice));
   fill(qn.get(), qn.size(), 1.f, 0.1f);

@@ -5,11 +5,11 @@
 #include <sstream>
 
 #include "bench/bench.h"
-#include "cli/backends.h"
 #include "cli/command.h"
 #include "io/checkpoint.h"
-#include "io/quantize.h"
 #include "model/qwen36.h"
+#include "runtime/backends.h"
+#include "runtime/weights_choice.h"
 #include "util/error.h"
 #include "util/version.h"
 
@@ -17,7 +17,7 @@ namespace lilac::cli {
 namespace {
 
 struct BenchCliOptions {
-  std::string model, device = "auto", weights = "bf16", json_out, lengths, concurrency;
+  std::string model, device = "auto", weights = "auto", json_out, lengths, concurrency;
   int64_t prompt_tokens = 1024;
   bool synthetic = false;
   int rounds = 3, decode = 64;
@@ -47,18 +47,22 @@ int run_bench_cli(const BenchCliOptions& o) {
   if (o.rounds < 1 || o.decode < 1) fail("--rounds and --decode must be >= 1");
   std::unique_ptr<Model> model;
   std::unique_ptr<Backend> backend;
-  std::string model_name, weights = o.weights;
+  std::string model_name;
+  std::string weights;  // "bf16" or "q4": what the backend multiplies (the JSON's "weights")
+  const runtime::WeightsChoice choice = runtime::parse_weights(o.weights);
   BenchOptions bo;
   if (o.synthetic) {
-    backend = open_synthetic_backend(o.device, o.weights, o.seed);
+    weights = runtime::synthetic_weights(choice);
+    backend = runtime::open_synthetic_backend(o.device, weights, o.seed);
     model_name = "synthetic Qwen3.6-35B-A3B (random weights, random router: near-uniform routing)";
     bo.n_real_tokens = kQwen36RealTokens;
   } else {
     model = load_model(o.model);
     // q4 on a float checkpoint quantizes it as `lilac quantize` would (in memory on the CPU, on
-    // the GPU at load for cuda); a quantized checkpoint is q4 whatever the flag says.
-    if (has_quantized_weights(model->weights)) weights = "q4";
-    backend = open_backend(*model, o.device, weights);
+    // the GPU at load for cuda); a quantized checkpoint runs as it is.
+    const runtime::WeightsPlan plan = runtime::plan_weights(choice, *model);
+    weights = plan.four_bit ? "q4" : "bf16";
+    backend = runtime::open_backend(*model, o.device, plan.quantize_at_load);
     model_name = o.model;
   }
   // --concurrency alone runs only the concurrency sweep; with --lengths, both.
@@ -89,7 +93,7 @@ int run_bench_cli(const BenchCliOptions& o) {
   if (!rows.empty()) std::printf("%s", bench_table(rows).c_str());
   auto crows = run_concurrency_bench(*backend, co);
   if (!crows.empty()) std::printf("%s", concurrency_table(crows).c_str());
-  for (const auto& line : backend_report(*backend)) std::printf("%s\n", line.c_str());
+  for (const auto& line : runtime::backend_report(*backend)) std::printf("%s\n", line.c_str());
   if (!o.json_out.empty()) {
     nlohmann::json header = {{"engine", std::string("lilac ") + version()},
                              {"commit", git_commit()},
@@ -105,7 +109,7 @@ int run_bench_cli(const BenchCliOptions& o) {
     if (!crows.empty()) header["prompt_tokens"] = o.prompt_tokens;
     auto j = bench_json(rows, header);
     j["concurrency_results"] = concurrency_json(crows);
-    j["breakdown"] = backend_report(*backend);
+    j["breakdown"] = runtime::backend_report(*backend);
     std::ofstream out(o.json_out);
     out << j.dump(2) << "\n";
     if (!out) fail("{}: cannot write", o.json_out);
@@ -121,7 +125,10 @@ const Command kBench{
       app.add_flag("--synthetic", o->synthetic,
                    "Full-size model with random weights made on the GPU");
       app.add_option("--device", o->device, "cuda, cpu or auto")->default_val("auto");
-      app.add_option("--weights", o->weights, "bf16 or q4")->default_val("bf16");
+      app.add_option("--weights", o->weights,
+                     "auto, bf16, fp8 or q4 (the checkpoint's format; q4 on a BF16 or FP8 "
+                     "checkpoint quantizes at load; the synthetic model: bf16 or q4)")
+          ->default_val("auto");
       app.add_option("--lengths", o->lengths, "Comma-separated context lengths (default: the ten)");
       app.add_option("--concurrency", o->concurrency,
                      "Comma-separated sequence counts: N prompts of --prompt-tokens ids, then "

@@ -8,8 +8,8 @@
 #include <iostream>
 
 #include "cli/command.h"
+#include "cli/console.h"
 #include "cli/terminal.h"
-#include "server/console.h"
 #include "util/error.h"
 
 namespace lilac::cli {
@@ -42,7 +42,6 @@ bool read_line(std::string& line) {
 }
 
 int run_chat(const GenOptions& o) {
-  using namespace lilac::server;
   auto m = load_for_terminal(o);
   TurnOptions t = turn_options(o, *m);
   const bool out_tty = is_tty(1), in_tty = is_tty(0);

@@ -8,11 +8,11 @@
 #include <map>
 #include <sstream>
 
-#include "cli/backends.h"
 #include "cli/command.h"
 #include "io/checkpoint.h"
-#include "io/quantize.h"
 #include "io/safetensors.h"
+#include "runtime/backends.h"
+#include "runtime/weights_choice.h"
 #include "util/error.h"
 #include "util/version.h"
 
@@ -20,7 +20,8 @@ namespace lilac::cli {
 namespace {
 
 struct LogitsOptions {
-  std::string model, prompt_from, prompt_ids, out, compare, dump_trace, device = "cpu", weights;
+  std::string model, prompt_from, prompt_ids, out, compare, dump_trace, device = "cpu",
+                                                                        weights = "auto";
   int decode = 0;
   int prefill_chunk = 0;
   bool rope_freq_bf16 = false;
@@ -130,8 +131,7 @@ int run_logits(const LogitsOptions& o) {
     fail("give --prompt-from FILE or --prompt-ids 1,2,3");
   if (prompt.empty()) fail("the prompt is empty");
   if (o.decode < 0) fail("--decode must be >= 0");
-  if (!o.weights.empty() && o.weights != "q4" && o.weights != "bf16")
-    fail("--weights must be bf16 or q4, not '{}'", o.weights);
+  const runtime::WeightsChoice weights = runtime::parse_weights(o.weights);
   // Teacher forcing: decode feeds the reference's decode_ids, so every logits row is comparable.
   std::vector<int32_t> forced;
   if (o.teacher_force) {
@@ -144,12 +144,10 @@ int run_logits(const LogitsOptions& o) {
 
   auto model = load_model(o.model);
   model->config.rope_inv_freq_bf16 = o.rope_freq_bf16;
-  const bool quantized = has_quantized_weights(model->weights);
-  if (o.weights == "bf16" && quantized)
-    fail("--weights bf16: {} holds quantized weights ({})", o.model, model->report.quantization);
   // q4 on a float checkpoint: quantized in memory (cpu) or on the GPU at load (cuda), the same
   // codes.
-  auto backend = open_backend(*model, o.device, o.weights);
+  const runtime::WeightsPlan plan = runtime::plan_weights(weights, *model);
+  auto backend = runtime::open_backend(*model, o.device, plan.quantize_at_load);
   const int64_t V = model->config.vocab, T = int64_t(prompt.size());
   auto seq = backend->new_sequence(T + o.decode + 1);
   // Named intermediates of the prefill (the first time each name appears), for backend diffs.
@@ -229,9 +227,9 @@ const Command kLogits{
                    "Decode feeds the --compare file's decode_ids instead of the argmax (for "
                    "weight-format quality)");
       app.add_option("--weights", o->weights,
-                     "bf16: the checkpoint's float weights; q4: MLX affine 4-bit (a float "
-                     "checkpoint is quantized in memory at load, as `lilac quantize` would); "
-                     "default: as stored");
+                     "auto, bf16, fp8 or q4 (the checkpoint's format; q4 on a BF16 or FP8 "
+                     "checkpoint quantizes at load, as `lilac quantize` would)")
+          ->capture_default_str();
       return Runner([o] { return run_logits(*o); });
     }};
 

@@ -7,11 +7,10 @@
 #include <iterator>
 #include <random>
 
-#include "cli/backends.h"
 #include "cli/command.h"
+#include "cli/console.h"
 #include "cli/terminal.h"
-#include "server/console.h"
-#include "server/model_setup.h"
+#include "runtime/model_setup.h"
 #include "util/error.h"
 
 namespace lilac::cli {
@@ -46,8 +45,8 @@ void add_gen_options(CLI::App& app, GenOptions& o) {
   app.add_flag("-q,--quiet", o.quiet, "No loading messages");
 }
 
-std::unique_ptr<server::LoadedModel> load_for_terminal(const GenOptions& o) {
-  using namespace lilac::server;
+std::unique_ptr<runtime::LoadedModel> load_for_terminal(const GenOptions& o) {
+  using namespace lilac::runtime;
   ModelChoice choice = choose_model(o.model);
   if (choice.demo) std::fprintf(stderr, "warning: %s\n", demo_warning().c_str());
   LoadOptions lo;
@@ -58,13 +57,11 @@ std::unique_ptr<server::LoadedModel> load_for_terminal(const GenOptions& o) {
   lo.parallel = 1;  // one conversation at a time: one slot
   Progress progress("lilac: ");
   if (!o.quiet) lo.progress = [&progress](const std::string& line) { progress(line); };
-  return load_for_serving(choice, lo, [](Model& m, const std::string& d, const std::string& w) {
-    return open_backend(m, d, w);
-  });
+  return load_for_serving(choice, lo);
 }
 
-server::TurnOptions turn_options(const GenOptions& o, const server::LoadedModel& m) {
-  server::TurnOptions t;
+TurnOptions turn_options(const GenOptions& o, const runtime::LoadedModel& m) {
+  TurnOptions t;
   t.sampling = m.defaults;
   if (o.temperature) t.sampling.temperature = *o.temperature;
   if (o.top_p) t.sampling.top_p = *o.top_p;
@@ -79,7 +76,6 @@ server::TurnOptions turn_options(const GenOptions& o, const server::LoadedModel&
 namespace {
 
 int run_run(const GenOptions& o, const std::vector<std::string>& words) {
-  using namespace lilac::server;
   std::string prompt;
   if (words.empty() || (words.size() == 1 && words[0] == "-")) {
     prompt.assign(std::istreambuf_iterator<char>(std::cin), {});

@@ -10,21 +10,39 @@
 #include <mutex>
 #include <thread>
 
-#include "cli/backends.h"
 #include "cli/command.h"
-#include "server/console.h"
+#include "cli/console.h"
+#include "cli/serve_hook.h"
+#include "runtime/backends.h"
+#include "runtime/model_setup.h"
+#include "runtime/weights_choice.h"
 #include "server/log.h"
-#include "server/model_setup.h"
 #include "server/server.h"
 #include "util/error.h"
 
 namespace lilac::cli {
+
+namespace {
+std::unique_ptr<ServeHook>& serve_hook_slot() {
+  static std::unique_ptr<ServeHook> hook;
+  return hook;
+}
+}  // namespace
+
+void register_serve_hook(ServeHook hook) {
+  serve_hook_slot() = std::make_unique<ServeHook>(std::move(hook));
+}
+
+const ServeHook* serve_hook() {
+  return serve_hook_slot().get();
+}
+
 namespace {
 
 struct ServeOptions {
   std::string model, host = "127.0.0.1", api_key, alias, device = "auto", weights = "auto",
                      log_level = "info";
-  std::string scripted, tokenizer;
+  std::string tokenizer;
   std::string chat_template_kwargs;  // JSON object: defaults for every chat request
   std::vector<std::string> cors;
   int port = 8080, queue = 64, threads = 0, parallel = 0;
@@ -44,6 +62,9 @@ struct SignalWaiter {
 
 int run_serve(const ServeOptions& o) {
   using namespace lilac::server;
+  using namespace lilac::runtime;
+  const ServeHook* hook = serve_hook();
+  const bool hooked = hook && hook->given();
   Log::configure(parse_log_level(o.log_level), o.log_json);
   std::string api_key = o.api_key;
   if (api_key.empty())
@@ -60,22 +81,21 @@ int run_serve(const ServeOptions& o) {
     if (template_kwargs.is_discarded() || !template_kwargs.is_object())
       fail("--chat-template-kwargs must be a JSON object, e.g. '{{\"preserve_thinking\": true}}'");
   }
-  if (o.synthetic && (!o.model.empty() || !o.scripted.empty()))
-    fail("--synthetic serves the random full-size model: no --model or --scripted with it");
+  if (o.synthetic && (!o.model.empty() || hooked))
+    fail("--synthetic serves the random full-size model: no --model{} with it",
+         hook ? " or " + hook->flag : "");
   if (!o.synthetic && !o.tokenizer.empty()) fail("--tokenizer goes with --synthetic");
   ModelChoice choice;
   if (o.synthetic) {
     if (o.device == "cpu")
       fail("--synthetic needs the cuda device: the full-size model is generated on the GPU");
-    if (o.weights != "auto" && o.weights != "bf16" && o.weights != "q4")
-      fail("--synthetic --weights {}: expected bf16 or q4", o.weights);
+    synthetic_weights(parse_weights(o.weights));
     choice.dir = "synthetic";
   } else {
     choice = choose_model(o.model);
   }
   if (choice.demo) Log::warn(demo_warning());
-  if (!o.scripted.empty())
-    Log::warn("TEST-ONLY --scripted: answers come from " + o.scripted + ", not from a model");
+  if (hooked) Log::warn(hook->warning());
 
   // Block SIGINT / SIGTERM before any thread starts, and wait for them on a dedicated thread.
   sigset_t set;
@@ -127,19 +147,20 @@ int run_serve(const ServeOptions& o) {
   lo.parallel = o.parallel;
   lo.step_tokens = o.step_tokens;
   lo.snapshot_bytes = size_t(o.snapshot_mb) << 20;
-  lo.scripted = o.scripted;
+  if (hooked) {
+    lo.replace_backend = hook->make_backend;
+    lo.replace_backend_note = hook->progress_note();
+  }
   lo.progress = [](const std::string& line) { Log::info(line); };
   std::unique_ptr<LoadedModel> lm;
   if (o.synthetic) {
-    const std::string weights = o.weights == "auto" ? "bf16" : o.weights;
+    const std::string weights = synthetic_weights(parse_weights(o.weights));
     lo.weights = weights;
     lm = load_synthetic_for_serving(lo, o.tokenizer, [&] {
       return open_synthetic_backend(o.device == "auto" ? "cuda" : o.device, weights, o.seed);
     });
   } else {
-    lm = load_for_serving(choice, lo, [](Model& m, const std::string& d, const std::string& w) {
-      return open_backend(m, d, w);
-    });
+    lm = load_for_serving(choice, lo);
   }
 
   ServingModel sm;
@@ -240,9 +261,7 @@ const Command kServe{
       app.add_option("--chat-template-kwargs", o->chat_template_kwargs,
                      "Default chat_template_kwargs for every chat request, a JSON object (e.g. "
                      "'{\"preserve_thinking\": true}'); a request's own keys win");
-      app.add_option("--scripted", o->scripted,
-                     "TEST-ONLY: answers come from a JSON script (see "
-                     "src/server/scripted_backend.h), no model runs");
+      if (const ServeHook* hook = serve_hook()) hook->add_options(app);
       return Runner([o] { return run_serve(*o); });
     }};
 

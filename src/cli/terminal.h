@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "server/console.h"
-#include "server/model_setup.h"
+#include "cli/console.h"
+#include "runtime/model_setup.h"
 
 namespace lilac::cli {
 
@@ -23,8 +23,8 @@ struct GenOptions {
 
 void add_gen_options(CLI::App& app, GenOptions& o);
 // Chooses and loads the model, with progress on stderr and the demo model's warning.
-std::unique_ptr<server::LoadedModel> load_for_terminal(const GenOptions& o);
+std::unique_ptr<runtime::LoadedModel> load_for_terminal(const GenOptions& o);
 // The sampling and template options a turn uses.
-server::TurnOptions turn_options(const GenOptions& o, const server::LoadedModel& m);
+TurnOptions turn_options(const GenOptions& o, const runtime::LoadedModel& m);
 
 }  // namespace lilac::cli

@@ -4,13 +4,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/rope.h"
 #include "util/thread_pool.h"
 
 namespace lilac::cpu {
-
-// inv_freq[j] = theta^(-2j/R) for j < R/2 (R = rotary dim) in f32, optionally rounded to bf16
-// (see ModelConfig::rope_inv_freq_bf16).
-std::vector<float> rope_inv_freq(float theta, int64_t rotary_dim, bool bf16_rounding = false);
 
 // Splits q_proj's output qg [T, heads, 2*hd] (per head: hd query values, then hd gate values)
 // into q [T, heads, hd] and gate [T, heads*hd].

@@ -456,9 +456,12 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
 
 // ---- factories ------------------------------------------------------------------------------
 
-std::unique_ptr<CudaBackend> make_cuda_backend(const Model& model, bool quantize) {
-  return std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(upload_model(model, quantize)),
-                                       CudaOptions::from_environment());
+std::unique_ptr<CudaBackend> make_cuda_backend(const ModelConfig& config,
+                                               const ModelWeights& weights,
+                                               const std::string& checkpoint_dir, bool quantize) {
+  return std::make_unique<CudaBackend>(
+      std::shared_ptr<DeviceModel>(upload_model(config, weights, checkpoint_dir, quantize)),
+      CudaOptions::from_environment());
 }
 
 std::unique_ptr<CudaBackend> make_synthetic_backend(const std::string& weights, uint64_t seed) {

@@ -10,14 +10,13 @@
 #include <functional>
 #include <map>
 
-#include "cpu/attention.h"
-#include "cpu/linear.h"
 #include "cuda/common.h"
 #include "cuda/q4_quantize.h"
 #include "cuda/synthetic.h"
 #include "cuda/synthetic_fill.h"
-#include "io/mlx_affine.h"
-#include "io/quantize.h"
+#include "model/mlx_affine.h"
+#include "model/rope.h"
+#include "model/weight_rows.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/thread_pool.h"
@@ -273,7 +272,7 @@ void allocate(DeviceModel& dm, std::vector<Planned>& p, size_t staging_bytes = 0
 }
 
 // A float part's elements as bf16 into `dst` (device): BF16 as is; F16 / F32 rounded to nearest
-// even; FP8 dequantized (fp8 * its block's scale, cpu::widen_row) and rounded: the values a BF16
+// even; FP8 dequantized (fp8 * its block's scale, widen_row) and rounded: the values a BF16
 // checkpoint would hold, as `lilac quantize` reads them. Rows are converted by the thread pool.
 void upload_bf16_part(const Matrix& m, bf16* dst, std::vector<uint16_t>& staging) {
   const size_t n = size_t(m.numel());
@@ -286,7 +285,7 @@ void upload_bf16_part(const Matrix& m, bf16* dst, std::vector<uint16_t>& staging
   ThreadPool::global().parallel_for(size_t(m.rows), [&](size_t r0, size_t r1) {
     std::vector<float> row(cols);
     for (size_t r = r0; r < r1; ++r) {
-      cpu::widen_row(m, int64_t(r), row.data());
+      widen_row(m, int64_t(r), row.data());
       for (size_t c = 0; c < cols; ++c) staging[r * cols + c] = f32_to_bf16(row[c]);
     }
   });
@@ -295,8 +294,7 @@ void upload_bf16_part(const Matrix& m, bf16* dst, std::vector<uint16_t>& staging
 
 // inv_freq is tiny and computed on the host exactly as the CPU backend does.
 void set_inv_freq(DeviceModel& dm) {
-  auto f =
-      cpu::rope_inv_freq(dm.config.rope_theta, dm.config.rotary_dim, dm.config.rope_inv_freq_bf16);
+  auto f = rope_inv_freq(dm.config.rope_theta, dm.config.rotary_dim, dm.config.rope_inv_freq_bf16);
   float* d = nullptr;
   LILAC_CUDA_CHECK(cudaMalloc(&d, f.size() * 4));
   LILAC_CUDA_CHECK(cudaMemcpy(d, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
@@ -311,15 +309,15 @@ int q4_bits_for(const std::string& device_name, int64_t cols) {
   return device_name.ends_with(".router") ? kMlxRouterBits : kMlxDefaultBits;
 }
 
-std::unique_ptr<DeviceModel> upload_model(const Model& model, bool quantize) {
+std::unique_ptr<DeviceModel> upload_model(const ModelConfig& config, const ModelWeights& weights,
+                                          const std::string& checkpoint_dir, bool quantize) {
   auto dm = std::make_unique<DeviceModel>();
-  dm->config = model.config;
-  if (quantize && has_quantized_weights(model.weights))
-    fail("upload: --weights q4 asks to quantize {}, which is already quantized",
-         model.checkpoint->dir());
+  dm->config = config;
+  if (quantize && has_quantized_weights(weights))
+    fail("upload: --weights q4 asks to quantize {}, which is already quantized", checkpoint_dir);
   const Format format = quantize ? Format::Quantize : Format::FromWeights;
-  auto p = plan(model.config, &model.weights, *dm, format);
-  dm->source = "checkpoint " + model.checkpoint->dir();
+  auto p = plan(config, &weights, *dm, format);
+  dm->source = "checkpoint " + checkpoint_dir;
   if (quantize)
     dm->source += " (quantized to 4-bit on the GPU at load)";
   else if (dm->quantized_matrices)

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cuda/q4_layout.h"
-#include "io/checkpoint.h"
 #include "model/config.h"
+#include "model/weights.h"
 
 namespace lilac::cuda {
 
@@ -86,7 +86,9 @@ struct DeviceModel {
 // cuda::quantize_mlx): 4 bits, 8 for the router and shared_expert_gate, bf16 where the input
 // dimension is not a multiple of 64; the norm multipliers, conv taps, dt_bias and GDN norm are
 // rounded to bf16 as MLX stores them.
-std::unique_ptr<DeviceModel> upload_model(const Model& model, bool quantize = false);
+// `checkpoint_dir` names the weights' source in messages and DeviceModel::source.
+std::unique_ptr<DeviceModel> upload_model(const ModelConfig& config, const ModelWeights& weights,
+                                          const std::string& checkpoint_dir, bool quantize = false);
 
 // A model of `config`'s shapes with synthetic weights made on the GPU (synthetic.h's values).
 // q4: the same bf16 values quantized on the device with the `quantize` rules above (the vectors

@@ -17,7 +17,7 @@ void rms_norm(const float* h, const float* scale, bf16* out, int T, int H, float
 
 // h[t, :] = f32(table[ids[t], :]) for t < T. ids int32 [T] in device memory (graph-safe: the
 // decode graph's sampled token is written there), table bf16 [V, H], h f32 [T, H]. The ids must
-// be valid rows of the table (the kernel does not know V). Twin: cpu::widen_row (exact).
+// be valid rows of the table (the kernel does not know V). Twin: widen_row (exact).
 void embed(const int32_t* ids, const bf16* table, float* h, int T, int H, cudaStream_t stream);
 
 }  // namespace lilac::cuda

@@ -14,7 +14,7 @@ namespace lilac::cuda {
 
 // Any M >= 1; K = W.cols a positive multiple of 64; A bf16 [M, K] dense row-major, 16-byte
 // aligned; C dense [M, W.rows] (f32, or bf16 for StoreBF16). Never synchronises or allocates.
-// Twin: cpu::dequantize_row_bf16 + cpu::matmul (exactly the weights the kernel multiplies).
+// Twin: dequantize_row_bf16 + cpu::matmul (exactly the weights the kernel multiplies).
 void q_gemm(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaStream_t stream);
 
 }  // namespace lilac::cuda

@@ -29,7 +29,7 @@
 // and not stored.
 //
 // q_embed: one block per token, one thread per element: tiled code position (q4_layout.h),
-// scale and bias, h = fmaf(s, q, b) (exact: cpu::dequantize_row's arithmetic).
+// scale and bias, h = fmaf(s, q, b) (exact: dequantize_row's arithmetic).
 #include "cuda/q4_linear.h"
 
 #include <algorithm>

@@ -15,7 +15,7 @@ namespace lilac::cuda {
 
 // y[r] (=|+=) sum_k W[r, k] x[k] for r < W.rows, W[r, k] = scale * q + bias (q4_layout.h),
 // x bf16 [W.cols] (4-byte aligned), y f32 [W.rows]. W.bits 4 or 8, W.cols a positive multiple of
-// 64 and at most 65536. Twin: cpu::dequantize_row + cpu::matmul with x rounded to bf16; the
+// 64 and at most 65536. Twin: dequantize_row + cpu::matmul with x rounded to bf16; the
 // kernel's result differs from the twin by the f32 summation order only (the dequantised
 // weight never goes through bf16: q4_tile.cuh). Never synchronises; graph-capturable.
 void q_gemv(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_t stream);
@@ -31,7 +31,7 @@ void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
 // The same with a bf16 store (round to nearest even).
 void q_gemv_bf16out(const QMatrix& W, const bf16* x, bf16* y, cudaStream_t stream);
 
-// h[t, :] = f32(scale * q + bias) of row ids[t] of the table (exactly cpu::dequantize_row: one
+// h[t, :] = f32(scale * q + bias) of row ids[t] of the table (exactly dequantize_row: one
 // fmaf per element). ids int32 [T] on the device (graph-safe), valid rows of the table.
 void q_embed(const int32_t* ids, const QMatrix& table, float* h, int T, cudaStream_t stream);
 

@@ -38,7 +38,7 @@ void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int3
 // tokens the down kernel's grid is token-major (the B tokens of an output tile are neighbours).
 
 // Prefill, grouped by expert through moe_route's tables (moe_prefill.h). The weights are
-// dequantised to bf16 (w = RNE_bf16(s q + b), cpu::dequantize_row_bf16) and multiplied on tensor
+// dequantised to bf16 (w = RNE_bf16(s q + b), dequantize_row_bf16) and multiplied on tensor
 // cores with f32 accumulation. act [T*k, I] bf16, sorted rows.
 void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
                            bf16* act, cudaStream_t stream);

@@ -13,7 +13,7 @@
 //    instructions per 8 weights plus one HMMA per 256 weight-products.
 //  * prefill (QGemm mainloop): the weights are rebuilt as bf16 for a bf16 x bf16 MMA:
 //        q = fma(128 + q, 1, -128)  (exact),  w = fma(q, s, b)  (fma.rn.bf16x2: one rounding),
-//    so w = RNE_bf16(s q + b) exactly (twin: cpu::dequantize_row_bf16); 2 HFMA2 per pair,
+//    so w = RNE_bf16(s q + b) exactly (twin: dequantize_row_bf16); 2 HFMA2 per pair,
 //    amortised over the 128 tokens of the block.
 // 8-bit codes are two nibble planes (q = lo + 16 hi): decode keeps a second accumulator for the
 // high plane (C = C_lo + 16 C_hi, offset 2176 = 128 * 17), prefill rebuilds q = lo + 16 hi

@@ -11,8 +11,8 @@
 // so its launch overlaps the lm_head GEMV's tail: predicted ~2 us in the decode graph.
 //
 // sample: the semantics of lilac::sample_token in the integer/IEEE arithmetic of
-// cpu/sampling_core.h (see cpu/sampling.cpp for the realisation of each step), so the token equals
-// the CPU's exactly, ties included. Tiles of 1024 ids, nb = ceil(n / 1024) blocks (243).
+// model/sampling_core.h (see model/sampling.cpp for the realisation of each step), so the token
+// equals the CPU's exactly, ties included. Tiles of 1024 ids, nb = ceil(n / 1024) blocks (243).
 //   1. prep (nb x 256): penalties, y = x'/T into the workspace; per block: max y, argmax x' (the
 //      greedy token), raw max and sum exp(raw - max) (logprobs), and the block's top-N raw logits
 //      (N = top_logprobs rounds of a block argmax over "the next after the previous pick").
@@ -42,8 +42,8 @@
 #include <cfloat>
 #include <climits>
 
-#include "cpu/sampling_core.h"
 #include "cuda/vec_util.cuh"
+#include "model/sampling_core.h"
 #include "util/error.h"
 
 namespace lilac::cuda {

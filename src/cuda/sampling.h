@@ -1,8 +1,8 @@
 // Token selection on the GPU (docs/cuda-design.md, "sampling"): the greedy argmax, and a sampler
-// with exactly the semantics of lilac::sample_token (cpu/sampling.h): for the same logits,
+// with exactly the semantics of lilac::sample_token (model/sampling.h): for the same logits,
 // parameters, penalty state, seed and step it picks the same token as the CPU, bit for bit (both
-// use the arithmetic of cpu/sampling_core.h). Everything that changes between decode steps is read
-// from device memory, so both can be captured in the decode graph.
+// use the arithmetic of model/sampling_core.h). Everything that changes between decode steps is
+// read from device memory, so both can be captured in the decode graph.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -21,10 +21,10 @@
 #include <thread>
 #include <vector>
 
-#include "cpu/sampling.h"
 #include "engine/metrics.h"
 #include "engine/prefix_cache.h"
 #include "model/backend.h"
+#include "model/sampling.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lilac {

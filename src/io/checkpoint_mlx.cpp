@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "io/mlx_affine.h"
+#include "model/mlx_affine.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/json_parse.h"

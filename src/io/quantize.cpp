@@ -12,9 +12,9 @@
 #include <set>
 #include <sstream>
 
-#include "cpu/linear.h"
-#include "io/mlx_affine.h"
 #include "io/safetensors_writer.h"
+#include "model/mlx_affine.h"
+#include "model/weight_rows.h"
 #include "util/error.h"
 #include "util/fp8.h"
 #include "util/half.h"
@@ -470,13 +470,6 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& o) {
   return sum;
 }
 
-bool has_quantized_weights(const ModelWeights& w) {
-  bool any = w.embed.quantized() || w.lm_head.quantized();
-  for (const auto& L : w.layers)
-    L.for_each_matrix([&](const Matrix& m) { any = any || m.quantized(); });
-  return any;
-}
-
 void quantize_model_in_memory(Model& model) {
   ModelWeights& w = model.weights;
   if (has_quantized_weights(w))
@@ -494,7 +487,7 @@ void quantize_model_in_memory(Model& model) {
     const int bits = mlx_bits_for(base, W.cols);
     const Matrix src = W;
     auto row = [&](int64_t r, float* out) {
-      cpu::widen_row(src, r, out);
+      widen_row(src, r, out);
       for (int64_t j = 0; j < src.cols; ++j) out[j] = round_to_bf16(out[j]);
     };
     const std::string what = fmt::format("tensor '{}'", src.name);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "model/weight_rows.h"
 
 namespace lilac {
 
@@ -66,8 +67,5 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& options);
 // by model.owned), zero-centred norm multipliers become bf16(1 + w), conv / dt_bias / GDN norm are
 // rounded to bf16, the MTP head is dropped. Throws on an already quantized model.
 void quantize_model_in_memory(Model& model);
-
-// True when any matrix of `w` is quantized.
-bool has_quantized_weights(const ModelWeights& w);
 
 }  // namespace lilac

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "io/dtype.h"
+#include "model/dtype.h"
 #include "util/mapped_file.h"
 
 namespace lilac {

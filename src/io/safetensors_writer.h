@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "io/dtype.h"
+#include "model/dtype.h"
 
 namespace lilac {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/sampling.h"
 #include "model/config.h"
+#include "model/sampling.h"
 
 namespace lilac {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "io/dtype.h"
 #include "model/config.h"
+#include "model/dtype.h"
 
 namespace lilac {
 
@@ -23,7 +23,7 @@ namespace lilac {
 //    [bits * (k % (32 / bits)), +bits), little-endian (4-bit: element 8j+i in bits [4i, 4i+4) of
 //    word j). `scales` and `biases` are bf16 [rows, cols / group_size], and
 //    W[r, k] = scales[r, g] * q + biases[r, g] with g = k / group_size and q the unsigned code
-//    (computed in f32 as fma(scale, q, bias): see cpu::dequantize_row).
+//    (computed in f32 as fma(scale, q, bias): see dequantize_row).
 struct Matrix {
   const void* data = nullptr;
   DType dtype = DType::BF16;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "chat/chat_template.h"
-#include "cpu/sampling.h"
+#include "model/sampling.h"
 
 namespace lilac::server {
 

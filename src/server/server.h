@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "chat/chat_template.h"
-#include "cpu/sampling.h"
 #include "engine/engine.h"
+#include "model/sampling.h"
 #include "tokenizer/tokenizer.h"
 
 namespace httplib {

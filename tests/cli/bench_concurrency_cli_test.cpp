@@ -74,7 +74,7 @@ TEST(CliServe, ParallelAndSyntheticRefusals) {
   EXPECT_THAT(s.output, HasSubstr("--synthetic needs the cuda device"));
   auto t = run_lilac("serve --synthetic --model " + demo() + " --port 0");
   EXPECT_NE(t.status, 0);
-  EXPECT_THAT(t.output, HasSubstr("no --model or --scripted with it"));
+  EXPECT_THAT(t.output, HasSubstr("no --model with it"));
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ TEST(CliQuantize, QuantizesInspectsAndRuns) {
 
   auto bf = run_lilac("logits --model " + out + " --weights bf16 --prompt-ids 1,2");
   EXPECT_EQ(bf.status, 1);
-  EXPECT_THAT(bf.output, HasSubstr("holds quantized weights"));
+  EXPECT_THAT(bf.output, HasSubstr("holds mlx-4bit weights"));
   // The CUDA backend runs MLX 4-bit checkpoints (tests/cuda/q4_backend_test.cpp); without a GPU
   // (CI) or without nvcc at build time it says why it cannot.
   auto cuda = run_lilac("logits --model " + out + " --prompt-ids 1,2 --device cuda");
@@ -81,7 +81,7 @@ TEST(CliQuantize, Refusals) {
   auto weights =
       run_lilac("logits --model " + data_path("tiny-a") + " --prompt-ids 1,2 --weights q3");
   EXPECT_EQ(weights.status, 1);
-  EXPECT_THAT(weights.output, HasSubstr("--weights must be bf16 or q4"));
+  EXPECT_THAT(weights.output, HasSubstr("--weights q3: expected auto, bf16, fp8 or q4"));
 }
 
 }  // namespace

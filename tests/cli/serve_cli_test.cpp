@@ -12,6 +12,7 @@ namespace lilac::test {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kLilac = LILAC_BINARY;
 std::string demo() {
@@ -60,6 +61,26 @@ TEST(CliChat, HistoryResetAndExit) {
   EXPECT_THAT(r.output, HasSubstr("(new conversation)"));
   EXPECT_THAT(r.output, HasSubstr("unknown command /bogus"));
   EXPECT_THAT(r.output, HasSubstr("commands: /reset"));
+}
+
+// The scripted backend is test scaffolding: only the test build of the server
+// (lilac_test_server, tests/support) has `--scripted`; the production binary neither lists nor
+// accepts it.
+TEST(CliServe, ScriptedIsOnlyInTheTestServer) {
+  auto help = run_shell(kLilac + " serve --help");
+  EXPECT_EQ(help.status, 0) << help.output;
+  EXPECT_THAT(help.output, HasSubstr("--weights"));
+  EXPECT_THAT(help.output, Not(HasSubstr("--scripted")));
+  auto refused = run_shell(kLilac + " serve --model " + demo() + " --port 0 --scripted x.json");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_THAT(refused.output, HasSubstr("--scripted"));
+  const std::string test_server = LILAC_TEST_SERVER;
+  auto test_help = run_shell(test_server + " serve --help");
+  EXPECT_EQ(test_help.status, 0) << test_help.output;
+  EXPECT_THAT(test_help.output, HasSubstr("--scripted"));
+  auto conflict = run_shell(test_server + " serve --synthetic --scripted x.json --port 0");
+  EXPECT_EQ(conflict.status, 1);
+  EXPECT_THAT(conflict.output, HasSubstr("no --model or --scripted with it"));
 }
 
 TEST(CliServe, RefusesBadFlagsBeforeServing) {

@@ -1,4 +1,5 @@
-// Starts `lilac serve` (the binary from $LILAC_BINARY) on a free loopback port and waits for its
+// Starts `lilac serve` (the binary from $LILAC_BINARY: lilac_test_server, the test build of the
+// server, which adds `--scripted`) on a free loopback port and waits for its
 // "listening on http://HOST:PORT" line.
 import { spawn } from 'node:child_process';
 import { readFileSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -7,7 +8,7 @@ import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 export const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-export const binary = process.env.LILAC_BINARY || join(repoRoot, 'build', 'ci', 'lilac');
+export const binary = process.env.LILAC_BINARY || join(repoRoot, 'build', 'ci', 'lilac_test_server');
 export const demoModel = join(repoRoot, 'models', 'demo');
 
 export async function startServer(args = [], { env = {}, timeoutMs = 60000 } = {}) {
@@ -48,7 +49,7 @@ export async function startServer(args = [], { env = {}, timeoutMs = 60000 } = {
   };
 }
 
-// A script file for the TEST-ONLY `--scripted` option.
+// A script file for the TEST-ONLY `--scripted` option (lilac_test_server only).
 export function writeScript(responses) {
   const dir = mkdtempSync(join(tmpdir(), 'lilac-script-'));
   const file = join(dir, 'script.json');

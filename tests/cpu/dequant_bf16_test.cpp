@@ -1,5 +1,5 @@
-// CPU twins of the GPU 4-bit kernels (runs in CI, no GPU): cpu::double_to_bf16 and
-// cpu::dequantize_row_bf16 (the weights the GPU prefill kernels multiply) against an
+// CPU twins of the GPU 4-bit kernels (runs in CI, no GPU): double_to_bf16 and
+// dequantize_row_bf16 (the weights the GPU prefill kernels multiply) against an
 // independent nearest-bf16 search, including the double-rounding case; and the tiled device
 // layout's index functions (cuda/q4_layout.h, host-safe) as a bijection consistent with its
 // documented nibble order.
@@ -13,7 +13,7 @@
 
 #include "cpu/linear.h"
 #include "cuda/q4_layout.h"
-#include "io/mlx_affine.h"
+#include "model/mlx_affine.h"
 #include "util/half.h"
 
 namespace lilac::test {
@@ -49,7 +49,7 @@ TEST(DequantBf16, DoubleToBf16MatchesTheNearestSearch) {
       const double ulp = std::ldexp(1.0, std::ilogb(base) - 7);
       v = base + ulp / 2 + (i % 5 - 2) * std::ldexp(ulp, -30);
     }
-    ASSERT_EQ(cpu::double_to_bf16(v), nearest_bf16(v)) << "v = " << v;
+    ASSERT_EQ(double_to_bf16(v), nearest_bf16(v)) << "v = " << v;
   }
 }
 
@@ -64,9 +64,9 @@ TEST(DequantBf16, RowMatchesTheExactValueRoundedOnce) {
     std::vector<uint16_t> s(7), b(7);
     mlx_quantize_row(w.data(), n, bits, 64, codes.data(), s.data(), b.data());
     std::vector<uint16_t> got(static_cast<size_t>(n));
-    cpu::dequantize_row_bf16(codes.data(), s.data(), b.data(), bits, 64, n, got.data());
+    dequantize_row_bf16(codes.data(), s.data(), b.data(), bits, 64, n, got.data());
     std::vector<float> f32(static_cast<size_t>(n));
-    cpu::dequantize_row(codes.data(), s.data(), b.data(), bits, 64, n, f32.data());
+    dequantize_row(codes.data(), s.data(), b.data(), bits, 64, n, f32.data());
     for (int k = 0; k < n; ++k) {
       const uint32_t q =
           (codes[size_t(k) * bits / 32] >> (bits * (k % (32 / bits)))) & ((1u << bits) - 1);
@@ -90,7 +90,7 @@ TEST(DequantBf16, NoDoubleRoundingThroughF32) {
   ASSERT_EQ(bf16_to_f32(b), -std::ldexp(1.0f, -40));
   std::vector<uint32_t> codes(8, 0x33333333u);  // every code 3
   std::vector<uint16_t> got(64);
-  cpu::dequantize_row_bf16(codes.data(), &s, &b, 4, 64, 64, got.data());
+  dequantize_row_bf16(codes.data(), &s, &b, 4, 64, 64, got.data());
   EXPECT_EQ(bf16_to_f32(got[0]), 3.015625f);
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(std::fma(1.0078125f, 3.f, bf16_to_f32(b)))), 3.03125f)
       << "the f32 route double-rounds (the reason for the twin)";

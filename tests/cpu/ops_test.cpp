@@ -26,7 +26,7 @@ TEST(RouterTopK, SoftmaxTopKRenormalised) {
 
 TEST(Rope, RotatesSplitHalfPairsAndLeavesTailAlone) {
   // head_dim 8, rotary 4: dims (0,2) and (1,3) rotate; 4..7 pass through.
-  auto inv = cpu::rope_inv_freq(100.f, 4);
+  auto inv = rope_inv_freq(100.f, 4);
   ASSERT_EQ(inv.size(), 2u);
   EXPECT_FLOAT_EQ(inv[1], 0.1f);  // 100^(-2/4)
   float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};

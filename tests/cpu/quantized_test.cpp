@@ -10,7 +10,7 @@
 #include "../io/quant_test_util.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/linear.h"
-#include "io/mlx_affine.h"
+#include "model/mlx_affine.h"
 #include "util/half.h"
 
 namespace lilac::test {
@@ -125,7 +125,7 @@ TEST_F(QuantizedTinyA, EightBitEverywhereIsNearlyExact) {
     auto* b = reinterpret_cast<uint16_t*>(own.emplace_back(size_t(W.rows * groups) * 2).data());
     std::vector<float> row(static_cast<size_t>(W.cols));
     for (int64_t r = 0; r < W.rows; ++r) {
-      cpu::widen_row(W, r, row.data());
+      widen_row(W, r, row.data());
       mlx_quantize_row(row.data(), W.cols, 8, 64, codes + r * words, s + r * groups,
                        b + r * groups);
     }

@@ -160,7 +160,7 @@ TEST_P(QkNormRopeStore, MatchesCpu) {
                      k_norm = random_floats(size_t(d.hd), 0.1f, seed + 2);
   for (auto& x : q_norm) x += 1.f;
   for (auto& x : k_norm) x += 1.f;
-  const std::vector<float> inv = cpu::rope_inv_freq(kTheta, d.R);
+  const std::vector<float> inv = rope_inv_freq(kTheta, d.R);
   // Caches start with random contents everywhere: rows outside [pos0, pos0 + T) must keep them.
   std::vector<float> kc0 = random_floats(size_t(d.kv) * max_ctx * d.hd, 1.f, seed + 3),
                      vc0 = random_floats(kc0.size(), 1.f, seed + 4);
@@ -283,7 +283,7 @@ TEST_P(AttentionDecodeQkv, MatchesCpu) {
                      k_norm = random_floats(size_t(d.hd), 0.1f, seed + 4);
   for (auto& x : q_norm) x += 1.f;
   for (auto& x : k_norm) x += 1.f;
-  const std::vector<float> inv = cpu::rope_inv_freq(kTheta, d.R);
+  const std::vector<float> inv = rope_inv_freq(kTheta, d.R);
 
   auto d_qkv = upload(qkv), d_qn = upload(q_norm), d_kn = upload(k_norm), d_inv = upload(inv);
   auto d_kc = upload_bf16(kbits), d_vc = upload_bf16(vbits);
@@ -399,7 +399,7 @@ TEST_P(AttentionChain, PrefillThenDecodeMatchesCpu) {
                      k_norm = random_floats(size_t(d.hd), 0.1f, seed + 2);
   for (auto& x : q_norm) x += 1.f;
   for (auto& x : k_norm) x += 1.f;
-  const std::vector<float> inv = cpu::rope_inv_freq(kTheta, d.R);
+  const std::vector<float> inv = rope_inv_freq(kTheta, d.R);
 
   auto d_qkv = upload(qkv);
   auto d_qn = upload(q_norm), d_kn = upload(k_norm), d_inv = upload(inv);

@@ -40,7 +40,7 @@ TEST(CudaBackend, TinyAMatchesTheHFFixture) {
   for (const char* dir : {"tiny-a", "tiny-a-per-expert"}) {
     auto model = load_model(data_path(dir));
     model->config.rope_inv_freq_bf16 = true;  // as the fixture (docs/model-notes.md)
-    auto backend = cuda::make_cuda_backend(*model);
+    auto backend = cuda::make_cuda_backend(model->config, model->weights, model->checkpoint->dir());
     auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
     auto prompt = read_i32(*ref, "prompt_ids");
     auto want_prefill = read_f32(*ref, "prefill_logits");
@@ -68,7 +68,7 @@ TEST(CudaBackend, TinyAMatchesTheHFFixture) {
 TEST(CudaBackend, ChunkedPrefillAndGraphedDecodeAgree) {
   LILAC_REQUIRE_GPU();
   auto model = load_model(data_path("tiny-a"));
-  auto backend = cuda::make_cuda_backend(*model);
+  auto backend = cuda::make_cuda_backend(model->config, model->weights, model->checkpoint->dir());
   auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
   auto prompt = read_i32(*ref, "prompt_ids");
   const size_t V = size_t(model->config.vocab);
@@ -104,7 +104,7 @@ TEST(CudaBackend, ChunkedPrefillAndGraphedDecodeAgree) {
 TEST(CudaBackend, DeviceSamplingMatchesTheCpuSamplerOnTheSameLogits) {
   LILAC_REQUIRE_GPU();
   auto model = load_model(data_path("tiny-a"));
-  auto backend = cuda::make_cuda_backend(*model);
+  auto backend = cuda::make_cuda_backend(model->config, model->weights, model->checkpoint->dir());
   const size_t V = size_t(model->config.vocab);
   SamplingParams p;
   p.temperature = 0.8f;

@@ -1,4 +1,4 @@
-// cuda::rms_norm and cuda::embed against their CPU twins (cpu::rms_norm, cpu::widen_row).
+// cuda::rms_norm and cuda::embed against their CPU twins (cpu::rms_norm, widen_row).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,7 +63,7 @@ TEST(CudaNorm, EmbedIsExact) {
     const std::vector<int32_t> ids = {0, 999, 17, 17, 512, 3};
     std::vector<float> want(size_t(T) * H);
     for (int t = 0; t < T; ++t)
-      cpu::widen_row(&table[size_t(ids[size_t(t)]) * H], DType::BF16, H, &want[size_t(t) * H]);
+      widen_row(&table[size_t(ids[size_t(t)]) * H], DType::BF16, H, &want[size_t(t) * H]);
     auto dtab = upload_bf16(table);
     auto dids = upload(ids);
     cuda::DeviceBuffer<float> h(size_t(T) * H + 16);

@@ -88,8 +88,8 @@ TEST(Q4Backend, Fp8CheckpointEqualsItsBf16Equivalent) {
     auto f = load_model(t.str("fp8"));
     auto b = load_model(t.str("bf16"));
     ASSERT_EQ(f->checkpoint->format(), WeightFormat::FP8);
-    auto gf = cuda::make_cuda_backend(*f, quantize);
-    auto gb = cuda::make_cuda_backend(*b, quantize);
+    auto gf = cuda::make_cuda_backend(f->config, f->weights, f->checkpoint->dir(), quantize);
+    auto gb = cuda::make_cuda_backend(b->config, b->weights, b->checkpoint->dir(), quantize);
     const int64_t V = f->config.vocab;
     const LogitsRun rf = run(*gf, prompt, V), rb = run(*gb, prompt, V);
     const auto [rel, mx] = rel_and_max(rf.prefill, rb.prefill);
@@ -101,7 +101,7 @@ TEST(Q4Backend, Fp8CheckpointEqualsItsBf16Equivalent) {
 }
 
 // Replaces every quantized matrix of `w` by the weights the GPU prefill kernels multiply:
-// bf16 RNE(s q + b) (cpu::dequantize_row_bf16), stored in `storage`. The embedding stays: the
+// bf16 RNE(s q + b) (dequantize_row_bf16), stored in `storage`. The embedding stays: the
 // GPU's lookup (q_embed) dequantises it exactly in f32, as the CPU does.
 void to_prefill_weights(ModelWeights& w, std::vector<std::vector<uint16_t>>& storage) {
   auto conv = [&](Matrix& m) {
@@ -109,9 +109,8 @@ void to_prefill_weights(ModelWeights& w, std::vector<std::vector<uint16_t>>& sto
     auto& v = storage.emplace_back(size_t(m.rows * m.cols));
     ThreadPool::global().parallel_for(size_t(m.rows), [&](size_t b, size_t e) {
       for (size_t r = b; r < e; ++r)
-        cpu::dequantize_row_bf16(m.row(int64_t(r)), m.row_scales(int64_t(r)),
-                                 m.row_biases(int64_t(r)), m.bits, m.group_size, m.cols,
-                                 &v[r * size_t(m.cols)]);
+        dequantize_row_bf16(m.row(int64_t(r)), m.row_scales(int64_t(r)), m.row_biases(int64_t(r)),
+                            m.bits, m.group_size, m.cols, &v[r * size_t(m.cols)]);
     });
     m = Matrix{v.data(), DType::BF16, m.rows, m.cols, m.name};
   };
@@ -171,7 +170,8 @@ TEST(Q4Backend, TinyAQuantizedAtLoadMatchesTheCpu) {
 
   auto gpu_model = load_model(data_path("tiny-a"));
   gpu_model->config.rope_inv_freq_bf16 = true;
-  auto gpu = cuda::make_cuda_backend(*gpu_model, /*quantize=*/true);
+  auto gpu = cuda::make_cuda_backend(gpu_model->config, gpu_model->weights,
+                                     gpu_model->checkpoint->dir(), /*quantize=*/true);
   EXPECT_GT(gpu->model().quantized_matrices, 0);
   EXPECT_TRUE(gpu->model().q.lm_head && gpu->model().q.embed);
   EXPECT_EQ(gpu->model().layers[0].q.router.bits, 8);
@@ -207,7 +207,7 @@ TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
   auto model = load_model(dir.string());
   model->config.rope_inv_freq_bf16 = true;
   ASSERT_TRUE(has_quantized_weights(model->weights));
-  auto gpu = cuda::make_cuda_backend(*model);
+  auto gpu = cuda::make_cuda_backend(model->config, model->weights, model->checkpoint->dir());
   cpu::CpuBackend cpu_backend(model->config, model->weights);
   cpu_backend.set_bf16_activations(true);
   ModelWeights twin_weights = model->weights;
@@ -222,7 +222,8 @@ TEST(Q4Backend, TinyAMlxCheckpointMatchesTheCpuAndTheLoadTimeQuantization) {
   // The same device weights as quantizing the BF16 checkpoint on the GPU: identical logits.
   auto bf = load_model(data_path("tiny-a"));
   bf->config.rope_inv_freq_bf16 = true;
-  auto gpu2 = cuda::make_cuda_backend(*bf, /*quantize=*/true);
+  auto gpu2 =
+      cuda::make_cuda_backend(bf->config, bf->weights, bf->checkpoint->dir(), /*quantize=*/true);
   const LogitsRun g2 = run(*gpu2, prompt, V);
   const auto [rel, mx] = rel_and_max(g2.prefill, g.prefill);
   EXPECT_EQ(mx, 0.0)

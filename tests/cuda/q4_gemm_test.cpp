@@ -1,6 +1,6 @@
-// cuda::q_gemm against its twin: cpu::dequantize_row_bf16 (exactly the weights the kernel
+// cuda::q_gemm against its twin: dequantize_row_bf16 (exactly the weights the kernel
 // multiplies) + cpu::matmul, so only the f32 summation order differs (tight tolerance); and
-// against the f32 dequantisation (cpu::dequantize_row) within the bf16 rounding of the weights.
+// against the f32 dequantisation (dequantize_row) within the bf16 rounding of the weights.
 // Real prefill shapes (GDN in_proj, out_proj +=, the 8-bit router, shared down) and awkward ones
 // (M = 1, 17, 130, 257; N not a multiple of 16 or of the 256-row block; K of one group). Outputs
 // poisoned.

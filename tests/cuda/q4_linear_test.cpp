@@ -1,5 +1,5 @@
-// cuda::q_gemv / q_gemv_bf16out / q_embed against their CPU twins (cpu::dequantize_row +
-// cpu::matmul; cpu::widen_row) on weights quantized by the CPU quantizer, at the model's decode
+// cuda::q_gemv / q_gemv_bf16out / q_embed against their CPU twins (dequantize_row +
+// cpu::matmul; widen_row) on weights quantized by the CPU quantizer, at the model's decode
 // shapes (GDN in_proj, attention qkv, out_proj / o_proj, the 8-bit router, lm_head) and awkward
 // ones (one row, rows not a multiple of 16, one group, group counts not a multiple of 8).
 #include <gtest/gtest.h>

@@ -4,7 +4,7 @@
 //    I = Is = 512) and the tiny-a fixture's (H 128, E 16, k 4, I = Is = 64), 4 and 8 bits;
 //  * prefill: q_moe_grouped_gate_up / q_moe_grouped_down / q_moe_shared_gate_up on moe_route's
 //    tables vs double-precision dot products with the bf16 weights the kernels multiply
-//    (cpu::dequantize_row_bf16), T = 1, 37, 300, uniform routing. Outputs poisoned.
+//    (dequantize_row_bf16), T = 1, 37, 300, uniform routing. Outputs poisoned.
 #include <gtest/gtest.h>
 
 #include <cmath>

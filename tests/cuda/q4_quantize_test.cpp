@@ -12,7 +12,7 @@
 #include "cuda/q4_layout.h"
 #include "cuda/q4_quantize.h"
 #include "cuda_test_util.h"
-#include "io/mlx_affine.h"
+#include "model/mlx_affine.h"
 #include "util/error.h"
 #include "util/half.h"
 

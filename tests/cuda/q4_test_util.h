@@ -13,8 +13,8 @@
 #include "cuda/q4_layout.h"
 #include "cuda/q4_quantize.h"
 #include "cuda_test_util.h"
-#include "io/mlx_affine.h"
 #include "kernel_check.h"
+#include "model/mlx_affine.h"
 #include "model/weights.h"
 #include "prefill_test_util.h"
 #include "util/half.h"
@@ -75,26 +75,26 @@ struct HostQ {
     return m;
   }
 
-  // Row r dequantised in f32 (cpu::dequantize_row) and as the prefill kernels' bf16 weights.
+  // Row r dequantised in f32 (dequantize_row) and as the prefill kernels' bf16 weights.
   std::vector<float> row_f32(int64_t r) const {
     std::vector<float> out(static_cast<size_t>(cols));
-    cpu::widen_row(view(r, 1), 0, out.data());
+    widen_row(view(r, 1), 0, out.data());
     return out;
   }
-  // All rows as bf16 bits (cpu::dequantize_row_bf16).
+  // All rows as bf16 bits (dequantize_row_bf16).
   std::vector<uint16_t> dequant_bf16() const {
     std::vector<uint16_t> out(static_cast<size_t>(rows * cols));
     const Matrix m = view(0, rows);
     ThreadPool::global().parallel_for(size_t(rows), [&](size_t b0, size_t e0) {
       for (size_t r = b0; r < e0; ++r)
-        cpu::dequantize_row_bf16(m.row(int64_t(r)), m.row_scales(int64_t(r)),
-                                 m.row_biases(int64_t(r)), bits, 64, cols, &out[r * size_t(cols)]);
+        dequantize_row_bf16(m.row(int64_t(r)), m.row_scales(int64_t(r)), m.row_biases(int64_t(r)),
+                            bits, 64, cols, &out[r * size_t(cols)]);
     });
     return out;
   }
 };
 
-// Bound of |q_gemv(W, x)[r] - twin[r]| for rows [row0, row0 + n) (twin: cpu::dequantize_row +
+// Bound of |q_gemv(W, x)[r] - twin[r]| for rows [row0, row0 + n) (twin: dequantize_row +
 // cpu::matmul on the bf16 x). With u = 2^-24 and A = sum_k |w_k x_k|: the twin's f32 sum is off by
 // at most (K/16 + 16) u A; the kernel's y adds 2 terms per group (2G additions) and per group
 // sum_k (offset + q_k) x_k on the tensor core (4 MMA steps, possible truncation: 2u each, on

@@ -1,5 +1,5 @@
 // cuda::argmax and cuda::sample against lilac::argmax / lilac::sample_token. Both samplers share
-// cpu/sampling_core.h's exact arithmetic, so tokens must be EQUAL (not close) for every seed,
+// model/sampling_core.h's exact arithmetic, so tokens must be EQUAL (not close) for every seed,
 // step and parameter set, ties at the top_k / top_p cuts included; logprobs agree to f32 rounding.
 #include <gtest/gtest.h>
 
@@ -8,10 +8,10 @@
 #include <numeric>
 #include <vector>
 
-#include "cpu/sampling.h"
 #include "cuda/sampling.h"
 #include "cuda_test_util.h"
 #include "kernel_check.h"
+#include "model/sampling.h"
 #include "util/error.h"
 
 namespace lilac::test {

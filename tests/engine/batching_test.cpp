@@ -15,7 +15,7 @@
 #include "cpu/cpu_backend.h"
 #include "engine/engine.h"
 #include "io/checkpoint.h"
-#include "server/scripted_backend.h"
+#include "support/scripted_backend.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 

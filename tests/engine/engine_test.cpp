@@ -13,7 +13,7 @@
 #include "engine/engine.h"
 #include "io/checkpoint.h"
 #include "server/generation.h"
-#include "server/scripted_backend.h"
+#include "support/scripted_backend.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 

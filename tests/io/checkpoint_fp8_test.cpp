@@ -44,8 +44,8 @@ TEST(CheckpointFp8, LoadsRunsAndQuantizesAtLoad) {
     ++fp8_matrices;
     std::vector<float> a(size_t(A.cols)), w(size_t(B.cols));
     for (int64_t r = 0; r < A.rows; ++r) {
-      cpu::widen_row(A, r, a.data());
-      cpu::widen_row(B, r, w.data());
+      widen_row(A, r, a.data());
+      widen_row(B, r, w.data());
       for (size_t c = 0; c < a.size(); ++c)
         ASSERT_EQ(round_to_bf16(a[c]), w[c]) << A.name << " [" << r << ", " << c << "]";
     }

@@ -12,7 +12,7 @@
 #include "../test_data.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/linear.h"
-#include "io/mlx_affine.h"
+#include "model/mlx_affine.h"
 #include "quant_test_util.h"
 #include "util/half.h"
 
@@ -191,8 +191,8 @@ TEST_F(QuantizeTinyA, DequantizedWeightsStayWithinMlxBoundsOfTheOriginal) {
     const float n_bins = float((1 << mq.bits) - 1);
     std::vector<float> dq(size_t(mq.cols)), orig(size_t(mq.cols));
     for (int64_t r = 0; r < mq.rows; ++r) {
-      cpu::widen_row(mq, r, dq.data());
-      cpu::widen_row(mb, r, orig.data());
+      widen_row(mq, r, dq.data());
+      widen_row(mb, r, orig.data());
       for (int64_t g = 0; g < mq.cols / 64; ++g) {
         const float s = bf16_to_f32(mq.row_scales(r)[g]), bias = bf16_to_f32(mq.row_biases(r)[g]);
         const float slack = (n_bins * std::fabs(s) + std::fabs(bias)) * 0x1p-8f;

@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "../test_data.h"
+#include "runtime/model_setup.h"
 #include "server/api_error.h"
-#include "server/model_setup.h"
 #include "server/request.h"
 #include "server/server.h"
 
@@ -54,10 +54,10 @@ TEST(ModelSetup, DiscoveryOrder) {
   unsetenv("HF_HUB_CACHE");
   ScopedEnv model_env("LILAC_MODEL", "");
   unsetenv("LILAC_MODEL");
-  EXPECT_EQ(server::hf_hub_cache(), hub.string());
+  EXPECT_EQ(runtime::hf_hub_cache(), hub.string());
   // Nothing configured, nothing cached: the demo model.
-  auto c = server::choose_model("");
-  EXPECT_EQ(c.source, server::ModelSource::Demo);
+  auto c = runtime::choose_model("");
+  EXPECT_EQ(c.source, runtime::ModelSource::Demo);
   EXPECT_TRUE(c.demo);
   EXPECT_TRUE(fs::exists(fs::path(c.dir) / "model.safetensors"));
   // A cached snapshot wins over the demo; the newest of several (FP8 and mlx repos count too).
@@ -69,8 +69,8 @@ TEST(ModelSetup, DiscoveryOrder) {
   fs::create_directories(hub / "models--Qwen--Qwen3.6-35B-A3B-FP8" / "snapshots" /
                          "empty");  // no config
   fs::last_write_time(old_snap, fs::file_time_type::clock::now() - std::chrono::hours(5));
-  c = server::choose_model("");
-  EXPECT_EQ(c.source, server::ModelSource::HfCache);
+  c = runtime::choose_model("");
+  EXPECT_EQ(c.source, runtime::ModelSource::HfCache);
   EXPECT_EQ(c.dir, new_snap.string());
   EXPECT_FALSE(c.demo);
   EXPECT_EQ(server::default_model_id(c.dir, false), "mlx-community/Qwen3.6-35B-A3B-4bit");
@@ -78,20 +78,20 @@ TEST(ModelSetup, DiscoveryOrder) {
   const fs::path env_dir = t.path() / "env-model";
   make_model_dir(env_dir);
   setenv("LILAC_MODEL", env_dir.string().c_str(), 1);
-  c = server::choose_model("");
-  EXPECT_EQ(c.source, server::ModelSource::Env);
+  c = runtime::choose_model("");
+  EXPECT_EQ(c.source, runtime::ModelSource::Env);
   EXPECT_EQ(c.dir, env_dir.string());
-  c = server::choose_model(data_path("tiny-a"));
-  EXPECT_EQ(c.source, server::ModelSource::Flag);
+  c = runtime::choose_model(data_path("tiny-a"));
+  EXPECT_EQ(c.source, runtime::ModelSource::Flag);
   EXPECT_EQ(server::default_model_id(c.dir, false), "tiny-a");
-  EXPECT_THROW(server::choose_model((t.path() / "nothing").string()), Error);
+  EXPECT_THROW(runtime::choose_model((t.path() / "nothing").string()), Error);
 }
 
 TEST(ModelSetup, GenerationDefaults) {
   TempDir t;
   std::ofstream(t.path() / "generation_config.json")
       << R"({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "presence_penalty": 1.5, "eos_token_id": [1, 2]})";
-  auto p = server::load_generation_defaults(t.str());
+  auto p = runtime::load_generation_defaults(t.str());
   EXPECT_FLOAT_EQ(p.temperature, 0.6f);
   EXPECT_FLOAT_EQ(p.top_p, 0.95f);
   EXPECT_EQ(p.top_k, 20);
@@ -99,9 +99,9 @@ TEST(ModelSetup, GenerationDefaults) {
   EXPECT_FLOAT_EQ(p.min_p, 0.0f);
   std::ofstream(t.path() / "generation_config.json")
       << R"({"do_sample": false, "temperature": 0.6})";
-  EXPECT_TRUE(server::load_generation_defaults(t.str()).greedy());
+  EXPECT_TRUE(runtime::load_generation_defaults(t.str()).greedy());
   std::ofstream(t.path() / "generation_config.json") << R"({"temperature": "hot"})";
-  EXPECT_THROW(server::load_generation_defaults(t.str()), Error);
+  EXPECT_THROW(runtime::load_generation_defaults(t.str()), Error);
   // The request overrides the defaults field by field.
   SamplingParams d;
   d.temperature = 0.6f;

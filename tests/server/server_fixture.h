@@ -15,8 +15,8 @@
 #include "chat/chat_template.h"
 #include "engine/engine.h"
 #include "model/config.h"
-#include "server/scripted_backend.h"
 #include "server/server.h"
+#include "support/scripted_backend.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lilac::test {

@@ -1,6 +1,6 @@
 // MLX affine quantization: known-answer vectors worked out by hand (codes, words, scales, biases),
 // the error bounds of MLX's algorithm on random groups, and the CPU dequantisation / matmul paths.
-#include "io/mlx_affine.h"
+#include "model/mlx_affine.h"
 
 #include <gtest/gtest.h>
 
@@ -32,8 +32,8 @@ Quantized quantize(const std::vector<float>& w, int bits) {
 
 std::vector<float> dequantize(const Quantized& q, int bits, size_t n) {
   std::vector<float> out(n);
-  cpu::dequantize_row(q.codes.data(), q.scales.data(), q.biases.data(), bits, 64, int64_t(n),
-                      out.data());
+  dequantize_row(q.codes.data(), q.scales.data(), q.biases.data(), bits, 64, int64_t(n),
+                 out.data());
   return out;
 }
 
@@ -215,8 +215,8 @@ TEST(MlxAffine, VectorAndScalarDequantisationAreBitIdentical) {
     for (size_t g = 0; g < 9; ++g)
       scales[g] = f32_to_bf16(normal(rng)), biases[g] = f32_to_bf16(normal(rng));
     std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
-    cpu::dequantize_row(codes.data(), scales.data(), biases.data(), bits, 64, n, a.data());
-    cpu::dequantize_row_scalar(codes.data(), scales.data(), biases.data(), bits, 64, n, b.data());
+    dequantize_row(codes.data(), scales.data(), biases.data(), bits, 64, n, a.data());
+    dequantize_row_scalar(codes.data(), scales.data(), biases.data(), bits, 64, n, b.data());
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << bits << "-bit";
     // And both are fma(scale, q, bias) of the documented layout.
     for (int64_t k = 0; k < n; k += 37) {
@@ -226,8 +226,7 @@ TEST(MlxAffine, VectorAndScalarDequantisationAreBitIdentical) {
                                        bf16_to_f32(biases[size_t(k / 64)])));
     }
   }
-  std::printf("dequantize_row: %s path\n",
-              cpu::dequantize_row_vectorised() ? "AVX2/FMA" : "scalar");
+  std::printf("dequantize_row: %s path\n", dequantize_row_vectorised() ? "AVX2/FMA" : "scalar");
 }
 
 // matmul on a quantized Matrix equals matmul on its dequantised f32 copy, bit for bit, and the
@@ -247,7 +246,7 @@ TEST(MlxAffine, MatmulOnQuantizedRowsEqualsTheDequantisedMatrix) {
                        &scales[size_t(r * 3)], &biases[size_t(r * 3)]);
     Matrix q{codes.data(), DType::U32, rows, cols, "q", bits, 64, scales.data(), biases.data()};
     std::vector<float> deq(w.size());
-    for (int64_t r = 0; r < rows; ++r) cpu::widen_row(q, r, &deq[size_t(r * cols)]);
+    for (int64_t r = 0; r < rows; ++r) widen_row(q, r, &deq[size_t(r * cols)]);
     Matrix f{deq.data(), DType::F32, rows, cols, "f"};
     ThreadPool pool(2);
     std::vector<float> ya(size_t(3 * rows)), yb(ya.size());

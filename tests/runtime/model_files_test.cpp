@@ -14,7 +14,7 @@
 #include "../error_within.h"
 #include "../test_data.h"
 #include "chat/chat_template.h"
-#include "server/model_setup.h"
+#include "runtime/model_setup.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -56,7 +56,7 @@ TEST(ModelFiles, ChatTemplateAndGenerationConfigAsFifoOrDevZeroAreRefused) {
         if (name == "chat_template.jinja")
           ChatTemplate::from_model_dir(dir);
         else
-          server::load_generation_defaults(dir);
+          runtime::load_generation_defaults(dir);
       });
       EXPECT_THAT(what, HasSubstr("not a regular file")) << kind << " " << name;
     }

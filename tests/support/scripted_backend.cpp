@@ -1,4 +1,4 @@
-#include "server/scripted_backend.h"
+#include "support/scripted_backend.h"
 
 #include <chrono>
 #include <fstream>

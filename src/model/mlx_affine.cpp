@@ -1,4 +1,4 @@
-#include "io/mlx_affine.h"
+#include "model/mlx_affine.h"
 
 #include <algorithm>
 #include <bit>

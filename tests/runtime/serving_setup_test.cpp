@@ -7,7 +7,7 @@
 #include "../test_data.h"
 #include "cpu/cpu_backend.h"
 #include "io/checkpoint.h"
-#include "server/model_setup.h"
+#include "runtime/model_setup.h"
 #include "util/error.h"
 
 namespace lilac::test {
@@ -17,15 +17,15 @@ std::string demo_dir() {
   return data_root() + "/../../models/demo";
 }
 
-std::unique_ptr<server::LoadedModel> load_demo(const server::LoadOptions& lo) {
-  return server::load_for_serving(server::choose_model(demo_dir()), lo,
-                                  [](Model& m, const std::string&, const std::string&) {
-                                    return std::make_unique<cpu::CpuBackend>(m.config, m.weights);
-                                  });
+std::unique_ptr<runtime::LoadedModel> load_demo(const runtime::LoadOptions& lo) {
+  return runtime::load_for_serving(runtime::choose_model(demo_dir()), lo,
+                                   [](Model& m, const std::string&, bool) {
+                                     return std::make_unique<cpu::CpuBackend>(m.config, m.weights);
+                                   });
 }
 
 TEST(ServingSetup, ParallelSizesTheSlots) {
-  server::LoadOptions lo;
+  runtime::LoadOptions lo;
   lo.device = "cpu";
   lo.context_size = 2048;
   std::vector<std::string> log;
@@ -48,11 +48,11 @@ TEST(ServingSetup, ParallelSizesTheSlots) {
 
 TEST(ServingSetup, SyntheticServesAnyBackendBehindTheTokenizerFile) {
   auto model = load_model(demo_dir());
-  server::LoadOptions lo;
+  runtime::LoadOptions lo;
   lo.context_size = 512;
   lo.parallel = 2;
   lo.weights = "bf16";
-  auto lm = server::load_synthetic_for_serving(
+  auto lm = runtime::load_synthetic_for_serving(
       lo, data_path("tokenizer/qwen3-tokenizer.json.gz"),
       [&] { return std::make_unique<cpu::CpuBackend>(model->config, model->weights); });
   EXPECT_GT(lm->tokenizer->size(), 150000) << "the Qwen3 tokenizer";
@@ -67,7 +67,7 @@ TEST(ServingSetup, SyntheticServesAnyBackendBehindTheTokenizerFile) {
   EXPECT_EQ(r.finish, FinishReason::Length) << r.error;
   EXPECT_EQ(r.tokens.size(), 5u);
   EXPECT_THROW(
-      server::load_synthetic_for_serving(
+      runtime::load_synthetic_for_serving(
           lo, data_path("no/such/tokenizer.json"),
           [&] { return std::make_unique<cpu::CpuBackend>(model->config, model->weights); }),
       Error);

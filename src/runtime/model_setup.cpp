@@ -1,4 +1,4 @@
-#include "server/model_setup.h"
+#include "runtime/model_setup.h"
 
 #include <unistd.h>
 
@@ -7,14 +7,15 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "server/scripted_backend.h"
+#include "runtime/backends.h"
+#include "runtime/weights_choice.h"
 #include "util/error.h"
 #include "util/json_parse.h"
 #include "util/mapped_file.h"
 
 namespace fs = std::filesystem;
 
-namespace lilac::server {
+namespace lilac::runtime {
 
 namespace {
 
@@ -187,12 +188,11 @@ LoadedModel::~LoadedModel() {
 }
 
 std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const LoadOptions& o,
-                                              const BackendFactory& open_backend) {
+                                              const BackendFactory& backend_factory) {
   auto say = [&](const std::string& s) {
     if (o.progress) o.progress(s);
   };
-  if (o.weights != "auto" && o.weights != "bf16" && o.weights != "fp8" && o.weights != "q4")
-    fail("--weights {}: expected auto, bf16, fp8 or q4", o.weights);
+  const WeightsChoice weights = parse_weights(o.weights);
   auto lm = std::make_unique<LoadedModel>();
   lm->choice = choice;
   const auto t0 = std::chrono::steady_clock::now();
@@ -202,30 +202,20 @@ std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const L
   lm->defaults = load_generation_defaults(choice.dir);
   say("loading weights from " + choice.dir);
   lm->model = load_model(choice.dir);
-  std::string fmt_name = format_name(lm->model->checkpoint->format());
   // --weights q4 on a BF16 or FP8 checkpoint: quantized at load (MLX affine 4-bit, 8-bit
   // routers, as `lilac quantize` writes it; on the GPU when the backend is CUDA). Any other
   // mismatch is refused: lilac does not dequantize a 4-bit checkpoint.
-  const WeightFormat format = lm->model->checkpoint->format();
-  const bool quantize_at_load =
-      o.weights == "q4" && (format == WeightFormat::BF16 || format == WeightFormat::FP8);
-  const std::string wanted = o.weights == "q4" ? "mlx-4bit" : o.weights;
-  if (o.weights != "auto" && wanted != fmt_name && !quantize_at_load)
-    fail(
-        "--weights {}: the checkpoint in {} holds {} weights; lilac serves a checkpoint in its own "
-        "format, or quantizes a BF16 or FP8 one at load (--weights q4)",
-        o.weights, choice.dir, fmt_name);
-  if (!o.scripted.empty()) {
-    say("TEST-ONLY: scripted backend from " + o.scripted +
-        " (no model runs; outputs come from the script)");
-    lm->backend =
-        std::make_unique<ScriptedBackend>(lm->model->config, *lm->tokenizer,
-                                          ScriptedBackend::load_script(o.scripted, *lm->tokenizer));
+  const WeightsPlan plan = plan_weights(weights, *lm->model);
+  std::string fmt_name = format_name(lm->model->checkpoint->format());
+  if (o.replace_backend) {
+    say(o.replace_backend_note);
+    lm->backend = o.replace_backend(*lm->model, *lm->tokenizer);
   } else {
     say("starting the " + o.device + " backend" +
-        (quantize_at_load ? " (quantizing the " + fmt_name + " weights to 4-bit at load)" : ""));
-    lm->backend = open_backend(*lm->model, o.device, quantize_at_load ? "q4" : "auto");
-    if (quantize_at_load) fmt_name += " quantized to 4-bit at load";
+        (plan.quantize_at_load ? " (quantizing the " + fmt_name + " weights to 4-bit at load)"
+                               : ""));
+    lm->backend = backend_factory(*lm->model, o.device, plan.quantize_at_load);
+    fmt_name = plan.description;
   }
   const int64_t max_pos = lm->model->config.max_position_embeddings;
   const int64_t context =
@@ -234,6 +224,13 @@ std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const L
     fail("--ctx-size {} is larger than the model's max_position_embeddings ({})", context, max_pos);
   start_engine(*lm, o, context, fmt_name, t0);
   return lm;
+}
+
+std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const LoadOptions& o) {
+  return load_for_serving(choice, o,
+                          [](Model& m, const std::string& device, bool quantize_at_load) {
+                            return runtime::open_backend(m, device, quantize_at_load);
+                          });
 }
 
 int default_parallel(const Backend& backend) {
@@ -274,4 +271,4 @@ std::unique_ptr<LoadedModel> load_synthetic_for_serving(
   return lm;
 }
 
-}  // namespace lilac::server
+}  // namespace lilac::runtime

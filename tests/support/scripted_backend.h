@@ -1,7 +1,8 @@
-// TEST-ONLY backend: instead of running a model, each request's sampled tokens come from a script
-// (`lilac serve --scripted FILE`, and the protocol tests). It lets the tests force exact token
-// texts (reasoning / content / tool-call markup, multibyte characters split across tokens)
-// through the real engine, output parser and server. It is never chosen unless asked for.
+// TEST-ONLY backend (tests/support, never in lilac_core or the production binary): instead of
+// running a model, each request's sampled tokens come from a script (`lilac_test_server serve
+// --scripted FILE`, the client tests; in process, the server and engine tests). It lets the tests
+// force exact token texts (reasoning / content / tool-call markup, multibyte characters split
+// across tokens) through the real engine, output parser and server.
 //
 // Script file (JSON): {"responses": [{"match": "weather", "text": "<think>..."}, {"ids": [1, 2]}]}
 // A request gets the first response whose "match" (optional) occurs in its decoded prompt. "text"

@@ -1,7 +1,7 @@
 // The reference sampler: known-answer Philox vectors, greedy and filter semantics computed by
 // hand, and sampling frequencies checked statistically with fixed seeds; the exact arithmetic it
-// shares with the CUDA sampler (cpu/sampling_core.h), tie rules and the walk, exactly.
-#include "cpu/sampling.h"
+// shares with the CUDA sampler (model/sampling_core.h), tie rules and the walk, exactly.
+#include "model/sampling.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,8 @@
 #include <numeric>
 #include <vector>
 
-#include "cpu/philox.h"
-#include "cpu/sampling_core.h"
+#include "model/philox.h"
+#include "model/sampling_core.h"
 #include "util/error.h"
 
 namespace lilac::test {

@@ -1,4 +1,4 @@
-#include "server/console.h"
+#include "cli/console.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,13 @@
 #include "server/generation.h"
 #include "util/error.h"
 
-namespace lilac::server {
+namespace lilac::cli {
+
+using server::Generation;
+using server::GenerationChunk;
+using server::last_turn_start;
+using server::ParseOptions;
+using server::prompt_opens_reasoning;
 
 bool is_tty(int fd) {
   return isatty(fd) == 1;
@@ -37,8 +43,8 @@ std::string demo_warning() {
          "Qwen3.6-35B-A3B checkpoint.";
 }
 
-TurnResult run_turn(LoadedModel& m, const nlohmann::json& messages, const std::string& raw_prompt,
-                    const TurnOptions& o, const TurnCallbacks& cb,
+TurnResult run_turn(runtime::LoadedModel& m, const nlohmann::json& messages,
+                    const std::string& raw_prompt, const TurnOptions& o, const TurnCallbacks& cb,
                     const volatile std::sig_atomic_t* interrupt) {
   std::string prompt =
       o.raw ? raw_prompt : m.chat_template->render(messages, nlohmann::json::array(), o.chat);
@@ -84,4 +90,4 @@ TurnResult run_turn(LoadedModel& m, const nlohmann::json& messages, const std::s
   return out;
 }
 
-}  // namespace lilac::server
+}  // namespace lilac::cli

@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "chat/chat_template.h"
-#include "cpu/sampling.h"
 #include "engine/engine.h"
 #include "io/checkpoint.h"
 #include "model/backend.h"
+#include "model/sampling.h"
 #include "tokenizer/tokenizer.h"
 
-namespace lilac::server {
+namespace lilac::runtime {
 
 // Where a model directory came from (for the start-up message).
 enum class ModelSource { Flag, Env, HfCache, Demo };
@@ -48,14 +48,16 @@ SamplingParams load_generation_defaults(const std::string& dir);
 
 struct LoadOptions {
   std::string device = "auto";   // cpu | cuda | auto
-  std::string weights = "auto";  // auto | bf16 | fp8 | q4: the checkpoint's format, or q4 on a
-                                 // BF16 checkpoint (quantized at load)
+  std::string weights = "auto";  // --weights (runtime/weights_choice.h)
   int64_t context_size = 0;      // 0: min(32768, max_position_embeddings)
   int queue_capacity = 64;
   int parallel = 0;         // sequence slots (0: 16 on cuda, 4 on the cpu)
   int64_t step_tokens = 0;  // tokens per batched step (0: the engine's default)
   size_t snapshot_bytes = size_t(1) << 30;
-  std::string scripted;  // TEST-ONLY: a script file for ScriptedBackend instead of the model
+  // Replaces the model's backend when set (the test build of the server: its scripted backend,
+  // tests/support); `replace_backend_note` is the progress line that says so.
+  std::function<std::unique_ptr<Backend>(const Model&, const Tokenizer&)> replace_backend;
+  std::string replace_backend_note;
   std::function<void(const std::string&)> progress;  // log lines while loading
 };
 
@@ -72,14 +74,15 @@ struct LoadedModel {
   ~LoadedModel();
 };
 
-// Loads everything and warms the engine up. `open_backend` constructs the backend for a model
-// (cli::open_backend; the server library does not depend on the CLI).
-// `weights` is "q4" when a BF16 checkpoint is to be quantized at load (the factory may change
-// `model`: the CPU backend quantizes its weights in memory), else "auto".
+// Loads everything and warms the engine up. The backend: options.replace_backend when set, else
+// `open_backend` (the two-argument form: runtime::open_backend, runtime/backends.h), which may
+// change `model` when it quantizes at load (the CPU backend quantizes its weights in memory).
 using BackendFactory = std::function<std::unique_ptr<Backend>(Model&, const std::string& device,
-                                                              const std::string& weights)>;
+                                                              bool quantize_at_load)>;
 std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const LoadOptions& options,
                                               const BackendFactory& open_backend);
+std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice,
+                                              const LoadOptions& options);
 
 // The full-size model with random weights (no checkpoint; `lilac serve --synthetic`): the backend
 // from `make_backend`, the tokenizer from `tokenizer_file` (a tokenizer.json, possibly gzipped;
@@ -92,4 +95,4 @@ std::unique_ptr<LoadedModel> load_synthetic_for_serving(
 // The default number of slots for a backend: 16 on cuda, 4 elsewhere.
 int default_parallel(const Backend& backend);
 
-}  // namespace lilac::server
+}  // namespace lilac::runtime

@@ -1,13 +1,14 @@
-#include "cli/backends.h"
+#include "runtime/backends.h"
 
 #include "cpu/cpu_backend.h"
 #include "io/quantize.h"
+#include "model/weight_rows.h"
 #include "util/error.h"
 #ifdef LILAC_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
 
-namespace lilac::cli {
+namespace lilac::runtime {
 
 bool cuda_available() {
 #ifdef LILAC_HAVE_CUDA
@@ -27,7 +28,7 @@ std::string resolve_device(const std::string& device) {
 std::unique_ptr<Backend> open_cuda(const Model& model, bool quantize) {
 #ifdef LILAC_HAVE_CUDA
   if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
-  return cuda::make_cuda_backend(model, quantize);
+  return cuda::make_cuda_backend(model.config, model.weights, model.checkpoint->dir(), quantize);
 #else
   (void)model;
   (void)quantize;
@@ -40,8 +41,8 @@ std::unique_ptr<Backend> open_cuda(const Model& model, bool quantize) {
 }  // namespace
 
 std::unique_ptr<Backend> open_backend(Model& model, const std::string& device,
-                                      const std::string& weights) {
-  if (weights != "q4" || has_quantized_weights(model.weights)) return open_backend(model, device);
+                                      bool quantize_at_load) {
+  if (!quantize_at_load || has_quantized_weights(model.weights)) return open_backend(model, device);
   const std::string d = resolve_device(device);
   if (d == "cuda") return open_cuda(model, /*quantize=*/true);
   if (d != "cpu") fail("unknown device '{}' (expected cpu, cuda or auto)", device);
@@ -57,9 +58,9 @@ std::unique_ptr<Backend> open_backend(const Model& model, const std::string& dev
   fail("unknown device '{}' (expected cpu, cuda or auto)", device);
 }
 
-}  // namespace lilac::cli
+}  // namespace lilac::runtime
 
-namespace lilac::cli {
+namespace lilac::runtime {
 
 std::unique_ptr<Backend> open_synthetic_backend(const std::string& device,
                                                 const std::string& weights, uint64_t seed) {
@@ -83,4 +84,4 @@ std::vector<std::string> backend_report(Backend& backend) {
   return {};
 }
 
-}  // namespace lilac::cli
+}  // namespace lilac::runtime

@@ -15,9 +15,9 @@
 //  5. u = uniform [0, 1) from Philox4x32-10 with key = seed, counter = (step, 0, 0, 0);
 //     r = u * (sum of kept q); walk the kept ids in ASCENDING ID ORDER accumulating q; the
 //     token is the first id where the running sum exceeds r (the last kept id if none does).
-// Exact realisation (cpu/sampling.cpp and cuda/sampling.cu; arithmetic in cpu/sampling_core.h, so
-// both pick the same token bit for bit): q is kept unnormalised, e = exp(x/T - max) in (0, 1] by a
-// libm-free exp, and masses are floor(e * 2^40) integers; "reaches top_p" is prefix mass >=
+// Exact realisation (model/sampling.cpp and cuda/sampling.cu; arithmetic in model/sampling_core.h,
+// so both pick the same token bit for bit): q is kept unnormalised, e = exp(x/T - max) in (0, 1] by
+// a libm-free exp, and masses are floor(e * 2^40) integers; "reaches top_p" is prefix mass >=
 // trunc(top_p * mass of the top_k set); min_p keeps e >= min_p; r = floor(u24 * kept mass / 2^24).
 // The 64-bit counter (step) is Philox counter words (step low, step high, 0, 0); the key is (seed
 // low, seed high).

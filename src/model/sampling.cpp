@@ -1,5 +1,5 @@
-// The reference sampler: sample_token exactly as cpu/sampling.h specifies, in the exact arithmetic
-// of cpu/sampling_core.h that cuda/sampling.cu shares, so both pick the same token.
+// The reference sampler: sample_token exactly as model/sampling.h specifies, in the exact
+// arithmetic of model/sampling_core.h that cuda/sampling.cu shares, so both pick the same token.
 //
 // Realisation of the contract's steps over the first n logits:
 //  1. x'_i = penalize(x_i, ...) (sampling_core.h), when penalties are given.
@@ -14,15 +14,15 @@
 //     ascending order summing M; the token is the first id where the sum exceeds r (the last kept
 //     id if none does: unreachable, since r < Z_kept).
 // Logprobs: log_softmax of the raw logits in double.
-#include "cpu/sampling.h"
+#include "model/sampling.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
-#include "cpu/philox.h"
-#include "cpu/sampling_core.h"
+#include "model/philox.h"
+#include "model/sampling_core.h"
 #include "util/error.h"
 
 namespace lilac {

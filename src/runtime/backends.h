@@ -9,19 +9,21 @@
 #include "io/checkpoint.h"
 #include "model/backend.h"
 
-namespace lilac::cli {
+namespace lilac::runtime {
 
 bool cuda_available();
 std::unique_ptr<Backend> open_backend(const Model& model, const std::string& device);
-// The same with a weights choice: "q4" on a float checkpoint quantizes it as `lilac quantize`
-// would: in memory for the CPU backend (quantize_model_in_memory, which changes `model`), on the
-// GPU at load for the CUDA backend (bit-identical codes; `model` unchanged). "" or "bf16": as is.
+// The same, quantizing a float checkpoint at load when `quantize_at_load`
+// (WeightsPlan::quantize_at_load) as `lilac quantize` would: in memory for the CPU backend
+// (quantize_model_in_memory, which changes `model`), on the GPU at load for the CUDA backend
+// (bit-identical codes; `model` unchanged).
 std::unique_ptr<Backend> open_backend(Model& model, const std::string& device,
-                                      const std::string& weights);
-// The full-size Qwen3.6-35B-A3B with random weights generated on the device (no file).
+                                      bool quantize_at_load);
+// The full-size Qwen3.6-35B-A3B with random weights generated on the device (no file); `weights`
+// "bf16" or "q4" (synthetic_weights).
 std::unique_ptr<Backend> open_synthetic_backend(const std::string& device,
                                                 const std::string& weights, uint64_t seed);
 // Backend-specific lines for reports (the CUDA backend's per-kernel breakdown); may be empty.
 std::vector<std::string> backend_report(Backend& backend);
 
-}  // namespace lilac::cli
+}  // namespace lilac::runtime

@@ -1,8 +1,8 @@
-// The exact arithmetic shared by the CPU sampler (cpu/sampling.cpp) and the CUDA sampler
+// The exact arithmetic shared by the CPU sampler (model/sampling.cpp) and the CUDA sampler
 // (cuda/sampling.cu), compiled by g++ (C++20) and nvcc (C++17, __host__ __device__). Every
 // function here gives bit-identical results on both sides, so the two samplers pick the same
 // token for the same logits, parameters, seed and step, always (not just usually):
-//  - Philox4x32-10 (integer only, cpu/philox.h), as Random123 defines it.
+//  - Philox4x32-10 (integer only, model/philox.h), as Random123 defines it.
 //  - penalties and temperature: single IEEE operations (fma where a product meets a sum), no
 //    expression the compiler could contract differently on the two sides.
 //  - det_exp: exp(x) for x <= 0 from IEEE fma/mul only (no libm, whose exp differs between glibc
@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cpu/philox.h"
+#include "model/philox.h"
 
 #if defined(__CUDACC__)
 #define LILAC_SAMPLING_HD __host__ __device__ __forceinline__
@@ -24,7 +24,8 @@
 
 namespace lilac::sampling {
 
-// ---- Philox (cpu/philox.h) ----------------------------------------------------------------------
+// ---- Philox (model/philox.h)
+// ----------------------------------------------------------------------
 
 // The 24-bit uniform integer of (seed, step), as philox_uniform_hd: key = (seed low, seed high),
 // counter = (step low, step high, 0, 0), the first output word's 24 high bits; u = u24 / 2^24.

@@ -1,4 +1,4 @@
-#include "io/dtype.h"
+#include "model/dtype.h"
 
 #include <array>
 #include <utility>

@@ -12,9 +12,9 @@
 #include "chat/chat_template.h"
 #include "chat/output_parser.h"
 #include "engine/engine.h"
-#include "server/model_setup.h"
+#include "runtime/model_setup.h"
 
-namespace lilac::server {
+namespace lilac::cli {
 
 bool is_tty(int fd);
 
@@ -57,8 +57,8 @@ struct TurnOptions {
 
 // Renders `messages` (or takes `raw_prompt` when options.raw), runs it, streams the pieces to
 // the callbacks, and stops early when *interrupt becomes non-zero (a SIGINT handler's flag).
-TurnResult run_turn(LoadedModel& m, const nlohmann::json& messages, const std::string& raw_prompt,
-                    const TurnOptions& options, const TurnCallbacks& cb,
-                    const volatile std::sig_atomic_t* interrupt);
+TurnResult run_turn(runtime::LoadedModel& m, const nlohmann::json& messages,
+                    const std::string& raw_prompt, const TurnOptions& options,
+                    const TurnCallbacks& cb, const volatile std::sig_atomic_t* interrupt);
 
-}  // namespace lilac::server
+}  // namespace lilac::cli

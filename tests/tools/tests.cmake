@@ -1,0 +1,14 @@
+# tools/check_layers.py: the layering check over src/'s includes (docs/architecture.md); its own
+# tests (check_layers_test.py) plant violations in temporary trees and expect it to fail.
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME check_layers COMMAND Python3::Interpreter ${CMAKE_SOURCE_DIR}/tools/check_layers.py
+                                     ${CMAKE_SOURCE_DIR}/src)
+  add_test(NAME check_layers_test
+           COMMAND Python3::Interpreter ${CMAKE_CURRENT_LIST_DIR}/check_layers_test.py)
+  set_tests_properties(check_layers check_layers_test PROPERTIES LABELS cpu)
+else()
+  add_test(NAME check_layers COMMAND ${CMAKE_COMMAND} -E echo
+           "check_layers needs python3 (not found at configure time)")
+  set_tests_properties(check_layers PROPERTIES WILL_FAIL TRUE LABELS cpu)
+endif()
