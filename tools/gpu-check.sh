@@ -63,7 +63,13 @@ serve_bench() {
 
 for s in $steps; do
   case $s in
-    tests) run gpu-tests 240 "$B/lilac_cuda_tests" --gtest_brief=1 ;;
+    tests)
+      run gpu-tests 240 "$B/lilac_cuda_tests" --gtest_brief=1
+      # Zero skips: a GPU test that skipped (no device, a path this GPU lacks) did not test anything.
+      if grep -q "SKIPPED" "$OUT/run.log"; then
+        echo "    gpu-tests: some tests were skipped (see run.log)" | tee -a "$OUT/summary.txt"
+        status=1
+      fi ;;
     logits)
       for m in tiny-a tiny-a-per-expert; do
         run "logits-$m" 60 "$B/lilac" logits --model "tests/data/$m" --prompt-from tests/data/tiny-a/reference.safetensors \
