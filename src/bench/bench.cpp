@@ -32,13 +32,14 @@ std::string fnv1a(const std::vector<int32_t>& ids) {
 }
 
 struct RoundResult {
-  double prefill_s, decode_s;
-  std::vector<int32_t> ids;
+  double prefill_s, decode_s, sampled_s = 0;
+  std::vector<int32_t> ids, sampled_ids;
 };
 
 RoundResult one_round(Backend& backend, const std::vector<int32_t>& prompt, const BenchOptions& o) {
   using clock = std::chrono::steady_clock;
-  auto seq = backend.new_sequence(int64_t(prompt.size()) + o.decode_steps + 1);
+  const int64_t sampled_steps = o.sampled ? o.decode_steps : 0;
+  auto seq = backend.new_sequence(int64_t(prompt.size()) + o.decode_steps + sampled_steps + 1);
   SamplingParams greedy;
   greedy.temperature = 0;
   backend.begin_sampling(*seq, prompt, greedy);
@@ -64,6 +65,19 @@ RoundResult one_round(Backend& backend, const std::vector<int32_t>& prompt, cons
   auto t2 = clock::now();
   r.prefill_s = std::chrono::duration<double>(t1 - t0).count();
   r.decode_s = std::chrono::duration<double>(t2 - t1).count();
+  if (o.sampled) {
+    // The same sequence goes on with the sampling parameters; the penalty history is everything
+    // it has seen (the prompt and the greedy tokens), as a request's would be.
+    std::vector<int32_t> seen = prompt;
+    seen.insert(seen.end(), r.ids.begin(), r.ids.end());
+    backend.begin_sampling(*seq, seen, *o.sampled);
+    auto t3 = clock::now();
+    for (int i = 0; i < o.decode_steps; ++i) {
+      r.sampled_ids.push_back(tok);
+      tok = backend.step(*seq, std::span<const int32_t>(&tok, 1), uint64_t(i)).token;
+    }
+    r.sampled_s = std::chrono::duration<double>(clock::now() - t3).count();
+  }
   return r;
 }
 
@@ -86,12 +100,18 @@ std::vector<BenchRow> run_bench(Backend& backend, const BenchOptions& o) {
       if (r < 0) continue;
       row.prefill_s.push_back(res.prefill_s);
       row.decode_s.push_back(res.decode_s);
+      if (o.sampled) {
+        row.sampled_decode_s.push_back(res.sampled_s);
+        row.sampled_digest = fnv1a(res.sampled_ids);
+      }
       if (o.progress)
         o.progress(
-            fmt::format("context {:>6}  round {}  prefill {:.3f} s  decode {:.3f} s  digest {}", L,
-                        r, res.prefill_s, res.decode_s, d));
+            fmt::format("context {:>6}  round {}  prefill {:.3f} s  decode {:.3f} s  digest {}{}",
+                        L, r, res.prefill_s, res.decode_s, d,
+                        o.sampled ? fmt::format("  sampled decode {:.3f} s", res.sampled_s) : ""));
     }
     row.digest = first_digest;
+    if (o.sampled) row.sampled_decode_tok_s = o.decode_steps / median(row.sampled_decode_s);
     row.prefill_tok_s = double(L) / median(row.prefill_s);
     double step_s = median(row.decode_s) / o.decode_steps;
     row.decode_tok_s = 1.0 / step_s;
@@ -105,27 +125,38 @@ std::vector<BenchRow> run_bench(Backend& backend, const BenchOptions& o) {
 }
 
 std::string bench_table(const std::vector<BenchRow>& rows) {
-  std::string s = fmt::format("{:>8} {:>14} {:>13} {:>12} {:>12}  {}\n", "context", "prefill tok/s",
-                              "decode tok/s", "decode %bw", "prefill TF/s", "digest");
-  double sp = 0, sd = 0;
+  const bool sampled = !rows.empty() && !rows[0].sampled_decode_s.empty();
+  std::string s = fmt::format("{:>8} {:>14} {:>13} {:>12} {:>12}", "context", "prefill tok/s",
+                              "decode tok/s", "decode %bw", "prefill TF/s");
+  if (sampled) s += fmt::format(" {:>14} {:>9}", "sampled tok/s", "vs greedy");
+  s += "  digest\n";
+  double sp = 0, sd = 0, ss = 0;
   for (const auto& r : rows) {
-    s += fmt::format("{:>8} {:>14.1f} {:>13.2f} {:>11.1f}% {:>12.2f}  {}{}\n", r.context,
-                     r.prefill_tok_s, r.decode_tok_s, 100 * r.decode_bw_fraction, r.prefill_tflops,
-                     r.digest, r.digest_stable ? "" : " (UNSTABLE)");
+    s += fmt::format("{:>8} {:>14.1f} {:>13.2f} {:>11.1f}% {:>12.2f}", r.context, r.prefill_tok_s,
+                     r.decode_tok_s, 100 * r.decode_bw_fraction, r.prefill_tflops);
+    if (sampled)
+      s += fmt::format(" {:>14.2f} {:>8.1f}%", r.sampled_decode_tok_s,
+                       100 * (r.sampled_decode_tok_s / r.decode_tok_s - 1));
+    s += fmt::format("  {}{}\n", r.digest, r.digest_stable ? "" : " (UNSTABLE)");
     sp += r.prefill_tok_s;
     sd += r.decode_tok_s;
+    ss += r.sampled_decode_tok_s;
   }
-  if (!rows.empty())
-    s += fmt::format("{:>8} {:>14.1f} {:>13.2f}\n", "mean", sp / double(rows.size()),
-                     sd / double(rows.size()));
+  if (!rows.empty()) {
+    const double n = double(rows.size());
+    s += fmt::format("{:>8} {:>14.1f} {:>13.2f}", "mean", sp / n, sd / n);
+    if (sampled) s += fmt::format(" {:>12} {:>12} {:>14.2f}", "", "", ss / n);
+    s += "\n";
+  }
   return s;
 }
 
 nlohmann::json bench_json(const std::vector<BenchRow>& rows, const nlohmann::json& header) {
   nlohmann::json j = header;
   j["results"] = nlohmann::json::array();
-  double sp = 0, sd = 0;
+  double sp = 0, sd = 0, ss = 0;
   for (const auto& r : rows) {
+    ss += r.sampled_decode_tok_s;
     j["results"].push_back({{"context", r.context},
                             {"prefill_tok_s", r.prefill_tok_s},
                             {"decode_tok_s", r.decode_tok_s},
@@ -135,11 +166,19 @@ nlohmann::json bench_json(const std::vector<BenchRow>& rows, const nlohmann::jso
                             {"prefill_tflops", r.prefill_tflops},
                             {"digest", r.digest},
                             {"digest_stable", r.digest_stable}});
+    if (!r.sampled_decode_s.empty()) {
+      auto& row = j["results"].back();
+      row["sampled_decode_tok_s"] = r.sampled_decode_tok_s;
+      row["sampled_decode_s_rounds"] = r.sampled_decode_s;
+      row["sampled_digest"] = r.sampled_digest;
+    }
     sp += r.prefill_tok_s;
     sd += r.decode_tok_s;
   }
   j["mean_prefill_tok_s"] = rows.empty() ? 0 : sp / double(rows.size());
   j["mean_decode_tok_s"] = rows.empty() ? 0 : sd / double(rows.size());
+  if (!rows.empty() && !rows[0].sampled_decode_s.empty())
+    j["mean_sampled_decode_tok_s"] = ss / double(rows.size());
   return j;
 }
 

@@ -2,12 +2,15 @@
 // L, from a fresh sequence, prefill L synthetic ids (prefill tok/s = L / time to first token), then
 // exactly `decode_steps` greedy decode steps (decode tok/s = steps / their time); one warm-up round
 // per length, then `rounds` timed rounds, median reported; a digest of the greedy tokens per
-// length.
+// length. With `sampled` set, each round then switches the same sequence to those sampling
+// parameters (begin_sampling with the prompt and the greedy tokens as history) and times
+// `decode_steps` sampled steps more (at context L + decode_steps: no second prefill).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,7 @@ struct BenchOptions {
   int decode_steps = 64;
   int64_t prefill_chunk = 0;  // 0: the backend's own chunking (one forward call)
   int32_t n_real_tokens = 0;  // ids of the synthetic prompt are < this (0: the model's vocab)
+  std::optional<SamplingParams> sampled;  // also time sampled decode with these (seeded)
   double bytes_per_weight = 2.0;
   double copy_bandwidth = 4.3e12;  // measured device copy rate, bytes/s (roofline denominator)
   double matmul_rate = 790e12;     // measured bf16 dense rate, FLOP/s
@@ -33,6 +37,9 @@ struct BenchRow {
   double prefill_tok_s = 0, decode_tok_s = 0;
   std::string digest;  // of the decoded ids (FNV-1a 64, hex)
   bool digest_stable = true;
+  std::vector<double> sampled_decode_s;  // every round (empty: not timed)
+  double sampled_decode_tok_s = 0;
+  std::string sampled_digest;     // of the sampled ids (a fixed seed: the same every round)
   double decode_bw_fraction = 0;  // decode bytes per token / step time / copy bandwidth
   double prefill_tflops = 0;
 };

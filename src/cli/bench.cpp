@@ -9,6 +9,7 @@
 #include "io/checkpoint.h"
 #include "model/qwen36.h"
 #include "runtime/backends.h"
+#include "runtime/model_setup.h"
 #include "runtime/weights_choice.h"
 #include "util/error.h"
 #include "util/version.h"
@@ -18,6 +19,7 @@ namespace {
 
 struct BenchCliOptions {
   std::string model, device = "auto", weights = "auto", json_out, lengths, concurrency;
+  std::string sampling = "default";
   int64_t prompt_tokens = 1024;
   bool synthetic = false;
   int rounds = 3, decode = 64;
@@ -51,6 +53,26 @@ int run_bench_cli(const BenchCliOptions& o) {
   std::string weights;  // "bf16" or "q4": what the backend multiplies (the JSON's "weights")
   const runtime::WeightsChoice choice = runtime::parse_weights(o.weights);
   BenchOptions bo;
+  if (o.sampling != "default" && o.sampling != "off")
+    fail("--sampling {}: default or off", o.sampling);
+  // Sampled decode is timed with the model's own defaults: a checkpoint's generation_config.json
+  // (as the server samples when a request sets nothing); for the synthetic model the model card's
+  // thinking-mode defaults (docs/model.md section 9), which switch the penalties on.
+  SamplingParams sampled;
+  std::string sampling_source;
+  if (o.synthetic) {
+    sampled.temperature = 1.0f;
+    sampled.top_p = 0.95f;
+    sampled.top_k = 20;
+    sampled.min_p = 0.0f;
+    sampled.presence_penalty = 1.5f;
+    sampling_source = "the model card's thinking-mode defaults";
+  } else {
+    sampled = runtime::load_generation_defaults(o.model);
+    sampling_source = o.model + "/generation_config.json";
+  }
+  sampled.seed = o.seed;
+  if (o.sampling == "default" && !sampled.greedy()) bo.sampled = sampled;
   if (o.synthetic) {
     weights = runtime::synthetic_weights(choice);
     backend = runtime::open_synthetic_backend(o.device, weights, o.seed);
@@ -88,6 +110,13 @@ int run_bench_cli(const BenchCliOptions& o) {
   bo.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   std::fprintf(stderr, "bench: %s on %s\n", model_name.c_str(),
                backend->device_description().c_str());
+  if (bo.sampled)
+    std::fprintf(stderr,
+                 "sampled decode: temperature %.2f, top_p %.2f, top_k %d, min_p %.2f, presence "
+                 "penalty %.2f, seed %llu (%s)\n",
+                 double(sampled.temperature), double(sampled.top_p), sampled.top_k,
+                 double(sampled.min_p), double(sampled.presence_penalty),
+                 static_cast<unsigned long long>(sampled.seed), sampling_source.c_str());
   co.progress = bo.progress;
   auto rows = run_bench(*backend, bo);
   if (!rows.empty()) std::printf("%s", bench_table(rows).c_str());
@@ -107,6 +136,16 @@ int run_bench_cli(const BenchCliOptions& o) {
                              {"copy_bandwidth_bytes_s", bo.copy_bandwidth},
                              {"matmul_flops_s", bo.matmul_rate}};
     if (!crows.empty()) header["prompt_tokens"] = o.prompt_tokens;
+    if (bo.sampled)
+      header["sampling"] = {{"temperature", sampled.temperature},
+                            {"top_p", sampled.top_p},
+                            {"top_k", sampled.top_k},
+                            {"min_p", sampled.min_p},
+                            {"presence_penalty", sampled.presence_penalty},
+                            {"frequency_penalty", sampled.frequency_penalty},
+                            {"repetition_penalty", sampled.repetition_penalty},
+                            {"seed", sampled.seed},
+                            {"source", sampling_source}};
     auto j = bench_json(rows, header);
     j["concurrency_results"] = concurrency_json(crows);
     j["breakdown"] = runtime::backend_report(*backend);
@@ -138,6 +177,11 @@ const Command kBench{
       app.add_option("--rounds", o->rounds, "Timed rounds per length (median)")->default_val(3);
       app.add_option("--decode", o->decode, "Decode steps per round")->default_val(64);
       app.add_option("--prefill-chunk", o->prefill_chunk, "Prefill in chunks of this many tokens");
+      app.add_option("--sampling", o->sampling,
+                     "default: after the greedy steps of each round, time as many sampled steps "
+                     "with the model's default sampling (generation_config.json; the synthetic "
+                     "model: temperature 1.0, top_p 0.95, top_k 20, presence_penalty 1.5); off")
+          ->default_val("default");
       app.add_option("--seed", o->seed, "Seed of the synthetic weights")->default_val(1);
       app.add_option("--json", o->json_out, "Write results as JSON here");
       return Runner([o] { return run_bench_cli(*o); });

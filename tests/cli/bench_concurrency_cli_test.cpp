@@ -65,6 +65,43 @@ TEST(CliBench, ConcurrencyAndLengthsTogether) {
   EXPECT_THAT(bad.output, HasSubstr("--concurrency: 'x' is not a positive integer"));
 }
 
+// Sampled decode beside greedy: the demo's generation_config.json sets no sampling, so the
+// defaults (temperature 1) apply; the sampled tokens are seeded, so every round draws the same.
+TEST(CliBench, SampledDecodeBesideGreedy) {
+  TempDir dir;
+  const std::string out = dir.str("bench.json");
+  auto r = run_lilac("bench --model " + demo() +
+                     " --device cpu --lengths 32,48 --rounds 2 --decode 5 --json " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("sampled tok/s"));
+  EXPECT_THAT(r.output, HasSubstr("sampled decode: temperature 1.00"));
+  std::ifstream in(out);
+  nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_TRUE(j.contains("sampling"));
+  EXPECT_EQ(j["sampling"]["temperature"], 1.0);
+  EXPECT_THAT(j["sampling"]["source"].get<std::string>(), HasSubstr("generation_config.json"));
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    EXPECT_GT(row["sampled_decode_tok_s"].get<double>(), 0);
+    EXPECT_EQ(row["sampled_decode_s_rounds"].size(), 2u);
+    EXPECT_EQ(row["sampled_digest"].get<std::string>().size(), 16u);
+    EXPECT_NE(row["sampled_digest"], row["digest"]) << "sampled tokens differ from greedy ones";
+  }
+  EXPECT_GT(j["mean_sampled_decode_tok_s"].get<double>(), 0);
+
+  auto off =
+      run_lilac("bench --model " + demo() +
+                " --device cpu --lengths 32 --rounds 1 --decode 3 --sampling off --json " + out);
+  ASSERT_EQ(off.status, 0) << off.output;
+  std::ifstream in2(out);
+  nlohmann::json k = nlohmann::json::parse(in2);
+  EXPECT_FALSE(k.contains("sampling"));
+  EXPECT_FALSE(k["results"][0].contains("sampled_decode_tok_s"));
+  auto bad = run_lilac("bench --model " + demo() + " --device cpu --sampling maybe");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_THAT(bad.output, HasSubstr("--sampling maybe: default or off"));
+}
+
 TEST(CliServe, ParallelAndSyntheticRefusals) {
   auto r = run_lilac("serve --model " + demo() + " --device cpu --port 0 --parallel=-2");
   EXPECT_NE(r.status, 0);
