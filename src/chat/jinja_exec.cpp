@@ -60,6 +60,9 @@ void Evaluator::assign(const Target& t, const Value& v) {
   Value ns = lookup(t.names[0]);
   if (ns.kind() != Value::Kind::Namespace)
     fail("cannot assign attribute on non-namespace object '{}'", t.names[0]);
+  // Values are immutable but for namespace attributes, so this is the one way to make a cycle.
+  if (v.contains_namespace(ns))
+    fail("cannot assign '{}.{}': the value contains the namespace itself", t.names[0], t.attr);
   ns.dict_mut().set(Value(t.attr), v);
 }
 

@@ -121,6 +121,18 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
   return Rec::conv(j, 1);
 }
 
+bool Value::contains_namespace(const Value& ns) const {
+  if (kind_ == Kind::Namespace && dict_ == ns.dict_) return true;
+  if (is_list()) {
+    for (const Value& v : *list_)
+      if (v.contains_namespace(ns)) return true;
+  } else if (dict_) {
+    for (const auto& [k, v] : dict_->entries)
+      if (v.contains_namespace(ns)) return true;
+  }
+  return false;
+}
+
 bool Value::same_object(const Value& o) const {
   if (kind_ != o.kind_) return false;
   switch (kind_) {

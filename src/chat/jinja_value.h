@@ -91,6 +91,10 @@ class Value {
   Dict& dict_mut() const { return *dict_; }
   const Function& function() const { return *fn_; }
   bool same_object(const Value& o) const;  // Python `is`
+  // Whether `ns` (a Namespace) is this value or inside it (through lists, dicts and namespaces).
+  // Assigning such a value to an attribute of `ns` would make a cycle of shared pointers that is
+  // never freed, so the evaluator refuses it.
+  bool contains_namespace(const Value& ns) const;
   // How deeply containers nest inside this value (0 for scalars). Construction fails beyond
   // kMaxNesting, so printing, comparing and destroying values never recurse without bound.
   int nesting() const;
