@@ -272,6 +272,32 @@ void CudaBackend::begin_sampling(SequenceState& state, std::span<const int32_t> 
 
 StepResult CudaBackend::step(SequenceState& state, std::span<const int32_t> ids,
                              uint64_t sample_index) {
+  return step_impl(state, ids, sample_index, nullptr);
+}
+
+StepResult CudaBackend::step_constrained(SequenceState& state, std::span<const int32_t> ids,
+                                         uint64_t sample_index, TokenConstraint& constraint) {
+  return step_impl(state, ids, sample_index, &constraint);
+}
+
+// The mask of `constraint` applied to the logits of the step just launched (the host computes it
+// while the device works; the copy from pinned memory does not wait for the device).
+void CudaBackend::launch_token_mask(TokenConstraint& constraint) {
+  const size_t words = (size_t(sampling_vocab()) + 31) / 32;
+  if (ws_->mask.size() < words) {
+    ws_->mask.resize(words);
+    ws_->mask_host = std::make_unique<PinnedWords>(words);
+  }
+  std::span<uint32_t> host(ws_->mask_host->data(), words);
+  std::fill(host.begin(), host.end(), 0u);
+  constraint.allowed_tokens(host);
+  LILAC_CUDA_CHECK(
+      cudaMemcpyAsync(ws_->mask.get(), host.data(), words * 4, cudaMemcpyHostToDevice, stream_));
+  mask_logits(ws_->logits.get(), sampling_vocab(), ws_->mask.get(), stream_);
+}
+
+StepResult CudaBackend::step_impl(SequenceState& state, std::span<const int32_t> ids,
+                                  uint64_t sample_index, TokenConstraint* constraint) {
   auto& st = static_cast<CudaSequenceState&>(state);
   const ModelConfig& c = model_->config;
   const int64_t T = int64_t(ids.size());
@@ -290,7 +316,13 @@ StepResult CudaBackend::step(SequenceState& state, std::span<const int32_t> ids,
     if (ids[0] != st.token_on_device)
       LILAC_CUDA_CHECK(
           cudaMemcpyAsync(st.d_token(), ids.data(), 4, cudaMemcpyHostToDevice, stream_));
-    run_decode(st, /*sample=*/true);
+    if (constraint) {  // the step without its sampler, then the mask, then the sampler
+      run_decode(st, /*sample=*/false);
+      launch_token_mask(*constraint);
+      sample_launches(st, nullptr);
+    } else {
+      run_decode(st, /*sample=*/true);
+    }
     st.set_position(st.position() + 1);
   } else {
     const int64_t chunk = ws_->max_T;
@@ -305,6 +337,7 @@ StepResult CudaBackend::step(SequenceState& state, std::span<const int32_t> ids,
                  c.rms_eps, stream_);
         proj_gemv(model_->lm_head, model_->q.lm_head, int(c.vocab), H, ws_->x.get(),
                   ws_->logits.get(), GemvOut::Store, stream_);
+        if (constraint) launch_token_mask(*constraint);
         sample_launches(st, nullptr);
       }
     }
@@ -409,7 +442,8 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
     auto seq = new_sequence(T + 1);
     auto& st = static_cast<CudaSequenceState&>(*seq);
     std::vector<int32_t> ids(static_cast<size_t>(T));
-    for (int i = 0; i < T; ++i) ids[size_t(i)] = int32_t((1 + int64_t(i) * 7919) % sampling_vocab());
+    for (int i = 0; i < T; ++i)
+      ids[size_t(i)] = int32_t((1 + int64_t(i) * 7919) % sampling_vocab());
     prefill_chunk(st, ids.data(), T, nullptr, false, nullptr);  // warm-up
     auto seq2 = new_sequence(T + 1);
     Timer t(stream_);

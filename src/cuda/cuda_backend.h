@@ -57,6 +57,11 @@ class CudaBackend : public Backend {
                       const SamplingParams& params) override;
   StepResult step(SequenceState& state, std::span<const int32_t> ids,
                   uint64_t sample_index) override;
+  // step() with the grammar's mask: the step is launched without its sampler, the mask computed
+  // on the host while the device runs it, then uploaded (pinned, async), applied to the logits
+  // (cuda::mask_logits) and the device sampler run: one host synchronisation, as in step().
+  StepResult step_constrained(SequenceState& state, std::span<const int32_t> ids,
+                              uint64_t sample_index, TokenConstraint& constraint) override;
   // Decode items (one id, sampling, no constraint) of distinct sequences run as batched passes of
   // up to kMaxBatchRows rows (one graph replay per pass, per batch size); other items (prompt
   // pieces, constrained items) run first, one by one, through forward() / step().
@@ -100,6 +105,10 @@ class CudaBackend : public Backend {
                      bool all_logits, Timer* timer);
   void decode_launches(CudaSequenceState& st, bool sample, Timer* timer);
   void run_decode(CudaSequenceState& st, bool sample);
+  // step() and step_constrained() (constraint null: no mask).
+  StepResult step_impl(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index,
+                       TokenConstraint* constraint);
+  void launch_token_mask(TokenConstraint& constraint);
   void layer_prefill(CudaSequenceState& st, int64_t layer, int T, int pos0, Timer* timer);
   void layer_decode(CudaSequenceState& st, int64_t layer, Timer* timer);
   void sample_launches(CudaSequenceState& st, Timer* timer);

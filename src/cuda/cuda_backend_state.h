@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -23,12 +24,30 @@
 #include "cuda/q4_linear.h"
 #include "cuda/q4_moe.h"
 #include "cuda/sampling.h"
+#include "cuda/token_mask.h"
 #include "util/error.h"
 #include "util/half.h"
 
 namespace lilac::cuda {
 
 // ---- workspace and per-sequence state -------------------------------------------------------
+
+// Page-locked host words (cudaMallocHost): a copy from them to the device is asynchronous.
+class PinnedWords {
+ public:
+  explicit PinnedWords(size_t n) {
+    void* p = nullptr;
+    LILAC_CUDA_CHECK(cudaMallocHost(&p, n * sizeof(uint32_t)));
+    data_ = static_cast<uint32_t*>(p);
+  }
+  ~PinnedWords() { cudaFreeHost(data_); }
+  PinnedWords(const PinnedWords&) = delete;
+  PinnedWords& operator=(const PinnedWords&) = delete;
+  uint32_t* data() const { return data_; }
+
+ private:
+  uint32_t* data_ = nullptr;
+};
 
 // Activation buffers shared by every sequence of this backend (one stream: launches never
 // overlap). Sized for `max_T` tokens per prefill chunk; decode uses row 0.
@@ -57,6 +76,9 @@ struct Workspace {
       router_ws;  // moe_router's counter (zeroed once, kept at zero by the kernel)
   DeviceBuffer<uint8_t> sample_ws;  // sample() workspace
   DeviceBuffer<uint8_t> argmax_ws;  // argmax() workspace (zeroed once; launches leave it zeroed)
+  // Structured output (step_constrained): the token mask, (sampling vocab + 31) / 32 words.
+  DeviceBuffer<uint32_t> mask;
+  std::unique_ptr<PinnedWords> mask_host;
 };
 
 // The batched decode pass's own buffers (cuda_backend_batch.cpp; allocated at the first

@@ -3,6 +3,8 @@
 #include <limits>
 #include <vector>
 
+#include "util/error.h"
+
 namespace lilac {
 
 void Backend::begin_sampling(SequenceState& state, std::span<const int32_t> prompt,
@@ -39,10 +41,15 @@ StepResult Backend::step_constrained(SequenceState& state, std::span<const int32
   const int32_t n = sampling_vocab();
   std::vector<uint32_t> allowed((size_t(n) + 31) / 32, 0u);
   constraint.allowed_tokens(allowed);
-  for (int32_t t = 0; t < n; ++t)
-    if (!(allowed[size_t(t) / 32] >> (t % 32) & 1u))
-      logits[size_t(t)] = -std::numeric_limits<float>::infinity();
+  mask_disallowed_logits(std::span(logits).first(size_t(n)), allowed);
   return sample_host(state, logits.data(), n, sample_index);
+}
+
+void mask_disallowed_logits(std::span<float> logits, std::span<const uint32_t> allowed) {
+  if (allowed.size() * 32 < logits.size())
+    fail("token mask: {} words for {} logits", allowed.size(), logits.size());
+  for (size_t t = 0; t < logits.size(); ++t)
+    if (!(allowed[t / 32] >> (t % 32) & 1u)) logits[t] = -std::numeric_limits<float>::infinity();
 }
 
 std::vector<StepResult> Backend::step_batch(std::span<const BatchItem> items) {

@@ -54,6 +54,10 @@ class TokenConstraint {
   virtual void accept(int32_t token) = 0;
 };
 
+// logits[t] = -inf for every t < logits.size() whose bit in `allowed` is clear (the mask's
+// meaning; the CPU reference of cuda::mask_logits).
+void mask_disallowed_logits(std::span<float> logits, std::span<const uint32_t> allowed);
+
 // One sequence's share of a batched step (Backend::step_batch): its state, the ids it consumes
 // (the previous sampled token when decoding, or a piece of its prompt), and whether to sample.
 struct BatchItem {
@@ -98,10 +102,11 @@ class Backend {
   // stated tolerance). The base implementation runs the items one by one (forward() / step());
   // the CUDA backend runs decode items as one batched pass.
   virtual std::vector<StepResult> step_batch(std::span<const BatchItem> items);
-  // step() with a constraint: forward() for the logits, the disallowed tokens set to -inf, then
-  // the host sampler (the reference; any backend can run it).
-  StepResult step_constrained(SequenceState& state, std::span<const int32_t> ids,
-                              uint64_t sample_index, TokenConstraint& constraint);
+  // step() with a constraint: the logits, the disallowed tokens set to -inf, then the sampler.
+  // The base implementation runs forward() and the host sampler (the reference); the CUDA
+  // backend computes the mask on the host while the device runs the step and samples there.
+  virtual StepResult step_constrained(SequenceState& state, std::span<const int32_t> ids,
+                                      uint64_t sample_index, TokenConstraint& constraint);
   // The number of ids the sampler may choose from (the tokenizer's size; the model's vocab may
   // be padded). Defaults to the model's vocab.
   void set_sampling_vocab(int32_t n) { sampling_vocab_ = n; }
