@@ -44,7 +44,7 @@ class StrideConstraint : public TokenConstraint {
 
 void expect_device_matches_reference(const SamplingParams& p, const char* what) {
   auto model = load_model(data_path("tiny-a"));
-  auto backend = cuda::make_cuda_backend(*model);
+  auto backend = cuda::make_cuda_backend(model->config, model->weights, model->checkpoint->dir());
   const int32_t V = backend->sampling_vocab();
   auto dev_seq = backend->new_sequence(64);
   auto ref_seq = backend->new_sequence(64);
