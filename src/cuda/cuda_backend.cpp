@@ -50,6 +50,10 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* m = std::getenv("LILAC_BATCH_MIN")) o.batch_min_rows = std::max(1, std::atoi(m));
   if (const char* g = std::getenv("LILAC_BATCH_GROUPED_MOE"))
     o.batch_grouped_moe_min_rows = std::max(-1, std::atoi(g));
+  if (const char* m = std::getenv("LILAC_SMALL_MOE_MAX"))
+    o.small_moe_max_tokens = std::max(0, std::atoi(m));
+  if (const char* m = std::getenv("LILAC_SMALL_MOE_PREFILL_MAX"))
+    o.small_moe_prefill_max_tokens = std::max(0, std::atoi(m));
   return o;
 }
 

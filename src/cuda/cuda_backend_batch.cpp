@@ -135,16 +135,7 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer)
   if (grouped_moe) {  // as prefill: tokens grouped by expert, each touched expert read once
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
     timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
-    timed(timer, "moe_grouped_gate_up",
-          [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
-    timed(timer, "moe_grouped_down",
-          [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
-    timed(timer, "moe_shared_gate_up",
-          [&] { moe_shared_gate_up_prefill(L, w.x.get(), B, H, Is, w.shared_act.get(), s); });
-    timed(timer, "gemm.shared_down", [&] {
-      proj_gemm(w.shared_act.get(), B, Is, L.shared_down, L.q.shared_down, H, w.shared_out.get(),
-                GemmOut::StoreF32, s);
-    });
+    moe_experts(L, c, w, B, r, options_.small_moe_max_tokens, timer, s);
     timed(timer, "moe_combine", [&] {
       moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
     });
@@ -207,7 +198,8 @@ bool CudaBackend::batch_grouped_moe(int B) const {
   int min_grouped = options_.batch_grouped_moe_min_rows;
   if (min_grouped < 0) {  // the default: measured crossovers (docs/performance.md)
     const bool q4_experts = !model_->layers.empty() && model_->layers[0].q.gate_up;
-    min_grouped = q4_experts ? 0 : 16;
+    const DeviceLayer& L0 = model_->layers[0];
+    min_grouped = !q4_experts ? 16 : small_moe(L0, B, options_.small_moe_max_tokens) ? 32 : 0;
   }
   return min_grouped > 0 && B >= min_grouped;
 }

@@ -83,8 +83,7 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
     });
   }
   if (trace_) trace_delta(tp + "mixer_out");
-  const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
-  const int Is = int(c.shared_intermediate);
+  const int E = int(c.experts), k = int(c.experts_per_token);
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), T, H, eps, s); });
   timed(timer, "gemm.router", [&] {
     proj_gemm(w.x.get(), T, H, L.router, L.q.router, E + 1, w.router.get(), GemmOut::StoreF32, s);
@@ -100,16 +99,7 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
       std::copy_n(&logits[size_t(t) * size_t(E + 1)], E, &router[size_t(t) * size_t(E)]);
     trace_(tp + "moe.router_logits", router.data(), {T, E});
   }
-  timed(timer, "moe_grouped_gate_up",
-        [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
-  timed(timer, "moe_grouped_down",
-        [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
-  timed(timer, "moe_shared_gate_up",
-        [&] { moe_shared_gate_up_prefill(L, w.x.get(), T, H, Is, w.shared_act.get(), s); });
-  timed(timer, "gemm.shared_down", [&] {
-    proj_gemm(w.shared_act.get(), T, Is, L.shared_down, L.q.shared_down, H, w.shared_out.get(),
-              GemmOut::StoreF32, s);
-  });
+  moe_experts(L, c, w, T, r, options_.small_moe_prefill_max_tokens, timer, s);
   timed(timer, "moe_combine", [&] {
     moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
   });

@@ -284,6 +284,44 @@ inline void moe_shared_gate_up_prefill(const DeviceLayer& L, const bf16* x, int 
     moe_shared_gate_up(x, T, H, L.shared_gate_up, Is, act, s);
 }
 
+// The small-M MoE kernels (q4_moe_small.cu) take a grouped pass of T tokens: 4/8-bit experts
+// and shared expert, T <= the options' bound.
+inline bool small_moe(const DeviceLayer& L, int T, int max_tokens) {
+  return max_tokens > 0 && T <= max_tokens &&
+         q_moe_small_supported(L.q.gate_up, L.q.down, L.q.shared_gate_up, L.q.shared_down);
+}
+
+// The experts of a grouped MoE pass over T tokens routed in r: act and y in sorted rows, the
+// shared expert's shared_act and shared_out (w's buffers). The small-M kernels when they take the
+// pass (two launches), else the 128-token-tile grouped kernels, the shared gate_up and a GEMM for
+// the shared down projection.
+inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w, int T,
+                        const MoeRouting& r, int small_max_tokens, CudaBackend::Timer* timer,
+                        cudaStream_t s) {
+  const int H = int(c.hidden), I = int(c.expert_intermediate), Is = int(c.shared_intermediate);
+  if (small_moe(L, T, small_max_tokens)) {
+    timed(timer, "moe_small_gate_up", [&] {
+      q_moe_small_gate_up(w.x.get(), T, H, L.q.gate_up, I, L.q.shared_gate_up, Is, r, w.act.get(),
+                          w.shared_act.get(), s);
+    });
+    timed(timer, "moe_small_down", [&] {
+      q_moe_small_down(w.act.get(), I, w.shared_act.get(), Is, L.q.down, L.q.shared_down, H, r,
+                       w.y.get(), w.shared_out.get(), s);
+    });
+    return;
+  }
+  timed(timer, "moe_grouped_gate_up",
+        [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
+  timed(timer, "moe_grouped_down",
+        [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
+  timed(timer, "moe_shared_gate_up",
+        [&] { moe_shared_gate_up_prefill(L, w.x.get(), T, H, Is, w.shared_act.get(), s); });
+  timed(timer, "gemm.shared_down", [&] {
+    proj_gemm(w.shared_act.get(), T, Is, L.shared_down, L.q.shared_down, H, w.shared_out.get(),
+              GemmOut::StoreF32, s);
+  });
+}
+
 // Greedy without penalties or logprobs: the token is an argmax, one launch.
 inline bool argmax_only(const SequenceState& st) {
   return st.sampling.greedy() && !st.penalties_active && !st.sampling.logprobs &&
