@@ -46,7 +46,8 @@ struct Planned {
   std::vector<const Matrix*> parts;
   const std::vector<float>* vec = nullptr;
   const void** target = nullptr;
-  size_t offset = 0;  // in the arena
+  int64_t layer = -1;  // the layer it belongs to; -1: embed, lm_head, final norm
+  size_t offset = 0;   // in the arena
   // Matrices only:
   int64_t rows = 0, cols = 0;
   int64_t rows_per_stack = 0;  // stacked experts: rows of one expert (a multiple of 16 when
@@ -166,6 +167,7 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
     DeviceLayer& L = dm.layers[size_t(i)];
     const LayerWeights* lw = w ? &w->layers[size_t(i)] : nullptr;
     L.type = c.layer_types[size_t(i)];
+    const size_t first = p.size();
     std::string s = "layers." + std::to_string(i) + ".";
     vec(s + "input_norm", R::InputNorm, 1.f, 0.1f, &L.input_norm,
         lw ? &lw->input_norm_scale : nullptr);
@@ -211,6 +213,7 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
           : std::vector<const Matrix*>{});
     mat(s + "shared_down", {R::SharedDown}, &L.shared_down,
         m ? std::vector<const Matrix*>{&m->shared_down} : std::vector<const Matrix*>{});
+    for (size_t j = first; j < p.size(); ++j) p[j].layer = i;
   }
   size_t offset = 0;
   auto take = [&](size_t bytes) {
@@ -480,7 +483,6 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
   }
   shape_only.arena = nullptr;
   const ModelConfig& c = hm->config;
-  const int64_t H = c.hidden;
   auto view = [&](const std::string& name, int64_t row0, int64_t rows, int64_t cols) {
     auto it = qm.find(name);
     if (it == qm.end())
@@ -494,46 +496,33 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
     m.biases = q.biases + size_t(row0 * G);
     return m;
   };
+  // Each planned tensor's parts, in row order (an expert stack: the parts of expert 0, then of
+  // expert 1, ...), viewed into the fields of ModelWeights their table entries name.
   ModelWeights& w = hm->weights;
-  w.embed = view("embed", 0, c.vocab, H);
-  w.lm_head = view("lm_head", 0, c.vocab, H);
-  w.final_norm_scale = f32.at("final_norm");
+  w.layers.resize(size_t(layers));
   for (int64_t i = 0; i < layers; ++i) {
-    std::string s = "layers." + std::to_string(i) + ".";
-    LayerWeights L;
-    L.type = c.layer_types[size_t(i)];
-    L.input_norm_scale = f32.at(s + "input_norm");
-    L.post_attention_norm_scale = f32.at(s + "post_norm");
-    if (L.type == LayerType::GatedDeltaNet) {
-      const int64_t C = c.gdn_conv_channels(), Hv = c.gdn_value_heads, Vd = c.gdn_v_channels();
-      L.gdn.in_proj_qkv = view(s + "in_proj", 0, C, H);
-      L.gdn.in_proj_z = view(s + "in_proj", C, Vd, H);
-      L.gdn.in_proj_b = view(s + "in_proj", C + Vd, Hv, H);
-      L.gdn.in_proj_a = view(s + "in_proj", C + Vd + Hv, Hv, H);
-      L.gdn.out_proj = view(s + "out_proj", 0, H, Vd);
-      L.gdn.conv = f32.at(s + "conv");
-      L.gdn.neg_exp_A = f32.at(s + "neg_exp_A");
-      L.gdn.dt_bias = f32.at(s + "dt_bias");
-      L.gdn.norm_scale = f32.at(s + "gdn_norm");
-    } else {
-      L.attn.q_proj = view(s + "qkv_proj", 0, c.q_proj_rows(), H);
-      L.attn.k_proj = view(s + "qkv_proj", c.q_proj_rows(), c.kv_dim(), H);
-      L.attn.v_proj = view(s + "qkv_proj", c.q_proj_rows() + c.kv_dim(), c.kv_dim(), H);
-      L.attn.o_proj = view(s + "o_proj", 0, H, c.heads * c.head_dim);
-      L.attn.q_norm_scale = f32.at(s + "q_norm");
-      L.attn.k_norm_scale = f32.at(s + "k_norm");
+    w.layers[size_t(i)].type = c.layer_types[size_t(i)];
+    w.layers[size_t(i)].moe.experts.resize(size_t(c.experts));
+  }
+  for (const auto& t : p) {
+    LayerWeights* L = t.layer >= 0 ? &w.layers[size_t(t.layer)] : nullptr;
+    if (!t.matrix) {
+      const WeightRole r = t.roles[0];
+      *(L ? layer_vector(*L, r) : model_vector(w, r)) = f32.at(t.name);
+      continue;
     }
-    const int64_t E = c.experts, I = c.expert_intermediate, Is = c.shared_intermediate;
-    L.moe.router = view(s + "router", 0, E, H);
-    L.moe.shared_expert_gate = view(s + "router", E, 1, H);
-    for (int64_t e = 0; e < E; ++e)
-      L.moe.experts.push_back({view(s + "gate_up", e * 2 * I, I, H),
-                               view(s + "gate_up", e * 2 * I + I, I, H),
-                               view(s + "down", e * H, H, I)});
-    L.moe.shared_gate = view(s + "shared_gate_up", 0, Is, H);
-    L.moe.shared_up = view(s + "shared_gate_up", Is, Is, H);
-    L.moe.shared_down = view(s + "shared_down", 0, H, Is);
-    w.layers.push_back(std::move(L));
+    const int64_t stacks = t.rows_per_stack ? t.rows / t.rows_per_stack : 1;
+    int64_t row0 = 0;
+    for (int64_t e = 0; e < stacks; ++e)
+      for (WeightRole r : t.roles) {
+        const std::vector<int64_t> shape = weight_entry(r).shape(c);
+        Matrix* dst = weight_entry(r).scope == WeightScope::Expert
+                          ? expert_matrix(L->moe.experts[size_t(e)], r)
+                      : L ? layer_matrix(*L, r)
+                          : model_matrix(w, r);
+        *dst = view(t.name, row0, shape[0], shape[1]);
+        row0 += shape[0];
+      }
   }
   return hm;
 }
