@@ -122,9 +122,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const uint32_t* const sb[1] = {W.sb + size_t(tile) * G * kQSbWords};
   const qtile::TokenRows rows{nullptr, seg.row0, seg.count};
   float acc[1][kChunks][4] = {};
-  for (int set = 0; set * 8 < G; ++set)
-    qtile::q_set_dot_tokens<BITS, 1, kChunks>(codes, sb, G, set, shared ? shared_act : act, K, rows,
-                                              acc);
+  for (int set = 0; set * kDownSet < G; ++set)
+    qtile::q_set_dot_tokens<BITS, 1, kChunks, kDownSet>(codes, sb, G, set,
+                                                        shared ? shared_act : act, K, rows, acc);
   float* out = shared ? shared_out : y;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
