@@ -13,11 +13,14 @@
 // ~100 / 221 / 256 touched experts at 16 / 64 rows / 256 prompt tokens (uniform router).
 //
 // Grid: x = expert (E routed + 1: the shared expert as expert E, every token, dense rows),
-// y = 4 output tiles per block (one per warp), z = pass of 32 tokens (kChunks chunks of 8; the
-// grid is sized for T tokens per expert, the bound, and blocks past an expert's tokens exit at
-// once, so the host needs no counts). gate_up: the warp holds the gate tile p and the up tile
-// P + p of its expert (x loaded once for both) and writes act = bf16(silu(g) u) directly; down:
-// one 16-row tile of down_e per warp against the expert's act rows (contiguous sorted rows).
+// y = 4 output tiles per block (one per warp), z = pass of 8 tokens (one MMA n-chunk; the grid is
+// sized for T tokens per expert, the bound, and blocks past an expert's tokens exit at once, so
+// the host needs no counts). A block first copies its pass's token rows into shared memory
+// (cp.async, gathered through sorted_token), so a warp's registers hold only its weights and the
+// B fragments come from shared memory: more warps per SM, and no L2 round trip per group.
+// gate_up: the warp holds the gate tile p and the up tile P + p of its expert and writes
+// act = bf16(silu(g) u) directly; down: one 16-row tile of down_e per warp against the expert's
+// act rows (contiguous sorted rows).
 #include <algorithm>
 
 #include "cuda/common.cuh"
@@ -30,14 +33,12 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kChunks = 4;                // token chunks of 8 per pass
-constexpr int kPassTokens = 8 * kChunks;  // 32
-// Groups per set: the registers a set holds (its codes, scales and a chunk's x) bound the warps
-// an SM keeps in flight. Run 3 (docs/kernels.md): the down kernel with sets of 8 (~150
-// registers, 3 blocks per SM) moved 1.3 TB/s.
-constexpr int kGateUpSet = 4;  // two tiles per warp
-constexpr int kDownSet = 4;
-constexpr int kMinBlocks = 4;  // per SM: at most 128 registers per thread
+constexpr int kPassTokens = 8;  // one MMA n-chunk of tokens per pass (x staged in shared memory)
+constexpr int kXPad = 8;        // bf16 per staged x row past K: rows 4 banks apart (no conflicts)
+// Groups per set: the registers a set holds (its codes and scales) bound the warps an SM keeps
+// in flight; the x of the pass is in shared memory, not in registers.
+constexpr int kGateUpSet = 4;  // two tiles per warp: 2 x 4 x 16-byte code loads per lane
+constexpr int kDownSet = 8;    // one tile, K = 512: the whole row tile in one set
 
 struct Segment {
   int row0, count;  // the pass's first sorted row (or token) and its tokens (<= kPassTokens)
@@ -60,16 +61,114 @@ __device__ __forceinline__ bool segment(const int32_t* __restrict__ offsets, int
   return true;
 }
 
+// Copies the pass's token rows (K bf16 each; row r is x row ids[row0 + r], or row0 + r) into xs
+// [count, K + kXPad] with 16-byte asynchronous copies by the whole block, then waits for them.
+__device__ __forceinline__ void stage_x(const bf16* __restrict__ x, int K,
+                                        const int32_t* __restrict__ ids, const Segment& seg,
+                                        bf16* xs) {
+  const int pieces = K / 8;  // 16-byte pieces per row
+  for (int i = threadIdx.x; i < seg.count * pieces; i += kThreads) {
+    const int r = i / pieces, v = i - r * pieces;
+    const int src = ids ? ids[seg.row0 + r] : seg.row0 + r;
+    cp_async16(xs + size_t(r) * (K + kXPad) + v * 8, x + size_t(src) * size_t(K) + v * 8);
+  }
+  cp_async_wait_all();
+  __syncthreads();
+}
+
+// Adds to y[nt][0..3] (rows g, g + 8 of tile nt x tokens 2t, 2t + 1) the dot products over the
+// groups [GS set, GS set + GS) ∩ [0, G), as q4_tile.cuh's q_set_dot_tokens, with the tokens'
+// x in shared memory (xs: rows of `stride` 32-bit words; rows >= count read as zeros).
+template <int BITS, int NT, int GS>
+__device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT],
+                                               const uint32_t* const (&sb)[NT], int G, int set,
+                                               const uint32_t* xs, int stride, int count,
+                                               float (&y)[NT][4]) {
+  using namespace qtile;
+  constexpr int P = BITS / 4;
+  constexpr float kOffset = P == 1 ? 128.f : 2176.f;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int grp0 = set * GS;
+  const int ng = min(GS, G - grp0);
+  uint4 cw[NT][GS][P];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int m = 0; m < GS; ++m)
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        cw[nt][m][p] =
+            m < ng ? ld_w16(codes[nt] + (size_t(grp0 + (m < ng ? m : 0)) * P + p) * kQBlockWords +
+                            lane * 4)
+                   : make_uint4(0, 0, 0, 0);
+  uint2 sbv[NT][GS];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int m = 0; m < GS; ++m)
+      sbv[nt][m] = m < ng ? ld_ro8(sb[nt] + size_t(grp0 + (m < ng ? m : 0)) * kQSbWords + 2 * g)
+                          : make_uint2(0, 0);
+  const bool has = g < count;
+  const uint32_t* xr = xs + g * stride + grp0 * 32;
+  const uint32_t ones[4] = {kBf16x2One, kBf16x2One, kBf16x2One, kBf16x2One};
+#pragma unroll
+  for (int m = 0; m < GS; ++m) {
+    if (m >= ng) continue;  // warp-uniform
+    uint32_t X[4][2];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      X[kb][0] = has ? xr[m * 32 + 8 * kb + t] : 0u;
+      X[kb][1] = has ? xr[m * 32 + 8 * kb + t + 4] : 0u;
+    }
+    float sx[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) mma_bf16_16816(sx, ones, X[kb][0], X[kb][1]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float c[P][4];
+#pragma unroll
+      for (int p = 0; p < P; ++p) c[p][0] = c[p][1] = c[p][2] = c[p][3] = 0.f;
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+          const uint32_t w = word_of(cw[nt][m][p], kb);
+          const uint32_t a[4] = {magic128(w), magic128(w >> 4), magic128(w >> 8),
+                                 magic128(w >> 12)};
+          mma_bf16_16816(c[p], a, X[kb][0], X[kb][1]);
+        }
+      const float s0 = bf16_lo(sbv[nt][m].x), b0 = bf16_hi(sbv[nt][m].x);  // row g
+      const float s1 = bf16_lo(sbv[nt][m].y), b1 = bf16_hi(sbv[nt][m].y);  // row g + 8
+      const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float cc = P == 1 ? c[0][q] : fmaf(16.f, c[P - 1][q], c[0][q]);
+        const float sc = q < 2 ? s0 : s1, o = q < 2 ? o0 : o1;
+        y[nt][q] = fmaf(sc, cc, y[nt][q]);
+        y[nt][q] = fmaf(o, sx[q], y[nt][q]);
+      }
+    }
+  }
+}
+
+size_t staged_x_bytes(int K) {
+  return size_t(kPassTokens) * size_t(K + kXPad) * sizeof(bf16);
+}
+
 template <int BITS>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+__global__ void __launch_bounds__(kThreads)
     q_moe_small_gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
                                QMatrix shared_gate_up, int Is, const int32_t* __restrict__ offsets,
                                const int32_t* __restrict__ sorted_token, int E, int T,
                                bf16* __restrict__ act, bf16* __restrict__ shared_act) {
+  extern __shared__ __align__(16) unsigned char smem[];
   Segment seg;
-  if (!segment(offsets, E, T, seg)) return;
+  if (!segment(offsets, E, T, seg)) return;  // block-uniform
   const bool shared = int(blockIdx.x) == E;
-  const QMatrix& W = shared ? shared_gate_up : gate_up;
+  bf16* xs = reinterpret_cast<bf16*>(smem);
+  stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
+  const uint32_t* const wc = shared ? shared_gate_up.codes : gate_up.codes;
+  const uint32_t* const ws = shared ? shared_gate_up.sb : gate_up.sb;
   const int n = shared ? Is : I;  // outputs per token
   const int P = n / kQTileRows;   // output tiles
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -78,39 +177,40 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int G = H / kQGroup;
   constexpr int PL = BITS / 4;
   const int gate_tile = (shared ? 0 : int(blockIdx.x) * 2 * P) + p;
-  const uint32_t* const codes[2] = {W.codes + size_t(gate_tile) * G * PL * kQBlockWords,
-                                    W.codes + size_t(gate_tile + P) * G * PL * kQBlockWords};
-  const uint32_t* const sb[2] = {W.sb + size_t(gate_tile) * G * kQSbWords,
-                                 W.sb + size_t(gate_tile + P) * G * kQSbWords};
-  const qtile::TokenRows rows{shared ? nullptr : sorted_token, seg.row0, seg.count};
-  float y[2][kChunks][4] = {};
+  const uint32_t* const codes[2] = {wc + size_t(gate_tile) * G * PL * kQBlockWords,
+                                    wc + size_t(gate_tile + P) * G * PL * kQBlockWords};
+  const uint32_t* const sb[2] = {ws + size_t(gate_tile) * G * kQSbWords,
+                                 ws + size_t(gate_tile + P) * G * kQSbWords};
+  float y[2][4] = {};
   for (int set = 0; set * kGateUpSet < G; ++set)
-    qtile::q_set_dot_tokens<BITS, 2, kChunks, kGateUpSet>(codes, sb, G, set, x, H, rows, y);
+    set_dot_staged<BITS, 2, kGateUpSet>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
+                                        (H + kXPad) / 2, seg.count, y);
   bf16* out = shared ? shared_act : act;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int ch = 0; ch < kChunks; ++ch)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int tok = ch * 8 + 2 * t + (q & 1);
-      if (tok >= seg.count) continue;
-      const int i = p * kQTileRows + g + (q < 2 ? 0 : 8);
-      out[size_t(seg.row0 + tok) * size_t(n) + i] =
-          __float2bfloat16_rn(silu(y[0][ch][q]) * y[1][ch][q]);
-    }
+  for (int q = 0; q < 4; ++q) {
+    const int tok = 2 * t + (q & 1);
+    if (tok >= seg.count) continue;
+    const int i = p * kQTileRows + g + (q < 2 ? 0 : 8);
+    out[size_t(seg.row0 + tok) * size_t(n) + i] = __float2bfloat16_rn(silu(y[0][q]) * y[1][q]);
+  }
 }
 
 template <int BITS>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+__global__ void __launch_bounds__(kThreads)
     q_moe_small_down_kernel(const bf16* __restrict__ act, int I,
                             const bf16* __restrict__ shared_act, int Is, QMatrix down,
                             QMatrix shared_down, int H, const int32_t* __restrict__ offsets, int E,
                             int T, float* __restrict__ y, float* __restrict__ shared_out) {
+  extern __shared__ __align__(16) unsigned char smem[];
   Segment seg;
-  if (!segment(offsets, E, T, seg)) return;
+  if (!segment(offsets, E, T, seg)) return;  // block-uniform
   const bool shared = int(blockIdx.x) == E;
-  const QMatrix& W = shared ? shared_down : down;
   const int K = shared ? Is : I;
+  bf16* xs = reinterpret_cast<bf16*>(smem);
+  stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
+  const uint32_t* const wc = shared ? shared_down.codes : down.codes;
+  const uint32_t* const ws = shared ? shared_down.sb : down.sb;
   const int TH = H / kQTileRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int th = blockIdx.y * kWarps + warp;
@@ -118,24 +218,30 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int G = K / kQGroup;
   constexpr int PL = BITS / 4;
   const int tile = (shared ? 0 : int(blockIdx.x) * TH) + th;
-  const uint32_t* const codes[1] = {W.codes + size_t(tile) * G * PL * kQBlockWords};
-  const uint32_t* const sb[1] = {W.sb + size_t(tile) * G * kQSbWords};
-  const qtile::TokenRows rows{nullptr, seg.row0, seg.count};
-  float acc[1][kChunks][4] = {};
+  const uint32_t* const codes[1] = {wc + size_t(tile) * G * PL * kQBlockWords};
+  const uint32_t* const sb[1] = {ws + size_t(tile) * G * kQSbWords};
+  float acc[1][4] = {};
   for (int set = 0; set * kDownSet < G; ++set)
-    qtile::q_set_dot_tokens<BITS, 1, kChunks, kDownSet>(codes, sb, G, set,
-                                                        shared ? shared_act : act, K, rows, acc);
+    set_dot_staged<BITS, 1, kDownSet>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
+                                      (K + kXPad) / 2, seg.count, acc);
   float* out = shared ? shared_out : y;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int ch = 0; ch < kChunks; ++ch)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int tok = ch * 8 + 2 * t + (q & 1);
-      if (tok >= seg.count) continue;
-      const int c = th * kQTileRows + g + (q < 2 ? 0 : 8);
-      out[size_t(seg.row0 + tok) * size_t(H) + c] = acc[0][ch][q];
-    }
+  for (int q = 0; q < 4; ++q) {
+    const int tok = 2 * t + (q & 1);
+    if (tok >= seg.count) continue;
+    const int c = th * kQTileRows + g + (q < 2 ? 0 : 8);
+    out[size_t(seg.row0 + tok) * size_t(H) + c] = acc[0][q];
+  }
+}
+
+// Opts a kernel in to `bytes` of dynamic shared memory when past the default 48 KB.
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 227 * 1024) fail("cuda::q_moe_small: {} bytes of staged x", bytes);
+  if (bytes > 48 * 1024)
+    LILAC_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 void check_sizes(const char* what, const MoeRouting& r, int H, int I, int Is) {
@@ -173,14 +279,17 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   if (!x || !act || !shared_act) fail("cuda::q_moe_small_gate_up: null pointer");
   const dim3 grid(unsigned(r.E + 1), unsigned(ceil_div(std::max(I, Is) / kQTileRows, kWarps)),
                   unsigned(ceil_div(T, kPassTokens)));
+  const size_t smem = staged_x_bytes(H);
+  if (bits == 4) allow_smem(q_moe_small_gate_up_kernel<4>, smem);
+  if (bits == 8) allow_smem(q_moe_small_gate_up_kernel<8>, smem);
   if (bits == 4)
     q_moe_small_gate_up_kernel<4>
-        <<<grid, kThreads, 0, stream>>>(x, H, gate_up, I, shared_gate_up, Is, r.expert_offsets,
-                                        r.sorted_token, r.E, T, act, shared_act);
+        <<<grid, kThreads, smem, stream>>>(x, H, gate_up, I, shared_gate_up, Is, r.expert_offsets,
+                                           r.sorted_token, r.E, T, act, shared_act);
   else if (bits == 8)
     q_moe_small_gate_up_kernel<8>
-        <<<grid, kThreads, 0, stream>>>(x, H, gate_up, I, shared_gate_up, Is, r.expert_offsets,
-                                        r.sorted_token, r.E, T, act, shared_act);
+        <<<grid, kThreads, smem, stream>>>(x, H, gate_up, I, shared_gate_up, Is, r.expert_offsets,
+                                           r.sorted_token, r.E, T, act, shared_act);
   else
     fail("cuda::q_moe_small_gate_up: {} bits", bits);
   LILAC_CUDA_LAUNCHED();
@@ -196,11 +305,14 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   if (!act || !shared_act || !y || !shared_out) fail("cuda::q_moe_small_down: null pointer");
   const dim3 grid(unsigned(r.E + 1), unsigned(ceil_div(H / kQTileRows, kWarps)),
                   unsigned(ceil_div(r.T, kPassTokens)));
+  const size_t smem = staged_x_bytes(std::max(I, Is));
+  if (bits == 4) allow_smem(q_moe_small_down_kernel<4>, smem);
+  if (bits == 8) allow_smem(q_moe_small_down_kernel<8>, smem);
   if (bits == 4)
-    q_moe_small_down_kernel<4><<<grid, kThreads, 0, stream>>>(
+    q_moe_small_down_kernel<4><<<grid, kThreads, smem, stream>>>(
         act, I, shared_act, Is, down, shared_down, H, r.expert_offsets, r.E, r.T, y, shared_out);
   else if (bits == 8)
-    q_moe_small_down_kernel<8><<<grid, kThreads, 0, stream>>>(
+    q_moe_small_down_kernel<8><<<grid, kThreads, smem, stream>>>(
         act, I, shared_act, Is, down, shared_down, H, r.expert_offsets, r.E, r.T, y, shared_out);
   else
     fail("cuda::q_moe_small_down: {} bits", bits);

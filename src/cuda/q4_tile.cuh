@@ -179,7 +179,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 // ---- small M: one set of GS groups of NT row tiles against up to 8 NCH token rows
 // -----------------
 //
-// The tokens take the MMA's n dimension (q_gemv_rows, the small-M MoE kernels): for group m of
+// The tokens take the MMA's n dimension (q_gemv_rows; q4_moe_small.cu has a variant with x in
+// shared memory): for group m of
 // the set, A = the tile's codes as (128 + q), B = 8 tokens' x of that group (column n = token n),
 // so C[row][token] is the group's partial dot and lane (g, t) owns rows g, g + 8 x tokens 2t,
 // 2t + 1 of every chunk. The offset is removed per (row, group) in f32 with the tokens' group sums
