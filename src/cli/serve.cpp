@@ -160,6 +160,7 @@ int run_serve(const ServeOptions& o) {
   if (o.synthetic) {
     const std::string weights = synthetic_weights(parse_weights(o.weights));
     lo.weights = weights;
+    Log::info(std::string("synthetic model router: ") + synthetic_router_name(router));
     lm = load_synthetic_for_serving(lo, o.tokenizer, [&] {
       return open_synthetic_backend(o.device == "auto" ? "cuda" : o.device, weights, o.seed,
                                     router);

@@ -8,10 +8,10 @@
 //   w_r = (r + 1)^-kZipfRowExponent / rms_r((r + 1)^-kZipfRowExponent): the logit of expert e is
 //   w_rank(e) * z_e with z_e alike across experts, so high-ranked experts win the top-8 more
 //   often. The router has no bias and the hidden states of a random-weight model are
-//   (nearly) sign-symmetric (x and -x about equally likely), so a linear router can put no expert in more than
-//   half of the tokens' top-8; scaling rows is the knob that remains. Measured on the model's own
-//   hidden states (tests/model/synthetic_router_test.cpp, docs/benchmarking.md): the popularity
-//   of rank r falls roughly as (r + 1)^-0.9 (Zipf-like), flatter among the first ranks.
+//   (nearly) sign-symmetric (x and -x about equally likely), so a linear router can put no expert
+//   in more than half of the tokens' top-8; scaling rows is the knob that remains. Measured on the
+//   model's own hidden states (tests/model/synthetic_router_test.cpp, docs/benchmarking.md): the
+//   popularity of rank r falls roughly as (r + 1)^-0.9 (Zipf-like), flatter among the first ranks.
 // The shared expert's gate (the router tensor's last row) is never scaled.
 #pragma once
 

@@ -47,7 +47,7 @@ TEST(SyntheticRouterGpu, ZipfRouterMatchesTheHostTwinAndSkewsEveryLayer) {
       [&](const std::string& name, const float* d, const std::vector<int64_t>& shape) {
         for (int64_t i = 0; i < layers; ++i)
           if (name == "layer" + std::to_string(i) + ".moe.topk_ids")
-            ids[size_t(i)].assign(d, d + shape[0] * shape[1]);
+            ids[size_t(i)].insert(ids[size_t(i)].end(), d, d + shape[0] * shape[1]);  // per chunk
       });
   const int64_t T = 1024;
   std::vector<int32_t> prompt(static_cast<size_t>(T));
