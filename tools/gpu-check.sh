@@ -9,7 +9,8 @@
 #   bench-q4-zipf-short
 #               bench-q4-short with the skewed (zipf) synthetic router, JSON to bench-q4-zipf.json
 #   ab          decode at 256 context under each A/B switch (LILAC_PDL=0, ...), bf16 and q4
-#   grammar     the grammar mask benchmark on this machine's CPU (structured output)
+#   grammar     structured output: the constrained decode cost (ConstrainedStep.DISABLED_DecodeCostQ4,
+#               4-bit, batch 1) and the grammar mask benchmark on this machine's CPU
 #   tokenizer   tokenizer throughput: lilac's Google Benchmark and HF tokenizers, same file
 #   batch       the batched decode step: its GPU tests, then its bench (BatchBench.*, disabled in
 #               the plain test run: B = 1..64 at 1024 context, BF16 and 4-bit, per-kernel split)
@@ -104,6 +105,8 @@ for s in $steps; do
     serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;
     serve-bf16) serve_bench bf16 "${SERVE_CONCURRENCY:-16}" ;;
     grammar)
+      run constrained-cost 120 "$B/lilac_cuda_tests" --gtest_also_run_disabled_tests \
+        --gtest_filter='ConstrainedStep.DISABLED_DecodeCostQ4'
       run grammar-mask 120 "$B/grammar_mask_bench" 10 120 ;;
     tokenizer)
       run tokenizer-lilac 60 "$B/tokenizer_bench" --benchmark_min_time=1

@@ -50,6 +50,10 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* m = std::getenv("LILAC_BATCH_MIN")) o.batch_min_rows = std::max(1, std::atoi(m));
   if (const char* g = std::getenv("LILAC_BATCH_GROUPED_MOE"))
     o.batch_grouped_moe_min_rows = std::max(-1, std::atoi(g));
+  if (const char* m = std::getenv("LILAC_SMALL_MOE_MAX"))
+    o.small_moe_max_tokens = std::max(0, std::atoi(m));
+  if (const char* m = std::getenv("LILAC_SMALL_MOE_PREFILL_MAX"))
+    o.small_moe_prefill_max_tokens = std::max(0, std::atoi(m));
   return o;
 }
 
@@ -335,8 +339,8 @@ StepResult CudaBackend::step_impl(SequenceState& state, std::span<const int32_t>
         const int H = int(c.hidden);
         rms_norm(ws_->h.get() + size_t(n - 1) * size_t(H), model_->final_norm, ws_->x.get(), 1, H,
                  c.rms_eps, stream_);
-        proj_gemv(model_->lm_head, model_->q.lm_head, int(c.vocab), H, ws_->x.get(),
-                  ws_->logits.get(), GemvOut::Store, stream_);
+        proj_gemv(model_->lm_head, int(c.vocab), H, ws_->x.get(), ws_->logits.get(), GemvOut::Store,
+                  stream_);
         if (constraint) launch_token_mask(*constraint);
         sample_launches(st, nullptr);
       }

@@ -35,15 +35,15 @@ constexpr int kSortedMoeMinRows = 32;
 // dimension: 4-bit weights through q_gemv_rows, BF16 through gemv_rows up to 32 rows and for the
 // layers' matrices; the GEMM for the lm_head (its tiles fill the GPU at any M) and from 33 rows
 // (gemv_rows' per-chunk MMAs then cost more than the GEMM's tiles: run 6, docs/performance.md).
-void rows_proj(const bf16* x, int B, int K, const bf16* w, const QMatrix& q, int N, float* y,
-               bool accumulate, cudaStream_t s) {
+void rows_proj(const bf16* x, int B, int K, const DeviceMatrix& w, int N, float* y, bool accumulate,
+               cudaStream_t s) {
   const GemvOut mode = accumulate ? GemvOut::Accumulate : GemvOut::Store;
-  if (q)
-    q_gemv_rows(q, x, B, y, mode, s);
+  if (w.affine())
+    q_gemv_rows(w.q, x, B, y, mode, s);
   else if (K % 64 == 0 && B <= 32 && N <= 65536)
-    gemv_rows(w, N, K, x, B, y, mode, s);
+    gemv_rows(w.dense, N, K, x, B, y, mode, s);
   else
-    gemm(x, B, K, w, N, y, accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32, s);
+    gemm(x, B, K, w.dense, N, y, accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32, s);
 }
 
 // Device addresses of the descriptor's parts (no dereference of the device pointer).
@@ -100,51 +100,38 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer)
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), B, H, eps, s); });
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    timed(timer, "proj.gdn_in_proj", [&] {
-      rows_proj(w.x.get(), B, H, L.in_proj, L.q.in_proj, cols, w.proj.get(), false, s);
-    });
+    timed(timer, "proj.gdn_in_proj",
+          [&] { rows_proj(w.x.get(), B, H, L.in_proj, cols, w.proj.get(), false, s); });
     timed(timer, "gdn_decode_batch", [&] {
       gdn_decode_batch(w.proj.get(), B, rows, slot, L.conv, L.neg_exp_A, L.dt_bias, L.gdn_norm,
                        int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
                        int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.mix.get(), s);
     });
     timed(timer, "proj.gdn_out_proj", [&] {
-      rows_proj(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, L.q.out_proj, H, w.h.get(),
-                true, s);
+      rows_proj(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, H, w.h.get(), true, s);
     });
   } else {
     const int cols = int(c.q_proj_rows() + 2 * c.kv_dim());
-    timed(timer, "proj.attn_qkv", [&] {
-      rows_proj(w.x.get(), B, H, L.qkv_proj, L.q.qkv_proj, cols, w.proj.get(), false, s);
-    });
+    timed(timer, "proj.attn_qkv",
+          [&] { rows_proj(w.x.get(), B, H, L.qkv_proj, cols, w.proj.get(), false, s); });
     timed(timer, "attention_decode_batch", [&] {
       attention_decode_qkv_batch(w.proj.get(), B, rows, slot, L.q_norm, L.k_norm, model_->inv_freq,
                                  int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim),
                                  eps, bw.attn_partial.get(), w.mix.get(), s);
     });
     timed(timer, "proj.attn_o_proj", [&] {
-      rows_proj(w.mix.get(), B, int(c.heads * c.head_dim), L.o_proj, L.q.o_proj, H, w.h.get(), true,
-                s);
+      rows_proj(w.mix.get(), B, int(c.heads * c.head_dim), L.o_proj, H, w.h.get(), true, s);
     });
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), B, H, eps, s); });
   timed(timer, "proj.router",
-        [&] { rows_proj(w.x.get(), B, H, L.router, L.q.router, E + 1, w.router.get(), false, s); });
+        [&] { rows_proj(w.x.get(), B, H, L.router, E + 1, w.router.get(), false, s); });
   if (grouped_moe) {  // as prefill: tokens grouped by expert, each touched expert read once
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
     timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
-    timed(timer, "moe_grouped_gate_up",
-          [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
-    timed(timer, "moe_grouped_down",
-          [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
-    timed(timer, "moe_shared_gate_up",
-          [&] { moe_shared_gate_up_prefill(L, w.x.get(), B, H, Is, w.shared_act.get(), s); });
-    timed(timer, "gemm.shared_down", [&] {
-      proj_gemm(w.shared_act.get(), B, Is, L.shared_down, L.q.shared_down, H, w.shared_out.get(),
-                GemmOut::StoreF32, s);
-    });
+    moe_experts(L, c, w, B, r, options_.small_moe_max_tokens, timer, s);
     timed(timer, "moe_combine", [&] {
       moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
     });
@@ -153,7 +140,7 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer)
   timed(timer, "router_topk", [&] {
     router_topk(w.router.get(), E + 1, B, E, k, bw.topk_idx.get(), bw.topk_w.get(), s);
   });
-  if (L.q.gate_up) {
+  if (L.gate_up.affine()) {
     // From 32 rows on, the pairs in expert order (a shared expert's weights come from L2); below,
     // the sort costs more than the repeats it saves (run 3: docs/performance.md).
     const bool sorted = B >= kSortedMoeMinRows;
@@ -161,23 +148,23 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer)
       timed(timer, "moe_sort_pairs",
             [&] { moe_sort_pairs(bw.topk_idx.get(), B * k, bw.order.get(), s); });
     timed(timer, "moe_gate_up_rows", [&] {
-      q_moe_gate_up_gemv(L.q.gate_up, L.q.shared_gate_up, bw.topk_idx.get(), k, w.x.get(), H, I, Is,
+      q_moe_gate_up_gemv(L.gate_up.q, L.shared_gate_up.q, bw.topk_idx.get(), k, w.x.get(), H, I, Is,
                          bw.act.get(), s, B, sorted ? bw.order.get() : nullptr);
     });
   } else
     timed(timer, "moe_gate_up_rows", [&] {
-      moe_gate_up_gemv(L.gate_up, L.shared_gate_up, bw.topk_idx.get(), k, w.x.get(), H, I, Is,
-                       bw.act.get(), s, B);
+      moe_gate_up_gemv(L.gate_up.dense, L.shared_gate_up.dense, bw.topk_idx.get(), k, w.x.get(), H,
+                       I, Is, bw.act.get(), s, B);
     });
-  if (L.q.down)
+  if (L.down.affine())
     timed(timer, "moe_down_rows", [&] {
-      q_moe_down_gemv(L.q.down, L.q.shared_down, bw.topk_idx.get(), bw.topk_w.get(),
+      q_moe_down_gemv(L.down.q, L.shared_down.q, bw.topk_idx.get(), bw.topk_w.get(),
                       w.router.get() + E, bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
     });
   else
     timed(timer, "moe_down_rows", [&] {
-      moe_down_gemv(L.down, L.shared_down, bw.topk_idx.get(), bw.topk_w.get(), w.router.get() + E,
-                    bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
+      moe_down_gemv(L.down.dense, L.shared_down.dense, bw.topk_idx.get(), bw.topk_w.get(),
+                    w.router.get() + E, bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
     });
 }
 
@@ -191,10 +178,8 @@ void CudaBackend::batch_launches(int B, bool grouped_moe, Timer* timer) {
   for (int64_t i = 0; i < c.layers; ++i) batch_layer(i, B, grouped_moe, timer);
   timed(timer, "rms_norm",
         [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), B, H, c.rms_eps, stream_); });
-  timed(timer, "proj.lm_head", [&] {
-    rows_proj(w.x.get(), B, H, model_->lm_head, model_->q.lm_head, V, w.logits.get(), false,
-              stream_);
-  });
+  timed(timer, "proj.lm_head",
+        [&] { rows_proj(w.x.get(), B, H, model_->lm_head, V, w.logits.get(), false, stream_); });
   timed(timer, "argmax_batch", [&] {
     argmax_batch(w.logits.get(), sampling_vocab(), size_t(V), B, bw.argmax_ws.get(),
                  bw.tokens.get(), stream_);
@@ -206,8 +191,9 @@ void CudaBackend::batch_launches(int B, bool grouped_moe, Timer* timer) {
 bool CudaBackend::batch_grouped_moe(int B) const {
   int min_grouped = options_.batch_grouped_moe_min_rows;
   if (min_grouped < 0) {  // the default: measured crossovers (docs/performance.md)
-    const bool q4_experts = !model_->layers.empty() && model_->layers[0].q.gate_up;
-    min_grouped = q4_experts ? 0 : 16;
+    const bool q4_experts = !model_->layers.empty() && model_->layers[0].gate_up.affine();
+    const DeviceLayer& L0 = model_->layers[0];
+    min_grouped = !q4_experts ? 16 : small_moe(L0, B, options_.small_moe_max_tokens) ? 32 : 0;
   }
   return min_grouped > 0 && B >= min_grouped;
 }

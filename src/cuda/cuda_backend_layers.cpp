@@ -39,9 +39,8 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), T, H, eps, s); });
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    timed(timer, "gemm.gdn_in_proj", [&] {
-      proj_gemm(w.x.get(), T, H, L.in_proj, L.q.in_proj, cols, w.proj.get(), GemmOut::StoreF32, s);
-    });
+    timed(timer, "gemm.gdn_in_proj",
+          [&] { proj_gemm(w.x.get(), T, H, L.in_proj, cols, w.proj.get(), GemmOut::StoreF32, s); });
     timed(timer, "gdn_prefill", [&] {
       gdn_prefill(w.proj.get(), T, L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias,
                   L.gdn_norm, st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads),
@@ -53,14 +52,13 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
       trace_(tp + "gdn.normed", v.data(), {T, c.gdn_v_channels()});
     }
     timed(timer, "gemm.gdn_out_proj", [&] {
-      proj_gemm(w.mix.get(), T, int(c.gdn_v_channels()), L.out_proj, L.q.out_proj, H, w.h.get(),
+      proj_gemm(w.mix.get(), T, int(c.gdn_v_channels()), L.out_proj, H, w.h.get(),
                 GemmOut::AccumulateF32, s);
     });
   } else {
     const int cols = int(c.q_proj_rows() + 2 * c.kv_dim());
     timed(timer, "gemm.attn_qkv", [&] {
-      proj_gemm(w.x.get(), T, H, L.qkv_proj, L.q.qkv_proj, cols, w.proj.get(), GemmOut::StoreF32,
-                s);
+      proj_gemm(w.x.get(), T, H, L.qkv_proj, cols, w.proj.get(), GemmOut::StoreF32, s);
     });
     timed(timer, "qk_norm_rope_store", [&] {
       qk_norm_rope_store(w.proj.get(), T, st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq,
@@ -78,17 +76,15 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
       trace_(tp + "attn.gated", v.data(), {T, c.heads * c.head_dim});
     }
     timed(timer, "gemm.attn_o_proj", [&] {
-      proj_gemm(w.mix.get(), T, int(c.heads * c.head_dim), L.o_proj, L.q.o_proj, H, w.h.get(),
+      proj_gemm(w.mix.get(), T, int(c.heads * c.head_dim), L.o_proj, H, w.h.get(),
                 GemmOut::AccumulateF32, s);
     });
   }
   if (trace_) trace_delta(tp + "mixer_out");
-  const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
-  const int Is = int(c.shared_intermediate);
+  const int E = int(c.experts), k = int(c.experts_per_token);
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), T, H, eps, s); });
-  timed(timer, "gemm.router", [&] {
-    proj_gemm(w.x.get(), T, H, L.router, L.q.router, E + 1, w.router.get(), GemmOut::StoreF32, s);
-  });
+  timed(timer, "gemm.router",
+        [&] { proj_gemm(w.x.get(), T, H, L.router, E + 1, w.router.get(), GemmOut::StoreF32, s); });
   MoeRouting r = moe_routing_layout(w.routing.get(), T, E, k);
   timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, T, E, k, r, s); });
   if (trace_) {
@@ -100,16 +96,7 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
       std::copy_n(&logits[size_t(t) * size_t(E + 1)], E, &router[size_t(t) * size_t(E)]);
     trace_(tp + "moe.router_logits", router.data(), {T, E});
   }
-  timed(timer, "moe_grouped_gate_up",
-        [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
-  timed(timer, "moe_grouped_down",
-        [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
-  timed(timer, "moe_shared_gate_up",
-        [&] { moe_shared_gate_up_prefill(L, w.x.get(), T, H, Is, w.shared_act.get(), s); });
-  timed(timer, "gemm.shared_down", [&] {
-    proj_gemm(w.shared_act.get(), T, Is, L.shared_down, L.q.shared_down, H, w.shared_out.get(),
-              GemmOut::StoreF32, s);
-  });
+  moe_experts(L, c, w, T, r, options_.small_moe_prefill_max_tokens, timer, s);
   timed(timer, "moe_combine", [&] {
     moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
   });
@@ -126,20 +113,20 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
 
   // The first projection of the layer, from the residual: BF16 weights fuse the input norm into
   // the GEMV (gemv_rms: each block normalises h); 4-bit weights normalise first, then q_gemv.
-  auto first_projection = [&](const char* name, const bf16* wb, const QMatrix& wq, int rows) {
-    if (wb) {
+  auto first_projection = [&](const char* name, const DeviceMatrix& W, int rows) {
+    if (W.format == DeviceFormat::Bf16) {
       timed(timer, name, [&] {
-        gemv_rms(wb, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
+        gemv_rms(W.dense, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
       });
     } else {
       timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), 1, H, eps, s); });
       timed(timer, name,
-            [&] { proj_gemv(wb, wq, rows, H, w.x.get(), w.proj.get(), GemvOut::Store, s); });
+            [&] { proj_gemv(W, rows, H, w.x.get(), w.proj.get(), GemvOut::Store, s); });
     }
   };
   if (L.type == LayerType::GatedDeltaNet) {
     const int rows = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    first_projection("gemv_rms.gdn_in_proj", L.in_proj, L.q.in_proj, rows);
+    first_projection("gemv_rms.gdn_in_proj", L.in_proj, rows);
     timed(timer, "gdn_decode", [&] {
       gdn_decode(w.proj.get(), L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
                  st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads),
@@ -147,12 +134,12 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
                  w.gdn_decode_ws.get(), w.mix.get(), s, options_.gdn_decode_path);
     });
     timed(timer, "gemv.gdn_out_proj", [&] {
-      proj_gemv(L.out_proj, L.q.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(),
-                GemvOut::Accumulate, s);
+      proj_gemv(L.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(), GemvOut::Accumulate,
+                s);
     });
   } else {
     const int rows = int(c.q_proj_rows() + 2 * c.kv_dim());
-    first_projection("gemv_rms.attn_qkv", L.qkv_proj, L.q.qkv_proj, rows);
+    first_projection("gemv_rms.attn_qkv", L.qkv_proj, rows);
     if (options_.fused_attention_decode) {
       timed(timer, "attention_decode", [&] {  // qk norm + RoPE + cache store fused in
         attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq,
@@ -174,24 +161,24 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
       });
     }
     timed(timer, "gemv.attn_o_proj", [&] {
-      proj_gemv(L.o_proj, L.q.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(),
-                GemvOut::Accumulate, s);
+      proj_gemv(L.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(), GemvOut::Accumulate,
+                s);
     });
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
-  if (L.router) {
-    // The post norm, the router GEMV (E + 1 rows: the shared gate logit last) and the top-k in one
-    // launch; it also leaves the normalised x for the experts' gate/up.
+  if (L.router.format == DeviceFormat::Bf16) {
+    // A BF16 router: the post norm, the router GEMV (E + 1 rows: the shared gate logit last) and
+    // the top-k in one launch (moe_router); it also leaves the normalised x for the experts'
+    // gate/up. A 4/8-bit router (below): rms_norm, q_gemv, router_topk.
     timed(timer, "moe_router", [&] {
-      moe_router(L.router, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(), w.topk_idx.get(),
-                 w.topk_w.get(), w.x.get(), w.router_ws.get(), s);
+      moe_router(L.router.dense, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(),
+                 w.topk_idx.get(), w.topk_w.get(), w.x.get(), w.router_ws.get(), s);
     });
   } else {
     timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), 1, H, eps, s); });
-    timed(timer, "gemv.router", [&] {
-      proj_gemv(L.router, L.q.router, E + 1, H, w.x.get(), w.router.get(), GemvOut::Store, s);
-    });
+    timed(timer, "gemv.router",
+          [&] { proj_gemv(L.router, E + 1, H, w.x.get(), w.router.get(), GemvOut::Store, s); });
     timed(timer, "router_topk", [&] {
       router_topk(w.router.get(), E + 1, 1, E, k, w.topk_idx.get(), w.topk_w.get(), s);
     });
@@ -248,17 +235,17 @@ void CudaBackend::decode_launches(CudaSequenceState& st, bool sample, Timer* tim
     auto h = download_f32(w.h.get(), size_t(H), stream_);
     trace_(fmt::format("decode.hidden.{}", c.layers), h.data(), {1, H});
   }
-  if (model_->lm_head) {
+  if (model_->lm_head.format == DeviceFormat::Bf16) {  // the final norm fused into the GEMV
     timed(timer, "gemv_rms.lm_head", [&] {
-      gemv_rms(model_->lm_head, int(c.vocab), H, w.h.get(), model_->final_norm, c.rms_eps,
+      gemv_rms(model_->lm_head.dense, int(c.vocab), H, w.h.get(), model_->final_norm, c.rms_eps,
                w.logits.get(), GemvOut::Store, stream_);
     });
   } else {
     timed(timer, "rms_norm",
           [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), 1, H, c.rms_eps, stream_); });
     timed(timer, "gemv.lm_head", [&] {
-      proj_gemv(model_->lm_head, model_->q.lm_head, int(c.vocab), H, w.x.get(), w.logits.get(),
-                GemvOut::Store, stream_);
+      proj_gemv(model_->lm_head, int(c.vocab), H, w.x.get(), w.logits.get(), GemvOut::Store,
+                stream_);
     });
   }
   if (sample) sample_launches(st, timer);
@@ -327,13 +314,11 @@ void CudaBackend::prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T
     });
     if (n == 1)
       timed(timer, "gemv.lm_head", [&] {
-        proj_gemv(model_->lm_head, model_->q.lm_head, V, H, w.x.get(), w.logits.get(),
-                  GemvOut::Store, stream_);
+        proj_gemv(model_->lm_head, V, H, w.x.get(), w.logits.get(), GemvOut::Store, stream_);
       });
     else
       timed(timer, "gemm.lm_head", [&] {
-        proj_gemm(w.x.get(), n, H, model_->lm_head, model_->q.lm_head, V, w.logits.get(),
-                  GemmOut::StoreF32, stream_);
+        proj_gemm(w.x.get(), n, H, model_->lm_head, V, w.logits.get(), GemmOut::StoreF32, stream_);
       });
     if (trace_) {
       std::vector<float> xf(size_t(n) * size_t(H));

@@ -215,73 +215,113 @@ std::vector<float> download_f32(const T* d, size_t n, cudaStream_t s) {
 }
 
 // ---- per-matrix format dispatch ---------------------------------------------------------------
-// Each device matrix is BF16 (its pointer) or MLX affine 4/8-bit (its QMatrix in DeviceLayerQ /
-// DeviceModelQ, the pointer null): these call the BF16 launcher or the q4_* one with the same
-// contract. The call sites differ from a BF16-only backend only in naming both.
+// Each device matrix is a DeviceMatrix tagged BF16 (`dense`) or MLX affine 4/8-bit (`q`): these
+// call the BF16 launcher or the q4_* one with the same contract, by the tag. An expert stack and
+// its layer's shared expert are stored alike (the loader quantizes both or neither), so the MoE
+// helpers dispatch on the stack's tag.
 
-inline void proj_gemv(const bf16* w, const QMatrix& q, int rows, int cols, const bf16* x, float* y,
+inline void proj_gemv(const DeviceMatrix& w, int rows, int cols, const bf16* x, float* y,
                       GemvOut mode, cudaStream_t s) {
-  if (q)
-    q_gemv(q, x, y, mode, s);
+  if (w.affine())
+    q_gemv(w.q, x, y, mode, s);
   else
-    gemv(w, rows, cols, x, y, mode, s);
+    gemv(w.dense, rows, cols, x, y, mode, s);
 }
 
-inline void proj_gemm(const bf16* A, int M, int K, const bf16* w, const QMatrix& q, int N, void* C,
+inline void proj_gemm(const bf16* A, int M, int K, const DeviceMatrix& w, int N, void* C,
                       GemmOut mode, cudaStream_t s) {
-  if (q)
-    q_gemm(A, M, q, C, mode, s);
+  if (w.affine())
+    q_gemm(A, M, w.q, C, mode, s);
   else
-    gemm(A, M, K, w, N, C, mode, s);
+    gemm(A, M, K, w.dense, N, C, mode, s);
 }
 
 inline void embed_rows(const int32_t* ids, const DeviceModel& m, float* h, int T, int H,
                        cudaStream_t s) {
-  if (m.q.embed)
-    q_embed(ids, m.q.embed, h, T, s);
+  if (m.embed.affine())
+    q_embed(ids, m.embed.q, h, T, s);
   else
-    embed(ids, m.embed, h, T, H, s);
+    embed(ids, m.embed.dense, h, T, H, s);
 }
 
 inline void moe_gate_up_decode(const DeviceLayer& L, const int32_t* idx, int k, const bf16* x,
                                int H, int I, int Is, bf16* act, cudaStream_t s) {
-  if (L.q.gate_up)
-    q_moe_gate_up_gemv(L.q.gate_up, L.q.shared_gate_up, idx, k, x, H, I, Is, act, s);
+  if (L.gate_up.affine())
+    q_moe_gate_up_gemv(L.gate_up.q, L.shared_gate_up.q, idx, k, x, H, I, Is, act, s);
   else
-    moe_gate_up_gemv(L.gate_up, L.shared_gate_up, idx, k, x, H, I, Is, act, s);
+    moe_gate_up_gemv(L.gate_up.dense, L.shared_gate_up.dense, idx, k, x, H, I, Is, act, s);
 }
 
 inline void moe_down_decode(const DeviceLayer& L, const int32_t* idx, const float* wt,
                             const float* shared_logit, const bf16* act, int k, int H, int I, int Is,
                             float* h, cudaStream_t s) {
-  if (L.q.down)
-    q_moe_down_gemv(L.q.down, L.q.shared_down, idx, wt, shared_logit, act, k, H, I, Is, h, s);
+  if (L.down.affine())
+    q_moe_down_gemv(L.down.q, L.shared_down.q, idx, wt, shared_logit, act, k, H, I, Is, h, s);
   else
-    moe_down_gemv(L.down, L.shared_down, idx, wt, shared_logit, act, k, H, I, Is, h, s);
+    moe_down_gemv(L.down.dense, L.shared_down.dense, idx, wt, shared_logit, act, k, H, I, Is, h, s);
 }
 
 inline void moe_gate_up_prefill(const DeviceLayer& L, const bf16* x, int H, int I,
                                 const MoeRouting& r, bf16* act, cudaStream_t s) {
-  if (L.q.gate_up)
-    q_moe_grouped_gate_up(x, H, L.q.gate_up, I, r, act, s);
+  if (L.gate_up.affine())
+    q_moe_grouped_gate_up(x, H, L.gate_up.q, I, r, act, s);
   else
-    moe_grouped_gate_up(x, H, L.gate_up, I, r, act, s);
+    moe_grouped_gate_up(x, H, L.gate_up.dense, I, r, act, s);
 }
 
 inline void moe_down_prefill(const DeviceLayer& L, const bf16* act, int I, int H,
                              const MoeRouting& r, float* y, cudaStream_t s) {
-  if (L.q.down)
-    q_moe_grouped_down(act, I, L.q.down, H, r, y, s);
+  if (L.down.affine())
+    q_moe_grouped_down(act, I, L.down.q, H, r, y, s);
   else
-    moe_grouped_down(act, I, L.down, H, r, y, s);
+    moe_grouped_down(act, I, L.down.dense, H, r, y, s);
 }
 
 inline void moe_shared_gate_up_prefill(const DeviceLayer& L, const bf16* x, int T, int H, int Is,
                                        bf16* act, cudaStream_t s) {
-  if (L.q.shared_gate_up)
-    q_moe_shared_gate_up(x, T, H, L.q.shared_gate_up, Is, act, s);
+  if (L.shared_gate_up.affine())
+    q_moe_shared_gate_up(x, T, H, L.shared_gate_up.q, Is, act, s);
   else
-    moe_shared_gate_up(x, T, H, L.shared_gate_up, Is, act, s);
+    moe_shared_gate_up(x, T, H, L.shared_gate_up.dense, Is, act, s);
+}
+
+// The small-M MoE kernels (q4_moe_small.cu) take a grouped pass of T tokens: 4/8-bit experts
+// and shared expert, T <= the options' bound.
+inline bool small_moe(const DeviceLayer& L, int T, int max_tokens) {
+  return max_tokens > 0 && T <= max_tokens && L.gate_up.affine() && L.down.affine() &&
+         L.shared_gate_up.affine() && L.shared_down.affine() &&
+         q_moe_small_supported(L.gate_up.q, L.down.q, L.shared_gate_up.q, L.shared_down.q);
+}
+
+// The experts of a grouped MoE pass over T tokens routed in r: act and y in sorted rows, the
+// shared expert's shared_act and shared_out (w's buffers). The small-M kernels when they take the
+// pass (two launches), else the 128-token-tile grouped kernels, the shared gate_up and a GEMM for
+// the shared down projection.
+inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w, int T,
+                        const MoeRouting& r, int small_max_tokens, CudaBackend::Timer* timer,
+                        cudaStream_t s) {
+  const int H = int(c.hidden), I = int(c.expert_intermediate), Is = int(c.shared_intermediate);
+  if (small_moe(L, T, small_max_tokens)) {
+    timed(timer, "moe_small_gate_up", [&] {
+      q_moe_small_gate_up(w.x.get(), T, H, L.gate_up.q, I, L.shared_gate_up.q, Is, r, w.act.get(),
+                          w.shared_act.get(), s);
+    });
+    timed(timer, "moe_small_down", [&] {
+      q_moe_small_down(w.act.get(), I, w.shared_act.get(), Is, L.down.q, L.shared_down.q, H, r,
+                       w.y.get(), w.shared_out.get(), s);
+    });
+    return;
+  }
+  timed(timer, "moe_grouped_gate_up",
+        [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
+  timed(timer, "moe_grouped_down",
+        [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
+  timed(timer, "moe_shared_gate_up",
+        [&] { moe_shared_gate_up_prefill(L, w.x.get(), T, H, Is, w.shared_act.get(), s); });
+  timed(timer, "gemm.shared_down", [&] {
+    proj_gemm(w.shared_act.get(), T, Is, L.shared_down, H, w.shared_out.get(), GemmOut::StoreF32,
+              s);
+  });
 }
 
 // Greedy without penalties or logprobs: the token is an argmax, one launch.

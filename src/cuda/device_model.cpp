@@ -17,6 +17,7 @@
 #include "model/mlx_affine.h"
 #include "model/rope.h"
 #include "model/weight_rows.h"
+#include "model/weight_table.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/thread_pool.h"
@@ -32,23 +33,27 @@ namespace {
 
 // One device tensor. Upload sources: `parts` (matrices whose rows are concatenated, bf16
 // target) or `vec` (f32 target). Synthetic: uniform in [centre - a, centre + a).
-// Matrices with bits 4 / 8 are stored in the tiled layout (q4_layout.h): codes at `offset`, scale
-// / bias words at `sb_offset`, described by *qtarget.
+// Matrices land in *matrix: bf16 at `offset`, or (bits 4 / 8) in the tiled layout (q4_layout.h):
+// codes at `offset`, scale / bias words at `sb_offset`. Vectors land in *target.
+// `roles`: the weight table entries (model/weight_table.h) the tensor holds, in row order (a
+// vector: its one entry; a stack: the parts of one expert); they give its shape and q4 bits.
 struct Planned {
   std::string name;
+  std::vector<WeightRole> roles;
   bool is_bf16 = true;
   size_t count = 0;
   float centre = 0.f, a = 0.f;
   std::vector<const Matrix*> parts;
   const std::vector<float>* vec = nullptr;
   const void** target = nullptr;
-  size_t offset = 0;  // in the arena
+  int64_t layer = -1;  // the layer it belongs to; -1: embed, lm_head, final norm
+  size_t offset = 0;   // in the arena
   // Matrices only:
   int64_t rows = 0, cols = 0;
   int64_t rows_per_stack = 0;  // stacked experts: rows of one expert (a multiple of 16 when
                                // quantized); 0: one matrix (any rows: the last tile is padded)
   int bits = 0;                // 0: bf16
-  QMatrix* qtarget = nullptr;
+  DeviceMatrix* matrix = nullptr;
   size_t sb_offset = 0;
 };
 
@@ -56,19 +61,29 @@ struct Planned {
 enum class Format {
   Bf16,         // every matrix bf16 (float checkpoints, the bf16 synthetic model)
   FromWeights,  // as the checkpoint holds them (MLX quantized matrices stay quantized)
-  Quantize,     // quantized at load with q4_bits_for (--weights q4, the q4 synthetic model)
+  Quantize,     // quantized at load with device_q4_bits (--weights q4, the q4 synthetic model)
 };
 
 float uniform_bound(int64_t fan_in) {
   return std::sqrt(3.0f / float(fan_in));
 }  // std 1/sqrt(fan_in)
 
-// The bits a matrix is stored with: Bf16 -> 0; Quantize -> q4_bits_for; FromWeights -> the
+// The bits `--weights q4` gives a device matrix: its table entries' (the router fuses the router
+// and the shared expert gate, both 8-bit), which must agree since they become one matrix.
+int device_q4_bits(const std::string& name, const std::vector<WeightRole>& roles, int64_t cols) {
+  const int bits = q4_bits_for(weight_entry(roles.at(0)), cols);
+  for (WeightRole r : roles)
+    if (q4_bits_for(weight_entry(r), cols) != bits)
+      fail("{}: its parts quantize to different bit widths; the CUDA backend fuses them", name);
+  return bits;
+}
+
+// The bits a matrix is stored with: Bf16 -> 0; Quantize -> device_q4_bits; FromWeights -> the
 // parts' bits (all parts alike, group 64), 0 for float parts.
-int matrix_bits(Format f, const std::string& name, int64_t cols,
-                const std::vector<const Matrix*>& parts) {
+int matrix_bits(Format f, const std::string& name, const std::vector<WeightRole>& roles,
+                int64_t cols, const std::vector<const Matrix*>& parts) {
   if (f == Format::Bf16) return 0;
-  if (f == Format::Quantize) return q4_bits_for(name, cols);
+  if (f == Format::Quantize) return device_q4_bits(name, roles, cols);
   if (parts.empty() || !parts[0]->quantized()) {
     for (const Matrix* m : parts)
       if (m->quantized()) fail("{}: mixes quantized ({}) and float parts", name, m->name);
@@ -88,96 +103,100 @@ int matrix_bits(Format f, const std::string& name, int64_t cols,
   return bits;
 }
 
-QMatrix* q_slot(DeviceModel& dm, const std::string& name) {
-  if (name == "embed") return &dm.q.embed;
-  if (name == "lm_head") return &dm.q.lm_head;
-  const size_t dot = name.find('.', 7);  // "layers.N."
-  DeviceLayerQ& q = dm.layers[size_t(std::stoll(name.substr(7, dot - 7)))].q;
-  const std::string leaf = name.substr(dot + 1);
-  if (leaf == "in_proj") return &q.in_proj;
-  if (leaf == "out_proj") return &q.out_proj;
-  if (leaf == "qkv_proj") return &q.qkv_proj;
-  if (leaf == "o_proj") return &q.o_proj;
-  if (leaf == "router") return &q.router;
-  if (leaf == "gate_up") return &q.gate_up;
-  if (leaf == "down") return &q.down;
-  if (leaf == "shared_gate_up") return &q.shared_gate_up;
-  if (leaf == "shared_down") return &q.shared_down;
-  fail("no quantized slot for {}", name);
+// Rows and columns of a device matrix made of the table entries `roles` (rows concatenated), E
+// times over for an expert stack.
+std::pair<int64_t, int64_t> fused_shape(const ModelConfig& c, const std::vector<WeightRole>& roles,
+                                        bool expert_stack) {
+  int64_t rows = 0;
+  const int64_t cols = weight_entry(roles.at(0)).shape(c).at(1);
+  for (WeightRole r : roles) {
+    const std::vector<int64_t> s = weight_entry(r).shape(c);
+    if (s.size() != 2 || s[1] != cols)
+      fail("device plan: the {} does not fuse with the {}", weight_entry(r).what,
+           weight_entry(roles[0]).what);
+    rows += s[0];
+  }
+  return {expert_stack ? c.experts * rows : rows, cols};
+}
+
+int64_t numel(const ModelConfig& c, WeightRole role) {
+  int64_t n = 1;
+  for (int64_t d : weight_entry(role).shape(c)) n *= d;
+  return n;
 }
 
 // Every tensor of the device layout, in arena order. `w` may be null (synthetic).
 std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceModel& dm,
                           Format format) {
   std::vector<Planned> p;
-  const int64_t H = c.hidden, V = c.vocab;
-  auto mat = [&](std::string name, int64_t rows, int64_t cols, const bf16** target,
-                 std::vector<const Matrix*> parts, int64_t rows_per_stack = 0) {
-    Planned t{std::move(name),
-              true,
-              size_t(rows * cols),
-              0.f,
-              uniform_bound(cols),
-              std::move(parts),
-              nullptr,
-              reinterpret_cast<const void**>(target)};
+  using R = WeightRole;
+  // A matrix of the table entries `roles` (an expert stack: E times [the roles' rows]).
+  auto mat = [&](std::string name, std::vector<WeightRole> roles, DeviceMatrix* target,
+                 std::vector<const Matrix*> parts, bool expert_stack = false) {
+    const auto [rows, cols] = fused_shape(c, roles, expert_stack);
+    Planned t{
+        std::move(name),  std::move(roles), true,   size_t(rows * cols), 0.f, uniform_bound(cols),
+        std::move(parts), nullptr,          nullptr};
+    t.matrix = target;
     t.rows = rows;
     t.cols = cols;
-    t.rows_per_stack = rows_per_stack;
-    t.bits = matrix_bits(format, t.name, cols, t.parts);
+    t.rows_per_stack = expert_stack ? rows / c.experts : 0;
+    t.bits = matrix_bits(format, t.name, t.roles, cols, t.parts);
     p.push_back(std::move(t));
   };
-  auto vec = [&](std::string name, int64_t n, float centre, float a, const float** target,
+  auto vec = [&](std::string name, WeightRole role, float centre, float a, const float** target,
                  const std::vector<float>* src) {
     p.push_back({std::move(name),
+                 {role},
                  false,
-                 size_t(n),
+                 size_t(numel(c, role)),
                  centre,
                  a,
                  {},
                  src,
                  reinterpret_cast<const void**>(target)});
   };
-  mat("embed", V, H, &dm.embed,
+  mat("embed", {R::Embed}, &dm.embed,
       w ? std::vector<const Matrix*>{&w->embed} : std::vector<const Matrix*>{});
   p.back().a = 1.0f;  // embedding rows: activations of unit-ish scale
-  mat("lm_head", V, H, &dm.lm_head,
+  mat("lm_head", {R::LmHead}, &dm.lm_head,
       w ? std::vector<const Matrix*>{&w->lm_head} : std::vector<const Matrix*>{});
-  vec("final_norm", H, 1.f, 0.1f, &dm.final_norm, w ? &w->final_norm_scale : nullptr);
+  vec("final_norm", R::FinalNorm, 1.f, 0.1f, &dm.final_norm, w ? &w->final_norm_scale : nullptr);
   dm.layers.resize(size_t(c.layers));
   for (int64_t i = 0; i < c.layers; ++i) {
     DeviceLayer& L = dm.layers[size_t(i)];
     const LayerWeights* lw = w ? &w->layers[size_t(i)] : nullptr;
     L.type = c.layer_types[size_t(i)];
+    const size_t first = p.size();
     std::string s = "layers." + std::to_string(i) + ".";
-    vec(s + "input_norm", H, 1.f, 0.1f, &L.input_norm, lw ? &lw->input_norm_scale : nullptr);
-    vec(s + "post_norm", H, 1.f, 0.1f, &L.post_norm, lw ? &lw->post_attention_norm_scale : nullptr);
+    vec(s + "input_norm", R::InputNorm, 1.f, 0.1f, &L.input_norm,
+        lw ? &lw->input_norm_scale : nullptr);
+    vec(s + "post_norm", R::PostAttentionNorm, 1.f, 0.1f, &L.post_norm,
+        lw ? &lw->post_attention_norm_scale : nullptr);
     if (L.type == LayerType::GatedDeltaNet) {
-      const int64_t C = c.gdn_conv_channels(), Hv = c.gdn_value_heads, Vd = c.gdn_v_channels();
       const auto* g = lw ? &lw->gdn : nullptr;
-      mat(s + "in_proj", C + Vd + 2 * Hv, H, &L.in_proj,
+      mat(s + "in_proj", {R::GdnInProjQkv, R::GdnInProjZ, R::GdnInProjB, R::GdnInProjA}, &L.in_proj,
           g ? std::vector<const Matrix*>{&g->in_proj_qkv, &g->in_proj_z, &g->in_proj_b,
                                          &g->in_proj_a}
             : std::vector<const Matrix*>{});
-      vec(s + "conv", C * c.gdn_conv_kernel, 0.f, 0.5f, &L.conv, g ? &g->conv : nullptr);
-      vec(s + "neg_exp_A", Hv, -2.25f, 1.75f, &L.neg_exp_A, g ? &g->neg_exp_A : nullptr);
-      vec(s + "dt_bias", Hv, 0.f, 1.f, &L.dt_bias, g ? &g->dt_bias : nullptr);
-      vec(s + "gdn_norm", c.gdn_value_dim, 1.f, 0.1f, &L.gdn_norm, g ? &g->norm_scale : nullptr);
-      mat(s + "out_proj", H, Vd, &L.out_proj,
+      vec(s + "conv", R::GdnConv1d, 0.f, 0.5f, &L.conv, g ? &g->conv : nullptr);
+      vec(s + "neg_exp_A", R::GdnALog, -2.25f, 1.75f, &L.neg_exp_A, g ? &g->neg_exp_A : nullptr);
+      vec(s + "dt_bias", R::GdnDtBias, 0.f, 1.f, &L.dt_bias, g ? &g->dt_bias : nullptr);
+      vec(s + "gdn_norm", R::GdnNorm, 1.f, 0.1f, &L.gdn_norm, g ? &g->norm_scale : nullptr);
+      mat(s + "out_proj", {R::GdnOutProj}, &L.out_proj,
           g ? std::vector<const Matrix*>{&g->out_proj} : std::vector<const Matrix*>{});
     } else {
       const auto* a = lw ? &lw->attn : nullptr;
-      mat(s + "qkv_proj", c.q_proj_rows() + 2 * c.kv_dim(), H, &L.qkv_proj,
+      mat(s + "qkv_proj", {R::AttnQProj, R::AttnKProj, R::AttnVProj}, &L.qkv_proj,
           a ? std::vector<const Matrix*>{&a->q_proj, &a->k_proj, &a->v_proj}
             : std::vector<const Matrix*>{});
-      vec(s + "q_norm", c.head_dim, 1.f, 0.1f, &L.q_norm, a ? &a->q_norm_scale : nullptr);
-      vec(s + "k_norm", c.head_dim, 1.f, 0.1f, &L.k_norm, a ? &a->k_norm_scale : nullptr);
-      mat(s + "o_proj", H, c.heads * c.head_dim, &L.o_proj,
+      vec(s + "q_norm", R::AttnQNorm, 1.f, 0.1f, &L.q_norm, a ? &a->q_norm_scale : nullptr);
+      vec(s + "k_norm", R::AttnKNorm, 1.f, 0.1f, &L.k_norm, a ? &a->k_norm_scale : nullptr);
+      mat(s + "o_proj", {R::AttnOProj}, &L.o_proj,
           a ? std::vector<const Matrix*>{&a->o_proj} : std::vector<const Matrix*>{});
     }
     const auto* m = lw ? &lw->moe : nullptr;
-    const int64_t E = c.experts, I = c.expert_intermediate, Is = c.shared_intermediate;
-    mat(s + "router", E + 1, H, &L.router,
+    mat(s + "router", {R::Router, R::SharedExpertGate}, &L.router,
         m ? std::vector<const Matrix*>{&m->router, &m->shared_expert_gate}
           : std::vector<const Matrix*>{});
     std::vector<const Matrix*> gate_up, down;
@@ -187,13 +206,14 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
         gate_up.push_back(&e.up);
         down.push_back(&e.down);
       }
-    mat(s + "gate_up", E * 2 * I, H, &L.gate_up, gate_up, 2 * I);
-    mat(s + "down", E * H, I, &L.down, down, H);
-    mat(s + "shared_gate_up", 2 * Is, H, &L.shared_gate_up,
+    mat(s + "gate_up", {R::ExpertGate, R::ExpertUp}, &L.gate_up, gate_up, true);
+    mat(s + "down", {R::ExpertDown}, &L.down, down, true);
+    mat(s + "shared_gate_up", {R::SharedGate, R::SharedUp}, &L.shared_gate_up,
         m ? std::vector<const Matrix*>{&m->shared_gate, &m->shared_up}
           : std::vector<const Matrix*>{});
-    mat(s + "shared_down", H, Is, &L.shared_down,
+    mat(s + "shared_down", {R::SharedDown}, &L.shared_down,
         m ? std::vector<const Matrix*>{&m->shared_down} : std::vector<const Matrix*>{});
+    for (size_t j = first; j < p.size(); ++j) p[j].layer = i;
   }
   size_t offset = 0;
   auto take = [&](size_t bytes) {
@@ -209,7 +229,6 @@ std::vector<Planned> plan(const ModelConfig& c, const ModelWeights* w, DeviceMod
     if (t.rows_per_stack % kQTileRows != 0)  // 0 (one matrix) passes
       fail("{}: {} rows per expert: the 4-bit expert kernels need a multiple of {}", t.name,
            t.rows_per_stack, kQTileRows);
-    t.qtarget = q_slot(dm, t.name);
     t.offset = take(q_code_words(t.rows, t.cols, t.bits) * 4);
     t.sb_offset = take(q_sb_words(t.rows, t.cols) * 4);
     ++dm.quantized_matrices;
@@ -255,8 +274,8 @@ void finish_quantized(DeviceModel& dm, const Planned& t, Staging& st) {
   uint32_t* sb = reinterpret_cast<uint32_t*>(base + t.sb_offset);
   repack_mlx(st.codes.get(), st.scales.get(), st.biases.get(), t.rows, int(t.cols), t.bits, codes,
              sb, nullptr);
-  *t.target = nullptr;
-  *t.qtarget = QMatrix{codes, sb, int(t.rows), int(t.cols), t.bits};
+  *t.matrix = DeviceMatrix{DeviceFormat::Affine, nullptr,
+                           QMatrix{codes, sb, int(t.rows), int(t.cols), t.bits}};
 }
 
 void allocate(DeviceModel& dm, std::vector<Planned>& p, size_t staging_bytes = 0) {
@@ -268,7 +287,13 @@ void allocate(DeviceModel& dm, std::vector<Planned>& p, size_t staging_bytes = 0
         "are free",
         double(dm.bytes) / 1e9, double(staging_bytes) / 1e9, double(free_b) / 1e9);
   LILAC_CUDA_CHECK(cudaMalloc(&dm.arena, dm.bytes));
-  for (auto& t : p) *t.target = t.bits ? nullptr : static_cast<uint8_t*>(dm.arena) + t.offset;
+  for (auto& t : p) {
+    const uint8_t* at = static_cast<uint8_t*>(dm.arena) + t.offset;
+    if (!t.matrix)
+      *t.target = at;
+    else if (t.bits == 0)  // quantized ones are set by finish_quantized
+      *t.matrix = DeviceMatrix{DeviceFormat::Bf16, reinterpret_cast<const bf16*>(at), QMatrix{}};
+  }
 }
 
 // A float part's elements as bf16 into `dst` (device): BF16 as is; F16 / F32 rounded to nearest
@@ -304,11 +329,6 @@ void set_inv_freq(DeviceModel& dm) {
 
 }  // namespace
 
-int q4_bits_for(const std::string& device_name, int64_t cols) {
-  if (cols % kQGroup != 0) return 0;
-  return device_name.ends_with(".router") ? kMlxRouterBits : kMlxDefaultBits;
-}
-
 std::unique_ptr<DeviceModel> upload_model(const ModelConfig& config, const ModelWeights& weights,
                                           const std::string& checkpoint_dir, bool quantize) {
   auto dm = std::make_unique<DeviceModel>();
@@ -335,7 +355,7 @@ std::unique_ptr<DeviceModel> upload_model(const ModelConfig& config, const Model
       const float* src = t.vec->data();
       // quantize_model_in_memory rounds every vector but A_log (neg_exp_A) to bf16, as MLX stores
       // it.
-      if (quantize && !t.name.ends_with("neg_exp_A")) {
+      if (quantize && weight_entry(t.roles[0]).vector_rule != VectorRule::NegExp) {
         rounded.assign(t.vec->begin(), t.vec->end());
         for (float& v : rounded) v = round_to_bf16(v);
         src = rounded.data();
@@ -473,7 +493,6 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
   }
   shape_only.arena = nullptr;
   const ModelConfig& c = hm->config;
-  const int64_t H = c.hidden;
   auto view = [&](const std::string& name, int64_t row0, int64_t rows, int64_t cols) {
     auto it = qm.find(name);
     if (it == qm.end())
@@ -487,46 +506,33 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
     m.biases = q.biases + size_t(row0 * G);
     return m;
   };
+  // Each planned tensor's parts, in row order (an expert stack: the parts of expert 0, then of
+  // expert 1, ...), viewed into the fields of ModelWeights their table entries name.
   ModelWeights& w = hm->weights;
-  w.embed = view("embed", 0, c.vocab, H);
-  w.lm_head = view("lm_head", 0, c.vocab, H);
-  w.final_norm_scale = f32.at("final_norm");
+  w.layers.resize(size_t(layers));
   for (int64_t i = 0; i < layers; ++i) {
-    std::string s = "layers." + std::to_string(i) + ".";
-    LayerWeights L;
-    L.type = c.layer_types[size_t(i)];
-    L.input_norm_scale = f32.at(s + "input_norm");
-    L.post_attention_norm_scale = f32.at(s + "post_norm");
-    if (L.type == LayerType::GatedDeltaNet) {
-      const int64_t C = c.gdn_conv_channels(), Hv = c.gdn_value_heads, Vd = c.gdn_v_channels();
-      L.gdn.in_proj_qkv = view(s + "in_proj", 0, C, H);
-      L.gdn.in_proj_z = view(s + "in_proj", C, Vd, H);
-      L.gdn.in_proj_b = view(s + "in_proj", C + Vd, Hv, H);
-      L.gdn.in_proj_a = view(s + "in_proj", C + Vd + Hv, Hv, H);
-      L.gdn.out_proj = view(s + "out_proj", 0, H, Vd);
-      L.gdn.conv = f32.at(s + "conv");
-      L.gdn.neg_exp_A = f32.at(s + "neg_exp_A");
-      L.gdn.dt_bias = f32.at(s + "dt_bias");
-      L.gdn.norm_scale = f32.at(s + "gdn_norm");
-    } else {
-      L.attn.q_proj = view(s + "qkv_proj", 0, c.q_proj_rows(), H);
-      L.attn.k_proj = view(s + "qkv_proj", c.q_proj_rows(), c.kv_dim(), H);
-      L.attn.v_proj = view(s + "qkv_proj", c.q_proj_rows() + c.kv_dim(), c.kv_dim(), H);
-      L.attn.o_proj = view(s + "o_proj", 0, H, c.heads * c.head_dim);
-      L.attn.q_norm_scale = f32.at(s + "q_norm");
-      L.attn.k_norm_scale = f32.at(s + "k_norm");
+    w.layers[size_t(i)].type = c.layer_types[size_t(i)];
+    w.layers[size_t(i)].moe.experts.resize(size_t(c.experts));
+  }
+  for (const auto& t : p) {
+    LayerWeights* L = t.layer >= 0 ? &w.layers[size_t(t.layer)] : nullptr;
+    if (!t.matrix) {
+      const WeightRole r = t.roles[0];
+      *(L ? layer_vector(*L, r) : model_vector(w, r)) = f32.at(t.name);
+      continue;
     }
-    const int64_t E = c.experts, I = c.expert_intermediate, Is = c.shared_intermediate;
-    L.moe.router = view(s + "router", 0, E, H);
-    L.moe.shared_expert_gate = view(s + "router", E, 1, H);
-    for (int64_t e = 0; e < E; ++e)
-      L.moe.experts.push_back({view(s + "gate_up", e * 2 * I, I, H),
-                               view(s + "gate_up", e * 2 * I + I, I, H),
-                               view(s + "down", e * H, H, I)});
-    L.moe.shared_gate = view(s + "shared_gate_up", 0, Is, H);
-    L.moe.shared_up = view(s + "shared_gate_up", Is, Is, H);
-    L.moe.shared_down = view(s + "shared_down", 0, H, Is);
-    w.layers.push_back(std::move(L));
+    const int64_t stacks = t.rows_per_stack ? t.rows / t.rows_per_stack : 1;
+    int64_t row0 = 0;
+    for (int64_t e = 0; e < stacks; ++e)
+      for (WeightRole r : t.roles) {
+        const std::vector<int64_t> shape = weight_entry(r).shape(c);
+        Matrix* dst = weight_entry(r).scope == WeightScope::Expert
+                          ? expert_matrix(L->moe.experts[size_t(e)], r)
+                      : L ? layer_matrix(*L, r)
+                          : model_matrix(w, r);
+        *dst = view(t.name, row0, shape[0], shape[1]);
+        row0 += shape[0];
+      }
   }
   return hm;
 }

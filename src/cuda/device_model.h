@@ -19,15 +19,19 @@ namespace lilac::cuda {
 
 using bf16 = __nv_bfloat16;
 
-// The 4/8-bit (MLX affine, tiled layout of q4_layout.h) forms of a layer's matrices. Each matrix
-// is held in exactly one format: BF16 (the pointer in DeviceLayer, this QMatrix empty) or
-// quantized (the pointer null, this QMatrix set); the backend dispatches per matrix.
-struct DeviceLayerQ {
-  QMatrix in_proj, out_proj;            // GDN
-  QMatrix qkv_proj, o_proj;             // attention
-  QMatrix router;                       // [E + 1, H], 8-bit in MLX checkpoints
-  QMatrix gate_up, down;                // stacks [E * 2I, H], [E * H, I]
-  QMatrix shared_gate_up, shared_down;  // [2Is, H], [H, Is]
+// How a device matrix is stored: the tag every use of a DeviceMatrix dispatches on.
+enum class DeviceFormat : uint8_t {
+  Bf16,    // `dense`: bf16 [rows, cols], row-major
+  Affine,  // `q`: MLX affine 4/8-bit codes, scales and biases in the tiled layout of q4_layout.h
+};
+
+// A tagged reference to one device weight matrix: `format` says which member holds it (the other
+// is empty). The backend calls the BF16 launcher or the q4_* one with the same contract.
+struct DeviceMatrix {
+  DeviceFormat format = DeviceFormat::Bf16;
+  const bf16* dense = nullptr;  // format == Bf16
+  QMatrix q;                    // format == Affine
+  bool affine() const { return format == DeviceFormat::Affine; }
 };
 
 struct DeviceLayer {
@@ -35,38 +39,32 @@ struct DeviceLayer {
   const float* input_norm = nullptr;  // [H], 1 + w
   const float* post_norm = nullptr;   // [H], 1 + w
   // Gated DeltaNet
-  const bf16* in_proj = nullptr;     // [C + Hv*Dv + 2*Hv, H]: qkv, z, b, a
+  DeviceMatrix in_proj;              // [C + Hv*Dv + 2*Hv, H]: qkv, z, b, a
   const float* conv = nullptr;       // [C, K]
   const float* neg_exp_A = nullptr;  // [Hv]
   const float* dt_bias = nullptr;    // [Hv]
   const float* gdn_norm = nullptr;   // [Dv], plain w
-  const bf16* out_proj = nullptr;    // [H, Hv*Dv]
+  DeviceMatrix out_proj;             // [H, Hv*Dv]
   // Full attention
-  const bf16* qkv_proj = nullptr;  // [heads*2*hd + 2*kv*hd, H]: q+gate (per head), k, v
-  const float* q_norm = nullptr;   // [hd], 1 + w
-  const float* k_norm = nullptr;   // [hd], 1 + w
-  const bf16* o_proj = nullptr;    // [H, heads*hd]
+  DeviceMatrix qkv_proj;          // [heads*2*hd + 2*kv*hd, H]: q+gate (per head), k, v
+  const float* q_norm = nullptr;  // [hd], 1 + w
+  const float* k_norm = nullptr;  // [hd], 1 + w
+  DeviceMatrix o_proj;            // [H, heads*hd]
   // Mixture of experts
-  const bf16* router = nullptr;          // [E + 1, H]: router rows, then shared_expert_gate
-  const bf16* gate_up = nullptr;         // [E, 2I, H]
-  const bf16* down = nullptr;            // [E, H, I]
-  const bf16* shared_gate_up = nullptr;  // [2Is, H]
-  const bf16* shared_down = nullptr;     // [H, Is]
-  DeviceLayerQ q;                        // the quantized matrices (see DeviceLayerQ)
-};
-
-struct DeviceModelQ {
-  QMatrix embed, lm_head;  // 4-bit when quantized
+  DeviceMatrix router;          // [E + 1, H]: router rows, then shared_expert_gate (8-bit in MLX)
+  DeviceMatrix gate_up;         // [E, 2I, H] (stacked [E * 2I, H])
+  DeviceMatrix down;            // [E, H, I] (stacked [E * H, I])
+  DeviceMatrix shared_gate_up;  // [2Is, H]
+  DeviceMatrix shared_down;     // [H, Is]
 };
 
 struct DeviceModel {
   ModelConfig config;
-  const bf16* embed = nullptr;        // [V, H]
-  const bf16* lm_head = nullptr;      // [V, H]
+  DeviceMatrix embed;                 // [V, H]
+  DeviceMatrix lm_head;               // [V, H]
   const float* final_norm = nullptr;  // [H], 1 + w
   const float* inv_freq = nullptr;    // [R/2] RoPE inverse frequencies
   std::vector<DeviceLayer> layers;
-  DeviceModelQ q;                  // quantized embed / lm_head (see DeviceLayerQ)
   int64_t quantized_matrices = 0;  // how many device matrices are 4/8-bit
   size_t bytes = 0;                // device memory held
   std::string source;              // "checkpoint DIR" or "synthetic (seed N)"
@@ -110,10 +108,5 @@ struct HostSyntheticModel {
 std::unique_ptr<HostSyntheticModel> synthetic_host_model(
     const ModelConfig& config, uint64_t seed, int64_t layers, bool q4 = false,
     SyntheticRouter router = SyntheticRouter::Uniform);
-
-// The quantization rule of `--weights q4` for a device matrix of the plan (its name, e.g.
-// "layers.3.router", and input dimension): 0 (bf16) when cols % 64 != 0, 8 for the router
-// (mlp.gate + shared_expert_gate), else 4.
-int q4_bits_for(const std::string& device_name, int64_t cols);
 
 }  // namespace lilac::cuda

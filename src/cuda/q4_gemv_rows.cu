@@ -17,6 +17,7 @@
 // held in registers: each weight is read from DRAM once per launch. Per 8 tokens the MMA count
 // equals q_gemv's for one token (q_gemv uses one B column of eight), so the tensor work per token
 // drops 8x. x rows (bf16, 4-byte aligned) come through the non-coherent path (L1/L2 resident).
+// The set product is q4_tile.cuh's q_set_dot_tokens (shared with the small-M MoE kernels).
 #include <algorithm>
 
 #include "cuda/q4_linear.h"
@@ -30,85 +31,6 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTok = 8;  // tokens per MMA (the n dimension)
 
-// Adds to y[ch][0..3] (row g / tokens 2t, 2t+1, then row g + 8 / tokens 2t, 2t+1 of chunk ch) the
-// dot products over the groups of set `set`.
-template <int BITS, int NCH>
-__device__ __forceinline__ void q_set_dot_rows(const uint32_t* codes, const uint32_t* sb, int G,
-                                               int set, const bf16* __restrict__ x, int ldx, int T,
-                                               float (&y)[NCH][4]) {
-  using namespace qtile;
-  constexpr int P = BITS / 4;
-  constexpr float kOffset = P == 1 ? 128.f : 2176.f;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int grp0 = set * 8;
-  const int ng = min(8, G - grp0);
-  uint4 cw[8][P];
-#pragma unroll
-  for (int m = 0; m < 8; ++m)
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-      cw[m][p] =
-          m < ng
-              ? ld_w16(codes + (size_t(grp0 + (m < ng ? m : 0)) * P + p) * kQBlockWords + lane * 4)
-              : make_uint4(0, 0, 0, 0);
-  uint2 sbv[8];
-#pragma unroll
-  for (int m = 0; m < 8; ++m)
-    sbv[m] = m < ng ? ld_ro8(sb + size_t(grp0 + (m < ng ? m : 0)) * kQSbWords + 2 * g)
-                    : make_uint2(0, 0);
-  const uint32_t ones[4] = {kBf16x2One, kBf16x2One, kBf16x2One, kBf16x2One};
-  // Group by group: the group's codes become MMA A fragments once, then every token chunk uses
-  // them (the dequantisation is not repeated per chunk).
-#pragma unroll
-  for (int m = 0; m < 8; ++m) {
-    if (m >= ng) continue;  // warp-uniform
-    uint32_t a[P][4][4];
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        const uint32_t w = word_of(cw[m][p], kb);
-        a[p][kb][0] = magic128(w);
-        a[p][kb][1] = magic128(w >> 4);
-        a[p][kb][2] = magic128(w >> 8);
-        a[p][kb][3] = magic128(w >> 12);
-      }
-    const float s0 = bf16_lo(sbv[m].x), b0 = bf16_hi(sbv[m].x);  // row g
-    const float s1 = bf16_lo(sbv[m].y), b1 = bf16_hi(sbv[m].y);  // row g + 8
-    const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
-#pragma unroll
-    for (int ch = 0; ch < NCH; ++ch) {
-      const int tok = ch * kTok + g;  // this lane's B column
-      const bool has = tok < T;
-      const uint32_t* xg = reinterpret_cast<const uint32_t*>(x + size_t(has ? tok : 0) * ldx) +
-                           size_t(grp0 + m) * 32;
-      uint32_t X[4][2];
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        X[kb][0] = has ? ld_ro4(xg + 8 * kb + t) : 0u;
-        X[kb][1] = has ? ld_ro4(xg + 8 * kb + t + 4) : 0u;
-      }
-      float sx[4] = {0.f, 0.f, 0.f, 0.f};
-      float c[P][4];
-#pragma unroll
-      for (int p = 0; p < P; ++p) c[p][0] = c[p][1] = c[p][2] = c[p][3] = 0.f;
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        mma_bf16_16816(sx, ones, X[kb][0], X[kb][1]);
-#pragma unroll
-        for (int p = 0; p < P; ++p) mma_bf16_16816(c[p], a[p][kb], X[kb][0], X[kb][1]);
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float cc = P == 1 ? c[0][q] : fmaf(16.f, c[P - 1][q], c[0][q]);
-        const float sc = q < 2 ? s0 : s1, o = q < 2 ? o0 : o1;
-        y[ch][q] = fmaf(sc, cc, y[ch][q]);
-        y[ch][q] = fmaf(o, sx[q], y[ch][q]);
-      }
-    }
-  }
-}
-
 template <int BITS, int NCH, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
     q_gemv_rows_kernel(QMatrix W, const bf16* __restrict__ x, int T, float* __restrict__ y, int S,
@@ -120,15 +42,17 @@ __global__ void __launch_bounds__(kThreads)
   const int tiles = W.tiles(), G = W.groups(), sets = (G + 7) / 8;
   const int tile = blockIdx.x * (kWarps / S) + warp / S;
   const int slice = warp % S;
-  float acc[NCH][4];
+  float acc1[1][NCH][4];
+  float(&acc)[NCH][4] = acc1[0];
 #pragma unroll
   for (int ch = 0; ch < NCH; ++ch) acc[ch][0] = acc[ch][1] = acc[ch][2] = acc[ch][3] = 0.f;
   if (tile < tiles) {  // warp-uniform
-    const uint32_t* codes = W.codes + size_t(tile) * G * (BITS / 4) * kQBlockWords;
-    const uint32_t* sb = W.sb + size_t(tile) * G * kQSbWords;
+    const uint32_t* const codes[1] = {W.codes + size_t(tile) * G * (BITS / 4) * kQBlockWords};
+    const uint32_t* const sb[1] = {W.sb + size_t(tile) * G * kQSbWords};
+    const qtile::TokenRows rows{nullptr, 0, T};
     const int s1 = min(sets, (slice + 1) * sets_per_slice);
     for (int set = slice * sets_per_slice; set < s1; ++set)
-      q_set_dot_rows<BITS, NCH>(codes, sb, G, set, x, W.cols, T, acc);
+      qtile::q_set_dot_tokens<BITS, 1, NCH>(codes, sb, G, set, x, W.cols, rows, acc1);
   }
   if (S > 1) {
 #pragma unroll

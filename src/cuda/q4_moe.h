@@ -49,4 +49,23 @@ void q_moe_grouped_down(const bf16* act, int I, const QMatrix& down, int H, cons
 void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
                           bf16* act, cudaStream_t stream);
 
+// Small M (tokens per expert few: batched decode, short prompts; q4_moe_small.cu). The same
+// results as the grouped kernels above plus the shared expert's, in two launches that read every
+// touched expert's weights once at DRAM bandwidth, with MMAs per expert growing with its tokens
+// (8 per MMA) rather than with a 128-token tile:
+//   gate_up: act [T*k, I] bf16 (sorted rows, as q_moe_grouped_gate_up) and shared_act [T, Is]
+//            bf16 (as q_moe_shared_gate_up);
+//   down:    y [T*k, H] f32 (sorted rows, as q_moe_grouped_down) and shared_out [T, H] f32
+//            = shared_act . shared_down^T.
+// Numerics of the decode kernels (q_gemv: exact (128 + q) products, f32 scale and offset per
+// group), not the prefill kernels' bf16 weights. All four matrices at the same bits (4 or 8).
+bool q_moe_small_supported(const QMatrix& gate_up, const QMatrix& down,
+                           const QMatrix& shared_gate_up, const QMatrix& shared_down);
+void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, int I,
+                         const QMatrix& shared_gate_up, int Is, const MoeRouting& r, bf16* act,
+                         bf16* shared_act, cudaStream_t stream);
+void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, const QMatrix& down,
+                      const QMatrix& shared_down, int H, const MoeRouting& r, float* y,
+                      float* shared_out, cudaStream_t stream);
+
 }  // namespace lilac::cuda

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "io/checkpoint_mlx.h"
+#include "model/weight_table.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/json_parse.h"
@@ -241,48 +242,56 @@ class Binder {
     return out;
   }
 
-  // Fused expert tensors: gate_up [E, 2I, H] and down [E, H, I] viewed per expert.
-  void fused_experts(const std::string& prefix, const ModelConfig& cfg, MoeWeights& moe) {
-    int64_t E = cfg.experts, I = cfg.expert_intermediate, H = cfg.hidden;
-    const CheckpointTensor* gu = get(prefix + "gate_up_proj", {E, 2 * I, H});
-    const CheckpointTensor* dn = get(prefix + "down_proj", {E, H, I});
-    moe.experts.resize(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) {
-      auto& x = moe.experts[size_t(e)];
-      x.gate = {nullptr, DType::BF16, I, H, prefix + "gate_up_proj"};
-      x.up = {nullptr, DType::BF16, I, H, prefix + "gate_up_proj"};
-      x.down = {nullptr, DType::BF16, H, I, prefix + "down_proj"};
-      if (gu) {
-        size_t es = dtype_size(gu->info->dtype);
-        const uint8_t* base = gu->data() + size_t(e) * size_t(2 * I * H) * es;
+  // A weight table entry's tensor `c` (the HF name of one of its occurrences).
+  Matrix matrix(const WeightEntry& e, const std::string& c, const ModelConfig& cfg) {
+    const std::vector<int64_t> s = e.shape(cfg);
+    return matrix(c, s[0], s[1]);
+  }
+  // A Vector entry's values as the model uses them: zero-centred norms as 1 + w, A_log as
+  // -exp(A_log).
+  std::vector<float> vec(const WeightEntry& e, const std::string& c, const ModelConfig& cfg) {
+    std::vector<float> v =
+        vec(c, e.shape(cfg), e.vector_rule == VectorRule::ZeroCentred ? 1.f : 0.f);
+    if (e.vector_rule == VectorRule::NegExp)
+      for (float& x : v) x = -std::exp(x);
+    return v;
+  }
+
+  // A Fused entry: ExpertsGateUp [E, 2I, H] viewed as each expert's gate and up, ExpertsDown
+  // [E, H, I] as each expert's down.
+  void fused_experts(const WeightEntry& entry, const std::string& c, const ModelConfig& cfg,
+                     MoeWeights& moe) {
+    const int64_t I = cfg.expert_intermediate, H = cfg.hidden;
+    const bool gate_up = entry.role == WeightRole::ExpertsGateUp;
+    const CheckpointTensor* t = get(c, entry.shape(cfg));
+    for (size_t e = 0; e < moe.experts.size(); ++e) {
+      auto& x = moe.experts[e];
+      if (gate_up) {
+        x.gate = {nullptr, DType::BF16, I, H, c};
+        x.up = {nullptr, DType::BF16, I, H, c};
+      } else {
+        x.down = {nullptr, DType::BF16, H, I, c};
+      }
+      if (!t) continue;
+      const size_t es = dtype_size(t->info->dtype);
+      const uint8_t* base = t->data() + e * size_t(entry.shape(cfg)[1] * entry.shape(cfg)[2]) * es;
+      if (gate_up) {
         x.gate.data = base;
         x.up.data = base + size_t(I * H) * es;
-        x.gate.dtype = x.up.dtype = gu->info->dtype;
-      }
-      if (dn) {
-        x.down.data = dn->data() + size_t(e) * size_t(H * I) * dtype_size(dn->info->dtype);
-        x.down.dtype = dn->info->dtype;
+        x.gate.dtype = x.up.dtype = t->info->dtype;
+      } else {
+        x.down.data = base;
+        x.down.dtype = t->info->dtype;
       }
     }
   }
 
-  void per_expert(const std::string& prefix, const ModelConfig& cfg, MoeWeights& moe) {
-    int64_t E = cfg.experts, I = cfg.expert_intermediate, H = cfg.hidden;
-    moe.experts.resize(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) {
-      std::string p = prefix + std::to_string(e) + ".";
-      moe.experts[size_t(e)] = {matrix(p + "gate_proj.weight", I, H),
-                                matrix(p + "up_proj.weight", I, H),
-                                matrix(p + "down_proj.weight", H, I)};
-    }
-  }
-
-  void report_unused() {
+  void report_unused(const ModelConfig& cfg) {
     for (const auto& [c, entry] : canon_)
       if (!used_.count(c))
-        rep_.problems.push_back(
-            fmt::format("unexpected tensor '{}' ({}): not part of this config's text model",
-                        entry.first, entry.second.file->path()));
+        rep_.problems.push_back(fmt::format("unexpected tensor '{}' ({}): {}", entry.first,
+                                            entry.second.file->path(),
+                                            explain_unused_tensor(c, NameLayout::Hf, cfg)));
   }
 
   int fused_layers = 0, per_expert_layers = 0;
@@ -295,51 +304,33 @@ class Binder {
   int64_t skipped_ = 0;
 };
 
-LayerWeights bind_layer(Binder& b, const ModelConfig& cfg, const std::string& p, LayerType type) {
-  const int64_t H = cfg.hidden;
+// One decoder layer (or MTP layer: `mtp`) of `type`: every weight table entry the layer has, under
+// its HF name; the experts from the hub's fused tensors when the layer has them, else per expert.
+LayerWeights bind_layer(Binder& b, const ModelConfig& cfg, int64_t index, bool mtp,
+                        LayerType type) {
   LayerWeights L;
   L.type = type;
-  L.input_norm_scale = b.vec(p + "input_layernorm.weight", {H}, 1.f);
-  L.post_attention_norm_scale = b.vec(p + "post_attention_layernorm.weight", {H}, 1.f);
-  if (type == LayerType::FullAttention) {
-    auto& a = L.attn;
-    std::string s = p + "self_attn.";
-    a.q_proj = b.matrix(s + "q_proj.weight", cfg.q_proj_rows(), H);
-    a.k_proj = b.matrix(s + "k_proj.weight", cfg.kv_dim(), H);
-    a.v_proj = b.matrix(s + "v_proj.weight", cfg.kv_dim(), H);
-    a.o_proj = b.matrix(s + "o_proj.weight", H, cfg.heads * cfg.head_dim);
-    a.q_norm_scale = b.vec(s + "q_norm.weight", {cfg.head_dim}, 1.f);
-    a.k_norm_scale = b.vec(s + "k_norm.weight", {cfg.head_dim}, 1.f);
-  } else {
-    auto& g = L.gdn;
-    std::string s = p + "linear_attn.";
-    const int64_t C = cfg.gdn_conv_channels(), Hv = cfg.gdn_value_heads;
-    g.in_proj_qkv = b.matrix(s + "in_proj_qkv.weight", C, H);
-    g.in_proj_z = b.matrix(s + "in_proj_z.weight", cfg.gdn_v_channels(), H);
-    g.in_proj_b = b.matrix(s + "in_proj_b.weight", Hv, H);
-    g.in_proj_a = b.matrix(s + "in_proj_a.weight", Hv, H);
-    g.out_proj = b.matrix(s + "out_proj.weight", H, cfg.gdn_v_channels());
-    g.conv = b.vec(s + "conv1d.weight", {C, 1, cfg.gdn_conv_kernel});
-    std::vector<float> a_log = b.vec(s + "A_log", {Hv});
-    g.neg_exp_A.resize(a_log.size());
-    for (size_t i = 0; i < a_log.size(); ++i) g.neg_exp_A[i] = -std::exp(a_log[i]);
-    g.dt_bias = b.vec(s + "dt_bias", {Hv});
-    g.norm_scale = b.vec(s + "norm.weight", {cfg.gdn_value_dim});
+  auto name = [&](const WeightEntry& e, int64_t expert = -1) {
+    return weight_name(e, NameLayout::Hf, index, expert, mtp);
+  };
+  const bool fused = b.has(name(weight_entry(WeightRole::ExpertsGateUp))) ||
+                     b.has(name(weight_entry(WeightRole::ExpertsDown)));
+  (fused ? b.fused_layers : b.per_expert_layers)++;
+  L.moe.experts.resize(size_t(cfg.experts));
+  for (const WeightEntry& e : weight_table()) {
+    if (!in_layer(e, type)) continue;
+    if (e.kind == WeightKind::Vector) {
+      *layer_vector(L, e.role) = b.vec(e, name(e), cfg);
+    } else if (e.kind == WeightKind::Fused) {
+      if (fused) b.fused_experts(e, name(e), cfg, L.moe);
+    } else if (e.scope == WeightScope::Expert) {
+      if (!fused)
+        for (int64_t x = 0; x < cfg.experts; ++x)
+          *expert_matrix(L.moe.experts[size_t(x)], e.role) = b.matrix(e, name(e, x), cfg);
+    } else {
+      *layer_matrix(L, e.role) = b.matrix(e, name(e), cfg);
+    }
   }
-  auto& m = L.moe;
-  std::string s = p + "mlp.";
-  m.router = b.matrix(s + "gate.weight", cfg.experts, H);
-  if (b.has(s + "experts.gate_up_proj") || b.has(s + "experts.down_proj")) {
-    b.fused_experts(s + "experts.", cfg, m);
-    b.fused_layers++;
-  } else {
-    b.per_expert(s + "experts.", cfg, m);
-    b.per_expert_layers++;
-  }
-  m.shared_gate = b.matrix(s + "shared_expert.gate_proj.weight", cfg.shared_intermediate, H);
-  m.shared_up = b.matrix(s + "shared_expert.up_proj.weight", cfg.shared_intermediate, H);
-  m.shared_down = b.matrix(s + "shared_expert.down_proj.weight", H, cfg.shared_intermediate);
-  m.shared_expert_gate = b.matrix(s + "shared_expert_gate.weight", 1, H);
   return L;
 }
 
@@ -356,33 +347,37 @@ ModelWeights bind_weights(const Checkpoint& ck, const ModelConfig& cfg, LoadRepo
         "FP8 E4M3 weights with {}x{} block scales: the CPU dequantizes them as it reads them, the "
         "GPU to BF16 at load; --weights q4 quantizes them to 4-bit at load",
         cfg.fp8_block_rows, cfg.fp8_block_cols));
-  const int64_t H = cfg.hidden;
-  w.embed = b.matrix("embed_tokens.weight", cfg.vocab, H);
-  if (b.has("lm_head.weight") || !cfg.tie_word_embeddings)
-    w.lm_head = b.matrix("lm_head.weight", cfg.vocab, H);
+  auto entry = [](WeightRole r) -> const WeightEntry& { return weight_entry(r); };
+  auto hf = [](const WeightEntry& e) { return weight_name(e, NameLayout::Hf); };
+  const WeightEntry& embed = entry(WeightRole::Embed);
+  const WeightEntry& lm_head = entry(WeightRole::LmHead);
+  w.embed = b.matrix(embed, hf(embed), cfg);
+  if (b.has(hf(lm_head)) || !cfg.tie_word_embeddings)
+    w.lm_head = b.matrix(lm_head, hf(lm_head), cfg);
   else
     w.lm_head = w.embed;
-  w.final_norm_scale = b.vec("norm.weight", {H}, 1.f);
+  w.final_norm_scale = b.vec(entry(WeightRole::FinalNorm), hf(entry(WeightRole::FinalNorm)), cfg);
   for (int64_t i = 0; i < cfg.layers; ++i)
-    w.layers.push_back(
-        bind_layer(b, cfg, fmt::format("layers.{}.", i), cfg.layer_types[size_t(i)]));
+    w.layers.push_back(bind_layer(b, cfg, i, false, cfg.layer_types[size_t(i)]));
 
-  if (b.has("mtp.fc.weight")) {
+  if (b.has(hf(entry(WeightRole::MtpFc)))) {
     MtpWeights m;
-    m.fc = b.matrix("mtp.fc.weight", H, 2 * H);
-    m.pre_fc_norm_embedding_scale = b.vec("mtp.pre_fc_norm_embedding.weight", {H}, 1.f);
-    m.pre_fc_norm_hidden_scale = b.vec("mtp.pre_fc_norm_hidden.weight", {H}, 1.f);
-    m.final_norm_scale = b.vec("mtp.norm.weight", {H}, 1.f);
+    for (const WeightEntry& e : weight_table()) {
+      if (e.scope != WeightScope::Mtp) continue;
+      if (e.kind == WeightKind::Matrix)
+        *mtp_matrix(m, e.role) = b.matrix(e, hf(e), cfg);
+      else
+        *mtp_vector(m, e.role) = b.vec(e, hf(e), cfg);
+    }
     int64_t n = std::max<int64_t>(cfg.mtp_layers, 1);
     for (int64_t i = 0; i < n; ++i)
-      m.layers.push_back(
-          bind_layer(b, cfg, fmt::format("mtp.layers.{}.", i), LayerType::FullAttention));
+      m.layers.push_back(bind_layer(b, cfg, i, true, LayerType::FullAttention));
     w.mtp = std::move(m);
   } else if (cfg.mtp_layers > 0) {
     rep.notes.push_back(
         "config has mtp_num_hidden_layers but the checkpoint has no mtp.* tensors (MTP off)");
   }
-  b.report_unused();
+  b.report_unused(cfg);
   rep.layout = b.per_expert_layers == 0 ? ExpertLayout::Fused
                : b.fused_layers == 0    ? ExpertLayout::PerExpert
                                         : ExpertLayout::Mixed;

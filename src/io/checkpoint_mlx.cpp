@@ -10,6 +10,7 @@
 #include <set>
 
 #include "model/mlx_affine.h"
+#include "model/weight_table.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/json_parse.h"
@@ -304,12 +305,12 @@ class MlxBinder {
     return linear(base, 0, rows, cols)[0];
   }
 
-  void finish() {
+  void finish(const ModelConfig& cfg) {
     for (const auto& [c, entry] : canon_)
       if (!used_.count(c))
-        rep_.problems.push_back(
-            fmt::format("unexpected tensor '{}' ({}): not part of this config's text model",
-                        entry.first, entry.second.file->path()));
+        rep_.problems.push_back(fmt::format("unexpected tensor '{}' ({}): {}", entry.first,
+                                            entry.second.file->path(),
+                                            explain_unused_tensor(c, NameLayout::Mlx, cfg)));
     for (const auto& [base, spec] : qc_.overrides)
       if (!used_overrides_.count(base))
         rep_.problems.push_back(
@@ -378,54 +379,31 @@ class MlxBinder {
   Stats stats_;
 };
 
-LayerWeights bind_layer(MlxBinder& b, const ModelConfig& cfg, const std::string& p,
-                        LayerType type) {
-  const int64_t H = cfg.hidden, E = cfg.experts, I = cfg.expert_intermediate,
-                Is = cfg.shared_intermediate;
+// One decoder layer of `type`: every weight table entry the layer has, under its MLX name. Norms
+// are stored as bf16(1 + w) by mlx-lm's sanitize: the multiplier itself, kept as stored.
+LayerWeights bind_layer(MlxBinder& b, const ModelConfig& cfg, int64_t index, LayerType type) {
   LayerWeights L;
   L.type = type;
-  // Stored as bf16(1 + w) by mlx-lm's sanitize: the multiplier itself.
-  L.input_norm_scale = b.vec(p + "input_layernorm.weight", {H});
-  L.post_attention_norm_scale = b.vec(p + "post_attention_layernorm.weight", {H});
-  if (type == LayerType::FullAttention) {
-    auto& a = L.attn;
-    std::string s = p + "self_attn.";
-    a.q_proj = b.matrix(s + "q_proj", cfg.q_proj_rows(), H);
-    a.k_proj = b.matrix(s + "k_proj", cfg.kv_dim(), H);
-    a.v_proj = b.matrix(s + "v_proj", cfg.kv_dim(), H);
-    a.o_proj = b.matrix(s + "o_proj", H, cfg.heads * cfg.head_dim);
-    a.q_norm_scale = b.vec(s + "q_norm.weight", {cfg.head_dim});
-    a.k_norm_scale = b.vec(s + "k_norm.weight", {cfg.head_dim});
-  } else {
-    auto& g = L.gdn;
-    std::string s = p + "linear_attn.";
-    const int64_t C = cfg.gdn_conv_channels(), Hv = cfg.gdn_value_heads;
-    g.in_proj_qkv = b.matrix(s + "in_proj_qkv", C, H);
-    g.in_proj_z = b.matrix(s + "in_proj_z", cfg.gdn_v_channels(), H);
-    g.in_proj_b = b.matrix(s + "in_proj_b", Hv, H);
-    g.in_proj_a = b.matrix(s + "in_proj_a", Hv, H);
-    g.out_proj = b.matrix(s + "out_proj", H, cfg.gdn_v_channels());
-    g.conv = b.vec(s + "conv1d.weight",
-                   {C, cfg.gdn_conv_kernel, 1});  // [C, K, 1]: same bytes as [C, 1, K]
-    std::vector<float> a_log = b.vec(s + "A_log", {Hv});
-    g.neg_exp_A.resize(a_log.size());
-    for (size_t i = 0; i < a_log.size(); ++i) g.neg_exp_A[i] = -std::exp(a_log[i]);
-    g.dt_bias = b.vec(s + "dt_bias", {Hv});
-    g.norm_scale = b.vec(s + "norm.weight", {cfg.gdn_value_dim});  // plain w, stored plain
+  L.moe.experts.resize(size_t(cfg.experts));
+  for (const WeightEntry& e : weight_table()) {
+    if (!in_layer(e, type) || !e.mlx) continue;  // the HF hub's fused experts have no MLX name
+    const std::string name = weight_name(e, NameLayout::Mlx, index);
+    if (e.kind == WeightKind::Vector) {
+      std::vector<float> v = b.vec(name, stored_shape(e, NameLayout::Mlx, cfg));
+      if (e.vector_rule == VectorRule::NegExp)
+        for (float& x : v) x = -std::exp(x);
+      *layer_vector(L, e.role) = std::move(v);
+      continue;
+    }
+    const std::vector<int64_t> s = e.shape(cfg);
+    if (e.scope == WeightScope::Expert) {  // switch_mlp: [E, rows, cols], viewed per expert
+      auto stack = b.linear(name, cfg.experts, s[0], s[1]);
+      for (int64_t x = 0; x < cfg.experts; ++x)
+        *expert_matrix(L.moe.experts[size_t(x)], e.role) = stack[size_t(x)];
+    } else {
+      *layer_matrix(L, e.role) = b.matrix(name, s[0], s[1]);
+    }
   }
-  auto& m = L.moe;
-  std::string s = p + "mlp.";
-  m.router = b.matrix(s + "gate", E, H);
-  auto gate = b.linear(s + "switch_mlp.gate_proj", E, I, H);
-  auto up = b.linear(s + "switch_mlp.up_proj", E, I, H);
-  auto down = b.linear(s + "switch_mlp.down_proj", E, H, I);
-  m.experts.resize(size_t(E));
-  for (int64_t e = 0; e < E; ++e)
-    m.experts[size_t(e)] = {gate[size_t(e)], up[size_t(e)], down[size_t(e)]};
-  m.shared_gate = b.matrix(s + "shared_expert.gate_proj", Is, H);
-  m.shared_up = b.matrix(s + "shared_expert.up_proj", Is, H);
-  m.shared_down = b.matrix(s + "shared_expert.down_proj", H, Is);
-  m.shared_expert_gate = b.matrix(s + "shared_expert_gate", 1, H);
   return L;
 }
 
@@ -434,18 +412,20 @@ LayerWeights bind_layer(MlxBinder& b, const ModelConfig& cfg, const std::string&
 ModelWeights bind_weights_mlx(const Checkpoint& ck, const ModelConfig& cfg, LoadReport& rep) {
   ModelWeights w;
   MlxBinder b(ck, rep);
-  const int64_t H = cfg.hidden;
-  w.embed = b.matrix("embed_tokens", cfg.vocab, H);
-  if (b.has("lm_head.weight") || !cfg.tie_word_embeddings)
-    w.lm_head = b.matrix("lm_head", cfg.vocab, H);
+  auto mlx = [](WeightRole r) { return weight_name(weight_entry(r), NameLayout::Mlx); };
+  auto shape = [&](WeightRole r) { return weight_entry(r).shape(cfg); };
+  w.embed =
+      b.matrix(mlx(WeightRole::Embed), shape(WeightRole::Embed)[0], shape(WeightRole::Embed)[1]);
+  if (b.has(mlx(WeightRole::LmHead) + ".weight") || !cfg.tie_word_embeddings)
+    w.lm_head = b.matrix(mlx(WeightRole::LmHead), shape(WeightRole::LmHead)[0],
+                         shape(WeightRole::LmHead)[1]);
   else
     w.lm_head = w.embed;
-  w.final_norm_scale = b.vec("norm.weight", {H});
+  w.final_norm_scale = b.vec(mlx(WeightRole::FinalNorm), shape(WeightRole::FinalNorm));
   for (int64_t i = 0; i < cfg.layers; ++i)
-    w.layers.push_back(
-        bind_layer(b, cfg, fmt::format("layers.{}.", i), cfg.layer_types[size_t(i)]));
+    w.layers.push_back(bind_layer(b, cfg, i, cfg.layer_types[size_t(i)]));
   if (cfg.mtp_layers > 0) rep.notes.push_back("MLX checkpoints carry no MTP head (MTP off)");
-  b.finish();
+  b.finish(cfg);
   rep.layout = ExpertLayout::Stacked;
   return w;
 }

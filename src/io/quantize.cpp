@@ -15,6 +15,7 @@
 #include "io/safetensors_writer.h"
 #include "model/mlx_affine.h"
 #include "model/weight_rows.h"
+#include "model/weight_table.h"
 #include "util/error.h"
 #include "util/fp8.h"
 #include "util/half.h"
@@ -136,10 +137,9 @@ class Planner {
   }
 
   void plan() {
-    const int64_t H = cfg_.hidden;
-    linear("embed_tokens", cfg_.vocab, H, -1);
+    linear(weight_entry(WeightRole::Embed), -1);
     for (int64_t i = 0; i < cfg_.layers; ++i) layer(i);
-    vector("norm.weight", {H}, {H}, -1, true);
+    vector(weight_entry(WeightRole::FinalNorm), -1);
     if (cfg_.tie_word_embeddings) {
       if (canon_.count("lm_head.weight")) {  // mlx-lm's sanitize pops it when tied
         used_.insert("lm_head.weight");
@@ -147,7 +147,7 @@ class Planner {
             "tie_word_embeddings: lm_head.weight dropped (the embedding serves as the head)");
       }
     } else {
-      linear("lm_head", cfg_.vocab, H, -1);
+      linear(weight_entry(WeightRole::LmHead), -1);
     }
     int64_t mtp = 0;
     for (const auto& [c, entry] : canon_) {
@@ -205,42 +205,57 @@ class Planner {
     s.scale_inv = take(c + "_scale_inv");
     return expect(s.scale_inv, {ceil_div(rows, br_), ceil_div(cols, bc_)}, false);
   }
-  void linear(const std::string& base, int64_t rows, int64_t cols, int64_t layer) {
-    Job j{base, layer};
-    j.rows = rows;
-    j.cols = cols;
-    j.bits = mlx_bits_for(base, cols);
+  // A Matrix entry of the weight table: read under its HF name, written under its MLX module path
+  // with the entry's bits.
+  void linear(const WeightEntry& e, int64_t layer) {
+    Job j{weight_name(e, NameLayout::Mlx, layer), layer};
+    const std::vector<int64_t> shape = e.shape(cfg_);
+    j.rows = shape[0];
+    j.cols = shape[1];
+    j.bits = q4_bits_for(e, j.cols);
     j.sources.resize(1);
-    if (source(base + ".weight", rows, cols, j.sources[0])) jobs.push_back(std::move(j));
+    if (source(weight_name(e, NameLayout::Hf, layer), j.rows, j.cols, j.sources[0]))
+      jobs.push_back(std::move(j));
   }
-  void vector(const std::string& c, const std::vector<int64_t>& in_shape,
-              std::vector<int64_t> out_shape, int64_t layer, bool add_one,
-              bool keep_dtype = false) {
+  // A Vector entry: written BF16 in the MLX shape, zero-centred norms as bf16(1 + w), A_log in its
+  // input dtype (mlx-lm's cast predicate leaves it).
+  void vector(const WeightEntry& e, int64_t layer) {
+    const std::string c = weight_name(e, NameLayout::Hf, layer);
     Job j{c, layer};
     j.tensor = take(c);
-    j.out_shape = std::move(out_shape);
-    j.add_one = add_one;
-    j.keep_dtype = keep_dtype;
-    if (expect(j.tensor, in_shape, false)) jobs.push_back(std::move(j));
+    j.out_shape = stored_shape(e, NameLayout::Mlx, cfg_);
+    j.add_one = e.vector_rule == VectorRule::ZeroCentred;
+    j.keep_dtype = e.vector_rule == VectorRule::NegExp;
+    if (expect(j.tensor, e.shape(cfg_), false)) jobs.push_back(std::move(j));
   }
-  // Experts of one layer as three stacked modules, from the hub's fused tensors or per expert.
-  void experts(const std::string& p, int64_t layer) {
+  // Experts of one layer as three stacked modules (the Expert entries' MLX switch_mlp), from the
+  // hub's fused tensors (the Fused entries) or per expert.
+  void experts(int64_t layer) {
     const int64_t E = cfg_.experts, I = cfg_.expert_intermediate, H = cfg_.hidden;
-    Job gate{p + "switch_mlp.gate_proj", layer}, up{p + "switch_mlp.up_proj", layer},
-        down{p + "switch_mlp.down_proj", layer};
-    for (Job* j : {&gate, &up, &down}) {
+    const WeightEntry& eg = weight_entry(WeightRole::ExpertGate);
+    const WeightEntry& eu = weight_entry(WeightRole::ExpertUp);
+    const WeightEntry& ed = weight_entry(WeightRole::ExpertDown);
+    Job gate{weight_name(eg, NameLayout::Mlx, layer), layer},
+        up{weight_name(eu, NameLayout::Mlx, layer), layer},
+        down{weight_name(ed, NameLayout::Mlx, layer), layer};
+    for (auto [j, e] : {std::pair{&gate, &eg}, {&up, &eu}, {&down, &ed}}) {
+      const std::vector<int64_t> shape = e->shape(cfg_);
       j->stacked = true;
-      j->rows = j == &down ? H : I;
-      j->cols = j == &down ? I : H;
-      j->bits = mlx_bits_for(j->base, j->cols);
+      j->rows = shape[0];
+      j->cols = shape[1];
+      j->bits = q4_bits_for(*e, j->cols);
       j->sources.resize(size_t(E));
     }
     bool ok = true;
-    if (canon_.count(p + "experts.gate_up_proj") || canon_.count(p + "experts.down_proj")) {
+    const WeightEntry& fgu = weight_entry(WeightRole::ExpertsGateUp);
+    const WeightEntry& fdn = weight_entry(WeightRole::ExpertsDown);
+    const std::string gu_name = weight_name(fgu, NameLayout::Hf, layer),
+                      dn_name = weight_name(fdn, NameLayout::Hf, layer);
+    if (canon_.count(gu_name) || canon_.count(dn_name)) {
       fused_layers++;
-      const CheckpointTensor* gu = take(p + "experts.gate_up_proj");
-      const CheckpointTensor* dn = take(p + "experts.down_proj");
-      ok = expect(gu, {E, 2 * I, H}, false) & expect(dn, {E, H, I}, false);
+      const CheckpointTensor* gu = take(gu_name);
+      const CheckpointTensor* dn = take(dn_name);
+      ok = expect(gu, fgu.shape(cfg_), false) & expect(dn, fdn.shape(cfg_), false);
       for (int64_t e = 0; ok && e < E; ++e) {
         gate.sources[size_t(e)] = {gu, nullptr, size_t(e * 2 * I * H), I, H};
         up.sources[size_t(e)] = {gu, nullptr, size_t(e * 2 * I * H + I * H), I, H};
@@ -249,10 +264,9 @@ class Planner {
     } else {
       per_expert_layers++;
       for (int64_t e = 0; e < E; ++e) {
-        std::string x = p + "experts." + std::to_string(e) + ".";
-        ok &= source(x + "gate_proj.weight", I, H, gate.sources[size_t(e)]);
-        ok &= source(x + "up_proj.weight", I, H, up.sources[size_t(e)]);
-        ok &= source(x + "down_proj.weight", H, I, down.sources[size_t(e)]);
+        ok &= source(weight_name(eg, NameLayout::Hf, layer, e), I, H, gate.sources[size_t(e)]);
+        ok &= source(weight_name(eu, NameLayout::Hf, layer, e), I, H, up.sources[size_t(e)]);
+        ok &= source(weight_name(ed, NameLayout::Hf, layer, e), H, I, down.sources[size_t(e)]);
       }
     }
     if (!ok) return;
@@ -260,40 +274,18 @@ class Planner {
     jobs.push_back(std::move(up));
     jobs.push_back(std::move(down));
   }
+  // One layer: its weight table entries in table order (the order mlx-lm writes a layer).
   void layer(int64_t i) {
-    const int64_t H = cfg_.hidden;
-    const std::string p = fmt::format("layers.{}.", i);
-    vector(p + "input_layernorm.weight", {H}, {H}, i, true);
-    if (cfg_.layer_types[size_t(i)] == LayerType::FullAttention) {
-      const std::string s = p + "self_attn.";
-      linear(s + "q_proj", cfg_.q_proj_rows(), H, i);
-      linear(s + "k_proj", cfg_.kv_dim(), H, i);
-      linear(s + "v_proj", cfg_.kv_dim(), H, i);
-      linear(s + "o_proj", H, cfg_.heads * cfg_.head_dim, i);
-      vector(s + "q_norm.weight", {cfg_.head_dim}, {cfg_.head_dim}, i, true);
-      vector(s + "k_norm.weight", {cfg_.head_dim}, {cfg_.head_dim}, i, true);
-    } else {
-      const std::string s = p + "linear_attn.";
-      const int64_t C = cfg_.gdn_conv_channels(), Hv = cfg_.gdn_value_heads,
-                    K = cfg_.gdn_conv_kernel;
-      linear(s + "in_proj_qkv", C, H, i);
-      linear(s + "in_proj_z", cfg_.gdn_v_channels(), H, i);
-      linear(s + "in_proj_b", Hv, H, i);
-      linear(s + "in_proj_a", Hv, H, i);
-      vector(s + "conv1d.weight", {C, 1, K}, {C, K, 1}, i, false);  // mlx-lm's moveaxis(2, 1)
-      vector(s + "A_log", {Hv}, {Hv}, i, false, true);
-      vector(s + "dt_bias", {Hv}, {Hv}, i, false);
-      vector(s + "norm.weight", {cfg_.gdn_value_dim}, {cfg_.gdn_value_dim}, i, false);  // plain w
-      linear(s + "out_proj", H, cfg_.gdn_v_channels(), i);
+    const LayerType type = cfg_.layer_types[size_t(i)];
+    for (const WeightEntry& e : weight_table()) {
+      if (!in_layer(e, type) || e.kind == WeightKind::Fused) continue;
+      if (e.kind == WeightKind::Vector)
+        vector(e, i);
+      else if (e.scope != WeightScope::Expert)
+        linear(e, i);
+      else if (e.role == WeightRole::ExpertGate)  // the three stacks at the first of them
+        experts(i);
     }
-    vector(p + "post_attention_layernorm.weight", {H}, {H}, i, true);
-    const std::string m = p + "mlp.";
-    linear(m + "gate", cfg_.experts, H, i);
-    experts(m, i);
-    linear(m + "shared_expert.gate_proj", cfg_.shared_intermediate, H, i);
-    linear(m + "shared_expert.up_proj", cfg_.shared_intermediate, H, i);
-    linear(m + "shared_expert.down_proj", H, cfg_.shared_intermediate, i);
-    linear(m + "shared_expert_gate", 1, H, i);
   }
 
   const ModelConfig& cfg_;
@@ -481,10 +473,10 @@ void quantize_model_in_memory(Model& model) {
   auto alloc = [&]<typename T>(int64_t n) {
     return reinterpret_cast<T*>(model.owned.emplace_back(size_t(n) * sizeof(T)).data());
   };
-  // The same bits (mlx_bits_for on the same module names) and row arithmetic as the file path.
-  auto quantize = [&](const std::string& base, Matrix& W) {
+  // The same bits (the weight table's, for the same entries) and row arithmetic as the file path.
+  auto quantize = [&](const WeightEntry& e, Matrix& W) {
     if (!W.data) return;
-    const int bits = mlx_bits_for(base, W.cols);
+    const int bits = q4_bits_for(e, W.cols);
     const Matrix src = W;
     auto row = [&](int64_t r, float* out) {
       widen_row(src, r, out);
@@ -513,48 +505,28 @@ void quantize_model_in_memory(Model& model) {
     W.biases = biases;
     quantized += W.rows * W.cols;
   };
-  auto round_all = [](std::vector<float>& v) {
-    for (float& x : v) x = round_to_bf16(x);  // the multiplier 1 + w (or w) as the bf16 MLX stores
+  // The multiplier 1 + w (or w) as the bf16 MLX stores; A_log (neg_exp_A) keeps its dtype.
+  auto round_vector = [](const WeightEntry& e, std::vector<float>& v) {
+    if (e.vector_rule == VectorRule::NegExp) return;
+    for (float& x : v) x = round_to_bf16(x);
   };
   const bool tied = w.lm_head.data == w.embed.data;
-  quantize("embed_tokens", w.embed);
+  quantize(weight_entry(WeightRole::Embed), w.embed);
   if (tied)
     w.lm_head = w.embed;
   else
-    quantize("lm_head", w.lm_head);
-  round_all(w.final_norm_scale);
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    LayerWeights& L = w.layers[i];
-    const std::string p = fmt::format("layers.{}.", i);
-    round_all(L.input_norm_scale);
-    round_all(L.post_attention_norm_scale);
-    if (L.type == LayerType::FullAttention) {
-      quantize(p + "self_attn.q_proj", L.attn.q_proj);
-      quantize(p + "self_attn.k_proj", L.attn.k_proj);
-      quantize(p + "self_attn.v_proj", L.attn.v_proj);
-      quantize(p + "self_attn.o_proj", L.attn.o_proj);
-      round_all(L.attn.q_norm_scale);
-      round_all(L.attn.k_norm_scale);
-    } else {
-      quantize(p + "linear_attn.in_proj_qkv", L.gdn.in_proj_qkv);
-      quantize(p + "linear_attn.in_proj_z", L.gdn.in_proj_z);
-      quantize(p + "linear_attn.in_proj_b", L.gdn.in_proj_b);
-      quantize(p + "linear_attn.in_proj_a", L.gdn.in_proj_a);
-      quantize(p + "linear_attn.out_proj", L.gdn.out_proj);
-      round_all(L.gdn.conv);
-      round_all(L.gdn.dt_bias);
-      round_all(L.gdn.norm_scale);  // neg_exp_A stays: A_log keeps its dtype
+    quantize(weight_entry(WeightRole::LmHead), w.lm_head);
+  round_vector(weight_entry(WeightRole::FinalNorm), w.final_norm_scale);
+  for (LayerWeights& L : w.layers) {
+    for (const WeightEntry& e : weight_table()) {
+      if (!in_layer(e, L.type) || e.kind == WeightKind::Fused) continue;
+      if (e.kind == WeightKind::Vector)
+        round_vector(e, *layer_vector(L, e.role));
+      else if (e.scope == WeightScope::Expert)
+        for (auto& x : L.moe.experts) quantize(e, *expert_matrix(x, e.role));
+      else
+        quantize(e, *layer_matrix(L, e.role));
     }
-    quantize(p + "mlp.gate", L.moe.router);
-    for (auto& e : L.moe.experts) {
-      quantize(p + "mlp.switch_mlp.gate_proj", e.gate);
-      quantize(p + "mlp.switch_mlp.up_proj", e.up);
-      quantize(p + "mlp.switch_mlp.down_proj", e.down);
-    }
-    quantize(p + "mlp.shared_expert.gate_proj", L.moe.shared_gate);
-    quantize(p + "mlp.shared_expert.up_proj", L.moe.shared_up);
-    quantize(p + "mlp.shared_expert.down_proj", L.moe.shared_down);
-    quantize(p + "mlp.shared_expert_gate", L.moe.shared_expert_gate);
   }
   w.mtp.reset();
   model.report.quantization = fmt::format(

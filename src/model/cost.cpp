@@ -1,23 +1,21 @@
 #include "model/cost.h"
 
+#include "model/weight_table.h"
+
 namespace lilac {
 
+// The weight table's matrices, each as often as the config has it (model/weight_table.h:
+// decode_weights_read says what one token reads of an entry).
 int64_t active_params_per_token(const ModelConfig& c) {
-  const int64_t H = c.hidden;
   int64_t n = 0;
-  for (auto t : c.layer_types) {
-    if (t == LayerType::FullAttention) {
-      n += c.q_proj_rows() * H + 2 * c.kv_dim() * H + H * c.heads * c.head_dim;
-    } else {
-      n += (c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads) * H +
-           H * c.gdn_v_channels();
+  for (const WeightEntry& e : weight_table()) {
+    if (!is_layer_scope(e)) {
+      n += decode_weights_read(e, c);
+      continue;
     }
-    n += (c.experts + 1) * H;                                  // router + shared expert gate
-    n += c.experts_per_token * 3 * c.expert_intermediate * H;  // routed experts
-    n += 3 * c.shared_intermediate * H;                        // shared expert
+    for (LayerType t : c.layer_types)
+      if (in_layer(e, t)) n += decode_weights_read(e, c);
   }
-  n += H;            // embedding row
-  n += c.vocab * H;  // lm_head
   return n;
 }
 

@@ -8,8 +8,9 @@
 
 namespace lilac {
 
-// Parameters one decode token reads: every dense weight, the router, k routed experts plus the
-// shared expert per layer, one embedding row and the lm_head.
+// Parameters one decode token reads, summed over the weight table (model/weight_table.h): every
+// dense weight, the router, k routed experts plus the shared expert per layer, one embedding row
+// and the lm_head.
 int64_t active_params_per_token(const ModelConfig& c);
 
 // Bytes one decode step at `context` tokens must move: active weights at `bytes_per_weight`

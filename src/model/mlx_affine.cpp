@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "model/weight_table.h"
 #include "util/half.h"
 
 namespace lilac {
@@ -51,8 +52,9 @@ void mlx_quantize_row(const float* w, int64_t n, int bits, int group_size, uint3
 
 int mlx_bits_for(const std::string& base, int64_t in_dim) {
   if (in_dim % kMlxGroupSize != 0) return 0;
-  if (base.ends_with("mlp.gate") || base.ends_with("shared_expert_gate")) return kMlxRouterBits;
-  return kMlxDefaultBits;
+  // The weight table's rule for the module; a name it does not know gets the default.
+  const auto m = match_weight(base + ".weight", NameLayout::Mlx);
+  return m && m->entry->kind == WeightKind::Matrix ? m->entry->q4_bits : kMlxDefaultBits;
 }
 
 std::string mlx_module_path(const std::string& base) {

@@ -173,9 +173,10 @@ TEST(Q4Backend, TinyAQuantizedAtLoadMatchesTheCpu) {
   auto gpu = cuda::make_cuda_backend(gpu_model->config, gpu_model->weights,
                                      gpu_model->checkpoint->dir(), /*quantize=*/true);
   EXPECT_GT(gpu->model().quantized_matrices, 0);
-  EXPECT_TRUE(gpu->model().q.lm_head && gpu->model().q.embed);
-  EXPECT_EQ(gpu->model().layers[0].q.router.bits, 8);
-  EXPECT_EQ(gpu->model().layers[0].q.gate_up.bits, 4);
+  EXPECT_TRUE(gpu->model().lm_head.affine() && gpu->model().embed.affine());
+  EXPECT_EQ(gpu->model().layers[0].router.format, cuda::DeviceFormat::Affine);
+  EXPECT_EQ(gpu->model().layers[0].router.q.bits, 8);
+  EXPECT_EQ(gpu->model().layers[0].gate_up.q.bits, 4);
 
   auto cpu_model = load_model(data_path("tiny-a"));
   cpu_model->config.rope_inv_freq_bf16 = true;

@@ -1,0 +1,192 @@
+// The small-M MoE kernels (q4_moe_small.cu) against their twins: every sorted row's act and y, and
+// the shared expert's, as double-precision sums over the dequantised f32 weights (q_twin, the twin
+// of the decode kernels whose numerics these kernels share) within q_gemv_tolerance's bound
+// (q4_test_util.h). Routing on the device (moe_route); outputs poisoned and guarded.
+// Shapes: the real one (H 2048, E 256, k 8, I = Is = 512) at 1, 16 and 64 tokens (the batched
+// decode sizes), the tiny-a fixture's at 3, 37 and 300 tokens (several 32-token passes per
+// expert) in 4 and 8 bits, and crafted routing with awkward tokens per expert: 63 (two passes),
+// 9, 8, 7 (chunk edges), 1, and an expert with none.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/moe_prefill.h"
+#include "cuda/q4_moe.h"
+#include "q4_test_util.h"
+#include "util/error.h"
+
+namespace lilac::test {
+namespace {
+
+struct Shape {
+  int H, E, k, I, Is, bits;
+};
+
+// Logits [T, E + 1] whose top-k gives token t the experts of `choice(t)` (k distinct).
+std::vector<float> crafted_logits(int T, int E, int k, uint64_t seed,
+                                  const std::function<std::vector<int>(int)>& choice) {
+  std::vector<float> logits(size_t(T) * size_t(E + 1));
+  for (int t = 0; t < T; ++t) {
+    for (int e = 0; e <= E; ++e)
+      logits[size_t(t) * size_t(E + 1) + size_t(e)] =
+          hash_uniform(seed, size_t(t) * size_t(E + 1) + size_t(e), 0.5f);
+    const std::vector<int> c = choice(t);
+    for (int j = 0; j < k; ++j)
+      logits[size_t(t) * size_t(E + 1) + size_t(c[size_t(j)])] = 4.f + 0.1f * float(k - j);
+  }
+  return logits;
+}
+
+void check_small(Shape s, int T, uint64_t seed, const std::vector<float>* given_logits = nullptr) {
+  const std::string what = "T " + std::to_string(T) + " H " + std::to_string(s.H) + " E " +
+                           std::to_string(s.E) + " bits " + std::to_string(s.bits);
+  SCOPED_TRACE(what);
+  const int k = s.k, P = T * k;
+  HostQ gu(int64_t(s.E) * 2 * s.I, s.H, s.bits, std::sqrt(3.f / float(s.H)), seed);
+  HostQ dn(int64_t(s.E) * s.H, s.I, s.bits, std::sqrt(3.f / float(s.I)), seed + 1);
+  HostQ sgu(2 * s.Is, s.H, s.bits, std::sqrt(3.f / float(s.H)), seed + 2);
+  HostQ sdn(s.H, s.Is, s.bits, std::sqrt(3.f / float(s.Is)), seed + 3);
+  ASSERT_TRUE(cuda::q_moe_small_supported(gu.q(), dn.q(), sgu.q(), sdn.q()));
+
+  std::vector<float> logits(size_t(T) * size_t(s.E + 1));
+  if (given_logits)
+    logits = *given_logits;
+  else
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = hash_uniform(seed + 7, i, 3.f);
+  auto dlog = upload(logits);
+  cuda::DeviceBuffer<uint8_t> ws(cuda::moe_routing_workspace_bytes(T, s.E, k));
+  const cuda::MoeRouting r = cuda::moe_routing_layout(ws.get(), T, s.E, k);
+  cuda::moe_route(dlog.get(), s.E + 1, T, s.E, k, r, nullptr);
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> sorted_token(static_cast<size_t>(P)), offsets(size_t(s.E) + 1);
+  LILAC_CUDA_CHECK(
+      cudaMemcpy(sorted_token.data(), r.sorted_token, size_t(P) * 4, cudaMemcpyDeviceToHost));
+  LILAC_CUDA_CHECK(
+      cudaMemcpy(offsets.data(), r.expert_offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<int32_t> expert_of(static_cast<size_t>(P));
+  for (int e = 0; e < s.E; ++e)
+    for (int i = offsets[size_t(e)]; i < offsets[size_t(e) + 1]; ++i) expert_of[size_t(i)] = e;
+
+  const auto xb = random_bf16_bits(size_t(T) * size_t(s.H), 1.f, seed + 8);
+  const auto x = widen(xb.data(), xb.size());
+  auto dx = upload_bf16(xb);
+  const size_t guard = 64;
+  cuda::DeviceBuffer<cuda::bf16> act(size_t(P) * size_t(s.I) + guard);
+  cuda::DeviceBuffer<cuda::bf16> shared_act(size_t(T) * size_t(s.Is) + guard);
+  cuda::DeviceBuffer<float> y(size_t(P) * size_t(s.H) + guard);
+  cuda::DeviceBuffer<float> shared_out(size_t(T) * size_t(s.H) + guard);
+  poison(act);
+  poison(shared_act);
+  poison(y);
+  poison(shared_out);
+  cuda::q_moe_small_gate_up(dx.get(), T, s.H, gu.q(), s.I, sgu.q(), s.Is, r, act.get(),
+                            shared_act.get(), nullptr);
+  cuda::q_moe_small_down(act.get(), s.I, shared_act.get(), s.Is, dn.q(), sdn.q(), s.H, r, y.get(),
+                         shared_out.get(), nullptr);
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto act_got = download_bf16_as_f32(act), shared_act_got = download_bf16_as_f32(shared_act);
+  const auto y_got = download(y), shared_out_got = download(shared_out);
+  EXPECT_TRUE(guard_untouched(y_got, size_t(P) * size_t(s.H), what + " y"));
+  EXPECT_TRUE(guard_untouched(shared_out_got, size_t(T) * size_t(s.H), what + " shared_out"));
+
+  // Rows of a pass: the routed sorted rows (expert, token) and the shared expert's tokens.
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool shared = pass == 1;
+    const int rows = shared ? T : P, n = shared ? s.Is : s.I;
+    const HostQ& Wgu = shared ? sgu : gu;
+    const HostQ& Wdn = shared ? sdn : dn;
+    const auto& ag = shared ? shared_act_got : act_got;
+    const auto& yg = shared ? shared_out_got : y_got;
+    std::vector<float> act_want(size_t(rows) * size_t(n)), y_want(size_t(rows) * size_t(s.H));
+    std::vector<double> act_tol(act_want.size()), y_tol(y_want.size());
+    for (int row = 0; row < rows; ++row) {
+      const int t = shared ? row : sorted_token[size_t(row)];
+      const int64_t g0 = shared ? 0 : int64_t(expert_of[size_t(row)]) * 2 * s.I;
+      const std::vector<float> xt(x.begin() + ptrdiff_t(t) * s.H,
+                                  x.begin() + ptrdiff_t(t + 1) * s.H);
+      const std::vector<float> g = q_twin(Wgu, g0, n, xt), u = q_twin(Wgu, g0 + n, n, xt);
+      const std::vector<double> tg = q_gemv_tolerance(Wgu, g0, n, xt),
+                                tu = q_gemv_tolerance(Wgu, g0 + n, n, xt);
+      for (int i = 0; i < n; ++i) {
+        const size_t at = size_t(row) * size_t(n) + size_t(i);
+        const double gi = g[size_t(i)], ui = u[size_t(i)], silu = gi / (1 + std::exp(-gi));
+        act_want[at] = float(silu * ui);
+        act_tol[at] = 1.1 * (std::fabs(ui) * tg[size_t(i)] + std::fabs(silu) * tu[size_t(i)]) +
+                      (1.0 / 256 + 1e-6) * std::fabs(silu * ui) + 1e-30;
+      }
+      // down from the GPU's act row
+      const std::vector<float> a(ag.begin() + ptrdiff_t(row) * n,
+                                 ag.begin() + ptrdiff_t(row + 1) * n);
+      const int64_t d0 = shared ? 0 : int64_t(expert_of[size_t(row)]) * s.H;
+      const std::vector<float> yv = q_twin(Wdn, d0, s.H, a);
+      const std::vector<double> yt = q_gemv_tolerance(Wdn, d0, s.H, a);
+      for (int c = 0; c < s.H; ++c) {
+        y_want[size_t(row) * size_t(s.H) + size_t(c)] = yv[size_t(c)];
+        y_tol[size_t(row) * size_t(s.H) + size_t(c)] = yt[size_t(c)];
+      }
+    }
+    const std::string part = shared ? " shared" : " routed";
+    EXPECT_TRUE(within(std::vector<float>(ag.begin(), ag.begin() + ptrdiff_t(act_want.size())),
+                       act_want, act_tol, what + part + " act"));
+    EXPECT_TRUE(within(std::vector<float>(yg.begin(), yg.begin() + ptrdiff_t(y_want.size())),
+                       y_want, y_tol, what + part + " y"));
+  }
+}
+
+TEST(Q4MoeSmall, RealShapeDecodeBatches) {
+  LILAC_REQUIRE_GPU();
+  for (int T : {1, 16, 64}) check_small(Shape{2048, 256, 8, 512, 512, 4}, T, 500 + uint64_t(T));
+}
+
+TEST(Q4MoeSmall, TinyShapesSeveralPasses) {
+  LILAC_REQUIRE_GPU();
+  for (int bits : {4, 8})
+    for (int T : {3, 37, 300})
+      check_small(Shape{128, 16, 4, 64, 64, bits}, T, 600 + uint64_t(T) + uint64_t(bits));
+}
+
+// Tokens per expert 63 (expert 0: two passes of 32), 9, 8, 7, 1, ten experts sharing the rest,
+// and expert 15 with none.
+TEST(Q4MoeSmall, AwkwardTokensPerExpert) {
+  LILAC_REQUIRE_GPU();
+  const Shape s{128, 16, 4, 64, 64, 4};
+  const int T = 63;
+  auto choice = [](int t) {
+    std::vector<int> c = {0};
+    if (t < 9)
+      c.push_back(1);
+    else if (t < 17)
+      c.push_back(2);
+    else if (t < 24)
+      c.push_back(3);
+    else if (t == 24)
+      c.push_back(4);
+    for (int j = 0; int(c.size()) < 4; ++j) {
+      const int e = 5 + (t * 3 + j) % 10;
+      if (std::find(c.begin(), c.end(), e) == c.end()) c.push_back(e);
+    }
+    return c;
+  };
+  const auto logits = crafted_logits(T, s.E, s.k, 91, choice);
+  check_small(s, T, 700, &logits);
+}
+
+TEST(Q4MoeSmall, BadArgumentsThrow) {
+  cuda::QMatrix q{reinterpret_cast<const uint32_t*>(uintptr_t(256)),
+                  reinterpret_cast<const uint32_t*>(uintptr_t(256)), 256 * 1024, 2048, 4};
+  cuda::QMatrix shared{q.codes, q.sb, 1024, 2048, 8};
+  cuda::QMatrix down{q.codes, q.sb, 256 * 2048, 512, 4};
+  EXPECT_FALSE(cuda::q_moe_small_supported(q, down, shared, down));  // bits differ
+  cuda::MoeRouting none;
+  auto* x = reinterpret_cast<const cuda::bf16*>(uintptr_t(256));
+  auto* a = reinterpret_cast<cuda::bf16*>(uintptr_t(256));
+  EXPECT_THROW(cuda::q_moe_small_gate_up(x, 4, 2048, q, 512, q, 512, none, a, a, nullptr),
+               Error);  // routing not laid out
+}
+
+}  // namespace
+}  // namespace lilac::test
