@@ -32,7 +32,7 @@ TEST(SyntheticRouterGpu, ZipfRouterMatchesTheHostTwinAndSkewsEveryLayer) {
       cuda::synthetic_device_model(host->config, seed, false, SyntheticRouter::Zipf));
   for (int64_t i = 0; i < layers; ++i) {
     std::vector<uint16_t> dev(size_t((E + 1) * H));
-    ASSERT_EQ(cudaMemcpy(dev.data(), dm->layers[size_t(i)].router, dev.size() * 2,
+    ASSERT_EQ(cudaMemcpy(dev.data(), dm->layers[size_t(i)].router.dense, dev.size() * 2,
                          cudaMemcpyDeviceToHost),
               cudaSuccess);
     // The host twin's router and shared-expert gate are rows of one fused buffer, as on the device.
