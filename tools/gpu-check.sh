@@ -6,6 +6,8 @@
 #   kernels     the kernel microbenchmarks (lilac_cuda_bench_*)
 #   bench       `lilac bench --synthetic` (ten lengths, 3 rounds); bench-short: 3 lengths, 1 round;
 #               bench-q4: the same in 4-bit weights (bench-q4-short: 3 lengths, 1 round)
+#   bench-q4-zipf-short
+#               bench-q4-short with the skewed (zipf) synthetic router, JSON to bench-q4-zipf.json
 #   ab          decode at 256 context under each A/B switch (LILAC_PDL=0, ...), bf16 and q4
 #   grammar     structured output: the constrained decode cost (ConstrainedStep.DISABLED_DecodeCostQ4,
 #               4-bit, batch 1) and the grammar mask benchmark on this machine's CPU
@@ -89,6 +91,7 @@ for s in $steps; do
         done
       done ;;
     bench-q4-short) run bench-q4 240 "$B/lilac" bench --synthetic --weights q4 --lengths 256,4096,32768 --rounds 1 --json "$OUT/bench-q4.json" ;;
+    bench-q4-zipf-short) run bench-q4-zipf 240 "$B/lilac" bench --synthetic --weights q4 --router zipf --lengths 256,4096,32768 --rounds 1 --json "$OUT/bench-q4-zipf.json" ;;
     bench-short) run bench 240 "$B/lilac" bench --synthetic --lengths 256,4096,32768 --rounds 1 --json "$OUT/bench.json" ;;
     batch)
       run batch-tests 240 "$B/lilac_cuda_tests" --gtest_filter='BatchKernels.*:BatchBackend.*'

@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "io/checkpoint.h"
 #include "model/qwen36.h"
+#include "model/synthetic_router.h"
 #include "runtime/backends.h"
 #include "runtime/model_setup.h"
 #include "runtime/weights_choice.h"
@@ -20,6 +21,7 @@ namespace {
 struct BenchCliOptions {
   std::string model, device = "auto", weights = "auto", json_out, lengths, concurrency;
   std::string sampling = "default";
+  std::string router;  // synthetic only: uniform (default) or zipf
   int64_t prompt_tokens = 1024;
   bool synthetic = false;
   int rounds = 3, decode = 64;
@@ -47,6 +49,8 @@ std::vector<int64_t> parse_lengths(const std::string& s, const char* flag = "--l
 int run_bench_cli(const BenchCliOptions& o) {
   if (o.synthetic == !o.model.empty()) fail("give exactly one of --model DIR or --synthetic");
   if (o.rounds < 1 || o.decode < 1) fail("--rounds and --decode must be >= 1");
+  if (!o.synthetic && !o.router.empty()) fail("--router goes with --synthetic");
+  const SyntheticRouter router = parse_synthetic_router(o.router.empty() ? "uniform" : o.router);
   std::unique_ptr<Model> model;
   std::unique_ptr<Backend> backend;
   std::string model_name;
@@ -75,8 +79,12 @@ int run_bench_cli(const BenchCliOptions& o) {
   if (o.sampling == "default" && !sampled.greedy()) bo.sampled = sampled;
   if (o.synthetic) {
     weights = runtime::synthetic_weights(choice);
-    backend = runtime::open_synthetic_backend(o.device, weights, o.seed);
-    model_name = "synthetic Qwen3.6-35B-A3B (random weights, random router: near-uniform routing)";
+    backend = runtime::open_synthetic_backend(o.device, weights, o.seed, router);
+    model_name = router == SyntheticRouter::Zipf
+                     ? "synthetic Qwen3.6-35B-A3B (random weights, zipf router: router rows "
+                       "scaled by (expert rank + 1)^-0.25, Zipf-like skewed routing)"
+                     : "synthetic Qwen3.6-35B-A3B (random weights, random router: near-uniform "
+                       "routing)";
     bo.n_real_tokens = kQwen36RealTokens;
   } else {
     model = load_model(o.model);
@@ -119,6 +127,7 @@ int run_bench_cli(const BenchCliOptions& o) {
                  static_cast<unsigned long long>(sampled.seed), sampling_source.c_str());
   co.progress = bo.progress;
   auto rows = run_bench(*backend, bo);
+  if (o.synthetic) std::printf("router: %s\n", synthetic_router_name(router));
   if (!rows.empty()) std::printf("%s", bench_table(rows).c_str());
   auto crows = run_concurrency_bench(*backend, co);
   if (!crows.empty()) std::printf("%s", concurrency_table(crows).c_str());
@@ -136,6 +145,7 @@ int run_bench_cli(const BenchCliOptions& o) {
                              {"copy_bandwidth_bytes_s", bo.copy_bandwidth},
                              {"matmul_flops_s", bo.matmul_rate}};
     if (!crows.empty()) header["prompt_tokens"] = o.prompt_tokens;
+    if (o.synthetic) header["router"] = synthetic_router_name(router);
     if (bo.sampled)
       header["sampling"] = {{"temperature", sampled.temperature},
                             {"top_p", sampled.top_p},
@@ -183,6 +193,9 @@ const Command kBench{
                      "model: temperature 1.0, top_p 0.95, top_k 20, presence_penalty 1.5); off")
           ->default_val("default");
       app.add_option("--seed", o->seed, "Seed of the synthetic weights")->default_val(1);
+      app.add_option("--router", o->router,
+                     "With --synthetic: uniform (random router rows, near-uniform routing; the "
+                     "default) or zipf (rows scaled by expert rank: Zipf-like skewed routing)");
       app.add_option("--json", o->json_out, "Write results as JSON here");
       return Runner([o] { return run_bench_cli(*o); });
     }};

@@ -13,6 +13,7 @@
 #include "cli/command.h"
 #include "cli/console.h"
 #include "cli/serve_hook.h"
+#include "model/synthetic_router.h"
 #include "runtime/backends.h"
 #include "runtime/model_setup.h"
 #include "runtime/weights_choice.h"
@@ -43,6 +44,7 @@ struct ServeOptions {
   std::string model, host = "127.0.0.1", api_key, alias, device = "auto", weights = "auto",
                      log_level = "info";
   std::string tokenizer;
+  std::string router;                // with --synthetic: uniform (default) or zipf
   std::string chat_template_kwargs;  // JSON object: defaults for every chat request
   std::vector<std::string> cors;
   int port = 8080, queue = 64, threads = 0, parallel = 0;
@@ -85,6 +87,8 @@ int run_serve(const ServeOptions& o) {
     fail("--synthetic serves the random full-size model: no --model{} with it",
          hook ? " or " + hook->flag : "");
   if (!o.synthetic && !o.tokenizer.empty()) fail("--tokenizer goes with --synthetic");
+  if (!o.synthetic && !o.router.empty()) fail("--router goes with --synthetic");
+  const SyntheticRouter router = parse_synthetic_router(o.router.empty() ? "uniform" : o.router);
   ModelChoice choice;
   if (o.synthetic) {
     if (o.device == "cpu")
@@ -156,8 +160,10 @@ int run_serve(const ServeOptions& o) {
   if (o.synthetic) {
     const std::string weights = synthetic_weights(parse_weights(o.weights));
     lo.weights = weights;
+    Log::info(std::string("synthetic model router: ") + synthetic_router_name(router));
     lm = load_synthetic_for_serving(lo, o.tokenizer, [&] {
-      return open_synthetic_backend(o.device == "auto" ? "cuda" : o.device, weights, o.seed);
+      return open_synthetic_backend(o.device == "auto" ? "cuda" : o.device, weights, o.seed,
+                                    router);
     });
   } else {
     lm = load_for_serving(choice, lo);
@@ -247,6 +253,9 @@ const Command kServe{
                      "tree's tests/data/tokenizer/qwen3-tokenizer.json.gz)");
       app.add_option("--seed", o->seed, "With --synthetic: the seed of the random weights")
           ->capture_default_str();
+      app.add_option("--router", o->router,
+                     "With --synthetic: uniform (near-uniform routing; the default) or zipf "
+                     "(router rows scaled by expert rank: Zipf-like skewed routing)");
       app.add_option("--snapshot-mb", o->snapshot_mb,
                      "Memory for prompt-reuse snapshots (MiB; 0: off)")
           ->capture_default_str();

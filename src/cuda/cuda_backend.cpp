@@ -468,12 +468,14 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const ModelConfig& config,
       CudaOptions::from_environment());
 }
 
-std::unique_ptr<CudaBackend> make_synthetic_backend(const std::string& weights, uint64_t seed) {
+std::unique_ptr<CudaBackend> make_synthetic_backend(const std::string& weights, uint64_t seed,
+                                                    SyntheticRouter router) {
   if (weights != "bf16" && weights != "q4")
     fail("--weights {}: the synthetic model is bf16 or q4", weights);
-  auto backend = std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(synthetic_device_model(
-                                                   qwen36_35b_a3b_config(), seed, weights == "q4")),
-                                               CudaOptions::from_environment());
+  auto backend =
+      std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(synthetic_device_model(
+                                        qwen36_35b_a3b_config(), seed, weights == "q4", router)),
+                                    CudaOptions::from_environment());
   backend->set_sampling_vocab(kQwen36RealTokens);
   return backend;
 }

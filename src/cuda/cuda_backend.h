@@ -140,12 +140,13 @@ class CudaBackend : public Backend {
 
 // Backends for the CLI: from a loaded checkpoint (quantize: `--weights q4` on a float
 // checkpoint, quantized on the GPU at load; MLX quantized checkpoints run as they are), or the
-// full-size synthetic model (weights "bf16" or "q4").
+// full-size synthetic model (weights "bf16" or "q4", router uniform or zipf).
 // `checkpoint_dir` names the weights' source in messages.
 std::unique_ptr<CudaBackend> make_cuda_backend(const ModelConfig& config,
                                                const ModelWeights& weights,
                                                const std::string& checkpoint_dir,
                                                bool quantize = false);
-std::unique_ptr<CudaBackend> make_synthetic_backend(const std::string& weights, uint64_t seed);
+std::unique_ptr<CudaBackend> make_synthetic_backend(
+    const std::string& weights, uint64_t seed, SyntheticRouter router = SyntheticRouter::Uniform);
 
 }  // namespace lilac::cuda

@@ -396,7 +396,7 @@ std::unique_ptr<DeviceModel> upload_model(const ModelConfig& config, const Model
 }
 
 std::unique_ptr<DeviceModel> synthetic_device_model(const ModelConfig& config, uint64_t seed,
-                                                    bool q4) {
+                                                    bool q4, SyntheticRouter router) {
   auto dm = std::make_unique<DeviceModel>();
   dm->config = config;
   dm->source =
@@ -408,13 +408,20 @@ std::unique_ptr<DeviceModel> synthetic_device_model(const ModelConfig& config, u
   for (const auto& t : p) {
     uint64_t key = synthetic::tensor_key(seed, t.name.c_str());
     uint8_t* dst = static_cast<uint8_t*>(dm->arena) + t.offset;
+    const auto row_a = synthetic_row_amplitudes(router, t.name, key, t.rows, t.a);
+    auto fill_bf16 = [&](bf16* values) {
+      if (row_a.empty())
+        fill_synthetic_bf16(values, t.count, key, t.centre, t.a, nullptr);
+      else
+        fill_synthetic_bf16_rows(values, t.cols, key, t.centre, row_a, nullptr);
+    };
     if (t.bits) {
-      fill_synthetic_bf16(st.values.get(), t.count, key, t.centre, t.a, nullptr);
+      fill_bf16(st.values.get());
       quantize_mlx(st.values.get(), t.rows, int(t.cols), t.bits, st.codes.get(), st.scales.get(),
                    st.biases.get(), nullptr);
       finish_quantized(*dm, t, st);
     } else if (t.is_bf16) {
-      fill_synthetic_bf16(reinterpret_cast<bf16*>(dst), t.count, key, t.centre, t.a, nullptr);
+      fill_bf16(reinterpret_cast<bf16*>(dst));
     } else {
       fill_synthetic_f32(reinterpret_cast<float*>(dst), t.count, key, t.centre, t.a, nullptr);
     }
@@ -425,7 +432,8 @@ std::unique_ptr<DeviceModel> synthetic_device_model(const ModelConfig& config, u
 }
 
 std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& config, uint64_t seed,
-                                                         int64_t layers, bool q4) {
+                                                         int64_t layers, bool q4,
+                                                         SyntheticRouter router) {
   auto hm = std::make_unique<HostSyntheticModel>();
   hm->config = config;
   hm->config.layers = layers;
@@ -449,11 +457,13 @@ std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& conf
     uint64_t key = synthetic::tensor_key(seed, t.name.c_str());
     if (t.is_bf16) {
       std::vector<uint16_t> v(t.count);
+      const auto row_a = synthetic_row_amplitudes(router, t.name, key, t.rows, t.a);
       ThreadPool::global().parallel_for(
           t.count,
           [&](size_t b, size_t e) {
             for (size_t i = b; i < e; ++i)
-              v[i] = f32_to_bf16(synthetic::value(key, i, t.centre, t.a));
+              v[i] = f32_to_bf16(synthetic::value(key, i, t.centre,
+                                                  row_a.empty() ? t.a : row_a[i / size_t(t.cols)]));
           },
           1 << 16);
       if (t.bits == 0) {

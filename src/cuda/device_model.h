@@ -12,6 +12,7 @@
 
 #include "cuda/q4_layout.h"
 #include "model/config.h"
+#include "model/synthetic_router.h"
 #include "model/weights.h"
 
 namespace lilac::cuda {
@@ -90,9 +91,10 @@ std::unique_ptr<DeviceModel> upload_model(const ModelConfig& config, const Model
 
 // A model of `config`'s shapes with synthetic weights made on the GPU (synthetic.h's values).
 // q4: the same bf16 values quantized on the device with the `quantize` rules above (the vectors
-// stay f32).
-std::unique_ptr<DeviceModel> synthetic_device_model(const ModelConfig& config, uint64_t seed,
-                                                    bool q4 = false);
+// stay f32). router: zipf scales the router rows by expert rank (model/synthetic_router.h).
+std::unique_ptr<DeviceModel> synthetic_device_model(
+    const ModelConfig& config, uint64_t seed, bool q4 = false,
+    SyntheticRouter router = SyntheticRouter::Uniform);
 
 // The same synthetic weights on the host for the first `layers` layers (and embed, lm_head, final
 // norm): a ModelWeights the CPU backend can run, for GPU-vs-CPU checks at full size.
@@ -103,7 +105,8 @@ struct HostSyntheticModel {
   std::vector<std::vector<uint16_t>> bf16_storage;  // bf16 matrices, or scales and biases
   std::vector<std::vector<uint32_t>> code_storage;  // MLX codes (q4)
 };
-std::unique_ptr<HostSyntheticModel> synthetic_host_model(const ModelConfig& config, uint64_t seed,
-                                                         int64_t layers, bool q4 = false);
+std::unique_ptr<HostSyntheticModel> synthetic_host_model(
+    const ModelConfig& config, uint64_t seed, int64_t layers, bool q4 = false,
+    SyntheticRouter router = SyntheticRouter::Uniform);
 
 }  // namespace lilac::cuda

@@ -63,15 +63,17 @@ std::unique_ptr<Backend> open_backend(const Model& model, const std::string& dev
 namespace lilac::runtime {
 
 std::unique_ptr<Backend> open_synthetic_backend(const std::string& device,
-                                                const std::string& weights, uint64_t seed) {
+                                                const std::string& weights, uint64_t seed,
+                                                SyntheticRouter router) {
   if (device == "cpu")
     fail("--synthetic needs the cuda device: the full-size model (70 GB) is generated on the GPU");
 #ifdef LILAC_HAVE_CUDA
   if (!cuda_available()) fail("--synthetic: no CUDA device is visible");
-  return cuda::make_synthetic_backend(weights, seed);
+  return cuda::make_synthetic_backend(weights, seed, router);
 #else
   (void)weights;
   (void)seed;
+  (void)router;
   fail("--synthetic: this build of lilac has no CUDA backend");
 #endif
 }

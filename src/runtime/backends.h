@@ -8,6 +8,7 @@
 
 #include "io/checkpoint.h"
 #include "model/backend.h"
+#include "model/synthetic_router.h"
 
 namespace lilac::runtime {
 
@@ -20,9 +21,10 @@ std::unique_ptr<Backend> open_backend(const Model& model, const std::string& dev
 std::unique_ptr<Backend> open_backend(Model& model, const std::string& device,
                                       bool quantize_at_load);
 // The full-size Qwen3.6-35B-A3B with random weights generated on the device (no file); `weights`
-// "bf16" or "q4" (synthetic_weights).
+// "bf16" or "q4" (synthetic_weights); `router` uniform or zipf (model/synthetic_router.h).
 std::unique_ptr<Backend> open_synthetic_backend(const std::string& device,
-                                                const std::string& weights, uint64_t seed);
+                                                const std::string& weights, uint64_t seed,
+                                                SyntheticRouter router = SyntheticRouter::Uniform);
 // Backend-specific lines for reports (the CUDA backend's per-kernel breakdown); may be empty.
 std::vector<std::string> backend_report(Backend& backend);
 

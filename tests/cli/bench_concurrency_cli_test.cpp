@@ -114,5 +114,18 @@ TEST(CliServe, ParallelAndSyntheticRefusals) {
   EXPECT_THAT(t.output, HasSubstr("no --model with it"));
 }
 
+// --router picks the synthetic model's router: refused without --synthetic and for an unknown
+// name, before any model is made.
+TEST(CliBench, RouterGoesWithSyntheticAndNamesItsChoices) {
+  for (const char* cmd : {"bench", "serve"}) {
+    auto r = run_lilac(std::string(cmd) + " --model " + demo() + " --device cpu --router zipf");
+    EXPECT_NE(r.status, 0) << cmd;
+    EXPECT_THAT(r.output, HasSubstr("--router goes with --synthetic")) << cmd;
+    auto b = run_lilac(std::string(cmd) + " --synthetic --router skewed");
+    EXPECT_NE(b.status, 0) << cmd;
+    EXPECT_THAT(b.output, HasSubstr("--router skewed: uniform or zipf")) << cmd;
+  }
+}
+
 }  // namespace
 }  // namespace lilac::test
