@@ -69,6 +69,9 @@ class Vocabulary {
     // up_to[L], L <= levels: a bitset over ids of the tokens needing at most L characters; the
     // last one (up_to[levels + 1]) of every token inside.
     std::vector<std::vector<uint32_t>> up_to;
+    // The tokens with need kOutside, listed when they are few (outside_listed: at most 1/8).
+    SortedList outside;
+    bool outside_listed = false;
   };
   std::shared_ptr<const InsideTable> inside_table(const CodePointClass& c, int levels,
                                                   int threads) const;

@@ -83,6 +83,34 @@ TEST(GrammarIndex, InsideRunTokensEqualBruteForceAtEveryCount) {
   }
 }
 
+// A run whose class holds most of the vocabulary: only the few tokens outside the class are
+// walked (the table's outside list), at every count and unbounded.
+TEST(GrammarIndex, FewTokensOutsideTheRunClassEqualBruteForce) {
+  std::vector<std::string> extra = {"\"", "a\"", "\"}", "b\"}", "}"};
+  for (int len = 3; len <= 5; ++len)
+    for (int bits = 0; bits < (1 << len); ++bits) {
+      std::string t;
+      for (int k = 0; k < len; ++k) t += (bits >> k & 1) ? 'b' : 'a';
+      extra.push_back(t);
+    }
+  auto vocab = test::small_vocab("ab", extra);
+  for (const std::string gbnf : {R"(root ::= [ab]{0,6} "\"" "}")", R"(root ::= [ab]* "\"" "}")"}) {
+    for (int threads : {1, 4}) {
+      SCOPED_TRACE(gbnf + " threads " + std::to_string(threads));
+      auto idx = test::index_for(gbnf, vocab, threads);
+      Matcher m(idx);
+      for (int count = 0; count <= 6; ++count) {
+        ASSERT_EQ(test::allowed_ids(m), test::brute_force_ids(m)) << "count " << count;
+        if (count < 6) {
+          ASSERT_TRUE(m.accept_bytes("b"));
+        }
+      }
+      ASSERT_TRUE(m.accept_bytes("\""));
+      ASSERT_EQ(test::allowed_ids(m), test::brute_force_ids(m));
+    }
+  }
+}
+
 // Several sequences meeting new contexts of one index at once: their walks share the pool's
 // threads (jobs queued behind each other) and every mask still equals the brute force.
 TEST(GrammarIndex, ConcurrentNewContextsEqualBruteForce) {
