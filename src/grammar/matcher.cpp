@@ -371,13 +371,15 @@ class WalkPool {
 
 // The characters a token needs inside a run of class `c` (InsideRun's need), stepping its UTF-8
 // exactly as step_run does.
-uint8_t inside_need(const CodePointClass& c, std::string_view s) {
+// `ascii`: the class's ASCII members as a bitmap (most tokens are ASCII).
+uint8_t inside_need(const CodePointClass& c, const std::array<uint64_t, 2>& ascii,
+                    std::string_view s) {
   uint32_t chars = 0, cp = 0, need = 0, len = 0;
   for (char ch : s) {
     const uint8_t b = uint8_t(ch);
     if (need == 0) {
       if (b < 0x80) {
-        if (!c.contains(b)) return detail::InsideRun::kOutside;
+        if (!(ascii[b >> 6] >> (b & 63) & 1u)) return detail::InsideRun::kOutside;
         ++chars;
         continue;
       }
@@ -412,9 +414,12 @@ std::shared_ptr<const Vocabulary::InsideTable> Vocabulary::inside_table(const Co
   auto table = std::make_shared<InsideTable>();
   const size_t n = all_.ids.size(), parts = size_t(std::max(1, threads));
   table->need.resize(n);
+  std::array<uint64_t, 2> ascii{};
+  for (uint32_t b = 0; b < 0x80; ++b)
+    if (c.contains(b)) ascii[b >> 6] |= uint64_t(1) << (b & 63);
   const std::function<void(size_t)> fill = [&](size_t part) {
     for (size_t pos = n * part / parts; pos < n * (part + 1) / parts; ++pos)
-      table->need[pos] = inside_need(c, all_.bytes(pos));
+      table->need[pos] = inside_need(c, ascii, all_.bytes(pos));
   };
   if (parts == 1)
     fill(0);
