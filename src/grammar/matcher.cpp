@@ -566,7 +566,22 @@ std::shared_ptr<const GrammarIndex::Entry> GrammarIndex::entry(const std::vector
   const bool outside_only = use_inside && !bucketed && inside.reject_over && table->outside_listed;
   const Vocabulary::SortedList& list = outside_only ? table->outside : all;
   const size_t n = list.ids.size();
-  const size_t threads = outside_only ? 1 : size_t(std::max(1, walk_threads_));
+  // The tokens whose first byte the context takes (the others are skipped a group at a time):
+  // a walk over fewer than 1/32 of the vocabulary (at most 4,096 tokens, ~0.25 ms) stays on
+  // this thread, where waking the pool would cost more than it saves.
+  size_t reach = 0;
+  if (!outside_only && walk_threads_ > 1) {
+    std::vector<StackNode> scratch = local;
+    ParseState next;
+    for (uint32_t b = 0; b < 256; ++b) {
+      detail::advance(*grammar_, scratch, start, uint8_t(b), next);
+      if (!next.tops.empty() || next.complete)
+        reach += all.first_end[b] - (b > 0 ? all.first_end[b - 1] : 0);
+    }
+  }
+  const size_t parallel_from = std::min<size_t>(4096, size_t(vocab_->size()) / 32);
+  const size_t threads =
+      outside_only || reach < parallel_from ? 1 : size_t(std::max(1, walk_threads_));
   const size_t chunks = threads == 1 ? 1 : threads * 4;
   std::vector<std::vector<uint32_t>> unc(chunks);
   const std::function<void(size_t)> walk_chunk = [&](size_t c) {
