@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -566,26 +567,12 @@ std::shared_ptr<const GrammarIndex::Entry> GrammarIndex::entry(const std::vector
   const bool outside_only = use_inside && !bucketed && inside.reject_over && table->outside_listed;
   const Vocabulary::SortedList& list = outside_only ? table->outside : all;
   const size_t n = list.ids.size();
-  // The tokens whose first byte the context takes (the others are skipped a group at a time):
-  // a walk over fewer than 1/32 of the vocabulary (at most 4,096 tokens, ~0.25 ms) stays on
-  // this thread, where waking the pool would cost more than it saves.
-  size_t reach = 0;
-  if (!outside_only && walk_threads_ > 1) {
-    std::vector<StackNode> scratch = local;
-    ParseState next;
-    for (uint32_t b = 0; b < 256; ++b) {
-      detail::advance(*grammar_, scratch, start, uint8_t(b), next);
-      if (!next.tops.empty() || next.complete)
-        reach += all.first_end[b] - (b > 0 ? all.first_end[b - 1] : 0);
-    }
-  }
-  const size_t parallel_from = std::min<size_t>(4096, size_t(vocab_->size()) / 32);
-  const size_t threads =
-      outside_only || reach < parallel_from ? 1 : size_t(std::max(1, walk_threads_));
+  const size_t threads = outside_only ? 1 : size_t(std::max(1, walk_threads_));
   const size_t chunks = threads == 1 ? 1 : threads * 4;
   std::vector<std::vector<uint32_t>> unc(chunks);
-  const std::function<void(size_t)> walk_chunk = [&](size_t c) {
-    const size_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+  // Chunks [c, c_end) as one range (one setup: the serial case walks the rest at once).
+  auto walk_chunks = [&](size_t c, size_t c_end) {
+    const size_t begin = n * c / chunks, end = n * c_end / chunks;
     std::vector<StackNode> own = local;
     std::vector<uint32_t>& u = unc[c];
     // A bucketed entry: every long token is uncertain, whatever this count makes of it.
@@ -613,10 +600,21 @@ std::shared_ptr<const GrammarIndex::Entry> GrammarIndex::entry(const std::vector
         });
     long_until(end);
   };
-  if (chunks == 1)
-    walk_chunk(0);
-  else
-    WalkPool::shared().run(chunks, int(threads) - 1, walk_chunk);
+  const std::function<void(size_t)> walk_chunk = [&](size_t c) { walk_chunks(c, c + 1); };
+  // This thread walks the first chunk; the rest go to the pool only when that projects the whole
+  // walk past parallel_walk_ms_. Most new contexts take tens of microseconds, where waking
+  // threads costs more than it saves (and a helper preempted mid-chunk would hold the step).
+  const auto first_start = std::chrono::steady_clock::now();
+  walk_chunk(0);
+  const double first_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - first_start)
+          .count();
+  if (chunks > 1 && first_ms * double(chunks) >= parallel_walk_ms_) {
+    const std::function<void(size_t)> rest = [&](size_t c) { walk_chunk(c + 1); };
+    WalkPool::shared().run(chunks - 1, int(threads) - 1, rest);
+  } else if (chunks > 1) {
+    walk_chunks(1, chunks);
+  }
   size_t accepted_count = 0;
   for (uint32_t w : bits) accepted_count += size_t(std::popcount(w));
   if (accepted_count > size_t(vocab_->size()) / 32) {

@@ -123,6 +123,9 @@ class GrammarIndex {
   std::shared_ptr<const Entry> entry(const std::vector<StackNode>& nodes, int32_t top);
   size_t cached_entries() const;
   int walk_threads() const { return walk_threads_; }
+  // A walk goes to the pool when its first chunk, walked on the calling thread, projects the whole
+  // past this many milliseconds (default 0.5; 0: always, as the tests of the shared walk want).
+  void set_parallel_walk_ms(double ms) { parallel_walk_ms_ = ms; }
 
  private:
   // Positions of vocab().all() whose token is longer than bucket_ bytes (a bucketed entry leaves
@@ -135,6 +138,7 @@ class GrammarIndex {
   int32_t horizon_ = 0;  // a token has at most this many bytes (so characters)
   int context_depth_ = kContextDepth;
   int walk_threads_ = 1;
+  double parallel_walk_ms_ = 0.5;
   // A run with more than this many characters left (and fewer than horizon_) shares one entry.
   static constexpr int32_t kRunBucket = 24;
   int32_t bucket_ = kRunBucket;
