@@ -370,25 +370,77 @@ class WalkPool {
   bool stop_ = false;
 };
 
+// A class as the table build reads it: its ASCII members as a bitmap, and per lead byte whether
+// the class holds every character that starts with it (then only the UTF-8 structure is checked:
+// the JSON string class holds all of them).
+struct ClassBytes {
+  const CodePointClass* cls = nullptr;
+  std::array<uint64_t, 2> ascii{};
+  std::array<bool, 256> full_lead{};
+  explicit ClassBytes(const CodePointClass& c) : cls(&c) {
+    for (uint32_t b = 0; b < 0x80; ++b)
+      if (c.contains(b)) ascii[b >> 6] |= uint64_t(1) << (b & 63);
+    for (uint32_t b = 0xC2; b <= 0xF4; ++b) {
+      const uint32_t len = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
+      const uint32_t bits = b & (len == 2 ? 0x1Fu : len == 3 ? 0x0Fu : 0x07u);
+      const uint32_t lo = std::max(bits << (6 * (len - 1)), detail::min_for_len(len));
+      const uint32_t hi =
+          std::min((bits << (6 * (len - 1))) | ((1u << (6 * (len - 1))) - 1), 0x10FFFFu);
+      if (lo > hi) continue;
+      uint64_t held = 0, want = uint64_t(hi - lo + 1);
+      if (lo <= 0xDFFF && hi >= 0xD800)  // surrogates are never in a class
+        want -= std::min(hi, 0xDFFFu) - std::max(lo, 0xD800u) + 1;
+      for (const auto& [r_lo, r_hi] : c.ranges)
+        if (r_lo <= hi && r_hi >= lo) held += std::min(r_hi, hi) - std::max(r_lo, lo) + 1;
+      full_lead[b] = held == want;
+    }
+  }
+};
+
+// The bytes a lead's first continuation may take in well-formed UTF-8 (no overlong form, no
+// surrogate, nothing past U+10FFFF).
+bool first_continuation_ok(uint8_t lead, uint8_t b) {
+  switch (lead) {
+    case 0xE0:
+      return b >= 0xA0 && b <= 0xBF;
+    case 0xED:
+      return b >= 0x80 && b <= 0x9F;
+    case 0xF0:
+      return b >= 0x90 && b <= 0xBF;
+    case 0xF4:
+      return b >= 0x80 && b <= 0x8F;
+    default:
+      return (b & 0xC0) == 0x80;
+  }
+}
+
 // The characters a token needs inside a run of class `c` (InsideRun's need), stepping its UTF-8
-// exactly as step_run does.
-// `ascii`: the class's ASCII members as a bitmap (most tokens are ASCII).
-uint8_t inside_need(const CodePointClass& c, const std::array<uint64_t, 2>& ascii,
-                    std::string_view s) {
+// as step_run does.
+uint8_t inside_need(const ClassBytes& k, std::string_view s) {
+  const CodePointClass& c = *k.cls;
   uint32_t chars = 0, cp = 0, need = 0, len = 0;
+  uint8_t lead = 0;
   for (char ch : s) {
     const uint8_t b = uint8_t(ch);
     if (need == 0) {
       if (b < 0x80) {
-        if (!(ascii[b >> 6] >> (b & 63) & 1u)) return detail::InsideRun::kOutside;
+        if (!(k.ascii[b >> 6] >> (b & 63) & 1u)) return detail::InsideRun::kOutside;
         ++chars;
         continue;
       }
       if (b < 0xC2 || b > 0xF4) return detail::InsideRun::kOutside;
+      lead = b;
       len = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
       cp = b & (len == 2 ? 0x1Fu : len == 3 ? 0x0Fu : 0x07u);
       need = len - 1;
-      if (!detail::feasible(c, cp, need, len)) return detail::InsideRun::kOutside;
+      if (!k.full_lead[b] && !detail::feasible(c, cp, need, len))
+        return detail::InsideRun::kOutside;
+      continue;
+    }
+    if (k.full_lead[lead]) {  // the structure decides: every well-formed character is in
+      if (need == len - 1 ? !first_continuation_ok(lead, b) : (b & 0xC0) != 0x80)
+        return detail::InsideRun::kOutside;
+      if (--need == 0) ++chars;
       continue;
     }
     if ((b & 0xC0) != 0x80) return detail::InsideRun::kOutside;
@@ -415,12 +467,10 @@ std::shared_ptr<const Vocabulary::InsideTable> Vocabulary::inside_table(const Co
   auto table = std::make_shared<InsideTable>();
   const size_t n = all_.ids.size(), parts = size_t(std::max(1, threads));
   table->need.resize(n);
-  std::array<uint64_t, 2> ascii{};
-  for (uint32_t b = 0; b < 0x80; ++b)
-    if (c.contains(b)) ascii[b >> 6] |= uint64_t(1) << (b & 63);
+  const ClassBytes class_bytes(c);
   const std::function<void(size_t)> fill = [&](size_t part) {
     for (size_t pos = n * part / parts; pos < n * (part + 1) / parts; ++pos)
-      table->need[pos] = inside_need(c, ascii, all_.bytes(pos));
+      table->need[pos] = inside_need(class_bytes, all_.bytes(pos));
   };
   if (parts == 1)
     fill(0);

@@ -83,6 +83,61 @@ TEST(GrammarIndex, InsideRunTokensEqualBruteForceAtEveryCount) {
   }
 }
 
+// The class table's UTF-8 checks at their edges (overlong forms, surrogates, past U+10FFFF,
+// partial characters), for classes that hold every character of a lead byte (the structure alone
+// decides) and classes that hold part of one.
+TEST(GrammarIndex, InsideRunUtf8EdgesEqualBruteForce) {
+  const std::vector<std::string> extra = {"\xE0\xA0\x80",
+                                          "\xE0\x9F\xBF",
+                                          "\xE0\xA0",
+                                          "\xE0\x9F",
+                                          "\xED\x9F\xBF",
+                                          "\xED\xA0\x80",
+                                          "\xED\xA0",
+                                          "\xED\x9F",
+                                          "\xF4\x8F\xBF\xBF",
+                                          "\xF4\x90\x80\x80",
+                                          "\xF4\x90",
+                                          "\xF4\x8F",
+                                          "\xF0\x90\x80\x80",
+                                          "\xF0\x8F\xBF\xBF",
+                                          "\xF0\x8F",
+                                          "\xF0\x90",
+                                          "\xC2\x80",
+                                          "\xC1\xBF",
+                                          "\xDF\xBF",
+                                          "\xE1\x80",
+                                          "\xEF\xBF\xBF",
+                                          "\xE0\xA4\x80"
+                                          "a",
+                                          "\xA0",
+                                          "\xBF\xBF",
+                                          "\xF5\x80"};
+  auto vocab = test::small_vocab("ab\"", extra);
+  const std::vector<std::string> grammars = {
+      R"(root ::= "\"" [^"\\\x00-\x1F]{0,6} "\"")",      // every lead byte held whole
+      R"(root ::= "\"" [^"\u0800-\u08FF]{0,6} "\"")",    // E0 held in part
+      R"(root ::= "\"" [\U00010000-\U0010FFFF]* "\"")",  // only 4-byte leads
+      R"(root ::= "\"" [\u00A0-\uFFFF]{0,4} "\"")",      // ED held up to the surrogates
+  };
+  for (int threads : {1, 3}) {
+    std::mt19937 rng(5);
+    for (const auto& g : grammars) {
+      SCOPED_TRACE(g + " threads " + std::to_string(threads));
+      auto idx = test::index_for(g, vocab, threads);
+      for (int run = 0; run < 10; ++run) {
+        Matcher m(idx);
+        for (int step = 0; step < 10 && !m.finished(); ++step) {
+          const auto fast = test::allowed_ids(m);
+          ASSERT_EQ(fast, test::brute_force_ids(m)) << "run " << run << " step " << step;
+          if (fast.empty()) break;
+          ASSERT_TRUE(m.accept_token(fast[rng() % fast.size()]));
+        }
+      }
+    }
+  }
+}
+
 // A run whose class holds most of the vocabulary: only the few tokens outside the class are
 // walked (the table's outside list), at every count and unbounded.
 TEST(GrammarIndex, FewTokensOutsideTheRunClassEqualBruteForce) {
