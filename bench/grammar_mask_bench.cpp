@@ -7,8 +7,11 @@
 //   warm: later episodes of the same grammar (the cache shared by requests is filled)
 // Prints p50 / p99 / max per schema, and the one-time costs (vocabulary build, grammar compile).
 // Usage: grammar_mask_bench [episodes=20] [steps=120] [context depth=4] [--threads N]
+//                           [--parallel-ms X]
 //   --threads N: threads sharing the walk of a new context (0, the default: GrammarIndex's choice,
 //   up to 8 as the machine has cores); the header line prints the number used.
+//   --parallel-ms X: the projected walk time from which the threads share it
+//   (GrammarIndex::set_parallel_walk_ms; default 0.5).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -50,16 +53,22 @@ struct Case {
 int main(int argc, char** argv) {
   std::vector<int> positional;
   int threads = 0;
+  double parallel_ms = -1;
   for (int a = 1; a < argc; ++a) {
     const std::string arg = argv[a];
     if (arg == "--threads" && a + 1 < argc) {
       threads = std::atoi(argv[++a]);
+    } else if (arg == "--parallel-ms" && a + 1 < argc) {
+      parallel_ms = std::atof(argv[++a]);
     } else if (arg.rfind("--threads=", 0) == 0) {
       threads = std::atoi(arg.c_str() + 10);
     } else if (!arg.empty() && arg[0] != '-') {
       positional.push_back(std::atoi(arg.c_str()));
     } else {
-      std::fprintf(stderr, "usage: %s [episodes] [steps] [context depth] [--threads N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [episodes] [steps] [context depth] [--threads N] "
+                   "[--parallel-ms X]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -154,6 +163,7 @@ int main(int argc, char** argv) {
     auto index = std::make_shared<grammar::GrammarIndex>(
         std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(c.gbnf)), vocab, depth,
         threads);
+    if (parallel_ms >= 0) index->set_parallel_walk_ms(parallel_ms);
     const double compile_ms = ms_since(t0);
     std::vector<double> cold, warm, cached, all, fresh;
     int total = 0;
