@@ -11,9 +11,11 @@
 // dead prefix skips every token under it). Per stack, the tokens are split into those accepted or
 // rejected whatever lies below the top kContextDepth nodes (computed once per distinct top and
 // cached in the GrammarIndex, shared by every request with the same grammar) and the few that
-// reach below them, which are walked with the real stack at each step.
+// reach below them, which are walked with the real stack at each step. Computing a split skips
+// the tokens that stay inside a run on top: their character count decides them (InsideTable).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -47,6 +49,9 @@ class Vocabulary {
     std::vector<uint32_t> lcp;
     std::string flat;
     std::vector<uint32_t> offset;
+    // first_end[b]: one past the last position whose token starts with a byte <= b (so a walk
+    // skips every token of a dead first byte at once).
+    std::array<uint32_t, 256> first_end{};
     std::string_view bytes(size_t i) const {
       return std::string_view(flat).substr(offset[i], offset[i + 1] - offset[i]);
     }
@@ -54,11 +59,34 @@ class Vocabulary {
   const SortedList& all() const { return all_; }
   SortedList sublist(const std::vector<int32_t>& ids_in_order) const;
 
+  // The tokens whose bytes all stay inside a run of one code-point class, and the characters they
+  // need there: per position of all(), its complete characters plus one for a trailing partial
+  // character that can still become one of the class, or kOutside (a byte leaves the class, or
+  // the UTF-8 is invalid). Built on first use of a class (one pass over the vocabulary, split
+  // over `threads`) and shared by every grammar over this vocabulary (at most 64 classes kept,
+  // ~0.7 MB each on a 150k vocabulary).
+  struct InsideTable {
+    static constexpr uint8_t kOutside = 255;
+    std::vector<uint8_t> need;
+    // up_to[L], L <= levels: a bitset over ids of the tokens needing at most L characters; the
+    // last one (up_to[levels + 1]) of every token inside.
+    std::vector<std::vector<uint32_t>> up_to;
+    // The tokens with need kOutside, listed when they are few (outside_listed: at most 1/8).
+    SortedList outside;
+    bool outside_listed = false;
+  };
+  std::shared_ptr<const InsideTable> inside_table(const CodePointClass& c, int levels,
+                                                  int threads) const;
+
  private:
   std::vector<std::string> bytes_;
   std::vector<int32_t> end_tokens_;
   SortedList all_;
   size_t max_len_ = 0;
+  mutable std::mutex inside_mutex_;
+  mutable std::map<std::pair<int, std::vector<std::pair<uint32_t, uint32_t>>>,
+                   std::shared_ptr<const InsideTable>>
+      inside_;
 };
 
 struct StackNode {
@@ -80,9 +108,10 @@ class GrammarIndex {
   static constexpr size_t kMaxEntries = 4096;  // ~80 MB at most on a 150k vocabulary
   // `context_depth`: the stack nodes a cached split looks at (kContextDepth; the benchmark varies
   // it): deeper means fewer uncertain tokens to walk per step but more distinct contexts to cache.
-  // `walk_threads`: threads that share the walk of the vocabulary for a new context, each over
-  // its own contiguous range of the sorted tokens (0: up to 8, as the machine has cores, for
-  // vocabularies of 8,192 tokens or more; 1 otherwise).
+  // `walk_threads`: threads that share a long walk of the vocabulary for a new context, taking
+  // contiguous chunks of the sorted tokens from a pool started once per process (0: up to 8, as
+  // the machine has cores, for vocabularies of 8,192 tokens or more; 1 otherwise); see
+  // set_parallel_walk_ms.
   GrammarIndex(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const Vocabulary> vocab,
                int context_depth = kContextDepth, int walk_threads = 0);
   const Grammar& grammar() const { return *grammar_; }
@@ -96,13 +125,23 @@ class GrammarIndex {
   // The entry for the stack whose top is `top` in `nodes`.
   std::shared_ptr<const Entry> entry(const std::vector<StackNode>& nodes, int32_t top);
   size_t cached_entries() const;
+  int walk_threads() const { return walk_threads_; }
+  // A walk goes to the pool when its first chunk, walked on the calling thread, projects the whole
+  // past this many milliseconds (default 0.5; 0: always, as the tests of the shared walk want).
+  void set_parallel_walk_ms(double ms) { parallel_walk_ms_ = ms; }
 
  private:
+  // Positions of vocab().all() whose token is longer than bucket_ bytes (a bucketed entry leaves
+  // them uncertain), and the same as a bitset over ids.
+  std::vector<uint32_t> long_positions_;
+  std::vector<uint32_t> long_bits_;
+
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const Vocabulary> vocab_;
   int32_t horizon_ = 0;  // a token has at most this many bytes (so characters)
   int context_depth_ = kContextDepth;
   int walk_threads_ = 1;
+  double parallel_walk_ms_ = 0.5;
   // A run with more than this many characters left (and fewer than horizon_) shares one entry.
   static constexpr int32_t kRunBucket = 24;
   int32_t bucket_ = kRunBucket;
@@ -143,6 +182,17 @@ ParseState initial_state(const Grammar& g, std::vector<StackNode>& nodes);
 void advance(const Grammar& g, std::vector<StackNode>& nodes, const ParseState& from, uint8_t b,
              ParseState& out);
 enum class Verdict : uint8_t { Reject, Accept, Uncertain };
+// Tokens that stay inside the run on top of the start state (list positions with need[pos] !=
+// kOutside, Vocabulary::InsideTable) are not walked: those needing at most `limit` characters
+// are accepted and not reported (the caller takes them from the table's bitset), those above it
+// rejected when `reject_over` (no path that leaves the run can take their next byte), otherwise
+// walked as any other token.
+struct InsideRun {
+  static constexpr uint8_t kOutside = Vocabulary::InsideTable::kOutside;
+  const uint8_t* need = nullptr;
+  uint32_t limit = 0;
+  bool reject_over = false;
+};
 // Walks `list` from `start`, calling on(id, verdict) for every token not rejected, in list
 // order. With `bottom_is_context`, a stack that runs off the bottom with bytes left makes the token
 // Uncertain (the real stack continues below); otherwise such a path is dead.

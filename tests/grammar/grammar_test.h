@@ -11,13 +11,16 @@
 
 namespace lilac::grammar::test {
 
-// `walk_threads` as GrammarIndex takes it (0: automatic, 1 for these small vocabularies).
+// `walk_threads` as GrammarIndex takes it (0: automatic, 1 for these small vocabularies); a walk
+// with more than one thread always uses the pool.
 inline std::shared_ptr<GrammarIndex> index_for(const std::string& gbnf,
                                                std::shared_ptr<const Vocabulary> vocab,
                                                int walk_threads = 0) {
-  return std::make_shared<GrammarIndex>(std::make_shared<const Grammar>(parse_gbnf(gbnf)),
-                                        std::move(vocab), GrammarIndex::kContextDepth,
-                                        walk_threads);
+  auto idx =
+      std::make_shared<GrammarIndex>(std::make_shared<const Grammar>(parse_gbnf(gbnf)),
+                                     std::move(vocab), GrammarIndex::kContextDepth, walk_threads);
+  idx->set_parallel_walk_ms(0);  // these walks are short: share every one of them all the same
+  return idx;
 }
 
 // A vocabulary of every single byte of `alphabet`, their pairs, and `extra`; ids from 1 (0 is an
