@@ -32,16 +32,16 @@ struct CudaOptions {
   // Batched passes of at least this many rows run the MoE as prefill does (moe_route, grouped
   // GEMMs over the tokens of each expert: every touched expert read once) instead of the decode
   // MoE kernels with a grid row per token (each token reads its own experts). 0: never; -1:
-  // the measured default (16 with BF16 experts; with 4-bit ones 32 when the small-M kernels take
+  // the measured default (16 with BF16 experts; with 4-bit ones 8 when the small-M kernels take
   // them, else never: docs/performance.md, docs/kernels.md version 5).
   // LILAC_BATCH_GROUPED_MOE=n.
   int batch_grouped_moe_min_rows = -1;
   // Grouped batched passes of at most this many rows run the small-M kernels over 4/8-bit experts
   // (q4_moe_small.cu: a warp per expert tile, tokens as the MMA's n) instead of the 128-token-tile
-  // ones; prefill chunks of at most small_moe_prefill_max_tokens do too. 0: never.
+  // ones; prefill chunks of 64 to small_moe_prefill_max_tokens tokens do too. 0: never.
   // LILAC_SMALL_MOE_MAX=n, LILAC_SMALL_MOE_PREFILL_MAX=n.
   int small_moe_max_tokens = 64;
-  int small_moe_prefill_max_tokens = 0;
+  int small_moe_prefill_max_tokens = 256;
   static CudaOptions from_environment();
 };
 

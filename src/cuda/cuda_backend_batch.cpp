@@ -193,7 +193,7 @@ bool CudaBackend::batch_grouped_moe(int B) const {
   if (min_grouped < 0) {  // the default: measured crossovers (docs/performance.md)
     const bool q4_experts = !model_->layers.empty() && model_->layers[0].gate_up.affine();
     const DeviceLayer& L0 = model_->layers[0];
-    min_grouped = !q4_experts ? 16 : small_moe(L0, B, options_.small_moe_max_tokens) ? 32 : 0;
+    min_grouped = !q4_experts ? 16 : small_moe(L0, B, options_.small_moe_max_tokens) ? 8 : 0;
   }
   return min_grouped > 0 && B >= min_grouped;
 }
