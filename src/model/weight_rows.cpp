@@ -31,8 +31,14 @@ __attribute__((target_clones("arch=haswell", "default"))) void widen_row(const v
   }
 }
 
-void dequantize_row_scalar(const void* codes, const uint16_t* scales, const uint16_t* biases,
-                           int bits, int group_size, int64_t n, float* dst) {
+namespace {
+
+// Calls f(k, q, scale, bias) for every element k < n of an MLX affine row: codes of `bits` bits
+// packed little-endian into 32-bit words (the row may be unaligned), one bf16 scale and bias per
+// group of `group_size` elements, widened to f32 (exactly).
+template <class F>
+void for_each_code(const void* codes, const uint16_t* scales, const uint16_t* biases, int bits,
+                   int group_size, int64_t n, F&& f) {
   const uint8_t* c = static_cast<const uint8_t*>(codes);
   const uint32_t mask = (1u << bits) - 1u;
   const int per_word = 32 / bits;
@@ -40,11 +46,19 @@ void dequantize_row_scalar(const void* codes, const uint16_t* scales, const uint
     const float s = bf16_to_f32(scales[g]), b = bf16_to_f32(biases[g]);
     for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) {
       uint32_t word;
-      std::memcpy(&word, c + 4 * (k / per_word), 4);  // little-endian words, maybe unaligned
-      const uint32_t q = (word >> (bits * int(k % per_word))) & mask;
-      dst[k] = std::fma(s, float(q), b);
+      std::memcpy(&word, c + 4 * (k / per_word), 4);
+      f(k, (word >> (bits * int(k % per_word))) & mask, s, b);
     }
   }
+}
+
+}  // namespace
+
+void dequantize_row_scalar(const void* codes, const uint16_t* scales, const uint16_t* biases,
+                           int bits, int group_size, int64_t n, float* dst) {
+  for_each_code(
+      codes, scales, biases, bits, group_size, n,
+      [&](int64_t k, uint32_t q, float s, float b) { dst[k] = std::fma(s, float(q), b); });
 }
 
 #ifdef LILAC_X86
@@ -118,18 +132,12 @@ uint16_t double_to_bf16(double v) {
 
 void dequantize_row_bf16(const void* codes, const uint16_t* scales, const uint16_t* biases,
                          int bits, int group_size, int64_t n, uint16_t* dst) {
-  const uint8_t* c = static_cast<const uint8_t*>(codes);
-  const uint32_t mask = (1u << bits) - 1u;
-  const int per_word = 32 / bits;
-  for (int64_t g = 0; g < n / group_size; ++g) {
-    const double s = bf16_to_f32(scales[g]), b = bf16_to_f32(biases[g]);
-    for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) {
-      uint32_t word;
-      std::memcpy(&word, c + 4 * (k / per_word), 4);
-      const uint32_t q = (word >> (bits * int(k % per_word))) & mask;
-      dst[k] = double_to_bf16(s * double(q) + b);
-    }
-  }
+  // s q + b in double is exact (a bf16 times an integer below 256, plus a bf16), so the one
+  // rounding is double_to_bf16's.
+  for_each_code(codes, scales, biases, bits, group_size, n,
+                [&](int64_t k, uint32_t q, float s, float b) {
+                  dst[k] = double_to_bf16(double(s) * double(q) + double(b));
+                });
 }
 
 // Row r of an FP8 E4M3 matrix: fp8 * its block's scale, in f32 (the checkpoint's weight; one
