@@ -84,33 +84,13 @@ __device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT
                                                const uint32_t* const (&sb)[NT], int G, int set,
                                                const uint32_t* xs, int stride, int count,
                                                float (&y)[NT][4]) {
-  using namespace qtile;
-  constexpr int P = BITS / 4;
-  constexpr float kOffset = P == 1 ? 128.f : 2176.f;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int grp0 = set * GS;
   const int ng = min(GS, G - grp0);
-  uint4 cw[NT][GS][P];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int m = 0; m < GS; ++m)
-#pragma unroll
-      for (int p = 0; p < P; ++p)
-        cw[nt][m][p] =
-            m < ng ? ld_w16(codes[nt] + (size_t(grp0 + (m < ng ? m : 0)) * P + p) * kQBlockWords +
-                            lane * 4)
-                   : make_uint4(0, 0, 0, 0);
-  uint2 sbv[NT][GS];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int m = 0; m < GS; ++m)
-      sbv[nt][m] = m < ng ? ld_ro8(sb[nt] + size_t(grp0 + (m < ng ? m : 0)) * kQSbWords + 2 * g)
-                          : make_uint2(0, 0);
+  qtile::QSet<BITS, NT, GS> w;
+  qtile::load_qset(w, codes, sb, grp0, ng);
   const bool has = g < count;
   const uint32_t* xr = xs + g * stride + grp0 * 32;
-  const uint32_t ones[4] = {kBf16x2One, kBf16x2One, kBf16x2One, kBf16x2One};
 #pragma unroll
   for (int m = 0; m < GS; ++m) {
     if (m >= ng) continue;  // warp-uniform
@@ -120,34 +100,7 @@ __device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT
       X[kb][0] = has ? xr[m * 32 + 8 * kb + t] : 0u;
       X[kb][1] = has ? xr[m * 32 + 8 * kb + t + 4] : 0u;
     }
-    float sx[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) mma_bf16_16816(sx, ones, X[kb][0], X[kb][1]);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      float c[P][4];
-#pragma unroll
-      for (int p = 0; p < P; ++p) c[p][0] = c[p][1] = c[p][2] = c[p][3] = 0.f;
-#pragma unroll
-      for (int p = 0; p < P; ++p)
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-          const uint32_t w = word_of(cw[nt][m][p], kb);
-          const uint32_t a[4] = {magic128(w), magic128(w >> 4), magic128(w >> 8),
-                                 magic128(w >> 12)};
-          mma_bf16_16816(c[p], a, X[kb][0], X[kb][1]);
-        }
-      const float s0 = bf16_lo(sbv[nt][m].x), b0 = bf16_hi(sbv[nt][m].x);  // row g
-      const float s1 = bf16_lo(sbv[nt][m].y), b1 = bf16_hi(sbv[nt][m].y);  // row g + 8
-      const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float cc = P == 1 ? c[0][q] : fmaf(16.f, c[P - 1][q], c[0][q]);
-        const float sc = q < 2 ? s0 : s1, o = q < 2 ? o0 : o1;
-        y[nt][q] = fmaf(sc, cc, y[nt][q]);
-        y[nt][q] = fmaf(o, sx[q], y[nt][q]);
-      }
-    }
+    qtile::q_group_dot(w, m, X, y);
   }
 }
 

@@ -199,6 +199,79 @@ struct TokenRows {
   __device__ __forceinline__ int row(int r) const { return ids ? ids[row0 + r] : row0 + r; }
 };
 
+// The weights of one set: NT row tiles x GS groups, this lane's codes (P planes) and its (row g,
+// row g + 8) scale/bias pair of each group.
+template <int BITS, int NT, int GS>
+struct QSet {
+  uint4 cw[NT][GS][BITS / 4];
+  uint2 sbv[NT][GS];
+};
+
+// Loads the set's groups [grp0, grp0 + ng) of each tile (codes[nt] / sb[nt]: the tile's block at
+// group 0, plane 0): NT * GS * P 16-byte loads per lane in flight at once.
+template <int BITS, int NT, int GS>
+__device__ __forceinline__ void load_qset(QSet<BITS, NT, GS>& w, const uint32_t* const (&codes)[NT],
+                                          const uint32_t* const (&sb)[NT], int grp0, int ng) {
+  constexpr int P = BITS / 4;
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int m = 0; m < GS; ++m)
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        // Addresses are clamped to a valid group so a speculated load cannot fault.
+        w.cw[nt][m][p] =
+            m < ng ? ld_w16(codes[nt] + (size_t(grp0 + (m < ng ? m : 0)) * P + p) * kQBlockWords +
+                            lane * 4)
+                   : make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int m = 0; m < GS; ++m)
+      w.sbv[nt][m] = m < ng ? ld_ro8(sb[nt] + size_t(grp0 + (m < ng ? m : 0)) * kQSbWords + 2 * g)
+                            : make_uint2(0, 0);
+}
+
+// Group m of a loaded set against 8 tokens' B fragments X (elements 16 kb + 2t (+1), 16 kb + 2t + 8
+// (+1) of token g): adds to y[nt][0..3] (rows g, g + 8 x tokens 2t, 2t + 1) the group's dot
+// products, the offset removed with the tokens' group sums (one MMA with an all-ones A).
+template <int BITS, int NT, int GS>
+__device__ __forceinline__ void q_group_dot(const QSet<BITS, NT, GS>& w, int m,
+                                            const uint32_t (&X)[4][2], float (&y)[NT][4]) {
+  constexpr int P = BITS / 4;
+  constexpr float kOffset = P == 1 ? 128.f : 2176.f;
+  const uint32_t ones[4] = {kBf16x2One, kBf16x2One, kBf16x2One, kBf16x2One};
+  float sx[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) mma_bf16_16816(sx, ones, X[kb][0], X[kb][1]);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float c[P][4];
+#pragma unroll
+    for (int p = 0; p < P; ++p) c[p][0] = c[p][1] = c[p][2] = c[p][3] = 0.f;
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        const uint32_t wd = word_of(w.cw[nt][m][p], kb);
+        const uint32_t a[4] = {magic128(wd), magic128(wd >> 4), magic128(wd >> 8),
+                               magic128(wd >> 12)};
+        mma_bf16_16816(c[p], a, X[kb][0], X[kb][1]);
+      }
+    const float s0 = bf16_lo(w.sbv[nt][m].x), b0 = bf16_hi(w.sbv[nt][m].x);  // row g
+    const float s1 = bf16_lo(w.sbv[nt][m].y), b1 = bf16_hi(w.sbv[nt][m].y);  // row g + 8
+    const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float cc = P == 1 ? c[0][q] : fmaf(16.f, c[P - 1][q], c[0][q]);
+      const float sc = q < 2 ? s0 : s1, o = q < 2 ? o0 : o1;
+      y[nt][q] = fmaf(sc, cc, y[nt][q]);
+      y[nt][q] = fmaf(o, sx[q], y[nt][q]);
+    }
+  }
+}
+
 // Adds to y[nt][ch][0..3] (row g / tokens 2t, 2t + 1, then row g + 8 / the same tokens, of tile
 // nt and chunk ch) the dot products over the groups [GS set, GS set + GS) ∩ [0, G).
 // codes[nt] / sb[nt]: the tile's block (group 0, plane 0) in codes and sb; x bf16 rows of ldx
@@ -211,31 +284,11 @@ __device__ __forceinline__ void q_set_dot_tokens(const uint32_t* const (&codes)[
                                                  const uint32_t* const (&sb)[NT], int G, int set,
                                                  const bf16* __restrict__ x, int ldx,
                                                  const TokenRows& rows, float (&y)[NT][NCH][4]) {
-  constexpr int P = BITS / 4;
-  constexpr float kOffset = P == 1 ? 128.f : 2176.f;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int grp0 = set * GS;
   const int ng = min(GS, G - grp0);
-  uint4 cw[NT][GS][P];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int m = 0; m < GS; ++m)
-#pragma unroll
-      for (int p = 0; p < P; ++p)
-        // Addresses are clamped to a valid group so a speculated load cannot fault.
-        cw[nt][m][p] =
-            m < ng ? ld_w16(codes[nt] + (size_t(grp0 + (m < ng ? m : 0)) * P + p) * kQBlockWords +
-                            lane * 4)
-                   : make_uint4(0, 0, 0, 0);
-  uint2 sbv[NT][GS];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int m = 0; m < GS; ++m)
-      sbv[nt][m] = m < ng ? ld_ro8(sb[nt] + size_t(grp0 + (m < ng ? m : 0)) * kQSbWords + 2 * g)
-                          : make_uint2(0, 0);
-  const uint32_t ones[4] = {kBf16x2One, kBf16x2One, kBf16x2One, kBf16x2One};
+  QSet<BITS, NT, GS> w;
+  load_qset(w, codes, sb, grp0, ng);
 #pragma unroll
   for (int ch = 0; ch < NCH; ++ch) {
     if (ch * 8 >= rows.count) continue;  // warp-uniform: chunks past the tokens
@@ -255,38 +308,18 @@ __device__ __forceinline__ void q_set_dot_tokens(const uint32_t* const (&codes)[
         X[m][kb][0] = ok ? ld_ro4(xr + m * 32 + 8 * kb + t) : 0u;
         X[m][kb][1] = ok ? ld_ro4(xr + m * 32 + 8 * kb + t + 4) : 0u;
       }
+    float yc[NT][4];
 #pragma unroll
-    for (int m = 0; m < GS; ++m) {
-      if (m >= ng) continue;  // warp-uniform
-      float sx[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int kb = 0; kb < 4; ++kb) mma_bf16_16816(sx, ones, X[m][kb][0], X[m][kb][1]);
+      for (int q = 0; q < 4; ++q) yc[nt][q] = y[nt][ch][q];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        float c[P][4];
+    for (int m = 0; m < GS; ++m)
+      if (m < ng) q_group_dot(w, m, X[m], yc);  // warp-uniform
 #pragma unroll
-        for (int p = 0; p < P; ++p) c[p][0] = c[p][1] = c[p][2] = c[p][3] = 0.f;
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int p = 0; p < P; ++p)
-#pragma unroll
-          for (int kb = 0; kb < 4; ++kb) {
-            const uint32_t w = word_of(cw[nt][m][p], kb);
-            const uint32_t a[4] = {magic128(w), magic128(w >> 4), magic128(w >> 8),
-                                   magic128(w >> 12)};
-            mma_bf16_16816(c[p], a, X[m][kb][0], X[m][kb][1]);
-          }
-        const float s0 = bf16_lo(sbv[nt][m].x), b0 = bf16_hi(sbv[nt][m].x);  // row g
-        const float s1 = bf16_lo(sbv[nt][m].y), b1 = bf16_hi(sbv[nt][m].y);  // row g + 8
-        const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float cc = P == 1 ? c[0][q] : fmaf(16.f, c[P - 1][q], c[0][q]);
-          const float sc = q < 2 ? s0 : s1, o = q < 2 ? o0 : o1;
-          y[nt][ch][q] = fmaf(sc, cc, y[nt][ch][q]);
-          y[nt][ch][q] = fmaf(o, sx[q], y[nt][ch][q]);
-        }
-      }
-    }
+      for (int q = 0; q < 4; ++q) y[nt][ch][q] = yc[nt][q];
   }
 }
 
