@@ -16,6 +16,7 @@
 
 #include "cuda/moe_prefill.h"
 #include "cuda/q4_moe.h"
+#include "moe_route_util.h"
 #include "q4_test_util.h"
 #include "util/error.h"
 
@@ -57,19 +58,10 @@ void check_small(Shape s, int T, uint64_t seed, const std::vector<float>* given_
     logits = *given_logits;
   else
     for (size_t i = 0; i < logits.size(); ++i) logits[i] = hash_uniform(seed + 7, i, 3.f);
-  auto dlog = upload(logits);
-  cuda::DeviceBuffer<uint8_t> ws(cuda::moe_routing_workspace_bytes(T, s.E, k));
-  const cuda::MoeRouting r = cuda::moe_routing_layout(ws.get(), T, s.E, k);
-  cuda::moe_route(dlog.get(), s.E + 1, T, s.E, k, r, nullptr);
-  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<int32_t> sorted_token(static_cast<size_t>(P)), offsets(size_t(s.E) + 1);
-  LILAC_CUDA_CHECK(
-      cudaMemcpy(sorted_token.data(), r.sorted_token, size_t(P) * 4, cudaMemcpyDeviceToHost));
-  LILAC_CUDA_CHECK(
-      cudaMemcpy(offsets.data(), r.expert_offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
-  std::vector<int32_t> expert_of(static_cast<size_t>(P));
-  for (int e = 0; e < s.E; ++e)
-    for (int i = offsets[size_t(e)]; i < offsets[size_t(e) + 1]; ++i) expert_of[size_t(i)] = e;
+  const DeviceRouting route(logits, T, s.E, k);
+  const cuda::MoeRouting& r = route.r;
+  const std::vector<int32_t>& sorted_token = route.sorted_token;
+  const std::vector<int32_t>& expert_of = route.expert_of;
 
   const auto xb = random_bf16_bits(size_t(T) * size_t(s.H), 1.f, seed + 8);
   const auto x = widen(xb.data(), xb.size());
