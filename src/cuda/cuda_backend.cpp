@@ -462,20 +462,22 @@ std::vector<std::string> CudaBackend::kernel_breakdown() {
 
 std::unique_ptr<CudaBackend> make_cuda_backend(const ModelConfig& config,
                                                const ModelWeights& weights,
-                                               const std::string& checkpoint_dir, bool quantize) {
+                                               const std::string& checkpoint_dir, bool quantize,
+                                               const CudaOptions& options) {
   return std::make_unique<CudaBackend>(
       std::shared_ptr<DeviceModel>(upload_model(config, weights, checkpoint_dir, quantize)),
-      CudaOptions::from_environment());
+      options);
 }
 
 std::unique_ptr<CudaBackend> make_synthetic_backend(const std::string& weights, uint64_t seed,
-                                                    SyntheticRouter router) {
+                                                    SyntheticRouter router,
+                                                    const CudaOptions& options) {
   if (weights != "bf16" && weights != "q4")
     fail("--weights {}: the synthetic model is bf16 or q4", weights);
   auto backend =
       std::make_unique<CudaBackend>(std::shared_ptr<DeviceModel>(synthetic_device_model(
                                         qwen36_35b_a3b_config(), seed, weights == "q4", router)),
-                                    CudaOptions::from_environment());
+                                    options);
   backend->set_sampling_vocab(kQwen36RealTokens);
   return backend;
 }

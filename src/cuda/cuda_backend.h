@@ -141,12 +141,16 @@ class CudaBackend : public Backend {
 // Backends for the CLI: from a loaded checkpoint (quantize: `--weights q4` on a float
 // checkpoint, quantized on the GPU at load; MLX quantized checkpoints run as they are), or the
 // full-size synthetic model (weights "bf16" or "q4", router uniform or zipf).
-// `checkpoint_dir` names the weights' source in messages.
+// `checkpoint_dir` names the weights' source in messages. `options`: the defaults unless the
+// caller says otherwise; only the runtime (cli, server) reads them from the environment
+// (CudaOptions::from_environment), so a test runs the same kernels whatever its environment.
 std::unique_ptr<CudaBackend> make_cuda_backend(const ModelConfig& config,
                                                const ModelWeights& weights,
                                                const std::string& checkpoint_dir,
-                                               bool quantize = false);
+                                               bool quantize = false,
+                                               const CudaOptions& options = {});
 std::unique_ptr<CudaBackend> make_synthetic_backend(
-    const std::string& weights, uint64_t seed, SyntheticRouter router = SyntheticRouter::Uniform);
+    const std::string& weights, uint64_t seed, SyntheticRouter router = SyntheticRouter::Uniform,
+    const CudaOptions& options = {});
 
 }  // namespace lilac::cuda

@@ -28,7 +28,8 @@ std::string resolve_device(const std::string& device) {
 std::unique_ptr<Backend> open_cuda(const Model& model, bool quantize) {
 #ifdef LILAC_HAVE_CUDA
   if (!cuda_available()) fail("--device cuda: no CUDA device is visible");
-  return cuda::make_cuda_backend(model.config, model.weights, model.checkpoint->dir(), quantize);
+  return cuda::make_cuda_backend(model.config, model.weights, model.checkpoint->dir(), quantize,
+                                 cuda::CudaOptions::from_environment());
 #else
   (void)model;
   (void)quantize;
@@ -69,7 +70,7 @@ std::unique_ptr<Backend> open_synthetic_backend(const std::string& device,
     fail("--synthetic needs the cuda device: the full-size model (70 GB) is generated on the GPU");
 #ifdef LILAC_HAVE_CUDA
   if (!cuda_available()) fail("--synthetic: no CUDA device is visible");
-  return cuda::make_synthetic_backend(weights, seed, router);
+  return cuda::make_synthetic_backend(weights, seed, router, cuda::CudaOptions::from_environment());
 #else
   (void)weights;
   (void)seed;

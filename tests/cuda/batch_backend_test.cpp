@@ -226,7 +226,7 @@ std::unique_ptr<cuda::CudaBackend> synthetic_layers(bool q4, int64_t layers) {
   cfg.layer_types.resize(size_t(layers));
   auto b = std::make_unique<cuda::CudaBackend>(
       std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 7, q4)),
-      cuda::CudaOptions::from_environment());
+      cuda::CudaOptions{});
   b->set_sampling_vocab(kQwen36RealTokens);
   return b;
 }

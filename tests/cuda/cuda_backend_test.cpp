@@ -145,7 +145,7 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
   cpu_backend.set_bf16_activations(true);
   cuda::CudaBackend gpu_backend(
       std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(host->config, seed)),
-      cuda::CudaOptions::from_environment());
+      cuda::CudaOptions{});
   std::vector<int32_t> prompt = {17, 248044, 9, 100000, 3, 77777, 12345, 5};
   const int64_t T = int64_t(prompt.size()), H = cfg.hidden;
   std::map<std::string, std::vector<float>> cpu_trace, gpu_trace;

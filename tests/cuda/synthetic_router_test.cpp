@@ -41,7 +41,7 @@ TEST(SyntheticRouterGpu, ZipfRouterMatchesTheHostTwinAndSkewsEveryLayer) {
     EXPECT_EQ(std::memcmp(dev.data(), want, dev.size() * 2), 0) << "layer " << i;
   }
 
-  cuda::CudaBackend backend(dm, cuda::CudaOptions::from_environment());
+  cuda::CudaBackend backend(dm, cuda::CudaOptions{});
   std::vector<std::vector<float>> ids(static_cast<size_t>(layers));
   backend.set_trace(
       [&](const std::string& name, const float* d, const std::vector<int64_t>& shape) {
