@@ -192,8 +192,10 @@ bool CudaBackend::batch_grouped_moe(int B) const {
   int min_grouped = options_.batch_grouped_moe_min_rows;
   if (min_grouped < 0) {  // the default: measured crossovers (docs/performance.md)
     const bool q4_experts = !model_->layers.empty() && model_->layers[0].gate_up.affine();
-    const DeviceLayer& L0 = model_->layers[0];
-    min_grouped = !q4_experts ? 16 : small_moe(L0, B, options_.small_moe_max_tokens) ? 8 : 0;
+    if (!q4_experts)
+      min_grouped = 16;
+    else  // the small-M kernels from 8 rows (run 7); without them the per-token kernels always
+      min_grouped = small_moe(model_->layers[0], B, options_.small_moe_max_tokens) ? 8 : 0;
   }
   return min_grouped > 0 && B >= min_grouped;
 }
