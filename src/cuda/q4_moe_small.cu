@@ -5,9 +5,9 @@
 // 128 expert reads for ~100 distinct experts), and the prefill kernels read each expert once but
 // in 128-token tiles, one 256-thread block per 256 rows, dequantising and streaming 128 token
 // rows for ~8 real ones. Here the unit of work is a warp on one 16-row weight tile of one expert,
-// and the tokens of that expert take the MMA's n dimension in chunks of 8 (q4_tile.cuh's
-// q_set_dot_tokens): the weights are read once per step at the rate of many independent warps,
-// and the MMAs grow with ceil(m_e / 8).
+// and the tokens of that expert take the MMA's n dimension in chunks of 8 (q4_tile.cuh's load_qset
+// and q_group_dot): the weights are read once per step at the rate of many independent warps, and
+// the MMAs grow with ceil(m_e / 8).
 //
 // Bytes per touched expert: (2I x H + H x I) x 4.5 / 8 = 1.77 MB at I = 512, H = 2048; per layer
 // ~100 / 221 / 256 touched experts at 16 / 64 rows / 256 prompt tokens (uniform router).
