@@ -143,6 +143,30 @@ void bench_gemv(cudaStream_t s, const Options& opt, const char* name, int rows, 
       W[0].bytes(), t);
 }
 
+// q_gemv_rows (the dense projections of a batched decode step) over T token rows: the weights once
+// per launch, as bytes; TFLOP/s would be 2 T rows cols / time.
+void bench_gemv_rows(cudaStream_t s, const Options& opt, const char* name, int rows, int cols,
+                     int bits, bool acc, int T) {
+  const std::string label = std::string("q_gemv_rows ") + name + " T=" + std::to_string(T);
+  if (!wanted(opt, label)) return;
+  std::vector<QBuf> W;
+  W.emplace_back(rows, cols, bits, 11);
+  const int copies = int(std::max<double>(1, double(kRotateBytes) / W[0].bytes() + 1));
+  for (int c = 1; c < copies; ++c) W.emplace_back(rows, cols, bits, 11 + c);
+  auto x = random_bf16(size_t(T) * cols, 3, 1.f);
+  DeviceBuffer<float> y(size_t(T) * rows);
+  LILAC_CUDA_CHECK(cudaMemset(y.get(), 0, y.bytes()));
+  const double t = time_graph(s, opt, [&](int r) {
+    lilac::cuda::q_gemv_rows(W[size_t(r % copies)].q, x.get(), T, y.get(),
+                             acc ? lilac::cuda::GemvOut::Accumulate : lilac::cuda::GemvOut::Store,
+                             s);
+  });
+  report_bw(
+      label.c_str(),
+      std::to_string(rows) + " x " + std::to_string(cols) + " " + std::to_string(bits) + "-bit",
+      W[0].bytes(), t);
+}
+
 void bench_moe_decode(cudaStream_t s, const Options& opt) {
   const int H = 2048, E = 256, k = 8, I = 512, Is = 512;
   QBuf gu(E * 2 * I, H, 4, 21), dn(E * H, I, 4, 22), sgu(2 * Is, H, 4, 23), sdn(H, Is, 4, 24);
@@ -325,6 +349,13 @@ int main(int argc, char** argv) {
     bench_gemv(s, opt, "q_gemv out_proj (+= h)", 2048, 4096, 4, true);
     bench_gemv(s, opt, "q_gemv router 8-bit", 257, 2048, 8, false);
     bench_gemv(s, opt, "q_gemv lm_head", 248320, 2048, 4, false);
+    for (int T : {16, 64}) {
+      bench_gemv_rows(s, opt, "gdn_in_proj", 12352, 2048, 4, false, T);
+      bench_gemv_rows(s, opt, "attn_qkv", 9216, 2048, 4, false, T);
+      bench_gemv_rows(s, opt, "out_proj (+= h)", 2048, 4096, 4, true, T);
+      bench_gemv_rows(s, opt, "router 8-bit", 257, 2048, 8, false, T);
+      bench_gemv_rows(s, opt, "lm_head", 248320, 2048, 4, false, T);
+    }
     bench_moe_decode(s, opt);
     bench_load(s, opt);
     bench_gemm(s, opt);

@@ -324,10 +324,14 @@ TEST(BatchKernels, QGemvRowsMatchesTheTwinPerRow) {
     int rows, cols, bits;
     std::vector<int> T;
   };
-  const std::vector<Shape> shapes = {{12352, 2048, 4, {1, 9, 64}},
-                                     {2048, 4096, 4, {3, 16}},
-                                     {257, 2048, 8, {2, 33}},
-                                     {100, 192, 4, {1, 5, 8, 17, 64}}};
+  // The model's shapes (in_proj, out_proj at 8 K-slices, the 8-bit router at 8 slices of 4
+  // groups), then awkward ones: 3 groups (3 slices of 1), 1 group (no cluster), 12 groups of 8
+  // bits (3 slices of 4), 64 groups of 8 bits (8 slices of two register sets), 65 groups of 4 bits
+  // (8 slices of 9: a second set per slice, a short last slice).
+  const std::vector<Shape> shapes = {{12352, 2048, 4, {1, 9, 64}}, {2048, 4096, 4, {3, 16, 64}},
+                                     {257, 2048, 8, {2, 33, 64}},  {100, 192, 4, {1, 5, 8, 17, 64}},
+                                     {16, 64, 8, {1, 64}},         {48, 768, 8, {7, 40}},
+                                     {24, 4096, 8, {5, 64}},       {40, 4160, 4, {8, 63}}};
   uint64_t seed = 900;
   for (const Shape& s : shapes) {
     HostQ W(s.rows, s.cols, s.bits, std::sqrt(3.f / float(s.cols)), ++seed);

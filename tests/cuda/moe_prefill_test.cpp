@@ -153,10 +153,28 @@ TEST(MoeRoute, MatchesCountingSort) {
     bool skew;
   };
   const Case cases[] = {
-      {1, 256, 8, 257, false},   {5, 256, 8, 257, true},    {300, 256, 8, 257, false},
-      {300, 256, 8, 257, true},  {2048, 256, 8, 257, true}, {8192, 256, 8, 257, false},
-      {8192, 256, 8, 257, true}, {37, 16, 4, 17, false},    {1000, 16, 4, 17, true},
-      {777, 100, 6, 103, false}, {513, 512, 32, 513, true}, {64, 8, 1, 9, false}};
+      {1, 256, 8, 257, false},
+      {5, 256, 8, 257, true},
+      {300, 256, 8, 257, false},
+      {300, 256, 8, 257, true},
+      {2048, 256, 8, 257, true},
+      {8192, 256, 8, 257, false},
+      {8192, 256, 8, 257, true},
+      {37, 16, 4, 17, false},
+      {1000, 16, 4, 17, true},
+      {777, 100, 6, 103, false},
+      {513, 512, 32, 513, true},
+      {64, 8, 1, 9, false},
+      // The one-block path (T <= 32, T k <= 1024, E <= 256) at batched decode sizes, its edges.
+      {16, 256, 8, 257, false},
+      {32, 256, 8, 257, true},
+      {33, 256, 8, 257, true},
+      {32, 16, 4, 17, false},
+      {64, 256, 8, 257, true},
+      {64, 256, 8, 257, false},
+      {128, 256, 8, 257, false},
+      {129, 256, 8, 257, false},
+      {200, 100, 5, 103, true}};
   uint64_t seed = 7;
   for (const Case& c : cases) {
     const std::string what = "T " + std::to_string(c.T) + " E " + std::to_string(c.E) + " k " +

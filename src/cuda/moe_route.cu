@@ -1,0 +1,401 @@
+// MoE routing on the device (moe_prefill.h): the top-k of each token's router logits and a stable
+// counting sort of the (token, slot) pairs by expert, with no host round trip; the tables drive the
+// grouped expert kernels of prefill and of the batched decode step (moe_prefill.cu, q4_moe_*.cu).
+//
+// Routing (moe_route), no host round trip:
+//  1. moe_topk_kernel: one warp per token; each lane holds E/32 logits; softmax max and sum by warp
+//     reductions; k rounds of warp arg-max over (logit desc, index asc) pick the top-k (selection
+//     by logit: softmax is monotonic, so this is the top-k of p with ties to the lower index,
+//     without exp rounding creating ties); w_j = p_j / sum of the k selected p.
+//  2. moe_rank_kernel: pairs p = t*k + j in chunks of kChunk = 2048 (one block, 8 warps of 256
+//     pairs); within a warp, 32 pairs at a time, __match_any_sync groups equal experts, the rank
+//     is the count of equal-expert lanes below plus a running per-warp, per-expert count in shared
+//     memory; then per-expert prefix over the 8 warps -> rank of p within its chunk (stable: in
+//     pair order, hence token order) and the chunk's per-expert counts.
+//  3. moe_scan_kernel (one block, a thread per expert): prefix over chunks per expert (chunk
+//  bases),
+//     then block-wide exclusive scans of the expert totals (-> expert_offsets) and of their tile
+//     counts ceil(n_e / 128) (-> the tile table in expert order, num_tiles).
+//  4. moe_scatter_kernel: pos = offsets[e] + chunk_base[c][e] + rank -> sorted_token,
+//     sorted_weight, pair_position. Deterministic: no atomics anywhere.
+// Small batches (T <= 32 tokens, T k <= 1024 pairs, E <= 256) take all four steps in one block
+// instead (moe_route_block_kernel below): one launch instead of four.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "cuda/common.cuh"
+#include "cuda/moe_prefill.h"
+#include "util/error.h"
+
+namespace lilac::cuda {
+namespace {
+
+constexpr int kChunk = 2048;                      // pairs per counting-sort chunk
+constexpr int kChunkWarps = 8;                    // warps per chunk block
+constexpr int kWarpPairs = kChunk / kChunkWarps;  // 256 pairs per warp
+constexpr int kBatches = kWarpPairs / 32;         // 8 batches of 32
+
+// ---- routing
+// -------------------------------------------------------------------------------------
+
+// The top-k of one token's logits L [E] by one warp: lane j < k gets the j-th expert (`my_idx`)
+// and its renormalised weight (returned); other lanes return 0.
+template <int PER>  // logits per lane: E <= 32 * PER
+__device__ __forceinline__ float topk_of_token(const float* __restrict__ L, int E, int k,
+                                               int& my_idx) {
+  const int lane = threadIdx.x & 31;
+  float v[PER];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int e = j * 32 + lane;
+    v[j] = e < E ? L[e] : -INFINITY;
+    mx = fmaxf(mx, v[j]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < PER; ++j)
+    if (j * 32 + lane < E) sum += expf(v[j] - mx);
+  sum = warp_sum(sum);
+
+  uint32_t taken = 0;
+  float my_val = -INFINITY;
+  my_idx = 0;
+  for (int s = 0; s < k; ++s) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;  // INT_MAX: no candidate
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int e = j * 32 + lane;
+      if (e < E && !((taken >> j) & 1u) && (bi == INT_MAX || v[j] > bv)) bv = v[j], bi = e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+    }
+    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);  // k <= E, so bi is a real expert
+    if (lane == s) my_val = bv, my_idx = bi;
+  }
+  const float p = lane < k ? expf(my_val - mx) / sum : 0.f;
+  const float top = warp_sum(p);
+  return lane < k ? p / top : 0.f;
+}
+
+template <int PER>
+__global__ void __launch_bounds__(256)
+    moe_topk_kernel(const float* __restrict__ logits, int stride, int T, int E, int k,
+                    int32_t* __restrict__ idx, float* __restrict__ w) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * 8 + warp;
+  if (t >= T) return;
+  int my_idx;
+  const float my_w = topk_of_token<PER>(logits + size_t(t) * size_t(stride), E, k, my_idx);
+  if (lane < k) {
+    idx[size_t(t) * k + lane] = my_idx;
+    w[size_t(t) * k + lane] = my_w;
+  }
+}
+
+__global__ void __launch_bounds__(kChunkWarps * 32)
+    moe_rank_kernel(const int32_t* __restrict__ idx, int P, int E, int32_t* __restrict__ chunk_rank,
+                    int32_t* __restrict__ chunk_base) {
+  extern __shared__ int32_t cnt[];  // [kChunkWarps][E]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < kChunkWarps * E; i += blockDim.x) cnt[i] = 0;
+  __syncthreads();
+  const uint32_t below = (1u << lane) - 1u;
+  const int first = blockIdx.x * kChunk + warp * kWarpPairs;
+  int32_t* my_cnt = cnt + warp * E;
+  int rank[kBatches], ex[kBatches];
+#pragma unroll
+  for (int b = 0; b < kBatches; ++b) {
+    const int p = first + b * 32 + lane;
+    const int e = p < P ? idx[p] : -1;
+    const uint32_t peers = __match_any_sync(0xffffffffu, e);
+    const int r = __popc(peers & below);
+    const int base = e >= 0 ? my_cnt[e] : 0;
+    __syncwarp();
+    // The last lane of each group of equal experts advances that expert's running count.
+    if (e >= 0 && r == __popc(peers) - 1) my_cnt[e] = base + r + 1;
+    __syncwarp();
+    rank[b] = base + r;
+    ex[b] = e;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int run = 0;
+#pragma unroll
+    for (int w = 0; w < kChunkWarps; ++w) {
+      const int c = cnt[w * E + e];
+      cnt[w * E + e] = run;
+      run += c;
+    }
+    chunk_base[size_t(blockIdx.x) * E + e] = run;  // the chunk's count; rebased by moe_scan_kernel
+  }
+  __syncthreads();
+#pragma unroll
+  for (int b = 0; b < kBatches; ++b)
+    if (ex[b] >= 0) chunk_rank[first + b * 32 + lane] = my_cnt[ex[b]] + rank[b];
+}
+
+// Exclusive prefix sum over the block (blockDim.x a multiple of 32); `total` gets the block sum.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* sh, int& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) sh[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int s = lane < warps ? sh[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, s, o);
+      if (lane >= o) s += y;
+    }
+    sh[lane] = s;
+  }
+  __syncthreads();
+  const int prefix = warp > 0 ? sh[warp - 1] : 0;
+  total = sh[warps - 1];
+  __syncthreads();  // sh may be reused
+  return prefix + x - v;
+}
+
+__global__ void __launch_bounds__(1024)
+    moe_scan_kernel(int32_t* __restrict__ chunk_base, int num_chunks, int E, int BM,
+                    int32_t* __restrict__ offsets, int32_t* __restrict__ tile_expert,
+                    int32_t* __restrict__ tile_row0, int32_t* __restrict__ num_tiles) {
+  __shared__ int sh[32];
+  const int e = threadIdx.x;
+  int n = 0;
+  if (e < E) {
+    for (int c = 0; c < num_chunks; ++c) {
+      const int v = chunk_base[size_t(c) * E + e];
+      chunk_base[size_t(c) * E + e] = n;
+      n += v;
+    }
+  }
+  const int tiles = (n + BM - 1) / BM;
+  int pairs_total, tiles_total;
+  const int off = block_exclusive_scan(n, sh, pairs_total);
+  const int tile0 = block_exclusive_scan(tiles, sh, tiles_total);
+  if (e < E) {
+    offsets[e] = off;
+    for (int i = 0; i < tiles; ++i) {
+      tile_expert[tile0 + i] = e;
+      tile_row0[tile0 + i] = off + i * BM;
+    }
+  }
+  if (threadIdx.x == 0) {
+    offsets[E] = pairs_total;
+    *num_tiles = tiles_total;
+  }
+}
+
+__global__ void __launch_bounds__(256)
+    moe_scatter_kernel(const int32_t* __restrict__ idx, const float* __restrict__ w,
+                       const int32_t* __restrict__ chunk_rank,
+                       const int32_t* __restrict__ chunk_base, const int32_t* __restrict__ offsets,
+                       int P, int E, int k, int32_t* __restrict__ sorted_token,
+                       float* __restrict__ sorted_weight, int32_t* __restrict__ pair_position) {
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= P) return;
+  const int e = idx[p];
+  const int pos = offsets[e] + chunk_base[size_t(p / kChunk) * E + e] + chunk_rank[p];
+  sorted_token[pos] = p / k;
+  sorted_weight[pos] = w[p];
+  pair_position[p] = pos;
+}
+
+// ---- one block for a small batch (T <= 32, P = T k <= kBlockPairs, E <= kBlockExperts)
+//
+// The four kernels above in one launch of 1024 threads, for batched decode steps of up to 32 rows
+// where each of them is a few microseconds of launch and ramp for little work (run 1 of
+// 2026-12-02, per 40 layers: 16 rows 0.7 -> 0.48 ms; at 64 rows, two tokens per warp, the top-k
+// made it slower than the four kernels, 0.76 -> 1.04 ms, hence T <= 32: one token per warp):
+// warps take tokens for the top-k (topk_of_token), then thread p ranks pair p as moe_rank_kernel
+// does within one chunk of 32 warps (stable: pair order), a thread per expert sums its count over
+// the warps and the block scans the counts (offsets, tile table), and thread p scatters its pair.
+// The same tables as the multi-kernel path, bit for bit (the scratch arrays chunk_rank and
+// chunk_base are not written).
+constexpr int kBlockPairs = 1024;
+constexpr int kBlockExperts = 256;
+
+template <int PER>
+__global__ void __launch_bounds__(kBlockPairs)
+    moe_route_block_kernel(const float* __restrict__ logits, int stride, int T, int E, int k,
+                           int BM, MoeRouting r) {
+  __shared__ int32_t cnt[32][kBlockExperts];  // per warp and expert: count, then base
+  __shared__ int32_t pair_e[kBlockPairs];
+  __shared__ float pair_w[kBlockPairs];
+  __shared__ int32_t off_s[kBlockExperts];
+  __shared__ int sh[32];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int P = T * k;
+  for (int i = tid; i < 32 * kBlockExperts; i += kBlockPairs)
+    cnt[i / kBlockExperts][i % kBlockExperts] = 0;
+  for (int t = warp; t < T; t += kBlockPairs / 32) {
+    int my_idx;
+    const float my_w = topk_of_token<PER>(logits + size_t(t) * size_t(stride), E, k, my_idx);
+    if (lane < k) {
+      const int p = t * k + lane;
+      pair_e[p] = my_idx;
+      pair_w[p] = my_w;
+      r.topk_idx[p] = my_idx;
+      r.topk_weight[p] = my_w;
+    }
+  }
+  __syncthreads();
+  const int e = tid < P ? pair_e[tid] : -1;
+  const uint32_t peers = __match_any_sync(0xffffffffu, e);
+  const int rank = __popc(peers & ((1u << lane) - 1u));
+  if (e >= 0 && rank == __popc(peers) - 1) cnt[warp][e] = rank + 1;
+  __syncthreads();
+  int n = 0;
+  if (tid < E)
+    for (int w = 0; w < 32; ++w) {
+      const int c = cnt[w][tid];
+      cnt[w][tid] = n;
+      n += c;
+    }
+  const int tiles = (n + BM - 1) / BM;
+  int pairs_total, tiles_total;
+  const int off = block_exclusive_scan(n, sh, pairs_total);
+  const int tile0 = block_exclusive_scan(tiles, sh, tiles_total);
+  if (tid < E) {
+    off_s[tid] = off;
+    r.expert_offsets[tid] = off;
+    for (int i = 0; i < tiles; ++i) {
+      r.tile_expert[tile0 + i] = tid;
+      r.tile_row0[tile0 + i] = off + i * BM;
+    }
+  }
+  if (tid == 0) {
+    r.expert_offsets[E] = pairs_total;
+    *r.num_tiles = tiles_total;
+  }
+  __syncthreads();
+  if (e >= 0) {
+    const int pos = off_s[e] + cnt[warp][e] + rank;
+    r.sorted_token[pos] = tid / k;
+    r.sorted_weight[pos] = pair_w[tid];
+    r.pair_position[tid] = pos;
+  }
+}
+
+// ---- host
+
+size_t align256(size_t n) {
+  return (n + 255) & ~size_t(255);
+}
+
+struct Sizes {
+  int P, chunks, max_tiles;
+};
+Sizes sizes_of(int T, int E, int k) {
+  if (T < 1 || E < 1 || k < 1 || k > E) fail("moe routing: bad sizes T {} E {} k {}", T, E, k);
+  const int64_t P = int64_t(T) * k;
+  if (P > (int64_t(1) << 30)) fail("moe routing: {} pairs", P);
+  const int64_t nonempty = std::min<int64_t>(E, P);
+  Sizes s;
+  s.P = int(P);
+  s.chunks = int(ceil_div(P, int64_t(kChunk)));
+  s.max_tiles = int((P + nonempty * (kMoeTileRows - 1)) / kMoeTileRows);
+  return s;
+}
+
+void check_routing(const MoeRouting& r, const char* what) {
+  if (!r.topk_idx || r.T < 1) fail("{}: routing workspace not laid out", what);
+}
+
+}  // namespace
+
+size_t moe_routing_workspace_bytes(int T, int E, int k) {
+  const Sizes s = sizes_of(T, E, k);
+  const size_t P = size_t(s.P);
+  return 6 * align256(P * 4) + align256(size_t(s.chunks) * E * 4) + align256(size_t(E + 1) * 4) +
+         2 * align256(size_t(s.max_tiles) * 4) + align256(4);
+}
+
+MoeRouting moe_routing_layout(void* workspace, int T, int E, int k) {
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    fail("moe routing: workspace must be 256-byte aligned");
+  const Sizes s = sizes_of(T, E, k);
+  char* p = static_cast<char*>(workspace);
+  auto take = [&](size_t bytes) {
+    char* q = p;
+    p += align256(bytes);
+    return q;
+  };
+  const size_t P = size_t(s.P);
+  MoeRouting r;
+  r.T = T;
+  r.E = E;
+  r.k = k;
+  r.max_tiles = s.max_tiles;
+  r.num_chunks = s.chunks;
+  r.topk_idx = reinterpret_cast<int32_t*>(take(P * 4));
+  r.topk_weight = reinterpret_cast<float*>(take(P * 4));
+  r.chunk_rank = reinterpret_cast<int32_t*>(take(P * 4));
+  r.chunk_base = reinterpret_cast<int32_t*>(take(size_t(s.chunks) * E * 4));
+  r.expert_offsets = reinterpret_cast<int32_t*>(take(size_t(E + 1) * 4));
+  r.sorted_token = reinterpret_cast<int32_t*>(take(P * 4));
+  r.sorted_weight = reinterpret_cast<float*>(take(P * 4));
+  r.pair_position = reinterpret_cast<int32_t*>(take(P * 4));
+  r.tile_expert = reinterpret_cast<int32_t*>(take(size_t(s.max_tiles) * 4));
+  r.tile_row0 = reinterpret_cast<int32_t*>(take(size_t(s.max_tiles) * 4));
+  r.num_tiles = reinterpret_cast<int32_t*>(take(4));
+  return r;
+}
+
+void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
+               cudaStream_t stream) {
+  check_routing(r, "moe_route");
+  if (r.T != T || r.E != E || r.k != k)
+    fail("moe_route: workspace laid out for T {} E {} k {}", r.T, r.E, r.k);
+  if (E > 512 || k > 32 || stride < E)
+    fail("moe_route: E {} (<= 512), k {} (<= 32), stride {}", E, k, stride);
+  const int P = T * k;
+  if (T <= kBlockPairs / 32 && P <= kBlockPairs && E <= kBlockExperts) {
+    if (E <= 128)
+      moe_route_block_kernel<4>
+          <<<1, kBlockPairs, 0, stream>>>(logits, stride, T, E, k, kMoeTileRows, r);
+    else
+      moe_route_block_kernel<8>
+          <<<1, kBlockPairs, 0, stream>>>(logits, stride, T, E, k, kMoeTileRows, r);
+    LILAC_CUDA_LAUNCHED();
+    return;
+  }
+  const unsigned topk_blocks = unsigned(ceil_div(T, 8));
+  if (E <= 128)
+    moe_topk_kernel<4>
+        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+  else if (E <= 256)
+    moe_topk_kernel<8>
+        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+  else
+    moe_topk_kernel<16>
+        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+  LILAC_CUDA_LAUNCHED();
+  moe_rank_kernel<<<unsigned(r.num_chunks), kChunkWarps * 32, size_t(kChunkWarps) * E * 4,
+                    stream>>>(r.topk_idx, P, E, r.chunk_rank, r.chunk_base);
+  LILAC_CUDA_LAUNCHED();
+  moe_scan_kernel<<<1, 1024, 0, stream>>>(r.chunk_base, r.num_chunks, E, kMoeTileRows,
+                                          r.expert_offsets, r.tile_expert, r.tile_row0,
+                                          r.num_tiles);
+  LILAC_CUDA_LAUNCHED();
+  moe_scatter_kernel<<<unsigned(ceil_div(P, 256)), 256, 0, stream>>>(
+      r.topk_idx, r.topk_weight, r.chunk_rank, r.chunk_base, r.expert_offsets, P, E, k,
+      r.sorted_token, r.sorted_weight, r.pair_position);
+  LILAC_CUDA_LAUNCHED();
+}
+
+}  // namespace lilac::cuda
