@@ -31,6 +31,7 @@
 // rows), the A fragments (16): <= 128 (two 8-warp blocks per SM).
 // Bytes per launch: the weights once (0.5625 B/weight at 4 bits), x once per row block from L2.
 #include <algorithm>
+#include <atomic>
 
 #include "cuda/cluster.cuh"
 #include "cuda/q4_linear.h"
@@ -287,14 +288,23 @@ void launch_nch(int nch, const QMatrix& W, const bf16* x, int T, float* y, int S
   }
 }
 
-bool device_has_clusters() {
-  int dev = 0, major = 0;
-  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
-  LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return major >= 9;
-}
-
 }  // namespace
+
+bool q_gemv_rows_available() {
+  // Per device, asked once (the prefill path asks per projection).
+  static std::atomic<int> known[16];  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 16) return false;
+  int v = known[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    v = major >= 9 ? 2 : 1;
+    known[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
 
 void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
                  cudaStream_t stream) {
@@ -306,7 +316,7 @@ void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
     fail("cuda::q_gemv_rows: unsupported [{}, {}] at {} bits", W.rows, W.cols, W.bits);
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0)
     fail("cuda::q_gemv_rows: x must be 16-byte aligned");
-  if (!device_has_clusters()) fail("cuda::q_gemv_rows: needs thread-block clusters (sm_90)");
+  if (!q_gemv_rows_available()) fail("cuda::q_gemv_rows: needs thread-block clusters (sm_90)");
   const int chunks = (T + kTok - 1) / kTok;
   const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
   // K-slices: one register set each (8 groups at 4 bits, 4 at 8 bits) where there are at most 8

@@ -30,6 +30,8 @@ void q_gemv(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_
 constexpr int kQGemvRowsMax = 64;
 void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
                  cudaStream_t stream);
+// Whether the current device runs q_gemv_rows (thread-block clusters: compute capability >= 9).
+bool q_gemv_rows_available();
 // The same with a bf16 store (round to nearest even).
 void q_gemv_bf16out(const QMatrix& W, const bf16* x, bf16* y, cudaStream_t stream);
 

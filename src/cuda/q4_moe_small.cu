@@ -12,15 +12,16 @@
 // Bytes per touched expert: (2I x H + H x I) x 4.5 / 8 = 1.77 MB at I = 512, H = 2048; per layer
 // ~100 / 221 / 256 touched experts at 16 / 64 rows / 256 prompt tokens (uniform router).
 //
-// Grid: x = expert (E routed + 1: the shared expert as expert E, every token, dense rows),
-// y = 4 output tiles per block (one per warp), z = pass of 8 tokens (one MMA n-chunk; the grid is
-// sized for T tokens per expert, the bound, and blocks past an expert's tokens exit at once, so
-// the host needs no counts). A block first copies its pass's token rows into shared memory
-// (cp.async, gathered through sorted_token), so a warp's registers hold only its weights and the
-// B fragments come from shared memory: more warps per SM, and no L2 round trip per group.
-// gate_up: the warp holds the gate tile p and the up tile P + p of its expert and writes
-// act = bf16(silu(g) u) directly; down: one 16-row tile of down_e per warp against the expert's
-// act rows (contiguous sorted rows).
+// Grid: x = expert (E routed, then the shared expert's blocks: it is expert E, every token, dense
+// rows), y = 4 output tiles per block (one per warp), z = pass of 8 tokens (one MMA n-chunk).
+// The host needs no counts: a routed block takes passes z, z + Z, ... until its expert's tokens
+// end (up to 64 tokens Z covers the bound, T tokens, and blocks past an expert's tokens exit at
+// once; beyond, Z is about three times the mean: grid_passes). A block first copies its pass's
+// token rows into shared memory (cp.async, gathered through sorted_token), so a warp's registers
+// hold only its weights and the B fragments come from shared memory: more warps per SM, and no L2
+// round trip per group. gate_up: the warp holds the gate tile p and the up tile P + p of its expert
+// and writes act = bf16(silu(g) u) directly; down: one 16-row tile of down_e per warp against the
+// expert's act rows (contiguous sorted rows).
 #include <algorithm>
 
 #include "cuda/common.cuh"
@@ -44,22 +45,40 @@ struct Segment {
   int row0, count;  // the pass's first sorted row (or token) and its tokens (<= kPassTokens)
 };
 
-// The pass's tokens of block (blockIdx.x, blockIdx.z): routed expert e's sorted rows, or the
-// shared expert's tokens (e == E). False when the pass is past the expert's tokens.
-__device__ __forceinline__ bool segment(const int32_t* __restrict__ offsets, int E, int T,
-                                        Segment& s) {
-  const int e = blockIdx.x;
+// The tokens of pass `pass` of expert e: routed expert e's sorted rows, or the shared expert's
+// tokens (e == E: every token). False when the pass is past the expert's tokens.
+__device__ __forceinline__ bool segment(const int32_t* __restrict__ offsets, int E, int T, int e,
+                                        int pass, Segment& s) {
   int row0 = 0, m = T;
   if (e < E) {
     row0 = offsets[e];
     m = offsets[e + 1] - row0;
   }
-  const int base = blockIdx.z * kPassTokens;
+  const int base = pass * kPassTokens;
   if (base >= m) return false;
   s.row0 = row0 + base;
   s.count = min(kPassTokens, m - base);
   return true;
 }
+
+// The passes of block (blockIdx.x, blockIdx.z), one after another: a routed expert's block x = e
+// takes passes z, z + Z, z + 2Z, ... (Z = gridDim.z) until its tokens end; the shared expert has
+// its own x-blocks E, E + 1, ..., one pass each ((x - E) Z + z), since it has every token.
+struct PassIter {
+  int e, pass, step;
+  __device__ __forceinline__ explicit PassIter(int E) {
+    const int Z = int(gridDim.z);
+    if (int(blockIdx.x) < E) {
+      e = int(blockIdx.x);
+      pass = int(blockIdx.z);
+      step = Z;
+    } else {
+      e = E;
+      pass = (int(blockIdx.x) - E) * Z + int(blockIdx.z);
+      step = 1 << 24;  // one pass: pass * 8 stays far above T (<= 2^19) and far below 2^31
+    }
+  }
+};
 
 // Copies the pass's token rows (K bf16 each; row r is x row ids[row0 + r], or row0 + r) into xs
 // [count, K + kXPad] with 16-byte asynchronous copies by the whole block, then waits for them.
@@ -115,37 +134,41 @@ __global__ void __launch_bounds__(kThreads)
                                const int32_t* __restrict__ sorted_token, int E, int T,
                                bf16* __restrict__ act, bf16* __restrict__ shared_act) {
   extern __shared__ __align__(16) unsigned char smem[];
-  Segment seg;
-  if (!segment(offsets, E, T, seg)) return;  // block-uniform
-  const bool shared = int(blockIdx.x) == E;
   bf16* xs = reinterpret_cast<bf16*>(smem);
-  stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
-  const uint32_t* const wc = shared ? shared_gate_up.codes : gate_up.codes;
-  const uint32_t* const ws = shared ? shared_gate_up.sb : gate_up.sb;
-  const int n = shared ? Is : I;  // outputs per token
-  const int P = n / kQTileRows;   // output tiles
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int p = blockIdx.y * kWarps + warp;
-  if (p >= P) return;  // warp-uniform; no block synchronisation below
   const int G = H / kQGroup;
   constexpr int PL = BITS / 4;
-  const int gate_tile = (shared ? 0 : int(blockIdx.x) * 2 * P) + p;
-  const uint32_t* const codes[2] = {wc + size_t(gate_tile) * G * PL * kQBlockWords,
-                                    wc + size_t(gate_tile + P) * G * PL * kQBlockWords};
-  const uint32_t* const sb[2] = {ws + size_t(gate_tile) * G * kQSbWords,
-                                 ws + size_t(gate_tile + P) * G * kQSbWords};
-  float y[2][4] = {};
-  for (int set = 0; set * kGateUpSet < G; ++set)
-    set_dot_staged<BITS, 2, kGateUpSet>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
-                                        (H + kXPad) / 2, seg.count, y);
-  bf16* out = shared ? shared_act : act;
-  const int g = lane >> 2, t = lane & 3;
+  Segment seg;
+  for (PassIter it(E); segment(offsets, E, T, it.e, it.pass, seg); it.pass += it.step) {
+    const bool shared = it.e == E;
+    stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
+    const uint32_t* const wc = shared ? shared_gate_up.codes : gate_up.codes;
+    const uint32_t* const ws = shared ? shared_gate_up.sb : gate_up.sb;
+    const int n = shared ? Is : I;  // outputs per token
+    const int P = n / kQTileRows;   // output tiles
+    const int p = blockIdx.y * kWarps + warp;
+    if (p < P) {  // warp-uniform
+      const int gate_tile = (shared ? 0 : it.e * 2 * P) + p;
+      const uint32_t* const codes[2] = {wc + size_t(gate_tile) * G * PL * kQBlockWords,
+                                        wc + size_t(gate_tile + P) * G * PL * kQBlockWords};
+      const uint32_t* const sb[2] = {ws + size_t(gate_tile) * G * kQSbWords,
+                                     ws + size_t(gate_tile + P) * G * kQSbWords};
+      float y[2][4] = {};
+      for (int set = 0; set * kGateUpSet < G; ++set)
+        set_dot_staged<BITS, 2, kGateUpSet>(codes, sb, G, set,
+                                            reinterpret_cast<const uint32_t*>(xs), (H + kXPad) / 2,
+                                            seg.count, y);
+      bf16* out = shared ? shared_act : act;
+      const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int tok = 2 * t + (q & 1);
-    if (tok >= seg.count) continue;
-    const int i = p * kQTileRows + g + (q < 2 ? 0 : 8);
-    out[size_t(seg.row0 + tok) * size_t(n) + i] = __float2bfloat16_rn(silu(y[0][q]) * y[1][q]);
+      for (int q = 0; q < 4; ++q) {
+        const int tok = 2 * t + (q & 1);
+        if (tok >= seg.count) continue;
+        const int i = p * kQTileRows + g + (q < 2 ? 0 : 8);
+        out[size_t(seg.row0 + tok) * size_t(n) + i] = __float2bfloat16_rn(silu(y[0][q]) * y[1][q]);
+      }
+    }
+    __syncthreads();  // the staged x is re-used by the next pass
   }
 }
 
@@ -156,36 +179,51 @@ __global__ void __launch_bounds__(kThreads)
                             QMatrix shared_down, int H, const int32_t* __restrict__ offsets, int E,
                             int T, float* __restrict__ y, float* __restrict__ shared_out) {
   extern __shared__ __align__(16) unsigned char smem[];
-  Segment seg;
-  if (!segment(offsets, E, T, seg)) return;  // block-uniform
-  const bool shared = int(blockIdx.x) == E;
-  const int K = shared ? Is : I;
   bf16* xs = reinterpret_cast<bf16*>(smem);
-  stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
-  const uint32_t* const wc = shared ? shared_down.codes : down.codes;
-  const uint32_t* const ws = shared ? shared_down.sb : down.sb;
   const int TH = H / kQTileRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int th = blockIdx.y * kWarps + warp;
-  if (th >= TH) return;
-  const int G = K / kQGroup;
   constexpr int PL = BITS / 4;
-  const int tile = (shared ? 0 : int(blockIdx.x) * TH) + th;
-  const uint32_t* const codes[1] = {wc + size_t(tile) * G * PL * kQBlockWords};
-  const uint32_t* const sb[1] = {ws + size_t(tile) * G * kQSbWords};
-  float acc[1][4] = {};
-  for (int set = 0; set * kDownSet < G; ++set)
-    set_dot_staged<BITS, 1, kDownSet>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
-                                      (K + kXPad) / 2, seg.count, acc);
-  float* out = shared ? shared_out : y;
-  const int g = lane >> 2, t = lane & 3;
+  Segment seg;
+  for (PassIter it(E); segment(offsets, E, T, it.e, it.pass, seg); it.pass += it.step) {
+    const bool shared = it.e == E;
+    const int K = shared ? Is : I;
+    stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
+    if (th < TH) {  // warp-uniform
+      const uint32_t* const wc = shared ? shared_down.codes : down.codes;
+      const uint32_t* const ws = shared ? shared_down.sb : down.sb;
+      const int G = K / kQGroup;
+      const int tile = (shared ? 0 : it.e * TH) + th;
+      const uint32_t* const codes[1] = {wc + size_t(tile) * G * PL * kQBlockWords};
+      const uint32_t* const sb[1] = {ws + size_t(tile) * G * kQSbWords};
+      float acc[1][4] = {};
+      for (int set = 0; set * kDownSet < G; ++set)
+        set_dot_staged<BITS, 1, kDownSet>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
+                                          (K + kXPad) / 2, seg.count, acc);
+      float* out = shared ? shared_out : y;
+      const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int tok = 2 * t + (q & 1);
-    if (tok >= seg.count) continue;
-    const int c = th * kQTileRows + g + (q < 2 ? 0 : 8);
-    out[size_t(seg.row0 + tok) * size_t(H) + c] = acc[0][q];
+      for (int q = 0; q < 4; ++q) {
+        const int tok = 2 * t + (q & 1);
+        if (tok >= seg.count) continue;
+        const int c = th * kQTileRows + g + (q < 2 ? 0 : 8);
+        out[size_t(seg.row0 + tok) * size_t(H) + c] = acc[0][q];
+      }
+    }
+    __syncthreads();  // the staged x is re-used by the next pass
   }
+}
+
+// Passes per expert in the grid (its z): up to 64 tokens every pass of an expert's worst case (T
+// tokens; the decode batches, where no block loops). Beyond, three times the mean tokens per
+// expert (at least 2 passes): run 1 of 2026-12-02 measured a 256-token chunk's grid of 32 passes
+// (263,000 blocks of the down kernel, nearly all exiting at once) at 9.1 ms per 40 layers; the
+// routed blocks now loop over the passes past z, and the shared expert (every token) has
+// ceil(passes / Z) x-blocks of its own, one pass per block.
+int grid_passes(int T, int E, int k) {
+  const int all = ceil_div(T, kPassTokens);
+  if (T <= 64) return all;
+  return std::min(all, std::max(2, ceil_div(3 * T * k, E * kPassTokens)));
 }
 
 // Opts a kernel in to `bytes` of dynamic shared memory when past the default 48 KB.
@@ -230,8 +268,9 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   check_matrix("q_moe_small_gate_up", gate_up, int64_t(r.E) * 2 * I, H, bits);
   check_matrix("q_moe_small_gate_up (shared)", shared_gate_up, 2 * Is, H, bits);
   if (!x || !act || !shared_act) fail("cuda::q_moe_small_gate_up: null pointer");
-  const dim3 grid(unsigned(r.E + 1), unsigned(ceil_div(std::max(I, Is) / kQTileRows, kWarps)),
-                  unsigned(ceil_div(T, kPassTokens)));
+  const int Z = grid_passes(T, r.E, r.k);
+  const dim3 grid(unsigned(r.E + ceil_div(ceil_div(T, kPassTokens), Z)),
+                  unsigned(ceil_div(std::max(I, Is) / kQTileRows, kWarps)), unsigned(Z));
   const size_t smem = staged_x_bytes(H);
   if (bits == 4) allow_smem(q_moe_small_gate_up_kernel<4>, smem);
   if (bits == 8) allow_smem(q_moe_small_gate_up_kernel<8>, smem);
@@ -256,8 +295,9 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   check_matrix("q_moe_small_down", down, int64_t(r.E) * H, I, bits);
   check_matrix("q_moe_small_down (shared)", shared_down, H, Is, bits);
   if (!act || !shared_act || !y || !shared_out) fail("cuda::q_moe_small_down: null pointer");
-  const dim3 grid(unsigned(r.E + 1), unsigned(ceil_div(H / kQTileRows, kWarps)),
-                  unsigned(ceil_div(r.T, kPassTokens)));
+  const int Z = grid_passes(r.T, r.E, r.k);
+  const dim3 grid(unsigned(r.E + ceil_div(ceil_div(r.T, kPassTokens), Z)),
+                  unsigned(ceil_div(H / kQTileRows, kWarps)), unsigned(Z));
   const size_t smem = staged_x_bytes(std::max(I, Is));
   if (bits == 4) allow_smem(q_moe_small_down_kernel<4>, smem);
   if (bits == 8) allow_smem(q_moe_small_down_kernel<8>, smem);
