@@ -6,6 +6,8 @@
 
 #include <map>
 #include <set>
+#include <sstream>
+#include <string>
 
 #include "../cuda_test_util.h"
 
@@ -54,32 +56,19 @@ TEST(ConformanceRegistry, NamesAreUniqueAndCasesComplete) {
     EXPECT_TRUE(bool(c.run)) << case_name(c);
     ++per_op[c.op];
   }
-  for (const char* op : {"rms_norm",
-                         "embed",
-                         "gemv",
-                         "gemv_rms",
-                         "gemm",
-                         "q_gemv",
-                         "q_embed",
-                         "q_gemm",
-                         "router_topk",
-                         "moe_router",
-                         "moe_decode",
-                         "moe_route",
-                         "moe_prefill",
-                         "q_moe_decode",
-                         "q_moe_prefill",
-                         "q_moe_small",
-                         "qk_norm_rope_store",
-                         "attention_decode",
-                         "attention_decode_qkv",
-                         "attention_prefill",
-                         "attention_chain",
-                         "gdn_decode",
-                         "gdn_prefill",
-                         "gdn_chain",
-                         "argmax"})
+  // Every op that has conformance cases (add a new op's name here).
+  std::istringstream ops(
+      "rms_norm embed gemv gemv_rms gemm q_gemv q_embed q_gemm router_topk moe_router moe_decode "
+      "moe_route moe_prefill q_moe_decode q_moe_prefill q_moe_small qk_norm_rope_store "
+      "attention_decode attention_decode_qkv attention_prefill attention_chain gdn_decode "
+      "gdn_prefill gdn_chain argmax quantize_mlx repack_mlx");
+  std::set<std::string> listed;
+  for (std::string op; ops >> op;) {
+    listed.insert(op);
     EXPECT_GT(per_op[op], 0) << "no conformance case registered for " << op;
+  }
+  for (const auto& [op, n] : per_op)
+    EXPECT_TRUE(listed.count(op)) << op << " (" << n << " cases) is missing from the list above";
 }
 
 }  // namespace
