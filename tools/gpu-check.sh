@@ -67,10 +67,16 @@ serve_bench() {
 for s in $steps; do
   case $s in
     tests)
+      from=$(($(wc -l 2>/dev/null <"$OUT/run.log" || echo 0) + 1))
       run gpu-tests 240 "$B/lilac_cuda_tests" --gtest_brief=1
-      # Zero skips: a GPU test that skipped (no device, a path this GPU lacks) did not test anything.
-      if grep -q "SKIPPED" "$OUT/run.log"; then
-        echo "    gpu-tests: some tests were skipped (see run.log)" | tee -a "$OUT/summary.txt"
+      # Zero skips: a GPU test that skipped (no device, a path this GPU lacks) did not test
+      # anything. gtest's summary says "[  SKIPPED ] N tests." (--gtest_brief) or "[  SKIPPED ] N
+      # tests, listed below:" when N > 0, nothing when none skipped.
+      skipped=$(tail -n +"$from" "$OUT/run.log" |
+        sed -n 's/^\[  SKIPPED \] \([0-9][0-9]*\) tests\{0,1\}[.,].*/\1/p' | tail -n 1)
+      echo "    gpu-tests: ${skipped:-0} skipped" | tee -a "$OUT/summary.txt"
+      if [ "${skipped:-0}" -ne 0 ]; then
+        echo "    gpu-tests: FAIL, $skipped GPU tests were skipped (see run.log)" | tee -a "$OUT/summary.txt"
         status=1
       fi ;;
     logits)

@@ -1,5 +1,5 @@
 // Helpers for the GPU tests (label gpu): random data, host<->device copies, poisoned outputs and
-// element-wise comparison with the CPU twin that names the first offending element.
+// the one element-wise comparison with the CPU twin (within), naming the first and worst element.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -87,29 +89,63 @@ void poison(cuda::DeviceBuffer<T>& d) {
   LILAC_CUDA_CHECK(cudaMemset(d.get(), 0xff, d.bytes()));
 }
 
-// Every element within atol + rtol * |want|; reports the count and the worst element.
-inline ::testing::AssertionResult all_close(const std::vector<float>& got,
-                                            const std::vector<float>& want, double atol,
-                                            double rtol, const std::string& what) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure()
-           << what << ": size " << got.size() << " vs " << want.size();
-  size_t bad = 0, worst = 0;
-  double worst_excess = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    double tol = atol + rtol * std::fabs(double(want[i]));
-    double err = std::fabs(double(got[i]) - double(want[i]));
-    if (!(err <= tol)) {  // NaN fails
-      ++bad;
-      double excess = std::isnan(err) ? std::numeric_limits<double>::infinity() : err - tol;
-      if (excess > worst_excess) worst_excess = excess, worst = i;
+// ---- the one comparison of GPU results with the CPU twin
+// ----------------------------------------- within(...): every element within its tolerance (NaN,
+// e.g. an unwritten poisoned element, fails); on failure it reports the count, the first and the
+// worst offender (largest error / tolerance), each with its position, the GPU value, the CPU value
+// and the tolerance. Three forms of one check: element functions (the general one: large outputs
+// compared in place, positions named by `where`, e.g. "row 5, col 17"), a tolerance per element,
+// and atol + rtol * |want|.
+inline ::testing::AssertionResult within(size_t n, const std::function<double(size_t)>& got,
+                                         const std::function<double(size_t)>& want,
+                                         const std::function<double(size_t)>& tol,
+                                         const std::function<std::string(size_t)>& where,
+                                         const std::string& what) {
+  size_t bad = 0, first = 0, worst = 0;
+  double worst_ratio = -1;
+  for (size_t i = 0; i < n; ++i) {
+    const double err = std::fabs(got(i) - want(i));
+    if (!(err <= tol(i))) {
+      if (bad++ == 0) first = i;
+      const double ratio = std::isnan(err) ? std::numeric_limits<double>::infinity() : err / tol(i);
+      if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
     }
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": " << bad << " of " << got.size() << " elements out of tolerance; worst at ["
-         << worst << "]: gpu " << got[worst] << " vs cpu " << want[worst] << " (atol " << atol
-         << ", rtol " << rtol << ")";
+  std::ostringstream os;
+  os << what << ": " << bad << " of " << n << " elements out of tolerance; first at "
+     << where(first) << ": gpu " << got(first) << " vs cpu " << want(first) << " (tol "
+     << tol(first) << "); worst at " << where(worst) << ": gpu " << got(worst) << " vs cpu "
+     << want(worst) << " (tol " << tol(worst) << ")";
+  return ::testing::AssertionFailure() << os.str();
+}
+
+inline ::testing::AssertionResult within(const std::vector<float>& got,
+                                         const std::vector<float>& want,
+                                         const std::vector<double>& tol, const std::string& what) {
+  if (got.size() != want.size() || tol.size() != want.size())
+    return ::testing::AssertionFailure()
+           << what << ": sizes " << got.size() << ", " << want.size() << ", " << tol.size();
+  return within(
+      got.size(), [&](size_t i) { return double(got[i]); },
+      [&](size_t i) { return double(want[i]); }, [&](size_t i) { return tol[i]; },
+      [](size_t i) { return "[" + std::to_string(i) + "]"; }, what);
+}
+
+inline ::testing::AssertionResult within(const std::vector<float>& got,
+                                         const std::vector<float>& want, double atol, double rtol,
+                                         const std::string& what) {
+  std::vector<double> tol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) tol[i] = atol + rtol * std::fabs(double(want[i]));
+  return within(got, want, tol, what);
+}
+
+// The name the backend-level tests (cuda_backend_test, q4_backend_test, batch_kernels_test) call;
+// the same check as within(got, want, atol, rtol, what). New code calls within.
+inline ::testing::AssertionResult all_close(const std::vector<float>& got,
+                                            const std::vector<float>& want, double atol,
+                                            double rtol, const std::string& what) {
+  return within(got, want, atol, rtol, what);
 }
 
 }  // namespace lilac::test

@@ -1,6 +1,6 @@
 // Helpers for the bandwidth-kernel GPU tests (norm, linear, moe_decode, sampling): fast random
-// bf16 data for large matrices, per-element tolerances, and a checker that names the first
-// failing element (and the worst) so a failure on the GPU machine says where indexing went wrong.
+// bf16 data for large matrices, the dot-product tolerance model, and the guard-band check. The
+// comparison itself is within() (cuda_test_util.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -69,39 +69,6 @@ inline Matrix bf16_matrix(const uint16_t* bits, int64_t rows, int64_t cols) {
 // output scale, while one dropped or doubled chunk (8 terms) moves an output by ~3 term_rms.
 inline double dot_tolerance(double n, double term_rms) {
   return 8 * kU * std::pow(n, 1.5) * term_rms;
-}
-
-// Every element within tol[i] (NaN fails); names the first and the worst offender.
-inline ::testing::AssertionResult within(const std::vector<float>& got,
-                                         const std::vector<float>& want,
-                                         const std::vector<double>& tol, const std::string& what) {
-  if (got.size() != want.size() || tol.size() != want.size())
-    return ::testing::AssertionFailure()
-           << what << ": sizes " << got.size() << ", " << want.size() << ", " << tol.size();
-  size_t bad = 0, first = 0, worst = 0;
-  double worst_ratio = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - double(want[i]));
-    if (!(err <= tol[i])) {
-      if (bad++ == 0) first = i;
-      const double ratio = std::isnan(err) ? std::numeric_limits<double>::infinity() : err / tol[i];
-      if (ratio > worst_ratio || bad == 1) worst_ratio = ratio, worst = i;
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": " << bad << " of " << got.size() << " elements out of tolerance; first at ["
-         << first << "]: gpu " << got[first] << " vs cpu " << want[first] << " (tol " << tol[first]
-         << "); worst at [" << worst << "]: gpu " << got[worst] << " vs cpu " << want[worst]
-         << " (tol " << tol[worst] << ")";
-}
-
-inline ::testing::AssertionResult within(const std::vector<float>& got,
-                                         const std::vector<float>& want, double atol, double rtol,
-                                         const std::string& what) {
-  std::vector<double> tol(want.size());
-  for (size_t i = 0; i < want.size(); ++i) tol[i] = atol + rtol * std::fabs(double(want[i]));
-  return within(got, want, tol, what);
 }
 
 // Checks that a guard band past the output (poisoned with 0xff bytes) was not written.

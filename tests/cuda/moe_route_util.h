@@ -1,5 +1,5 @@
 // moe_route on the device with its tables brought back to the host, for the grouped MoE kernel
-// tests (moe_route itself is tested against a counting sort in moe_prefill_test.cpp).
+// tests (moe_route itself is held to a counting sort by conformance/moe_prefill.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,14 +1,12 @@
 // Helpers of the prefill GEMM and MoE GPU tests: fast reproducible random bf16 data (hundreds of
-// millions of elements for the real lm_head and expert weights), row norms for tolerances, and a
-// comparison with a per-element tolerance that names the first failing element.
+// millions of elements for the real lm_head and expert weights), row norms for tolerances, and
+// the dot-product tolerance of a GEMM (the comparison is within(), cuda_test_util.h).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -76,34 +74,6 @@ inline std::vector<double> row_norms(const uint16_t* bits, int64_t rows, int64_t
 // dropped or doubled k-chunk cannot pass.
 inline double dot_tolerance(int64_t K) {
   return (double(K) / 8.0 + 96.0) * std::ldexp(1.0, -23);
-}
-
-// Compares got vs want element-wise with tolerance tol(i); reports the count, the first and the
-// worst failing elements, naming them through `where(i)` (e.g. "row 5, col 17").
-inline ::testing::AssertionResult check_elements(size_t n, const std::function<float(size_t)>& got,
-                                                 const std::function<double(size_t)>& want,
-                                                 const std::function<double(size_t)>& tol,
-                                                 const std::function<std::string(size_t)>& where,
-                                                 const std::string& what) {
-  size_t bad = 0, first = 0, worst = 0;
-  double worst_ratio = -1;
-  for (size_t i = 0; i < n; ++i) {
-    const double g = got(i), w = want(i), t = tol(i);
-    const double err = std::fabs(g - w);
-    if (!(err <= t)) {  // NaN (an unwritten, poisoned element) fails
-      if (bad == 0) first = i;
-      ++bad;
-      const double ratio = std::isnan(err) ? INFINITY : err / t;
-      if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  std::ostringstream os;
-  os << what << ": " << bad << " of " << n << " elements out of tolerance; first at "
-     << where(first) << ": gpu " << got(first) << " vs cpu " << want(first) << " (tol "
-     << tol(first) << "); worst at " << where(worst) << ": gpu " << got(worst) << " vs cpu "
-     << want(worst) << " (tol " << tol(worst) << ")";
-  return ::testing::AssertionFailure() << os.str();
 }
 
 }  // namespace lilac::test

@@ -24,7 +24,7 @@ namespace lilac::test {
 
 // W [rows, cols] uniform in [-a, a) rounded to bf16, quantized per row by the CPU quantizer;
 // the device copy is repacked on the GPU (cuda::repack_mlx, checked element by element in
-// q4_quantize_test.cpp).
+// conformance/q4_quantize.cpp).
 struct HostQ {
   int64_t rows = 0, cols = 0;
   int bits = 4;

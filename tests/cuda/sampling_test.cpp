@@ -1,4 +1,5 @@
-// cuda::argmax and cuda::sample against lilac::argmax / lilac::sample_token. Both samplers share
+// cuda::sample against lilac::sample_token (cuda::argmax is a conformance case:
+// conformance/argmax.cpp). Both samplers share
 // model/sampling_core.h's exact arithmetic, so tokens must be EQUAL (not close) for every seed,
 // step and parameter set, ties at the top_k / top_p cuts included; logprobs agree to f32 rounding.
 #include <gtest/gtest.h>
@@ -18,52 +19,6 @@ namespace lilac::test {
 namespace {
 
 constexpr int kV = 248320, kReal = 248077;  // the model's padded vocabulary and its real ids
-
-// ---- argmax ----------------------------------------------------------------------------------
-
-TEST(CudaSampling, ArgmaxMatchesCpu) {
-  LILAC_REQUIRE_GPU();
-  std::vector<uint8_t> zero(cuda::argmax_workspace_bytes(kV), 0);
-  auto ws = upload(zero);  // zero-filled once; every launch leaves it so (the cases reuse it)
-  cuda::DeviceBuffer<int32_t> out(1);
-  auto run = [&](const std::vector<float>& x, int offset, int n, const char* what) {
-    auto d = upload(x);
-    poison(out);
-    cuda::argmax(d.get() + offset, n, ws.get(), out.get(), nullptr);
-    EXPECT_EQ(download(out)[0], argmax(x.data() + offset, n))
-        << what << " (n = " << n << ", offset " << offset << ")";
-  };
-  const std::vector<float> base = random_floats(kV, 3.f, 77);
-  const float mx = *std::max_element(base.begin(), base.end());
-  run(base, 0, kReal, "random");
-  std::vector<float> x = base;
-  x[5000] = x[200000] = x[240000] = mx + 1;
-  run(x, 0, kReal, "tie at the maximum: lowest id");
-  x = base;
-  x[kReal - 1] = mx + 2;
-  run(x, 0, kReal, "maximum at the last real id");
-  x = base;
-  x[kReal] = x[kV - 1] = mx + 10;
-  run(x, 0, kReal, "larger values past n_real are ignored");
-  x = base;
-  const int amax = argmax(base.data(), kReal);
-  x[10] = x[size_t(amax)] = std::numeric_limits<float>::quiet_NaN();
-  run(x, 0, kReal, "NaNs never win");
-  run(std::vector<float>(kV, 0.25f), 0, kReal, "all equal");
-  x.assign(kV, -1.f);
-  x[200000] = 0.f;
-  x[100000] = -0.f;  // equal to +0: the lower id wins, across blocks too
-  run(x, 0, kReal, "-0 and +0 tie at the maximum");
-  x[100000] = 0.f;
-  x[200000] = -0.f;
-  run(x, 0, kReal, "+0 and -0 tie at the maximum");
-  run(std::vector<float>(kV, -std::numeric_limits<float>::infinity()), 0, kReal, "all -inf");
-  for (int n : {1, 5, 1000, 2048, 2049, 4097, 123457}) {
-    std::vector<float> y = random_floats(size_t(n) + 3, 1.f, uint32_t(n));
-    run(y, 0, n, "small");
-    run(y, 1, n, "unaligned (scalar path)");
-  }
-}
 
 // ---- sampler -----------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// MoE prefill on the GPU against the CPU twin:
+// Conformance cases of the MoE prefill on the GPU against the CPU twin:
 //  * moe_route exactly against cpu::router_top_k + a plain counting sort (offsets, stable order,
 //    positions, tile table), with ties and skew, over chunk boundaries (T up to 8192);
 //  * the whole block (route, grouped gate_up, grouped down, shared expert, combine) against
@@ -19,11 +19,12 @@
 #include <string>
 #include <vector>
 
+#include "../cuda_test_util.h"
+#include "../prefill_test_util.h"
+#include "conformance.h"
 #include "cpu/linear.h"
 #include "cpu/moe.h"
 #include "cuda/gemm.h"
-#include "cuda_test_util.h"
-#include "prefill_test_util.h"
 
 namespace lilac::test {
 namespace {
@@ -146,47 +147,21 @@ std::vector<float> synthetic_logits(int T, int E, int k, int stride, bool skew, 
   return L;
 }
 
-TEST(MoeRoute, MatchesCountingSort) {
-  LILAC_REQUIRE_GPU();
-  struct Case {
-    int T, E, k, stride;
-    bool skew;
-  };
-  const Case cases[] = {
-      {1, 256, 8, 257, false},
-      {5, 256, 8, 257, true},
-      {300, 256, 8, 257, false},
-      {300, 256, 8, 257, true},
-      {2048, 256, 8, 257, true},
-      {8192, 256, 8, 257, false},
-      {8192, 256, 8, 257, true},
-      {37, 16, 4, 17, false},
-      {1000, 16, 4, 17, true},
-      {777, 100, 6, 103, false},
-      {513, 512, 32, 513, true},
-      {64, 8, 1, 9, false},
-      // The one-block path (T <= 32, T k <= 1024, E <= 256) at batched decode sizes, its edges.
-      {16, 256, 8, 257, false},
-      {32, 256, 8, 257, true},
-      {33, 256, 8, 257, true},
-      {32, 16, 4, 17, false},
-      {64, 256, 8, 257, true},
-      {64, 256, 8, 257, false},
-      {128, 256, 8, 257, false},
-      {129, 256, 8, 257, false},
-      {200, 100, 5, 103, true}};
-  uint64_t seed = 7;
-  for (const Case& c : cases) {
-    const std::string what = "T " + std::to_string(c.T) + " E " + std::to_string(c.E) + " k " +
-                             std::to_string(c.k) + (c.skew ? " skewed" : " uniform");
-    const auto L = synthetic_logits(c.T, c.E, c.k, c.stride, c.skew, seed++);
-    const RouteRef ref = route_ref(L, c.stride, c.T, c.E, c.k);
-    auto d_logits = upload(L);
-    Workspace ws(c.T, c.E, c.k);
-    ws.poison();
-    cuda::moe_route(d_logits.get(), c.stride, c.T, c.E, c.k, ws.r, nullptr);
-    expect_routing(ws.r, ref, what);
-  }
+struct RouteCase {
+  int T, E, k, stride;
+  bool skew;
+};
+
+void check_route(const RouteCase& c, uint64_t seed) {
+  const std::string what = "T " + std::to_string(c.T) + " E " + std::to_string(c.E) + " k " +
+                           std::to_string(c.k) + (c.skew ? " skewed" : " uniform");
+  const auto L = synthetic_logits(c.T, c.E, c.k, c.stride, c.skew, seed);
+  const RouteRef ref = route_ref(L, c.stride, c.T, c.E, c.k);
+  auto d_logits = upload(L);
+  Workspace ws(c.T, c.E, c.k);
+  ws.poison();
+  cuda::moe_route(d_logits.get(), c.stride, c.T, c.E, c.k, ws.r, nullptr);
+  expect_routing(ws.r, ref, what);
 }
 
 // ---- whole block
@@ -295,7 +270,7 @@ std::vector<int> pick_rows(int rows, const std::set<int>& must, int limit, uint3
       }
     }
   });
-  return check_elements(
+  return within(
       R * size_t(I), [&](size_t i) { return act[size_t(rows[i / I]) * I + i % I]; },
       [&](size_t i) { return want[i]; }, [&](size_t i) { return tol[i]; },
       [&](size_t i) {
@@ -441,7 +416,7 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
           }
         }
       });
-      EXPECT_TRUE(check_elements(
+      EXPECT_TRUE(within(
           R * size_t(H), [&](size_t i) { return y[size_t(rows[i / H]) * H + i % H]; },
           [&](size_t i) { return want[i]; }, [&](size_t i) { return tol[i]; },
           [&](size_t i) {
@@ -462,7 +437,7 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
         s2 += double(out[size_t(t) * H + cidx]) * out[size_t(t) * H + cidx];
       rms[size_t(t)] = std::sqrt(s2 / H);
     }
-    EXPECT_TRUE(check_elements(
+    EXPECT_TRUE(within(
         size_t(T) * H, [&](size_t i) { return h[i]; },
         [&](size_t i) { return double(h0[i]) + double(out[i]); },
         [&](size_t i) {
@@ -477,18 +452,56 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
   }
 }
 
-TEST(MoePrefill, TinyConfig) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 300;
-  for (int T : {1, 5, 300, 2048})
-    for (bool skew : {false, true}) run_block(kTiny, {T, skew}, seed++);
-}
-
-TEST(MoePrefill, ModelConfig) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 400;
-  for (int T : {1, 5, 300, 2048})
-    for (bool skew : {false, true}) run_block(kModel, {T, skew}, seed++);
+LILAC_CONFORMANCE_CASES(moe_prefill) {
+  std::vector<OpCase> cases;
+  const RouteCase routes[] = {
+      {1, 256, 8, 257, false},
+      {5, 256, 8, 257, true},
+      {300, 256, 8, 257, false},
+      {300, 256, 8, 257, true},
+      {2048, 256, 8, 257, true},
+      {8192, 256, 8, 257, false},
+      {8192, 256, 8, 257, true},
+      {37, 16, 4, 17, false},
+      {1000, 16, 4, 17, true},
+      {777, 100, 6, 103, false},
+      {513, 512, 32, 513, true},
+      {64, 8, 1, 9, false},
+      // The one-block path (T <= 32, T k <= 1024, E <= 256) at batched decode sizes, its edges.
+      {16, 256, 8, 257, false},
+      {32, 256, 8, 257, true},
+      {33, 256, 8, 257, true},
+      {32, 16, 4, 17, false},
+      {64, 256, 8, 257, true},
+      {64, 256, 8, 257, false},
+      {128, 256, 8, 257, false},
+      {129, 256, 8, 257, false},
+      {200, 100, 5, 103, true}};
+  uint64_t seed = 7;
+  for (const RouteCase& c : routes) {
+    cases.push_back({"moe_route",
+                     "T" + std::to_string(c.T) + "_E" + std::to_string(c.E) + "_k" +
+                         std::to_string(c.k) + (c.skew ? "_skewed" : "_uniform"),
+                     "f32", "cpu::router_top_k + counting sort",
+                     [c, seed] { check_route(c, seed); }});
+    ++seed;
+  }
+  // The whole block: tiny config from seed 300, the model's from 400; each T uniform then skewed.
+  for (const MoeShape* s : {&kTiny, &kModel}) {
+    seed = s == &kTiny ? 300 : 400;
+    for (int T : {1, 5, 300, 2048})
+      for (bool skew : {false, true}) {
+        const BlockCase c{T, skew};
+        cases.push_back({"moe_prefill",
+                         std::string(s->name) + "_E" + std::to_string(s->E) + "_k" +
+                             std::to_string(s->k) + "_I" + std::to_string(s->I) + "_H" +
+                             std::to_string(s->H) + "_T" + std::to_string(T) +
+                             (skew ? "_skewed" : "_uniform"),
+                         "bf16", "cpu::moe_forward", [s, c, seed] { run_block(*s, c, seed); }});
+        ++seed;
+      }
+  }
+  return cases;
 }
 
 // The workspace bound holds for the worst case (every expert non-empty with a partial tile).

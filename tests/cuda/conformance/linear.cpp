@@ -1,18 +1,20 @@
-// cuda::gemv / gemv_bf16out against cpu::matmul on the same bf16-rounded inputs, at the model's
-// decode shapes (GDN in_proj, attention qkv, out_proj / o_proj, router, lm_head) and awkward ones.
+// Conformance cases of cuda::gemv / gemv_bf16out / gemv_rms against cpu::matmul on the same
+// bf16-rounded inputs, at the model's decode shapes (GDN in_proj, attention qkv, out_proj /
+// o_proj, router, MTP fc, lm_head) and awkward ones; and the argument checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
-#include <cstring>
-
+#include "../cuda_test_util.h"
+#include "../kernel_check.h"
+#include "conformance.h"
 #include "cpu/linear.h"
 #include "cpu/norm.h"
 #include "cuda/linear.h"
 #include "cuda/norm.h"
-#include "cuda_test_util.h"
-#include "kernel_check.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -75,31 +77,6 @@ void check_shape(Shape s, uint64_t seed) {
   }
 }
 
-TEST(CudaGemv, ModelShapes) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 100;
-  // GDN in_proj, attention qkv, GDN out_proj / attention o_proj, router (E + 1 rows), MTP fc.
-  for (Shape s : {Shape{12352, 2048}, Shape{9216, 2048}, Shape{2048, 4096}, Shape{257, 2048},
-                  Shape{2048, 4096}})
-    check_shape(s, seed++);
-}
-
-TEST(CudaGemv, LmHead) {
-  LILAC_REQUIRE_GPU();
-  check_shape(Shape{248320, 2048}, 7);
-}
-
-TEST(CudaGemv, AwkwardShapes) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 200;
-  // rows 1, 3, 33, 1000; cols 8 (one chunk), 24, 4104 (a tail step), 512 / 1024 (R = 4 / 2),
-  // 16384 (the largest: 8 splits), 2056 (R = 1 with a 1-chunk tail per lane).
-  for (Shape s : {Shape{1, 8}, Shape{3, 24}, Shape{33, 4104}, Shape{1000, 2048}, Shape{1, 2048},
-                  Shape{31, 512}, Shape{7, 1024}, Shape{1000, 8}, Shape{65, 16384},
-                  Shape{129, 2056}, Shape{5, 200}})
-    check_shape(s, seed++);
-}
-
 // gemv_rms (the input norm fused into the GEMV's prologue) against the unfused GPU path rms_norm +
 // gemv: equal bit for bit (same norm order, same GEMV plan), in Store and Accumulate modes; and
 // against the twin: cpu::matmul on the x that rms_norm produced (rms_norm itself is held to
@@ -158,29 +135,50 @@ void check_rms_shape(Shape s, uint64_t seed, float h_scale) {
       << "gemv_rms Accumulate differs from rms_norm + gemv";
 }
 
-TEST(CudaGemv, RmsFusedModelShapes) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 300;
-  // GDN in_proj, attention qkv (input norm); the router's shape is moe_router's test.
-  for (Shape s : {Shape{12352, 2048}, Shape{9216, 2048}}) check_rms_shape(s, seed++, 1.f);
-  check_rms_shape(Shape{12352, 2048}, seed++, 300.f);
-  check_rms_shape(Shape{9216, 2048}, seed++, 1e-3f);
+std::string dims(Shape s) {
+  return std::to_string(s.rows) + "x" + std::to_string(s.cols);
 }
 
-TEST(CudaGemv, RmsFusedLmHead) {
-  LILAC_REQUIRE_GPU();
-  check_rms_shape(Shape{248320, 2048}, 9, 2.f);
-}
-
-TEST(CudaGemv, RmsFusedAwkwardShapes) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 400;
+LILAC_CONFORMANCE_CASES(linear) {
+  std::vector<OpCase> cases;
+  auto gemv = [&](const char* role, Shape s, uint64_t seed) {
+    cases.push_back(
+        {"gemv", role + dims(s), "bf16", "cpu::matmul", [s, seed] { check_shape(s, seed); }});
+  };
+  auto gemv_rms = [&](const char* role, Shape s, uint64_t seed, float h_scale) {
+    cases.push_back({"gemv_rms", role + dims(s), "bf16", "cuda::rms_norm + gemv, cpu::matmul",
+                     [s, seed, h_scale] { check_rms_shape(s, seed, h_scale); }});
+  };
+  // The model's decode shapes: GDN in_proj, attention qkv, GDN out_proj / attention o_proj,
+  // router (E + 1 rows: 256 experts and the shared expert's gate), MTP fc; lm_head.
+  gemv("in_proj_", {12352, 2048}, 100);
+  gemv("qkv_", {9216, 2048}, 101);
+  gemv("out_proj_", {2048, 4096}, 102);
+  gemv("router_", {257, 2048}, 103);
+  gemv("mtp_fc_", {2048, 4096}, 104);
+  gemv("lm_head_", {248320, 2048}, 7);
+  // rows 1, 3, 33, 1000; cols 8 (one chunk), 24, 4104 (a tail step), 512 / 1024 (R = 4 / 2),
+  // 16384 (the largest: 8 splits), 2056 (R = 1 with a 1-chunk tail per lane).
+  uint64_t seed = 200;
+  for (Shape s : {Shape{1, 8}, Shape{3, 24}, Shape{33, 4104}, Shape{1000, 2048}, Shape{1, 2048},
+                  Shape{31, 512}, Shape{7, 1024}, Shape{1000, 8}, Shape{65, 16384},
+                  Shape{129, 2056}, Shape{5, 200}})
+    gemv("awkward_", s, seed++);
+  // gemv_rms: GDN in_proj, attention qkv (input norm; the router's shape is moe_router's case),
+  // |h| ~ 1, 300 and 1e-3; lm_head.
+  gemv_rms("in_proj_", {12352, 2048}, 300, 1.f);
+  gemv_rms("qkv_", {9216, 2048}, 301, 1.f);
+  gemv_rms("in_proj_h300_", {12352, 2048}, 302, 300.f);
+  gemv_rms("qkv_h1e-3_", {9216, 2048}, 303, 1e-3f);
+  gemv_rms("lm_head_", {248320, 2048}, 9, 2.f);
   // cols 8 (one chunk), 24, 4104 (a tail step, 2 norm chunks for some threads), 16384 (160 KB of
   // shared memory: the opt-in path; 8 norm chunks per thread), 2056, 1024 / 512 (R = 2 / 4).
+  seed = 400;
   for (Shape s : {Shape{1, 8}, Shape{3, 24}, Shape{33, 4104}, Shape{1000, 2048}, Shape{1, 2048},
                   Shape{31, 512}, Shape{7, 1024}, Shape{65, 16384}, Shape{129, 2056}, Shape{5, 200},
                   Shape{2048, 4096}})
-    check_rms_shape(s, seed++, 1.f);
+    gemv_rms("awkward_", s, seed++, 1.f);
+  return cases;
 }
 
 TEST(CudaGemv, BadArgumentsThrowBeforeLaunching) {

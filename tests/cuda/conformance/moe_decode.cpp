@@ -1,20 +1,23 @@
-// MoE decode kernels (router_topk, moe_gate_up_gemv, moe_down_gemv) against their CPU twins
-// (cpu::router_top_k, cpu::moe_token_act, cpu::moe_token_down) at the real shapes (H 2048, E 256,
-// k 8, I = Is = 512) and awkward ones (I != Is, chunk tails, k + 1 not a multiple of 3).
+// Conformance cases of the MoE decode kernels (router_topk, moe_router, moe_gate_up_gemv,
+// moe_down_gemv) against their CPU twins (cpu::router_top_k, cpu::moe_token_act,
+// cpu::moe_token_down) at the real shapes (H 2048, E 256, k 8, I = Is = 512) and awkward ones (I !=
+// Is, chunk tails, k + 1 not a multiple of 3).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "../cuda_test_util.h"
+#include "../kernel_check.h"
+#include "conformance.h"
 #include "cpu/linear.h"
 #include "cpu/moe.h"
 #include "cpu/norm.h"
 #include "cuda/linear.h"
 #include "cuda/moe_decode.h"
 #include "cuda/norm.h"
-#include "cuda_test_util.h"
-#include "kernel_check.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -24,14 +27,11 @@ namespace {
 // Router: idx must be identical (the logits are random, so no two probabilities are within
 // rounding of each other except the planted exact ties, which both sides order by index); the
 // weights differ only by the softmax's summation order and expf: 1e-5 relative.
-TEST(CudaMoe, RouterTopKMatchesCpu) {
-  LILAC_REQUIRE_GPU();
-  struct Case {
-    int T, E, k;
-  };
-  for (Case c : {Case{1, 256, 8}, Case{5, 256, 8}, Case{3, 16, 4}, Case{2, 5, 5}, Case{4, 33, 1},
-                 Case{7, 64, 32}}) {
-    SCOPED_TRACE(testing::Message() << "T=" << c.T << " E=" << c.E << " k=" << c.k);
+struct TopKCase {
+  int T, E, k;
+};
+void check_router_topk(TopKCase c) {
+  {
     const int stride = c.E + 1;  // the router GEMV's extra column (shared expert gate)
     std::vector<float> logits = random_floats(size_t(c.T) * stride, 2.f, uint32_t(c.E * 7 + c.T));
     for (int t = 0; t < c.T; ++t) {
@@ -72,19 +72,14 @@ TEST(CudaMoe, RouterTopKMatchesCpu) {
 // against the twins: ids equal to cpu::router_top_k on those logits, logits within the dot
 // tolerance of cpu::matmul on that x. The workspace counter is back at zero after each launch
 // (a second launch, reusing it, must agree again).
-TEST(CudaMoe, RouterFusedMatchesUnfusedAndCpu) {
-  LILAC_REQUIRE_GPU();
-  struct Case {
-    int E, H, k;
-    bool x_out;
-  };
+struct RouterCase {
+  int E, H, k;
+  bool x_out;
+};
+void check_moe_router(RouterCase c) {
   std::vector<uint8_t> zero(cuda::moe_router_workspace_bytes(), 0);
   auto ws = upload(zero);
-  for (Case c : {Case{256, 2048, 8, true}, Case{256, 2048, 8, false}, Case{16, 136, 4, true},
-                 Case{5, 8, 5, true}, Case{64, 4096, 32, true}, Case{33, 1032, 1, true},
-                 Case{256, 512, 8, true}}) {
-    SCOPED_TRACE(testing::Message()
-                 << "E=" << c.E << " H=" << c.H << " k=" << c.k << " x_out=" << c.x_out);
+  {
     const int rows = c.E + 1;
     const uint64_t seed = uint64_t(c.E * 31 + c.H + c.k);
     std::vector<uint16_t> w = random_bf16(size_t(rows) * c.H, 0.05f, seed);
@@ -290,21 +285,40 @@ void check_moe(MoeShape s, uint64_t seed) {
       << "moe_down_gemv is not deterministic";
 }
 
-TEST(CudaMoe, DecodeRealShape) {
-  LILAC_REQUIRE_GPU();
-  check_moe(MoeShape{2048, 256, 8, 512, 512}, 1000);
-}
-
-TEST(CudaMoe, DecodeAwkwardShapes) {
-  LILAC_REQUIRE_GPU();
-  check_moe(MoeShape{136, 5, 3, 24, 40}, 2000);     // I != Is, H of 17 chunks, k + 1 = 4 slots
-  check_moe(MoeShape{128, 16, 4, 64, 64}, 3000);    // the tiny-a fixture's MoE dims
-  check_moe(MoeShape{256, 32, 2, 520, 512}, 4000);  // I of 65 chunks (a second, 1-chunk step)
-  check_moe(MoeShape{2048, 8, 1, 8, 16}, 5000);     // k = 1, single-chunk rows
+LILAC_CONFORMANCE_CASES(moe_decode) {
+  std::vector<OpCase> cases;
+  for (TopKCase c : {TopKCase{1, 256, 8}, TopKCase{5, 256, 8}, TopKCase{3, 16, 4},
+                     TopKCase{2, 5, 5}, TopKCase{4, 33, 1}, TopKCase{7, 64, 32}})
+    cases.push_back(
+        {"router_topk",
+         "T" + std::to_string(c.T) + "_E" + std::to_string(c.E) + "_k" + std::to_string(c.k), "f32",
+         "cpu::router_top_k", [c] { check_router_topk(c); }});
+  for (RouterCase c :
+       {RouterCase{256, 2048, 8, true}, RouterCase{256, 2048, 8, false},
+        RouterCase{16, 136, 4, true}, RouterCase{5, 8, 5, true}, RouterCase{64, 4096, 32, true},
+        RouterCase{33, 1032, 1, true}, RouterCase{256, 512, 8, true}})
+    cases.push_back({"moe_router",
+                     "E" + std::to_string(c.E) + "_H" + std::to_string(c.H) + "_k" +
+                         std::to_string(c.k) + (c.x_out ? "_x_out" : ""),
+                     "bf16", "rms_norm + gemv + router_topk, cpu::matmul + cpu::router_top_k",
+                     [c] { check_moe_router(c); }});
+  auto add = [&](MoeShape s, uint64_t seed) {
+    cases.push_back(
+        {"moe_decode",
+         "H" + std::to_string(s.H) + "_E" + std::to_string(s.E) + "_k" + std::to_string(s.k) +
+             "_I" + std::to_string(s.I) + "_Is" + std::to_string(s.Is),
+         "bf16", "cpu::moe_token_act + cpu::moe_token_down", [s, seed] { check_moe(s, seed); }});
+  };
+  add(MoeShape{2048, 256, 8, 512, 512}, 1000);  // the real shape
+  add(MoeShape{136, 5, 3, 24, 40}, 2000);       // I != Is, H of 17 chunks, k + 1 = 4 slots
+  add(MoeShape{128, 16, 4, 64, 64}, 3000);      // the tiny-a fixture's MoE dims
+  add(MoeShape{256, 32, 2, 520, 512}, 4000);    // I of 65 chunks (a second, 1-chunk step)
+  add(MoeShape{2048, 8, 1, 8, 16}, 5000);       // k = 1, single-chunk rows
   // down: k > 8 takes two passes of 8 routed rows; I = 1032 (129 chunks: three 64-chunk steps,
   // the last one partial), Is = 520 (65 chunks) shorter than I
-  check_moe(MoeShape{136, 24, 12, 1032, 520}, 6000);
-  check_moe(MoeShape{2048, 40, 17, 512, 1024}, 7000);  // 3 passes; Is longer than I (2 steps)
+  add(MoeShape{136, 24, 12, 1032, 520}, 6000);
+  add(MoeShape{2048, 40, 17, 512, 1024}, 7000);  // 3 passes; Is longer than I (2 steps)
+  return cases;
 }
 
 TEST(CudaMoe, BadArgumentsThrowBeforeLaunching) {

@@ -1,4 +1,5 @@
-// 4-bit MoE kernels against their CPU twins on weights quantized by the CPU quantizer:
+// Conformance cases of the 4-bit MoE kernels against their CPU twins on weights quantized by the
+// CPU quantizer:
 //  * decode: q_moe_gate_up_gemv vs cpu::moe_token_act, q_moe_down_gemv vs cpu::moe_token_down
 //    (dequantised f32 weights; bounds of q4_test_util.h), real shapes (H 2048, E 256, k 8,
 //    I = Is = 512) and the tiny-a fixture's (H 128, E 16, k 4, I = Is = 64), 4 and 8 bits;
@@ -13,12 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "../moe_route_util.h"
+#include "../q4_test_util.h"
+#include "conformance.h"
 #include "cpu/moe.h"
 #include "cuda/moe_decode.h"
 #include "cuda/moe_prefill.h"
 #include "cuda/q4_moe.h"
-#include "moe_route_util.h"
-#include "q4_test_util.h"
 #include "util/error.h"
 
 namespace lilac::test {
@@ -133,19 +135,6 @@ void check_decode(Shape s, uint64_t seed) {
   EXPECT_TRUE(within(got, want, td, "q_moe_down_gemv h"));
 }
 
-TEST(Q4MoeDecode, RealShape) {
-  LILAC_REQUIRE_GPU();
-  check_decode(Shape{2048, 256, 8, 512, 512, 4}, 1000);
-}
-
-TEST(Q4MoeDecode, TinyAndEightBit) {
-  LILAC_REQUIRE_GPU();
-  check_decode(Shape{128, 16, 4, 64, 64, 4}, 2000);
-  check_decode(Shape{128, 16, 4, 64, 64, 8}, 2100);
-  check_decode(Shape{192, 9, 3, 128, 64, 4}, 2200);  // I != Is, 3 groups of H
-  check_decode(Shape{2048, 32, 8, 512, 512, 8}, 2300);
-}
-
 // ---- prefill ------------------------------------------------------------------------------------
 
 double dot_d(const uint16_t* w, const float* a, int n) {
@@ -210,7 +199,7 @@ void check_prefill(Shape s, int T, uint64_t seed) {
         }
       }
     });
-    EXPECT_TRUE(check_elements(
+    EXPECT_TRUE(within(
         size_t(rows) * I, [&](size_t i) { return got[i]; }, [&](size_t i) { return want[i]; },
         [&](size_t i) { return tol[i]; },
         [&](size_t i) {
@@ -238,7 +227,7 @@ void check_prefill(Shape s, int T, uint64_t seed) {
         }
       }
     });
-    EXPECT_TRUE(check_elements(
+    EXPECT_TRUE(within(
         size_t(P) * s.H, [&](size_t i) { return yg[i]; }, [&](size_t i) { return yw[i]; },
         [&](size_t i) { return yt[i]; },
         [&](size_t i) {
@@ -249,16 +238,33 @@ void check_prefill(Shape s, int T, uint64_t seed) {
   }
 }
 
-TEST(Q4MoePrefill, TinyShapes) {
-  LILAC_REQUIRE_GPU();
-  for (int bits : {4, 8})
-    for (int T : {1, 37, 300})
-      check_prefill(Shape{128, 16, 4, 64, 64, bits}, T, 40 + uint64_t(T) + bits);
+std::string dims(Shape s) {
+  return "H" + std::to_string(s.H) + "_E" + std::to_string(s.E) + "_k" + std::to_string(s.k) +
+         "_I" + std::to_string(s.I) + "_Is" + std::to_string(s.Is);
 }
 
-TEST(Q4MoePrefill, RealShape) {
-  LILAC_REQUIRE_GPU();
-  check_prefill(Shape{2048, 256, 8, 512, 512, 4}, 300, 77);
+LILAC_CONFORMANCE_CASES(q4_moe) {
+  std::vector<OpCase> cases;
+  auto decode = [&](Shape s, uint64_t seed) {
+    cases.push_back({"q_moe_decode", dims(s), s.bits == 4 ? "q4" : "q8",
+                     "cpu::moe_token_act + cpu::moe_token_down",
+                     [s, seed] { check_decode(s, seed); }});
+  };
+  decode(Shape{2048, 256, 8, 512, 512, 4}, 1000);  // the real shape
+  decode(Shape{128, 16, 4, 64, 64, 4}, 2000);      // the tiny-a fixture's
+  decode(Shape{128, 16, 4, 64, 64, 8}, 2100);
+  decode(Shape{192, 9, 3, 128, 64, 4}, 2200);  // I != Is, 3 groups of H
+  decode(Shape{2048, 32, 8, 512, 512, 8}, 2300);
+  auto prefill = [&](Shape s, int T, uint64_t seed) {
+    cases.push_back({"q_moe_prefill", dims(s) + "_T" + std::to_string(T), s.bits == 4 ? "q4" : "q8",
+                     "dequantize_row_bf16 + f64 dot products",
+                     [s, T, seed] { check_prefill(s, T, seed); }});
+  };
+  for (int bits : {4, 8})
+    for (int T : {1, 37, 300})
+      prefill(Shape{128, 16, 4, 64, 64, bits}, T, 40 + uint64_t(T) + uint64_t(bits));
+  prefill(Shape{2048, 256, 8, 512, 512, 4}, 300, 77);
+  return cases;
 }
 
 TEST(Q4Moe, BadArgumentsThrow) {

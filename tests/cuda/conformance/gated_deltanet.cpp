@@ -1,6 +1,7 @@
-// GPU Gated DeltaNet kernels against the CPU twin: cpu::causal_conv_silu, l2_norm, gdn_gates,
-// gdn_recurrence (token by token) and gated_rms_norm composed as cpu_backend.cpp does. Real shapes
-// (Hk 16, Hv 32, Dk = Dv = 128, K 4) and tiny-a shapes (Hk 2, Hv 4, Dk = Dv = 32).
+// Conformance cases of the GPU Gated DeltaNet kernels against the CPU twin: cpu::causal_conv_silu,
+// l2_norm, gdn_gates, gdn_recurrence (token by token) and gated_rms_norm composed as
+// cpu_backend.cpp does. Real shapes (Hk 16, Hv 32, Dk = Dv = 128, K 4) and tiny-a shapes (Hk 2, Hv
+// 4, Dk = Dv = 32).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,10 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "../cuda_test_util.h"
+#include "../kernel_check.h"
+#include "conformance.h"
 #include "cpu/gated_deltanet.h"
 #include "cpu/norm.h"
 #include "cuda/gated_deltanet.h"
-#include "cuda_test_util.h"
 #include "util/thread_pool.h"
 
 namespace lilac::test {
@@ -156,11 +159,11 @@ struct GpuGdn {
 // CPU's by an ulp or two): 1e-4 of the state's scale. Conv state: copied values, exact.
 ::testing::AssertionResult out_close(const std::vector<float>& got, const std::vector<float>& want,
                                      const std::string& w) {
-  return all_close(got, want, 1e-3, 8e-3, w + " out");
+  return within(got, want, 1e-3, 8e-3, w + " out");
 }
 ::testing::AssertionResult state_close(const std::vector<float>& got,
                                        const std::vector<float>& want, const std::string& w) {
-  return all_close(got, want, 1e-4 * std::max(1e-3, max_abs(want)), 1e-4, w + " state");
+  return within(got, want, 1e-4 * std::max(1e-3, max_abs(want)), 1e-4, w + " state");
 }
 
 struct Start {
@@ -197,11 +200,8 @@ const char* path_name(cuda::GdnDecodePath p) {
                                              : "auto";
 }
 
-class GdnDecode : public ::testing::TestWithParam<DecodeCase> {};
-
-TEST_P(GdnDecode, StepsMatchCpu) {
-  LILAC_REQUIRE_GPU();
-  const auto [d, decay, path] = GetParam();
+void check_gdn_decode(const DecodeCase& c) {
+  const auto [d, decay, path] = c;
   if (path == cuda::GdnDecodePath::Cluster &&
       !cuda::gdn_decode_uses_cluster(d.Hk, d.Hv, d.Dk, d.Dv))
     GTEST_SKIP() << "no cluster path on this device";
@@ -216,7 +216,7 @@ TEST_P(GdnDecode, StepsMatchCpu) {
     const auto want = cpu_gdn(proj, 1, d, w, cpu.conv, cpu.state);
     EXPECT_TRUE(out_close(out, want, l));
     EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
-    EXPECT_TRUE(all_close(download(gpu.conv_state), cpu.conv, 0, 0, l + " conv state"));
+    EXPECT_TRUE(within(download(gpu.conv_state), cpu.conv, 0, 0, l + " conv state"));
     EXPECT_TRUE(gpu.counters_zero()) << l << ": workspace counters not reset";
   }
 }
@@ -231,13 +231,6 @@ std::vector<DecodeCase> decode_cases() {
   }
   return c;
 }
-
-INSTANTIATE_TEST_SUITE_P(Dims, GdnDecode, ::testing::ValuesIn(decode_cases()),
-                         [](const ::testing::TestParamInfo<DecodeCase>& i) {
-                           return std::string(i.param.d.name) +
-                                  (i.param.decay > 1.f ? "_strong" : "_mild") + "_" +
-                                  path_name(i.param.path);
-                         });
 
 // The real model and tiny-a take the cluster kernel on an H100/H200.
 TEST(GdnDecodePathChoice, RealAndTinyUseClusters) {
@@ -262,11 +255,8 @@ struct PrefillCase {
   bool zero_start;
 };
 
-class GdnPrefill : public ::testing::TestWithParam<PrefillCase> {};
-
-TEST_P(GdnPrefill, MatchesRecurrence) {
-  LILAC_REQUIRE_GPU();
-  const auto [d, T, decay, zero_start] = GetParam();
+void check_gdn_prefill(const PrefillCase& c) {
+  const auto [d, T, decay, zero_start] = c;
   const uint32_t seed = uint32_t(T * 101 + d.Dk + int(decay * 100));
   const GdnParams w = make_params(d, decay, seed);
   Start cpu = random_start(d, zero_start, seed + 10);
@@ -277,7 +267,7 @@ TEST_P(GdnPrefill, MatchesRecurrence) {
   const std::string l = tag(d, "prefill T", T, decay);
   EXPECT_TRUE(out_close(out, want, l));
   EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
-  EXPECT_TRUE(all_close(download(gpu.conv_state), cpu.conv, 0, 0, l + " conv state"));
+  EXPECT_TRUE(within(download(gpu.conv_state), cpu.conv, 0, 0, l + " conv state"));
 }
 
 std::vector<PrefillCase> prefill_cases() {
@@ -289,21 +279,11 @@ std::vector<PrefillCase> prefill_cases() {
   c.push_back({kTiny, 130, 0.02f, true});
   return c;
 }
-INSTANTIATE_TEST_SUITE_P(Shapes, GdnPrefill, ::testing::ValuesIn(prefill_cases()),
-                         [](const ::testing::TestParamInfo<PrefillCase>& i) {
-                           return std::string(i.param.d.name) + "_T" + std::to_string(i.param.T) +
-                                  (i.param.decay > 1.f ? "_strong" : "_mild") +
-                                  (i.param.zero_start ? "_fresh" : "");
-                         });
 
 // ---- prefill in two calls, then decode: the state carried between launchers
 // ----------------------
 
-class GdnChain : public ::testing::TestWithParam<GdnDims> {};
-
-TEST_P(GdnChain, PrefillPrefillDecodeMatchesCpu) {
-  LILAC_REQUIRE_GPU();
-  const GdnDims d = GetParam();
+void check_gdn_chain(const GdnDims& d) {
   const uint32_t seed = 777u + uint32_t(d.Dk);
   const GdnParams w = make_params(d, 1.f, seed);
   Start cpu = random_start(d, true, seed + 10);
@@ -317,7 +297,7 @@ TEST_P(GdnChain, PrefillPrefillDecodeMatchesCpu) {
     const auto want = cpu_gdn(proj, T, d, w, cpu.conv, cpu.state);
     EXPECT_TRUE(out_close(out, want, l));
     EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
-    EXPECT_TRUE(all_close(download(gpu.conv_state), cpu.conv, 0, 0, l + " conv state"));
+    EXPECT_TRUE(within(download(gpu.conv_state), cpu.conv, 0, 0, l + " conv state"));
     pos += T;
   }
   // A one-token prefill is the same function as a decode step.
@@ -329,10 +309,33 @@ TEST_P(GdnChain, PrefillPrefillDecodeMatchesCpu) {
       state_close(download(gpu.state), cpu.state, tag(d, "chain prefill T=1 at", pos, 1.f)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dims, GdnChain, ::testing::Values(kReal, kTiny, kWide),
-                         [](const ::testing::TestParamInfo<GdnDims>& i) {
-                           return std::string(i.param.name);
-                         });
+std::string dims_name(const GdnDims& d) {
+  return std::string(d.name) + "_Hk" + std::to_string(d.Hk) + "_Hv" + std::to_string(d.Hv) + "_Dk" +
+         std::to_string(d.Dk) + "_Dv" + std::to_string(d.Dv) + "_K" + std::to_string(d.K);
+}
+
+// The real dims (Hk 16, Hv 32, Dk = Dv = 128, K 4), tiny-a's (Hk 2, Hv 4, Dk = Dv = 32) and a
+// wide one (a full 8-block cluster); decay "strong" (2) or "mild" (0.02, long memory; 1 for wide).
+LILAC_CONFORMANCE_CASES(gated_deltanet) {
+  std::vector<OpCase> cases;
+  const char* twin =
+      "cpu::causal_conv_silu + l2_norm + gdn_gates + gdn_recurrence + gated_rms_norm";
+  for (const DecodeCase& c : decode_cases())
+    cases.push_back(
+        {"gdn_decode",
+         dims_name(c.d) + (c.decay > 1.f ? "_strong" : "_mild") + "_4steps_" + path_name(c.path),
+         "f32", twin, [c] { check_gdn_decode(c); }});
+  for (const PrefillCase& c : prefill_cases())
+    cases.push_back({"gdn_prefill",
+                     dims_name(c.d) + "_T" + std::to_string(c.T) +
+                         (c.decay > 1.f ? "_strong" : "_mild") + (c.zero_start ? "_fresh" : ""),
+                     "f32", twin, [c] { check_gdn_prefill(c); }});
+  // Prefill 100 and 37 tokens, 3 decode steps, then a one-token prefill.
+  for (const GdnDims& d : {kReal, kTiny, kWide})
+    cases.push_back({"gdn_chain", dims_name(d) + "_T100_37_decode3_prefill1", "f32", twin,
+                     [d] { check_gdn_chain(d); }});
+  return cases;
+}
 
 }  // namespace
 }  // namespace lilac::test

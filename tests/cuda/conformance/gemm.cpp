@@ -1,22 +1,24 @@
-// The prefill GEMM against cpu::matmul on bf16 inputs: every weight shape of the model at
-// M = 1, 7, 128, 1000, 4096, awkward N / K (N = 1, 257, 1000; K = 8, 24, 2056) on every tiling,
-// the three output modes. Outputs are poisoned (NaN) first. Large cases are checked on sampled
-// rows (every tile-boundary row class plus random rows from each 128-row block, up to a CPU
-// budget) over all N columns; small ones completely.
+// Conformance cases of the prefill GEMM against cpu::matmul on bf16 inputs: every weight shape of
+// the model at M = 1, 7, 128, 1000, 4096, awkward N / K (N = 1, 257, 1000; K = 8, 24, 2056) on
+// every tiling, the three output modes. Outputs are poisoned (NaN) first. Large cases are checked
+// on sampled rows (every tile-boundary row class plus random rows from each 128-row block, up to a
+// CPU budget) over all N columns; small ones completely.
 #include "cuda/gemm.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "../cuda_test_util.h"
+#include "../prefill_test_util.h"
+#include "conformance.h"
 #include "cpu/linear.h"
-#include "cuda_test_util.h"
-#include "prefill_test_util.h"
 #include "util/error.h"
 
 namespace lilac::test {
@@ -144,7 +146,7 @@ class GemmChecker {
                                         size_t(N) * 4, cudaMemcpyDeviceToHost));
         }
         const bool bf16_out = mode == GemmOut::StoreBF16, acc = mode == GemmOut::AccumulateF32;
-        EXPECT_TRUE(check_elements(
+        EXPECT_TRUE(within(
             R * size_t(N), [&](size_t i) { return got[i]; },
             [&](size_t i) { return double(ref[i]) + (acc ? double(c0[i]) : 0.0); },
             [&](size_t i) {
@@ -179,53 +181,64 @@ const std::vector<GemmTile> kAllTiles = {GemmTile::Mma128x256, GemmTile::Mma128x
                                          GemmTile::Mma64x128, GemmTile::Wgmma128x256};
 const std::vector<int> kModelM = {1, 7, 128, 1000, 4096};
 
-struct Shape {
-  const char* name;
-  int N, K;
-};
+std::string m_list(const std::vector<int>& Ms) {
+  std::string s = "_M";
+  for (size_t i = 0; i < Ms.size(); ++i) s += (i ? "-" : "") + std::to_string(Ms[i]);
+  return s;
+}
 
-TEST(Gemm, ModelShapesAuto) {
-  LILAC_REQUIRE_GPU();
-  const Shape shapes[] = {{"gdn in_proj", 12352, 2048},   {"out_proj / o_proj", 2048, 4096},
-                          {"attention qkv", 9216, 2048},  {"router + shared gate", 257, 2048},
-                          {"shared gate_up", 1024, 2048}, {"shared down", 2048, 512}};
+LILAC_CONFORMANCE_CASES(gemm) {
+  std::vector<OpCase> cases;
+  auto add = [&](std::string shape, std::function<void()> run) {
+    cases.push_back({"gemm", std::move(shape), "bf16", "cpu::matmul", std::move(run)});
+  };
+  // Every weight shape of the model at M = 1, 7, 128, 1000, 4096, the automatic tiling, all
+  // three output modes.
+  struct Shape {
+    const char* name;
+    int N, K;
+  };
+  const Shape shapes[] = {
+      {"in_proj", 12352, 2048}, {"out_proj", 2048, 4096},       {"qkv", 9216, 2048},
+      {"router", 257, 2048},    {"shared_gate_up", 1024, 2048}, {"shared_down", 2048, 512}};
   uint64_t seed = 11;
   for (const Shape& s : shapes) {
-    SCOPED_TRACE(s.name);
-    GemmChecker c(s.N, s.K, seed++);
-    for (int M : kModelM) c.check(M, {GemmTile::Auto}, kAllModes);
+    const std::string name = std::string(s.name) + "_N" + std::to_string(s.N) + "_K" +
+                             std::to_string(s.K) + m_list(kModelM) + "_auto";
+    add(name, [s, seed] {
+      GemmChecker c(s.N, s.K, seed);
+      for (int M : kModelM) c.check(M, {GemmTile::Auto}, kAllModes);
+    });
+    ++seed;
   }
-}
-
-// lm_head (N = 248320): f32 and bf16 logits (it never accumulates into the residual stream, and
-// a 4096 x 248320 f32 initial C would cost seconds of host time for nothing new).
-TEST(Gemm, LmHeadAuto) {
-  LILAC_REQUIRE_GPU();
-  GemmChecker c(248320, 2048, 99);
-  for (int M : kModelM) c.check(M, {GemmTile::Auto}, {GemmOut::StoreF32, GemmOut::StoreBF16});
-}
-
-// Every tiling on a model shape with M tails (1000 = 7 x 128 + 104; 4096 whole tiles).
-TEST(Gemm, EveryTileModelShape) {
-  LILAC_REQUIRE_GPU();
-  GemmChecker c(2048, 2048, 5);
-  for (int M : {1000, 4096}) c.check(M, kAllTiles, kAllModes);
-  GemmChecker d(1024, 2048, 6);
-  c.check(130, kAllTiles, kAllModes);
-  d.check(333, kAllTiles, kAllModes);
-}
-
-// N and K that are not multiples of the tiles (N odd: scalar epilogue; K = 8, 24: less than one
-// k-tile; K = 2056: a 8-element k tail), with M tails, on every tiling.
-TEST(Gemm, AwkwardShapesEveryTile) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 100;
+  // lm_head (N = 248320): f32 and bf16 logits (it never accumulates into the residual stream,
+  // and a 4096 x 248320 f32 initial C would cost seconds of host time for nothing new).
+  add("lm_head_N248320_K2048" + m_list(kModelM) + "_auto_f32_bf16out", [] {
+    GemmChecker c(248320, 2048, 99);
+    for (int M : kModelM) c.check(M, {GemmTile::Auto}, {GemmOut::StoreF32, GemmOut::StoreBF16});
+  });
+  // Every tiling on a model shape with M tails (1000 = 7 x 128 + 104; 4096 whole tiles).
+  add("N2048_K2048_M1000-4096-130_every_tile", [] {
+    GemmChecker c(2048, 2048, 5);
+    for (int M : {1000, 4096, 130}) c.check(M, kAllTiles, kAllModes);
+  });
+  add("N1024_K2048_M333_every_tile", [] {
+    GemmChecker d(1024, 2048, 6);
+    d.check(333, kAllTiles, kAllModes);
+  });
+  // N and K that are not multiples of the tiles (N odd: scalar epilogue; K = 8, 24: less than
+  // one k-tile; K = 2056: a 8-element k tail), with M tails, on every tiling.
+  seed = 100;
   for (int N : {1, 257, 1000})
     for (int K : {8, 24, 2056}) {
-      SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(K));
-      GemmChecker c(N, K, seed++);
-      for (int M : {1, 7, 130, 1000}) c.check(M, kAllTiles, kAllModes);
+      add("awkward_N" + std::to_string(N) + "_K" + std::to_string(K) + "_M1-7-130-1000_every_tile",
+          [N, K, seed] {
+            GemmChecker c(N, K, seed);
+            for (int M : {1, 7, 130, 1000}) c.check(M, kAllTiles, kAllModes);
+          });
+      ++seed;
     }
+  return cases;
 }
 
 // The contract's preconditions are enforced (before any device work).

@@ -1,6 +1,6 @@
-// GPU attention kernels against the CPU twin (cpu/attention.cpp composed as cpu_backend.cpp does):
-// qk_norm_rope_store, attention_decode, attention_decode_qkv (the two fused), attention_prefill,
-// and a prefill + decode chain (decode steps unfused and fused). Real
+// Conformance cases of the GPU attention kernels against the CPU twin (cpu/attention.cpp composed
+// as cpu_backend.cpp does): qk_norm_rope_store, attention_decode, attention_decode_qkv (the two
+// fused), attention_prefill, and a prefill + decode chain (decode steps unfused and fused). Real
 // shapes (heads 16, kv 2, hd 256, R 64) and tiny-a shapes (heads 4, kv 2, hd 64, R 16).
 #include <gtest/gtest.h>
 
@@ -10,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "../cuda_test_util.h"
+#include "../kernel_check.h"
+#include "conformance.h"
 #include "cpu/attention.h"
 #include "cpu/norm.h"
 #include "cuda/attention.h"
-#include "cuda_test_util.h"
 #include "util/thread_pool.h"
 
 namespace lilac::test {
@@ -39,12 +41,6 @@ ThreadPool& pool() {
 std::vector<float> bf16_round(std::vector<float> v) {
   for (auto& x : v) x = round_to_bf16(x);
   return v;
-}
-
-double rms(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += double(x) * x;
-  return std::sqrt(s / double(std::max<size_t>(1, v.size())));
 }
 
 // CPU twin of qk_norm_rope_store: from qkv [T, qkv_len] to q [T, heads, hd], gate [T, heads*hd],
@@ -129,8 +125,8 @@ std::vector<float> cpu_gated_attention(const std::vector<float>& q, const std::v
                                got.begin() + ptrdiff_t((r + 1) * hd));
     const std::vector<float> w(want.begin() + ptrdiff_t(r * hd),
                                want.begin() + ptrdiff_t((r + 1) * hd));
-    auto res = all_close(g, w, 2e-2 * rms(w) + 1e-6, 1e-2,
-                         what + " row " + std::to_string(r) + " (token * heads + head)");
+    auto res = within(g, w, 2e-2 * rms(w) + 1e-6, 1e-2,
+                      what + " row " + std::to_string(r) + " (token * heads + head)");
     if (!res) return res;
   }
   return ::testing::AssertionSuccess();
@@ -148,11 +144,8 @@ struct RopeCase {
   int T, pos0;
 };
 
-class QkNormRopeStore : public ::testing::TestWithParam<RopeCase> {};
-
-TEST_P(QkNormRopeStore, MatchesCpu) {
-  LILAC_REQUIRE_GPU();
-  const auto [d, T, pos0] = GetParam();
+void check_qk_norm_rope_store(const RopeCase& c) {
+  const auto [d, T, pos0] = c;
   const int max_ctx = pos0 + T + 3, P = qkv_len(d);
   const uint32_t seed = uint32_t(T * 7919 + pos0 * 31 + d.hd);
   std::vector<float> qkv = random_floats(size_t(T) * P, 1.f, seed);
@@ -192,10 +185,10 @@ TEST_P(QkNormRopeStore, MatchesCpu) {
       }
   // bf16 outputs of f32 values: half an ulp (2^-9 relative) plus f32 noise of rsqrt and sincos.
   const std::string l = label(d, "T/pos0", T, pos0);
-  EXPECT_TRUE(all_close(q, want.q, 1e-4, 6e-3, l + " q"));
-  EXPECT_TRUE(all_close(gate, want.gate, 1e-6, 4e-3, l + " gate"));
-  EXPECT_TRUE(all_close(kc, want_kc, 1e-4, 6e-3, l + " k cache"));
-  EXPECT_TRUE(all_close(vc, want_vc, 1e-6, 4e-3, l + " v cache"));
+  EXPECT_TRUE(within(q, want.q, 1e-4, 6e-3, l + " q"));
+  EXPECT_TRUE(within(gate, want.gate, 1e-6, 4e-3, l + " gate"));
+  EXPECT_TRUE(within(kc, want_kc, 1e-4, 6e-3, l + " k cache"));
+  EXPECT_TRUE(within(vc, want_vc, 1e-6, 4e-3, l + " v cache"));
 }
 
 std::vector<RopeCase> rope_cases() {
@@ -206,11 +199,6 @@ std::vector<RopeCase> rope_cases() {
   c.push_back({kTiny, 2, 131000});  // large angles (the slow path of sincosf)
   return c;
 }
-std::string rope_name(const ::testing::TestParamInfo<RopeCase>& i) {
-  return std::string(i.param.d.name) + "_T" + std::to_string(i.param.T) + "_pos" +
-         std::to_string(i.param.pos0);
-}
-INSTANTIATE_TEST_SUITE_P(Shapes, QkNormRopeStore, ::testing::ValuesIn(rope_cases()), rope_name);
 
 // ---- attention_decode ---------------------------------------------------------------------------
 
@@ -220,11 +208,8 @@ struct DecodeCase {
   int max_ctx;  // 0: n + 5
 };
 
-class AttentionDecode : public ::testing::TestWithParam<DecodeCase> {};
-
-TEST_P(AttentionDecode, MatchesCpu) {
-  LILAC_REQUIRE_GPU();
-  const auto [d, n, ctx] = GetParam();
+void check_attention_decode(const DecodeCase& c) {
+  const auto [d, n, ctx] = c;
   const int max_ctx = ctx ? ctx : n + 5;  // a large max_ctx: many splits, most of them empty
   const uint32_t seed = uint32_t(n * 131 + d.hd);
   const std::vector<uint16_t> kbits = random_cache(d, max_ctx, n, seed),
@@ -259,19 +244,11 @@ std::vector<DecodeCase> decode_cases() {
   for (int n : {1, 300, 5000}) c.push_back({kReal, n, 131072});  // as the engine: fixed capacity
   return c;
 }
-INSTANTIATE_TEST_SUITE_P(Contexts, AttentionDecode, ::testing::ValuesIn(decode_cases()),
-                         [](const ::testing::TestParamInfo<DecodeCase>& i) {
-                           return std::string(i.param.d.name) + "_n" + std::to_string(i.param.n) +
-                                  (i.param.max_ctx ? "_cap" + std::to_string(i.param.max_ctx) : "");
-                         });
 
 // ---- attention_decode_qkv: qk_norm_rope_store (T = 1) + attention_decode in one ----------------
 
-class AttentionDecodeQkv : public ::testing::TestWithParam<DecodeCase> {};
-
-TEST_P(AttentionDecodeQkv, MatchesCpu) {
-  LILAC_REQUIRE_GPU();
-  const auto [d, n, ctx] = GetParam();
+void check_attention_decode_qkv(const DecodeCase& c) {
+  const auto [d, n, ctx] = c;
   const int max_ctx = ctx ? ctx : n + 5, pos = n - 1, P = qkv_len(d);
   const uint32_t seed = uint32_t(n * 977 + d.hd + 5);
   // Rows [0, pos) hold earlier keys; row pos and everything after are NaN: the kernel must write
@@ -325,8 +302,8 @@ TEST_P(AttentionDecodeQkv, MatchesCpu) {
       want_kc[at] = kc[at];  // compared above/below through the row vectors
       want_vc[at] = vc[at];
     }
-  EXPECT_TRUE(all_close(got_k_row, want_k_row, 1e-4, 6e-3, l + " new k row"));
-  EXPECT_TRUE(all_close(got_v_row, want_v_row, 1e-6, 4e-3, l + " new v row"));
+  EXPECT_TRUE(within(got_k_row, want_k_row, 1e-4, 6e-3, l + " new k row"));
+  EXPECT_TRUE(within(got_v_row, want_v_row, 1e-6, 4e-3, l + " new v row"));
   size_t changed = 0;
   for (size_t i = 0; i < kc.size(); ++i) {
     const bool same_k = std::isnan(want_kc[i]) ? std::isnan(kc[i]) : kc[i] == want_kc[i];
@@ -336,19 +313,10 @@ TEST_P(AttentionDecodeQkv, MatchesCpu) {
   EXPECT_EQ(changed, 0u) << l << ": cache rows other than the new one changed";
 }
 
-INSTANTIATE_TEST_SUITE_P(Contexts, AttentionDecodeQkv, ::testing::ValuesIn(decode_cases()),
-                         [](const ::testing::TestParamInfo<DecodeCase>& i) {
-                           return std::string(i.param.d.name) + "_n" + std::to_string(i.param.n) +
-                                  (i.param.max_ctx ? "_cap" + std::to_string(i.param.max_ctx) : "");
-                         });
-
 // ---- attention_prefill --------------------------------------------------------------------------
 
-class AttentionPrefill : public ::testing::TestWithParam<RopeCase> {};
-
-TEST_P(AttentionPrefill, MatchesCpu) {
-  LILAC_REQUIRE_GPU();
-  const auto [d, T, pos0] = GetParam();
+void check_attention_prefill(const RopeCase& c) {
+  const auto [d, T, pos0] = c;
   const int n = pos0 + T, max_ctx = n + 7;
   const uint32_t seed = uint32_t(T * 313 + pos0 * 7 + d.hd);
   const std::vector<uint16_t> kbits = random_cache(d, max_ctx, n, seed),
@@ -377,7 +345,6 @@ std::vector<RopeCase> prefill_cases() {
       for (int pos0 : {0, 5, 1000}) c.push_back({d, T, pos0});
   return c;
 }
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionPrefill, ::testing::ValuesIn(prefill_cases()), rope_name);
 
 // ---- the chain: qkv rows -> prefill in two chunks -> 3 decode steps, against the CPU ------------
 
@@ -386,11 +353,8 @@ struct ChainCase {
   bool fused;  // decode steps through attention_decode_qkv
 };
 
-class AttentionChain : public ::testing::TestWithParam<ChainCase> {};
-
-TEST_P(AttentionChain, PrefillThenDecodeMatchesCpu) {
-  LILAC_REQUIRE_GPU();
-  const auto [d, fused] = GetParam();
+void check_attention_chain(const ChainCase& c) {
+  const auto [d, fused] = c;
   const int T1 = 70, T2 = 59, steps = 3, total = T1 + T2 + steps, max_ctx = total + 16,
             P = qkv_len(d);
   const uint32_t seed = 4242u + uint32_t(d.hd);
@@ -453,12 +417,38 @@ TEST_P(AttentionChain, PrefillThenDecodeMatchesCpu) {
   for (int i = 0; i < steps; ++i) step(1, true);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dims, AttentionChain,
-                         ::testing::Values(ChainCase{kReal, false}, ChainCase{kTiny, false},
-                                           ChainCase{kReal, true}, ChainCase{kTiny, true}),
-                         [](const ::testing::TestParamInfo<ChainCase>& i) {
-                           return std::string(i.param.d.name) + (i.param.fused ? "_fused" : "");
-                         });
+std::string dims_name(const AttnDims& d) {
+  return std::string(d.name) + "_heads" + std::to_string(d.heads) + "_kv" + std::to_string(d.kv) +
+         "_hd" + std::to_string(d.hd);
+}
+
+// The real dims (heads 16, kv 2, hd 256, R 64) and tiny-a's (heads 4, kv 2, hd 64, R 16).
+LILAC_CONFORMANCE_CASES(attention) {
+  std::vector<OpCase> cases;
+  const char* twin = "cpu::split_query_gate + rms_norm + rope + attention";
+  for (const RopeCase& c : rope_cases())
+    cases.push_back({"qk_norm_rope_store",
+                     dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0),
+                     "bf16", twin, [c] { check_qk_norm_rope_store(c); }});
+  for (const DecodeCase& c : decode_cases()) {
+    const std::string shape = dims_name(c.d) + "_n" + std::to_string(c.n) +
+                              (c.max_ctx ? "_cap" + std::to_string(c.max_ctx) : "");
+    cases.push_back({"attention_decode", shape, "bf16", twin, [c] { check_attention_decode(c); }});
+    cases.push_back(
+        {"attention_decode_qkv", shape, "bf16", twin, [c] { check_attention_decode_qkv(c); }});
+  }
+  for (const RopeCase& c : prefill_cases())
+    cases.push_back({"attention_prefill",
+                     dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0),
+                     "bf16", twin, [c] { check_attention_prefill(c); }});
+  // qkv rows -> prefill in two chunks (70, 59) -> 3 decode steps, unfused and fused.
+  for (const ChainCase& c : {ChainCase{kReal, false}, ChainCase{kTiny, false},
+                             ChainCase{kReal, true}, ChainCase{kTiny, true}})
+    cases.push_back({"attention_chain",
+                     dims_name(c.d) + "_T70_59_decode3" + (c.fused ? "_fused" : ""), "bf16", twin,
+                     [c] { check_attention_chain(c); }});
+  return cases;
+}
 
 }  // namespace
 }  // namespace lilac::test

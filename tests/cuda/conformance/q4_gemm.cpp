@@ -1,5 +1,5 @@
-// cuda::q_gemm against its twin: dequantize_row_bf16 (exactly the weights the kernel
-// multiplies) + cpu::matmul, so only the f32 summation order differs (tight tolerance); and
+// Conformance cases of cuda::q_gemm against its twin: dequantize_row_bf16 (exactly the weights the
+// kernel multiplies) + cpu::matmul, so only the f32 summation order differs (tight tolerance); and
 // against the f32 dequantisation (dequantize_row) within the bf16 rounding of the weights.
 // Real prefill shapes (GDN in_proj, out_proj +=, the 8-bit router, shared down) and awkward ones
 // (M = 1, 17, 130, 257; N not a multiple of 16 or of the 256-row block; K of one group). Outputs
@@ -10,8 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "../q4_test_util.h"
+#include "conformance.h"
 #include "cuda/q4_gemm.h"
-#include "q4_test_util.h"
 #include "util/error.h"
 
 namespace lilac::test {
@@ -74,30 +75,39 @@ void check_case(const Case& c, uint64_t seed) {
   auto where = [&](size_t i) {
     return "token " + std::to_string(i / size_t(c.N)) + ", row " + std::to_string(i % size_t(c.N));
   };
-  EXPECT_TRUE(check_elements(
+  EXPECT_TRUE(within(
       n, [&](size_t i) { return got[i]; }, [&](size_t i) { return base(i) + double(want[i]); },
       [&](size_t i) { return tol(i, 0.0); }, where, what + " vs the bf16-weight twin"));
   // The f32 dequantisation: each weight within 2^-9 of its bf16 rounding: sum |w a| 2^-9 <= 2^-9
   // ||w|| ||a||.
-  EXPECT_TRUE(check_elements(
+  EXPECT_TRUE(within(
       n, [&](size_t i) { return got[i]; }, [&](size_t i) { return base(i) + double(want32[i]); },
       [&](size_t i) { return tol(i, std::ldexp(wn[i % size_t(c.N)] * an[i / size_t(c.N)], -9)); },
       where, what + " vs the f32 twin"));
 }
 
-TEST(Q4Gemm, ModelShapes) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 1;
-  for (const Case& c : {Case{130, 12352, 2048, 4, cuda::GemmOut::StoreF32},
-                        Case{257, 2048, 4096, 4, cuda::GemmOut::AccumulateF32},
-                        Case{300, 257, 2048, 8, cuda::GemmOut::StoreF32},
-                        Case{129, 2048, 512, 4, cuda::GemmOut::StoreF32},
-                        Case{64, 1024, 2048, 4, cuda::GemmOut::StoreBF16}})
-    check_case(c, seed++);
+const char* mode_name(cuda::GemmOut m) {
+  return m == cuda::GemmOut::StoreF32    ? "f32"
+         : m == cuda::GemmOut::StoreBF16 ? "bf16out"
+                                         : "accumulate";
 }
 
-TEST(Q4Gemm, AwkwardShapes) {
-  LILAC_REQUIRE_GPU();
+LILAC_CONFORMANCE_CASES(q4_gemm) {
+  std::vector<OpCase> cases;
+  auto add = [&](const char* role, Case c, uint64_t seed) {
+    cases.push_back({"q_gemm",
+                     role + std::string("M") + std::to_string(c.M) + "_N" + std::to_string(c.N) +
+                         "_K" + std::to_string(c.K) + "_" + mode_name(c.mode),
+                     c.bits == 4 ? "q4" : "q8", "dequantize_row_bf16 + cpu::matmul",
+                     [c, seed] { check_case(c, seed); }});
+  };
+  // GDN in_proj, out_proj +=, the 8-bit router, shared down, shared gate_up (bf16 out).
+  add("in_proj_", {130, 12352, 2048, 4, cuda::GemmOut::StoreF32}, 1);
+  add("out_proj_", {257, 2048, 4096, 4, cuda::GemmOut::AccumulateF32}, 2);
+  add("router_", {300, 257, 2048, 8, cuda::GemmOut::StoreF32}, 3);
+  add("shared_down_", {129, 2048, 512, 4, cuda::GemmOut::StoreF32}, 4);
+  add("shared_gate_up_", {64, 1024, 2048, 4, cuda::GemmOut::StoreBF16}, 5);
+  // M = 1, 17, 3, 200; N not a multiple of 16 or of the 256-row block; K of one group.
   uint64_t seed = 50;
   for (int bits : {4, 8})
     for (const Case& c : {Case{1, 100, 64, bits, cuda::GemmOut::StoreF32},
@@ -105,7 +115,8 @@ TEST(Q4Gemm, AwkwardShapes) {
                           Case{3, 17, 192, bits, cuda::GemmOut::StoreF32},
                           Case{200, 300, 256, bits, cuda::GemmOut::StoreBF16},
                           Case{128, 256, 576, bits, cuda::GemmOut::StoreF32}})
-      check_case(c, seed++);
+      add("awkward_", c, seed++);
+  return cases;
 }
 
 TEST(Q4Gemm, BadArgumentsThrow) {

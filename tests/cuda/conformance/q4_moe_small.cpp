@@ -1,9 +1,9 @@
-// The small-M MoE kernels (q4_moe_small.cu) against their twins: every sorted row's act and y, and
-// the shared expert's, as double-precision sums over the dequantised f32 weights (q_twin, the twin
-// of the decode kernels whose numerics these kernels share) within q_gemv_tolerance's bound
-// (q4_test_util.h). Routing on the device (moe_route); outputs poisoned and guarded.
-// Shapes: the real one (H 2048, E 256, k 8, I = Is = 512) at 1, 16 and 64 tokens (the batched
-// decode sizes), the tiny-a fixture's at 3, 37 and 300 tokens (several 32-token passes per
+// Conformance cases of the small-M MoE kernels (q4_moe_small.cu) against their twins: every sorted
+// row's act and y, and the shared expert's, as double-precision sums over the dequantised f32
+// weights (q_twin, the twin of the decode kernels whose numerics these kernels share) within
+// q_gemv_tolerance's bound (q4_test_util.h). Routing on the device (moe_route); outputs poisoned
+// and guarded. Shapes: the real one (H 2048, E 256, k 8, I = Is = 512) at 1, 16 and 64 tokens (the
+// batched decode sizes), the tiny-a fixture's at 3, 37 and 300 tokens (several 32-token passes per
 // expert) in 4 and 8 bits, and crafted routing with awkward tokens per expert: 63 (two passes),
 // 9, 8, 7 (chunk edges), 1, and an expert with none.
 #include <gtest/gtest.h>
@@ -14,10 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "../moe_route_util.h"
+#include "../q4_test_util.h"
+#include "conformance.h"
 #include "cuda/moe_prefill.h"
 #include "cuda/q4_moe.h"
-#include "moe_route_util.h"
-#include "q4_test_util.h"
 #include "util/error.h"
 
 namespace lilac::test {
@@ -129,16 +130,23 @@ void check_small(Shape s, int T, uint64_t seed, const std::vector<float>* given_
   }
 }
 
-TEST(Q4MoeSmall, RealShapeDecodeBatches) {
-  LILAC_REQUIRE_GPU();
-  for (int T : {1, 16, 64}) check_small(Shape{2048, 256, 8, 512, 512, 4}, T, 500 + uint64_t(T));
-}
-
-TEST(Q4MoeSmall, TinyShapesSeveralPasses) {
-  LILAC_REQUIRE_GPU();
+LILAC_CONFORMANCE_CASES(q4_moe_small) {
+  std::vector<OpCase> cases;
+  auto add = [&](Shape s, int T, uint64_t seed) {
+    cases.push_back({"q_moe_small",
+                     "H" + std::to_string(s.H) + "_E" + std::to_string(s.E) + "_k" +
+                         std::to_string(s.k) + "_I" + std::to_string(s.I) + "_T" +
+                         std::to_string(T),
+                     s.bits == 4 ? "q4" : "q8", "dequantize_row + f64 dot products (q_twin)",
+                     [s, T, seed] { check_small(s, T, seed); }});
+  };
+  // The real shape at the batched decode sizes.
+  for (int T : {1, 16, 64}) add(Shape{2048, 256, 8, 512, 512, 4}, T, 500 + uint64_t(T));
+  // The tiny-a fixture's: several 32-token passes per expert.
   for (int bits : {4, 8})
     for (int T : {3, 37, 300})
-      check_small(Shape{128, 16, 4, 64, 64, bits}, T, 600 + uint64_t(T) + uint64_t(bits));
+      add(Shape{128, 16, 4, 64, 64, bits}, T, 600 + uint64_t(T) + uint64_t(bits));
+  return cases;
 }
 
 // Tokens per expert 63 (expert 0: two passes of 32), 9, 8, 7, 1, ten experts sharing the rest,

@@ -1,6 +1,7 @@
-// The GPU quantizer (cuda::quantize_mlx) bit for bit against lilac::mlx_quantize_row on random rows
-// and the edge cases of MLX's arithmetic; the repack (cuda::repack_mlx) against the layout's
-// index functions for every code and scale. Outputs are poisoned first.
+// Conformance cases of the GPU quantizer (cuda::quantize_mlx) bit for bit against
+// lilac::mlx_quantize_row on random rows and the edge cases of MLX's arithmetic; the repack
+// (cuda::repack_mlx) against the layout's index functions for every code and scale. Outputs are
+// poisoned first.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,9 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "../cuda_test_util.h"
+#include "conformance.h"
 #include "cuda/q4_layout.h"
 #include "cuda/q4_quantize.h"
-#include "cuda_test_util.h"
 #include "model/mlx_affine.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -103,15 +105,6 @@ void check_quantizer(int rows, int cols, int bits, uint32_t seed) {
   }
 }
 
-TEST(Q4Quantize, GpuQuantizerIsBitIdenticalToTheCpu) {
-  LILAC_REQUIRE_GPU();
-  for (int bits : {4, 8}) {
-    check_quantizer(300, 576, bits, 11);
-    check_quantizer(1, 64, bits, 12);
-    check_quantizer(2048, 2048, bits, 13);
-  }
-}
-
 // Random MLX data (any code words, finite bf16 scales / biases) repacked on the device, compared
 // word by word with the tiled buffer built on the host from q_code_position / q_sb_position
 // (padding rows must be zero).
@@ -160,14 +153,27 @@ void check_repack(int rows, int cols, int bits, uint64_t seed) {
         << "sb word " << i << " (block " << i / 16 << ", slot " << i % 16 << ")";
 }
 
-TEST(Q4Quantize, RepackPutsEveryCodeWhereTheLayoutSays) {
-  LILAC_REQUIRE_GPU();
+LILAC_CONFORMANCE_CASES(q4_quantize) {
+  std::vector<OpCase> cases;
   for (int bits : {4, 8}) {
-    check_repack(37, 192, bits, 1);
-    check_repack(16, 64, bits, 2);
-    check_repack(100, 2048, bits, 3);
-    check_repack(1, 4096, bits, 4);
+    const std::string q = bits == 4 ? "q4" : "q8";
+    cases.push_back({"quantize_mlx", "300x576", q, "mlx_quantize_row",
+                     [bits] { check_quantizer(300, 576, bits, 11); }});
+    cases.push_back({"quantize_mlx", "1x64", q, "mlx_quantize_row",
+                     [bits] { check_quantizer(1, 64, bits, 12); }});
+    cases.push_back({"quantize_mlx", "2048x2048", q, "mlx_quantize_row",
+                     [bits] { check_quantizer(2048, 2048, bits, 13); }});
   }
+  for (int bits : {4, 8}) {
+    const std::string q = bits == 4 ? "q4" : "q8";
+    const char* twin = "q_code_position + q_sb_position";
+    cases.push_back({"repack_mlx", "37x192", q, twin, [bits] { check_repack(37, 192, bits, 1); }});
+    cases.push_back({"repack_mlx", "16x64", q, twin, [bits] { check_repack(16, 64, bits, 2); }});
+    cases.push_back(
+        {"repack_mlx", "100x2048", q, twin, [bits] { check_repack(100, 2048, bits, 3); }});
+    cases.push_back({"repack_mlx", "1x4096", q, twin, [bits] { check_repack(1, 4096, bits, 4); }});
+  }
+  return cases;
 }
 
 TEST(Q4Quantize, BadArgumentsThrow) {

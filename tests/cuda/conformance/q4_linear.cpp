@@ -1,15 +1,18 @@
-// cuda::q_gemv / q_gemv_bf16out / q_embed against their CPU twins (dequantize_row +
-// cpu::matmul; widen_row) on weights quantized by the CPU quantizer, at the model's decode
-// shapes (GDN in_proj, attention qkv, out_proj / o_proj, the 8-bit router, lm_head) and awkward
-// ones (one row, rows not a multiple of 16, one group, group counts not a multiple of 8).
+// Conformance cases of cuda::q_gemv / q_gemv_bf16out / q_embed against their CPU twins
+// (dequantize_row + cpu::matmul; widen_row) on weights quantized by the CPU quantizer, at the
+// model's decode shapes (GDN in_proj, attention qkv, out_proj / o_proj, the 8-bit router, lm_head)
+// and awkward ones (one row, rows not a multiple of 16, one group, group counts not a multiple of
+// 8).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "../q4_test_util.h"
+#include "conformance.h"
 #include "cuda/q4_linear.h"
-#include "q4_test_util.h"
 #include "util/error.h"
 
 namespace lilac::test {
@@ -79,30 +82,6 @@ void check_shape(Shape s, uint64_t seed) {
   }
 }
 
-TEST(Q4Gemv, ModelShapes) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 100;
-  // GDN in_proj, attention qkv, out_proj / o_proj, router + shared gate (8-bit).
-  for (Shape s :
-       {Shape{12352, 2048, 4}, Shape{9216, 2048, 4}, Shape{2048, 4096, 4}, Shape{257, 2048, 8}})
-    check_shape(s, seed++);
-}
-
-TEST(Q4Gemv, LmHead) {
-  LILAC_REQUIRE_GPU();
-  check_shape(Shape{248320, 2048, 4}, 7);
-}
-
-TEST(Q4Gemv, AwkwardShapes) {
-  LILAC_REQUIRE_GPU();
-  uint64_t seed = 200;
-  for (int bits : {4, 8})
-    for (Shape s :
-         {Shape{1, 64, bits}, Shape{17, 128, bits}, Shape{33, 576, bits}, Shape{100, 4160, bits},
-          Shape{392, 128, bits}, Shape{5, 16384, bits}, Shape{2048, 512, bits}})
-      check_shape(s, seed++);
-}
-
 // The tolerance is meaningful: one code one step off (at the largest |x_k|, the row moves by |s
 // x_k|) exceeds twice the bound in most rows, so a single wrong nibble would fail q_gemv's
 // comparison.
@@ -123,24 +102,52 @@ TEST(Q4Gemv, ToleranceSeesOneWrongCode) {
   EXPECT_GT(caught, 32) << "the q_gemv tolerance is too loose to see one wrong code in most rows";
 }
 
-TEST(Q4Embed, ExactRows) {
-  LILAC_REQUIRE_GPU();
-  for (int bits : {4, 8}) {
-    HostQ table(300, 2048, bits, 1.f, 33 + bits);
-    std::vector<int32_t> ids = {0, 299, 17, 17, 150, 1};
-    auto d_ids = upload(ids);
-    cuda::DeviceBuffer<float> h(ids.size() * 2048 + 11);
-    poison(h);
-    cuda::q_embed(d_ids.get(), table.q(), h.get(), int(ids.size()), nullptr);
-    std::vector<float> got = download(h);
-    EXPECT_TRUE(guard_untouched(got, ids.size() * 2048, "q_embed"));
-    for (size_t t = 0; t < ids.size(); ++t) {
-      const std::vector<float> want = table.row_f32(ids[t]);
-      for (size_t k = 0; k < 2048; ++k)
-        ASSERT_EQ(got[t * 2048 + k], want[k])
-            << bits << "-bit token " << t << " (row " << ids[t] << ") element " << k;
-    }
+void check_q_embed(int bits) {
+  HostQ table(300, 2048, bits, 1.f, 33 + uint64_t(bits));
+  std::vector<int32_t> ids = {0, 299, 17, 17, 150, 1};
+  auto d_ids = upload(ids);
+  cuda::DeviceBuffer<float> h(ids.size() * 2048 + 11);
+  poison(h);
+  cuda::q_embed(d_ids.get(), table.q(), h.get(), int(ids.size()), nullptr);
+  std::vector<float> got = download(h);
+  EXPECT_TRUE(guard_untouched(got, ids.size() * 2048, "q_embed"));
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const std::vector<float> want = table.row_f32(ids[t]);
+    for (size_t k = 0; k < 2048; ++k)
+      ASSERT_EQ(got[t * 2048 + k], want[k])
+          << bits << "-bit token " << t << " (row " << ids[t] << ") element " << k;
   }
+}
+
+const char* qname(int bits) {
+  return bits == 4 ? "q4" : "q8";
+}
+
+LILAC_CONFORMANCE_CASES(q4_linear) {
+  std::vector<OpCase> cases;
+  auto add = [&](const char* role, Shape s, uint64_t seed) {
+    cases.push_back({"q_gemv", role + std::to_string(s.rows) + "x" + std::to_string(s.cols),
+                     qname(s.bits), "dequantize_row + cpu::matmul",
+                     [s, seed] { check_shape(s, seed); }});
+  };
+  // GDN in_proj, attention qkv, out_proj / o_proj, router + shared gate (8-bit), lm_head.
+  add("in_proj_", {12352, 2048, 4}, 100);
+  add("qkv_", {9216, 2048, 4}, 101);
+  add("out_proj_", {2048, 4096, 4}, 102);
+  add("router_", {257, 2048, 8}, 103);
+  add("lm_head_", {248320, 2048, 4}, 7);
+  // One row, rows not a multiple of 16, one group, group counts not a multiple of 8.
+  uint64_t seed = 200;
+  for (int bits : {4, 8})
+    for (Shape s :
+         {Shape{1, 64, bits}, Shape{17, 128, bits}, Shape{33, 576, bits}, Shape{100, 4160, bits},
+          Shape{392, 128, bits}, Shape{5, 16384, bits}, Shape{2048, 512, bits}})
+      add("awkward_", s, seed++);
+  // 300 rows of 2048, 6 tokens (repeats, first and last row): exact.
+  for (int bits : {4, 8})
+    cases.push_back({"q_embed", "V300_T6_H2048", qname(bits), "dequantize_row",
+                     [bits] { check_q_embed(bits); }});
+  return cases;
 }
 
 TEST(Q4Gemv, BadArgumentsThrow) {
