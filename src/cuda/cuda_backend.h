@@ -87,6 +87,14 @@ class CudaBackend : public Backend {
   const CudaOptions& options() const { return options_; }
   void set_options(const CudaOptions& o) { options_ = o; }
 
+  // One decode layer of `state`'s next token, launched on stream() exactly as a decode step
+  // launches it (the step runs this code for each of its layers: CudaBackend::layer_decode): it
+  // reads and updates the residual row of the backend's workspace (the embedded token, in a
+  // step), the layer's caches or states at the sequence's position. Capturable in a CUDA graph;
+  // for benchmarks (lilac_cuda_bench_kernels times it per layer kind).
+  void decode_layer(SequenceState& state, int64_t layer);
+  cudaStream_t stream() const { return stream_; }
+
   // Tests and benchmarks: the number of batched passes run so far, and the f32 logits [V] of row
   // `row` of the last batched pass (its rows in the order of the decode items).
   int64_t batched_passes() const { return batched_passes_; }

@@ -202,6 +202,12 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   });
 }
 
+void CudaBackend::decode_layer(SequenceState& state, int64_t layer) {
+  if (layer < 0 || layer >= model_->config.layers)
+    fail("decode_layer: layer {} of {}", layer, model_->config.layers);
+  layer_decode(static_cast<CudaSequenceState&>(state), layer, nullptr);
+}
+
 // ---- decode ---------------------------------------------------------------------------------
 
 void CudaBackend::sample_launches(CudaSequenceState& st, Timer* timer) {
