@@ -3,12 +3,15 @@
 # tools/gpu-build.sh). Steps (default: tests logits bench):
 #   tests       GPU kernel and backend tests (lilac_cuda_tests, label gpu)
 #   logits      the tiny-a fixture through `lilac logits --device cuda` (both layouts, chunked)
-#   kernels     the kernel microbenchmarks (lilac_cuda_bench_*)
+#   kernels     the kernel microbenchmarks (lilac_cuda_bench_*, the kernel lab among them)
+#   lab         the kernel lab alone (lilac_cuda_bench_lab: every version of each op in bench/lab,
+#               checked against the CPU twin and timed; fails when a check fails)
 #   bench       `lilac bench --synthetic` (ten lengths, 3 rounds); bench-short: 3 lengths, 1 round;
 #               bench-q4: the same in 4-bit weights (bench-q4-short: 3 lengths, 1 round)
 #   bench-q4-zipf-short
 #               bench-q4-short with the skewed (zipf) synthetic router, JSON to bench-q4-zipf.json
-#   ab          decode at 256 context under each A/B switch (LILAC_PDL=0, ...), bf16 and q4
+#   ab          decode at 256 context under each A/B switch of CudaOptions (LILAC_PDL=0,
+#               LILAC_CUDA_GRAPHS=0), bf16 and q4
 #   grammar     structured output: the constrained decode cost (ConstrainedStep.DISABLED_DecodeCostQ4,
 #               4-bit, batch 1) and the grammar mask benchmark on this machine's CPU
 #   tokenizer   tokenizer throughput: lilac's Google Benchmark and HF tokenizers, same file
@@ -87,12 +90,14 @@ for s in $steps; do
       run logits-chunked 60 "$B/lilac" logits --model tests/data/tiny-a --prompt-from tests/data/tiny-a/reference.safetensors \
         --decode 16 --device cuda --rope-freq-bf16 --prefill-chunk 7 --compare tests/data/tiny-a/reference.safetensors --atol 5e-2 ;;
     kernels)
-      for b in $(cd "$B" && ls -d lilac_cuda_bench_* 2>/dev/null); do run "$b" 90 "$B/$b"; done ;;
+      for b in $(cd "$B" && ls -d lilac_cuda_bench_* 2>/dev/null); do run "$b" 180 "$B/$b"; done ;;
+    lab) run lab 180 "$B/lilac_cuda_bench_lab" ;;
     bench) run bench 540 "$B/lilac" bench --synthetic --json "$OUT/bench.json" ;;
     bench-q4) run bench-q4 420 "$B/lilac" bench --synthetic --weights q4 --json "$OUT/bench-q4.json" ;;
-    ab)  # decode at 256 context under the A/B switches of CudaOptions / launch.h, both formats
+    ab)  # decode at 256 context under the A/B switches of CudaOptions, both formats (the L2
+      # prefetch hints, a measured loser, are compared by lilac_cuda_bench_kernels' layer section)
       for w in bf16 q4; do
-        for e in LILAC_NONE=1 LILAC_PDL=0 LILAC_L2_PREFETCH=1 LILAC_CUDA_GRAPHS=0; do
+        for e in LILAC_NONE=1 LILAC_PDL=0 LILAC_CUDA_GRAPHS=0; do
           run "ab-$w-$e" 120 env "$e" "$B/lilac" bench --synthetic --weights "$w" --lengths 256 --rounds 1
         done
       done ;;

@@ -5,12 +5,10 @@
 // and reports the median per launch, the bytes a launch must move, GB/s and % of the 4.3 TB/s copy
 // bandwidth; with programmatic dependent launch (launch.h) on, consecutive launches overlap (as
 // consecutive kernels of a decode step do), and the "no PDL" column repeats the measurement without
-// it. The layer section captures the decode launch sequence of several Gated DeltaNet layers (and
-// of attention layers) exactly as CudaBackend::layer_decode issues it, at the real shapes with
-// distinct dense weights per layer, and reports the time per layer with and without PDL, plus a
-// decode-step estimate: 30 GDN layers + 10 attention layers + embed + lm_head + argmax.
-// Usage: lilac_cuda_bench_kernels [--runs N] [--filter SUBSTRING] [--context N]. Prints tables; the
-// lead records the numbers in docs/kernels.md.
+// it. The layer section (kernels_bench_layers.cpp) times the production decode layer,
+// CudaBackend::decode_layer, per layer kind on the full-size synthetic model (BF16 and 4-bit).
+// Usage: lilac_cuda_bench_kernels [--runs N] [--filter SUBSTRING] [--context N]
+// [--weights bf16|q4|both]. Prints tables; the numbers are recorded in docs/kernels.md.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,18 +20,14 @@
 #include <type_traits>
 #include <vector>
 
-#include <cmath>
-
 #include "bench_timing.h"
-#include "cuda/attention.h"
 #include "cuda/common.h"
-#include "cuda/gated_deltanet.h"
 #include "cuda/launch.h"
 #include "cuda/linear.h"
 #include "cuda/moe_decode.h"
 #include "cuda/norm.h"
 #include "cuda/sampling.h"
-#include "model/qwen36.h"
+#include "kernels_bench_layers.h"
 
 namespace {
 
@@ -87,6 +81,7 @@ struct Options {
   int runs = 100;
   std::string filter;
   int context = 256;
+  std::string weights = "both";  // the layer section's model
 };
 
 // Median time of one replay of a graph holding everything `record` launches on s.
@@ -312,236 +307,6 @@ void bench_sampling(cudaStream_t s, const Options& opt) {
   }
 }
 
-// ---- whole decode layers ------------------------------------------------------------------------
-
-// A uniform fill in [-a, a) with a = sqrt(3 / fan_in) (std 1 / sqrt(fan_in)), as the synthetic
-// model's matrices; norm scales 1 +- 0.1.
-DeviceBuffer<bf16> matrix(int64_t rows, int64_t cols, uint64_t seed) {
-  return random_buffer<bf16>(size_t(rows) * size_t(cols), seed, std::sqrt(3.f / float(cols)));
-}
-
-DeviceBuffer<float> around(size_t n, uint64_t seed, float centre, float a) {
-  DeviceBuffer<float> b = random_buffer<float>(n, seed, a);
-  std::vector<float> v(n);
-  LILAC_CUDA_CHECK(cudaMemcpy(v.data(), b.get(), n * 4, cudaMemcpyDeviceToHost));
-  for (auto& x : v) x += centre;
-  LILAC_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), n * 4, cudaMemcpyHostToDevice));
-  return b;
-}
-
-// The decode launch sequence of CudaBackend::layer_decode (keep the two in step), over nG Gated
-// DeltaNet and nA attention layers with their own dense weights; one expert bank shared by all
-// layers (each layer's router picks from it: the previous layers' 60 MB of streamed weights have
-// left nothing of it in L2).
-struct LayerBench {
-  lilac::ModelConfig c = lilac::qwen36_35b_a3b_config();
-  int H, E, k, I, Is, V, C, Hk, Hv, Dk, Dv, K, heads, kvh, hd, R, max_ctx;
-  float eps;
-  struct Dense {
-    DeviceBuffer<float> input_norm, post_norm;
-    DeviceBuffer<bf16> router, sgu, sdown;
-    // GDN
-    DeviceBuffer<bf16> in_proj, out_proj;
-    DeviceBuffer<float> conv, neg_exp_A, dt_bias, gdn_norm, conv_state, rec;
-    // attention
-    DeviceBuffer<bf16> qkv, o_proj, kc, vc;
-    DeviceBuffer<float> q_norm, k_norm;
-  };
-  std::vector<Dense> gdn, attn;
-  DeviceBuffer<bf16> gate_up, down, lm_head, embed_table;
-  DeviceBuffer<float> final_norm, inv_freq;
-  DeviceBuffer<float> h, proj, router_logits, topk_w, logits, gdn_ws, attn_partial;
-  DeviceBuffer<int32_t> topk_idx, token, pos;
-  DeviceBuffer<bf16> x, mix, q, gate, act;
-  DeviceBuffer<char> router_ws, argmax_ws;
-
-  LayerBench(int nG, int nA, int context) {
-    H = int(c.hidden), E = int(c.experts), k = int(c.experts_per_token),
-    I = int(c.expert_intermediate);
-    Is = int(c.shared_intermediate), V = int(c.vocab), C = int(c.gdn_conv_channels());
-    Hk = int(c.gdn_key_heads), Hv = int(c.gdn_value_heads), Dk = int(c.gdn_key_dim),
-    Dv = int(c.gdn_value_dim);
-    K = int(c.gdn_conv_kernel), heads = int(c.heads), kvh = int(c.kv_heads), hd = int(c.head_dim);
-    R = int(c.rotary_dim), eps = c.rms_eps;
-    max_ctx = context + 64;
-    uint64_t seed = 1000;
-    auto common = [&](Dense& d) {
-      d.input_norm = around(size_t(H), seed++, 1.f, 0.1f);
-      d.post_norm = around(size_t(H), seed++, 1.f, 0.1f);
-      d.router = matrix(E + 1, H, seed++);
-      d.sgu = matrix(2 * Is, H, seed++);
-      d.sdown = matrix(H, Is, seed++);
-    };
-    const int gdn_rows = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    gdn.resize(size_t(nG));
-    for (auto& d : gdn) {
-      common(d);
-      d.in_proj = matrix(gdn_rows, H, seed++);
-      d.out_proj = matrix(H, Hv * Dv, seed++);
-      d.conv = random_buffer<float>(size_t(C) * K, seed++, 0.5f);
-      d.neg_exp_A = around(size_t(Hv), seed++, -2.25f, 1.75f);
-      d.dt_bias = random_buffer<float>(size_t(Hv), seed++, 1.f);
-      d.gdn_norm = around(size_t(Dv), seed++, 1.f, 0.1f);
-      d.conv_state = random_buffer<float>(size_t(K - 1) * C, seed++, 0.5f);
-      d.rec = random_buffer<float>(size_t(Hv) * Dk * Dv, seed++, 0.01f);
-    }
-    const int qkv_rows = int(c.q_proj_rows() + 2 * c.kv_dim());
-    attn.resize(size_t(nA));
-    for (auto& d : attn) {
-      common(d);
-      d.qkv = matrix(qkv_rows, H, seed++);
-      d.o_proj = matrix(H, heads * hd, seed++);
-      d.q_norm = around(size_t(hd), seed++, 1.f, 0.1f);
-      d.k_norm = around(size_t(hd), seed++, 1.f, 0.1f);
-      d.kc = random_buffer<bf16>(size_t(kvh) * max_ctx * hd, seed++, 1.f);
-      d.vc = random_buffer<bf16>(size_t(kvh) * max_ctx * hd, seed++, 1.f);
-    }
-    gate_up = matrix(int64_t(E) * 2 * I, H, seed++);
-    down = matrix(int64_t(E) * H, I, seed++);
-    lm_head = matrix(V, H, seed++);
-    embed_table = random_buffer<bf16>(size_t(V) * H, seed++, 1.f);
-    final_norm = around(size_t(H), seed++, 1.f, 0.1f);
-    std::vector<float> f(size_t(R / 2));
-    for (int j = 0; j < R / 2; ++j)
-      f[size_t(j)] = std::pow(c.rope_theta, -2.f * float(j) / float(R));
-    inv_freq = DeviceBuffer<float>(f.size());
-    LILAC_CUDA_CHECK(cudaMemcpy(inv_freq.get(), f.data(), f.size() * 4, cudaMemcpyHostToDevice));
-    h = random_buffer<float>(size_t(H), seed++, 1.f);
-    proj = DeviceBuffer<float>(size_t(std::max(gdn_rows, qkv_rows)));
-    router_logits = DeviceBuffer<float>(size_t(E + 1));
-    topk_w = DeviceBuffer<float>(size_t(k));
-    topk_idx = DeviceBuffer<int32_t>(size_t(k));
-    logits = DeviceBuffer<float>(size_t(V));
-    gdn_ws = DeviceBuffer<float>(lilac::cuda::gdn_decode_workspace_floats(Hk, Hv, Dv));
-    lilac::cuda::gdn_decode_workspace_init(gdn_ws.get(), Hk, Hv, Dv, nullptr);
-    attn_partial = DeviceBuffer<float>(
-        lilac::cuda::attention_decode_workspace_floats(heads, kvh, hd, max_ctx));
-    token = DeviceBuffer<int32_t>(1);
-    std::vector<int32_t> p = {int32_t(context)};
-    pos = DeviceBuffer<int32_t>(1);
-    LILAC_CUDA_CHECK(cudaMemcpy(pos.get(), p.data(), 4, cudaMemcpyHostToDevice));
-    LILAC_CUDA_CHECK(cudaMemset(token.get(), 0, 4));
-    x = DeviceBuffer<bf16>(size_t(H));
-    mix = DeviceBuffer<bf16>(size_t(std::max(Hv * Dv, heads * hd)));
-    q = DeviceBuffer<bf16>(size_t(heads * hd));
-    gate = DeviceBuffer<bf16>(size_t(heads * hd));
-    act = DeviceBuffer<bf16>(size_t(k) * I + Is);
-    router_ws = DeviceBuffer<char>(lilac::cuda::moe_router_workspace_bytes());
-    LILAC_CUDA_CHECK(cudaMemset(router_ws.get(), 0, router_ws.bytes()));
-    argmax_ws = DeviceBuffer<char>(lilac::cuda::argmax_workspace_bytes(lilac::kQwen36RealTokens));
-    LILAC_CUDA_CHECK(cudaMemset(argmax_ws.get(), 0, argmax_ws.bytes()));
-    LILAC_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-
-  void moe(const Dense& d, cudaStream_t s) {
-    lilac::cuda::moe_router(d.router.get(), E, H, h.get(), d.post_norm.get(), eps, k,
-                            router_logits.get(), topk_idx.get(), topk_w.get(), x.get(),
-                            router_ws.get(), s);
-    lilac::cuda::moe_gate_up_gemv(gate_up.get(), d.sgu.get(), topk_idx.get(), k, x.get(), H, I, Is,
-                                  act.get(), s);
-    lilac::cuda::moe_down_gemv(down.get(), d.sdown.get(), topk_idx.get(), topk_w.get(),
-                               router_logits.get() + E, act.get(), k, H, I, Is, h.get(), s);
-  }
-
-  void gdn_layer(Dense& d, cudaStream_t s) {
-    const int rows = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    lilac::cuda::gemv_rms(d.in_proj.get(), rows, H, h.get(), d.input_norm.get(), eps, proj.get(),
-                          lilac::cuda::GemvOut::Store, s);
-    lilac::cuda::gdn_decode(proj.get(), d.conv.get(), d.conv_state.get(), d.neg_exp_A.get(),
-                            d.dt_bias.get(), d.gdn_norm.get(), d.rec.get(), Hk, Hv, Dk, Dv, K, eps,
-                            gdn_ws.get(), mix.get(), s);
-    lilac::cuda::gemv(d.out_proj.get(), H, Hv * Dv, mix.get(), h.get(),
-                      lilac::cuda::GemvOut::Accumulate, s);
-    moe(d, s);
-  }
-
-  void attn_layer(Dense& d, cudaStream_t s) {
-    const int rows = int(c.q_proj_rows() + 2 * c.kv_dim());
-    lilac::cuda::gemv_rms(d.qkv.get(), rows, H, h.get(), d.input_norm.get(), eps, proj.get(),
-                          lilac::cuda::GemvOut::Store, s);
-    lilac::cuda::qk_norm_rope_store(proj.get(), 1, pos.get(), d.q_norm.get(), d.k_norm.get(),
-                                    inv_freq.get(), heads, kvh, hd, R, eps, q.get(), gate.get(),
-                                    d.kc.get(), d.vc.get(), max_ctx, s);
-    lilac::cuda::attention_decode(q.get(), gate.get(), d.kc.get(), d.vc.get(), pos.get(), heads,
-                                  kvh, hd, max_ctx, attn_partial.get(), mix.get(), s);
-    lilac::cuda::gemv(d.o_proj.get(), H, heads * hd, mix.get(), h.get(),
-                      lilac::cuda::GemvOut::Accumulate, s);
-    moe(d, s);
-  }
-
-  void head(cudaStream_t s) {
-    lilac::cuda::gemv_rms(lm_head.get(), V, H, h.get(), final_norm.get(), eps, logits.get(),
-                          lilac::cuda::GemvOut::Store, s);
-    lilac::cuda::argmax(logits.get(), lilac::kQwen36RealTokens, argmax_ws.get(), token.get(), s);
-  }
-};
-
-void bench_layers(cudaStream_t s, const Options& opt) {
-  if (!wanted(opt, "layer")) return;
-  const int nG = 9, nA = 3;  // distinct dense weights: 9 x 75 MB, 3 x 60 MB
-  LayerBench b(nG, nA, opt.context);
-  std::printf(
-      "\n== decode layers at context %d (graphs of CudaBackend::layer_decode's launches; us per "
-      "layer)\n",
-      opt.context);
-  // Columns: PDL and the L2 prefetch hints (launch.h) on / off.
-  struct Mode {
-    bool pdl, prefetch;
-  };
-  const Mode modes[3] = {{true, false}, {true, true}, {false, false}};
-  std::printf("%-34s %14s %14s %14s\n", "sequence", "PDL", "PDL+prefetch", "neither");
-  auto all = [&](const std::function<void()>& record) {
-    std::vector<double> t;
-    const bool saved = lilac::cuda::l2_prefetch_enabled();
-    for (const Mode& m : modes) {
-      lilac::cuda::ScopedPdl p(m.pdl);
-      lilac::cuda::set_l2_prefetch_enabled(m.prefetch);
-      t.push_back(time_graph(s, opt, record));
-    }
-    lilac::cuda::set_l2_prefetch_enabled(saved);
-    return t;
-  };
-  auto row = [&](const char* name, const std::vector<double>& t, int n) {
-    std::printf("%-34s", name);
-    for (double v : t) std::printf(" %11.2f us", v * 1e6 / n);
-    std::printf("\n");
-    std::fflush(stdout);
-  };
-  const auto tg = all([&] {
-    for (auto& d : b.gdn) b.gdn_layer(d, s);
-  });
-  row("Gated DeltaNet layer (6 launches)", tg, nG);
-  const auto ta = all([&] {
-    for (auto& d : b.attn) b.attn_layer(d, s);
-  });
-  row("attention layer (8 launches)", ta, nA);
-  const auto tm = all([&] {
-    for (auto& d : b.gdn) b.moe(d, s);
-  });
-  row("  of which MoE (3 launches)", tm, nG);
-  const auto th = all([&] { b.head(s); });
-  row("lm_head (gemv_rms) + argmax", th, 1);
-  const auto te =
-      all([&] { lilac::cuda::embed(b.token.get(), b.embed_table.get(), b.h.get(), 1, b.H, s); });
-  row("embed", te, 1);
-  const int L_gdn = int(b.c.count_layers(lilac::LayerType::GatedDeltaNet));
-  const int L_attn = int(b.c.count_layers(lilac::LayerType::FullAttention));
-  std::vector<double> step;
-  for (size_t m = 0; m < tg.size(); ++m)
-    step.push_back(L_gdn * tg[m] / nG + L_attn * ta[m] / nA + th[m] + te[m]);
-  row("decode step estimate", step, 1);
-  std::printf("%-34s", "  tok/s");
-  for (double v : step) std::printf(" %14.1f", 1.0 / v);
-  std::printf(
-      "\n(%d GDN + %d attention layers + lm_head + argmax + embed; sampling not included)\n", L_gdn,
-      L_attn);
-  int with_wait = 0, without = 0;
-  lilac::cuda::pdl_kernel_counts(&with_wait, &without);
-  std::printf("PDL: %s; %d kernels launched with it, %d refused (machine code without the wait)\n",
-              lilac::cuda::pdl_enabled() ? "available" : "not available on this device", with_wait,
-              without);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -552,9 +317,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc)
       opt.filter = argv[++i];
     else if (!std::strcmp(argv[i], "--context") && i + 1 < argc)
-      opt.context = std::max(1, std::atoi(argv[++i]));
+      opt.context = std::max(2, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--weights") && i + 1 < argc)
+      opt.weights = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--runs N (>= 50)] [--filter SUBSTRING] [--context N]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--runs N (>= 50)] [--filter SUBSTRING] [--context N] "
+                   "[--weights bf16|q4|both]\n",
                    argv[0]);
       return 2;
     }
@@ -588,7 +357,7 @@ int main(int argc, char** argv) {
     bench_moe(s, opt);
     bench_norm(s, opt);
     bench_sampling(s, opt);
-    bench_layers(s, opt);
+    if (wanted(opt, "layer")) lilac::bench::bench_decode_layers(opt.weights, opt.context, opt.runs);
     LILAC_CUDA_CHECK(cudaStreamDestroy(s));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lilac_cuda_bench_kernels: %s\n", e.what());

@@ -1,12 +1,10 @@
 // lilac_cuda_bench_seq: times the sequence-mixing kernels (attention, Gated DeltaNet) at the real
 // model's shapes: heads 16, kv 2, hd 256, R 64; GDN Hk 16, Hv 32, Dk = Dv = 128, K 4.
-// Decode kernels: a CUDA graph of 20 launches rotating over the model's layers (10 attention
-// layers' KV caches, 30 GDN layers' states: as in a decode step, a layer's data is not in L2),
-// replayed >= 21 times with CUDA events; the median per launch. Attention decode is timed alone,
-// as the v1 decode path (qk_norm_rope_store + attention_decode) and as v2 (attention_decode_qkv);
-// gdn_decode on both paths (v2 cluster, v1 counter). Prefill kernels: CUDA events around single
-// launches after a warm-up, median of >= 20; gdn_prefill also per stage (prep, chunk, state, out).
-// Prints one table; usage: lilac_cuda_bench_seq.
+// qk_norm_rope_store at T = 1: a CUDA graph of 20 launches rotating over 10 attention layers' KV
+// caches, replayed >= 21 times with CUDA events, the median per launch. Prefill kernels: CUDA
+// events around single launches after a warm-up, median of >= 20; gdn_prefill also per stage
+// (prep, chunk, state, out). The decode kernels (attention_decode, gdn_decode), every version of
+// them, are timed by the kernel lab (lilac_cuda_bench_lab, bench/lab). Usage: lilac_cuda_bench_seq.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -21,8 +19,6 @@
 using namespace lilac::cuda;
 
 namespace {
-
-constexpr double kCopyGBs = 4300.0;  // H200 copy bandwidth (docs/benchmarking.md section 3)
 
 cudaStream_t g_stream = nullptr;
 
@@ -87,53 +83,13 @@ void bench_attention() {
     fill(kc.back().get(), cache, 0.f, 1.7f);
     fill(vc.back().get(), cache, 0.f, 1.7f);
   }
-  DeviceBuffer<bf16> q(size_t(kHeads) * kHd), gate(q.size()), out(q.size());
-  fill(q.get(), q.size(), 0.f, 1.7f);
-  fill(gate.get(), gate.size(), 0.f, 1.7f);
-  DeviceBuffer<float> ws(attention_decode_workspace_floats(kHeads, kKv, kHd, kMaxCtx));
   DeviceBuffer<int32_t> pos(1);
-  // The decode path: v1 = qk_norm_rope_store (T = 1) + attention_decode (3 launches); v2 =
-  // attention_decode_qkv (2 launches). Both write the new key at row ctx - 1.
   const int P = kHeads * 2 * kHd + 2 * kKv * kHd;
   const std::vector<float> inv_h = lilac::rope_inv_freq(1e7f, kR);
   DeviceBuffer<float> inv(inv_h.size()), qn(static_cast<size_t>(kHd)), kn(static_cast<size_t>(kHd));
   LILAC_CUDA_CHECK(cudaMemcpy(inv.get(), inv_h.data(), inv_h.size() * 4, cudaMemcpyHostToDevice));
   fill(qn.get(), qn.size(), 1.f, 0.1f);
   fill(kn.get(), kn.size(), 1.f, 0.1f);
-  DeviceBuffer<float> qkv1(static_cast<size_t>(P));
-  fill(qkv1.get(), qkv1.size(), 0.f, 1.7f);
-  std::printf(
-      "attention_decode: %d splits (max_ctx %d); bytes = K+V of the context (2 KiB/token)\n",
-      attention_decode_splits(kKv, kMaxCtx), kMaxCtx);
-  std::printf("(10 layers' caches rotate: up to 2K context they fit the 60 MB L2 together)\n");
-  std::printf("%10s %10s %10s %8s %14s %14s\n", "context", "us", "GB/s", "of copy", "v1 rope+attn",
-              "v2 attn_qkv");
-  for (int ctx = 256; ctx <= kMaxCtx; ctx *= 2) {
-    const int p = ctx - 1;
-    LILAC_CUDA_CHECK(cudaMemcpy(pos.get(), &p, 4, cudaMemcpyHostToDevice));
-    const double us = time_graph_us([&](int i, cudaStream_t s) {
-      const int l = i % kAttnLayers;
-      attention_decode(q.get(), gate.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), pos.get(),
-                       kHeads, kKv, kHd, kMaxCtx, ws.get(), out.get(), s);
-    });
-    const double us_v1 = time_graph_us([&](int i, cudaStream_t s) {
-      const int l = i % kAttnLayers;
-      qk_norm_rope_store(qkv1.get(), 1, pos.get(), qn.get(), kn.get(), inv.get(), kHeads, kKv, kHd,
-                         kR, 1e-6f, q.get(), gate.get(), kc[size_t(l)].get(), vc[size_t(l)].get(),
-                         kMaxCtx, s);
-      attention_decode(q.get(), gate.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), pos.get(),
-                       kHeads, kKv, kHd, kMaxCtx, ws.get(), out.get(), s);
-    });
-    const double us_v2 = time_graph_us([&](int i, cudaStream_t s) {
-      const int l = i % kAttnLayers;
-      attention_decode_qkv(qkv1.get(), pos.get(), qn.get(), kn.get(), inv.get(), kHeads, kKv, kHd,
-                           kR, 1e-6f, kc[size_t(l)].get(), vc[size_t(l)].get(), kMaxCtx, ws.get(),
-                           out.get(), s);
-    });
-    const double gbs = double(ctx) * 2048.0 / us * 1e-3;
-    std::printf("%10d %10.2f %10.0f %7.0f%% %14.2f %14.2f\n", ctx, us, gbs, 100.0 * gbs / kCopyGBs,
-                us_v1, us_v2);
-  }
 
   // qk_norm_rope_store: decode (T = 1) and a prefill chunk.
   for (int T : {1, 8192}) {
@@ -172,7 +128,7 @@ void bench_attention() {
   }
 }
 
-constexpr int kHk = 16, kHv = 32, kDk = 128, kDv = 128, kK = 4, kGdnLayers = 30;
+constexpr int kHk = 16, kHv = 32, kDk = 128, kDv = 128, kK = 4;
 constexpr int kC = 2 * kHk * kDk + kHv * kDv, kP = kC + kHv * kDv + 2 * kHv;
 
 struct GdnLayer {
@@ -191,32 +147,7 @@ struct GdnLayer {
 
 void bench_gdn() {
   std::printf("\n== gated deltanet (Hk %d, Hv %d, Dk %d, Dv %d, K %d)\n", kHk, kHv, kDk, kDv, kK);
-  std::vector<GdnLayer> layers(kGdnLayers);
-  std::vector<DeviceBuffer<float>> proj;
-  for (int l = 0; l < kGdnLayers; ++l) {
-    proj.emplace_back(size_t(kP));
-    fill(proj.back().get(), size_t(kP), 0.f, 1.7f);
-  }
-  DeviceBuffer<float> ws(gdn_decode_workspace_floats(kHk, kHv, kDv));
-  gdn_decode_workspace_init(ws.get(), kHk, kHv, kDv, nullptr);
-  DeviceBuffer<bf16> out(size_t(kHv) * kDv);
-  const double bytes = 2.0 * kHv * kDk * kDv * 4 + 2.0 * (kK - 1) * kC * 4 + double(kC) * kK * 4 +
-                       kP * 4.0 + kHv * kDv * 2.0;
-  for (const GdnDecodePath path : {GdnDecodePath::Cluster, GdnDecodePath::Counter}) {
-    if (path == GdnDecodePath::Cluster && !gdn_decode_uses_cluster(kHk, kHv, kDk, kDv)) continue;
-    const double us = time_graph_us(
-        [&](int i, cudaStream_t s) {
-          GdnLayer& L = layers[size_t(i % kGdnLayers)];
-          gdn_decode(proj[size_t(i % kGdnLayers)].get(), L.taps.get(), L.conv.get(),
-                     L.neg_exp_A.get(), L.dt_bias.get(), L.norm_w.get(), L.state.get(), kHk, kHv,
-                     kDk, kDv, kK, 1e-6f, ws.get(), out.get(), s, path);
-        },
-        kGdnLayers, 21);
-    std::printf("gdn_decode (%s): %.2f us, %.0f GB/s (%.1f MB moved), %.0f%% of copy\n",
-                path == GdnDecodePath::Cluster ? "v2 cluster" : "v1 counter", us, bytes / us * 1e-3,
-                bytes * 1e-6, 100.0 * bytes / us * 1e-3 / kCopyGBs);
-  }
-
+  std::vector<GdnLayer> layers(1);
   std::printf(
       "gdn_prefill (stages: median of the per-launch event times)\n%8s %10s %14s %9s %9s %9s %9s\n",
       "T", "ms", "tokens/s/layer", "prep", "chunk", "state", "out");

@@ -29,19 +29,14 @@ void qk_norm_rope_store(const float* qkv, int T, const int32_t* d_pos0, const fl
 int attention_decode_splits(int kv_heads, int max_ctx);
 size_t attention_decode_workspace_floats(int heads, int kv_heads, int hd, int max_ctx);
 
-// One query (q, gate [heads*hd]) at position *d_pos0 over cache rows [0, *d_pos0] (the new key and
-// value already stored): split-K flash decoding, then a combine kernel writes out [heads*hd] bf16.
-// `partial` has attention_decode_workspace_floats(...) floats (no initialisation needed).
-void attention_decode(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
-                      const int32_t* d_pos0, int heads, int kv_heads, int hd, int max_ctx,
-                      float* partial, bf16* out, cudaStream_t stream);
-
-// One decode step with qk_norm_rope_store folded in (version 2 of the decode path: one launch
-// fewer): from the f32 qkv row [heads*2*hd + 2*kv_heads*hd] of the token at position *d_pos0, the
-// split kernel's prologue RMS-norms and rotates the queries of its GQA group (as
-// qk_norm_rope_store), the block whose key range holds position *d_pos0 also computes that key and
-// value, stores them at cache row *d_pos0 and uses them; the combine kernel takes the gate from
-// the row (rounded to bf16). Same output as qk_norm_rope_store (T = 1) + attention_decode.
+// One decode step: one query at position *d_pos0 over cache rows [0, *d_pos0], from the f32 qkv
+// row [heads*2*hd + 2*kv_heads*hd] of the token; split-K flash decoding, then a combine kernel
+// writes out [heads*hd] bf16 (two launches). The split kernel's prologue RMS-norms and rotates the
+// queries of its GQA group (as qk_norm_rope_store), the block whose key range holds position
+// *d_pos0 also computes that key and value, stores them at cache row *d_pos0 and uses them; the
+// combine kernel takes the gate from the row (rounded to bf16). `partial` has
+// attention_decode_workspace_floats(...) floats (no initialisation needed). Version 1 of this step
+// (qk_norm_rope_store, then a split kernel over q and gate) is in the kernel lab (bench/lab).
 void attention_decode_qkv(const float* qkv, const int32_t* d_pos0, const float* q_norm,
                           const float* k_norm, const float* inv_freq, int heads, int kv_heads,
                           int hd, int rotary_dim, float eps, bf16* k_cache, bf16* v_cache,

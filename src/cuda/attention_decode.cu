@@ -7,7 +7,10 @@
 // heads + j takes kv head j (k and v). A lane holds hd/32 consecutive elements (16-byte loads);
 // RMS-norm by a warp sum; RoPE partners (d +- R/2) come through a per-warp shared-memory row.
 //
-// attention_decode — one query, keys [0, n) with n = *d_pos0 + 1, real shapes: K and V of one layer
+// attention_decode_qkv — one query, keys [0, n) with n = *d_pos0 + 1, from the token's f32 qkv row
+// (version 2 of the decode path: the split kernel's prologue does qk_norm_rope_store's work for its
+// GQA group and stores the new key and value; version 1, a qk_norm_rope_store launch before the
+// split kernel, lost and lives in bench/lab/attention_decode). Real shapes: K and V of one layer
 // are n * 2 kv * 256 * 2 B * 2 = 2 KiB per key: 64 MiB at n = 32K, read once (~15.6 us at 4.3 TB/s;
 // the roofline). FLOPs: 16 heads * 4 * 256 per key = 16 KFLOP/key (0.5 GFLOP at 32K: nothing).
 // Design: grid (S splits, kv_heads), S fixed from the SM count (one 128-thread block per SM,
@@ -195,17 +198,17 @@ __device__ __forceinline__ int dec_keys_per_split(int n, int S) {
   return (k + kDecKeys - 1) / kDecKeys * kDecKeys;
 }
 
-// FUSED (attention_decode_qkv): the prologue computes the group's queries from the f32 qkv row
-// (RMS norm, RoPE: norm_rope_row, as qk_norm_rope_store) into shared memory, and the block whose
-// range holds the new key (position n - 1) computes that key and value, stores them in the caches
-// and patches them into its last tile (that row is not read from the cache: zero-filled, then
-// overwritten after the tile has landed).
-template <int HD, bool FUSED>
+// The prologue computes the group's queries from the f32 qkv row (RMS norm, RoPE: norm_rope_row,
+// as qk_norm_rope_store) into shared memory, and the block whose range holds the new key (position
+// n - 1) computes that key and value, stores them in the caches and patches them into its last tile
+// (that row is not read from the cache: zero-filled, then overwritten after the tile has landed).
+// (Version 1 read q and gate written by a qk_norm_rope_store launch before it: bench/lab.)
+template <int HD>
 __global__ void __launch_bounds__(kDecThreads, 1)
-    attn_decode_split_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
-                             const bf16* __restrict__ v_cache, const int32_t* __restrict__ d_pos0,
-                             int heads, int kv_heads, int max_ctx, float* __restrict__ part_o,
-                             float* __restrict__ part_ml, FusedQkv fz, BatchArgs ba) {
+    attn_decode_split_kernel(const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                             const int32_t* __restrict__ d_pos0, int heads, int kv_heads,
+                             int max_ctx, float* __restrict__ part_o, float* __restrict__ part_ml,
+                             FusedQkv fz, BatchArgs ba) {
   constexpr int EPL = HD / 32;
   const int group = heads / kv_heads;
   constexpr int RC = HD / 8;   // 16-byte chunks per K/V row
@@ -251,8 +254,8 @@ __global__ void __launch_bounds__(kDecThreads, 1)
 #pragma unroll 1
     for (int i = 0; i < kDecKeys / kRowsPerPass; ++i) {
       const int r = ld_r0 + i * kRowsPerPass, key = key0 + r;
-      // Rows past the range: zeros (finite, masked below); fused: the new key is patched in.
-      const bool ok = key < end && !(FUSED && key == n - 1);
+      // Rows past the range: zeros (finite, masked below); the new key is patched in.
+      const bool ok = key < end && key != n - 1;
       const size_t off = ok ? size_t(key) * HD + ld_ch * 8 : 0;
       const uint32_t so = stage * kStage + swz(r, ld_ch, RC);
       cp_async16(sK + so, kbase + off, ok ? 16 : 0);
@@ -282,11 +285,11 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     cp_async_commit();
   }
 
-  // Fused prologue (its loads overlap the first tiles' copies, issued above).
+  // The prologue (its loads overlap the first tiles' copies, issued above).
   bf16* qs = reinterpret_cast<bf16*>(smem + dec_smem_bytes<HD>() + kDecWarps * HD * 4);
   bf16* new_kv = qs + 8 * HD;
-  const bool has_new = FUSED && end == n;  // this block's range holds the new key n - 1
-  if constexpr (FUSED) {
+  const bool has_new = end == n;  // this block's range holds the new key n - 1
+  {
     float* rbuf = reinterpret_cast<float*>(smem + dec_smem_bytes<HD>()) + warp * HD;
     const int pos = n - 1, d0 = lane * EPL;
     float x[EPL];
@@ -313,8 +316,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   uint32_t qa[KS][2];
   {
     const bool row_ok = g < group;
-    const bf16* qsrc =
-        FUSED ? qs + (row_ok ? g : 0) * HD : q + size_t(kvh * group + (row_ok ? g : 0)) * HD;
+    const bf16* qsrc = qs + (row_ok ? g : 0) * HD;
     const uint32_t* qrow = reinterpret_cast<const uint32_t*>(qsrc);
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
@@ -336,7 +338,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     cp_async_commit();
     cp_async_wait<kDecStages - 1>();  // tile i has landed
     __syncthreads();
-    if (has_new && i == ntiles - 1) {  // fused: the new key and value into their row of the tile
+    if (has_new && i == ntiles - 1) {  // the new key and value into their row of the tile
       const int r = n - 1 - (start + i * kDecKeys);
       for (int e = tid; e < 2 * RC; e += kDecThreads) {
         const int which = e / RC, ch = e % RC;  // which 0: K, 1: V; 16-byte chunk ch
@@ -452,13 +454,12 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // out[h, d] = bf16(sum_s 2^(m_s - M) O_s[h, d] / sum_s 2^(m_s - M) l_s * sigmoid(gate[h, d])) over
 // the active splits. Grid (heads, hd / 64); thread (sg, qd) sums splits sg, sg + 16, ... for dims
 // 4qd..4qd+3 of its 64-dim slice, then the 16 split groups are summed through shared memory.
-// FUSED: the gate comes from the f32 qkv row (rounded to bf16 as qk_norm_rope_store stores it).
-template <int HD, bool FUSED>
+// The gate comes from the f32 qkv row (rounded to bf16 as qk_norm_rope_store stores it).
+template <int HD>
 __global__ void __launch_bounds__(kCombineThreads)
     attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                               const bf16* __restrict__ gate, const float* __restrict__ qkv,
-                               const int32_t* __restrict__ d_pos0, int S, int heads,
-                               bf16* __restrict__ out, BatchArgs ba) {
+                               const float* __restrict__ qkv, const int32_t* __restrict__ d_pos0,
+                               int S, int heads, bf16* __restrict__ out, BatchArgs ba) {
   __shared__ float w_s[kMaxSplits];
   __shared__ __align__(16) float red[16][64];
   __shared__ float scratch[32];
@@ -504,56 +505,29 @@ __global__ void __launch_bounds__(kCombineThreads)
 #pragma unroll
     for (int i = 0; i < 16; ++i) o += red[i][tid];
     const size_t idx = size_t(h) * HD + d0 + tid;
-    const float gv =
-        FUSED ? __bfloat162float(__float2bfloat16_rn(qkv[size_t(h) * 2 * HD + HD + d0 + tid]))
-              : __bfloat162float(gate[idx]);
+    const float gv = __bfloat162float(__float2bfloat16_rn(qkv[size_t(h) * 2 * HD + HD + d0 + tid]));
     out[idx] = __float2bfloat16_rn(o / L * sigmoid(gv));
   }
 }
 
-template <int HD, bool FUSED>
-void launch_decode(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
-                   const int32_t* d_pos0, int heads, int kv_heads, int max_ctx, int S,
+template <int HD>
+void launch_decode(const int32_t* d_pos0, int heads, int kv_heads, int max_ctx, int S,
                    float* part_o, float* part_ml, const FusedQkv& fz, bf16* out,
                    cudaStream_t stream, const BatchArgs& ba = BatchArgs{nullptr, 0, 0, 0},
                    int B = 1) {
-  constexpr int smem = FUSED ? dec_fused_smem_bytes<HD>() : dec_smem_bytes<HD>();
+  constexpr int smem = dec_fused_smem_bytes<HD>();
   static const bool attr_set = [] {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel<HD, FUSED>,
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel<HD>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)attr_set;
-  launch_kernel(true, attn_decode_split_kernel<HD, FUSED>, dim3(S, kv_heads, B), dim3(kDecThreads),
-                size_t(smem), stream, q, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, part_o,
-                part_ml, fz, ba);
-  launch_kernel(true, attn_decode_combine_kernel<HD, FUSED>, dim3(heads, HD / 64, B),
-                dim3(kCombineThreads), 0, stream, part_o, part_ml, gate, fz.qkv, d_pos0, S, heads,
-                out, ba);
-}
-
-template <bool FUSED>
-void launch_decode_hd(int hd, const bf16* q, const bf16* gate, const bf16* k_cache,
-                      const bf16* v_cache, const int32_t* d_pos0, int heads, int kv_heads,
-                      int max_ctx, float* partial, const FusedQkv& fz, bf16* out,
-                      cudaStream_t stream) {
-  const int S = attention_decode_splits(kv_heads, max_ctx);
-  float* part_o = partial;                            // [S][heads][hd]
-  float* part_ml = partial + size_t(S) * heads * hd;  // [S][heads][2]
-  switch (hd) {
-    case 64:
-      launch_decode<64, FUSED>(q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, S,
-                               part_o, part_ml, fz, out, stream);
-      break;
-    case 128:
-      launch_decode<128, FUSED>(q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, S,
-                                part_o, part_ml, fz, out, stream);
-      break;
-    default:
-      launch_decode<256, FUSED>(q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, S,
-                                part_o, part_ml, fz, out, stream);
-      break;
-  }
+  launch_kernel(true, attn_decode_split_kernel<HD>, dim3(S, kv_heads, B), dim3(kDecThreads),
+                size_t(smem), stream, fz.k_cache, fz.v_cache, d_pos0, heads, kv_heads, max_ctx,
+                part_o, part_ml, fz, ba);
+  launch_kernel(true, attn_decode_combine_kernel<HD>, dim3(heads, HD / 64, B),
+                dim3(kCombineThreads), 0, stream, part_o, part_ml, fz.qkv, d_pos0, S, heads, out,
+                ba);
 }
 
 void check_attention_shape(int heads, int kv_heads, int hd, int max_ctx) {
@@ -618,15 +592,6 @@ size_t attention_decode_workspace_floats(int heads, int kv_heads, int hd, int ma
   return size_t(attention_decode_splits(kv_heads, max_ctx)) * heads * (hd + 2);
 }
 
-void attention_decode(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
-                      const int32_t* d_pos0, int heads, int kv_heads, int hd, int max_ctx,
-                      float* partial, bf16* out, cudaStream_t stream) {
-  check_attention_shape(heads, kv_heads, hd, max_ctx);
-  const FusedQkv none{nullptr, nullptr, nullptr, nullptr, 0, 0.f, nullptr, nullptr};
-  launch_decode_hd<false>(hd, q, gate, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx, partial,
-                          none, out, stream);
-}
-
 void attention_decode_qkv(const float* qkv, const int32_t* d_pos0, const float* q_norm,
                           const float* k_norm, const float* inv_freq, int heads, int kv_heads,
                           int hd, int rotary_dim, float eps, bf16* k_cache, bf16* v_cache,
@@ -635,8 +600,20 @@ void attention_decode_qkv(const float* qkv, const int32_t* d_pos0, const float* 
   if (rotary_dim < 0 || rotary_dim > hd || rotary_dim % 2)
     fail("attention_decode_qkv: rotary_dim {}", rotary_dim);
   const FusedQkv fz{qkv, q_norm, k_norm, inv_freq, rotary_dim, eps, k_cache, v_cache};
-  launch_decode_hd<true>(hd, nullptr, nullptr, k_cache, v_cache, d_pos0, heads, kv_heads, max_ctx,
-                         partial, fz, out, stream);
+  const int S = attention_decode_splits(kv_heads, max_ctx);
+  float* part_o = partial;                            // [S][heads][hd]
+  float* part_ml = partial + size_t(S) * heads * hd;  // [S][heads][2]
+  switch (hd) {
+    case 64:
+      launch_decode<64>(d_pos0, heads, kv_heads, max_ctx, S, part_o, part_ml, fz, out, stream);
+      break;
+    case 128:
+      launch_decode<128>(d_pos0, heads, kv_heads, max_ctx, S, part_o, part_ml, fz, out, stream);
+      break;
+    default:
+      launch_decode<256>(d_pos0, heads, kv_heads, max_ctx, S, part_o, part_ml, fz, out, stream);
+      break;
+  }
 }
 
 int attention_decode_batch_splits(int kv_heads) {
@@ -666,16 +643,13 @@ void attention_decode_qkv_batch(const float* qkv, int B, const DecodeBatchRow* r
   float* part_ml = partial + size_t(S) * heads * hd;
   switch (hd) {
     case 64:
-      launch_decode<64, true>(nullptr, nullptr, nullptr, nullptr, nullptr, heads, kv_heads, 1, S,
-                              part_o, part_ml, fz, out, stream, ba, B);
+      launch_decode<64>(nullptr, heads, kv_heads, 1, S, part_o, part_ml, fz, out, stream, ba, B);
       break;
     case 128:
-      launch_decode<128, true>(nullptr, nullptr, nullptr, nullptr, nullptr, heads, kv_heads, 1, S,
-                               part_o, part_ml, fz, out, stream, ba, B);
+      launch_decode<128>(nullptr, heads, kv_heads, 1, S, part_o, part_ml, fz, out, stream, ba, B);
       break;
     default:
-      launch_decode<256, true>(nullptr, nullptr, nullptr, nullptr, nullptr, heads, kv_heads, 1, S,
-                               part_o, part_ml, fz, out, stream, ba, B);
+      launch_decode<256>(nullptr, heads, kv_heads, 1, S, part_o, part_ml, fz, out, stream, ba, B);
       break;
   }
 }

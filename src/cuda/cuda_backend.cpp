@@ -36,16 +36,9 @@ namespace lilac::cuda {
 
 CudaOptions CudaOptions::from_environment() {
   CudaOptions o;
-  if (const char* g = std::getenv("LILAC_GDN_DECODE")) {
-    std::string v = g;
-    if (v == "cluster")
-      o.gdn_decode_path = GdnDecodePath::Cluster;
-    else if (v == "counter")
-      o.gdn_decode_path = GdnDecodePath::Counter;
-  }
-  if (const char* a = std::getenv("LILAC_ATTN_DECODE"))
-    o.fused_attention_decode = std::string(a) != "split";
   if (const char* gr = std::getenv("LILAC_CUDA_GRAPHS")) o.use_graphs = std::string(gr) != "0";
+  if (const char* p = std::getenv("LILAC_PDL"))
+    o.pdl = std::string(p) != "0" && std::string(p) != "off";
   if (const char* b = std::getenv("LILAC_BATCH_DECODE")) o.batch_decode = std::string(b) != "0";
   if (const char* m = std::getenv("LILAC_BATCH_MIN")) o.batch_min_rows = std::max(1, std::atoi(m));
   if (const char* g = std::getenv("LILAC_BATCH_GROUPED_MOE"))
@@ -59,8 +52,18 @@ CudaOptions CudaOptions::from_environment() {
 
 CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options)
     : model_(std::move(model)), options_(options), ws_(std::make_unique<Workspace>()) {
-  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const ModelConfig& c = model_->config;
+  // The one Gated DeltaNet decode kernel needs clusters (cc 9.0): say so now, not at the first
+  // step.
+  if (c.count_layers(LayerType::GatedDeltaNet) > 0 &&
+      !gdn_decode_uses_cluster(int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
+                               int(c.gdn_value_dim)))
+    fail(
+        "cuda backend: the Gated DeltaNet decode kernel needs a compute capability 9.0 GPU "
+        "(Hopper) and at most 8 blocks per key head (Hk {}, Hv {}, Dk {}, Dv {})",
+        c.gdn_key_heads, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim);
+  set_pdl_enabled(options_.pdl);
+  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const int H = int(c.hidden);
   Workspace& w = *ws_;
   w.max_T = int(std::max<int64_t>(1, options_.prefill_chunk));
@@ -93,11 +96,14 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
   const int Hk = int(c.gdn_key_heads), Hv = int(c.gdn_value_heads), Dk = int(c.gdn_key_dim),
             Dv = int(c.gdn_value_dim);
   w.gdn_prefill_ws.resize(gdn_prefill_workspace_floats(w.max_T, Hk, Hv, Dk, Dv));
-  w.gdn_decode_ws.resize(gdn_decode_workspace_floats(Hk, Hv, Dv));
-  gdn_decode_workspace_init(w.gdn_decode_ws.get(), Hk, Hv, Dv, stream_);
   w.router_ws.resize(moe_router_workspace_bytes());
   LILAC_CUDA_CHECK(cudaMemsetAsync(w.router_ws.get(), 0, w.router_ws.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::set_options(const CudaOptions& o) {
+  options_ = o;
+  set_pdl_enabled(options_.pdl);
 }
 
 CudaBackend::~CudaBackend() {

@@ -16,14 +16,16 @@
 
 namespace lilac::cuda {
 
+// The backend's runtime choices. Each kernel has one production version (the losing ones live in
+// the kernel lab, bench/lab, with no switch here); what remains are choices that depend on the
+// workload or are A/B checks of the launch machinery. Only the runtime reads them from the
+// environment (from_environment, the one place that reads LILAC_* switches for the backend).
 struct CudaOptions {
   int64_t prefill_chunk = 4096;  // tokens per prefill launch sequence (workspace sized for it)
-  bool use_graphs = true;        // decode steps as CUDA graph replays
-  // Kernel variants of the decode step (defaults: the fused / cluster kernels). The environment
-  // can switch them for A/B checks: LILAC_GDN_DECODE=cluster|counter,
-  // LILAC_ATTN_DECODE=fused|split, LILAC_CUDA_GRAPHS=0 (decode steps launched one by one).
-  GdnDecodePath gdn_decode_path = GdnDecodePath::Auto;
-  bool fused_attention_decode = true;
+  bool use_graphs = true;        // decode steps as CUDA graph replays; LILAC_CUDA_GRAPHS=0
+  // Programmatic dependent launch (launch.h) for the kernels built for it; LILAC_PDL=0 turns it
+  // off. Process-wide: the backend applies it when it is made (and in set_options).
+  bool pdl = true;
   // step_batch: decode items of at least `batch_min_rows` sequences advance in one batched pass
   // (cuda_backend_batch.cpp); fewer go through step() one by one. LILAC_BATCH_DECODE=0 turns the
   // batched pass off (A/B), LILAC_BATCH_MIN=n sets the threshold.
@@ -85,7 +87,15 @@ class CudaBackend : public Backend {
 
   const DeviceModel& model() const { return *model_; }
   const CudaOptions& options() const { return options_; }
-  void set_options(const CudaOptions& o) { options_ = o; }
+  void set_options(const CudaOptions& o);
+
+  // One decode layer of `state`'s next token, launched on stream() exactly as a decode step
+  // launches it (the step runs this code for each of its layers: CudaBackend::layer_decode): it
+  // reads and updates the residual row of the backend's workspace (the embedded token, in a
+  // step), the layer's caches or states at the sequence's position. Capturable in a CUDA graph;
+  // for benchmarks (lilac_cuda_bench_kernels times it per layer kind).
+  void decode_layer(SequenceState& state, int64_t layer);
+  cudaStream_t stream() const { return stream_; }
 
   // Tests and benchmarks: the number of batched passes run so far, and the f32 logits [V] of row
   // `row` of the last batched pass (its rows in the order of the decode items).

@@ -297,9 +297,8 @@ std::vector<StepResult> CudaBackend::step_batch(std::span<const BatchItem> items
   const ModelConfig& c = model_->config;
   // The batched pass needs the batched Gated DeltaNet kernel (the cluster kernel, cc 9.0).
   const bool gdn_ok = c.count_layers(LayerType::GatedDeltaNet) == 0 ||
-                      (options_.gdn_decode_path != GdnDecodePath::Counter &&
-                       gdn_decode_uses_cluster(int(c.gdn_key_heads), int(c.gdn_value_heads),
-                                               int(c.gdn_key_dim), int(c.gdn_value_dim)));
+                      gdn_decode_uses_cluster(int(c.gdn_key_heads), int(c.gdn_value_heads),
+                                              int(c.gdn_key_dim), int(c.gdn_value_dim));
   std::vector<size_t> decode;
   std::set<const SequenceState*> states;
   bool distinct = true;

@@ -134,8 +134,8 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
     timed(timer, "gdn_decode", [&] {
       gdn_decode(w.proj.get(), L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
                  st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads),
-                 int(c.gdn_key_dim), int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps,
-                 w.gdn_decode_ws.get(), w.mix.get(), s, options_.gdn_decode_path);
+                 int(c.gdn_key_dim), int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.mix.get(),
+                 s);
     });
     timed(timer, "gemv.gdn_out_proj", [&] {
       proj_gemv(L.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(), GemvOut::Accumulate,
@@ -144,26 +144,12 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   } else {
     const int rows = int(c.q_proj_rows() + 2 * c.kv_dim());
     first_projection("gemv_rms.attn_qkv", L.qkv_proj, rows);
-    if (options_.fused_attention_decode) {
-      timed(timer, "attention_decode", [&] {  // qk norm + RoPE + cache store fused in
-        attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq,
-                             int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps,
-                             st.k_cache(c, slot), st.v_cache(c, slot), int(st.max_ctx),
-                             st.attn_partial.get(), w.mix.get(), s);
-      });
-    } else {
-      timed(timer, "qk_norm_rope_store", [&] {
-        qk_norm_rope_store(w.proj.get(), 1, st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq,
+    timed(timer, "attention_decode", [&] {  // qk norm + RoPE + cache store fused in
+      attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq,
                            int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps,
-                           w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot),
-                           int(st.max_ctx), s);
-      });
-      timed(timer, "attention_decode", [&] {
-        attention_decode(w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot),
-                         st.d_pos(), int(c.heads), int(c.kv_heads), int(c.head_dim),
-                         int(st.max_ctx), st.attn_partial.get(), w.mix.get(), s);
-      });
-    }
+                           st.k_cache(c, slot), st.v_cache(c, slot), int(st.max_ctx),
+                           st.attn_partial.get(), w.mix.get(), s);
+    });
     timed(timer, "gemv.attn_o_proj", [&] {
       proj_gemv(L.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(), GemvOut::Accumulate,
                 s);
@@ -200,6 +186,12 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
     moe_down_decode(L, w.topk_idx.get(), w.topk_w.get(), w.router.get() + E, w.act.get(), k, H, I,
                     Is, w.h.get(), s);
   });
+}
+
+void CudaBackend::decode_layer(SequenceState& state, int64_t layer) {
+  if (layer < 0 || layer >= model_->config.layers)
+    fail("decode_layer: layer {} of {}", layer, model_->config.layers);
+  layer_decode(static_cast<CudaSequenceState&>(state), layer, nullptr);
 }
 
 // ---- decode ---------------------------------------------------------------------------------

@@ -72,7 +72,6 @@ struct Workspace {
   DeviceBuffer<float> logits;      // [logit_rows, V]
   int logit_rows = 0;
   DeviceBuffer<float> gdn_prefill_ws;  // gdn_prefill workspace for max_T tokens
-  DeviceBuffer<float> gdn_decode_ws;   // gdn_decode scratch (counters kept at zero by the kernels)
   DeviceBuffer<uint8_t>
       router_ws;  // moe_router's counter (zeroed once, kept at zero by the kernel)
   DeviceBuffer<uint8_t> sample_ws;  // sample() workspace

@@ -16,34 +16,26 @@
 
 namespace lilac::cuda {
 
-// Which gdn_decode kernel runs: Auto picks the cluster kernel (version 2: thread-block clusters and
-// distributed shared memory, sm_90) where the device is compute capability 9.0 and the shape allows
-// it (Hv/Hk * Dv/32 <= 8 blocks per key head, 2 Dk / that a multiple of 32: the real model,
-// tiny-a), otherwise the counter kernel (version 1: cross-block steps through counters in the
-// workspace). Tests force each path.
-enum class GdnDecodePath { Auto, Cluster, Counter };
+// gdn_decode runs the cluster kernel (version 2: thread-block clusters and distributed shared
+// memory, sm_90): it needs a compute capability 9.0 device and a shape where the Hv/Hk x Dv/32
+// blocks of a key head form one cluster of at most 8 and split its 2 Dk q/k channels into whole
+// warps (the real model, tiny-a). gdn_decode_uses_cluster says whether both hold here; the
+// launchers throw lilac::Error where they do not. Version 1 (cross-block counters, any device) lost
+// and lives in the kernel lab: bench/lab/gdn_decode.
 bool gdn_decode_uses_cluster(int Hk, int Hv, int Dk, int Dv);
-
-// Decode workspace: per-layer-independent scratch (reusable by every layer, one launch at a time
-// on a stream). It holds counters that must be ZERO before the first launch: allocate it once,
-// call gdn_decode_workspace_init once, and the kernels leave the counters at zero again.
-size_t gdn_decode_workspace_floats(int Hk, int Hv, int Dv);
-void gdn_decode_workspace_init(float* workspace, int Hk, int Hv, int Dv, cudaStream_t stream);
 
 // One token, fused: conv update + SiLU, l2norm of q (x Dk^-0.5) and k (eps 1e-6), beta =
 // sigmoid(b), g = neg_exp_A * softplus(a + dt_bias), the delta-rule update of `state` and its
 // output, and the gated RMS norm (eps) into out [Hv*Dv] bf16. conv_state and state are updated in
-// place. The workspace is used by the counter kernel only (pass it always).
+// place. One launch, no workspace.
 void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale, float* state,
-                int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                cudaStream_t stream, GdnDecodePath path = GdnDecodePath::Auto);
+                int Hk, int Hv, int Dk, int Dv, int K, float eps, bf16* out, cudaStream_t stream);
 
-// B sequences at once (a batched decode step; the cluster kernel only: gdn_decode_uses_cluster
-// must hold): row b reads proj[b] (rows of C + Hv*Dv + 2*Hv), updates the conv and recurrent state
-// of layer slot `slot` of its own sequence (rows[b].conv / .rec, device memory) and writes out[b]
-// [Hv*Dv]. Each row computes exactly what gdn_decode computes for it (the same kernel, grid z =
-// the row). One launch.
+// B sequences at once (a batched decode step; gdn_decode_uses_cluster must hold): row b reads
+// proj[b] (rows of C + Hv*Dv + 2*Hv), updates the conv and recurrent state of layer slot `slot` of
+// its own sequence (rows[b].conv / .rec, device memory) and writes out[b] [Hv*Dv]. Each row
+// computes exactly what gdn_decode computes for it (the same kernel, grid z = the row). One launch.
 struct DecodeBatchRow;
 void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
                       const float* conv_taps, const float* neg_exp_A, const float* dt_bias,

@@ -9,8 +9,8 @@
 // Version 1 (measured 7.8 us per layer in a graph, H200): 128 blocks, two cross-block steps through
 // a "last block to arrive" counter in global memory, each a __threadfence (waits for the block's
 // writes to reach L2) plus an atomic round trip plus an L2 read by the last block: ~4 dependent L2
-// round trips (~0.7 us each) on top of the state load and the launch. Kept as the fallback
-// (`gdn_decode_counter_kernel`) for devices or shapes without clusters.
+// round trips (~0.7 us each) on top of the state load and the launch. It lost to version 2 (5.9 us)
+// and lives in the kernel lab (bench/lab/gdn_decode, `v1_counter.cu`), runnable beside this one.
 //
 // Version 2 (`gdn_decode_cluster_kernel`, sm_90): the same 128 blocks of 256 threads, grid
 // (Dv/32, Hv), block (cb, v) owning value columns [32 cb, 32 cb + 32) of value head v, but the
@@ -66,165 +66,6 @@ __device__ __forceinline__ float conv_silu(const float* __restrict__ conv_state,
   acc += taps[size_t(ch) * KC + KC - 1] * x;
   next[KC - 2] = x;
   return silu(acc);
-}
-
-// ---- version 1: cross-block steps through counters in global memory (fallback)
-
-template <int DK, int KC>
-__global__ void __launch_bounds__(2 * DK)
-    gdn_decode_counter_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
-                              float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
-                              const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
-                              float* __restrict__ state, int Hk, int Hv, int Dv, float eps,
-                              int* __restrict__ counters, float* __restrict__ o_ws,
-                              float* __restrict__ ss_ws, bf16* __restrict__ out) {
-  constexpr int NTH = 2 * DK, NW = NTH / 32;
-  __shared__ __align__(16) float qs[DK];
-  __shared__ __align__(16) float ks[DK];
-  __shared__ __align__(16) float us[kCols];
-  __shared__ float vs[kCols];
-  __shared__ __align__(16) float red[NW][kCols];
-  __shared__ float wsum[NW];
-  __shared__ float s_beta, s_decay;
-  __shared__ int s_last;
-
-  const int cb = blockIdx.x, v = blockIdx.y, nsplit = gridDim.x;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int ratio = Hv / Hk, kh = v / ratio;
-  const int C = 2 * Hk * DK + Hv * Dv;
-  const int c0 = cb * kCols;
-  const int cq = tid & 7, rg = tid >> 3;  // columns 4cq..4cq+3 (of 32), rows 4rg..4rg+3
-
-  // 1. This thread's 4 x 4 slice of S, in flight while the rest is computed.
-  float* Sp = state + (size_t(v) * DK + 4 * rg) * Dv + c0 + 4 * cq;
-  float4 S[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) S[i] = *reinterpret_cast<const float4*>(Sp + size_t(i) * Dv);
-
-  // 2. Conv + SiLU: thread tid < DK takes q channel tid of key head kh, the others k channel tid -
-  // DK;
-  //    threads < 32 also take v channel c0 + tid of value head v (owned by this block alone).
-  const int qk_ch = tid < DK ? kh * DK + tid : Hk * DK + kh * DK + (tid - DK);
-  float qk_next[KC - 1];
-  const float qk_val = conv_silu<KC>(conv_state, taps, proj[qk_ch], qk_ch, C, qk_next);
-  if (tid < kCols) {
-    const int v_ch = 2 * Hk * DK + v * Dv + c0 + tid;
-    float v_next[KC - 1];
-    vs[tid] = conv_silu<KC>(conv_state, taps, proj[v_ch], v_ch, C, v_next);
-#pragma unroll
-    for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + v_ch] = v_next[r];
-  }
-  const float sq = warp_sum(qk_val * qk_val);
-  if (lane == 0) wsum[warp] = sq;
-  if (tid == 0) {
-    const float* ba = proj + C + size_t(Hv) * Dv;  // b [Hv], then a [Hv]
-    s_beta = sigmoid(ba[v]);
-    const float x = ba[Hv + v] + dt_bias[v];
-    s_decay = expf(neg_exp_A[v] * (x > 20.f ? x : log1pf(expf(x))));
-  }
-  __syncthreads();  // (A) every thread has consumed its conv-state reads; wsum, gates visible
-
-  // 3. l2norm: q by (sum q^2 + 1e-6)^-1/2 * Dk^-1/2, k by (sum k^2 + 1e-6)^-1/2.
-  float ssq = 0.f, ssk = 0.f;
-#pragma unroll
-  for (int w = 0; w < NW / 2; ++w) ssq += wsum[w], ssk += wsum[NW / 2 + w];
-  if (tid < DK)
-    qs[tid] = qk_val * (rsqrtf(ssq + 1e-6f) * rsqrtf(float(DK)));
-  else
-    ks[tid - DK] = qk_val * rsqrtf(ssk + 1e-6f);
-  // The q/k conv state of key head kh: written by the last of its ratio * nsplit readers.
-  if (tid == 0) {
-    __threadfence();
-    const bool last = atomicAdd(&counters[kh], 1) == ratio * nsplit - 1;
-    if (last) __threadfence();
-    s_last = last;
-  }
-  __syncthreads();  // (B) qs, ks, s_last visible
-  if (s_last) {
-#pragma unroll
-    for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + qk_ch] = qk_next[r];
-    if (tid == 0) counters[kh] = 0;
-  }
-
-  // 4. kS[c] = sum_i S[i][c] k[i]: 4 rows here, then over the 4 row groups of the warp (lanes
-  //    cq + 8m), then over the warps in shared memory.
-  const float decay = s_decay, beta = s_beta;
-  const float4 k4 = *reinterpret_cast<const float4*>(&ks[4 * rg]);
-  const float4 q4 = *reinterpret_cast<const float4*>(&qs[4 * rg]);
-  const float kr[4] = {k4.x, k4.y, k4.z, k4.w}, qr[4] = {q4.x, q4.y, q4.z, q4.w};
-  float a[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    a[0] += S[i].x * kr[i], a[1] += S[i].y * kr[i], a[2] += S[i].z * kr[i], a[3] += S[i].w * kr[i];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    a[j] += __shfl_xor_sync(0xffffffffu, a[j], 8);
-    a[j] += __shfl_xor_sync(0xffffffffu, a[j], 16);
-  }
-  if (lane < 8)
-    *reinterpret_cast<float4*>(&red[warp][4 * cq]) = make_float4(a[0], a[1], a[2], a[3]);
-  __syncthreads();  // (C)
-  if (tid < kCols) {
-    float kS = 0.f;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) kS += red[w][tid];
-    us[tid] = beta * (vs[tid] - decay * kS);  // u = beta (v - (e^g S)^T k)
-  }
-  __syncthreads();  // (D)
-
-  // 5. S' = e^g S + k u^T (stored), o = S'^T q.
-  const float4 u4 = *reinterpret_cast<const float4*>(&us[4 * cq]);
-  float o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    S[i].x = decay * S[i].x + kr[i] * u4.x;
-    S[i].y = decay * S[i].y + kr[i] * u4.y;
-    S[i].z = decay * S[i].z + kr[i] * u4.z;
-    S[i].w = decay * S[i].w + kr[i] * u4.w;
-    *reinterpret_cast<float4*>(Sp + size_t(i) * Dv) = S[i];
-    o[0] += S[i].x * qr[i], o[1] += S[i].y * qr[i], o[2] += S[i].z * qr[i], o[3] += S[i].w * qr[i];
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    o[j] += __shfl_xor_sync(0xffffffffu, o[j], 8);
-    o[j] += __shfl_xor_sync(0xffffffffu, o[j], 16);
-  }
-  if (lane < 8)
-    *reinterpret_cast<float4*>(&red[warp][4 * cq]) = make_float4(o[0], o[1], o[2], o[3]);
-  __syncthreads();  // (E)
-
-  // 6. Gated RMS norm over the head: out = w * o * rsqrt(mean(o^2) + eps) * silu(z).
-  const float* z = proj + C + size_t(v) * Dv;
-  bf16* outv = out + size_t(v) * Dv;
-  if (warp == 0) {  // lanes = this block's 32 columns
-    float ov = 0.f;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) ov += red[w][lane];
-    const float ss = warp_sum(ov * ov);
-    if (nsplit == 1) {
-      const float r = rsqrtf(ss / float(Dv) + eps);
-      outv[lane] = __float2bfloat16_rn(norm_w[lane] * (ov * r) * silu(z[lane]));
-    } else {
-      o_ws[size_t(v) * Dv + c0 + lane] = ov;
-      if (lane == 0) ss_ws[v * nsplit + cb] = ss;
-    }
-  }
-  if (nsplit == 1) return;
-  __syncthreads();  // (F)
-  if (tid == 0) {
-    __threadfence();
-    const bool last = atomicAdd(&counters[Hk + v], 1) == nsplit - 1;
-    if (last) __threadfence();
-    s_last = last;
-  }
-  __syncthreads();  // (G)
-  if (!s_last) return;
-  float tot = 0.f;
-  for (int c = 0; c < nsplit; ++c) tot += __ldcg(ss_ws + v * nsplit + c);
-  const float r = rsqrtf(tot / float(Dv) + eps);
-  for (int j = tid; j < Dv; j += NTH)
-    outv[j] = __float2bfloat16_rn(norm_w[j] * (__ldcg(o_ws + size_t(v) * Dv + j) * r) * silu(z[j]));
-  if (tid == 0) counters[Hk + v] = 0;
 }
 
 // ---- version 2: thread-block clusters (sm_90)
@@ -438,12 +279,6 @@ __global__ void __launch_bounds__(2 * DK)
 #endif
 }
 
-// Workspace layout (floats): counters [Hk + Hv] (ints, padded to 4), o [Hv * Dv], sum of squares
-// [Hv * (Dv / 32)].
-size_t counters_floats(int Hk, int Hv) {
-  return size_t(Hk + Hv + 3) / 4 * 4;
-}
-
 // The cluster kernel's shape rule: the Hv/Hk value heads x Dv/32 column blocks of a key head form
 // one cluster of at most 8 blocks, and its 2 Dk q/k channels split into whole warps per rank.
 bool cluster_shape_ok(int Hk, int Hv, int Dk, int Dv) {
@@ -478,25 +313,14 @@ struct DecodeArgs {
   float* state;
   int Hk, Hv, Dv;
   float eps;
-  float* ws;
   bf16* out;
-  const DecodeBatchRow* rows = nullptr;  // batched (cluster kernel only): B rows, grid z
+  const DecodeBatchRow* rows = nullptr;  // batched: B rows, grid z
   int B = 1, slot = 0, proj_stride = 0;
 };
 
 template <int DK, int KC>
-void launch_gdn_decode(const DecodeArgs& a, bool cluster, cudaStream_t stream) {
+void launch_gdn_decode(const DecodeArgs& a, cudaStream_t stream) {
   const dim3 grid(a.Dv / kCols, a.Hv, a.B);
-  if (!cluster) {
-    int* counters = reinterpret_cast<int*>(a.ws);
-    float* o_ws = a.ws + counters_floats(a.Hk, a.Hv);
-    float* ss_ws = o_ws + size_t(a.Hv) * a.Dv;
-    gdn_decode_counter_kernel<DK, KC><<<grid, 2 * DK, 0, stream>>>(
-        a.proj, a.taps, a.conv_state, a.neg_exp_A, a.dt_bias, a.norm_w, a.state, a.Hk, a.Hv, a.Dv,
-        a.eps, counters, o_ws, ss_ws, a.out);
-    LILAC_CUDA_LAUNCHED();
-    return;
-  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(2 * DK);
@@ -521,32 +345,52 @@ void launch_gdn_decode(const DecodeArgs& a, bool cluster, cudaStream_t stream) {
 }
 
 template <int DK>
-void launch_gdn_decode_k(int K, const DecodeArgs& a, bool cluster, cudaStream_t stream) {
+void launch_gdn_decode_k(int K, const DecodeArgs& a, cudaStream_t stream) {
   switch (K) {
     case 2:
-      launch_gdn_decode<DK, 2>(a, cluster, stream);
+      launch_gdn_decode<DK, 2>(a, stream);
       break;
     case 3:
-      launch_gdn_decode<DK, 3>(a, cluster, stream);
+      launch_gdn_decode<DK, 3>(a, stream);
       break;
     default:
-      launch_gdn_decode<DK, 4>(a, cluster, stream);
+      launch_gdn_decode<DK, 4>(a, stream);
       break;
   }
 }
 
-void launch_gdn_decode_dk(int Dk, int K, const DecodeArgs& a, bool cluster, cudaStream_t stream);
+void launch_gdn_decode_dk(int Dk, int K, const DecodeArgs& a, cudaStream_t stream) {
+  switch (Dk) {
+    case 32:
+      launch_gdn_decode_k<32>(K, a, stream);
+      break;
+    case 64:
+      launch_gdn_decode_k<64>(K, a, stream);
+      break;
+    default:
+      launch_gdn_decode_k<128>(K, a, stream);
+      break;
+  }
+}
+
+// The shapes and the device both launchers accept (`who` names the launcher in the message).
+void check_decode(const char* who, int Hk, int Hv, int Dk, int Dv, int K) {
+  if (Hk <= 0 || Hv % Hk != 0)
+    fail("{}: {} value heads not a multiple of {} key heads", who, Hv, Hk);
+  if (Dv <= 0 || Dv % kCols != 0) fail("{}: Dv {} not a multiple of {}", who, Dv, kCols);
+  if (K < 2 || K > 4) fail("{}: conv kernel {} not supported (2..4)", who, K);
+  if (Dk != 32 && Dk != 64 && Dk != 128) fail("{}: Dk {} not supported (32, 64, 128)", who, Dk);
+  if (!cluster_shape_ok(Hk, Hv, Dk, Dv))
+    fail("{}: no cluster kernel for Hk {} Hv {} Dk {} Dv {} (at most 8 blocks per key head)", who,
+         Hk, Hv, Dk, Dv);
+  if (!device_is_cc90())
+    fail(
+        "{}: the cluster kernel needs a compute capability 9.0 GPU (the counter kernel for other "
+        "devices is version 1 of bench/lab/gdn_decode)",
+        who);
+}
 
 }  // namespace
-
-size_t gdn_decode_workspace_floats(int Hk, int Hv, int Dv) {
-  return counters_floats(Hk, Hv) + size_t(Hv) * Dv + size_t(Hv) * std::max(1, Dv / kCols);
-}
-
-void gdn_decode_workspace_init(float* workspace, int Hk, int Hv, int Dv, cudaStream_t stream) {
-  LILAC_CUDA_CHECK(cudaMemsetAsync(
-      workspace, 0, gdn_decode_workspace_floats(Hk, Hv, Dv) * sizeof(float), stream));
-}
 
 bool gdn_decode_uses_cluster(int Hk, int Hv, int Dk, int Dv) {
   return Hk > 0 && Hv % Hk == 0 && Dv % kCols == 0 && cluster_shape_ok(Hk, Hv, Dk, Dv) &&
@@ -555,31 +399,11 @@ bool gdn_decode_uses_cluster(int Hk, int Hv, int Dk, int Dv) {
 
 void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale, float* state,
-                int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                cudaStream_t stream, GdnDecodePath path) {
-  if (Hk <= 0 || Hv % Hk != 0)
-    fail("gdn_decode: {} value heads not a multiple of {} key heads", Hv, Hk);
-  if (Dv <= 0 || Dv % kCols != 0) fail("gdn_decode: Dv {} not a multiple of {}", Dv, kCols);
-  if (K < 2 || K > 4) fail("gdn_decode: conv kernel {} not supported (2..4)", K);
-  if (Dk != 32 && Dk != 64 && Dk != 128) fail("gdn_decode: Dk {} not supported (32, 64, 128)", Dk);
-  bool cluster = false;
-  switch (path) {
-    case GdnDecodePath::Auto:
-      cluster = gdn_decode_uses_cluster(Hk, Hv, Dk, Dv);
-      break;
-    case GdnDecodePath::Cluster:
-      if (!cluster_shape_ok(Hk, Hv, Dk, Dv))
-        fail("gdn_decode: no cluster path for Hk {} Hv {} Dk {} Dv {}", Hk, Hv, Dk, Dv);
-      if (!device_is_cc90())
-        fail("gdn_decode: the cluster path needs a compute capability 9.0 GPU");
-      cluster = true;
-      break;
-    case GdnDecodePath::Counter:
-      break;
-  }
-  const DecodeArgs a{proj, conv_taps, conv_state, neg_exp_A, dt_bias,   norm_scale, state,
-                     Hk,   Hv,        Dv,         eps,       workspace, out};
-  launch_gdn_decode_dk(Dk, K, a, cluster, stream);
+                int Hk, int Hv, int Dk, int Dv, int K, float eps, bf16* out, cudaStream_t stream) {
+  check_decode("gdn_decode", Hk, Hv, Dk, Dv, K);
+  const DecodeArgs a{proj,  conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale,
+                     state, Hk,        Hv,         Dv,        eps,     out};
+  launch_gdn_decode_dk(Dk, K, a, stream);
 }
 
 void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
@@ -588,33 +412,14 @@ void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int 
                       bf16* out, cudaStream_t stream) {
   if (!proj || !rows || !out) fail("gdn_decode_batch: null pointer");
   if (B < 1 || B > 65535) fail("gdn_decode_batch: B = {}", B);
-  if (Hk <= 0 || Hv % Hk != 0 || Dv <= 0 || Dv % kCols != 0 || K < 2 || K > 4 ||
-      (Dk != 32 && Dk != 64 && Dk != 128) || !gdn_decode_uses_cluster(Hk, Hv, Dk, Dv))
-    fail("gdn_decode_batch: no batched (cluster) path for Hk {} Hv {} Dk {} Dv {} K {} here", Hk,
-         Hv, Dk, Dv, K);
-  DecodeArgs a{proj, conv_taps, nullptr, neg_exp_A, dt_bias, norm_scale, nullptr,
-               Hk,   Hv,        Dv,      eps,       nullptr, out};
+  check_decode("gdn_decode_batch", Hk, Hv, Dk, Dv, K);
+  DecodeArgs a{proj,    conv_taps, nullptr, neg_exp_A, dt_bias, norm_scale,
+               nullptr, Hk,        Hv,      Dv,        eps,     out};
   a.rows = rows;
   a.B = B;
   a.slot = slot;
   a.proj_stride = int(Dk * Hk * 2 + Hv * Dv * 2 + 2 * Hv);
-  launch_gdn_decode_dk(Dk, K, a, true, stream);
+  launch_gdn_decode_dk(Dk, K, a, stream);
 }
-
-namespace {
-void launch_gdn_decode_dk(int Dk, int K, const DecodeArgs& a, bool cluster, cudaStream_t stream) {
-  switch (Dk) {
-    case 32:
-      launch_gdn_decode_k<32>(K, a, cluster, stream);
-      break;
-    case 64:
-      launch_gdn_decode_k<64>(K, a, cluster, stream);
-      break;
-    default:
-      launch_gdn_decode_k<128>(K, a, cluster, stream);
-      break;
-  }
-}
-}  // namespace
 
 }  // namespace lilac::cuda

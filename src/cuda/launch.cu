@@ -2,8 +2,6 @@
 // code running on this device contains griddepcontrol.wait (compiled for sm_90 or newer: the
 // compute_80 PTX of our fat binary, JIT-compiled on a newer GPU, has no wait and must not overlap).
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -21,26 +19,16 @@ bool device_supports_pdl() {
   return major >= 9;
 }
 
+// On unless a caller turns it off (the CUDA backend applies CudaOptions::pdl; benchmarks and tests
+// switch it with ScopedPdl). Nothing here reads the environment.
 std::atomic<int>& setting() {
-  static std::atomic<int> s{[] {
-    const char* env = std::getenv("LILAC_PDL");
-    const bool off = env && (!std::strcmp(env, "0") || !std::strcmp(env, "off"));
-    return off ? 0 : 1;
-  }()};
+  static std::atomic<int> s{1};
   return s;
 }
 
-// A switch read once from the environment: "0" / "off" -> 0, "1" / "on" -> 1, else `dflt`.
-int env_switch(const char* name, int dflt) {
-  const char* env = std::getenv(name);
-  if (!env) return dflt;
-  if (!std::strcmp(env, "0") || !std::strcmp(env, "off")) return 0;
-  if (!std::strcmp(env, "1") || !std::strcmp(env, "on")) return 1;
-  return dflt;
-}
-
+// Off: measured slower (docs/kernels.md); benchmarks turn it on to compare.
 std::atomic<int>& prefetch_setting() {
-  static std::atomic<int> s{env_switch("LILAC_L2_PREFETCH", 0)};
+  static std::atomic<int> s{0};
   return s;
 }
 

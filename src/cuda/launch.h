@@ -15,13 +15,13 @@
 
 namespace lilac::cuda {
 
-// Whether the launchers above use PDL: on unless the environment sets LILAC_PDL=0, and only on
-// devices of compute capability 9.0 or newer; a kernel is launched with PDL only if its machine
-// code was built for sm_90 or newer (it contains the wait), and never on the legacy default
-// stream (stream 0).
+// Whether the launchers above use PDL: on unless set off (the CUDA backend applies its
+// CudaOptions::pdl, which the runtime reads from LILAC_PDL), and only on devices of compute
+// capability 9.0 or newer; a kernel is launched with PDL only if its machine code was built for
+// sm_90 or newer (it contains the wait), and never on the legacy default stream (stream 0).
 bool pdl_enabled();
-// Overrides the setting (benchmarks and tests compare both ways). Takes effect for the next
-// launch; graphs captured before keep what they captured.
+// Sets the process-wide setting (the backend from its options; benchmarks and tests compare both
+// ways). Takes effect for the next launch; graphs captured before keep what they captured.
 void set_pdl_enabled(bool on);
 
 // Sets the setting for a scope and restores it after (e.g. off while per-kernel events are
@@ -42,8 +42,9 @@ bool pdl_for(const void* kernel, cudaStream_t stream);
 
 // Whether the same kernels prefetch weights into L2 ahead of their loads (cp.async.bulk.prefetch.L2
 // on sm_90: the GEMV's first item before pdl_wait, the routed experts' rows once the router's
-// choice is read, the shared expert's rows before the wait). Off unless LILAC_L2_PREFETCH=1 (the
-// layer bench measured it slower: docs/kernels.md); the setter is for benchmarks comparing both.
+// choice is read, the shared expert's rows before the wait). Off: the layer bench measured it
+// slower (docs/kernels.md); the setter is for benchmarks and tests comparing both ways (no
+// environment switch: a measured loser, not a runtime choice).
 bool l2_prefetch_enabled();
 void set_l2_prefetch_enabled(bool on);
 

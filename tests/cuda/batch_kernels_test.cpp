@@ -80,16 +80,13 @@ TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
     auto d_rows = upload(rows);
     DeviceBuffer<bf16> out(size_t(B) * Hv * Dv), out_ref(size_t(B) * Hv * Dv);
     poison(out);
-    DeviceBuffer<float> ws(cuda::gdn_decode_workspace_floats(Hk, Hv, Dv));
-    cuda::gdn_decode_workspace_init(ws.get(), Hk, Hv, Dv, nullptr);
     cuda::gdn_decode_batch(proj.get(), B, d_rows.get(), slot, taps.get(), nA.get(), dtb.get(),
                            normw.get(), Hk, Hv, Dk, Dv, K, 1e-6f, out.get(), nullptr);
     for (int b = 0; b < B; ++b)
       cuda::gdn_decode(proj.get() + size_t(b) * P, taps.get(),
                        conv_ref[size_t(b)].get() + size_t(slot) * conv_n, nA.get(), dtb.get(),
                        normw.get(), rec_ref[size_t(b)].get() + size_t(slot) * rec_n, Hk, Hv, Dk, Dv,
-                       K, 1e-6f, ws.get(), out_ref.get() + size_t(b) * Hv * Dv, nullptr,
-                       cuda::GdnDecodePath::Cluster);
+                       K, 1e-6f, out_ref.get() + size_t(b) * Hv * Dv, nullptr);
     EXPECT_EQ(bits_of(out), bits_of(out_ref));
     for (int b = 0; b < B; ++b) {
       EXPECT_EQ(download(conv[size_t(b)]), download(conv_ref[size_t(b)])) << "conv row " << b;

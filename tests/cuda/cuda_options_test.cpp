@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/launch.h"
 
 namespace lilac::test {
 namespace {
@@ -28,21 +29,43 @@ TEST(CudaOptions, FromEnvironmentReadsTheSwitches) {
   {
     const cuda::CudaOptions o = cuda::CudaOptions::from_environment();
     EXPECT_EQ(o.use_graphs, defaults.use_graphs);
+    EXPECT_EQ(o.pdl, defaults.pdl);
     EXPECT_EQ(o.small_moe_max_tokens, defaults.small_moe_max_tokens);
     EXPECT_EQ(o.small_moe_prefill_max_tokens, defaults.small_moe_prefill_max_tokens);
   }
   ScopedEnv graphs("LILAC_CUDA_GRAPHS", "0"), grouped("LILAC_BATCH_GROUPED_MOE", "12"),
       small("LILAC_SMALL_MOE_MAX", "0"), prefill("LILAC_SMALL_MOE_PREFILL_MAX", "-5"),
-      attention("LILAC_ATTN_DECODE", "split");
+      pdl("LILAC_PDL", "0");
   const cuda::CudaOptions o = cuda::CudaOptions::from_environment();
   EXPECT_FALSE(o.use_graphs);
+  EXPECT_FALSE(o.pdl);
   EXPECT_EQ(o.batch_grouped_moe_min_rows, 12);
   EXPECT_EQ(o.small_moe_max_tokens, 0);
   EXPECT_EQ(o.small_moe_prefill_max_tokens, 0);  // negative: clamped to "never"
-  EXPECT_FALSE(o.fused_attention_decode);
   // The defaults do not move with the environment.
   EXPECT_TRUE(cuda::CudaOptions{}.use_graphs);
+  EXPECT_TRUE(cuda::CudaOptions{}.pdl);
   EXPECT_EQ(cuda::CudaOptions{}.small_moe_max_tokens, defaults.small_moe_max_tokens);
+}
+
+TEST(CudaOptions, PdlOffSpellings) {
+  for (const char* off : {"0", "off"}) {
+    ScopedEnv pdl("LILAC_PDL", off);
+    EXPECT_FALSE(cuda::CudaOptions::from_environment().pdl) << off;
+  }
+  ScopedEnv pdl("LILAC_PDL", "1");
+  EXPECT_TRUE(cuda::CudaOptions::from_environment().pdl);
+}
+
+// The launch settings of launch.h are not read from the environment (only CudaOptions are, by the
+// runtime): the L2 prefetch hints (a measured loser, kept for benchmarks) stay off whatever
+// LILAC_L2_PREFETCH says. Host only: the setting is read without a device.
+TEST(CudaOptions, LaunchSettingsIgnoreTheEnvironment) {
+  ScopedEnv prefetch("LILAC_L2_PREFETCH", "1");
+  EXPECT_FALSE(cuda::l2_prefetch_enabled());
+  cuda::set_l2_prefetch_enabled(true);  // the setter still works (benchmarks compare both ways)
+  EXPECT_TRUE(cuda::l2_prefetch_enabled());
+  cuda::set_l2_prefetch_enabled(false);
 }
 
 }  // namespace

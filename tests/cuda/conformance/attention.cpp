@@ -1,6 +1,6 @@
 // Conformance cases of the GPU attention kernels against the CPU twin (cpu/attention.cpp composed
-// as cpu_backend.cpp does): qk_norm_rope_store, attention_decode, attention_decode_qkv (the two
-// fused), attention_prefill, and a prefill + decode chain (decode steps unfused and fused). Real
+// as cpu_backend.cpp does): qk_norm_rope_store, attention_decode_qkv (the decode kernel; its
+// version 1, unfused, is in bench/lab), attention_prefill, and a prefill + decode chain. Real
 // shapes (heads 16, kv 2, hd 256, R 64) and tiny-a shapes (heads 4, kv 2, hd 64, R 16).
 #include <gtest/gtest.h>
 
@@ -200,42 +200,13 @@ std::vector<RopeCase> rope_cases() {
   return c;
 }
 
-// ---- attention_decode ---------------------------------------------------------------------------
+// ---- attention_decode_qkv: qk_norm_rope_store (T = 1) + split-K flash decoding in one -----------
 
 struct DecodeCase {
   AttnDims d;
   int n;        // keys: the query sits at position n - 1
-  int max_ctx;  // 0: n + 5
+  int max_ctx;  // 0: n + 5; else a large capacity (many splits, most of them empty)
 };
-
-void check_attention_decode(const DecodeCase& c) {
-  const auto [d, n, ctx] = c;
-  const int max_ctx = ctx ? ctx : n + 5;  // a large max_ctx: many splits, most of them empty
-  const uint32_t seed = uint32_t(n * 131 + d.hd);
-  const std::vector<uint16_t> kbits = random_cache(d, max_ctx, n, seed),
-                              vbits = random_cache(d, max_ctx, n, seed + 1);
-  std::vector<float> q = random_floats(size_t(d.heads) * d.hd, 1.f, seed + 2),
-                     gate = random_floats(q.size(), 1.f, seed + 3);
-  const auto qbits = to_bf16_rounding(q), gbits = to_bf16_rounding(gate);
-
-  auto d_q = upload_bf16(qbits), d_gate = upload_bf16(gbits), d_kc = upload_bf16(kbits),
-       d_vc = upload_bf16(vbits);
-  auto d_pos = upload(std::vector<int32_t>{n - 1});
-  cuda::DeviceBuffer<float> ws(
-      cuda::attention_decode_workspace_floats(d.heads, d.kv, d.hd, max_ctx));
-  cuda::DeviceBuffer<cuda::bf16> d_out(size_t(d.heads) * d.hd);
-  poison(ws);
-  poison(d_out);
-  cuda::attention_decode(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), d_pos.get(), d.heads,
-                         d.kv, d.hd, max_ctx, ws.get(), d_out.get(), nullptr);
-  const auto out = download_bf16_as_f32(d_out);
-
-  const auto want = cpu_gated_attention(q, gate, cpu_cache_from_gpu(kbits, d, max_ctx, n),
-                                        cpu_cache_from_gpu(vbits, d, max_ctx, n), n - 1, 1, d);
-  EXPECT_TRUE(
-      attn_close(out, want, d.hd,
-                 label(d, "decode n/splits", n, cuda::attention_decode_splits(d.kv, max_ctx))));
-}
 
 std::vector<DecodeCase> decode_cases() {
   std::vector<DecodeCase> c;
@@ -244,8 +215,6 @@ std::vector<DecodeCase> decode_cases() {
   for (int n : {1, 300, 5000}) c.push_back({kReal, n, 131072});  // as the engine: fixed capacity
   return c;
 }
-
-// ---- attention_decode_qkv: qk_norm_rope_store (T = 1) + attention_decode in one ----------------
 
 void check_attention_decode_qkv(const DecodeCase& c) {
   const auto [d, n, ctx] = c;
@@ -350,11 +319,10 @@ std::vector<RopeCase> prefill_cases() {
 
 struct ChainCase {
   AttnDims d;
-  bool fused;  // decode steps through attention_decode_qkv
 };
 
 void check_attention_chain(const ChainCase& c) {
-  const auto [d, fused] = c;
+  const auto [d] = c;
   const int T1 = 70, T2 = 59, steps = 3, total = T1 + T2 + steps, max_ctx = total + 16,
             P = qkv_len(d);
   const uint32_t seed = 4242u + uint32_t(d.hd);
@@ -384,7 +352,7 @@ void check_attention_chain(const ChainCase& c) {
     LILAC_CUDA_CHECK(cudaMemcpy(d_pos.get(), &pos, sizeof(int32_t), cudaMemcpyHostToDevice));
     poison(d_out);
     const float* rows = d_qkv.get() + size_t(pos) * P;
-    if (decode && fused) {
+    if (decode) {
       cuda::attention_decode_qkv(rows, d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(), d.heads,
                                  d.kv, d.hd, d.R, kEps, d_kc.get(), d_vc.get(), max_ctx, ws.get(),
                                  d_out.get(), nullptr);
@@ -392,12 +360,8 @@ void check_attention_chain(const ChainCase& c) {
       cuda::qk_norm_rope_store(rows, T, d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(), d.heads,
                                d.kv, d.hd, d.R, kEps, d_q.get(), d_gate.get(), d_kc.get(),
                                d_vc.get(), max_ctx, nullptr);
-      if (decode)
-        cuda::attention_decode(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), d_pos.get(),
-                               d.heads, d.kv, d.hd, max_ctx, ws.get(), d_out.get(), nullptr);
-      else
-        cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos, T, d.heads,
-                                d.kv, d.hd, max_ctx, d_out.get(), nullptr);
+      cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos, T, d.heads,
+                              d.kv, d.hd, max_ctx, d_out.get(), nullptr);
     }
     std::vector<float> out = download_bf16_as_f32(d_out);
     out.resize(size_t(T) * d.heads * d.hd);
@@ -433,7 +397,6 @@ LILAC_CONFORMANCE_CASES(attention) {
   for (const DecodeCase& c : decode_cases()) {
     const std::string shape = dims_name(c.d) + "_n" + std::to_string(c.n) +
                               (c.max_ctx ? "_cap" + std::to_string(c.max_ctx) : "");
-    cases.push_back({"attention_decode", shape, "bf16", twin, [c] { check_attention_decode(c); }});
     cases.push_back(
         {"attention_decode_qkv", shape, "bf16", twin, [c] { check_attention_decode_qkv(c); }});
   }
@@ -441,11 +404,9 @@ LILAC_CONFORMANCE_CASES(attention) {
     cases.push_back({"attention_prefill",
                      dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0),
                      "bf16", twin, [c] { check_attention_prefill(c); }});
-  // qkv rows -> prefill in two chunks (70, 59) -> 3 decode steps, unfused and fused.
-  for (const ChainCase& c : {ChainCase{kReal, false}, ChainCase{kTiny, false},
-                             ChainCase{kReal, true}, ChainCase{kTiny, true}})
-    cases.push_back({"attention_chain",
-                     dims_name(c.d) + "_T70_59_decode3" + (c.fused ? "_fused" : ""), "bf16", twin,
+  // qkv rows -> prefill in two chunks (70, 59) -> 3 decode steps (the fused decode kernel).
+  for (const ChainCase& c : {ChainCase{kReal}, ChainCase{kTiny}})
+    cases.push_back({"attention_chain", dims_name(c.d) + "_T70_59_decode3_fused", "bf16", twin,
                      [c] { check_attention_chain(c); }});
   return cases;
 }

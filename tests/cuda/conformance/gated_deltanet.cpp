@@ -106,7 +106,7 @@ std::vector<float> cpu_gdn(const std::vector<float>& proj, int T, const GdnDims&
 // The GPU side of one layer: weights, states and workspaces on the device.
 struct GpuGdn {
   GdnDims d;
-  cuda::DeviceBuffer<float> taps, neg_exp_A, dt_bias, norm_w, conv_state, state, dec_ws, pre_ws;
+  cuda::DeviceBuffer<float> taps, neg_exp_A, dt_bias, norm_w, conv_state, state, pre_ws;
   int pre_ws_T = 0;
 
   GpuGdn(const GdnDims& dims, const GdnParams& w, const std::vector<float>& conv0,
@@ -117,19 +117,15 @@ struct GpuGdn {
         dt_bias(upload(w.dt_bias)),
         norm_w(upload(w.norm_w)),
         conv_state(upload(conv0)),
-        state(upload(state0)),
-        dec_ws(cuda::gdn_decode_workspace_floats(d.Hk, d.Hv, d.Dv)) {
-    cuda::gdn_decode_workspace_init(dec_ws.get(), d.Hk, d.Hv, d.Dv, nullptr);
-  }
+        state(upload(state0)) {}
 
-  std::vector<float> decode(const std::vector<float>& proj_row,
-                            cuda::GdnDecodePath path = cuda::GdnDecodePath::Auto) {
+  std::vector<float> decode(const std::vector<float>& proj_row) {
     auto d_proj = upload(proj_row);
     cuda::DeviceBuffer<cuda::bf16> out(size_t(d.Hv) * d.Dv);
     poison(out);
     cuda::gdn_decode(d_proj.get(), taps.get(), conv_state.get(), neg_exp_A.get(), dt_bias.get(),
-                     norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K, kEps, dec_ws.get(),
-                     out.get(), nullptr, path);
+                     norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K, kEps, out.get(),
+                     nullptr);
     return download_bf16_as_f32(out);
   }
 
@@ -143,14 +139,6 @@ struct GpuGdn {
                       norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K, kEps, ws.get(),
                       out.get(), nullptr);
     return download_bf16_as_f32(out);
-  }
-
-  // The decode workspace's counters (its first Hk + Hv ints) must be back at zero after a launch.
-  bool counters_zero() const {
-    std::vector<int32_t> c(size_t(d.Hk + d.Hv));
-    LILAC_CUDA_CHECK(cudaDeviceSynchronize());
-    LILAC_CUDA_CHECK(cudaMemcpy(c.data(), dec_ws.get(), c.size() * 4, cudaMemcpyDeviceToHost));
-    return std::all_of(c.begin(), c.end(), [](int32_t x) { return x == 0; });
   }
 };
 
@@ -188,47 +176,37 @@ std::string tag(const GdnDims& d, const char* what, int a, float decay) {
 // ---- decode
 // ---------------------------------------------------------------------------------------
 
+// The one decode kernel (the cluster kernel; version 1, the counter kernel, is in bench/lab).
 struct DecodeCase {
   GdnDims d;
   float decay;
-  cuda::GdnDecodePath path;
 };
 
-const char* path_name(cuda::GdnDecodePath p) {
-  return p == cuda::GdnDecodePath::Cluster   ? "cluster"
-         : p == cuda::GdnDecodePath::Counter ? "counter"
-                                             : "auto";
-}
-
 void check_gdn_decode(const DecodeCase& c) {
-  const auto [d, decay, path] = c;
-  if (path == cuda::GdnDecodePath::Cluster &&
-      !cuda::gdn_decode_uses_cluster(d.Hk, d.Hv, d.Dk, d.Dv))
+  const auto [d, decay] = c;
+  if (!cuda::gdn_decode_uses_cluster(d.Hk, d.Hv, d.Dk, d.Dv))
     GTEST_SKIP() << "no cluster path on this device";
   const uint32_t seed = uint32_t(d.Dk * 17 + d.Hv + int(decay * 100));
   const GdnParams w = make_params(d, decay, seed);
   Start cpu = random_start(d, false, seed + 10);
   GpuGdn gpu(d, w, cpu.conv, cpu.state);
   for (int step = 0; step < 4; ++step) {
-    const std::string l = tag(d, "decode step", step, decay) + " " + path_name(path);
+    const std::string l = tag(d, "decode step", step, decay);
     const std::vector<float> proj = random_floats(size_t(d.P()), 1.f, seed + 100 + uint32_t(step));
-    const auto out = gpu.decode(proj, path);
+    const auto out = gpu.decode(proj);
     const auto want = cpu_gdn(proj, 1, d, w, cpu.conv, cpu.state);
     EXPECT_TRUE(out_close(out, want, l));
     EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
     EXPECT_TRUE(within(download(gpu.conv_state), cpu.conv, 0, 0, l + " conv state"));
-    EXPECT_TRUE(gpu.counters_zero()) << l << ": workspace counters not reset";
   }
 }
 
 std::vector<DecodeCase> decode_cases() {
   std::vector<DecodeCase> c;
-  for (const auto path : {cuda::GdnDecodePath::Cluster, cuda::GdnDecodePath::Counter}) {
-    c.push_back({kReal, 2.f, path});
-    c.push_back({kReal, 0.02f, path});
-    c.push_back({kTiny, 2.f, path});
-    c.push_back({kWide, 1.f, path});
-  }
+  c.push_back({kReal, 2.f});
+  c.push_back({kReal, 0.02f});
+  c.push_back({kTiny, 2.f});
+  c.push_back({kWide, 1.f});
   return c;
 }
 
@@ -321,10 +299,9 @@ LILAC_CONFORMANCE_CASES(gated_deltanet) {
   const char* twin =
       "cpu::causal_conv_silu + l2_norm + gdn_gates + gdn_recurrence + gated_rms_norm";
   for (const DecodeCase& c : decode_cases())
-    cases.push_back(
-        {"gdn_decode",
-         dims_name(c.d) + (c.decay > 1.f ? "_strong" : "_mild") + "_4steps_" + path_name(c.path),
-         "f32", twin, [c] { check_gdn_decode(c); }});
+    cases.push_back({"gdn_decode",
+                     dims_name(c.d) + (c.decay > 1.f ? "_strong" : "_mild") + "_4steps_cluster",
+                     "f32", twin, [c] { check_gdn_decode(c); }});
   for (const PrefillCase& c : prefill_cases())
     cases.push_back({"gdn_prefill",
                      dims_name(c.d) + "_T" + std::to_string(c.T) +

@@ -1,0 +1,30 @@
+// gdn_decode in the kernel lab (README.md here): the arguments every version takes, and the
+// versions kept in this directory (the production version is src/cuda's gdn_decode).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "cuda/common.h"
+
+namespace lilac::lab {
+
+// One token of one Gated DeltaNet layer (the contract of src/cuda/gated_deltanet.h's gdn_decode).
+struct GdnDecodeArgs {
+  const float* proj;  // [C + Hv*Dv + 2*Hv]: qkv (C = 2 Hk Dk + Hv Dv), z, b, a
+  const float* taps;  // [C, K]
+  float* conv_state;  // [K-1, C], updated
+  const float *neg_exp_A, *dt_bias, *norm_w;
+  float* state;  // [Hv, Dk, Dv], updated
+  int Hk, Hv, Dk, Dv, K;
+  float eps;
+  cuda::bf16* out;   // [Hv*Dv]
+  float* workspace;  // version 1: gdn_decode_v1_workspace_floats, zeroed once (kept at zero)
+};
+
+// Version 1, the counter kernel (v1_counter.cu).
+size_t gdn_decode_v1_workspace_floats(int Hk, int Hv, int Dv);
+void gdn_decode_v1_counter(const GdnDecodeArgs& a, cudaStream_t stream);
+
+}  // namespace lilac::lab
