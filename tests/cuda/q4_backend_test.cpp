@@ -121,10 +121,14 @@ void to_prefill_weights(ModelWeights& w, std::vector<std::vector<uint16_t>>& sto
 // The GPU runs greedily; the CPU is fed the GPU's ids, so every step compares the same sequence.
 // Each greedy id must be the CPU's too, unless the CPU's own top two are closer than the two
 // backends' logits differ at that step (a genuine near-tie; reported).
-// The GPU prefill multiplies bf16-rounded dequantised weights (2^-9 relative), its decode the exact
-// f32 ones: the prefill logits are compared with `prefill_twin`, a CPU backend over the weights
-// to_prefill_weights gives (tiny-a's random logits move by up to ~0.2 with the f32 weights
-// instead: its bf16 GPU run is 4.6e-2 from the HF reference already), the decode steps with `cpu`.
+// The GPU prefill's large GEMMs multiply bf16-rounded dequantised weights (2^-9 relative), its
+// decode and, since 2026-12-02, the prefill projections of <= 4096 rows at <= 256 tokens
+// (q_gemv_rows slabs: every projection of tiny-a's short prompts) the exact f32 ones. So a short
+// prompt's prefill logits sit between `prefill_twin` (a CPU backend over the weights
+// to_prefill_weights gives) and `cpu` (the exact weights): they are compared with whichever of the
+// two is nearer element by element, at the same 8e-2 (tiny-a's random logits move by up to ~0.2
+// between the two weight sets: its bf16 GPU run is 4.6e-2 from the HF reference already); the
+// decode steps are compared with `cpu`.
 void expect_close(Backend& gpu, Backend& cpu, Backend& prefill_twin,
                   const std::vector<int32_t>& prompt, int64_t V, const std::string& what) {
   const LogitsRun g = run(gpu, prompt, V);
@@ -134,7 +138,12 @@ void expect_close(Backend& gpu, Backend& cpu, Backend& prefill_twin,
   prefill_twin.forward(*seq, prompt, twin, true);
   // 8e-2: tiny-a's bf16-activation logits are that sensitive to summation order alone (its BF16
   // GPU run is 4.6e-2 from the HF reference).
-  EXPECT_TRUE(all_close(g.prefill, twin, 8e-2, 0, what + " prefill logits"));
+  std::vector<float> nearer(twin.size());
+  for (size_t i = 0; i < twin.size(); ++i)
+    nearer[i] = std::fabs(g.prefill[i] - twin[i]) <= std::fabs(g.prefill[i] - c.prefill[i])
+                    ? twin[i]
+                    : c.prefill[i];
+  EXPECT_TRUE(all_close(g.prefill, nearer, 8e-2, 0, what + " prefill logits"));
   const auto [rel, mx] = rel_and_max(g.prefill, c.prefill);
   std::printf("  %s prefill logits vs the CPU's f32 4-bit path: rel %.2e, max abs %.3e\n",
               what.c_str(), rel, mx);
