@@ -20,7 +20,6 @@
 #include "cuda/attention.h"
 #include "cuda/decode_batch.h"
 #include "cuda/gated_deltanet.h"
-#include "cuda/gemv_rows.h"
 #include "cuda/moe_decode.h"
 #include "cuda/q4_linear.h"
 #include "cuda/q4_moe.h"
@@ -252,121 +251,6 @@ TEST(BatchKernels, MoeDecodeBatchEqualsSingleTokensQ4) {
                             m.logits.get() + size_t(b) * (E + 1) + E, act_ref.get() + size_t(b) * A,
                             k, H, I, Is, h_ref.get() + size_t(b) * H, nullptr);
     EXPECT_EQ(download(h), download(h_ref));
-  }
-}
-
-// ---- the dense BF16 projections over B rows ---------------------------------------------------
-
-// gemv_rows against an f64 sum of the same bf16 values per token: within f32 rounding of the
-// products' magnitudes; Store and Accumulate; rows past the matrix and tokens past T unwritten.
-TEST(BatchKernels, GemvRowsMatchesTheTwinPerRow) {
-  LILAC_REQUIRE_GPU();
-  struct Shape {
-    int rows, cols;
-    std::vector<int> T;
-  };
-  const std::vector<Shape> shapes = {{2048, 4096, {1, 16, 64}},
-                                     {257, 2048, {2, 33}},
-                                     {100, 192, {1, 5, 8, 17, 64}},
-                                     {12352, 2048, {9}}};
-  uint32_t seed = 700;
-  for (const Shape& s : shapes) {
-    std::vector<float> w = random_floats(size_t(s.rows) * s.cols, 0.05f, ++seed);
-    auto dw = upload_bf16(to_bf16_rounding(w));
-    for (int T : s.T) {
-      SCOPED_TRACE(testing::Message() << "W [" << s.rows << ", " << s.cols << "], T = " << T);
-      std::vector<float> x = random_floats(size_t(T) * s.cols, 1.f, ++seed);
-      auto dx = upload_bf16(to_bf16_rounding(x));
-      const size_t n = size_t(T) * s.rows, guard = 29;
-      std::vector<float> y0 = random_floats(n, 2.f, ++seed);
-      y0.resize(n + guard, 0.f);
-      DeviceBuffer<float> ys(n + guard);
-      poison(ys);
-      auto ya = upload(y0);
-      LILAC_CUDA_CHECK(cudaMemset(ya.get() + n, 0xff, guard * sizeof(float)));
-      cuda::gemv_rows(dw.get(), s.rows, s.cols, dx.get(), T, ys.get(), cuda::GemvOut::Store,
-                      nullptr);
-      cuda::gemv_rows(dw.get(), s.rows, s.cols, dx.get(), T, ya.get(), cuda::GemvOut::Accumulate,
-                      nullptr);
-      const auto got_s = download(ys), got_a = download(ya);
-      EXPECT_TRUE(guard_untouched(got_s, n, "gemv_rows Store"));
-      EXPECT_TRUE(guard_untouched(got_a, n, "gemv_rows Accumulate"));
-      size_t bad = 0;
-      for (int t = 0; t < T; ++t)
-        for (int r = 0; r < s.rows; ++r) {
-          double sum = 0, mag = 0;
-          for (int k = 0; k < s.cols; ++k) {
-            const double p = double(w[size_t(r) * s.cols + k]) * double(x[size_t(t) * s.cols + k]);
-            sum += p;
-            mag += std::fabs(p);
-          }
-          const size_t i = size_t(t) * s.rows + r;
-          const double tol = 4e-6 * mag + 1e-6;
-          if (!(std::fabs(got_s[i] - sum) <= tol)) ++bad;
-          if (!(std::fabs(got_a[i] - (double(y0[i]) + sum)) <= tol + 4e-7 * std::fabs(y0[i])))
-            ++bad;
-        }
-      EXPECT_EQ(bad, 0u) << "elements out of tolerance";
-    }
-  }
-}
-
-// ---- the dense 4-bit projections over B rows ------------------------------------------------
-
-// q_gemv_rows against the CPU twin per token (the q_gemv bound: same arithmetic per (row, group),
-// f32 sums in another order), Store and Accumulate, rows past the tile and tokens past T unwritten.
-TEST(BatchKernels, QGemvRowsMatchesTheTwinPerRow) {
-  LILAC_REQUIRE_GPU();
-  struct Shape {
-    int rows, cols, bits;
-    std::vector<int> T;
-  };
-  // The model's shapes (in_proj, out_proj at 8 K-slices, the 8-bit router at 8 slices of 4
-  // groups), then awkward ones: 3 groups (3 slices of 1), 1 group (no cluster), 12 groups of 8
-  // bits (3 slices of 4), 64 groups of 8 bits (8 slices of two register sets), 65 groups of 4 bits
-  // (8 slices of 9: a second set per slice, a short last slice).
-  const std::vector<Shape> shapes = {{12352, 2048, 4, {1, 9, 64}}, {2048, 4096, 4, {3, 16, 64}},
-                                     {257, 2048, 8, {2, 33, 64}},  {100, 192, 4, {1, 5, 8, 17, 64}},
-                                     {16, 64, 8, {1, 64}},         {48, 768, 8, {7, 40}},
-                                     {24, 4096, 8, {5, 64}},       {40, 4160, 4, {8, 63}}};
-  uint64_t seed = 900;
-  for (const Shape& s : shapes) {
-    HostQ W(s.rows, s.cols, s.bits, std::sqrt(3.f / float(s.cols)), ++seed);
-    for (int T : s.T) {
-      SCOPED_TRACE(testing::Message()
-                   << "W [" << s.rows << ", " << s.cols << "] " << s.bits << " bits, T = " << T);
-      std::vector<float> x = random_floats(size_t(T) * s.cols, 1.f, uint32_t(++seed));
-      auto dx = upload_bf16(to_bf16_rounding(x));
-      const size_t n = size_t(T) * s.rows, guard = 41;
-      std::vector<float> y0 = random_floats(n, 3.f, uint32_t(++seed));
-      y0.resize(n + guard, 0.f);
-      DeviceBuffer<float> ys(n + guard);
-      poison(ys);
-      auto ya = upload(y0);
-      LILAC_CUDA_CHECK(cudaMemset(ya.get() + n, 0xff, guard * sizeof(float)));
-      cuda::q_gemv_rows(W.q(), dx.get(), T, ys.get(), cuda::GemvOut::Store, nullptr);
-      cuda::q_gemv_rows(W.q(), dx.get(), T, ya.get(), cuda::GemvOut::Accumulate, nullptr);
-      const auto got_s = download(ys), got_a = download(ya);
-      EXPECT_TRUE(guard_untouched(got_s, n, "q_gemv_rows Store"));
-      EXPECT_TRUE(guard_untouched(got_a, n, "q_gemv_rows Accumulate"));
-      for (int t : {0, T / 2, T - 1}) {
-        const std::vector<float> xt(x.begin() + ptrdiff_t(t) * s.cols,
-                                    x.begin() + ptrdiff_t(t + 1) * s.cols);
-        const std::vector<float> want = q_twin(W, 0, s.rows, xt);
-        const std::vector<double> tol = q_gemv_tolerance(W, 0, s.rows, xt);
-        const std::vector<float> gs(got_s.begin() + ptrdiff_t(t) * s.rows,
-                                    got_s.begin() + ptrdiff_t(t + 1) * s.rows);
-        EXPECT_TRUE(within(gs, want, tol, "q_gemv_rows Store, token " + std::to_string(t)));
-        std::vector<float> sum(static_cast<size_t>(s.rows)), ga(sum.size());
-        std::vector<double> t2(sum.size());
-        for (size_t r = 0; r < sum.size(); ++r) {
-          sum[r] = y0[size_t(t) * s.rows + r] + want[r];
-          t2[r] = tol[r] + 2 * kU * std::fabs(double(sum[r]));
-          ga[r] = got_a[size_t(t) * s.rows + r];
-        }
-        EXPECT_TRUE(within(ga, sum, t2, "q_gemv_rows Accumulate, token " + std::to_string(t)));
-      }
-    }
   }
 }
 
