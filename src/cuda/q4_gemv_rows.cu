@@ -5,9 +5,10 @@
 // at small M (49 blocks for in_proj) and compute 128 tokens for a handful. Why not T q_gemv
 // launches: the weights would be read T times.
 //
-// Version 5 (q_set_dot_tokens per warp, x read from L2 per 8-token chunk) held a set's codes, its
-// x chunk for 8 groups and 8 chunks of accumulators in registers: 230-255 registers, one 8-warp
-// block per SM, one L2 round trip per chunk: 10.5 ms of a 23.6 ms 64-row pass at ~0.1 TB/s.
+// Version 5 (q_set_dot_tokens per warp, x read from L2 per 8-token chunk; now in the kernel lab,
+// bench/lab/q_gemv_rows/v1_set_dot_tokens.cu) held a set's codes, its x chunk for 8 groups and 8
+// chunks of accumulators in registers: 230-255 registers, one 8-warp block per SM, one L2 round
+// trip per chunk: 10.5 ms of a 23.6 ms 64-row pass at ~0.1 TB/s.
 //
 // This version. The unit of work is a warp on one 16-row weight tile and one K-slice of the
 // matrix (<= 8 slices: the slices of a row block form a thread-block cluster, grid y):

@@ -96,8 +96,9 @@ __device__ __forceinline__ void stage_x(const bf16* __restrict__ x, int K,
 }
 
 // Adds to y[nt][0..3] (rows g, g + 8 of tile nt x tokens 2t, 2t + 1) the dot products over the
-// groups [GS set, GS set + GS) ∩ [0, G), as q4_tile.cuh's q_set_dot_tokens, with the tokens'
-// x in shared memory (xs: rows of `stride` 32-bit words; rows >= count read as zeros).
+// groups [GS set, GS set + GS) ∩ [0, G), as q_set_dot_tokens (the kernel lab's
+// bench/lab/q_gemv_rows/v1_set_dot_tokens.cu) did, with the tokens' x in shared memory (xs: rows of
+// `stride` 32-bit words; rows >= count read as zeros).
 template <int BITS, int NT, int GS>
 __device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT],
                                                const uint32_t* const (&sb)[NT], int G, int set,

@@ -176,28 +176,19 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v;
 }
 
-// ---- small M: one set of GS groups of NT row tiles against up to 8 NCH token rows
-// -----------------
+// ---- small M: one set of GS groups of NT row tiles against 8-token chunks ----------------------
 //
-// The tokens take the MMA's n dimension (q_gemv_rows; q4_moe_small.cu has a variant with x in
-// shared memory): for group m of
-// the set, A = the tile's codes as (128 + q), B = 8 tokens' x of that group (column n = token n),
-// so C[row][token] is the group's partial dot and lane (g, t) owns rows g, g + 8 x tokens 2t,
-// 2t + 1 of every chunk. The offset is removed per (row, group) in f32 with the tokens' group sums
-// Sx (one MMA with an all-ones A), as in q_set_dot:
+// The tokens take the MMA's n dimension (q4_moe_small.cu, with x staged in shared memory; the
+// register-only version 5 of q_gemv_rows, q_set_dot_tokens, is in the kernel lab:
+// bench/lab/q_gemv_rows/v1_set_dot_tokens.cu): for group m of the set, A = the tile's codes as
+// (128 + q), B = 8 tokens' x of that group (column n = token n), so C[row][token] is the group's
+// partial dot and lane (g, t) owns rows g, g + 8 x tokens 2t, 2t + 1 of every chunk. The offset is
+// removed per (row, group) in f32 with the tokens' group sums Sx (one MMA with an all-ones A), as
+// in q_set_dot:
 //     sum_k (s q_k + b) x_k = s * sum_k (128 + q_k) x_k + (b - 128 s) * Sx.
 // The set's codes and scales are loaded first (NT * GS * P 16-byte loads per lane in flight) and
 // held in registers while every chunk of 8 tokens uses them: each weight is read once per call,
 // whatever the number of tokens.
-//
-// The token rows: row r (0 <= r < count) of the operand is row ids[row0 + r] of x when ids is
-// set (tokens gathered by expert), else row row0 + r. Chunks past `count` are skipped (their
-// MMAs too: the branch is warp-uniform); rows past it read nothing and give zeros.
-struct TokenRows {
-  const int32_t* ids;
-  int row0, count;
-  __device__ __forceinline__ int row(int r) const { return ids ? ids[row0 + r] : row0 + r; }
-};
 
 // The weights of one set: NT row tiles x GS groups, this lane's codes (P planes) and its (row g,
 // row g + 8) scale/bias pair of each group.
@@ -269,57 +260,6 @@ __device__ __forceinline__ void q_group_dot(const QSet<BITS, NT, GS>& w, int m,
       y[nt][q] = fmaf(sc, cc, y[nt][q]);
       y[nt][q] = fmaf(o, sx[q], y[nt][q]);
     }
-  }
-}
-
-// Adds to y[nt][ch][0..3] (row g / tokens 2t, 2t + 1, then row g + 8 / the same tokens, of tile
-// nt and chunk ch) the dot products over the groups [GS set, GS set + GS) ∩ [0, G).
-// codes[nt] / sb[nt]: the tile's block (group 0, plane 0) in codes and sb; x bf16 rows of ldx
-// elements (4-byte aligned), read through the non-coherent path (L1/L2 resident).
-// Latency: the set's weights are loaded at once, and so is a chunk's x for all GS groups (8 GS
-// 4-byte loads per lane) before its MMAs: one memory round trip per set and one per chunk, not one
-// per group (the dequantisation, a few integer instructions, is redone per chunk instead).
-template <int BITS, int NT, int NCH, int GS = 8>
-__device__ __forceinline__ void q_set_dot_tokens(const uint32_t* const (&codes)[NT],
-                                                 const uint32_t* const (&sb)[NT], int G, int set,
-                                                 const bf16* __restrict__ x, int ldx,
-                                                 const TokenRows& rows, float (&y)[NT][NCH][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int grp0 = set * GS;
-  const int ng = min(GS, G - grp0);
-  QSet<BITS, NT, GS> w;
-  load_qset(w, codes, sb, grp0, ng);
-#pragma unroll
-  for (int ch = 0; ch < NCH; ++ch) {
-    if (ch * 8 >= rows.count) continue;  // warp-uniform: chunks past the tokens
-    // This lane's B column is token 8 ch + g: its words of every group of the set, in flight
-    // together (elements 16 kb + 2t (+1) and 16 kb + 2t + 8 (+1): words 8 kb + t, 8 kb + t + 4).
-    const int tok = ch * 8 + g;
-    const bool has = tok < rows.count;
-    const uint32_t* xr =
-        reinterpret_cast<const uint32_t*>(x + size_t(has ? rows.row(tok) : 0) * size_t(ldx)) +
-        size_t(grp0) * 32;
-    uint32_t X[GS][4][2];
-#pragma unroll
-    for (int m = 0; m < GS; ++m)
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        const bool ok = has && m < ng;
-        X[m][kb][0] = ok ? ld_ro4(xr + m * 32 + 8 * kb + t) : 0u;
-        X[m][kb][1] = ok ? ld_ro4(xr + m * 32 + 8 * kb + t + 4) : 0u;
-      }
-    float yc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) yc[nt][q] = y[nt][ch][q];
-#pragma unroll
-    for (int m = 0; m < GS; ++m)
-      if (m < ng) q_group_dot(w, m, X[m], yc);  // warp-uniform
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) y[nt][ch][q] = yc[nt][q];
   }
 }
 
