@@ -1,5 +1,6 @@
-// q_gemv_rows: the 4/8-bit dense projections of a batched decode step, T <= 64 token rows at
-// once, each weight read once for all rows (docs/kernels.md, version 6).
+// q_gemv_rows: the 4/8-bit dense projections of a batched decode step (and of short prompts, in
+// 64-token slabs: proj_gemm), T <= 64 token rows at once, each weight read once for all rows
+// (docs/kernels.md, version 6).
 //
 // Why not q_gemm: the prefill GEMM's 256-row x 128-token block tiles leave most of the GPU idle
 // at small M (49 blocks for in_proj) and compute 128 tokens for a handful. Why not T q_gemv
@@ -23,7 +24,8 @@
 //     B fragments by ldmatrix from the staged rows (rows 16 bytes apart modulo 128: no bank
 //     conflicts); per (row, group) and token the f32 fix-up
 //         sum_k (s q_k + b) x_k = s * sum_k (c + q_k) x_k + (b - c s) * Sx,   c = 128 or 0,
-//     exactly q_gemv's arithmetic per (row, group).
+//     q_gemv's arithmetic per (row, group) but for the f32 order of the sums (at 8 bits q_gemv
+//     keeps the two nibble planes apart; here q = lo + 16 hi is rebuilt exactly in bf16).
 //  4. The slices meet in distributed shared memory: each block writes its partial sums into its
 //     own shared memory (the staging area, no longer needed), the cluster barrier, then rank r
 //     sums the r-th 1/S of the partials over ranks 0 .. S-1 in that order (deterministic: no
