@@ -3,9 +3,9 @@
 // weights (q_twin, the twin of the decode kernels whose numerics these kernels share) within
 // q_gemv_tolerance's bound (q4_test_util.h). Routing on the device (moe_route); outputs poisoned
 // and guarded. Shapes: the real one (H 2048, E 256, k 8, I = Is = 512) at 1, 16 and 64 tokens (the
-// batched decode sizes), the tiny-a fixture's at 3, 37 and 300 tokens (several 32-token passes per
-// expert) in 4 and 8 bits, and crafted routing with awkward tokens per expert: 63 (two passes),
-// 9, 8, 7 (chunk edges), 1, and an expert with none.
+// batched decode sizes), the tiny-a fixture's at 3, 37 and 300 tokens (several 8-token passes per
+// expert) in 4 and 8 bits, and crafted routing with awkward tokens per expert: 63 or 200 (more
+// passes than grid z: the blocks loop), 9, 8, 7 (chunk edges), 1, and an expert with none.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -142,19 +142,20 @@ LILAC_CONFORMANCE_CASES(q4_moe_small) {
   };
   // The real shape at the batched decode sizes.
   for (int T : {1, 16, 64}) add(Shape{2048, 256, 8, 512, 512, 4}, T, 500 + uint64_t(T));
-  // The tiny-a fixture's: several 32-token passes per expert.
+  // The tiny-a fixture's: several 8-token passes per expert.
   for (int bits : {4, 8})
     for (int T : {3, 37, 300})
       add(Shape{128, 16, 4, 64, 64, bits}, T, 600 + uint64_t(T) + uint64_t(bits));
   return cases;
 }
 
-// Tokens per expert 63 (expert 0: two passes of 32), 9, 8, 7, 1, ten experts sharing the rest,
-// and expert 15 with none.
+// Tokens per expert T (expert 0: every token), 9, 8, 7, 1, ten experts sharing the rest, and
+// expert 15 with none. T 63: grid z holds all 8 passes. T 200: grid z is 19 (grid_passes) for 25
+// passes of expert 0, so its blocks z < 6 loop to a second pass (z + 19), and the shared expert
+// has two x-blocks (passes 0..18, 19..24): the looping path of the kernels.
 TEST(Q4MoeSmall, AwkwardTokensPerExpert) {
   LILAC_REQUIRE_GPU();
   const Shape s{128, 16, 4, 64, 64, 4};
-  const int T = 63;
   auto choice = [](int t) {
     std::vector<int> c = {0};
     if (t < 9)
@@ -171,8 +172,10 @@ TEST(Q4MoeSmall, AwkwardTokensPerExpert) {
     }
     return c;
   };
-  const auto logits = crafted_logits(T, s.E, s.k, 91, choice);
-  check_small(s, T, 700, &logits);
+  for (int T : {63, 200}) {
+    const auto logits = crafted_logits(T, s.E, s.k, 91, choice);
+    check_small(s, T, 700, &logits);
+  }
 }
 
 TEST(Q4MoeSmall, BadArgumentsThrow) {
