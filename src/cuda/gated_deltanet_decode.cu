@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "cuda/cluster.cuh"
 #include "cuda/common.cuh"
 #include "cuda/decode_batch.h"
 #include "cuda/gated_deltanet.h"
@@ -70,37 +71,10 @@ __device__ __forceinline__ float conv_silu(const float* __restrict__ conv_state,
 
 // ---- version 2: thread-block clusters (sm_90)
 
-// Cluster primitives (PTX ISA 7.8, sm_90). Addresses are 32-bit shared-window addresses.
+// Cluster primitives: cluster.cuh. Addresses are 32-bit shared-window addresses.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// This block's shared address `a` as seen in the shared memory of cluster rank `rank`.
-__device__ __forceinline__ uint32_t cluster_map(uint32_t a, uint32_t rank) {
-  uint32_t d;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(rank));
-  return d;
-}
-__device__ __forceinline__ void st_cluster(uint32_t a, float v) {
-  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-}
-// Full cluster barrier: shared-memory writes (local or remote) before it are visible after it.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;\n" ::
-          : "memory");
 }
 #endif
 
@@ -127,7 +101,7 @@ __global__ void __launch_bounds__(2 * DK)
   pdl_launch_dependents();
   pdl_wait();
   // The cluster's blocks all start before any remote store below (the wait sits after the loads).
-  cluster_arrive_relaxed();
+  cluster::arrive_relaxed();
 
   const int cb = blockIdx.x, v = blockIdx.y, nsplit = gridDim.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -136,7 +110,7 @@ __global__ void __launch_bounds__(2 * DK)
   const int C = 2 * Hk * DK + Hv * Dv;
   const int c0 = cb * kCols;
   const int cq = tid & 7, rg = tid >> 3;  // columns 4cq..4cq+3 (of 32), rows 4rg..4rg+3
-  const uint32_t rank = cluster_ctarank();
+  const uint32_t rank = cluster::ctarank();
   // Batched (gdn_decode_batch): grid z = the batch row; its projection row, output row and the
   // states of layer slot `slot` of its own sequence.
   if (rows) {
@@ -184,16 +158,16 @@ __global__ void __launch_bounds__(2 * DK)
     const float x = ba[Hv + v] + dt_bias[v];
     s_decay = expf(neg_exp_A[v] * (x > 20.f ? x : log1pf(expf(x))));
   }
-  cluster_wait();   // every block of the cluster has started
+  cluster::wait();  // every block of the cluster has started
   if (tid < cpr) {  // whole warps (cpr is a multiple of 32): push value and slice sum of squares
     const float ss = warp_sum(qk_val * qk_val);
     const uint32_t a_val = smem_u32(&qk_all[qk_j]), a_ss = smem_u32(&ss_part[qk_j / 32]);
     for (int r = 0; r < CS; ++r) {
-      st_cluster(cluster_map(a_val, uint32_t(r)), qk_val);
-      if (lane == 0) st_cluster(cluster_map(a_ss, uint32_t(r)), ss);
+      cluster::st_f32(cluster::map(a_val, uint32_t(r)), qk_val);
+      if (lane == 0) cluster::st_f32(cluster::map(a_ss, uint32_t(r)), ss);
     }
   }
-  cluster_sync();  // (1) q, k, their sums of squares, vs and the gates are visible
+  cluster::sync();  // (1) q, k, their sums of squares, vs and the gates are visible
 
   // 3. l2norm: q by (sum q^2 + 1e-6)^-1/2 * Dk^-1/2, k by (sum k^2 + 1e-6)^-1/2.
   float ssq = 0.f, ssk = 0.f;
@@ -260,11 +234,11 @@ __global__ void __launch_bounds__(2 * DK)
     ss = warp_sum(ov * ov);
     if (nsplit > 1 && lane == 0) {
       const uint32_t a_ss = smem_u32(&ss_o[vi * nsplit + cb]);
-      for (int r = 0; r < CS; ++r) st_cluster(cluster_map(a_ss, uint32_t(r)), ss);
+      for (int r = 0; r < CS; ++r) cluster::st_f32(cluster::map(a_ss, uint32_t(r)), ss);
     }
   }
   if (nsplit > 1) {
-    cluster_sync();  // (2) the sums of squares of the head's Dv / 32 blocks are here
+    cluster::sync();  // (2) the sums of squares of the head's Dv / 32 blocks are here
     if (warp == 0) {
       ss = 0.f;
       for (int c = 0; c < nsplit; ++c) ss += ss_o[vi * nsplit + c];
