@@ -41,6 +41,7 @@ CudaOptions CudaOptions::from_environment() {
     o.pdl = std::string(p) != "0" && std::string(p) != "off";
   if (const char* b = std::getenv("LILAC_BATCH_DECODE")) o.batch_decode = std::string(b) != "0";
   if (const char* m = std::getenv("LILAC_BATCH_MIN")) o.batch_min_rows = std::max(1, std::atoi(m));
+  if (const char* b = std::getenv("LILAC_BATCH_PREFILL")) o.batch_prefill = std::string(b) != "0";
   if (const char* g = std::getenv("LILAC_BATCH_GROUPED_MOE"))
     o.batch_grouped_moe_min_rows = std::max(-1, std::atoi(g));
   if (const char* m = std::getenv("LILAC_SMALL_MOE_MAX"))
@@ -340,22 +341,32 @@ StepResult CudaBackend::step_impl(SequenceState& state, std::span<const int32_t>
       const int n = int(std::min(chunk, T - t0));
       const bool last = t0 + n == T;
       prefill_chunk(st, ids.data() + t0, n, nullptr, false, nullptr);
-      if (last) {
-        // lm_head on the last row, then the device sampler.
-        const int H = int(c.hidden);
-        rms_norm(ws_->h.get() + size_t(n - 1) * size_t(H), model_->final_norm, ws_->x.get(), 1, H,
-                 c.rms_eps, stream_);
-        proj_gemv(model_->lm_head, int(c.vocab), H, ws_->x.get(), ws_->logits.get(), GemvOut::Store,
-                  stream_);
-        if (constraint) launch_token_mask(*constraint);
-        sample_launches(st, nullptr);
-      }
+      if (last) launch_row_sample(st, n - 1, sample_index, constraint);
     }
   }
   DeviceSampleResult out;
   LILAC_CUDA_CHECK(
       cudaMemcpyAsync(&out, st.sample_out.get(), sizeof(out), cudaMemcpyDeviceToHost, stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return take_sample(st, out);
+}
+
+void CudaBackend::launch_row_sample(CudaSequenceState& st, int row, uint64_t sample_index,
+                                    TokenConstraint* constraint) {
+  const ModelConfig& c = model_->config;
+  const int H = int(c.hidden);
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(
+      reinterpret_cast<uint8_t*>(st.sampler_params.get()) + offsetof(DeviceSamplingParams, step),
+      &sample_index, sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
+  rms_norm(ws_->h.get() + size_t(row) * size_t(H), model_->final_norm, ws_->x.get(), 1, H,
+           c.rms_eps, stream_);
+  proj_gemv(model_->lm_head, int(c.vocab), H, ws_->x.get(), ws_->logits.get(), GemvOut::Store,
+            stream_);
+  if (constraint) launch_token_mask(*constraint);
+  sample_launches(st, nullptr);
+}
+
+StepResult CudaBackend::take_sample(CudaSequenceState& st, const DeviceSampleResult& out) {
   st.token_on_device = out.token;
   StepResult r;
   r.token = out.token;

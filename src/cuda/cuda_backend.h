@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,11 @@ struct CudaOptions {
   // batched pass off (A/B), LILAC_BATCH_MIN=n sets the threshold.
   bool batch_decode = true;
   int batch_min_rows = 2;
+  // step_batch: the prompt pieces of several sequences (no constraint, at most prefill_chunk
+  // tokens together) run as one forward over their concatenated tokens (the dense projections and
+  // experts see all of them at once; the mixers run per sequence). LILAC_BATCH_PREFILL=0: one
+  // sequence at a time (A/B).
+  bool batch_prefill = true;
   // Batched passes of at least this many rows run the MoE as prefill does (moe_route, grouped
   // GEMMs over the tokens of each expert: every touched expert read once) instead of the decode
   // MoE kernels with a grid row per token (each token reads its own experts). 0: never; -1:
@@ -48,6 +54,7 @@ struct CudaOptions {
 };
 
 class CudaSequenceState;
+struct DeviceSampleResult;
 struct Workspace;
 struct BatchWorkspace;
 
@@ -100,6 +107,8 @@ class CudaBackend : public Backend {
   // Tests and benchmarks: the number of batched passes run so far, and the f32 logits [V] of row
   // `row` of the last batched pass (its rows in the order of the decode items).
   int64_t batched_passes() const { return batched_passes_; }
+  // Tests: the number of multi-sequence prefill chunks run so far (step_batch's prompt pieces).
+  int64_t batched_prefills() const { return batched_prefills_; }
   std::vector<float> last_batch_logits(int row);
   // Benchmarks: the GPU time of one batched pass over `states` (each decoding one token; their
   // positions advance by `replays`), as the median of `replays` graph replays.
@@ -126,7 +135,29 @@ class CudaBackend : public Backend {
   StepResult step_impl(SequenceState& state, std::span<const int32_t> ids, uint64_t sample_index,
                        TokenConstraint* constraint);
   void launch_token_mask(TokenConstraint& constraint);
-  void layer_prefill(CudaSequenceState& st, int64_t layer, int T, int pos0, Timer* timer);
+  // One sequence's rows of a (multi-sequence) prefill chunk: rows [row0, row0 + T) of the
+  // workspace are its tokens at positions pos0, pos0 + 1, ... (cuda_backend_layers.cpp).
+  struct PrefillSegment {
+    CudaSequenceState* st = nullptr;
+    int row0 = 0, T = 0, pos0 = 0;
+  };
+  // Every layer over the T rows of the segments (which tile [0, T)), their states advanced; the
+  // residual stream of row r is left in the workspace (ws.h row r).
+  void prefill_segments(std::span<const PrefillSegment> segs, const int32_t* ids, int T,
+                        Timer* timer);
+  void layer_prefill(std::span<const PrefillSegment> segs, int64_t layer, int T, Timer* timer);
+  // Whether segments may start at any row: every per-row buffer a mixer kernel reads or writes at
+  // a segment's offset stays 16-byte aligned.
+  bool segments_aligned() const;
+  // The sampler of `st` on the residual row `row` of the workspace: final norm, lm_head, the
+  // constraint's mask, the sampler (its Philox counter set to sample_index); launches only.
+  void launch_row_sample(CudaSequenceState& st, int row, uint64_t sample_index,
+                         TokenConstraint* constraint);
+  // The host side of a sample whose DeviceSampleResult reached the host.
+  StepResult take_sample(CudaSequenceState& st, const DeviceSampleResult& out);
+  // step_batch's prompt pieces of distinct sequences, as few multi-sequence chunks as fit.
+  void prefill_items(std::span<const BatchItem> items, std::span<const size_t> which,
+                     std::span<StepResult> out);
   void layer_decode(CudaSequenceState& st, int64_t layer, Timer* timer);
   void sample_launches(CudaSequenceState& st, Timer* timer);
   // The batched decode pass (cuda_backend_batch.cpp).
@@ -146,6 +177,7 @@ class CudaBackend : public Backend {
   int64_t last_context_ = 0;
   std::unique_ptr<BatchWorkspace> batch_;
   int64_t batched_passes_ = 0;
+  int64_t batched_prefills_ = 0;
 };
 
 // Backends for the CLI: from a loaded checkpoint (quantize: `--weights q4` on a float

@@ -293,31 +293,109 @@ void CudaBackend::decode_batch(std::span<CudaSequenceState* const> seqs,
 
 // ---- the Backend API --------------------------------------------------------------------------
 
+// The prompt pieces `which` of `items` (distinct sequences, no constraint) in multi-sequence
+// chunks: consecutive pieces while their tokens fit one chunk (ws.max_T); a piece longer than a
+// chunk, or a chunk of one piece, takes step() / forward() as before. Each chunk is one forward
+// over the concatenated tokens (prefill_segments), then the sampler of every piece that ends its
+// prompt on its own last row; one synchronisation per chunk. Every piece is checked before any
+// state moves.
+void CudaBackend::prefill_items(std::span<const BatchItem> items, std::span<const size_t> which,
+                                std::span<StepResult> out) {
+  const ModelConfig& c = model_->config;
+  for (size_t i : which) {
+    const BatchItem& it = items[i];
+    const auto& st = static_cast<const CudaSequenceState&>(*it.state);
+    if (it.ids.empty()) fail("step: no input ids");
+    if (st.position() + int64_t(it.ids.size()) > st.max_ctx)
+      fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(),
+           it.ids.size(), st.max_ctx);
+    for (int32_t id : it.ids)
+      if (id < 0 || id >= c.vocab) fail("token id {} out of range [0, {})", id, c.vocab);
+  }
+  const size_t max_T = size_t(ws_->max_T);
+  auto alone = [&](size_t i) {
+    const BatchItem& it = items[i];
+    if (it.sample)
+      out[i] = step(*it.state, it.ids, it.sample_index);
+    else
+      forward(*it.state, it.ids, {}, false);
+  };
+  std::vector<int32_t> ids;
+  std::vector<PrefillSegment> segs;
+  std::vector<size_t> seg_item;
+  auto flush = [&] {
+    if (segs.size() == 1) alone(seg_item[0]);
+    if (segs.size() >= 2) {
+      prefill_segments(segs, ids.data(), int(ids.size()), nullptr);
+      std::vector<DeviceSampleResult> res(segs.size());
+      for (size_t j = 0; j < segs.size(); ++j) {
+        const BatchItem& it = items[seg_item[j]];
+        CudaSequenceState& st = *segs[j].st;
+        last_context_ = std::max(last_context_, st.position());
+        if (!it.sample) continue;
+        launch_row_sample(st, segs[j].row0 + segs[j].T - 1, it.sample_index, nullptr);
+        LILAC_CUDA_CHECK(cudaMemcpyAsync(&res[j], st.sample_out.get(), sizeof(DeviceSampleResult),
+                                         cudaMemcpyDeviceToHost, stream_));
+      }
+      LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (size_t j = 0; j < segs.size(); ++j)
+        if (items[seg_item[j]].sample) out[seg_item[j]] = take_sample(*segs[j].st, res[j]);
+      ++batched_prefills_;
+    }
+    ids.clear();
+    segs.clear();
+    seg_item.clear();
+  };
+  for (size_t i : which) {
+    const BatchItem& it = items[i];
+    if (it.ids.size() > max_T) {
+      alone(i);
+      continue;
+    }
+    if (ids.size() + it.ids.size() > max_T) flush();
+    auto& st = static_cast<CudaSequenceState&>(*it.state);
+    segs.push_back({&st, int(ids.size()), int(it.ids.size()), int(st.position())});
+    seg_item.push_back(i);
+    ids.insert(ids.end(), it.ids.begin(), it.ids.end());
+  }
+  flush();
+}
+
 std::vector<StepResult> CudaBackend::step_batch(std::span<const BatchItem> items) {
   const ModelConfig& c = model_->config;
   // The batched pass needs the batched Gated DeltaNet kernel (the cluster kernel, cc 9.0).
   const bool gdn_ok = c.count_layers(LayerType::GatedDeltaNet) == 0 ||
                       gdn_decode_uses_cluster(int(c.gdn_key_heads), int(c.gdn_value_heads),
                                               int(c.gdn_key_dim), int(c.gdn_value_dim));
-  std::vector<size_t> decode;
+  std::vector<size_t> decode, prompt;
   std::set<const SequenceState*> states;
   bool distinct = true;
   for (size_t i = 0; i < items.size(); ++i) {
     const BatchItem& it = items[i];
     if (!it.state) fail("step_batch: item {} has no sequence", i);
     distinct = distinct && states.insert(it.state).second;
-    if (it.sample && !it.constraint && it.ids.size() == 1) decode.push_back(i);
+    if (it.sample && !it.constraint && it.ids.size() == 1)
+      decode.push_back(i);
+    else if (!it.constraint || !it.sample)
+      prompt.push_back(i);
   }
   const int min_rows = std::max(1, options_.batch_min_rows);
-  if (!options_.batch_decode || trace_ || !gdn_ok || !distinct || int(decode.size()) < min_rows)
-    return Backend::step_batch(items);
+  const bool batch_decode = options_.batch_decode && gdn_ok && int(decode.size()) >= min_rows;
+  const bool batch_prefill = options_.batch_prefill && prompt.size() >= 2 && segments_aligned();
+  if (trace_ || !distinct || (!batch_decode && !batch_prefill)) return Backend::step_batch(items);
 
   std::vector<StepResult> out(items.size());
-  // Prompt pieces and constrained items first, one by one (their own paths).
-  std::vector<bool> is_decode(items.size(), false);
-  for (size_t i : decode) is_decode[i] = true;
+  std::vector<bool> taken(items.size(), false);
+  // Prompt pieces together (multi-sequence chunks), then constrained items and whatever is left
+  // one by one (their own paths), then the decode items in batched passes.
+  if (batch_prefill) {
+    prefill_items(items, prompt, out);
+    for (size_t i : prompt) taken[i] = true;
+  }
+  if (batch_decode)
+    for (size_t i : decode) taken[i] = true;
   for (size_t i = 0; i < items.size(); ++i) {
-    if (is_decode[i]) continue;
+    if (taken[i]) continue;
     const BatchItem& it = items[i];
     if (it.sample && it.constraint)
       out[i] = step_constrained(*it.state, it.ids, it.sample_index, *it.constraint);
@@ -326,6 +404,7 @@ std::vector<StepResult> CudaBackend::step_batch(std::span<const BatchItem> items
     else
       forward(*it.state, it.ids, {}, false);
   }
+  if (!batch_decode) return out;
   // The decode items: checked first (a bad item fails the call before any state moves), then
   // passes of at most max_B rows; a remainder below min_rows takes step().
   for (size_t i : decode) {

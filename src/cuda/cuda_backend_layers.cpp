@@ -15,7 +15,10 @@ namespace lilac::cuda {
 
 // ---- one layer ------------------------------------------------------------------------------
 
-void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int pos0, Timer* timer) {
+// The mixers (Gated DeltaNet, attention) run once per segment on its rows and its own state; the
+// rest (norms, projections, router, experts) over all T rows at once.
+void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li, int T,
+                                Timer* timer) {
   const ModelConfig& c = model_->config;
   const DeviceLayer& L = model_->layers[size_t(li)];
   Workspace& w = *ws_;
@@ -41,11 +44,14 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
     timed(timer, "gemm.gdn_in_proj",
           [&] { proj_gemm(w.x.get(), T, H, L.in_proj, cols, w.proj.get(), GemmOut::StoreF32, s); });
+    const size_t vch = size_t(c.gdn_v_channels());
     timed(timer, "gdn_prefill", [&] {
-      gdn_prefill(w.proj.get(), T, L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias,
-                  L.gdn_norm, st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads),
-                  int(c.gdn_key_dim), int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps,
-                  w.gdn_prefill_ws.get(), w.mix.get(), s);
+      for (const PrefillSegment& g : segs)
+        gdn_prefill(w.proj.get() + size_t(g.row0) * size_t(cols), g.T, L.conv,
+                    g.st->conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
+                    g.st->rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads),
+                    int(c.gdn_key_dim), int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps,
+                    w.gdn_prefill_ws.get(), w.mix.get() + size_t(g.row0) * vch, s);
     });
     if (trace_) {
       auto v = download_f32(w.mix.get(), size_t(T) * size_t(c.gdn_v_channels()), s);
@@ -60,16 +66,25 @@ void CudaBackend::layer_prefill(CudaSequenceState& st, int64_t li, int T, int po
     timed(timer, "gemm.attn_qkv", [&] {
       proj_gemm(w.x.get(), T, H, L.qkv_proj, cols, w.proj.get(), GemmOut::StoreF32, s);
     });
+    const size_t qd = size_t(c.heads * c.head_dim);
     timed(timer, "qk_norm_rope_store", [&] {
-      qk_norm_rope_store(w.proj.get(), T, st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq,
-                         int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps,
-                         w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot),
-                         int(st.max_ctx), s);
+      for (const PrefillSegment& g : segs) {
+        CudaSequenceState& st = *g.st;
+        qk_norm_rope_store(w.proj.get() + size_t(g.row0) * size_t(cols), g.T, st.d_pos(), L.q_norm,
+                           L.k_norm, model_->inv_freq, int(c.heads), int(c.kv_heads),
+                           int(c.head_dim), int(c.rotary_dim), eps, w.q.get() + size_t(g.row0) * qd,
+                           w.gate.get() + size_t(g.row0) * qd, st.k_cache(c, slot),
+                           st.v_cache(c, slot), int(st.max_ctx), s);
+      }
     });
     timed(timer, "attention_prefill", [&] {
-      attention_prefill(w.q.get(), w.gate.get(), st.k_cache(c, slot), st.v_cache(c, slot), pos0, T,
-                        int(c.heads), int(c.kv_heads), int(c.head_dim), int(st.max_ctx),
-                        w.mix.get(), s);
+      for (const PrefillSegment& g : segs) {
+        CudaSequenceState& st = *g.st;
+        attention_prefill(w.q.get() + size_t(g.row0) * qd, w.gate.get() + size_t(g.row0) * qd,
+                          st.k_cache(c, slot), st.v_cache(c, slot), g.pos0, g.T, int(c.heads),
+                          int(c.kv_heads), int(c.head_dim), int(st.max_ctx),
+                          w.mix.get() + size_t(g.row0) * qd, s);
+      }
     });
     if (trace_) {
       auto v = download_f32(w.mix.get(), size_t(T) * size_t(c.heads * c.head_dim), s);
@@ -275,15 +290,25 @@ void CudaBackend::run_decode(CudaSequenceState& st, bool sample) {
 
 // ---- prefill --------------------------------------------------------------------------------
 
-void CudaBackend::prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T, float* logits,
-                                bool all_logits, Timer* timer) {
+bool CudaBackend::segments_aligned() const {
+  const ModelConfig& c = model_->config;
+  const int64_t gdn_cols = c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads;
+  const int64_t attn_cols = c.q_proj_rows() + 2 * c.kv_dim();
+  // f32 rows (proj): 4 floats per 16 bytes; bf16 rows (mix, q, gate): 8 values.
+  return gdn_cols % 4 == 0 && attn_cols % 4 == 0 && c.gdn_v_channels() % 8 == 0 &&
+         (c.heads * c.head_dim) % 8 == 0;
+}
+
+void CudaBackend::prefill_segments(std::span<const PrefillSegment> segs, const int32_t* ids, int T,
+                                   Timer* timer) {
   const ModelConfig& c = model_->config;
   Workspace& w = *ws_;
-  const int H = int(c.hidden), V = int(c.vocab);
-  const int pos0 = int(st.position());
+  const int H = int(c.hidden);
   LILAC_CUDA_CHECK(
       cudaMemcpyAsync(w.ids.get(), ids, size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
   timed(timer, "embed", [&] { embed_rows(w.ids.get(), *model_, w.h.get(), T, H, stream_); });
+  // With a trace observer (one segment: step_batch does not batch traced prefills), the hidden
+  // state after the embedding and after each layer.
   auto emit_rows = [&](const std::string& name, const float* d, int rows, int cols) {
     std::vector<float> host(size_t(rows) * size_t(cols));
     LILAC_CUDA_CHECK(
@@ -293,12 +318,23 @@ void CudaBackend::prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T
   };
   if (trace_) emit_rows("hidden.0", w.h.get(), T, H);
   for (int64_t i = 0; i < c.layers; ++i) {
-    layer_prefill(st, i, T, pos0, timer);
+    layer_prefill(segs, i, T, timer);
     if (trace_) emit_rows(fmt::format("hidden.{}", i + 1), w.h.get(), T, H);
   }
-  timed(timer, "advance_position", [&] { advance_position(st.d_pos(), T, stream_); });
-  st.set_position(pos0 + T);
-  st.token_on_device = -1;
+  for (const PrefillSegment& g : segs) {
+    timed(timer, "advance_position", [&] { advance_position(g.st->d_pos(), g.T, stream_); });
+    g.st->set_position(g.pos0 + g.T);
+    g.st->token_on_device = -1;
+  }
+}
+
+void CudaBackend::prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T, float* logits,
+                                bool all_logits, Timer* timer) {
+  const ModelConfig& c = model_->config;
+  Workspace& w = *ws_;
+  const int H = int(c.hidden), V = int(c.vocab);
+  const PrefillSegment seg{&st, 0, T, int(st.position())};
+  prefill_segments(std::span<const PrefillSegment>(&seg, 1), ids, T, timer);
   if (!logits && !all_logits) return;
   // lm_head: the last row (into ws.logits row 0), or every row in groups of logit_rows.
   const int first = all_logits ? 0 : T - 1;

@@ -220,13 +220,13 @@ void check_sizes(cuda::CudaBackend& b, const std::vector<int>& sizes,
 // batch sizes (one small batch may hold one flipped sequence), every row within 0.5 (a wrong row,
 // state, position or cache gives ~1 or more: two unrelated logit vectors of equal norm differ by
 // sqrt(2)), and the near-tie rule for the ids.
-std::unique_ptr<cuda::CudaBackend> synthetic_layers(bool q4, int64_t layers) {
+std::unique_ptr<cuda::CudaBackend> synthetic_layers(bool q4, int64_t layers,
+                                                    const cuda::CudaOptions& options = {}) {
   ModelConfig cfg = qwen36_35b_a3b_config();
   cfg.layers = layers;
   cfg.layer_types.resize(size_t(layers));
   auto b = std::make_unique<cuda::CudaBackend>(
-      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 7, q4)),
-      cuda::CudaOptions{});
+      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 7, q4)), options);
   b->set_sampling_vocab(kQwen36RealTokens);
   return b;
 }
@@ -256,6 +256,92 @@ TEST(BatchBackend, TinyARowsMatchSingleSequences) {
     const Tolerance tol{q4 ? 5e-2 : 2e-2, 1e-2};
     check_sizes(*b, {1, 2, 3, 8, 17}, {3, 17}, tol, tol, q4 ? "tiny-a q4" : "tiny-a", &prompt);
   }
+}
+
+// Prompt pieces of several sequences in one step_batch call run as multi-sequence prefill chunks
+// (one forward over their concatenated tokens; CudaBackend::prefill_items). Each sequence must end
+// where a clone that read the same piece alone ends: after the call, one decode step with a fixed
+// id gives logits within the batch tolerances of the clone's (a wrong segment offset, position,
+// state or cache gives a relative error ~1), its sampled token is the clone's unless a near tie,
+// and the positions agree. Mixed lengths (1 .. 300 ids), fresh sequences and ones that already
+// hold context (the attention reads the cache before the piece, the Gated DeltaNet continues its
+// state), pieces that sample and ones that do not; a small chunk size (256) makes the pieces split
+// into several chunks and sends the one longer than a chunk alone.
+void check_prefill_together(cuda::CudaBackend& b, Tolerance tol, const std::string& label) {
+  SCOPED_TRACE(label);
+  const int32_t nv = b.sampling_vocab();
+  const size_t V = size_t(b.config().vocab);
+  ASSERT_EQ(b.options().prefill_chunk, 256);
+  const int lens[7] = {1, 7, 64, 100, 120, 300, 33};
+  const int held[7] = {0, 40, 0, 5, 0, 17, 129};  // context already in the sequence
+  std::vector<std::unique_ptr<SequenceState>> seqs, alone;
+  std::vector<std::vector<int32_t>> pieces;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  for (int i = 0; i < 7; ++i) {
+    seqs.push_back(b.new_sequence(held[i] + lens[i] + 8));
+    if (held[i] > 0) b.forward(*seqs.back(), prompt_of(50 + i, nv, held[i]), {}, false);
+    b.begin_sampling(*seqs.back(), {}, greedy);
+    alone.push_back(b.clone(*seqs.back()));
+    pieces.push_back(prompt_of(i, nv, lens[i]));
+  }
+  std::vector<BatchItem> items(7);
+  std::vector<StepResult> want(7);
+  for (int i = 0; i < 7; ++i) {
+    const bool sample = i % 3 != 1;
+    items[size_t(i)] = {seqs[size_t(i)].get(), pieces[size_t(i)], 0, sample, nullptr};
+    if (sample)
+      want[size_t(i)] = b.step(*alone[size_t(i)], pieces[size_t(i)], 0);
+    else
+      b.forward(*alone[size_t(i)], pieces[size_t(i)], {}, false);
+  }
+  const int64_t chunks0 = b.batched_prefills();
+  const auto res = b.step_batch(items);
+  // The 1-id piece that samples is a decode item (step() alone here: one decode row); then
+  // 7, 64, 100 (171) | 120 (291 > 256: a new chunk) | 300 alone | 33 joins 120: two chunks.
+  EXPECT_EQ(b.batched_prefills(), chunks0 + 2) << "the multi-sequence prefill did not run";
+  std::vector<double> rels;
+  int differ = 0;
+  for (int i = 0; i < 7; ++i) {
+    SCOPED_TRACE("sequence " + std::to_string(i));
+    EXPECT_EQ(seqs[size_t(i)]->position(), held[i] + lens[i]);
+    if (items[size_t(i)].sample && res[size_t(i)].token != want[size_t(i)].token)
+      std::printf("  %s: sequence %d sampled %d, alone %d\n", label.c_str(), i,
+                  res[size_t(i)].token, want[size_t(i)].token);
+    const int32_t next = 1000 + i;
+    std::vector<float> got(V), ref(V);
+    b.forward(*seqs[size_t(i)], std::span(&next, 1), got, false);
+    b.forward(*alone[size_t(i)], std::span(&next, 1), ref, false);
+    double mx = 0;
+    const double rel = rel_err(got, ref, &mx);
+    rels.push_back(rel);
+    EXPECT_LT(rel, tol.max_tol) << "max abs " << mx;
+    if (items[size_t(i)].sample) {
+      EXPECT_TRUE(res[size_t(i)].token >= 0 && res[size_t(i)].token < nv);
+      differ += res[size_t(i)].token != want[size_t(i)].token;
+    }
+  }
+  // Greedy tokens of 5 sampling pieces: a router near tie may flip one, not more.
+  EXPECT_LE(differ, 1) << "sampled tokens differing from the pieces run alone";
+  expect_median_below(rels, tol.median_tol, label + " prefill together");
+}
+
+cuda::CudaOptions chunk_256() {
+  cuda::CudaOptions o;
+  o.prefill_chunk = 256;  // the workspace's chunk: set at construction
+  return o;
+}
+
+TEST(BatchBackend, PromptPiecesPrefillTogetherBf16) {
+  LILAC_REQUIRE_GPU();
+  auto b = synthetic_layers(false, 8, chunk_256());
+  check_prefill_together(*b, {0.5, 1.5e-2}, "bf16");
+}
+
+TEST(BatchBackend, PromptPiecesPrefillTogetherQ4) {
+  LILAC_REQUIRE_GPU();
+  auto b = synthetic_layers(true, 8, chunk_256());
+  check_prefill_together(*b, {0.5, 5e-2}, "q4");
 }
 
 // One call with every kind of item: a prompt piece that samples nothing, a last prompt piece,
@@ -293,9 +379,10 @@ TEST(BatchBackend, MixedItemsInOneCall) {
   items[0] = {s[0].get(), piece0, 0, false, nullptr};
   items[1] = {s[1].get(), piece1, 0, true, nullptr};
   for (int i = 2; i < 6; ++i) items[size_t(i)] = {s[size_t(i)].get(), std::span(&ids[i - 2], 1), 5};
-  const int64_t passes0 = b.batched_passes();
+  const int64_t passes0 = b.batched_passes(), chunks0 = b.batched_prefills();
   const auto res = b.step_batch(items);
   EXPECT_EQ(b.batched_passes(), passes0 + 1);
+  EXPECT_EQ(b.batched_prefills(), chunks0 + 1);  // the two prompt pieces in one chunk
   EXPECT_EQ(s[0]->position(), 10);
   EXPECT_EQ(res[1].token, want1.token);
   for (int i = 2; i < 6; ++i) EXPECT_EQ(s[size_t(i)]->position(), 20 + i + 1);
