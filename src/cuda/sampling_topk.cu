@@ -23,8 +23,8 @@
 //      holds r, `below` being the kept mass at lower ids (the CPU's walk in ascending id order);
 //      the last kept id if Z_kept = 0 (as the CPU). Greedy, logprob, top_logprobs and `advance`:
 //      the general finish kernel's code (sampling_common.cuh).
-// Cost at V = 248077 (nb = 243, top_k = 20): the tile kernel reads 1 MB (L2) once more than it
-// writes nothing but 243 x 256 bytes, plus ~18 block barriers for the select; the finish kernel
+// Cost at V = 248077 (nb = 243, top_k = 20): the tile kernel reads y (1 MB, in L2) and writes
+// 243 x 256 bytes, with 17 block barriers for the select; the finish kernel
 // counts 243 x 243 head comparisons (~2k cycles), loads 4860 keys, ranks ~20-60 survivors. About
 // 4-5 us per launch including its ramp: ~15 us for the three launches against ~48 us for ten.
 #include <cfloat>
