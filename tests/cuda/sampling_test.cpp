@@ -297,8 +297,16 @@ struct SmallKGrid {
 TEST(CudaSampling, SmallTopKPathMatchesCpuAtTheModelVocabulary) {
   LILAC_REQUIRE_GPU();
   const std::vector<float> tricky = tricky_logits(kV, kReal, 41);
+  // "masked": a grammar's mask left 42 ids (the others -inf, as mask_logits writes them), so the
+  // top_k set is padded with zero-mass ids.
+  std::vector<float> masked = tricky;
+  for (int i = 0; i < kReal; ++i)
+    if (i % 6000 != 17) masked[size_t(i)] = -INFINITY;
   const std::vector<std::pair<const char*, std::vector<float>>> inputs = {
-      {"tricky", tricky}, {"grid", grid_logits(tricky)}, {"flat", std::vector<float>(kV, 0.5f)}};
+      {"tricky", tricky},
+      {"grid", grid_logits(tricky)},
+      {"flat", std::vector<float>(kV, 0.5f)},
+      {"masked", masked}};
   const SmallKGrid g{{1, 2, 19, 20, 21, cuda::kSmallTopK}};
   int draws = 0;
   for (const auto& [name, x] : inputs) {
@@ -330,7 +338,7 @@ TEST(CudaSampling, SmallTopKPathMatchesCpuAtTheModelVocabulary) {
               ++draws;
             }
   }
-  EXPECT_EQ(draws, 3 * 6 * 4 * 2 * 3 * 2);
+  EXPECT_EQ(draws, 4 * 6 * 4 * 2 * 3 * 2);
 }
 
 // Vocabularies around the tile (1024 ids) and the merge's cases: one tile, top_k >= n, a last tile
