@@ -282,9 +282,12 @@ void bench_sampling(cudaStream_t s, const Options& opt) {
     const char* name;
     float temperature, top_p, min_p;
     int top_k;
+    lilac::cuda::SamplerPath path = lilac::cuda::SamplerPath::General;
   };
+  constexpr auto kSmall = lilac::cuda::SamplerPath::SmallTopK;
   for (Case c :
        {Case{"sample greedy", 0.f, 1.f, 0.f, 0}, Case{"sample T1 k20 p0.95", 1.f, 0.95f, 0.f, 20},
+        Case{"sample small-k T1 k20 p0.95", 1.f, 0.95f, 0.f, 20, kSmall},
         Case{"sample T1 p0.95", 1.f, 0.95f, 0.f, 0},
         Case{"sample T0.6 min_p 0.05", 0.6f, 1.f, 0.05f, 0}}) {
     if (!wanted(opt, c.name)) continue;
@@ -301,9 +304,10 @@ void bench_sampling(cudaStream_t s, const Options& opt) {
     DeviceBuffer<lilac::cuda::DeviceSampleResult> res(1);
     const auto t = time_both(s, opt, [&](int r) {
       lilac::cuda::sample(logits[size_t(r % 4)].get(), n, dp.get(), nullptr, nullptr, ws.get(),
-                          res.get(), s);
+                          res.get(), s, c.path);
     });
-    report(c.name, "n 248077 (10 launches)", n * 4.0, t);
+    report(c.name, c.path == kSmall ? "n 248077 (3 launches)" : "n 248077 (10 launches)", n * 4.0,
+           t);
   }
 }
 

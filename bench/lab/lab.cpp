@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::vector<Op> ops = {gdn_decode_op(), attention_decode_op(), q_gemv_rows_op()};
+  const std::vector<Op> ops = {gdn_decode_op(), attention_decode_op(), q_gemv_rows_op(),
+                               sampling_op()};
   bool known = only_op.empty();
   for (const Op& op : ops) known = known || only_op == op.name;
   if (!known) {

@@ -42,6 +42,7 @@ struct Op {
 Op gdn_decode_op();
 Op attention_decode_op();
 Op q_gemv_rows_op();
+Op sampling_op();
 
 // ---- helpers shared by the ops -------------------------------------------------------------
 

@@ -265,7 +265,7 @@ void CudaBackend::decode_batch(std::span<CudaSequenceState* const> seqs,
         &sample_index[size_t(b)], sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
     sample(ws_->logits.get() + size_t(b) * V, sampling_vocab(), st.sampler_params.get(),
            st.output_counts.get(), st.seen.get(), ws_->sample_ws.get(), st.sample_out.get(),
-           stream_);
+           stream_, sampler_path(st.sampling.top_k));
     LILAC_CUDA_CHECK(cudaMemcpyAsync(&sampled[size_t(b)], st.sample_out.get(),
                                      sizeof(DeviceSampleResult), cudaMemcpyDeviceToHost, stream_));
   }

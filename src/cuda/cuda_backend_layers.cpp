@@ -222,7 +222,8 @@ void CudaBackend::sample_launches(CudaSequenceState& st, Timer* timer) {
   }
   timed(timer, "sample", [&] {
     sample(ws_->logits.get(), sampling_vocab(), st.sampler_params.get(), st.output_counts.get(),
-           st.seen.get(), ws_->sample_ws.get(), st.sample_out.get(), stream_);
+           st.seen.get(), ws_->sample_ws.get(), st.sample_out.get(), stream_,
+           sampler_path(st.sampling.top_k));
   });
 }
 
@@ -269,8 +270,11 @@ void CudaBackend::run_decode(CudaSequenceState& st, bool sample) {
     return;
   }
   const bool fast_greedy = argmax_only(st);
+  // The sampler's two paths record different launches: one graph each (a request's top_k picks).
+  const bool small_k = sampler_path(st.sampling.top_k) == SamplerPath::SmallTopK;
   cudaGraphExec_t& exec = !sample       ? st.graph_plain
                           : fast_greedy ? st.graph_argmax
+                          : small_k     ? st.graph_sample_small_k
                                         : st.graph_sample;
   if (!exec) {
     cudaGraph_t graph;

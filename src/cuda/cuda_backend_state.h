@@ -127,13 +127,15 @@ class CudaSequenceState : public SequenceState {
   DeviceBuffer<int32_t> output_counts;
   DeviceBuffer<uint8_t> seen;
   DeviceBuffer<float> attn_partial;  // attention_decode split-K workspace (depends on max_ctx)
-  // Decode-step graphs: forward only (forward()), forward + argmax, forward + sampler.
-  cudaGraphExec_t graph_plain = nullptr, graph_argmax = nullptr, graph_sample = nullptr;
+  // Decode-step graphs: forward only (forward()), forward + argmax, forward + sampler (general
+  // path), forward + sampler (small top_k path: cuda::SamplerPath).
+  cudaGraphExec_t graph_plain = nullptr, graph_argmax = nullptr, graph_sample = nullptr,
+                  graph_sample_small_k = nullptr;
   int32_t token_on_device = -1;  // the id scalars[1] holds (the last sampled token), or -1
 
   ~CudaSequenceState() override { drop_graphs(); }
   void drop_graphs() {
-    for (cudaGraphExec_t* g : {&graph_plain, &graph_argmax, &graph_sample}) {
+    for (cudaGraphExec_t* g : {&graph_plain, &graph_argmax, &graph_sample, &graph_sample_small_k}) {
       if (*g) cudaGraphExecDestroy(*g);
       *g = nullptr;
     }

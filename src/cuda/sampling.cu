@@ -35,102 +35,30 @@
 //      from a scan of the tie counts) finds the block where the ascending-id running mass passes
 //      r, a scan inside that tile finds the id. Then the logprob, the top_logprobs merge of the
 //      blocks' lists, and (advance) the penalty-state and step update.
-// Cost: ~9 passes over 1 MB (in L2) and 10 launches: ~20-30 us, about 2-3% of a decode step
-// (the greedy benchmark path uses argmax instead).
+// Cost: ~9 passes over 1 MB (in L2) and 10 launches: measured 48 us at T 1, top_k 20, top_p 0.95
+// (the greedy benchmark path uses argmax instead). This is SamplerPath::General; requests with
+// 1 <= top_k <= kSmallTopK take SamplerPath::SmallTopK (sampling_topk.cu: this file's prep, then
+// per-tile candidates and a merging finish, three launches) with the same result. The helpers
+// both share (reductions, workspace, the finish kernel's two ends) are in sampling_common.cuh.
 #include "cuda/sampling.h"
 
+#include <atomic>
 #include <cfloat>
 #include <climits>
 
-#include "cuda/vec_util.cuh"
+#include "cuda/sampling_common.cuh"
 #include "model/sampling_core.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
 namespace {
 
+using namespace sampler;  // NOLINT: the helpers shared with sampling_topk.cu
+
 using sampling::bits_float;
 using sampling::mass_of;
 
-constexpr unsigned kFull = 0xffffffffu;
 constexpr uint64_t kUnlimited = 1ull << 62;  // "all ties" for n_ties
-
-// ---- block reductions
-// ----------------------------------------------------------------------------
-
-// The order of logits and candidates: value descending, then id ascending. No NaN reaches here.
-__device__ __forceinline__ bool better(float v, int id, float bv, int bid) {
-  return v > bv || (v == bv && id < bid);
-}
-
-__device__ __forceinline__ void warp_argmax(float& v, int& id) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFull, v, o);
-    const int oid = __shfl_xor_sync(kFull, id, o);
-    if (better(ov, oid, v, id)) v = ov, id = oid;
-  }
-}
-
-// Every thread gets the block's best (v, id). sv, sid: 32 entries of shared memory.
-__device__ void block_argmax(float& v, int& id, float* sv, int* sid) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  warp_argmax(v, id);
-  __syncthreads();
-  if (lane == 0) sv[warp] = v, sid[warp] = id;
-  __syncthreads();
-  v = lane < nw ? sv[lane] : -INFINITY;
-  id = lane < nw ? sid[lane] : INT_MAX;
-  warp_argmax(v, id);
-}
-
-__device__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  return warp_max(lane < nw ? scratch[lane] : -INFINITY);
-}
-
-__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-}
-
-__device__ unsigned long long block_sum_u64(unsigned long long v, unsigned long long* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum_u64(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  return warp_sum_u64(lane < nw ? scratch[lane] : 0ull);
-}
-
-// Inclusive prefix sum over the block in thread order.
-__device__ unsigned long long block_scan_u64(unsigned long long v, unsigned long long* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned long long t = __shfl_up_sync(kFull, v, o);
-    if (lane >= o) v += t;
-  }
-  __syncthreads();
-  if (lane == 31) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    unsigned long long s = lane < nw ? scratch[lane] : 0ull;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const unsigned long long t = __shfl_up_sync(kFull, s, o);
-      if (lane >= o) s += t;
-    }
-    if (lane < nw) scratch[lane] = s;
-  }
-  __syncthreads();
-  return warp > 0 ? v + scratch[warp - 1] : v;
-}
 
 // ---- argmax ----------------------------------------------------------------------------------
 
@@ -209,89 +137,6 @@ __global__ void __launch_bounds__(kArgThreads)
   *counter = 0u;
 }
 
-// ---- sampler workspace -------------------------------------------------------------------------
-
-constexpr int kTile = 1024;        // ids per block of the passes
-constexpr int kPassThreads = 256;  // 4 ids per thread, strided by 256 (coalesced)
-constexpr int kPer = kTile / kPassThreads;
-constexpr int kFinishThreads = 1024;
-constexpr int kBins = 256;
-constexpr int kSlots =
-    7;  // histogram slots: 0 = digit 0 (both searches), 1-3 = k digits 1-3, 4-6 = p digits 1-3
-constexpr int kMaxN = kTile * kFinishThreads;
-
-struct Part {
-  float ymax;   // max of x' / T
-  float xbest;  // max of x' and its lowest id (greedy)
-  int32_t xarg;
-  float raw_max;  // max raw logit and sum exp(raw - raw_max) (log-sum-exp)
-  float raw_sum;
-};
-
-struct Cand {
-  float v;
-  int32_t id;  // INT_MAX: none
-};
-
-// A radix search after d digits: the prefix (d digits of 8 bits), count and mass of the elements
-// above it, the target (count or mass) and whether the search runs.
-struct SearchState {
-  unsigned long long ma;
-  unsigned long long target;
-  unsigned int prefix;
-  unsigned int ca;
-  int active;
-  int reserved;
-};
-
-struct Ws {
-  float* e;                   // [nb * kTile]: y, then e
-  Part* part;                 // [nb]
-  Cand* cand;                 // [nb * kMaxTopLogprobs]
-  unsigned int* hcnt;         // [kSlots * kBins]
-  unsigned long long* hmass;  // [kSlots * kBins]
-  unsigned long long* minp_mass;
-  unsigned int* minp_count;
-  SearchState* st;                // [2 searches][4 digits]
-  unsigned long long* walk_mass;  // [nb]
-  unsigned int* walk_ties;        // [nb]
-  int n;
-  int nb;
-};
-
-size_t align256(size_t x) {
-  return (x + 255) & ~size_t(255);
-}
-
-// Places the workspace's arrays at `base` (null: sizes only); returns the total size.
-size_t layout(int n, char* base, Ws* ws) {
-  const int nb = ceil_div(n, kTile);
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    char* at = base ? base + off : nullptr;
-    off = align256(off + bytes);
-    return at;
-  };
-  Ws w;
-  w.e = reinterpret_cast<float*>(take(size_t(nb) * kTile * 4));
-  w.part = reinterpret_cast<Part*>(take(size_t(nb) * sizeof(Part)));
-  w.cand = reinterpret_cast<Cand*>(take(size_t(nb) * kMaxTopLogprobs * sizeof(Cand)));
-  w.hcnt = reinterpret_cast<unsigned int*>(take(kSlots * kBins * 4));
-  w.hmass = reinterpret_cast<unsigned long long*>(take(kSlots * kBins * 8));
-  w.minp_mass = reinterpret_cast<unsigned long long*>(take(8));
-  w.minp_count = reinterpret_cast<unsigned int*>(take(4));
-  w.st = reinterpret_cast<SearchState*>(take(2 * 4 * sizeof(SearchState)));
-  w.walk_mass = reinterpret_cast<unsigned long long*>(take(size_t(nb) * 8));
-  w.walk_ties = reinterpret_cast<unsigned int*>(take(size_t(nb) * 4));
-  w.n = n;
-  w.nb = nb;
-  if (ws) *ws = w;
-  return off;
-}
-
-__device__ __forceinline__ bool is_greedy(const DeviceSamplingParams& P) {
-  return P.temperature <= 0.f || P.top_k == 1;
-}
 __device__ __forceinline__ int hist_slot(int search, int digit) {
   return digit == 0 ? 0 : 3 * search + digit;
 }
@@ -647,17 +492,9 @@ __global__ void __launch_bounds__(kFinishThreads)
   __shared__ int s_block, s_token;
   const DeviceSamplingParams P = *params;
   const int t = threadIdx.x;
-  const Part pt = t < ws.nb ? ws.part[t] : Part{-INFINITY, -INFINITY, INT_MAX, -INFINITY, 0.f};
-
-  // Greedy token and the raw log-sum-exp from the tiles' partials.
-  float gv = pt.xbest;
-  int gi = pt.xarg;
-  block_argmax(gv, gi, sv, sid);
-  const float M = block_max(pt.raw_max, sv);
-  float s = pt.raw_max > -INFINITY ? pt.raw_sum * expf(pt.raw_max - M) : 0.f;
-  s = block_sum(s, sv);
-  const float lse = M + logf(s);
-  if (t == 0) s_token = gi == INT_MAX ? 0 : gi;
+  int greedy_token;
+  const float lse = finish_partials(ws, sv, sid, &greedy_token);
+  if (t == 0) s_token = greedy_token;
 
   if (!is_greedy(P)) {
     if (t < 32) {
@@ -695,36 +532,7 @@ __global__ void __launch_bounds__(kFinishThreads)
   __syncthreads();
   const int token = s_token;
 
-  // top_logprobs: merge the tiles' lists, N rounds of "the best after the previous pick".
-  const int N = min(min(max(P.top_logprobs, 0), kMaxTopLogprobs), ws.n);
-  float pv = INFINITY;
-  int pid = -1;
-  for (int q = 0; q < N; ++q) {
-    float bv = -INFINITY;
-    int bi = INT_MAX;
-    for (int j = t; j < ws.nb * N; j += kFinishThreads) {
-      const Cand c = ws.cand[(j / N) * kMaxTopLogprobs + j % N];
-      const bool after = c.v < pv || (c.v == pv && c.id > pid);
-      if (c.id != INT_MAX && after && better(c.v, c.id, bv, bi)) bv = c.v, bi = c.id;
-    }
-    block_argmax(bv, bi, sv, sid);
-    if (t == 0) {
-      result->top_ids[q] = bi;
-      result->top_logprobs[q] = bv - lse;
-    }
-    pv = bv;
-    pid = bi;
-  }
-  if (t == 0) {
-    result->token = token;
-    result->logprob = logits[token] - lse;
-    result->n_top = N;
-    if (P.advance) {
-      params->step = P.step + 1;
-      if (counts) counts[token] += 1;
-      if (seen) seen[token] = 1;
-    }
-  }
+  finish_write(logits, params, P, counts, seen, ws, result, token, lse, sv, sid);
 }
 
 }  // namespace
@@ -761,18 +569,41 @@ size_t sample_workspace_bytes(int n_real) {
   return layout(n_real > 0 ? n_real : 1, nullptr, nullptr);
 }
 
+SamplerPath sampler_path(int top_k) {
+  return top_k >= 1 && top_k <= kSmallTopK ? SamplerPath::SmallTopK : SamplerPath::General;
+}
+
+namespace {
+std::atomic<long long> g_general_launches{0}, g_small_launches{0};
+}  // namespace
+
+SamplerLaunchCounts sampler_launch_counts() {
+  SamplerLaunchCounts c;
+  c.general = g_general_launches.load();
+  c.small_top_k = g_small_launches.load();
+  return c;
+}
+
 void sample(const float* logits, int n_real, DeviceSamplingParams* params, int32_t* output_counts,
-            uint8_t* seen, void* workspace, DeviceSampleResult* result, cudaStream_t stream) {
+            uint8_t* seen, void* workspace, DeviceSampleResult* result, cudaStream_t stream,
+            SamplerPath path) {
   if (!logits || !params || !workspace || !result) fail("cuda::sample: null pointer");
   if (n_real < 1 || n_real > kMaxN)
     fail("cuda::sample: n_real = {} outside [1, {}]", n_real, kMaxN);
   if (!is_aligned(workspace, 256)) fail("cuda::sample: the workspace must be 256-byte aligned");
+  if (path != SamplerPath::General && path != SamplerPath::SmallTopK)
+    fail("cuda::sample: unknown path {}", int(path));
   Ws ws;
   layout(n_real, static_cast<char*>(workspace), &ws);
   const int nb = ws.nb;
-  // Every kernel waits (pdl_wait) before its first read: all ten are launched with PDL.
+  // Every kernel waits (pdl_wait) before its first read: all are launched with PDL.
   launch_kernel(true, sample_prep_kernel, dim3(nb), dim3(kPassThreads), 0, stream, logits, params,
                 output_counts, seen, ws);
+  if (path == SamplerPath::SmallTopK) {
+    launch_small_top_k(logits, params, output_counts, seen, ws, result, stream);
+    ++g_small_launches;
+    return;
+  }
   launch_kernel(true, sample_exp_kernel, dim3(nb), dim3(kPassThreads), 0, stream, params, ws);
   for (int search = 0; search < 2; ++search)
     for (int digit = 1; digit <= 3; ++digit)
@@ -781,6 +612,7 @@ void sample(const float* logits, int n_real, DeviceSamplingParams* params, int32
   launch_kernel(true, sample_walk_kernel, dim3(nb), dim3(kPassThreads), 0, stream, params, ws);
   launch_kernel(true, sample_finish_kernel, dim3(1), dim3(kFinishThreads), 0, stream, logits,
                 params, output_counts, seen, ws, result);
+  ++g_general_launches;
 }
 
 }  // namespace lilac::cuda

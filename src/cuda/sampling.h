@@ -67,17 +67,44 @@ struct DeviceSampleResult {
   float top_logprobs[kMaxTopLogprobs];
 };
 
-// Workspace bytes for sample() over n_real logits (about 4 bytes per logit plus small tables).
+// Workspace bytes for sample() over n_real logits (about 4 bytes per logit plus small tables);
+// the same for both paths.
 size_t sample_workspace_bytes(int n_real);
+
+// The largest top_k of the small top_k path: 32, one warp lane per element of the kept order in
+// its finish kernel, and at most 32 * 31 + 1 < 1024 merge candidates survive its filter (one per
+// thread). The model's generation_config asks for top_k = 20; 40 and 50 take the general path.
+constexpr int kSmallTopK = 32;
+
+// How sample() realises the contract (both give the same result for every input):
+//  General: ten launches (prep, exp, six radix-select passes, walk, finish), any parameters.
+//  SmallTopK: three launches (prep, per-tile top_k candidates, merge + finish); only for requests
+//    whose params->top_k is in [1, kSmallTopK] (greedy requests too).
+// The host picks the path from the request's parameters (sampler_path) and records only that
+// path's launches; a captured graph holds one path, so graphs must be keyed by it.
+enum class SamplerPath { General, SmallTopK };
+// SmallTopK iff 1 <= top_k <= kSmallTopK.
+SamplerPath sampler_path(int top_k);
 
 // Samples one token from logits[0, n_real) as lilac::sample_token(logits, n_real, params,
 // penalties, params->step) does. output_counts int32 [n_real] and seen uint8 [n_real] are the
 // penalty state (both null: no penalties); they are only written when params->advance is set.
-// n_real in [1, 2^20]. Ten launches on `stream` (a few of them exit at once, e.g. when greedy or
-// when top_k / top_p are off), each launched with PDL (launch.h: it waits for its predecessor
-// before its first read), no host synchronisation, fixed grids: graph-capturable. Twin:
-// lilac::sample_token.
+// n_real in [1, 2^20]. `path`: see SamplerPath; with SmallTopK, params->top_k (device memory) must
+// be in [1, kSmallTopK] whenever the launches run (the host cannot check it; a top_k outside is
+// clamped into that range, which is not the contract). Ten or three launches on `stream` (a few
+// exit at once, e.g. when greedy or when top_k / top_p are off), each launched with PDL (launch.h:
+// it waits for its predecessor before its first read), no host synchronisation, fixed grids:
+// graph-capturable. Twin: lilac::sample_token.
 void sample(const float* logits, int n_real, DeviceSamplingParams* params, int32_t* output_counts,
-            uint8_t* seen, void* workspace, DeviceSampleResult* result, cudaStream_t stream);
+            uint8_t* seen, void* workspace, DeviceSampleResult* result, cudaStream_t stream,
+            SamplerPath path = SamplerPath::General);
+
+// How many times sample() has recorded each path's launches in this process (a graph capture
+// counts once, its replays not at all). For tests and benchmark reports.
+struct SamplerLaunchCounts {
+  long long general = 0;
+  long long small_top_k = 0;
+};
+SamplerLaunchCounts sampler_launch_counts();
 
 }  // namespace lilac::cuda

@@ -11,10 +11,12 @@
 
 #include "../test_data.h"
 #include "cpu/cpu_backend.h"
+#include "cuda/sampling.h"
 #include "cuda_test_util.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/qwen36.h"
+#include "model/sampling.h"
 
 namespace lilac::test {
 namespace {
@@ -127,6 +129,57 @@ TEST(CudaBackend, DeviceSamplingMatchesTheCpuSamplerOnTheSameLogits) {
     EXPECT_EQ(r.token, sample_token(logits.data(), int32_t(V), p, nullptr, i).token)
         << "step " << i;
   }
+}
+
+// The decode step takes the sampler's small top_k path for top_k in [1, 32] and the general path
+// otherwise, each in its own decode graph: one sequence serves requests with top_k 20, 0, 20 (the
+// engine reuses a slot's sequence across requests), and every token equals the CPU sampler's on
+// the same logits, penalties included. A graph keyed only by "sampling" would replay the small
+// path's launches for top_k = 0 (no new general capture, and its tokens would leave the contract).
+TEST(CudaBackend, DecodeKeysItsGraphBySamplerPath) {
+  LILAC_REQUIRE_GPU();
+  auto model = load_model(data_path("tiny-a"));
+  auto backend = cuda::make_cuda_backend(model->config, model->weights, model->checkpoint->dir());
+  const size_t V = size_t(model->config.vocab);
+  auto seq = backend->new_sequence(128);
+  auto probe = backend->new_sequence(128);
+  std::vector<float> logits(V);
+  int32_t next = 3;
+  auto request = [&](int top_k, uint64_t seed, int steps) {
+    SamplingParams p;  // the model's thinking defaults, top_k varied
+    p.temperature = 1.f;
+    p.top_k = top_k;
+    p.top_p = 0.95f;
+    p.presence_penalty = 1.5f;
+    p.top_logprobs = 2;
+    p.seed = seed;
+    backend->begin_sampling(*seq, {}, p);
+    PenaltyState pen;
+    pen.reset(int32_t(V));
+    for (int i = 0; i < steps; ++i) {  // one token per step: the decode graph
+      backend->forward(*probe, std::span(&next, 1), logits, false);
+      const StepResult r = backend->step(*seq, std::span(&next, 1), uint64_t(i));
+      const SampleResult want = sample_token(logits.data(), int32_t(V), p, &pen, uint64_t(i));
+      ASSERT_EQ(r.token, want.token) << "top_k " << top_k << ", step " << i;
+      ASSERT_EQ(r.top.size(), want.top.size());
+      pen.add_output(want.token);
+      next = r.token;
+    }
+  };
+  const cuda::SamplerLaunchCounts c0 = cuda::sampler_launch_counts();
+  request(20, 1, 12);
+  const cuda::SamplerLaunchCounts c1 = cuda::sampler_launch_counts();
+  EXPECT_EQ(c1.small_top_k, c0.small_top_k + 1);  // captured once, then replayed
+  EXPECT_EQ(c1.general, c0.general);
+  request(0, 2, 12);
+  const cuda::SamplerLaunchCounts c2 = cuda::sampler_launch_counts();
+  EXPECT_EQ(c2.general, c1.general + 1);  // its own graph
+  EXPECT_EQ(c2.small_top_k, c1.small_top_k);
+  request(20, 3, 12);
+  request(50, 4, 6);  // past kSmallTopK: the general path's graph again
+  const cuda::SamplerLaunchCounts c3 = cuda::sampler_launch_counts();
+  EXPECT_EQ(c3.small_top_k, c2.small_top_k);
+  EXPECT_EQ(c3.general, c2.general);
 }
 
 // The full-size architecture with synthetic weights, truncated to its first four layers (three
