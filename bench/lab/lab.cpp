@@ -5,45 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 
 #include "../cuda/bench_timing.h"
-#include "util/half.h"
 
 namespace lilac::lab {
-
-std::vector<float> random_floats(size_t n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
-
-std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
-  return b;
-}
-
-std::vector<float> from_bf16_bits(const std::vector<uint16_t>& bits) {
-  std::vector<float> v(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) v[i] = bf16_to_f32(bits[i]);
-  return v;
-}
-
-cuda::DeviceBuffer<cuda::bf16> upload_bf16(const std::vector<uint16_t>& bits) {
-  cuda::DeviceBuffer<cuda::bf16> d(bits.size());
-  LILAC_CUDA_CHECK(cudaMemcpy(d.get(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
-  return d;
-}
-
-std::vector<float> download_bf16(const cuda::DeviceBuffer<cuda::bf16>& d) {
-  std::vector<uint16_t> bits(d.size());
-  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
-  LILAC_CUDA_CHECK(cudaMemcpy(bits.data(), d.get(), d.size() * 2, cudaMemcpyDeviceToHost));
-  return from_bf16_bits(bits);
-}
 
 Error compare(const std::vector<float>& got, const std::vector<float>& want, double atol,
               double rtol) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/common.h"
+#include "twins/host_data.h"
 
 namespace lilac::lab {
 
@@ -46,29 +47,12 @@ Op sampling_op();
 
 // ---- helpers shared by the ops -------------------------------------------------------------
 
-// n floats uniform in [-scale, scale), reproducible from `seed`.
-std::vector<float> random_floats(size_t n, float scale, uint32_t seed);
-
-template <typename T>
-cuda::DeviceBuffer<T> upload(const std::vector<T>& v) {
-  cuda::DeviceBuffer<T> d(v.size());
-  LILAC_CUDA_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
-template <typename T>
-std::vector<T> download(const cuda::DeviceBuffer<T>& d) {
-  std::vector<T> v(d.size());
-  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
-  LILAC_CUDA_CHECK(cudaMemcpy(v.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
-  return v;
-}
-
-// bf16 bits <-> f32 (round to nearest even).
-std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v);
-std::vector<float> from_bf16_bits(const std::vector<uint16_t>& bits);
-cuda::DeviceBuffer<cuda::bf16> upload_bf16(const std::vector<uint16_t>& bits);
-std::vector<float> download_bf16(const cuda::DeviceBuffer<cuda::bf16>& d);
+// Random inputs, host <-> device copies and bf16 rounding: the GPU tests' (tests/cuda/twins,
+// without GoogleTest; each op's inputs, CPU twin and tolerances are there too).
+using test::download;
+using test::download_bf16_as_f32;
+using test::upload;
+using test::upload_bf16;
 
 // got against want element by element: the largest |got - want| and the largest ratio of it to
 // the tolerance atol + rtol |want| (<= 1: within tolerance; NaN counts as a failure).

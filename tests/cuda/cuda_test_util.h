@@ -1,5 +1,6 @@
-// Helpers for the GPU tests (label gpu): random data, host<->device copies, poisoned outputs and
-// the one element-wise comparison with the CPU twin (within), naming the first and worst element.
+// Helpers for the GPU tests (label gpu): the GPU requirement and the one element-wise comparison
+// with the CPU twin (within), naming the first and worst element. Random data, host<->device
+// copies and poisoned outputs are in twins/host_data.h (no GoogleTest: the kernel lab uses them).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "cuda/common.h"
+#include "twins/host_data.h"
 #include "util/half.h"
 
 namespace lilac::test {
@@ -33,61 +35,6 @@ namespace lilac::test {
       FAIL() << "no CUDA device: GPU tests need one (LILAC_ALLOW_NO_GPU=1 to skip explicitly)"; \
     }                                                                                           \
   } while (0)
-
-inline std::vector<float> random_floats(size_t n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// Rounds to bf16 in place (what the GPU will read) and returns the bf16 bits.
-inline std::vector<uint16_t> to_bf16_rounding(std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    b[i] = f32_to_bf16(v[i]);
-    v[i] = bf16_to_f32(b[i]);
-  }
-  return b;
-}
-
-template <typename T>
-cuda::DeviceBuffer<T> upload(const std::vector<T>& host) {
-  cuda::DeviceBuffer<T> d(host.size());
-  LILAC_CUDA_CHECK(
-      cudaMemcpy(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
-inline cuda::DeviceBuffer<cuda::bf16> upload_bf16(const std::vector<uint16_t>& bits) {
-  cuda::DeviceBuffer<cuda::bf16> d(bits.size());
-  LILAC_CUDA_CHECK(cudaMemcpy(d.get(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
-  return d;
-}
-
-template <typename T>
-std::vector<T> download(const cuda::DeviceBuffer<T>& d) {
-  std::vector<T> h(d.size());
-  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
-  LILAC_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.size() * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-inline std::vector<float> download_bf16_as_f32(const cuda::DeviceBuffer<cuda::bf16>& d) {
-  std::vector<uint16_t> bits(d.size());
-  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
-  LILAC_CUDA_CHECK(cudaMemcpy(bits.data(), d.get(), d.size() * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> f(bits.size());
-  for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_f32(bits[i]);
-  return f;
-}
-
-// Fills a device buffer with NaN bytes so any element the kernel fails to write fails the check.
-template <typename T>
-void poison(cuda::DeviceBuffer<T>& d) {
-  LILAC_CUDA_CHECK(cudaMemset(d.get(), 0xff, d.bytes()));
-}
 
 // ---- the one comparison of GPU results with the CPU twin
 // ----------------------------------------- within(...): every element within its tolerance (NaN,

@@ -17,9 +17,6 @@
 
 namespace lilac::test {
 
-// The f32 unit roundoff (2^-24).
-constexpr double kU = 5.9604644775390625e-8;
-
 // n bf16 values uniform in [-a, a), from a splitmix64 stream (fast enough for 10^9 elements).
 inline std::vector<uint16_t> random_bf16(size_t n, float a, uint64_t seed) {
   std::vector<uint16_t> b(n);
@@ -47,12 +44,6 @@ inline double rms_bf16(const std::vector<uint16_t>& b, size_t limit = 1u << 20) 
   double s = 0;
   for (size_t i = 0; i < n; ++i) s += double(bf16_to_f32(b[i])) * bf16_to_f32(b[i]);
   return std::sqrt(s / double(n ? n : 1));
-}
-
-inline double rms(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += double(x) * x;
-  return std::sqrt(s / double(v.empty() ? 1 : v.size()));
 }
 
 // A bf16 weight matrix view over host bits, as the CPU twins read it.

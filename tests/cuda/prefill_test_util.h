@@ -10,23 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "twins/host_data.h"
 #include "util/half.h"
 #include "util/thread_pool.h"
 
 namespace lilac::test {
-
-inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Uniform in [-scale, scale), from (seed, index) alone: any element is reproducible.
-inline float hash_uniform(uint64_t seed, uint64_t i, float scale) {
-  const uint64_t h = splitmix64(seed * 0x632be59bd9b4e019ull + i);
-  return scale * (float(int64_t(h >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 23));
-}
 
 // n bf16 values uniform in [-scale, scale) (variance scale^2 / 3), generated in parallel.
 inline std::vector<uint16_t> random_bf16_bits(size_t n, float scale, uint64_t seed) {

@@ -1,22 +1,20 @@
 // gdn_decode in the kernel lab: every version on the same inputs, checked against the CPU twin
 // (cpu/gated_deltanet.cpp and cpu/norm.cpp composed as the CPU backend composes them) for 4 decode
-// steps at three shapes, then timed at the real shape as lilac_cuda_bench_seq timed it: a graph of
-// 30 launches rotating over 30 layers' states (as in a decode step, a layer's state is not in L2),
-// median per launch.
+// steps at three shapes (the conformance registry's decode cases, inputs, twin and tolerances:
+// tests/cuda/twins/gated_deltanet_twin.h), then timed at the real shape as lilac_cuda_bench_seq
+// timed it: a graph of 30 launches rotating over 30 layers' states (as in a decode step, a layer's
+// state is not in L2), median per launch.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "../lab.h"
-#include "cpu/gated_deltanet.h"
-#include "cpu/norm.h"
 #include "cuda/gated_deltanet.h"
 #include "cuda/synthetic_fill.h"
 #include "gdn_decode_lab.h"
-#include "util/thread_pool.h"
+#include "twins/gated_deltanet_twin.h"
 
 namespace lilac::lab {
 namespace {
@@ -24,17 +22,10 @@ namespace {
 using cuda::bf16;
 using cuda::DeviceBuffer;
 
-struct Dims {
-  const char* name;
-  int Hk, Hv, Dk, Dv, K;
-  int C() const { return 2 * Hk * Dk + Hv * Dv; }
-  int P() const { return C() + Hv * Dv + 2 * Hv; }
-};
-constexpr Dims kReal{"real", 16, 32, 128, 128, 4};
-constexpr Dims kTiny{"tiny", 2, 4, 32, 32, 4};
-// 4 value heads per key head, two column blocks per head, conv kernel 3.
-constexpr Dims kWide{"wide", 2, 8, 128, 64, 3};
-constexpr float kEps = 1e-6f;
+using test::GdnDecodeCase;
+using test::GdnDims;
+using test::kGdnEps;
+using test::kGdnReal;
 
 using Launch = void (*)(const GdnDecodeArgs&, cudaStream_t);
 
@@ -47,94 +38,40 @@ Launch launcher(int version) {
   return version == 1 ? gdn_decode_v1_counter : v2_cluster;
 }
 
-bool available(int version, const Dims& d) {
+bool available(int version, const GdnDims& d) {
   return version == 1 || cuda::gdn_decode_uses_cluster(d.Hk, d.Hv, d.Dk, d.Dv);
 }
 
-ThreadPool& pool() {
-  static ThreadPool p(0);
-  return p;
-}
-
-struct Params {
-  std::vector<float> taps, neg_exp_A, dt_bias, norm_w;
-};
-// decay sets -exp(A_log) in [-decay, -0.2 decay]: strong and mild forgetting.
-Params make_params(const Dims& d, float decay, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u01(0.f, 1.f);
-  Params p;
-  p.taps = random_floats(size_t(d.C()) * d.K, 0.5f, seed + 1);
-  p.neg_exp_A.resize(size_t(d.Hv));
-  for (auto& x : p.neg_exp_A) x = -decay * (0.2f + 0.8f * u01(rng));
-  p.dt_bias = random_floats(size_t(d.Hv), 0.5f, seed + 2);
-  p.norm_w = random_floats(size_t(d.Dv), 0.1f, seed + 3);
-  for (auto& x : p.norm_w) x += 1.f;
-  return p;
-}
-
-// The CPU twin of one token: proj [P] -> out [Hv*Dv] (f32); conv_state and state updated.
-std::vector<float> cpu_step(const std::vector<float>& proj, const Dims& d, const Params& w,
-                            std::vector<float>& conv_state, std::vector<float>& state) {
-  const int C = d.C(), QK = d.Hk * d.Dk, V = d.Hv * d.Dv;
-  std::vector<float> conv(static_cast<size_t>(C));
-  cpu::causal_conv_silu(proj.data(), 1, C, d.K, w.taps.data(), conv_state.data(), conv.data());
-  std::vector<float> q(conv.begin(), conv.begin() + QK),
-      k(conv.begin() + QK, conv.begin() + 2 * QK),
-      v(conv.begin() + 2 * QK, conv.begin() + 2 * QK + V);
-  for (int h = 0; h < d.Hk; ++h) {
-    cpu::l2_norm(&q[size_t(h) * d.Dk], d.Dk, 1e-6f, 1.f / std::sqrt(float(d.Dk)));
-    cpu::l2_norm(&k[size_t(h) * d.Dk], d.Dk, 1e-6f, 1.f);
-  }
-  const float* z = proj.data() + C;
-  const float* b = z + V;
-  const float* a = b + d.Hv;
-  std::vector<float> g(size_t(d.Hv)), beta(g.size());
-  cpu::gdn_gates(a, b, 1, d.Hv, w.neg_exp_A.data(), w.dt_bias.data(), g.data(), beta.data());
-  std::vector<float> core(static_cast<size_t>(V));
-  cpu::gdn_recurrence(q.data(), k.data(), v.data(), g.data(), beta.data(), 1, d.Hk, d.Hv, d.Dk,
-                      d.Dv, state.data(), core.data(), pool());
-  for (int h = 0; h < d.Hv; ++h)
-    cpu::gated_rms_norm(&core[size_t(h) * d.Dv], z + size_t(h) * d.Dv, w.norm_w.data(), d.Dv, kEps,
-                        &core[size_t(h) * d.Dv]);
-  return core;
-}
-
-double max_abs(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, double(std::fabs(x)));
-  return m;
-}
-
-// Four decode steps of `version` from a random state, against the CPU twin. Output: bf16 of
-// values of order 1 (atol 1e-3, rtol 8e-3); state: f32, 1e-4 of its scale; conv state: copies,
-// exact. (The tolerances of tests/cuda/gated_deltanet_test.cpp.)
-bool check(int version, const Dims& d, float decay) {
-  const uint32_t seed = uint32_t(d.Dk * 17 + d.Hv + int(decay * 100));
-  const Params w = make_params(d, decay, seed);
-  std::vector<float> conv = random_floats(size_t(d.K - 1) * d.C(), 1.f, seed + 10),
-                     state = random_floats(size_t(d.Hv) * d.Dk * d.Dv, 0.3f, seed + 11);
+// Four decode steps of `version` from a random state, against the CPU twin, with the tolerances of
+// the conformance test (gated_deltanet_twin.h): output bf16 of values of order 1, state f32 to 1e-4
+// of its scale, conv state (copies) exact.
+bool check(int version, const GdnDecodeCase& c) {
+  const GdnDims& d = c.d;
+  const test::GdnParams w = test::gdn_decode_params(c);
+  test::GdnStart cpu = test::gdn_decode_start(c);
   auto taps = upload(w.taps), nA = upload(w.neg_exp_A), dtb = upload(w.dt_bias),
-       nw = upload(w.norm_w), d_conv = upload(conv), d_state = upload(state);
+       nw = upload(w.norm_w), d_conv = upload(cpu.conv), d_state = upload(cpu.state);
   DeviceBuffer<float> ws(gdn_decode_v1_workspace_floats(d.Hk, d.Hv, d.Dv));
   LILAC_CUDA_CHECK(cudaMemset(ws.get(), 0, ws.bytes()));
   DeviceBuffer<bf16> out(size_t(d.Hv) * d.Dv);
   Error e_out, e_state, e_conv;
-  for (int step = 0; step < 4; ++step) {
-    const std::vector<float> proj = random_floats(size_t(d.P()), 1.f, seed + 100 + uint32_t(step));
+  for (int step = 0; step < test::kGdnDecodeSteps; ++step) {
+    const std::vector<float> proj = test::gdn_decode_proj(c, step);
     auto d_proj = upload(proj);
     LILAC_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));  // NaN: every element is written
     const GdnDecodeArgs a{d_proj.get(), taps.get(),    d_conv.get(), nA.get(),  dtb.get(),
                           nw.get(),     d_state.get(), d.Hk,         d.Hv,      d.Dk,
-                          d.Dv,         d.K,           kEps,         out.get(), ws.get()};
+                          d.Dv,         d.K,           kGdnEps,      out.get(), ws.get()};
     launcher(version)(a, nullptr);
-    const std::vector<float> want = cpu_step(proj, d, w, conv, state);
-    merge(e_out, compare(download_bf16(out), want, 1e-3, 8e-3));
-    merge(e_state, compare(download(d_state), state, 1e-4 * std::max(1e-3, max_abs(state)), 1e-4));
-    merge(e_conv, compare(download(d_conv), conv, 0, 0));
+    const std::vector<float> want = test::cpu_gdn(proj, 1, d, w, cpu.conv, cpu.state);
+    const test::AtolRtol t_out = test::kGdnOutTolerance, t_conv = test::kGdnConvStateTolerance,
+                         t_state = test::gdn_state_tolerance(cpu.state);
+    merge(e_out, compare(download_bf16_as_f32(out), want, t_out.atol, t_out.rtol));
+    merge(e_state, compare(download(d_state), cpu.state, t_state.atol, t_state.rtol));
+    merge(e_conv, compare(download(d_conv), cpu.conv, t_conv.atol, t_conv.rtol));
   }
   const std::string l =
-      std::string(d.name) + " decay " + std::to_string(decay).substr(0, 4) + ", 4 steps";
+      std::string(d.name) + " decay " + std::to_string(c.decay).substr(0, 4) + ", 4 steps";
   bool ok = report_check(l + ": out", e_out);
   ok = report_check(l + ": state", e_state) && ok;
   return report_check(l + ": conv state", e_conv) && ok;
@@ -142,7 +79,7 @@ bool check(int version, const Dims& d, float decay) {
 
 // The real shape, 30 layers' states and projections rotating, one graph of 30 launches.
 void time_real(const Options& opt, int version) {
-  const Dims d = kReal;
+  const GdnDims d = kGdnReal;
   const int layers = 30, C = d.C(), P = d.P();
   uint64_t key = 1;
   auto filled = [&](size_t n, float centre, float a) {
@@ -180,7 +117,7 @@ void time_real(const Options& opt, int version) {
                           d.Dk,
                           d.Dv,
                           d.K,
-                          kEps,
+                          kGdnEps,
                           out.get(),
                           ws.get()};
     launch(a, s);
@@ -200,18 +137,14 @@ void time_real(const Options& opt, int version) {
 
 bool run(const Options& opt, const Version& v) {
   bool ok = true;
-  struct Case {
-    Dims d;
-    float decay;
-  };
-  for (const Case& c : {Case{kReal, 2.f}, Case{kReal, 0.02f}, Case{kTiny, 2.f}, Case{kWide, 1.f}}) {
+  for (const GdnDecodeCase& c : test::gdn_decode_cases()) {
     if (!available(v.number, c.d)) {
       std::printf("  %s: not available here (needs a compute capability 9.0 GPU)\n", c.d.name);
       continue;
     }
-    ok = check(v.number, c.d, c.decay) && ok;
+    ok = check(v.number, c) && ok;
   }
-  if (available(v.number, kReal)) time_real(opt, v.number);
+  if (available(v.number, kGdnReal)) time_real(opt, v.number);
   return ok;
 }
 

@@ -12,109 +12,14 @@
 
 #include "../cuda_test_util.h"
 #include "../kernel_check.h"
+#include "../twins/attention_twin.h"
 #include "conformance.h"
-#include "cpu/attention.h"
-#include "cpu/norm.h"
 #include "cuda/attention.h"
-#include "util/thread_pool.h"
 
 namespace lilac::test {
 namespace {
 
-struct AttnDims {
-  const char* name;
-  int heads, kv, hd, R;
-};
-constexpr AttnDims kReal{"real", 16, 2, 256, 64};
-constexpr AttnDims kTiny{"tiny", 4, 2, 64, 16};
-constexpr float kTheta = 1e7f, kEps = 1e-6f;
-
-int qkv_len(const AttnDims& d) {
-  return d.heads * 2 * d.hd + 2 * d.kv * d.hd;
-}
-
-ThreadPool& pool() {
-  static ThreadPool p(0);
-  return p;
-}
-
-std::vector<float> bf16_round(std::vector<float> v) {
-  for (auto& x : v) x = round_to_bf16(x);
-  return v;
-}
-
-// CPU twin of qk_norm_rope_store: from qkv [T, qkv_len] to q [T, heads, hd], gate [T, heads*hd],
-// k, v [T, kv, hd] (f32).
-struct QkvOut {
-  std::vector<float> q, gate, k, v;
-};
-QkvOut cpu_qk_norm_rope(const std::vector<float>& qkv, int T, int pos0, const AttnDims& d,
-                        const std::vector<float>& q_norm, const std::vector<float>& k_norm,
-                        const std::vector<float>& inv_freq) {
-  const int P = qkv_len(d), hd = d.hd, QG = d.heads * 2 * hd, KV = d.kv * hd;
-  std::vector<float> qg(size_t(T) * QG);
-  QkvOut r;
-  r.q.resize(size_t(T) * d.heads * hd);
-  r.gate.resize(r.q.size());
-  r.k.resize(size_t(T) * KV);
-  r.v.resize(r.k.size());
-  for (int t = 0; t < T; ++t) {
-    const float* row = &qkv[size_t(t) * P];
-    std::copy(row, row + QG, &qg[size_t(t) * QG]);
-    std::copy(row + QG, row + QG + KV, &r.k[size_t(t) * KV]);
-    std::copy(row + QG + KV, row + QG + 2 * KV, &r.v[size_t(t) * KV]);
-  }
-  cpu::split_query_gate(qg.data(), T, d.heads, hd, r.q.data(), r.gate.data());
-  for (int i = 0; i < T * d.heads; ++i)
-    cpu::rms_norm(&r.q[size_t(i) * hd], q_norm.data(), hd, kEps, &r.q[size_t(i) * hd]);
-  for (int i = 0; i < T * d.kv; ++i)
-    cpu::rms_norm(&r.k[size_t(i) * hd], k_norm.data(), hd, kEps, &r.k[size_t(i) * hd]);
-  cpu::rope(r.q.data(), T, d.heads, hd, d.R, pos0, inv_freq.data());
-  cpu::rope(r.k.data(), T, d.kv, hd, d.R, pos0, inv_freq.data());
-  return r;
-}
-
-// GPU cache [kv][max_ctx][hd] (bf16 bits) <-> CPU cache [ctx][kv][hd] (f32).
-std::vector<float> cpu_cache_from_gpu(const std::vector<uint16_t>& bits, const AttnDims& d,
-                                      int max_ctx, int ctx) {
-  std::vector<float> c(size_t(ctx) * d.kv * d.hd);
-  for (int p = 0; p < ctx; ++p)
-    for (int h = 0; h < d.kv; ++h)
-      for (int i = 0; i < d.hd; ++i)
-        c[(size_t(p) * d.kv + h) * d.hd + i] =
-            bf16_to_f32(bits[(size_t(h) * max_ctx + p) * d.hd + i]);
-  return c;
-}
-
-// A random cache: rows < valid random N(0, 1) bf16, rows >= valid NaN (must never be read).
-std::vector<uint16_t> random_cache(const AttnDims& d, int max_ctx, int valid, uint32_t seed) {
-  std::vector<float> f = random_floats(size_t(d.kv) * valid * d.hd, 1.f, seed);
-  const std::vector<uint16_t> vb = to_bf16_rounding(f);
-  std::vector<uint16_t> bits(size_t(d.kv) * max_ctx * d.hd, 0xffff);
-  for (int h = 0; h < d.kv; ++h)
-    std::copy(vb.begin() + ptrdiff_t(size_t(h) * valid * d.hd),
-              vb.begin() + ptrdiff_t(size_t(h + 1) * valid * d.hd),
-              bits.begin() + ptrdiff_t(size_t(h) * max_ctx * d.hd));
-  return bits;
-}
-
-// CPU reference of the gated attention output [T, heads*hd] for bf16 q, gate and cache.
-std::vector<float> cpu_gated_attention(const std::vector<float>& q, const std::vector<float>& gate,
-                                       const std::vector<float>& kc, const std::vector<float>& vc,
-                                       int pos0, int T, const AttnDims& d) {
-  std::vector<float> o(size_t(T) * d.heads * d.hd);
-  cpu::attention(q.data(), kc.data(), vc.data(), pos0, T, d.heads, d.kv, d.hd, o.data(), pool());
-  for (size_t i = 0; i < o.size(); ++i) o[i] *= cpu::sigmoid(gate[i]);
-  return o;
-}
-
-// Attention outputs, compared row by row (one query head of one token): P is rounded to bf16 on
-// the tensor cores (relative 2^-9 per weight: an error of ~1e-3 of the row's rms after averaging
-// over the keys, ~5e-3 at the tail of thousands of elements) and the output is bf16 (2^-8 of the
-// value at most). A CPU emulation of exactly these roundings (64-key tiles, exp2, bf16 P and
-// output) reached 0.67 of the 1.5e-2 rule at T 1000 / pos0 1000 and n 40000. A row's tolerance is
-// 2e-2 * rms(row) + 1e-2 * |value|: one key too many or too few changes a row by ~1/sqrt(e * keys)
-// of its rms, caught for the short rows of every case.
+// Attention outputs, compared row by row with attn_row_tolerance (attention_twin.h).
 ::testing::AssertionResult attn_close(const std::vector<float>& got, const std::vector<float>& want,
                                       int hd, const std::string& what) {
   if (got.size() != want.size())
@@ -125,7 +30,8 @@ std::vector<float> cpu_gated_attention(const std::vector<float>& q, const std::v
                                got.begin() + ptrdiff_t((r + 1) * hd));
     const std::vector<float> w(want.begin() + ptrdiff_t(r * hd),
                                want.begin() + ptrdiff_t((r + 1) * hd));
-    auto res = within(g, w, 2e-2 * rms(w) + 1e-6, 1e-2,
+    const AtolRtol t = attn_row_tolerance(w);
+    auto res = within(g, w, t.atol, t.rtol,
                       what + " row " + std::to_string(r) + " (token * heads + head)");
     if (!res) return res;
   }
@@ -146,14 +52,14 @@ struct RopeCase {
 
 void check_qk_norm_rope_store(const RopeCase& c) {
   const auto [d, T, pos0] = c;
-  const int max_ctx = pos0 + T + 3, P = qkv_len(d);
+  const int max_ctx = pos0 + T + 3, P = attn_qkv_len(d);
   const uint32_t seed = uint32_t(T * 7919 + pos0 * 31 + d.hd);
   std::vector<float> qkv = random_floats(size_t(T) * P, 1.f, seed);
   std::vector<float> q_norm = random_floats(size_t(d.hd), 0.1f, seed + 1),
                      k_norm = random_floats(size_t(d.hd), 0.1f, seed + 2);
   for (auto& x : q_norm) x += 1.f;
   for (auto& x : k_norm) x += 1.f;
-  const std::vector<float> inv = rope_inv_freq(kTheta, d.R);
+  const std::vector<float> inv = rope_inv_freq(kAttnTheta, d.R);
   // Caches start with random contents everywhere: rows outside [pos0, pos0 + T) must keep them.
   std::vector<float> kc0 = random_floats(size_t(d.kv) * max_ctx * d.hd, 1.f, seed + 3),
                      vc0 = random_floats(kc0.size(), 1.f, seed + 4);
@@ -168,7 +74,7 @@ void check_qk_norm_rope_store(const RopeCase& c) {
   poison(d_q);
   poison(d_gate);
   cuda::qk_norm_rope_store(d_qkv.get(), T, d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(),
-                           d.heads, d.kv, d.hd, d.R, kEps, d_q.get(), d_gate.get(), d_kc.get(),
+                           d.heads, d.kv, d.hd, d.R, kAttnEps, d_q.get(), d_gate.get(), d_kc.get(),
                            d_vc.get(), max_ctx, nullptr);
   const auto q = download_bf16_as_f32(d_q), gate = download_bf16_as_f32(d_gate);
   const auto kc = download_bf16_as_f32(d_kc), vc = download_bf16_as_f32(d_vc);
@@ -193,10 +99,10 @@ void check_qk_norm_rope_store(const RopeCase& c) {
 
 std::vector<RopeCase> rope_cases() {
   std::vector<RopeCase> c;
-  for (const AttnDims& d : {kReal, kTiny})
+  for (const AttnDims& d : {kAttnReal, kAttnTiny})
     for (int T : {1, 3, 17, 200})
       for (int pos0 : {0, 5, 1000}) c.push_back({d, T, pos0});
-  c.push_back({kTiny, 2, 131000});  // large angles (the slow path of sincosf)
+  c.push_back({kAttnTiny, 2, 131000});  // large angles (the slow path of sincosf)
   return c;
 }
 
@@ -210,28 +116,20 @@ struct DecodeCase {
 
 std::vector<DecodeCase> decode_cases() {
   std::vector<DecodeCase> c;
-  for (const AttnDims& d : {kReal, kTiny})
+  for (const AttnDims& d : {kAttnReal, kAttnTiny})
     for (int n : {1, 2, 17, 63, 64, 65, 200, 1000, 4097, 40000}) c.push_back({d, n, 0});
-  for (int n : {1, 300, 5000}) c.push_back({kReal, n, 131072});  // as the engine: fixed capacity
+  for (int n : {1, 300, 5000})
+    c.push_back({kAttnReal, n, 131072});  // as the engine: fixed capacity
   return c;
 }
 
 void check_attention_decode_qkv(const DecodeCase& c) {
   const auto [d, n, ctx] = c;
-  const int max_ctx = ctx ? ctx : n + 5, pos = n - 1, P = qkv_len(d);
-  const uint32_t seed = uint32_t(n * 977 + d.hd + 5);
-  // Rows [0, pos) hold earlier keys; row pos and everything after are NaN: the kernel must write
-  // row pos and never read past it.
-  const std::vector<uint16_t> kbits = random_cache(d, max_ctx, pos, seed),
-                              vbits = random_cache(d, max_ctx, pos, seed + 1);
-  const std::vector<float> qkv = random_floats(size_t(P), 1.f, seed + 2);
-  std::vector<float> q_norm = random_floats(size_t(d.hd), 0.1f, seed + 3),
-                     k_norm = random_floats(size_t(d.hd), 0.1f, seed + 4);
-  for (auto& x : q_norm) x += 1.f;
-  for (auto& x : k_norm) x += 1.f;
-  const std::vector<float> inv = rope_inv_freq(kTheta, d.R);
-
-  auto d_qkv = upload(qkv), d_qn = upload(q_norm), d_kn = upload(k_norm), d_inv = upload(inv);
+  const int max_ctx = ctx ? ctx : n + 5, pos = n - 1;
+  const AttnDecodeInputs in = attn_decode_inputs(d, n, max_ctx);
+  const std::vector<uint16_t>&kbits = in.kbits, &vbits = in.vbits;
+  auto d_qkv = upload(in.qkv), d_qn = upload(in.q_norm), d_kn = upload(in.k_norm),
+       d_inv = upload(in.inv_freq);
   auto d_kc = upload_bf16(kbits), d_vc = upload_bf16(vbits);
   auto d_pos = upload(std::vector<int32_t>{pos});
   cuda::DeviceBuffer<float> ws(
@@ -240,21 +138,15 @@ void check_attention_decode_qkv(const DecodeCase& c) {
   poison(ws);
   poison(d_out);
   cuda::attention_decode_qkv(d_qkv.get(), d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(), d.heads,
-                             d.kv, d.hd, d.R, kEps, d_kc.get(), d_vc.get(), max_ctx, ws.get(),
+                             d.kv, d.hd, d.R, kAttnEps, d_kc.get(), d_vc.get(), max_ctx, ws.get(),
                              d_out.get(), nullptr);
   const auto out = download_bf16_as_f32(d_out);
   const auto kc = download_bf16_as_f32(d_kc), vc = download_bf16_as_f32(d_vc);
 
-  const QkvOut r = cpu_qk_norm_rope(qkv, 1, pos, d, q_norm, k_norm, inv);
-  std::vector<float> ck = cpu_cache_from_gpu(kbits, d, max_ctx, pos),
-                     cv = cpu_cache_from_gpu(vbits, d, max_ctx, pos);
-  const auto kb = bf16_round(r.k), vb = bf16_round(r.v);
-  ck.insert(ck.end(), kb.begin(), kb.end());
-  cv.insert(cv.end(), vb.begin(), vb.end());
+  const AttnDecodeWant want = cpu_attention_decode(in, d, n, max_ctx);
   const std::string l =
       label(d, "decode_qkv n/splits", n, cuda::attention_decode_splits(d.kv, max_ctx));
-  const auto want = cpu_gated_attention(bf16_round(r.q), bf16_round(r.gate), ck, cv, pos, 1, d);
-  EXPECT_TRUE(attn_close(out, want, d.hd, l));
+  EXPECT_TRUE(attn_close(out, want.out, d.hd, l));
   // The caches: row pos holds the new key and value (tolerances as QkNormRopeStore), every other
   // row is bit for bit what it was (NaN past pos).
   std::vector<float> want_kc(kbits.size()), want_vc(vbits.size());
@@ -266,13 +158,15 @@ void check_attention_decode_qkv(const DecodeCase& c) {
       const size_t at = (size_t(h) * max_ctx + pos) * d.hd + i;
       got_k_row.push_back(kc[at]);
       got_v_row.push_back(vc[at]);
-      want_k_row.push_back(r.k[size_t(h) * d.hd + i]);
-      want_v_row.push_back(r.v[size_t(h) * d.hd + i]);
+      want_k_row.push_back(want.k_row[size_t(h) * d.hd + i]);
+      want_v_row.push_back(want.v_row[size_t(h) * d.hd + i]);
       want_kc[at] = kc[at];  // compared above/below through the row vectors
       want_vc[at] = vc[at];
     }
-  EXPECT_TRUE(within(got_k_row, want_k_row, 1e-4, 6e-3, l + " new k row"));
-  EXPECT_TRUE(within(got_v_row, want_v_row, 1e-6, 4e-3, l + " new v row"));
+  EXPECT_TRUE(within(got_k_row, want_k_row, kAttnNormedTolerance.atol, kAttnNormedTolerance.rtol,
+                     l + " new k row"));
+  EXPECT_TRUE(within(got_v_row, want_v_row, kAttnCopiedTolerance.atol, kAttnCopiedTolerance.rtol,
+                     l + " new v row"));
   size_t changed = 0;
   for (size_t i = 0; i < kc.size(); ++i) {
     const bool same_k = std::isnan(want_kc[i]) ? std::isnan(kc[i]) : kc[i] == want_kc[i];
@@ -309,7 +203,7 @@ void check_attention_prefill(const RopeCase& c) {
 
 std::vector<RopeCase> prefill_cases() {
   std::vector<RopeCase> c;
-  for (const AttnDims& d : {kReal, kTiny})
+  for (const AttnDims& d : {kAttnReal, kAttnTiny})
     for (int T : {1, 3, 17, 64, 65, 200, 1000})
       for (int pos0 : {0, 5, 1000}) c.push_back({d, T, pos0});
   return c;
@@ -324,14 +218,14 @@ struct ChainCase {
 void check_attention_chain(const ChainCase& c) {
   const auto [d] = c;
   const int T1 = 70, T2 = 59, steps = 3, total = T1 + T2 + steps, max_ctx = total + 16,
-            P = qkv_len(d);
+            P = attn_qkv_len(d);
   const uint32_t seed = 4242u + uint32_t(d.hd);
   const std::vector<float> qkv = random_floats(size_t(total) * P, 1.f, seed);
   std::vector<float> q_norm = random_floats(size_t(d.hd), 0.1f, seed + 1),
                      k_norm = random_floats(size_t(d.hd), 0.1f, seed + 2);
   for (auto& x : q_norm) x += 1.f;
   for (auto& x : k_norm) x += 1.f;
-  const std::vector<float> inv = rope_inv_freq(kTheta, d.R);
+  const std::vector<float> inv = rope_inv_freq(kAttnTheta, d.R);
 
   auto d_qkv = upload(qkv);
   auto d_qn = upload(q_norm), d_kn = upload(k_norm), d_inv = upload(inv);
@@ -354,11 +248,11 @@ void check_attention_chain(const ChainCase& c) {
     const float* rows = d_qkv.get() + size_t(pos) * P;
     if (decode) {
       cuda::attention_decode_qkv(rows, d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(), d.heads,
-                                 d.kv, d.hd, d.R, kEps, d_kc.get(), d_vc.get(), max_ctx, ws.get(),
-                                 d_out.get(), nullptr);
+                                 d.kv, d.hd, d.R, kAttnEps, d_kc.get(), d_vc.get(), max_ctx,
+                                 ws.get(), d_out.get(), nullptr);
     } else {
       cuda::qk_norm_rope_store(rows, T, d_pos.get(), d_qn.get(), d_kn.get(), d_inv.get(), d.heads,
-                               d.kv, d.hd, d.R, kEps, d_q.get(), d_gate.get(), d_kc.get(),
+                               d.kv, d.hd, d.R, kAttnEps, d_q.get(), d_gate.get(), d_kc.get(),
                                d_vc.get(), max_ctx, nullptr);
       cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos, T, d.heads,
                               d.kv, d.hd, max_ctx, d_out.get(), nullptr);
@@ -405,7 +299,7 @@ LILAC_CONFORMANCE_CASES(attention) {
                      dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0),
                      "bf16", twin, [c] { check_attention_prefill(c); }});
   // qkv rows -> prefill in two chunks (70, 59) -> 3 decode steps (the fused decode kernel).
-  for (const ChainCase& c : {ChainCase{kReal}, ChainCase{kTiny}})
+  for (const ChainCase& c : {ChainCase{kAttnReal}, ChainCase{kAttnTiny}})
     cases.push_back({"attention_chain", dims_name(c.d) + "_T70_59_decode3_fused", "bf16", twin,
                      [c] { check_attention_chain(c); }});
   return cases;
