@@ -17,6 +17,7 @@ namespace lilac::lab {
 namespace {
 
 using cuda::DeviceBuffer;
+using test::random_floats;
 
 constexpr int kReal = 248077;  // the model's real vocabulary
 
