@@ -21,7 +21,8 @@
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
-#               node is $NODE (default: node on the PATH; the GPU image has none, so carry one)
+#               node is $NODE (default: node on the PATH; the GPU image has none, so carry one);
+#               $SERVE_ARGS: more `lilac serve` flags (e.g. "--step-tokens 4096")
 # Everything is logged to $OUT/run.log (few files: the device tool brings back at most 8), a
 # one-line-per-step summary to $OUT/summary.txt, bench results to $OUT/bench.json.
 set -uo pipefail
@@ -46,7 +47,7 @@ serve_bench() {
   local w=$1 levels=$2 port=8091 pid
   "$B/lilac" serve --synthetic --weights "$w" --tokenizer tests/data/tokenizer/qwen3-tokenizer.json.gz \
     --port $port --parallel 64 --ctx-size 2304 \
-    --queue 256 >>"$OUT/serve-$w.log" 2>&1 &
+    --queue 256 ${SERVE_ARGS:-} >>"$OUT/serve-$w.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 120); do
     python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/health')" \
