@@ -244,7 +244,7 @@ const Command kServe{
                      "on the cpu); each slot holds --ctx-size tokens of KV cache");
       app.add_option("--step-tokens", o->step_tokens,
                      "Most tokens in one batched step: decode tokens plus prompt pieces "
-                     "(default: 2048)");
+                     "(default: 4096 on cuda, 2048 on the cpu)");
       app.add_flag("--synthetic", o->synthetic,
                    "Serve the full-size model with random weights made on the GPU (benchmarks; "
                    "prompts as token ids via /v1/completions or through --tokenizer)");

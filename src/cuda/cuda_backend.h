@@ -49,7 +49,7 @@ struct CudaOptions {
   // ones; prefill chunks of 64 to small_moe_prefill_max_tokens tokens do too. 0: never.
   // LILAC_SMALL_MOE_MAX=n, LILAC_SMALL_MOE_PREFILL_MAX=n.
   int small_moe_max_tokens = 64;
-  int small_moe_prefill_max_tokens = 256;
+  int small_moe_prefill_max_tokens = 512;
   static CudaOptions from_environment();
 };
 

@@ -111,8 +111,9 @@ void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
       std::copy_n(&logits[size_t(t) * size_t(E + 1)], E, &router[size_t(t) * size_t(E)]);
     trace_(tp + "moe.router_logits", router.data(), {T, E});
   }
-  // Prompt chunks of 64 to small_moe_prefill_max_tokens tokens take the small-M kernels (run 7:
-  // 256 tokens 7,160 -> 8,252 tok/s; 512 slower); shorter ones keep the tile kernels, whose
+  // Prompt chunks of 64 to small_moe_prefill_max_tokens (512) tokens take the small-M kernels
+  // (256 tokens 7,160 -> 8,252 tok/s in run 7 of the third session; 512 tokens 12,222 -> 14,263
+  // in s5 run 2, once their blocks loop over passes); shorter ones keep the tile kernels, whose
   // bf16-weight numerics the CPU twin of the prefill tests follows.
   const int small_max = T >= 64 ? options_.small_moe_prefill_max_tokens : 0;
   moe_experts(L, c, w, T, r, small_max, timer, s);

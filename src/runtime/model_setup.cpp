@@ -162,7 +162,7 @@ void start_engine(LoadedModel& lm, const LoadOptions& o, int64_t context,
   eo.context_size = context;
   eo.queue_capacity = o.queue_capacity;
   eo.parallel = o.parallel > 0 ? o.parallel : default_parallel(*lm.backend);
-  if (o.step_tokens > 0) eo.step_token_budget = o.step_tokens;
+  eo.step_token_budget = o.step_tokens > 0 ? o.step_tokens : default_step_tokens(*lm.backend);
   eo.snapshot_budget = o.snapshot_bytes;
   say(fmt::format("allocating {} sequence slots of {} tokens", eo.parallel, eo.context_size));
   lm.engine = std::make_unique<Engine>(*lm.backend, *lm.tokenizer, eo);
@@ -235,6 +235,13 @@ std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const L
 
 int default_parallel(const Backend& backend) {
   return backend.name() == "cuda" ? 16 : 4;
+}
+
+// Measured (H200, 4-bit synthetic model, 16 HTTP clients x 1,024-token prompts, s5 run 2):
+// 2048 -> 4096 tokens per step: TTFT p99 782 -> 628 ms, output 2,049 -> 2,111 tok/s, ITL p99
+// 13.6 -> 11.1 ms (fewer steps carry a prompt piece).
+int64_t default_step_tokens(const Backend& backend) {
+  return backend.name() == "cuda" ? 4096 : EngineOptions{}.step_token_budget;
 }
 
 std::unique_ptr<LoadedModel> load_synthetic_for_serving(

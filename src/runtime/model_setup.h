@@ -94,5 +94,9 @@ std::unique_ptr<LoadedModel> load_synthetic_for_serving(
 
 // The default number of slots for a backend: 16 on cuda, 4 elsewhere.
 int default_parallel(const Backend& backend);
+// The default token budget of a batched step: 4096 on cuda (prompt pieces of several sequences
+// run as one prefill chunk of up to 4096 tokens there: docs/batching.md), the engine's 2048
+// elsewhere.
+int64_t default_step_tokens(const Backend& backend);
 
 }  // namespace lilac::runtime
