@@ -45,11 +45,13 @@ void attention_decode_qkv(const float* qkv, const int32_t* d_pos0, const float* 
 // B sequences at once (a batched decode step): row b takes the f32 qkv row qkv[b] of its token
 // at position rows[b].pos, stores its key and value in layer slot `slot` of its own KV cache
 // (rows[b].kv, rows[b].max_ctx) and attends over its own rows [0, pos]; out[b] [heads*hd]. Each
-// row computes exactly what attention_decode_qkv computes for it, except that every row uses the
-// split count attention_decode_batch_splits(kv_heads) (the largest). Two launches (grid z = the
-// row). `partial` holds attention_decode_batch_workspace_floats(B, ...) floats.
+// row computes what attention_decode_qkv computes for it, except that every row uses the split
+// count attention_decode_batch_splits(B, kv_heads): about one wave of blocks over the batch (so
+// its f32 combine may sum in another order). Two launches (grid z = the row). `partial` holds
+// attention_decode_batch_workspace_floats(B, ...) floats (sized for the largest count).
 struct DecodeBatchRow;
-int attention_decode_batch_splits(int kv_heads);
+int attention_decode_batch_splits(int kv_heads);  // the largest: the single-sequence maximum
+int attention_decode_batch_splits(int B, int kv_heads);
 size_t attention_decode_batch_workspace_floats(int B, int heads, int kv_heads, int hd);
 void attention_decode_qkv_batch(const float* qkv, int B, const DecodeBatchRow* rows, int slot,
                                 const float* q_norm, const float* k_norm, const float* inv_freq,

@@ -574,16 +574,22 @@ void qk_norm_rope_store(const float* qkv, int T, const int32_t* d_pos0, const fl
   LILAC_CUDA_LAUNCHED();
 }
 
-int attention_decode_splits(int kv_heads, int max_ctx) {
-  // The SM count, read once per device (no device query while a graph is being captured).
+namespace {
+// The SM count, read once per device (no device query while a graph is being captured).
+int device_sm_count() {
   static int sm_count[64] = {};
   int dev = 0;
   LILAC_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) fail("attention_decode_splits: device {}", dev);
+  if (dev < 0 || dev >= 64) fail("attention_decode: device {}", dev);
   if (sm_count[dev] == 0)
     LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count[dev], cudaDevAttrMultiProcessorCount, dev));
+  return sm_count[dev];
+}
+}  // namespace
+
+int attention_decode_splits(int kv_heads, int max_ctx) {
   // One block per SM (the K/V stages take most of its shared memory), all resident in one wave.
-  const int by_sm = std::max(1, sm_count[dev] / std::max(1, kv_heads));
+  const int by_sm = std::max(1, device_sm_count() / std::max(1, kv_heads));
   const int by_ctx = std::max(1, (max_ctx + kDecKeys - 1) / kDecKeys);
   return std::min({by_sm, by_ctx, kMaxSplits});
 }
@@ -620,6 +626,16 @@ int attention_decode_batch_splits(int kv_heads) {
   return attention_decode_splits(kv_heads, 1 << 30);
 }
 
+// One wave of blocks over the whole batch: floor(SMs / (kv_heads B)) splits per row, at least one.
+// With the single-sequence count (66 at 2 kv heads) every row had 66 x 2 blocks of one SM each
+// (192 KiB of K/V stages) and at 1,024 keys only 16 of them had a 64-key tile: 16 rows made 2,112
+// blocks, ~16 block waves of mostly empty blocks (54 us per layer, s5 run 2, against ~8 us for the
+// 33.5 MB of K/V). Now 16 rows take 4 splits (128 blocks of 4 tiles), 64 rows one split each.
+int attention_decode_batch_splits(int B, int kv_heads) {
+  const int wave = device_sm_count() / std::max(1, kv_heads * std::max(1, B));
+  return std::clamp(wave, 1, attention_decode_batch_splits(kv_heads));
+}
+
 size_t attention_decode_batch_workspace_floats(int B, int heads, int kv_heads, int hd) {
   return size_t(B) * size_t(attention_decode_batch_splits(kv_heads)) * heads * (hd + 2);
 }
@@ -633,9 +649,9 @@ void attention_decode_qkv_batch(const float* qkv, int B, const DecodeBatchRow* r
   if (B < 1 || B > 65535) fail("attention_decode_qkv_batch: B = {}", B);
   if (rotary_dim < 0 || rotary_dim > hd || rotary_dim % 2)
     fail("attention_decode_qkv_batch: rotary_dim {}", rotary_dim);
-  // Every row uses the largest split count (its key ranges follow its own length; empty splits
-  // exit): one graph serves any mix of context sizes.
-  const int S = attention_decode_batch_splits(kv_heads);
+  // Every row uses the same split count, fixed by B (its key ranges follow its own length; empty
+  // splits exit): one graph per batch size serves any mix of context sizes.
+  const int S = attention_decode_batch_splits(B, kv_heads);
   const size_t row = size_t(S) * heads * (hd + 2);
   const FusedQkv fz{qkv, q_norm, k_norm, inv_freq, rotary_dim, eps, nullptr, nullptr};
   const BatchArgs ba{rows, slot, heads * 2 * hd + 2 * kv_heads * hd, row};

@@ -4,7 +4,7 @@
 //  bit-identical;
 //  * attention_decode_qkv_batch vs attention_decode_qkv per row (rows of different lengths and
 //    cache sizes): the new K/V cache rows bit-identical, the output within bf16 rounding (the
-//    batched launch uses the largest split count, so its f32 combine sums in another order);
+//    batched launch's split count follows B, so its f32 combine sums in another order);
 //  * moe_{gate_up,down}_gemv and q_moe_* with B tokens vs B single launches: bit-identical;
 //  * argmax_batch vs argmax per row (ties and NaN planted): identical;
 //  * finish_decode_batch: every row's position counter becomes pos + 1.
@@ -108,13 +108,15 @@ TEST(BatchKernels, AttentionDecodeQkvBatchEqualsSingleRows) {
   // (position, cache rows): short, tile edges, one split, many splits, a full cache.
   const std::vector<std::pair<int, int>> shapes = {{0, 8},      {17, 64},     {63, 300}, {64, 65},
                                                    {999, 1024}, {4100, 5000}, {127, 128}};
-  for (int B : {1, 2, 7}) {
-    SCOPED_TRACE("B = " + std::to_string(B));
+  // 16 and 64 rows: fewer splits per row (4 and 1 on 132 SMs), each over more tiles.
+  for (int B : {1, 2, 7, 16, 64}) {
+    SCOPED_TRACE("B = " + std::to_string(B) + ", " +
+                 std::to_string(cuda::attention_decode_batch_splits(B, kv)) + " splits per row");
     auto qkv = upload(random_floats(size_t(B) * qkv_n, 1.f, uint32_t(30 + B)));
     std::vector<DeviceBuffer<bf16>> kvs, kvs_ref;
     std::vector<DecodeBatchRow> rows(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b) {
-      const auto [pos, max_ctx] = shapes[size_t(b)];
+      const auto [pos, max_ctx] = shapes[size_t(b) % shapes.size()];
       const size_t n = size_t(slots) * 2 * kv * size_t(max_ctx) * hd;
       auto init = random_floats(n, 1.f, uint32_t(300 + b));
       auto bits = to_bf16_rounding(init);
@@ -132,7 +134,7 @@ TEST(BatchKernels, AttentionDecodeQkvBatchEqualsSingleRows) {
                                      d_inv.get(), heads, kv, hd, R, 1e-6f, part.get(), out.get(),
                                      nullptr);
     for (int b = 0; b < B; ++b) {
-      const auto [pos, max_ctx] = shapes[size_t(b)];
+      const auto [pos, max_ctx] = shapes[size_t(b) % shapes.size()];
       auto d_pos = upload(std::vector<int32_t>{pos});
       DeviceBuffer<float> p1(cuda::attention_decode_workspace_floats(heads, kv, hd, max_ctx));
       bf16* kc = kvs_ref[size_t(b)].get() + size_t(slot) * 2 * kv * size_t(max_ctx) * hd;
