@@ -219,7 +219,8 @@ void Engine::worker() {
     }
     for (auto& job : admitted) admit(std::move(job));
     // After a device fault nothing runs: every request fails with the reason.
-    if (const std::string f = fault(); !f.empty()) {
+    if (faulted_.load(std::memory_order_acquire)) {
+      const std::string f = fault();
       for (auto& slot : slots_)
         if (slot->job)
           finish(*slot, FinishReason::Error,
@@ -234,9 +235,10 @@ void Engine::worker() {
       if (slot->job->request.cancelled->load()) finish(*slot, FinishReason::Cancelled);
     }
 
-    std::vector<Planned> plan = plan_step();
+    std::vector<Planned>& plan = plan_step();
     if (plan.empty()) continue;
-    std::vector<BatchItem> items(plan.size());
+    std::vector<BatchItem>& items = items_;  // reused: no allocation per step
+    items.assign(plan.size(), BatchItem{});
     int takers = 0;  // sequences that take a token in this step (decoding or ending a prompt)
     for (size_t i = 0; i < plan.size(); ++i) {
       Slot& s = *plan[i].slot;
@@ -267,6 +269,7 @@ void Engine::worker() {
         std::lock_guard lock(mutex_);
         fault_ = e.what();
       }
+      faulted_.store(true, std::memory_order_release);
       cache_.clear();  // snapshots may live on the failed device
       for (auto& p : plan) {
         p.slot->state.reset();
@@ -387,9 +390,12 @@ static bool forcing(const GenerationRequest& rq, const Running& run) {
          run.forced < rq.think_close.size();
 }
 
-std::vector<Engine::Planned> Engine::plan_step() {
-  std::vector<Planned> plan;
-  std::vector<Slot*> reading;  // sequences still reading their prompt
+std::vector<Engine::Planned>& Engine::plan_step() {
+  // Both reused from step to step (no allocation per step).
+  std::vector<Planned>& plan = plan_;
+  std::vector<Slot*>& reading = reading_;  // sequences still reading their prompt
+  plan.clear();
+  reading.clear();
   for (auto& sp : slots_) {
     Slot& s = *sp;
     if (!s.job) continue;

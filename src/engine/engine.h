@@ -145,7 +145,7 @@ class Engine {
   void worker();
   void admit(std::unique_ptr<Job> job);
   Slot& choose_slot(const std::vector<int32_t>& prompt, size_t& reused);
-  std::vector<Planned> plan_step();
+  std::vector<Planned>& plan_step();  // into plan_
   void apply(Slot& slot, const Planned& p, StepResult& r);
   void take(Slot& slot, int32_t token, float logprob, std::vector<std::pair<int32_t, float>> top);
   void finish(Slot& slot, FinishReason reason, const std::string& error = {});
@@ -162,13 +162,18 @@ class Engine {
   // extends them continues it without a copy.
   std::vector<std::unique_ptr<Slot>> slots_;
   uint64_t admissions_ = 0;  // admission order (FIFO prefill) and slot recency
+  // The worker's per-step scratch, kept to avoid allocations every step.
+  std::vector<Planned> plan_;
+  std::vector<Slot*> reading_;
+  std::vector<BatchItem> items_;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Job>> queue_;
   std::atomic<int> running_{0};
   bool stopping_ = false;
-  std::string fault_;  // see fault()
+  std::string fault_;                 // see fault()
+  std::atomic<bool> faulted_{false};  // fault_ is set (checked every step without the mutex)
   std::atomic<bool> ready_{false};
   std::thread thread_;
 };

@@ -10,6 +10,8 @@ StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stop
 
 std::string StopMatcher::push(std::string_view text) {
   if (stopped_) return "";
+  // No stop strings (the common case): nothing is ever held back.
+  if (stops_.empty()) return std::string(text);
   held_ += text;
   // The earliest complete stop string wins.
   size_t best = std::string::npos;
