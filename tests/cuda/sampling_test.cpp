@@ -13,6 +13,7 @@
 #include "cuda_test_util.h"
 #include "kernel_check.h"
 #include "model/sampling.h"
+#include "twins/sampling_twin.h"
 #include "util/error.h"
 
 namespace lilac::test {
@@ -21,22 +22,6 @@ namespace {
 constexpr int kV = 248320, kReal = 248077;  // the model's padded vocabulary and its real ids
 
 // ---- sampler -----------------------------------------------------------------------------------
-
-cuda::DeviceSamplingParams to_device(const SamplingParams& p, uint64_t step, int advance) {
-  cuda::DeviceSamplingParams d;
-  d.temperature = p.temperature;
-  d.top_k = p.top_k;
-  d.top_p = p.top_p;
-  d.min_p = p.min_p;
-  d.presence_penalty = p.presence_penalty;
-  d.frequency_penalty = p.frequency_penalty;
-  d.repetition_penalty = p.repetition_penalty;
-  d.top_logprobs = p.top_logprobs;
-  d.seed = p.seed;
-  d.step = step;
-  d.advance = advance;
-  return d;
-}
 
 // The device side of one sampler: workspace, parameters, result, penalty arrays.
 struct DeviceSampler {

@@ -12,33 +12,19 @@
 #include "../lab.h"
 #include "cuda/sampling.h"
 #include "model/sampling.h"
+#include "twins/sampling_twin.h"
 
 namespace lilac::lab {
 namespace {
 
 using cuda::DeviceBuffer;
 using test::random_floats;
+using test::to_device;
 
 constexpr int kReal = 248077;  // the model's real vocabulary
 
 cuda::SamplerPath path_of(int version) {
   return version == 1 ? cuda::SamplerPath::General : cuda::SamplerPath::SmallTopK;
-}
-
-cuda::DeviceSamplingParams to_device(const SamplingParams& p, uint64_t step, int advance) {
-  cuda::DeviceSamplingParams d;
-  d.temperature = p.temperature;
-  d.top_k = p.top_k;
-  d.top_p = p.top_p;
-  d.min_p = p.min_p;
-  d.presence_penalty = p.presence_penalty;
-  d.frequency_penalty = p.frequency_penalty;
-  d.repetition_penalty = p.repetition_penalty;
-  d.top_logprobs = p.top_logprobs;
-  d.seed = p.seed;
-  d.step = step;
-  d.advance = advance;
-  return d;
 }
 
 // Random logits in [-3, 3) with exact ties: every 97th logit is rounded to a multiple of 1/8, so
