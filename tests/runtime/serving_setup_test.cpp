@@ -1,7 +1,8 @@
 // The serving set-up's batching parts: load_for_serving sizes the slots (--parallel, its default
-// per backend) and refuses bad values; load_synthetic_for_serving (serve --synthetic) puts any
-// backend behind the Qwen3 tokenizer file and the built-in template (here the demo model's CPU
-// backend stands in for the GPU's synthetic one, so CI runs it).
+// per backend) and the step token budget (--step-tokens, its default per backend) and refuses bad
+// values; load_synthetic_for_serving (serve --synthetic) puts any backend behind the Qwen3
+// tokenizer file and the built-in template (here the demo model's CPU backend stands in for the
+// GPU's synthetic one, so CI runs it).
 #include <gtest/gtest.h>
 
 #include "../test_data.h"
@@ -33,6 +34,10 @@ TEST(ServingSetup, ParallelSizesTheSlots) {
   auto dflt = load_demo(lo);
   EXPECT_EQ(dflt->engine->options().parallel, 4) << "the cpu default";
   EXPECT_EQ(dflt->engine->metrics().slots, 4);
+  // The step token budget: the engine's 2048 on the cpu (4096 on cuda, where several prompts'
+  // pieces run as one prefill chunk).
+  EXPECT_EQ(runtime::default_step_tokens(*dflt->backend), 2048);
+  EXPECT_EQ(dflt->engine->options().step_token_budget, 2048) << "the cpu default";
   bool said = false;
   for (const auto& line : log) said = said || line.find("slots: 4 x") != std::string::npos;
   EXPECT_TRUE(said) << "the slot memory is logged at start-up";
