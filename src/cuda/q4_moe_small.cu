@@ -12,11 +12,14 @@
 // Bytes per touched expert: (2I x H + H x I) x 4.5 / 8 = 1.77 MB at I = 512, H = 2048; per layer
 // ~100 / 221 / 256 touched experts at 16 / 64 rows / 256 prompt tokens (uniform router).
 //
-// Grid: x = expert (E routed, then the shared expert's blocks: it is expert E, every token, dense
-// rows), y = 4 output tiles per block (one per warp), z = pass of 8 tokens (one MMA n-chunk).
-// The host needs no counts: a routed block takes passes z, z + Z, ... until its expert's tokens
-// end (up to 64 tokens Z covers the bound, T tokens, and blocks past an expert's tokens exit at
-// once; beyond, Z is about three times the mean: grid_passes). A block first copies its pass's
+// Grid: x = routed tile (moe_route's tile table: the touched experts in expert order, 128 sorted
+// rows per tile, at most max_tiles of them; blocks past num_tiles exit), then the shared expert's
+// blocks (expert E: every token, dense rows); y = 4 output tiles per block (one per warp); z = pass
+// of 8 tokens (one MMA n-chunk). The host needs no counts: a routed block takes passes z, z + Z,
+// ... of its tile's rows until they end (Z: grid_passes, about three times the mean tokens per
+// expert, at least 2). Until s6 the grid's x was every expert, touched or not, and z every pass of
+// an expert's worst case up to 64 tokens: at 64 rows 7 of 8 blocks of the down kernel (66,000 per
+// layer) exited after reading the offsets. A block first copies its pass's
 // token rows into shared memory (cp.async, gathered through sorted_token), so a warp's registers
 // hold only its weights and the B fragments come from shared memory: more warps per SM, and no L2
 // round trip per group. gate_up: the warp holds the gate tile p and the up tile P + p of its expert
@@ -40,43 +43,63 @@ constexpr int kXPad = 8;        // bf16 per staged x row past K: rows 4 banks ap
 // in flight; the x of the pass is in shared memory, not in registers.
 constexpr int kGateUpSet = 4;  // two tiles per warp: 2 x 4 x 16-byte code loads per lane
 constexpr int kDownSet = 8;    // one tile, K = 512: the whole row tile in one set
+// Resident 128-thread blocks per SM the register allocation must leave room for: what ptxas's
+// own choice gave before the tile table (registers are allocated per warp in units of 256: 4-bit
+// down 94 registers, 5 blocks; gate_up 100, 4; 8-bit down 128, 4; gate_up 153, 3). Without the
+// bound the tile table's bookkeeping took the down kernels one block below.
+template <int BITS>
+constexpr int kDownMinBlocks = BITS == 4 ? 5 : 4;
+template <int BITS>
+constexpr int kGateUpMinBlocks = BITS == 4 ? 4 : 3;
 
 struct Segment {
   int row0, count;  // the pass's first sorted row (or token) and its tokens (<= kPassTokens)
 };
 
-// The tokens of pass `pass` of expert e: routed expert e's sorted rows, or the shared expert's
-// tokens (e == E: every token). False when the pass is past the expert's tokens.
-__device__ __forceinline__ bool segment(const int32_t* __restrict__ offsets, int E, int T, int e,
-                                        int pass, Segment& s) {
-  int row0 = 0, m = T;
-  if (e < E) {
-    row0 = offsets[e];
-    m = offsets[e + 1] - row0;
-  }
-  const int base = pass * kPassTokens;
-  if (base >= m) return false;
-  s.row0 = row0 + base;
-  s.count = min(kPassTokens, m - base);
-  return true;
+// The routing tables a block reads: the tile table (routed tile i: expert tile_expert[i], sorted
+// rows [tile_row0[i], min(tile_row0[i] + kMoeTileRows, offsets[e + 1])), i < *num_tiles).
+struct Tiles {
+  const int32_t* offsets;
+  const int32_t* tile_expert;
+  const int32_t* tile_row0;
+  const int32_t* num_tiles;
+  int max_tiles;
+};
+
+Tiles tiles_of(const MoeRouting& r) {
+  return Tiles{r.expert_offsets, r.tile_expert, r.tile_row0, r.num_tiles, r.max_tiles};
 }
 
-// The passes of block (blockIdx.x, blockIdx.z), one after another: a routed expert's block x = e
-// takes passes z, z + Z, z + 2Z, ... (Z = gridDim.z) until its tokens end; the shared expert has
-// its own x-blocks E, E + 1, ..., one pass each ((x - E) Z + z), since it has every token.
+// The passes of block (blockIdx.x, blockIdx.z), one after another: the block of routed tile
+// x < max_tiles takes passes z, z + Z, z + 2Z, ... (Z = gridDim.z) of the tile's rows until they
+// end (none when x >= num_tiles); the shared expert (e = E, every token) has its own x-blocks
+// max_tiles, max_tiles + 1, ..., one pass each ((x - max_tiles) Z + z).
 struct PassIter {
-  int e, pass, step;
-  __device__ __forceinline__ explicit PassIter(int E) {
-    const int Z = int(gridDim.z);
-    if (int(blockIdx.x) < E) {
-      e = int(blockIdx.x);
+  int e = 0, row0 = 0, m = 0, pass = 0, step = 0;
+  __device__ __forceinline__ PassIter(const Tiles& t, int E, int T) {
+    const int Z = int(gridDim.z), x = int(blockIdx.x);
+    if (x < t.max_tiles) {
+      if (x < *t.num_tiles) {
+        e = t.tile_expert[x];
+        row0 = t.tile_row0[x];
+        m = min(kMoeTileRows, t.offsets[e + 1] - row0);
+      }  // else an unused tile: m = 0, no passes
       pass = int(blockIdx.z);
       step = Z;
     } else {
-      e = E;
-      pass = (int(blockIdx.x) - E) * Z + int(blockIdx.z);
+      e = E, m = T;
+      pass = (x - t.max_tiles) * Z + int(blockIdx.z);
       step = 1 << 24;  // one pass: pass * 8 stays far above T (<= 2^19) and far below 2^31
     }
+  }
+  // The tokens of the current pass (sorted rows of a routed tile, or tokens of the shared
+  // expert); false when the pass is past them.
+  __device__ __forceinline__ bool segment(Segment& s) const {
+    const int base = pass * kPassTokens;
+    if (base >= m) return false;
+    s.row0 = row0 + base;
+    s.count = min(kPassTokens, m - base);
+    return true;
   }
 };
 
@@ -129,9 +152,9 @@ size_t staged_x_bytes(int K) {
 }
 
 template <int BITS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
     q_moe_small_gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
-                               QMatrix shared_gate_up, int Is, const int32_t* __restrict__ offsets,
+                               QMatrix shared_gate_up, int Is, Tiles tiles,
                                const int32_t* __restrict__ sorted_token, int E, int T,
                                bf16* __restrict__ act, bf16* __restrict__ shared_act) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -140,7 +163,7 @@ __global__ void __launch_bounds__(kThreads)
   const int G = H / kQGroup;
   constexpr int PL = BITS / 4;
   Segment seg;
-  for (PassIter it(E); segment(offsets, E, T, it.e, it.pass, seg); it.pass += it.step) {
+  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
     const bool shared = it.e == E;
     stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
     const uint32_t* const wc = shared ? shared_gate_up.codes : gate_up.codes;
@@ -174,11 +197,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int BITS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
     q_moe_small_down_kernel(const bf16* __restrict__ act, int I,
                             const bf16* __restrict__ shared_act, int Is, QMatrix down,
-                            QMatrix shared_down, int H, const int32_t* __restrict__ offsets, int E,
-                            int T, float* __restrict__ y, float* __restrict__ shared_out) {
+                            QMatrix shared_down, int H, Tiles tiles, int E, int T,
+                            float* __restrict__ y, float* __restrict__ shared_out) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* xs = reinterpret_cast<bf16*>(smem);
   const int TH = H / kQTileRows;
@@ -186,7 +209,7 @@ __global__ void __launch_bounds__(kThreads)
   const int th = blockIdx.y * kWarps + warp;
   constexpr int PL = BITS / 4;
   Segment seg;
-  for (PassIter it(E); segment(offsets, E, T, it.e, it.pass, seg); it.pass += it.step) {
+  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
     const bool shared = it.e == E;
     const int K = shared ? Is : I;
     stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
@@ -215,16 +238,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Passes per expert in the grid (its z): up to 64 tokens every pass of an expert's worst case (T
-// tokens; the decode batches, where no block loops). Beyond, three times the mean tokens per
-// expert (at least 2 passes): run 1 of 2026-12-02 measured a 256-token chunk's grid of 32 passes
-// (263,000 blocks of the down kernel, nearly all exiting at once) at 9.1 ms per 40 layers; the
-// routed blocks now loop over the passes past z, and the shared expert (every token) has
-// ceil(passes / Z) x-blocks of its own, one pass per block.
+// Passes per tile in the grid (its z): three times the mean tokens per expert, at least 2 passes,
+// at most a tile's (16) or the tokens' (T / 8). Run 1 of 2026-12-02 measured a 256-token chunk's
+// grid of 32 passes (263,000 blocks of the down kernel, nearly all exiting at once) at 9.1 ms per
+// 40 layers; the routed blocks loop over the passes past z, and the shared expert (every token)
+// has ceil(passes / Z) x-blocks of its own, one pass each. Up to s6 a batch of at most 64 rows
+// took every pass (8 at 64 rows, for ~2 tokens per expert); now 2 (an expert with more than 16 of
+// the rows loops).
 int grid_passes(int T, int E, int k) {
-  const int all = ceil_div(T, kPassTokens);
-  if (T <= 64) return all;
+  const int all = std::min(ceil_div(T, kPassTokens), ceil_div(kMoeTileRows, kPassTokens));
   return std::min(all, std::max(2, ceil_div(3 * T * k, E * kPassTokens)));
+}
+
+// Routed tiles (max_tiles), then the shared expert's blocks (its passes in groups of Z).
+unsigned grid_x(const MoeRouting& r, int Z) {
+  return unsigned(r.max_tiles + ceil_div(ceil_div(r.T, kPassTokens), Z));
 }
 
 // Opts a kernel in to `bytes` of dynamic shared memory when past the default 48 KB.
@@ -237,7 +265,8 @@ void allow_smem(Kernel kernel, size_t bytes) {
 }
 
 void check_sizes(const char* what, const MoeRouting& r, int H, int I, int Is) {
-  if (!r.expert_offsets || !r.sorted_token || r.T < 1 || r.E < 1)
+  if (!r.expert_offsets || !r.sorted_token || !r.tile_expert || !r.tile_row0 || !r.num_tiles ||
+      r.T < 1 || r.E < 1 || r.max_tiles < 1)
     fail("cuda::{}: routing workspace not laid out", what);
   if (H < 64 || H % 64 || I < 64 || I % 64 || Is < 64 || Is % 64)
     fail("cuda::{}: H {}, I {} and Is {} must be positive multiples of 64", what, H, I, Is);
@@ -270,19 +299,17 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   check_matrix("q_moe_small_gate_up (shared)", shared_gate_up, 2 * Is, H, bits);
   if (!x || !act || !shared_act) fail("cuda::q_moe_small_gate_up: null pointer");
   const int Z = grid_passes(T, r.E, r.k);
-  const dim3 grid(unsigned(r.E + ceil_div(ceil_div(T, kPassTokens), Z)),
-                  unsigned(ceil_div(std::max(I, Is) / kQTileRows, kWarps)), unsigned(Z));
+  const dim3 grid(grid_x(r, Z), unsigned(ceil_div(std::max(I, Is) / kQTileRows, kWarps)),
+                  unsigned(Z));
   const size_t smem = staged_x_bytes(H);
   if (bits == 4) allow_smem(q_moe_small_gate_up_kernel<4>, smem);
   if (bits == 8) allow_smem(q_moe_small_gate_up_kernel<8>, smem);
   if (bits == 4)
-    q_moe_small_gate_up_kernel<4>
-        <<<grid, kThreads, smem, stream>>>(x, H, gate_up, I, shared_gate_up, Is, r.expert_offsets,
-                                           r.sorted_token, r.E, T, act, shared_act);
+    q_moe_small_gate_up_kernel<4><<<grid, kThreads, smem, stream>>>(
+        x, H, gate_up, I, shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
   else if (bits == 8)
-    q_moe_small_gate_up_kernel<8>
-        <<<grid, kThreads, smem, stream>>>(x, H, gate_up, I, shared_gate_up, Is, r.expert_offsets,
-                                           r.sorted_token, r.E, T, act, shared_act);
+    q_moe_small_gate_up_kernel<8><<<grid, kThreads, smem, stream>>>(
+        x, H, gate_up, I, shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
   else
     fail("cuda::q_moe_small_gate_up: {} bits", bits);
   LILAC_CUDA_LAUNCHED();
@@ -297,17 +324,16 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   check_matrix("q_moe_small_down (shared)", shared_down, H, Is, bits);
   if (!act || !shared_act || !y || !shared_out) fail("cuda::q_moe_small_down: null pointer");
   const int Z = grid_passes(r.T, r.E, r.k);
-  const dim3 grid(unsigned(r.E + ceil_div(ceil_div(r.T, kPassTokens), Z)),
-                  unsigned(ceil_div(H / kQTileRows, kWarps)), unsigned(Z));
+  const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps)), unsigned(Z));
   const size_t smem = staged_x_bytes(std::max(I, Is));
   if (bits == 4) allow_smem(q_moe_small_down_kernel<4>, smem);
   if (bits == 8) allow_smem(q_moe_small_down_kernel<8>, smem);
   if (bits == 4)
     q_moe_small_down_kernel<4><<<grid, kThreads, smem, stream>>>(
-        act, I, shared_act, Is, down, shared_down, H, r.expert_offsets, r.E, r.T, y, shared_out);
+        act, I, shared_act, Is, down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
   else if (bits == 8)
     q_moe_small_down_kernel<8><<<grid, kThreads, smem, stream>>>(
-        act, I, shared_act, Is, down, shared_down, H, r.expert_offsets, r.E, r.T, y, shared_out);
+        act, I, shared_act, Is, down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
   else
     fail("cuda::q_moe_small_down: {} bits", bits);
   LILAC_CUDA_LAUNCHED();
