@@ -257,18 +257,8 @@ void CudaBackend::begin_sampling(SequenceState& state, std::span<const int32_t> 
                                  const SamplingParams& params) {
   Backend::begin_sampling(state, prompt, params);
   auto& st = static_cast<CudaSequenceState&>(state);
-  DeviceSamplingParams p;
-  p.temperature = params.temperature;
-  p.top_k = params.top_k;
-  p.top_p = params.top_p;
-  p.min_p = params.min_p;
-  p.presence_penalty = params.presence_penalty;
-  p.frequency_penalty = params.frequency_penalty;
-  p.repetition_penalty = params.repetition_penalty;
-  p.top_logprobs = std::clamp(params.top_logprobs, 0, kMaxTopLogprobs);
-  p.seed = params.seed;
-  p.step = 0;
-  p.advance = 1;  // the device records each sampled token in the penalty state
+  // advance: the device records each sampled token in the penalty state.
+  const DeviceSamplingParams p = device_sampling_params(params, 0, 1);
   LILAC_CUDA_CHECK(
       cudaMemcpyAsync(st.sampler_params.get(), &p, sizeof(p), cudaMemcpyHostToDevice, stream_));
   if (st.penalties_active) {

@@ -13,7 +13,6 @@
 #include "cuda_test_util.h"
 #include "kernel_check.h"
 #include "model/sampling.h"
-#include "twins/sampling_twin.h"
 #include "util/error.h"
 
 namespace lilac::test {
@@ -162,7 +161,8 @@ TEST(CudaSampling, SampleMatchesCpuExactly) {
           j == 15 ? (uint64_t(1) << 32) + 5 : uint64_t(j * j + 3);  // the high counter word too
       const SampleResult want =
           sample_token(x.data(), kReal, p, ps.penalties ? &st : nullptr, step);
-      const cuda::DeviceSampleResult got = ds.sample(dx.get(), to_device(p, step, 0), ps.penalties);
+      const cuda::DeviceSampleResult got =
+          ds.sample(dx.get(), cuda::device_sampling_params(p, step, 0), ps.penalties);
       expect_same(
           got, want,
           (testing::Message() << ps.name << ", seed " << p.seed << ", step " << step).GetString());
@@ -186,7 +186,8 @@ TEST(CudaSampling, SmallVocabularies) {
         p.seed = 77 + uint64_t(j);
         p.top_logprobs = 20;
         const SampleResult want = sample_token(x.data(), n, p, nullptr, uint64_t(j));
-        expect_same(ds.sample(dx.get(), to_device(p, uint64_t(j), 0), false), want,
+        expect_same(ds.sample(dx.get(), cuda::device_sampling_params(p, uint64_t(j), 0), false),
+                    want,
                     (testing::Message() << "n " << n << ", " << sets[si].name << ", draw " << j)
                         .GetString());
       }
@@ -213,7 +214,7 @@ TEST(CudaSampling, AdvanceRunsTheDecodeLoopOnTheDevice) {
   p.frequency_penalty = 0.3f;
   p.repetition_penalty = 1.1f;
   p.seed = 2024;
-  const cuda::DeviceSamplingParams dp = to_device(p, 10, 1);
+  const cuda::DeviceSamplingParams dp = cuda::device_sampling_params(p, 10, 1);
   LILAC_CUDA_CHECK(cudaMemcpy(ds.params.get(), &dp, sizeof(dp), cudaMemcpyHostToDevice));
   for (uint64_t step = 10; step < 40; ++step) {
     const SampleResult want = sample_token(x.data(), n, p, &st, step);
@@ -260,7 +261,7 @@ void check_small_path(DeviceSampler& ds, const float* d_logits, const std::vecto
                       const SamplingParams& p, const PenaltyState* st, uint64_t step,
                       const std::string& what) {
   const SampleResult want = sample_token(x.data(), n, p, st, step);
-  const auto dp = to_device(p, step, 0);
+  const auto dp = cuda::device_sampling_params(p, step, 0);
   const cuda::DeviceSampleResult fast =
       ds.sample(d_logits, dp, st != nullptr, cuda::SamplerPath::SmallTopK);
   expect_same(fast, want, what + " (small top_k path)");
@@ -385,7 +386,7 @@ TEST(CudaSampling, SmallTopKPathInAGraphRunsTheDecodeLoop) {
   p.presence_penalty = 1.5f;
   p.top_logprobs = 3;
   p.seed = 99;
-  const cuda::DeviceSamplingParams dp = to_device(p, 3, 1);
+  const cuda::DeviceSamplingParams dp = cuda::device_sampling_params(p, 3, 1);
   LILAC_CUDA_CHECK(cudaMemcpy(ds.params.get(), &dp, sizeof(dp), cudaMemcpyHostToDevice));
   cudaStream_t s;
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

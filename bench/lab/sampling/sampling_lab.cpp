@@ -12,7 +12,6 @@
 #include "../lab.h"
 #include "cuda/sampling.h"
 #include "model/sampling.h"
-#include "twins/sampling_twin.h"
 
 namespace lilac::lab {
 namespace {
@@ -75,7 +74,7 @@ bool check(int version) {
       p.seed = 1000 + j;
       const bool use_pen = c.presence != 0.f;
       const SampleResult want = sample_token(x.data(), kReal, p, use_pen ? &pen : nullptr, j * 31);
-      const cuda::DeviceSamplingParams d = to_device(p, j * 31, 0);
+      const cuda::DeviceSamplingParams d = cuda::device_sampling_params(p, j * 31, 0);
       LILAC_CUDA_CHECK(cudaMemcpy(dp.get(), &d, sizeof(d), cudaMemcpyHostToDevice));
       cuda::sample(dx.get(), kReal, dp.get(), use_pen ? counts.get() : nullptr,
                    use_pen ? seen.get() : nullptr, ws.get(), res.get(), nullptr, path_of(version));
@@ -117,7 +116,8 @@ void time_cases(const Options& opt, int version) {
     p.top_p = c.top_p;
     p.min_p = c.min_p;
     p.seed = 7;
-    const cuda::DeviceSamplingParams d = to_device(p, 0, 1);  // the step moves between replays
+    const cuda::DeviceSamplingParams d =
+        cuda::device_sampling_params(p, 0, 1);  // the step moves between replays
     LILAC_CUDA_CHECK(cudaMemcpy(dp.get(), &d, sizeof(d), cudaMemcpyHostToDevice));
     const double us = graph_us(s, opt.runs, 20, [&](int i) {
       cuda::sample(logits[size_t(i % 4)].get(), kReal, dp.get(), nullptr, nullptr, ws.get(),
