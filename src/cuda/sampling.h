@@ -7,12 +7,14 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "cuda/common.h"
-#include "model/sampling.h"
+
+namespace lilac {
+struct SamplingParams;  // model/sampling.h
+}  // namespace lilac
 
 namespace lilac::cuda {
 
@@ -61,23 +63,9 @@ struct DeviceSamplingParams {
 
 // A request's parameters as the device reads them, with the Philox counter `step`; advance != 0:
 // the sampler records the token in the penalty state and moves the step (as the decode graph
-// does). top_logprobs is clamped to [0, kMaxTopLogprobs] (the kernels clamp it as well).
-inline DeviceSamplingParams device_sampling_params(const SamplingParams& p, uint64_t step,
-                                                   int advance) {
-  DeviceSamplingParams d;
-  d.temperature = p.temperature;
-  d.top_k = p.top_k;
-  d.top_p = p.top_p;
-  d.min_p = p.min_p;
-  d.presence_penalty = p.presence_penalty;
-  d.frequency_penalty = p.frequency_penalty;
-  d.repetition_penalty = p.repetition_penalty;
-  d.top_logprobs = std::clamp(p.top_logprobs, 0, kMaxTopLogprobs);
-  d.seed = p.seed;
-  d.step = step;
-  d.advance = advance;
-  return d;
-}
+// does). top_logprobs is clamped to [0, kMaxTopLogprobs] (the kernels clamp it as well). Host
+// code (sampling_params.cpp: model/sampling.h is C++20, the .cu files C++17).
+DeviceSamplingParams device_sampling_params(const SamplingParams& p, uint64_t step, int advance);
 
 // The sampler's output, in device memory.
 struct DeviceSampleResult {

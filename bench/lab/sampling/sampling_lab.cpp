@@ -18,7 +18,6 @@ namespace {
 
 using cuda::DeviceBuffer;
 using test::random_floats;
-using test::to_device;
 
 constexpr int kReal = 248077;  // the model's real vocabulary
 
