@@ -6,7 +6,7 @@
 // Why (production v2, H200, 16 rows: 1.13 ms per pass of 30 layers, 37 us per layer for 67 MB of
 // state read + written, 1.8 TB/s): v2 uses 62 registers, so 4 of its 256-thread blocks fit an SM
 // (register-limited, not thread-limited): 528 resident blocks, 2,048 blocks at 16 rows = 3.9 waves,
-// 7.8 at 64 rows. Every block runs the same chain (state + conv loads -> cluster barrier for the
+// 15.5 at 64 rows. Every block runs the same chain (state + conv loads -> cluster barrier for the
 // q/k conv split -> kS -> update + store -> o -> cluster barrier -> output), the waves start in
 // lockstep, and DRAM idles while a wave sits in its barriers.
 //
@@ -16,8 +16,8 @@
 // the key head's value heads (conv + SiLU, conv state shifted) and their gates. It writes row b's
 // workspace row: q * (sum q^2 + 1e-6)^-1/2 Dk^-1/2 [Hk Dk], k * (sum k^2 + 1e-6)^-1/2 [Hk Dk],
 // v [Hv Dv], beta [Hv], decay = e^g [Hv], f32 (gdn_decode_v3_workspace_floats: B rows of
-// 2 Hk Dk + Hv Dv + 2 Hv floats rounded up to 4: 12,352 floats = 48 KiB per row at the real
-// shapes; 0.8 MB at 16 rows, 3.2 MB at 64, L2-resident). 256 blocks at 16 rows; one DRAM round trip
+// 2 Hk Dk + Hv Dv + 2 Hv floats rounded up to 4: 8,256 floats = 32 KiB per row at the real
+// shapes; 0.5 MiB at 16 rows, 2 MiB at 64, L2-resident). 256 blocks at 16 rows; one DRAM round trip
 // (conv state, proj, taps) and one block barrier.
 //
 // Kernel 2, state: grid (Dv/32, Hv, B), 2 Dk threads, as v2's blocks (thread (rg, cq) holds S rows
