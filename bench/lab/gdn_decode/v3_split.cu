@@ -1,0 +1,442 @@
+// gdn_decode version 3, "split": the small per-(row, key head) work in a first kernel, the state
+// pass in a second one with no barrier before its state update. Built for the batched decode
+// (gdn_decode_batch: B rows, each row its own sequence's conv and recurrent state through
+// DecodeBatchRow pointers, layer slot `slot`); B = 1 with rows == nullptr is the single-row call.
+//
+// Why (production v2, H200, 16 rows: 1.13 ms per pass of 30 layers, 37 us per layer for 67 MB of
+// state read + written, 1.8 TB/s): v2 uses 62 registers, so 4 of its 256-thread blocks fit an SM
+// (register-limited, not thread-limited): 528 resident blocks, 2,048 blocks at 16 rows = 3.9 waves,
+// 15.5 at 64 rows. Every block runs the same chain (state + conv loads -> cluster barrier for the
+// q/k conv split -> kS -> update + store -> o -> cluster barrier -> output), the waves start in
+// lockstep, and DRAM idles while a wave sits in its barriers.
+//
+// Kernel 1, prep: grid (Hk, B), 2 Dk threads. Block (kh, b): thread j convolves q/k channel j of
+// key head kh (j < Dk: q, else k), shifts its conv state, the warps' sums of squares give the
+// l2norm (as v2: per 32-channel slice, slices summed in order); then the Hv/Hk x Dv v channels of
+// the key head's value heads (conv + SiLU, conv state shifted) and their gates. It writes row b's
+// workspace row: q * (sum q^2 + 1e-6)^-1/2 Dk^-1/2 [Hk Dk], k * (sum k^2 + 1e-6)^-1/2 [Hk Dk],
+// v [Hv Dv], beta [Hv], decay = e^g [Hv], f32 (gdn_decode_v3_workspace_floats: B rows of
+// 2 Hk Dk + Hv Dv + 2 Hv floats rounded up to 4: 8,256 floats = 32 KiB per row at the real
+// shapes; 0.5 MiB at 16 rows, 2 MiB at 64, L2-resident). 256 blocks at 16 rows; one DRAM round trip
+// (conv state, proj, taps) and one block barrier.
+//
+// Kernel 2, state: grid (Dv/32, Hv, B), 2 Dk threads, as v2's blocks (thread (rg, cq) holds S rows
+// 4rg..4rg+3 x columns 4cq..4cq+3 of the block's 32), but
+//  - its 4 state loads (16 B each; 16 KiB per block) are issued BEFORE the PDL wait: the state is
+//    written by no kernel of this step (only by this kernel of this layer one step earlier), so a
+//    resident block's state is in flight while kernel 1 still runs;
+//  - after the wait it reads q, k, v, beta, decay from the workspace (L2) and goes straight to kS,
+//    the update + store, o: no cluster barrier before the state update;
+//  - the only cross-block step is the gated norm's sum of squares over a head's Dv/32 column
+//    blocks: a cluster of Dv/32 = 4 blocks (not v2's 8 blocks of a key head), one cluster barrier
+//    after the state stores are issued;
+//  - no conv work, so fewer registers: __launch_bounds__(256, kMinBlocks) asks for 5 blocks per SM
+//    (<= 48 registers; ptxas reports the count, README.md).
+// Per-row arithmetic is v2's, operation for operation (the same conv_silu, the same slice sums of
+// squares in the same order, the same products kr = k * rk and qr = q * rq, the same kS and o
+// reductions and norm): the outputs and states are meant to be bit-identical to v2's (the lab
+// counts mismatches). The rows[] pointers are read before the PDL wait (uploaded by the host before
+// the step, written by no kernel).
+//
+// Dependent steps per state block: rows[b] -> state loads (DRAM) ... PDL wait -> workspace loads
+// (L2) -> kS (block barrier) -> update, stores -> o (block barrier) -> push ss -> cluster barrier
+// -> 32 bf16 stores.
+#include <algorithm>
+
+#include "cuda/cluster.cuh"
+#include "cuda/common.cuh"
+#include "cuda/decode_batch.h"
+#include "cuda/launch.h"
+#include "cuda/vec_util.cuh"
+#include "gdn_decode_lab.h"
+#include "util/error.h"
+
+namespace lilac::lab {
+namespace {
+
+using cuda::bf16;
+using cuda::DecodeBatchRow;
+using cuda::pdl_launch_dependents;
+using cuda::pdl_wait;
+using cuda::sigmoid;
+using cuda::silu;
+using cuda::warp_sum;
+namespace cluster = cuda::cluster;
+
+constexpr int kCols = 32;       // value columns per state block
+constexpr int kMaxCluster = 8;  // portable cluster size (Dv <= 256)
+constexpr int kMinBlocks = 5;   // state kernel: resident 256-thread blocks per SM asked of ptxas
+
+// Floats of one workspace row: q [Hk Dk], k [Hk Dk], v [Hv Dv], beta [Hv], decay [Hv], rounded up
+// to 4 (16-byte aligned rows).
+int ws_row_floats(int Hk, int Hv, int Dk, int Dv) {
+  return (2 * Hk * Dk + Hv * Dv + 2 * Hv + 3) & ~3;
+}
+
+// Causal conv + SiLU of one channel for one new input x (v2's helper, the same operations).
+template <int KC>
+__device__ __forceinline__ float conv_silu(const float* __restrict__ conv_state,
+                                           const float* __restrict__ taps, float x, int ch, int C,
+                                           float (&next)[KC - 1]) {
+  float acc = 0.f;
+#pragma unroll
+  for (int j = 0; j < KC - 1; ++j) {
+    const float s = conv_state[size_t(j) * C + ch];
+    acc += taps[size_t(ch) * KC + j] * s;
+    if (j >= 1) next[j - 1] = s;
+  }
+  acc += taps[size_t(ch) * KC + KC - 1] * x;
+  next[KC - 2] = x;
+  return silu(acc);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// 16-byte state load issued before the PDL wait: asm volatile keeps it in program order there (a
+// plain load could be sunk past the wait, towards its first use). Not .nc: this kernel writes the
+// same addresses later.
+__device__ __forceinline__ float4 ld_state_early(const float* p) {
+  float4 v;
+  asm volatile("ld.global.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+#endif
+
+// ---- kernel 1: conv, l2norm, gates -> workspace
+
+template <int DK, int KC>
+__global__ void __launch_bounds__(2 * DK)
+    gdn_v3_prep_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
+                       float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
+                       const float* __restrict__ dt_bias, int Hk, int Hv, int Dv,
+                       float* __restrict__ ws, int ws_row, const DecodeBatchRow* __restrict__ rows,
+                       int slot, int proj_stride) {
+  constexpr int NTH = 2 * DK, NW = NTH / 32;
+  __shared__ float ss_part[NW];  // sum of squares per 32-channel slice: q slices, then k slices
+
+  const int kh = blockIdx.x, b = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int ratio = Hv / Hk;
+  const int C = 2 * Hk * DK + Hv * Dv;
+  if (rows) {  // host-uploaded before the step: no wait needed
+    conv_state = rows[b].conv + size_t(slot) * (KC - 1) * C;
+    proj += size_t(b) * proj_stride;
+  }
+  ws += size_t(b) * ws_row;
+  float* ws_q = ws;
+  float* ws_k = ws + Hk * DK;
+  float* ws_v = ws + 2 * Hk * DK;
+  float* ws_beta = ws_v + Hv * Dv;
+  float* ws_decay = ws_beta + Hv;
+
+  pdl_launch_dependents();
+  // Everything below reads proj (the previous kernel's output) or writes: after the wait.
+  pdl_wait();
+
+  // q/k channel j = tid of key head kh.
+  const int j = tid;
+  const int ch = j < DK ? kh * DK + j : Hk * DK + kh * DK + (j - DK);
+  float nxt[KC - 1];
+  const float qk = conv_silu<KC>(conv_state, taps, proj[ch], ch, C, nxt);
+#pragma unroll
+  for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + ch] = nxt[r];
+  const float ss = warp_sum(qk * qk);
+  if (lane == 0) ss_part[warp] = ss;
+
+  // The v channels of the key head's value heads (contiguous: value heads kh*ratio ..), and their
+  // gates.
+  for (int l = tid; l < ratio * Dv; l += NTH) {
+    const int vc = kh * ratio * Dv + l;  // index into v [Hv Dv]
+    const int chv = 2 * Hk * DK + vc;
+    float nv[KC - 1];
+    ws_v[vc] = conv_silu<KC>(conv_state, taps, proj[chv], chv, C, nv);
+#pragma unroll
+    for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + chv] = nv[r];
+  }
+  if (tid < ratio) {
+    const int v = kh * ratio + tid;
+    const float* ba = proj + C + size_t(Hv) * Dv;  // b [Hv], then a [Hv]
+    ws_beta[v] = sigmoid(ba[v]);
+    const float x = ba[Hv + v] + dt_bias[v];
+    ws_decay[v] = expf(neg_exp_A[v] * (x > 20.f ? x : log1pf(expf(x))));
+  }
+  __syncthreads();
+
+  // l2norm as v2: q by (sum q^2 + 1e-6)^-1/2 * Dk^-1/2, k by (sum k^2 + 1e-6)^-1/2.
+  float ssq = 0.f, ssk = 0.f;
+#pragma unroll
+  for (int w = 0; w < DK / 32; ++w) ssq += ss_part[w], ssk += ss_part[DK / 32 + w];
+  if (j < DK) {
+    const float rq = rsqrtf(ssq + 1e-6f) * rsqrtf(float(DK));
+    ws_q[kh * DK + j] = qk * rq;
+  } else {
+    const float rk = rsqrtf(ssk + 1e-6f);
+    ws_k[kh * DK + (j - DK)] = qk * rk;
+  }
+}
+
+// ---- kernel 2: the state pass and the gated norm
+
+template <int DK>
+__global__ void __launch_bounds__(2 * DK, kMinBlocks)
+    gdn_v3_state_kernel(const float* __restrict__ ws, int ws_row, const float* __restrict__ proj,
+                        const float* __restrict__ norm_w, float* __restrict__ state, int Hk, int Hv,
+                        int Dv, float eps, bf16* __restrict__ out,
+                        const DecodeBatchRow* __restrict__ rows, int slot, int proj_stride) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int NTH = 2 * DK, NW = NTH / 32;
+  __shared__ __align__(16) float red[NW][kCols];   // per-warp partial column sums: S^T k
+  __shared__ __align__(16) float red2[NW][kCols];  // ... and S'^T q
+  __shared__ float ss_o[kMaxCluster];              // o's sum of squares per column block of head v
+
+  const int cb = blockIdx.x, v = blockIdx.y, nsplit = gridDim.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int ratio = Hv / Hk, kh = v / ratio;
+  const int C = 2 * Hk * DK + Hv * Dv;
+  const int c0 = cb * kCols;
+  const int cq = tid & 7, rg = tid >> 3;  // columns 4cq..4cq+3 (of 32), rows 4rg..4rg+3
+  // Batched: grid z = the row. Only the state pointer is formed before the wait (rows[] is
+  // uploaded by the host before the step); the other row offsets are formed where they are used,
+  // from the kernel parameters, so they hold no registers across the state pass.
+  const size_t b = blockIdx.z;
+  if (rows) state = rows[b].rec + size_t(slot) * Hv * DK * Dv;
+
+  pdl_launch_dependents();
+  // 1. Before the wait: this thread's 4 x 4 slice of S (written by no kernel of this step) and the
+  //    norm weights. The cluster's blocks all start before any remote store below (the cluster
+  //    wait sits before the push).
+  if (nsplit > 1) cluster::arrive_relaxed();
+  float* Sp = state + (size_t(v) * DK + 4 * rg) * Dv + c0 + 4 * cq;
+  float4 S[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) S[i] = ld_state_early(Sp + size_t(i) * Dv);
+  float w_l = 0.f;
+  if (warp == 0) w_l = norm_w[c0 + lane];
+  pdl_wait();
+
+  // 2. The workspace row (kernel 1's output, L2) and z.
+  float z_l = 0.f;
+  if (warp == 0) z_l = proj[b * proj_stride + C + size_t(v) * Dv + c0 + lane];
+  const float* wsr = ws + b * ws_row;
+  const float4 q4 = *reinterpret_cast<const float4*>(wsr + kh * DK + 4 * rg);
+  const float4 k4 = *reinterpret_cast<const float4*>(wsr + Hk * DK + kh * DK + 4 * rg);
+  const float4 v4 = *reinterpret_cast<const float4*>(wsr + 2 * Hk * DK + v * Dv + c0 + 4 * cq);
+  const float beta = wsr[2 * Hk * DK + Hv * Dv + v];
+  const float decay = wsr[2 * Hk * DK + Hv * Dv + Hv + v];
+  const float kr[4] = {k4.x, k4.y, k4.z, k4.w};
+  const float qr[4] = {q4.x, q4.y, q4.z, q4.w};
+
+  // 3. kS[c] = sum_i S[i][c] k[i] (v2's order: 4 rows here, lanes cq + 8m, then the warps in
+  //    shared memory); u = beta (v - e^g S^T k) per thread for its own 4 columns.
+  float a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    a[0] += S[i].x * kr[i], a[1] += S[i].y * kr[i], a[2] += S[i].z * kr[i], a[3] += S[i].w * kr[i];
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) {
+    a[jj] += __shfl_xor_sync(0xffffffffu, a[jj], 8);
+    a[jj] += __shfl_xor_sync(0xffffffffu, a[jj], 16);
+  }
+  if (lane < 8)
+    *reinterpret_cast<float4*>(&red[warp][4 * cq]) = make_float4(a[0], a[1], a[2], a[3]);
+  __syncthreads();
+  float4 kS = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    const float4 r4 = *reinterpret_cast<const float4*>(&red[w][4 * cq]);
+    kS.x += r4.x, kS.y += r4.y, kS.z += r4.z, kS.w += r4.w;
+  }
+  const float4 u4 = make_float4(beta * (v4.x - decay * kS.x), beta * (v4.y - decay * kS.y),
+                                beta * (v4.z - decay * kS.z), beta * (v4.w - decay * kS.w));
+
+  // 4. S' = e^g S + k u^T (stored in place), o = S'^T q.
+  float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    S[i].x = decay * S[i].x + kr[i] * u4.x;
+    S[i].y = decay * S[i].y + kr[i] * u4.y;
+    S[i].z = decay * S[i].z + kr[i] * u4.z;
+    S[i].w = decay * S[i].w + kr[i] * u4.w;
+    *reinterpret_cast<float4*>(Sp + size_t(i) * Dv) = S[i];
+    o[0] += S[i].x * qr[i], o[1] += S[i].y * qr[i], o[2] += S[i].z * qr[i], o[3] += S[i].w * qr[i];
+  }
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) {
+    o[jj] += __shfl_xor_sync(0xffffffffu, o[jj], 8);
+    o[jj] += __shfl_xor_sync(0xffffffffu, o[jj], 16);
+  }
+  if (lane < 8)
+    *reinterpret_cast<float4*>(&red2[warp][4 * cq]) = make_float4(o[0], o[1], o[2], o[3]);
+  __syncthreads();
+
+  // 5. Gated RMS norm over the head: out = w * o * rsqrt(mean(o^2) + eps) * silu(z); warp 0's
+  //    lanes are this block's 32 columns; the head's Dv/32 blocks (the cluster) swap their sums of
+  //    squares, summed in column-block order as v2 does.
+  float ov = 0.f, ss = 0.f;
+  if (warp == 0) {
+#pragma unroll
+    for (int w = 0; w < NW; ++w) ov += red2[w][lane];
+    ss = warp_sum(ov * ov);
+  }
+  if (nsplit > 1) {
+    cluster::wait();  // every block of the cluster has started
+    if (warp == 0 && lane == 0) {
+      const uint32_t a_ss = smem_u32(&ss_o[cb]);
+      for (int r = 0; r < nsplit; ++r) cluster::st_f32(cluster::map(a_ss, uint32_t(r)), ss);
+    }
+    cluster::sync();  // the head's Dv / 32 sums of squares are here
+    if (warp == 0) {
+      ss = 0.f;
+      for (int c = 0; c < nsplit; ++c) ss += ss_o[c];
+    }
+  }
+  if (warp == 0) {
+    const float r = rsqrtf(ss / float(Dv) + eps);
+    out[(b * Hv + v) * Dv + c0 + lane] = __float2bfloat16_rn(w_l * (ov * r) * silu(z_l));
+  }
+#else
+  __trap();  // sm_90 only (the lab checks the device before it runs this version)
+#endif
+}
+
+// ---- launchers
+
+struct V3Args {
+  const float *proj, *taps;
+  float* conv_state;
+  const float *neg_exp_A, *dt_bias, *norm_w;
+  float* state;
+  int Hk, Hv, Dv;
+  float eps;
+  bf16* out;
+  float* ws;
+  const DecodeBatchRow* rows;
+  int B, slot, proj_stride;
+};
+
+template <typename Kernel>
+void fill_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr, Kernel kernel) {
+  if (cuda::pdl_for(reinterpret_cast<const void*>(kernel), cfg.stream)) {
+    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+    ++cfg.numAttrs;
+  }
+}
+
+template <int DK, int KC>
+void launch_v3(const V3Args& a, cudaStream_t stream) {
+  const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
+  {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(a.Hk), unsigned(a.B));
+    cfg.blockDim = dim3(2 * DK);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    cfg.attrs = attr;
+    cfg.numAttrs = 0;
+    fill_pdl(cfg, attr, gdn_v3_prep_kernel<DK, KC>);
+    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_v3_prep_kernel<DK, KC>, a.proj, a.taps,
+                                        a.conv_state, a.neg_exp_A, a.dt_bias, a.Hk, a.Hv, a.Dv,
+                                        a.ws, ws_row, a.rows, a.slot, a.proj_stride));
+    LILAC_CUDA_LAUNCHED();
+  }
+  {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(a.Dv / kCols), unsigned(a.Hv), unsigned(a.B));
+    cfg.blockDim = dim3(2 * DK);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(a.Dv / kCols);  // a head's column blocks
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    fill_pdl(cfg, attr, gdn_v3_state_kernel<DK>);
+    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_v3_state_kernel<DK>, a.ws, ws_row, a.proj,
+                                        a.norm_w, a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
+                                        a.slot, a.proj_stride));
+    LILAC_CUDA_LAUNCHED();
+  }
+}
+
+template <int DK>
+void launch_v3_k(int K, const V3Args& a, cudaStream_t stream) {
+  switch (K) {
+    case 2:
+      launch_v3<DK, 2>(a, stream);
+      break;
+    case 3:
+      launch_v3<DK, 3>(a, stream);
+      break;
+    default:
+      launch_v3<DK, 4>(a, stream);
+      break;
+  }
+}
+
+void launch_v3_dk(int Dk, int K, const V3Args& a, cudaStream_t stream) {
+  switch (Dk) {
+    case 32:
+      launch_v3_k<32>(K, a, stream);
+      break;
+    case 64:
+      launch_v3_k<64>(K, a, stream);
+      break;
+    default:
+      launch_v3_k<128>(K, a, stream);
+      break;
+  }
+}
+
+void check_v3(int Hk, int Hv, int Dk, int Dv, int K) {
+  if (Hk <= 0 || Hv % Hk != 0) fail("gdn_decode v3: Hv {} not a multiple of Hk {}", Hv, Hk);
+  if (Dv <= 0 || Dv % kCols != 0 || Dv / kCols > kMaxCluster)
+    fail("gdn_decode v3: Dv {} not a multiple of {} up to {}", Dv, kCols, kCols * kMaxCluster);
+  if (K < 2 || K > 4) fail("gdn_decode v3: conv kernel {} not supported (2..4)", K);
+  if (Dk != 32 && Dk != 64 && Dk != 128) fail("gdn_decode v3: Dk {} not supported", Dk);
+}
+
+}  // namespace
+
+size_t gdn_decode_v3_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv) {
+  return size_t(B) * size_t(ws_row_floats(Hk, Hv, Dk, Dv));
+}
+
+void gdn_decode_v3_split(const GdnDecodeArgs& a, cudaStream_t stream) {
+  check_v3(a.Hk, a.Hv, a.Dk, a.Dv, a.K);
+  const V3Args v{a.proj, a.taps, a.conv_state, a.neg_exp_A, a.dt_bias,   a.norm_w, a.state, a.Hk,
+                 a.Hv,   a.Dv,   a.eps,        a.out,       a.workspace, nullptr,  1,       0,
+                 0};
+  launch_v3_dk(a.Dk, a.K, v, stream);
+}
+
+void gdn_decode_batch_v3_split(const GdnDecodeBatchArgs& a, cudaStream_t stream) {
+  check_v3(a.Hk, a.Hv, a.Dk, a.Dv, a.K);
+  if (a.B < 1 || a.B > 65535) fail("gdn_decode_batch v3: B = {}", a.B);
+  const V3Args v{a.proj,
+                 a.taps,
+                 nullptr,
+                 a.neg_exp_A,
+                 a.dt_bias,
+                 a.norm_w,
+                 nullptr,
+                 a.Hk,
+                 a.Hv,
+                 a.Dv,
+                 a.eps,
+                 a.out,
+                 a.workspace,
+                 a.rows,
+                 a.B,
+                 a.slot,
+                 2 * a.Hk * a.Dk + 2 * a.Hv * a.Dv + 2 * a.Hv};
+  launch_v3_dk(a.Dk, a.K, v, stream);
+}
+
+}  // namespace lilac::lab
