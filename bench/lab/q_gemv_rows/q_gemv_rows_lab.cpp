@@ -1,6 +1,7 @@
 // q_gemv_rows in the kernel lab: every version on the same random 4/8-bit matrices at the model's
-// shapes (in_proj, out_proj accumulating into h, the 8-bit router, lm_head) and two awkward ones
-// (1000 rows: a partial row tile and a partial block; 1536 columns: 3 register sets, accumulating),
+// shapes (in_proj, out_proj accumulating into h, the 8-bit router, lm_head) and three awkward ones
+// (1000 rows: a partial row tile and a partial block; 1536 columns: 3 register sets, accumulating;
+// 24600 x 1024 at 8 bits: enough row blocks for v3 to give a block several 8-bit register sets),
 // checked at T = 1, 8, 16, 24, 33 and 64 token rows against the CPU twin at tokens 0, T / 2 and
 // T - 1 (all rows) as the conformance test of q_gemv_rows checks it (tests/cuda/twins/q4_twin.h:
 // the matrix HostQ, the twin q_twin, the bound q_gemv_tolerance); then the model's shapes at T = 16
@@ -44,7 +45,8 @@ const Shape kShapes[] = {{"gdn_in_proj", 12352, 2048, 4, false, true},
                          {"router 8-bit", 257, 2048, 8, false, true},
                          {"lm_head", 248320, 2048, 4, false, true},
                          {"awkward rows", 1000, 2048, 4, false, false},
-                         {"awkward cols (+= y)", 2048, 1536, 4, true, false}};
+                         {"awkward cols (+= y)", 2048, 1536, 4, true, false},
+                         {"awkward 8-bit", 24600, 1024, 8, false, false}};
 const int kCheckedTokens[] = {1, 8, 16, 24, 33, 64};  // 1 chunk, full chunks, partial chunks
 const int kTimedTokens[] = {16, 64};
 constexpr int kMaxT = 64;  // x and y0 have kMaxT rows; a launch at T reads the first T
@@ -230,7 +232,7 @@ Op q_gemv_rows_op() {
       "q_gemv_rows",
       "4/8-bit dense projections over T token rows: in_proj 12352x2048, out_proj 2048x4096 "
       "(+=), router 257x2048 8-bit, lm_head 248320x2048 (timed at T 16, 64); checked also on "
-      "1000x2048 and 2048x1536 (+=), T 1, 8, 16, 24, 33, 64",
+      "1000x2048, 2048x1536 (+=), 24600x1024 8-bit, T 1, 8, 16, 24, 33, 64",
       {{1, "set_dot", "q_set_dot_tokens per warp: codes, x chunks, accumulators in registers",
         false},
        {2, "staged", "x staged per K-slice in shared memory, slices reduced in a cluster", true},
