@@ -44,7 +44,29 @@
 #include "util/error.h"
 
 namespace lilac::lab {
-namespace {
+
+// A named namespace, not an anonymous one: in the compute_80 pass (LILAC_CUDA_PTX) the kernel
+// body is empty and nvcc would warn about every unused internal function and member.
+namespace qgemm_v2 {
+
+template <int BT_, int STAGES_>
+struct QGemmV2Cfg {
+  static constexpr int BR = 128;  // weight rows per block: 8 row tiles, warp w owns tile w
+  static constexpr int BT = BT_;  // tokens per block: the wgmma n
+  static constexpr int STAGES = STAGES_, INFLIGHT = 1, PREFETCH = STAGES - 1 - INFLIGHT;
+  static constexpr int THREADS = 256;
+  static constexpr int ROW_STEP = THREADS / 8;  // token rows per pass (tile::load_operand)
+  static constexpr int X_LOADS = BT / ROW_STEP;
+  static constexpr int X_STAGE = BT * 128;                                // bytes: [BT][64] bf16
+  static constexpr int C_BYTES = 8 * cuda::kQBlockWords * 4;              // codes of 8 tiles: 4096
+  static constexpr int W_STAGE = C_BYTES + 8 * cuda::kQSbWords * 4;       // + scale/bias: 4608
+  static constexpr int SMEM_BYTES = STAGES * (X_STAGE + W_STAGE) + 1024;  // + alignment slack
+  static constexpr int NACC = BT / 2;
+  static_assert(BT == 128 || BT == 256, "wgmma n");
+  static_assert(PREFETCH >= 1, "at least one k-tile of prefetch");
+  static_assert(X_STAGE % 1024 == 0, "X stages stay 1024-byte aligned (128B swizzle atoms)");
+  static_assert(SMEM_BYTES <= 232448, "227 KB of dynamic shared memory per block");
+};
 
 namespace tile = cuda::tile;
 namespace qtile = cuda::qtile;
@@ -55,26 +77,8 @@ using cuda::kQSbWords;
 using cuda::kQTileRows;
 using cuda::QMatrix;
 
-template <int BT_, int STAGES_>
-struct Cfg {
-  static constexpr int BR = 128;  // weight rows per block: 8 row tiles, warp w owns tile w
-  static constexpr int BT = BT_;  // tokens per block: the wgmma n
-  static constexpr int STAGES = STAGES_, INFLIGHT = 1, PREFETCH = STAGES - 1 - INFLIGHT;
-  static constexpr int THREADS = 256;
-  static constexpr int ROW_STEP = THREADS / 8;  // token rows per pass (tile::load_operand)
-  static constexpr int X_LOADS = BT / ROW_STEP;
-  static constexpr int X_STAGE = BT * 128;                                // bytes: [BT][64] bf16
-  static constexpr int C_BYTES = 8 * kQBlockWords * 4;                    // codes of 8 tiles: 4096
-  static constexpr int W_STAGE = C_BYTES + 8 * kQSbWords * 4;             // + scale/bias: 4608
-  static constexpr int SMEM_BYTES = STAGES * (X_STAGE + W_STAGE) + 1024;  // + alignment slack
-  static constexpr int NACC = BT / 2;
-  static_assert(BT == 128 || BT == 256, "wgmma n");
-  static_assert(PREFETCH >= 1, "at least one k-tile of prefetch");
-  static_assert(X_STAGE % 1024 == 0, "X stages stay 1024-byte aligned (128B swizzle atoms)");
-  static_assert(SMEM_BYTES <= 232448, "227 KB of dynamic shared memory per block");
-};
-using Cfg256 = Cfg<256, 6>;  // 219 KB + 1 KB
-using Cfg128 = Cfg<128, 8>;  // 168 KB + 1 KB
+using Cfg256 = QGemmV2Cfg<256, 6>;  // 219 KB + 1 KB
+using Cfg128 = QGemmV2Cfg<128, 8>;  // 168 KB + 1 KB
 
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
@@ -402,7 +406,7 @@ int pick_tokens(int M, int N) {
   return double(w128) * 128 * 1.15 < double(w256) * 256 ? 128 : 256;
 }
 
-}  // namespace
+}  // namespace qgemm_v2
 
 bool q_gemm_v2_available() {
   int dev = 0, major = 0;
@@ -411,18 +415,18 @@ bool q_gemm_v2_available() {
   return major == 9;
 }
 
-void q_gemm_v2(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaStream_t stream,
-               int tokens_per_block) {
+void q_gemm_v2(const cuda::bf16* A, int M, const cuda::QMatrix& W, void* C, cuda::GemmOut mode,
+               cudaStream_t stream, int tokens_per_block) {
   if (!A || !C || !W || !W.sb) fail("q_gemm_v2: null pointer");
   if (M < 1 || W.rows < 1 || W.cols < cuda::kQGroup || W.cols % cuda::kQGroup != 0 || W.bits != 4)
     fail("q_gemm_v2: unsupported M {} W [{}, {}] at {} bits (4-bit, K a positive multiple of 64)",
          M, W.rows, W.cols, W.bits);
   if (reinterpret_cast<uintptr_t>(A) % 16 != 0) fail("q_gemm_v2: A must be 16-byte aligned");
-  if (tokens_per_block == 0) tokens_per_block = pick_tokens(M, W.rows);
+  if (tokens_per_block == 0) tokens_per_block = qgemm_v2::pick_tokens(M, W.rows);
   if (tokens_per_block == 256)
-    dispatch<Cfg256>(A, M, W, C, mode, stream);
+    qgemm_v2::dispatch<qgemm_v2::Cfg256>(A, M, W, C, mode, stream);
   else if (tokens_per_block == 128)
-    dispatch<Cfg128>(A, M, W, C, mode, stream);
+    qgemm_v2::dispatch<qgemm_v2::Cfg128>(A, M, W, C, mode, stream);
   else
     fail("q_gemm_v2: tokens_per_block {} (256, 128 or 0)", tokens_per_block);
 }
