@@ -4,7 +4,7 @@
 // (tests/cuda/conformance/q4_gemm.cpp): the matrix HostQ (tests/cuda/twins/q4_twin.h), the twin
 // dequantize_row_bf16 (the bf16 weights the kernels multiply) + an f64 dot, the bound
 // dot_tolerance(K) ||w_r|| ||a_t|| + 2u |want| (twins/gemm_twin.h; the conformance test's, which
-// covers both sides' f32 rounding, here only the kernel's). Checked: every row at 12 tokens
+// covers both sides' f32 rounding, here only the kernel's). Checked: every row at up to 12 tokens
 // spanning the token tiles (0, 1, 127, 128, 255, 256, ..., M - 1), and every output finite (the
 // store shapes start poisoned with NaN). Then timed: a CUDA graph of launches, median per launch,
 // TFLOP/s of 2 M N K, with cuda::gemm (the BF16 path, tile Auto: the wgmma kernel on an H200) on
@@ -124,19 +124,57 @@ std::string label(const Shape& s, int M) {
          " M=" + std::to_string(M);
 }
 
+// The twin at the checked tokens of (shape i, M), computed once for every launch checked there:
+// want[j * N + r] (token toks[j], row r; the residual included) and its tolerance.
+struct Twin {
+  std::vector<int> toks;
+  std::vector<float> c0;  // the residual for the += shapes, [M, N]
+  std::vector<double> want, tol;
+};
+
+const Twin& get_twin(int i, int M) {
+  static std::map<std::pair<int, int>, Twin> cache;
+  auto it = cache.find({i, M});
+  if (it != cache.end()) return it->second;
+  const Shape& s = kShapes[i];
+  const Weights& w = get_weights(i);
+  const Acts& x = get_acts(s.cols, M);
+  const size_t N = size_t(s.rows), K = size_t(s.cols);
+  Twin tw;
+  tw.toks = checked_tokens(M);
+  if (s.accumulate) tw.c0 = residual(size_t(M) * N, uint64_t(400 + i));
+  tw.want.resize(tw.toks.size() * N);
+  tw.tol.resize(tw.toks.size() * N);
+  const double dt = test::dot_tolerance(int64_t(K));
+  ThreadPool::global().parallel_for(N, [&](size_t b, size_t end) {
+    std::vector<double> wr(K);
+    for (size_t r = b; r < end; ++r) {
+      for (size_t k = 0; k < K; ++k) wr[k] = bf16_to_f32(w.wb[r * K + k]);
+      for (size_t j = 0; j < tw.toks.size(); ++j) {
+        const size_t t = size_t(tw.toks[j]);
+        const float* at = x.a.data() + t * K;
+        double d = 0;
+        for (size_t k = 0; k < K; ++k) d += wr[k] * double(at[k]);
+        const double want = (tw.c0.empty() ? 0.0 : double(tw.c0[t * N + r])) + d;
+        tw.want[j * N + r] = want;
+        tw.tol[j * N + r] = dt * w.wn[r] * x.an[t] + 2 * test::kU * std::fabs(want) + 1e-30;
+      }
+    }
+  });
+  return cache.emplace(std::make_pair(i, M), std::move(tw)).first->second;
+}
+
 bool check(const Launch& launch, const std::string& tag, int i, int M) {
   const Shape& s = kShapes[i];
   const Weights& w = get_weights(i);
   const Acts& x = get_acts(s.cols, M);
-  const size_t N = size_t(s.rows), K = size_t(s.cols), n = size_t(M) * N;
-  std::vector<float> c0;
+  const Twin& tw = get_twin(i, M);
+  const size_t N = size_t(s.rows), n = size_t(M) * N;
   DeviceBuffer<float> c(n);
-  if (s.accumulate) {
-    c0 = residual(n, uint64_t(400 + i));
-    LILAC_CUDA_CHECK(cudaMemcpy(c.get(), c0.data(), n * 4, cudaMemcpyHostToDevice));
-  } else {
+  if (s.accumulate)
+    LILAC_CUDA_CHECK(cudaMemcpy(c.get(), tw.c0.data(), n * 4, cudaMemcpyHostToDevice));
+  else
     test::poison(c);
-  }
   launch(x.d_a.get(), M, w.q->q(), c.get(),
          s.accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32, nullptr);
   const std::vector<float> got = download(c);
@@ -146,27 +184,14 @@ bool check(const Launch& launch, const std::string& tag, int i, int M) {
       e.max_abs = e.worst = INFINITY;
       break;
     }
-  const std::vector<int> toks = checked_tokens(M);
-  const double dt = test::dot_tolerance(int64_t(K));
-  std::vector<Error> per(N);
-  ThreadPool::global().parallel_for(N, [&](size_t b, size_t end) {
-    for (size_t r = b; r < end; ++r) {
-      const uint16_t* wr = w.wb.data() + r * K;
-      for (int t : toks) {
-        const float* at = x.a.data() + size_t(t) * K;
-        double d = 0;
-        for (size_t k = 0; k < K; ++k) d += double(bf16_to_f32(wr[k])) * double(at[k]);
-        const size_t idx = size_t(t) * N + r;
-        const double want = (c0.empty() ? 0.0 : double(c0[idx])) + d;
-        const double tol = dt * w.wn[r] * x.an[size_t(t)] + 2 * test::kU * std::fabs(want) + 1e-30;
-        const double err = std::fabs(double(got[idx]) - want);
-        per[r].max_abs = std::max(per[r].max_abs, std::isfinite(err) ? err : INFINITY);
-        per[r].worst = std::max(per[r].worst, std::isfinite(err) ? err / tol : INFINITY);
-      }
+  for (size_t j = 0; j < tw.toks.size(); ++j)
+    for (size_t r = 0; r < N; ++r) {
+      const double err = std::fabs(double(got[size_t(tw.toks[j]) * N + r]) - tw.want[j * N + r]);
+      e.max_abs = std::max(e.max_abs, std::isfinite(err) ? err : INFINITY);
+      e.worst = std::max(e.worst, std::isfinite(err) ? err / tw.tol[j * N + r] : INFINITY);
     }
-  });
-  for (const Error& p : per) merge(e, p);
-  return report_check(label(s, M) + tag + ", 12 tokens, all finite", e);
+  return report_check(
+      label(s, M) + tag + ", " + std::to_string(tw.toks.size()) + " tokens, all finite", e);
 }
 
 void time_one(const Options& opt, const std::string& what, int M, const Shape& s,
