@@ -43,6 +43,7 @@ struct Op {
 Op gdn_decode_op();
 Op attention_decode_op();
 Op q_gemv_rows_op();
+Op q_gemm_op();
 Op sampling_op();
 
 // ---- helpers shared by the ops -------------------------------------------------------------
