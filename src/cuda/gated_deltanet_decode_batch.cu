@@ -17,9 +17,9 @@
 // l2norm (as v2: per 32-channel slice, slices summed in order); then the Hv/Hk x Dv v channels of
 // the key head's value heads (conv + SiLU, conv state shifted) and their gates. It writes row b's
 // workspace row: q * (sum q^2 + 1e-6)^-1/2 Dk^-1/2 [Hk Dk], k * (sum k^2 + 1e-6)^-1/2 [Hk Dk],
-// v [Hv Dv], beta [Hv], decay = e^g [Hv], f32 (gdn_decode_batch_workspace_floats: B rows of
-// 2 Hk Dk + Hv Dv + 2 Hv floats rounded up to 4: 8,256 floats = 32 KiB per row at the real
-// shapes; 0.5 MiB at 16 rows, 2 MiB at 64, L2-resident).
+// v [Hv Dv], z [Hv Dv] (a copy of the gate), beta [Hv], decay = e^g [Hv], f32
+// (gdn_decode_batch_workspace_floats: B rows of 2 Hk Dk + 2 Hv Dv + 2 Hv floats rounded up to 4:
+// 12,352 floats = 48 KiB per row at the real shapes; 0.8 MiB at 16 rows, 3 MiB at 64, L2-resident).
 //
 // Kernel 2, state: grid (Dv/32, Hv, B), 2 Dk threads; thread (rg, cq) holds S rows 4rg..4rg+3 x
 // columns 4cq..4cq+3 of the block's 32 (as v2), but
@@ -57,10 +57,10 @@ constexpr int kCols = 32;       // value columns per state block
 constexpr int kMaxCluster = 8;  // portable cluster size (Dv <= 256)
 constexpr int kMinBlocks = 5;   // state kernel: resident 256-thread blocks per SM asked of ptxas
 
-// Floats of one workspace row: q [Hk Dk], k [Hk Dk], v [Hv Dv], beta [Hv], decay [Hv], rounded up
-// to 4 (16-byte aligned rows).
+// Floats of one workspace row: q [Hk Dk], k [Hk Dk], v [Hv Dv], z [Hv Dv], beta [Hv], decay [Hv],
+// rounded up to 4 (16-byte aligned rows).
 int ws_row_floats(int Hk, int Hv, int Dk, int Dv) {
-  return (2 * Hk * Dk + Hv * Dv + 2 * Hv + 3) & ~3;
+  return (2 * Hk * Dk + 2 * Hv * Dv + 2 * Hv + 3) & ~3;
 }
 
 // Causal conv + SiLU of one channel for one new input x (v2's helper, the same operations).
@@ -121,7 +121,8 @@ __global__ void __launch_bounds__(2 * DK)
   float* ws_q = ws;
   float* ws_k = ws + Hk * DK;
   float* ws_v = ws + 2 * Hk * DK;
-  float* ws_beta = ws_v + Hv * Dv;
+  float* ws_z = ws_v + Hv * Dv;
+  float* ws_beta = ws_z + Hv * Dv;
   float* ws_decay = ws_beta + Hv;
 
   pdl_launch_dependents();
@@ -145,6 +146,7 @@ __global__ void __launch_bounds__(2 * DK)
     const int chv = 2 * Hk * DK + vc;
     float nv[KC - 1];
     ws_v[vc] = conv_silu<KC>(conv_state, taps, proj[chv], chv, C, nv);
+    ws_z[vc] = proj[C + vc];  // the gate z of the same column (see the state kernel's step 2)
 #pragma unroll
     for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + chv] = nv[r];
   }
@@ -174,10 +176,10 @@ __global__ void __launch_bounds__(2 * DK)
 
 template <int DK>
 __global__ void __launch_bounds__(2 * DK, kMinBlocks)
-    gdn_batch_state_kernel(const float* __restrict__ ws, int ws_row, const float* __restrict__ proj,
+    gdn_batch_state_kernel(const float* __restrict__ ws, int ws_row,
                            const float* __restrict__ norm_w, float* __restrict__ state, int Hk,
                            int Hv, int Dv, float eps, bf16* __restrict__ out,
-                           const DecodeBatchRow* __restrict__ rows, int slot, int proj_stride) {
+                           const DecodeBatchRow* __restrict__ rows, int slot) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NTH = 2 * DK, NW = NTH / 32;
   __shared__ __align__(16) float red[NW][kCols];   // per-warp partial column sums: S^T k
@@ -187,7 +189,6 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
   const int cb = blockIdx.x, v = blockIdx.y, nsplit = gridDim.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int ratio = Hv / Hk, kh = v / ratio;
-  const int C = 2 * Hk * DK + Hv * Dv;
   const int c0 = cb * kCols;
   const int cq = tid & 7, rg = tid >> 3;  // columns 4cq..4cq+3 (of 32), rows 4rg..4rg+3
   // Batched: grid z = the row. Only the state pointer is formed before the wait (rows[] is
@@ -210,14 +211,18 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
   pdl_wait();
 
   // 2. The workspace row (kernel 1's output, L2) and z.
-  float z_l = 0.f;
-  if (warp == 0) z_l = proj[b * proj_stride + C + size_t(v) * Dv + c0 + lane];
+  // Everything read after the wait comes from the workspace, i.e. from kernel 1, this kernel's PDL
+  // prerequisite, whose writes the wait makes visible. z is in it as a copy: read from proj (the
+  // in_proj kernel's output, two launches back), it came out stale in the s6 run 2 backend tests
+  // (the previous layer's z, from this SM's L1), which the wait does not cover.
   const float* wsr = ws + b * ws_row;
+  float z_l = 0.f;
+  if (warp == 0) z_l = wsr[2 * Hk * DK + Hv * Dv + size_t(v) * Dv + c0 + lane];
   const float4 q4 = *reinterpret_cast<const float4*>(wsr + kh * DK + 4 * rg);
   const float4 k4 = *reinterpret_cast<const float4*>(wsr + Hk * DK + kh * DK + 4 * rg);
   const float4 v4 = *reinterpret_cast<const float4*>(wsr + 2 * Hk * DK + v * Dv + c0 + 4 * cq);
-  const float beta = wsr[2 * Hk * DK + Hv * Dv + v];
-  const float decay = wsr[2 * Hk * DK + Hv * Dv + Hv + v];
+  const float beta = wsr[2 * Hk * DK + 2 * Hv * Dv + v];
+  const float decay = wsr[2 * Hk * DK + 2 * Hv * Dv + Hv + v];
   const float kr[4] = {k4.x, k4.y, k4.z, k4.w};
   const float qr[4] = {q4.x, q4.y, q4.z, q4.w};
 
@@ -346,9 +351,8 @@ void launch_batch(const BatchArgs& a, cudaStream_t stream) {
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     fill_pdl(cfg, attr, gdn_batch_state_kernel<DK>);
-    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_state_kernel<DK>, a.ws, ws_row, a.proj,
-                                        a.norm_w, a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
-                                        a.slot, a.proj_stride));
+    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_state_kernel<DK>, a.ws, ws_row, a.norm_w,
+                                        a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows, a.slot));
     LILAC_CUDA_LAUNCHED();
   }
 }

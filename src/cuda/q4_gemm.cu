@@ -146,6 +146,14 @@ void dispatch(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cud
 }  // namespace
 
 void q_gemm(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaStream_t stream) {
+  if (W.bits == 4 && q_gemm_wgmma_available())
+    q_gemm_wgmma(A, M, W, C, mode, stream);
+  else
+    q_gemm_mma(A, M, W, C, mode, stream);
+}
+
+void q_gemm_mma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
+                cudaStream_t stream) {
   if (!A || !C || !W || !W.sb) fail("q_gemm: null pointer");
   if (M < 1 || W.rows < 1 || W.cols < kQGroup || W.cols % kQGroup != 0 ||
       (W.bits != 4 && W.bits != 8))

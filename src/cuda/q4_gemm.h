@@ -15,6 +15,20 @@ namespace lilac::cuda {
 // Any M >= 1; K = W.cols a positive multiple of 64; A bf16 [M, K] dense row-major, 16-byte
 // aligned; C dense [M, W.rows] (f32, or bf16 for StoreBF16). Never synchronises or allocates.
 // Twin: dequantize_row_bf16 + cpu::matmul (exactly the weights the kernel multiplies).
+// 4-bit weights on a compute capability 9.x GPU take q_gemm_wgmma, the rest q_gemm_mma.
 void q_gemm(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaStream_t stream);
+
+// The mma.sync kernel (q4_gemm.cu; 256 rows x 128 tokens per block, 1 block per SM): q_gemm's path
+// for 8-bit weights (the router) and off Hopper; for 4-bit too until s6 (the kernel lab's q_gemm
+// v1). Same contract as q_gemm.
+void q_gemm_mma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaStream_t stream);
+
+// The wgmma kernel (q4_gemm_wgmma.cu; the weights dequantised in registers as wgmma's A operand,
+// 128 rows x 256 or 128 tokens per block): q_gemm's path for 4-bit weights on compute capability
+// 9.x (q_gemm_wgmma_available). q_gemm's contract restricted to 4 bits; tokens_per_block 256 or
+// 128, 0 picks by the wave count (the kernel lab times both).
+void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
+                  cudaStream_t stream, int tokens_per_block = 0);
+bool q_gemm_wgmma_available();
 
 }  // namespace lilac::cuda

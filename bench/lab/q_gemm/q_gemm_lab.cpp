@@ -23,7 +23,6 @@
 #include "../lab.h"
 #include "cuda/gemm.h"
 #include "cuda/q4_gemm.h"
-#include "q_gemm_lab.h"
 #include "twins/gemm_twin.h"
 #include "twins/q4_twin.h"
 
@@ -53,11 +52,11 @@ using Launch = std::function<void(const bf16*, int, const QMatrix&, void*, GemmO
 std::vector<std::pair<std::string, Launch>> launches(int version) {
   if (version == 1)
     return {{"", [](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m, cudaStream_t s) {
-               cuda::q_gemm(A, M, W, C, m, s);
+               cuda::q_gemm_mma(A, M, W, C, m, s);
              }}};
   auto fixed = [](int bt) {
     return [bt](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m, cudaStream_t s) {
-      q_gemm_v2(A, M, W, C, m, s, bt);
+      cuda::q_gemm_wgmma(A, M, W, C, m, s, bt);
     };
   };
   return {{"", fixed(0)}, {" [bt256]", fixed(256)}, {" [bt128]", fixed(128)}};
@@ -225,7 +224,7 @@ void time_case(const Options& opt, const std::vector<std::pair<std::string, Laun
 }
 
 bool run(const Options& opt, const Version& v) {
-  if (v.number == 2 && !q_gemm_v2_available()) {
+  if (v.number == 2 && !cuda::q_gemm_wgmma_available()) {
     std::printf("  not available here (wgmma: a compute capability 9.0 GPU)\n");
     return true;
   }
@@ -248,12 +247,13 @@ Op q_gemm_op() {
       "9216x2048, o_proj 2048x4096 (+=); M 4096, 512, 1000",
       {{1, "mma_sync",
         "mma.sync m16n8k16, W as the A operand dequantised in registers from the tiled layout, 256 "
-        "rows x 128 tokens per block",
+        "rows x 128 tokens per block (production for 8-bit weights; for 4-bit until s6)",
         true},
        {2, "wgmma_rs",
         "wgmma m64nBTk16 with W dequantised in registers as the A operand (RS), tokens from "
-        "swizzled smem as B; 128 rows x 256 (or 128) tokens, 6-8 stage cp.async",
-        false}},
+        "swizzled smem as B; 128 rows x 256 (or 128) tokens, 6-8 stage cp.async (production for "
+        "4-bit weights since s6)",
+        true}},
       run};
 }
 

@@ -1,10 +1,12 @@
-// q_gemm version 2: the 4-bit prefill GEMM on wgmma, the weights dequantised in registers as
-// wgmma's A operand (register-sourced "RS" form), the tokens as its n dimension from shared
-// memory. C^T = W . A^T as in q4_gemm.cu, so the tiled layout's lane order (q4_layout.h: word kb
-// of lane l = the m16n8k16 A fragment of rows g, g + 8 x columns [16 kb, 16 kb + 16)) is already
-// the register layout wgmma's A wants: warp w of a warpgroup supplies rows [16 w, 16 w + 16) of
-// the 64-row A tile in exactly the m16n8k16 fragment order (a0: row g, k 2t..2t+1; a1: row g + 8;
-// a2: row g, k + 8; a3: row g + 8, k + 8). No weight ever goes to shared memory as bf16.
+// q_gemm's 4-bit path on Hopper (version 2 of the kernel lab's q_gemm, production since s6: in_proj
+// at 4096 tokens 593 -> 354 us, 349 -> 585 TFLOP/s, faster than the BF16 wgmma GEMM's 377 us;
+// bench/lab/q_gemm/README.md): the 4-bit prefill GEMM on wgmma, the weights dequantised in
+// registers as wgmma's A operand (register-sourced "RS" form), the tokens as its n dimension from
+// shared memory. C^T = W . A^T as in q4_gemm.cu, so the tiled layout's lane order (q4_layout.h:
+// word kb of lane l = the m16n8k16 A fragment of rows g, g + 8 x columns [16 kb, 16 kb + 16)) is
+// already the register layout wgmma's A wants: warp w of a warpgroup supplies rows [16 w, 16 w +
+// 16) of the 64-row A tile in exactly the m16n8k16 fragment order (a0: row g, k 2t..2t+1; a1: row g
+// + 8; a2: row g, k + 8; a3: row g + 8, k + 8). No weight ever goes to shared memory as bf16.
 //
 // Block: 256 threads = 2 warpgroups, 128 weight rows (8 row tiles of 16: warp w owns tile w) x
 // BT tokens (256, or 128 for small M); warpgroup wg computes rows [64 wg, 64 wg + 64) x all BT
@@ -39,15 +41,15 @@
 #include <mutex>
 
 #include "cuda/gemm_tile.cuh"
+#include "cuda/q4_gemm.h"
 #include "cuda/q4_tile.cuh"
-#include "q_gemm_lab.h"
 #include "util/error.h"
 
-namespace lilac::lab {
+namespace lilac::cuda {
 
 // A named namespace, not an anonymous one: in the compute_80 pass (LILAC_CUDA_PTX) the kernel
 // body is empty and nvcc would warn about every unused internal function and member.
-namespace qgemm_v2 {
+namespace qgemm_wgmma {
 
 template <int BT_, int STAGES_>
 struct QGemmV2Cfg {
@@ -58,8 +60,8 @@ struct QGemmV2Cfg {
   static constexpr int ROW_STEP = THREADS / 8;  // token rows per pass (tile::load_operand)
   static constexpr int X_LOADS = BT / ROW_STEP;
   static constexpr int X_STAGE = BT * 128;                                // bytes: [BT][64] bf16
-  static constexpr int C_BYTES = 8 * cuda::kQBlockWords * 4;              // codes of 8 tiles: 4096
-  static constexpr int W_STAGE = C_BYTES + 8 * cuda::kQSbWords * 4;       // + scale/bias: 4608
+  static constexpr int C_BYTES = 8 * kQBlockWords * 4;                    // codes of 8 tiles: 4096
+  static constexpr int W_STAGE = C_BYTES + 8 * kQSbWords * 4;             // + scale/bias: 4608
   static constexpr int SMEM_BYTES = STAGES * (X_STAGE + W_STAGE) + 1024;  // + alignment slack
   static constexpr int NACC = BT / 2;
   static_assert(BT == 128 || BT == 256, "wgmma n");
@@ -67,15 +69,6 @@ struct QGemmV2Cfg {
   static_assert(X_STAGE % 1024 == 0, "X stages stay 1024-byte aligned (128B swizzle atoms)");
   static_assert(SMEM_BYTES <= 232448, "227 KB of dynamic shared memory per block");
 };
-
-namespace tile = cuda::tile;
-namespace qtile = cuda::qtile;
-using cuda::bf16;
-using cuda::GemmOut;
-using cuda::kQBlockWords;
-using cuda::kQSbWords;
-using cuda::kQTileRows;
-using cuda::QMatrix;
 
 using Cfg256 = QGemmV2Cfg<256, 6>;  // 219 KB + 1 KB
 using Cfg128 = QGemmV2Cfg<128, 8>;  // 168 KB + 1 KB
@@ -366,9 +359,9 @@ void launch(const bf16* A, int M, const QMatrix& W, void* out, cudaStream_t stre
     LILAC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES));
   });
-  const int tiles_m = cuda::ceil_div(M, C::BT), tiles_n = cuda::ceil_div(W.rows, C::BR);
+  const int tiles_m = ceil_div(M, C::BT), tiles_n = ceil_div(W.rows, C::BR);
   const int64_t blocks = int64_t(tiles_m) * tiles_n;
-  if (blocks > 0x7fffffff) fail("q_gemm_v2: {} x {} needs {} blocks", M, W.rows, blocks);
+  if (blocks > 0x7fffffff) fail("q_gemm_wgmma: {} x {} needs {} blocks", M, W.rows, blocks);
   kernel<<<unsigned(blocks), C::THREADS, C::SMEM_BYTES, stream>>>(A, M, W.cols, W, out, tiles_m,
                                                                   tiles_n);
   LILAC_CUDA_LAUNCHED();
@@ -400,35 +393,46 @@ int sm_count() {
 // per SM the time is ~ waves x tile area; the 128-token tile is taken as 15% less efficient (half
 // the MMAs per dequantised weight and per barrier).
 int pick_tokens(int M, int N) {
-  const int64_t sms = sm_count(), tn = cuda::ceil_div(N, 128);
-  const int64_t w256 = cuda::ceil_div(int64_t(cuda::ceil_div(M, 256)) * tn, sms);
-  const int64_t w128 = cuda::ceil_div(int64_t(cuda::ceil_div(M, 128)) * tn, sms);
+  const int64_t sms = sm_count(), tn = ceil_div(N, 128);
+  const int64_t w256 = ceil_div(int64_t(ceil_div(M, 256)) * tn, sms);
+  const int64_t w128 = ceil_div(int64_t(ceil_div(M, 128)) * tn, sms);
   return double(w128) * 128 * 1.15 < double(w256) * 256 ? 128 : 256;
 }
 
-}  // namespace qgemm_v2
+}  // namespace qgemm_wgmma
 
-bool q_gemm_v2_available() {
-  int dev = 0, major = 0;
+bool q_gemm_wgmma_available() {
+  // Read once per device (q_gemm asks at every launch).
+  static int major_of[16];
+  static bool filled[16] = {};
+  static std::mutex mu;
+  int dev = 0;
   LILAC_CUDA_CHECK(cudaGetDevice(&dev));
-  LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return major == 9;
+  if (dev < 0 || dev >= 16) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!filled[dev]) {
+    LILAC_CUDA_CHECK(
+        cudaDeviceGetAttribute(&major_of[dev], cudaDevAttrComputeCapabilityMajor, dev));
+    filled[dev] = true;
+  }
+  return major_of[dev] == 9;
 }
 
-void q_gemm_v2(const cuda::bf16* A, int M, const cuda::QMatrix& W, void* C, cuda::GemmOut mode,
-               cudaStream_t stream, int tokens_per_block) {
-  if (!A || !C || !W || !W.sb) fail("q_gemm_v2: null pointer");
-  if (M < 1 || W.rows < 1 || W.cols < cuda::kQGroup || W.cols % cuda::kQGroup != 0 || W.bits != 4)
-    fail("q_gemm_v2: unsupported M {} W [{}, {}] at {} bits (4-bit, K a positive multiple of 64)",
-         M, W.rows, W.cols, W.bits);
-  if (reinterpret_cast<uintptr_t>(A) % 16 != 0) fail("q_gemm_v2: A must be 16-byte aligned");
-  if (tokens_per_block == 0) tokens_per_block = qgemm_v2::pick_tokens(M, W.rows);
+void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
+                  cudaStream_t stream, int tokens_per_block) {
+  if (!A || !C || !W || !W.sb) fail("q_gemm_wgmma: null pointer");
+  if (M < 1 || W.rows < 1 || W.cols < kQGroup || W.cols % kQGroup != 0 || W.bits != 4)
+    fail(
+        "q_gemm_wgmma: unsupported M {} W [{}, {}] at {} bits (4-bit, K a positive multiple of 64)",
+        M, W.rows, W.cols, W.bits);
+  if (reinterpret_cast<uintptr_t>(A) % 16 != 0) fail("q_gemm_wgmma: A must be 16-byte aligned");
+  if (tokens_per_block == 0) tokens_per_block = qgemm_wgmma::pick_tokens(M, W.rows);
   if (tokens_per_block == 256)
-    qgemm_v2::dispatch<qgemm_v2::Cfg256>(A, M, W, C, mode, stream);
+    qgemm_wgmma::dispatch<qgemm_wgmma::Cfg256>(A, M, W, C, mode, stream);
   else if (tokens_per_block == 128)
-    qgemm_v2::dispatch<qgemm_v2::Cfg128>(A, M, W, C, mode, stream);
+    qgemm_wgmma::dispatch<qgemm_wgmma::Cfg128>(A, M, W, C, mode, stream);
   else
-    fail("q_gemm_v2: tokens_per_block {} (256, 128 or 0)", tokens_per_block);
+    fail("q_gemm_wgmma: tokens_per_block {} (256, 128 or 0)", tokens_per_block);
 }
 
-}  // namespace lilac::lab
+}  // namespace lilac::cuda
