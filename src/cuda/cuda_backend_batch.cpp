@@ -75,6 +75,10 @@ BatchWorkspace& CudaBackend::batch_ws() {
   b->topk_w.resize(B * k);
   b->order.resize(B * k);
   b->act.resize(B * (k * size_t(c.expert_intermediate) + size_t(c.shared_intermediate)));
+  if (c.count_layers(LayerType::GatedDeltaNet) > 0)
+    b->gdn_ws.resize(gdn_decode_batch_workspace_floats(b->max_B, int(c.gdn_key_heads),
+                                                       int(c.gdn_value_heads), int(c.gdn_key_dim),
+                                                       int(c.gdn_value_dim)));
   if (c.count_layers(LayerType::FullAttention) > 0)
     b->attn_partial.resize(attention_decode_batch_workspace_floats(
         b->max_B, int(c.heads), int(c.kv_heads), int(c.head_dim)));
@@ -105,7 +109,8 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer)
     timed(timer, "gdn_decode_batch", [&] {
       gdn_decode_batch(w.proj.get(), B, rows, slot, L.conv, L.neg_exp_A, L.dt_bias, L.gdn_norm,
                        int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
-                       int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.mix.get(), s);
+                       int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, bw.gdn_ws.get(),
+                       w.mix.get(), s);
     });
     timed(timer, "proj.gdn_out_proj", [&] {
       rows_proj(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, H, w.h.get(), true, s);

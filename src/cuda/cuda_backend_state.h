@@ -102,6 +102,7 @@ struct BatchWorkspace {
   DeviceBuffer<int32_t> order;         // [max_B * k] the pairs sorted by expert (4-bit MoE)
   DeviceBuffer<bf16> act;              // [max_B, k * I + Is]
   DeviceBuffer<float> attn_partial;    // attention_decode_batch_workspace_floats(max_B, ...)
+  DeviceBuffer<float> gdn_ws;          // gdn_decode_batch_workspace_floats(max_B, ...)
   DeviceBuffer<uint8_t> argmax_ws;     // [max_B] slices of 256 bytes, zeroed once
   // (batch size, grouped MoE) -> forward + argmax + position advance
   std::map<std::pair<int, bool>, cudaGraphExec_t> graphs;

@@ -35,12 +35,23 @@ void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
 // B sequences at once (a batched decode step; gdn_decode_uses_cluster must hold): row b reads
 // proj[b] (rows of C + Hv*Dv + 2*Hv), updates the conv and recurrent state of layer slot `slot` of
 // its own sequence (rows[b].conv / .rec, device memory) and writes out[b] [Hv*Dv]. Each row
-// computes exactly what gdn_decode computes for it (the same kernel, grid z = the row). One launch.
+// computes exactly what gdn_decode computes for it, bit for bit. Two launches
+// (gated_deltanet_decode_batch.cu: a prep kernel into `workspace`, then the state pass); workspace:
+// gdn_decode_batch_workspace_floats(B, ...) floats, no initialisation.
 struct DecodeBatchRow;
+size_t gdn_decode_batch_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv);
 void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
                       const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
                       const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
-                      bf16* out, cudaStream_t stream);
+                      float* workspace, bf16* out, cudaStream_t stream);
+
+// gdn_decode's cluster kernel over B rows (grid z = the row), one launch, the same contract and
+// results as gdn_decode_batch: the batched path until s6, kept for the kernel lab (bench/lab/
+// gdn_decode, v2 batched), which times it beside gdn_decode_batch.
+void gdn_decode_batch_cluster(const float* proj, int B, const DecodeBatchRow* rows, int slot,
+                              const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
+                              const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K,
+                              float eps, bf16* out, cudaStream_t stream);
 
 // Prefill workspace for T tokens (no initialisation needed).
 size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv);

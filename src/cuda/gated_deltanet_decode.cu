@@ -111,8 +111,8 @@ __global__ void __launch_bounds__(2 * DK)
   const int c0 = cb * kCols;
   const int cq = tid & 7, rg = tid >> 3;  // columns 4cq..4cq+3 (of 32), rows 4rg..4rg+3
   const uint32_t rank = cluster::ctarank();
-  // Batched (gdn_decode_batch): grid z = the batch row; its projection row, output row and the
-  // states of layer slot `slot` of its own sequence.
+  // Batched (gdn_decode_batch_cluster, the kernel lab's v2 batched): grid z = the batch row; its
+  // projection row, output row and the states of layer slot `slot` of its own sequence.
   if (rows) {
     const int b = blockIdx.z;
     proj += size_t(b) * proj_stride;
@@ -380,13 +380,13 @@ void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
   launch_gdn_decode_dk(Dk, K, a, stream);
 }
 
-void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
-                      const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
-                      const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
-                      bf16* out, cudaStream_t stream) {
-  if (!proj || !rows || !out) fail("gdn_decode_batch: null pointer");
-  if (B < 1 || B > 65535) fail("gdn_decode_batch: B = {}", B);
-  check_decode("gdn_decode_batch", Hk, Hv, Dk, Dv, K);
+void gdn_decode_batch_cluster(const float* proj, int B, const DecodeBatchRow* rows, int slot,
+                              const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
+                              const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K,
+                              float eps, bf16* out, cudaStream_t stream) {
+  if (!proj || !rows || !out) fail("gdn_decode_batch_cluster: null pointer");
+  if (B < 1 || B > 65535) fail("gdn_decode_batch_cluster: B = {}", B);
+  check_decode("gdn_decode_batch_cluster", Hk, Hv, Dk, Dv, K);
   DecodeArgs a{proj,    conv_taps, nullptr, neg_exp_A, dt_bias, norm_scale,
                nullptr, Hk,        Hv,      Dv,        eps,     out};
   a.rows = rows;

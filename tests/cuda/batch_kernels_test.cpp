@@ -1,7 +1,7 @@
 // The batched decode kernels (label gpu) against their single-sequence versions at the real
 // model's dimensions: each batch row must give what the B = 1 launch gives for it alone.
-//  * gdn_decode_batch vs gdn_decode (cluster kernel) per row: outputs and both states
-//  bit-identical;
+//  * gdn_decode_batch (prep + state kernels) vs gdn_decode (cluster kernel) per row, B up to 16:
+//  outputs and both states bit-identical;
 //  * attention_decode_qkv_batch vs attention_decode_qkv per row (rows of different lengths and
 //    cache sizes): the new K/V cache rows bit-identical, the output within bf16 rounding (the
 //    batched launch's split count follows B, so its f32 combine sums in another order);
@@ -61,7 +61,7 @@ TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
   auto nA = upload(negA);
   auto dtb = upload(random_floats(size_t(Hv), 0.5f, 3));
   auto normw = upload(random_floats(size_t(Dv), 0.2f, 4));
-  for (int B : {1, 3, 7}) {
+  for (int B : {1, 3, 7, 16}) {
     SCOPED_TRACE("B = " + std::to_string(B));
     auto proj = upload(random_floats(size_t(B) * P, 1.f, uint32_t(10 + B)));
     std::vector<DeviceBuffer<float>> conv, rec, conv_ref, rec_ref;
@@ -79,8 +79,10 @@ TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
     auto d_rows = upload(rows);
     DeviceBuffer<bf16> out(size_t(B) * Hv * Dv), out_ref(size_t(B) * Hv * Dv);
     poison(out);
+    DeviceBuffer<float> ws(cuda::gdn_decode_batch_workspace_floats(B, Hk, Hv, Dk, Dv));
+    poison(ws);  // needs no initialisation
     cuda::gdn_decode_batch(proj.get(), B, d_rows.get(), slot, taps.get(), nA.get(), dtb.get(),
-                           normw.get(), Hk, Hv, Dk, Dv, K, 1e-6f, out.get(), nullptr);
+                           normw.get(), Hk, Hv, Dk, Dv, K, 1e-6f, ws.get(), out.get(), nullptr);
     for (int b = 0; b < B; ++b)
       cuda::gdn_decode(proj.get() + size_t(b) * P, taps.get(),
                        conv_ref[size_t(b)].get() + size_t(slot) * conv_n, nA.get(), dtb.get(),

@@ -21,8 +21,7 @@ struct GdnDecodeArgs {
   int Hk, Hv, Dk, Dv, K;
   float eps;
   cuda::bf16* out;   // [Hv*Dv]
-  float* workspace;  // version 1: gdn_decode_v1_workspace_floats, zeroed once (kept at zero);
-                     // version 3: gdn_decode_v3_workspace_floats(1, ...), no initialisation
+  float* workspace;  // version 1: gdn_decode_v1_workspace_floats, zeroed once (kept at zero)
 };
 
 // B rows at once (the contract of src/cuda/gated_deltanet.h's gdn_decode_batch): row b reads
@@ -37,17 +36,11 @@ struct GdnDecodeBatchArgs {
   int Hk, Hv, Dk, Dv, K;
   float eps;
   cuda::bf16* out;   // [B, Hv*Dv]
-  float* workspace;  // version 3: gdn_decode_v3_workspace_floats(B, ...), no initialisation
+  float* workspace;  // version 3: cuda::gdn_decode_batch_workspace_floats(B, ...)
 };
 
 // Version 1, the counter kernel (v1_counter.cu).
 size_t gdn_decode_v1_workspace_floats(int Hk, int Hv, int Dv);
 void gdn_decode_v1_counter(const GdnDecodeArgs& a, cudaStream_t stream);
-
-// Version 3, the split kernels (v3_split.cu): prep (conv, l2norm, gates -> workspace), then the
-// state pass. Workspace: B rows of 2 Hk Dk + Hv Dv + 2 Hv floats (rounded up to 4).
-size_t gdn_decode_v3_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv);
-void gdn_decode_v3_split(const GdnDecodeArgs& a, cudaStream_t stream);
-void gdn_decode_batch_v3_split(const GdnDecodeBatchArgs& a, cudaStream_t stream);
 
 }  // namespace lilac::lab

@@ -1,76 +1,66 @@
-// gdn_decode version 3, "split": the small per-(row, key head) work in a first kernel, the state
-// pass in a second one with no barrier before its state update. Built for the batched decode
-// (gdn_decode_batch: B rows, each row its own sequence's conv and recurrent state through
-// DecodeBatchRow pointers, layer slot `slot`); B = 1 with rows == nullptr is the single-row call.
+// Gated DeltaNet decode over B rows (the batched decode pass): each row its own sequence's conv
+// and recurrent state through DecodeBatchRow pointers (layer slot `slot`). Two kernels per layer.
+// Version 3 of the kernel lab's gdn_decode (bench/lab/gdn_decode/README.md, "v3 split"); the
+// single-row decode stays on version 2, the cluster kernel of gated_deltanet_decode.cu, which also
+// ran this batched pass (grid z = the row) until s6.
 //
-// Why (production v2, H200, 16 rows: 1.13 ms per pass of 30 layers, 37 us per layer for 67 MB of
-// state read + written, 1.8 TB/s): v2 uses 62 registers, so 4 of its 256-thread blocks fit an SM
-// (register-limited, not thread-limited): 528 resident blocks, 2,048 blocks at 16 rows = 3.9 waves,
-// 15.5 at 64 rows. Every block runs the same chain (state + conv loads -> cluster barrier for the
-// q/k conv split -> kS -> update + store -> o -> cluster barrier -> output), the waves start in
-// lockstep, and DRAM idles while a wave sits in its barriers.
+// Why (H200, s6 run 1, the lab at the real shapes, graphs of 30 layers): the cluster kernel over
+// B rows took 35.5 us per layer at 16 rows (2.0 TB/s for 71 MB of state and conv traffic) and
+// 122.9 us at 64 (2.3 TB/s). It holds 62 registers, so 4 of its 256-thread blocks fit an SM: 528
+// resident blocks, 3.9 waves at 16 rows, 15.5 at 64; every block runs the same chain (state + conv
+// loads -> cluster barrier for the q/k conv split -> kS -> update + store -> o -> cluster barrier
+// -> output), the waves start in lockstep, and DRAM idles while a wave sits in its barriers. Split
+// as below: 26.7 / 96.2 us per layer (2.7 / 3.0 TB/s), outputs and states bit-identical to it.
 //
 // Kernel 1, prep: grid (Hk, B), 2 Dk threads. Block (kh, b): thread j convolves q/k channel j of
 // key head kh (j < Dk: q, else k), shifts its conv state, the warps' sums of squares give the
 // l2norm (as v2: per 32-channel slice, slices summed in order); then the Hv/Hk x Dv v channels of
 // the key head's value heads (conv + SiLU, conv state shifted) and their gates. It writes row b's
 // workspace row: q * (sum q^2 + 1e-6)^-1/2 Dk^-1/2 [Hk Dk], k * (sum k^2 + 1e-6)^-1/2 [Hk Dk],
-// v [Hv Dv], beta [Hv], decay = e^g [Hv], f32 (gdn_decode_v3_workspace_floats: B rows of
-// 2 Hk Dk + Hv Dv + 2 Hv floats rounded up to 4: 8,256 floats = 32 KiB per row at the real
-// shapes; 0.5 MiB at 16 rows, 2 MiB at 64, L2-resident). 256 blocks at 16 rows; one DRAM round trip
-// (conv state, proj, taps) and one block barrier.
+// v [Hv Dv], z [Hv Dv] (a copy of the gate), beta [Hv], decay = e^g [Hv], f32
+// (gdn_decode_batch_workspace_floats: B rows of 2 Hk Dk + 2 Hv Dv + 2 Hv floats rounded up to 4:
+// 12,352 floats = 48 KiB per row at the real shapes; 0.8 MiB at 16 rows, 3 MiB at 64, L2-resident).
 //
-// Kernel 2, state: grid (Dv/32, Hv, B), 2 Dk threads, as v2's blocks (thread (rg, cq) holds S rows
-// 4rg..4rg+3 x columns 4cq..4cq+3 of the block's 32), but
-//  - its 4 state loads (16 B each; 16 KiB per block) are issued BEFORE the PDL wait: the state is
-//    written by no kernel of this step (only by this kernel of this layer one step earlier), so a
-//    resident block's state is in flight while kernel 1 still runs;
+// Kernel 2, state: grid (Dv/32, Hv, B), 2 Dk threads; thread (rg, cq) holds S rows 4rg..4rg+3 x
+// columns 4cq..4cq+3 of the block's 32 (as v2), but
+//  - its 4 state loads (16 B each; 16 KiB per block) are issued BEFORE the PDL wait, so a resident
+//    block's state is in flight while kernel 1 still runs. Why that is safe: a layer's state
+//    kernel runs once per pass, so the last writer of the state it loads is this kernel of this
+//    layer in an earlier pass, and passes are fully ordered: a step returns its tokens to the host
+//    (a synchronisation) before the next is launched, and back-to-back graph replays (the
+//    benchmarks) are separate graph launches, which PDL does not overlap.
 //  - after the wait it reads q, k, v, beta, decay from the workspace (L2) and goes straight to kS,
 //    the update + store, o: no cluster barrier before the state update;
 //  - the only cross-block step is the gated norm's sum of squares over a head's Dv/32 column
-//    blocks: a cluster of Dv/32 = 4 blocks (not v2's 8 blocks of a key head), one cluster barrier
-//    after the state stores are issued;
+//    blocks: a cluster of Dv/32 = 4 blocks, one cluster barrier after the state stores are issued;
 //  - no conv work, so fewer registers: __launch_bounds__(256, kMinBlocks) asks for 5 blocks per SM
-//    (<= 48 registers; ptxas reports the count, README.md).
+//    (48 registers at the real shapes).
 // Per-row arithmetic is v2's, operation for operation (the same conv_silu, the same slice sums of
 // squares in the same order, the same products kr = k * rk and qr = q * rq, the same kS and o
-// reductions and norm): the outputs and states are meant to be bit-identical to v2's (the lab
-// counts mismatches). The rows[] pointers are read before the PDL wait (uploaded by the host before
-// the step, written by no kernel).
-//
-// Dependent steps per state block: rows[b] -> state loads (DRAM) ... PDL wait -> workspace loads
-// (L2) -> kS (block barrier) -> update, stores -> o (block barrier) -> push ss -> cluster barrier
-// -> 32 bf16 stores.
+// reductions and norm): the outputs and states equal gdn_decode's bit for bit
+// (tests/cuda/batch_kernels_test.cpp). The rows[] pointers are read before the PDL wait (uploaded
+// by the host before the step, written by no kernel).
 #include <algorithm>
 
 #include "cuda/cluster.cuh"
 #include "cuda/common.cuh"
 #include "cuda/decode_batch.h"
+#include "cuda/gated_deltanet.h"
 #include "cuda/launch.h"
 #include "cuda/vec_util.cuh"
-#include "gdn_decode_lab.h"
 #include "util/error.h"
 
-namespace lilac::lab {
+namespace lilac::cuda {
 namespace {
-
-using cuda::bf16;
-using cuda::DecodeBatchRow;
-using cuda::pdl_launch_dependents;
-using cuda::pdl_wait;
-using cuda::sigmoid;
-using cuda::silu;
-using cuda::warp_sum;
-namespace cluster = cuda::cluster;
 
 constexpr int kCols = 32;       // value columns per state block
 constexpr int kMaxCluster = 8;  // portable cluster size (Dv <= 256)
 constexpr int kMinBlocks = 5;   // state kernel: resident 256-thread blocks per SM asked of ptxas
 
-// Floats of one workspace row: q [Hk Dk], k [Hk Dk], v [Hv Dv], beta [Hv], decay [Hv], rounded up
-// to 4 (16-byte aligned rows).
+// Floats of one workspace row: q [Hk Dk], k [Hk Dk], v [Hv Dv], z [Hv Dv], beta [Hv], decay [Hv],
+// rounded up to 4 (16-byte aligned rows).
 int ws_row_floats(int Hk, int Hv, int Dk, int Dv) {
-  return (2 * Hk * Dk + Hv * Dv + 2 * Hv + 3) & ~3;
+  return (2 * Hk * Dk + 2 * Hv * Dv + 2 * Hv + 3) & ~3;
 }
 
 // Causal conv + SiLU of one channel for one new input x (v2's helper, the same operations).
@@ -107,15 +97,15 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 #endif
 
-// ---- kernel 1: conv, l2norm, gates -> workspace
+// ---- kernel 1, prep: conv, l2norm, gates -> workspace
 
 template <int DK, int KC>
 __global__ void __launch_bounds__(2 * DK)
-    gdn_v3_prep_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
-                       float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
-                       const float* __restrict__ dt_bias, int Hk, int Hv, int Dv,
-                       float* __restrict__ ws, int ws_row, const DecodeBatchRow* __restrict__ rows,
-                       int slot, int proj_stride) {
+    gdn_batch_prep_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
+                          float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
+                          const float* __restrict__ dt_bias, int Hk, int Hv, int Dv,
+                          float* __restrict__ ws, int ws_row,
+                          const DecodeBatchRow* __restrict__ rows, int slot, int proj_stride) {
   constexpr int NTH = 2 * DK, NW = NTH / 32;
   __shared__ float ss_part[NW];  // sum of squares per 32-channel slice: q slices, then k slices
 
@@ -131,7 +121,8 @@ __global__ void __launch_bounds__(2 * DK)
   float* ws_q = ws;
   float* ws_k = ws + Hk * DK;
   float* ws_v = ws + 2 * Hk * DK;
-  float* ws_beta = ws_v + Hv * Dv;
+  float* ws_z = ws_v + Hv * Dv;
+  float* ws_beta = ws_z + Hv * Dv;
   float* ws_decay = ws_beta + Hv;
 
   pdl_launch_dependents();
@@ -155,6 +146,7 @@ __global__ void __launch_bounds__(2 * DK)
     const int chv = 2 * Hk * DK + vc;
     float nv[KC - 1];
     ws_v[vc] = conv_silu<KC>(conv_state, taps, proj[chv], chv, C, nv);
+    ws_z[vc] = proj[C + vc];  // the gate z of the same column (see the state kernel's step 2)
 #pragma unroll
     for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + chv] = nv[r];
   }
@@ -180,14 +172,14 @@ __global__ void __launch_bounds__(2 * DK)
   }
 }
 
-// ---- kernel 2: the state pass and the gated norm
+// ---- kernel 2, state: the state pass and the gated norm
 
 template <int DK>
 __global__ void __launch_bounds__(2 * DK, kMinBlocks)
-    gdn_v3_state_kernel(const float* __restrict__ ws, int ws_row, const float* __restrict__ proj,
-                        const float* __restrict__ norm_w, float* __restrict__ state, int Hk, int Hv,
-                        int Dv, float eps, bf16* __restrict__ out,
-                        const DecodeBatchRow* __restrict__ rows, int slot, int proj_stride) {
+    gdn_batch_state_kernel(const float* __restrict__ ws, int ws_row,
+                           const float* __restrict__ norm_w, float* __restrict__ state, int Hk,
+                           int Hv, int Dv, float eps, bf16* __restrict__ out,
+                           const DecodeBatchRow* __restrict__ rows, int slot) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NTH = 2 * DK, NW = NTH / 32;
   __shared__ __align__(16) float red[NW][kCols];   // per-warp partial column sums: S^T k
@@ -197,7 +189,6 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
   const int cb = blockIdx.x, v = blockIdx.y, nsplit = gridDim.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int ratio = Hv / Hk, kh = v / ratio;
-  const int C = 2 * Hk * DK + Hv * Dv;
   const int c0 = cb * kCols;
   const int cq = tid & 7, rg = tid >> 3;  // columns 4cq..4cq+3 (of 32), rows 4rg..4rg+3
   // Batched: grid z = the row. Only the state pointer is formed before the wait (rows[] is
@@ -220,14 +211,18 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
   pdl_wait();
 
   // 2. The workspace row (kernel 1's output, L2) and z.
-  float z_l = 0.f;
-  if (warp == 0) z_l = proj[b * proj_stride + C + size_t(v) * Dv + c0 + lane];
+  // Everything read after the wait comes from the workspace, i.e. from kernel 1, this kernel's PDL
+  // prerequisite, whose writes the wait makes visible. z is in it as a copy: read from proj (the
+  // in_proj kernel's output, two launches back), it came out stale in the s6 run 2 backend tests
+  // (the previous layer's z, from this SM's L1), which the wait does not cover.
   const float* wsr = ws + b * ws_row;
+  float z_l = 0.f;
+  if (warp == 0) z_l = wsr[2 * Hk * DK + Hv * Dv + size_t(v) * Dv + c0 + lane];
   const float4 q4 = *reinterpret_cast<const float4*>(wsr + kh * DK + 4 * rg);
   const float4 k4 = *reinterpret_cast<const float4*>(wsr + Hk * DK + kh * DK + 4 * rg);
   const float4 v4 = *reinterpret_cast<const float4*>(wsr + 2 * Hk * DK + v * Dv + c0 + 4 * cq);
-  const float beta = wsr[2 * Hk * DK + Hv * Dv + v];
-  const float decay = wsr[2 * Hk * DK + Hv * Dv + Hv + v];
+  const float beta = wsr[2 * Hk * DK + 2 * Hv * Dv + v];
+  const float decay = wsr[2 * Hk * DK + 2 * Hv * Dv + Hv + v];
   const float kr[4] = {k4.x, k4.y, k4.z, k4.w};
   const float qr[4] = {q4.x, q4.y, q4.z, q4.w};
 
@@ -300,13 +295,11 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
     out[(b * Hv + v) * Dv + c0 + lane] = __float2bfloat16_rn(w_l * (ov * r) * silu(z_l));
   }
 #else
-  __trap();  // sm_90 only (the lab checks the device before it runs this version)
+  __trap();  // sm_90 only (check_batch refuses other devices)
 #endif
 }
 
-// ---- launchers
-
-struct V3Args {
+struct BatchArgs {
   const float *proj, *taps;
   float* conv_state;
   const float *neg_exp_A, *dt_bias, *norm_w;
@@ -321,7 +314,7 @@ struct V3Args {
 
 template <typename Kernel>
 void fill_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr, Kernel kernel) {
-  if (cuda::pdl_for(reinterpret_cast<const void*>(kernel), cfg.stream)) {
+  if (pdl_for(reinterpret_cast<const void*>(kernel), cfg.stream)) {
     attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
     ++cfg.numAttrs;
@@ -329,7 +322,7 @@ void fill_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr, Kernel kernel)
 }
 
 template <int DK, int KC>
-void launch_v3(const V3Args& a, cudaStream_t stream) {
+void launch_batch(const BatchArgs& a, cudaStream_t stream) {
   const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
   {
     cudaLaunchConfig_t cfg{};
@@ -339,8 +332,8 @@ void launch_v3(const V3Args& a, cudaStream_t stream) {
     cudaLaunchAttribute attr[1];
     cfg.attrs = attr;
     cfg.numAttrs = 0;
-    fill_pdl(cfg, attr, gdn_v3_prep_kernel<DK, KC>);
-    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_v3_prep_kernel<DK, KC>, a.proj, a.taps,
+    fill_pdl(cfg, attr, gdn_batch_prep_kernel<DK, KC>);
+    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_prep_kernel<DK, KC>, a.proj, a.taps,
                                         a.conv_state, a.neg_exp_A, a.dt_bias, a.Hk, a.Hv, a.Dv,
                                         a.ws, ws_row, a.rows, a.slot, a.proj_stride));
     LILAC_CUDA_LAUNCHED();
@@ -357,86 +350,86 @@ void launch_v3(const V3Args& a, cudaStream_t stream) {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    fill_pdl(cfg, attr, gdn_v3_state_kernel<DK>);
-    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_v3_state_kernel<DK>, a.ws, ws_row, a.proj,
-                                        a.norm_w, a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
-                                        a.slot, a.proj_stride));
+    fill_pdl(cfg, attr, gdn_batch_state_kernel<DK>);
+    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_state_kernel<DK>, a.ws, ws_row, a.norm_w,
+                                        a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows, a.slot));
     LILAC_CUDA_LAUNCHED();
   }
 }
 
 template <int DK>
-void launch_v3_k(int K, const V3Args& a, cudaStream_t stream) {
+void launch_batch_k(int K, const BatchArgs& a, cudaStream_t stream) {
   switch (K) {
     case 2:
-      launch_v3<DK, 2>(a, stream);
+      launch_batch<DK, 2>(a, stream);
       break;
     case 3:
-      launch_v3<DK, 3>(a, stream);
+      launch_batch<DK, 3>(a, stream);
       break;
     default:
-      launch_v3<DK, 4>(a, stream);
+      launch_batch<DK, 4>(a, stream);
       break;
   }
 }
 
-void launch_v3_dk(int Dk, int K, const V3Args& a, cudaStream_t stream) {
+void launch_batch_dk(int Dk, int K, const BatchArgs& a, cudaStream_t stream) {
   switch (Dk) {
     case 32:
-      launch_v3_k<32>(K, a, stream);
+      launch_batch_k<32>(K, a, stream);
       break;
     case 64:
-      launch_v3_k<64>(K, a, stream);
+      launch_batch_k<64>(K, a, stream);
       break;
     default:
-      launch_v3_k<128>(K, a, stream);
+      launch_batch_k<128>(K, a, stream);
       break;
   }
 }
 
-void check_v3(int Hk, int Hv, int Dk, int Dv, int K) {
-  if (Hk <= 0 || Hv % Hk != 0) fail("gdn_decode v3: Hv {} not a multiple of Hk {}", Hv, Hk);
+void check_batch(int Hk, int Hv, int Dk, int Dv, int K) {
+  if (Hk <= 0 || Hv % Hk != 0) fail("gdn_decode_batch: Hv {} not a multiple of Hk {}", Hv, Hk);
   if (Dv <= 0 || Dv % kCols != 0 || Dv / kCols > kMaxCluster)
-    fail("gdn_decode v3: Dv {} not a multiple of {} up to {}", Dv, kCols, kCols * kMaxCluster);
-  if (K < 2 || K > 4) fail("gdn_decode v3: conv kernel {} not supported (2..4)", K);
-  if (Dk != 32 && Dk != 64 && Dk != 128) fail("gdn_decode v3: Dk {} not supported", Dk);
+    fail("gdn_decode_batch: Dv {} not a multiple of {} up to {}", Dv, kCols, kCols * kMaxCluster);
+  if (K < 2 || K > 4) fail("gdn_decode_batch: conv kernel {} not supported (2..4)", K);
+  if (Dk != 32 && Dk != 64 && Dk != 128) fail("gdn_decode_batch: Dk {} not supported", Dk);
+  if (!gdn_decode_uses_cluster(Hk, Hv, Dk, Dv))
+    fail(
+        "gdn_decode_batch: needs a compute capability 9.0 GPU and Hv/Hk x Dv/32 <= 8 (Hk {} Hv {} "
+        "Dk {} Dv {})",
+        Hk, Hv, Dk, Dv);
 }
 
 }  // namespace
 
-size_t gdn_decode_v3_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv) {
+size_t gdn_decode_batch_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv) {
   return size_t(B) * size_t(ws_row_floats(Hk, Hv, Dk, Dv));
 }
 
-void gdn_decode_v3_split(const GdnDecodeArgs& a, cudaStream_t stream) {
-  check_v3(a.Hk, a.Hv, a.Dk, a.Dv, a.K);
-  const V3Args v{a.proj, a.taps, a.conv_state, a.neg_exp_A, a.dt_bias,   a.norm_w, a.state, a.Hk,
-                 a.Hv,   a.Dv,   a.eps,        a.out,       a.workspace, nullptr,  1,       0,
-                 0};
-  launch_v3_dk(a.Dk, a.K, v, stream);
+void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
+                      const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
+                      const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
+                      float* workspace, bf16* out, cudaStream_t stream) {
+  if (!proj || !rows || !out || !workspace) fail("gdn_decode_batch: null pointer");
+  if (B < 1 || B > 65535) fail("gdn_decode_batch: B = {}", B);
+  check_batch(Hk, Hv, Dk, Dv, K);
+  const BatchArgs a{proj,
+                    conv_taps,
+                    nullptr,
+                    neg_exp_A,
+                    dt_bias,
+                    norm_scale,
+                    nullptr,
+                    Hk,
+                    Hv,
+                    Dv,
+                    eps,
+                    out,
+                    workspace,
+                    rows,
+                    B,
+                    slot,
+                    2 * Hk * Dk + 2 * Hv * Dv + 2 * Hv};
+  launch_batch_dk(Dk, K, a, stream);
 }
 
-void gdn_decode_batch_v3_split(const GdnDecodeBatchArgs& a, cudaStream_t stream) {
-  check_v3(a.Hk, a.Hv, a.Dk, a.Dv, a.K);
-  if (a.B < 1 || a.B > 65535) fail("gdn_decode_batch v3: B = {}", a.B);
-  const V3Args v{a.proj,
-                 a.taps,
-                 nullptr,
-                 a.neg_exp_A,
-                 a.dt_bias,
-                 a.norm_w,
-                 nullptr,
-                 a.Hk,
-                 a.Hv,
-                 a.Dv,
-                 a.eps,
-                 a.out,
-                 a.workspace,
-                 a.rows,
-                 a.B,
-                 a.slot,
-                 2 * a.Hk * a.Dk + 2 * a.Hv * a.Dv + 2 * a.Hv};
-  launch_v3_dk(a.Dk, a.K, v, stream);
-}
-
-}  // namespace lilac::lab
+}  // namespace lilac::cuda
