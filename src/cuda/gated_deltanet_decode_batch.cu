@@ -23,17 +23,12 @@
 //
 // Kernel 2, state: grid (Dv/32, Hv, B), 2 Dk threads; thread (rg, cq) holds S rows 4rg..4rg+3 x
 // columns 4cq..4cq+3 of the block's 32 (as v2), but
-//  - its 4 state loads (16 B each; 16 KiB per block) are issued BEFORE the PDL wait, so a resident
-//    block's state is in flight while kernel 1 still runs. Why that is safe: a layer's state
-//    kernel runs once per pass, so the last writer of the state it loads is this kernel of this
-//    layer in an earlier pass, and passes are fully ordered: a step returns its tokens to the host
-//    (a synchronisation) before the next is launched, and back-to-back graph replays (the
-//    benchmarks) are separate graph launches, which PDL does not overlap.
-//  - after the wait it reads q, k, v, beta, decay from the workspace (L2) and goes straight to kS,
-//    the update + store, o: no cluster barrier before the state update;
+//  - no conv work and no cluster barrier before the state update: after the PDL wait it loads its
+//    16 KiB of state and the q, k, v, z, beta, decay of its row from the workspace (L2) together,
+//    then goes straight to kS, the update + store, o;
 //  - the only cross-block step is the gated norm's sum of squares over a head's Dv/32 column
 //    blocks: a cluster of Dv/32 = 4 blocks, one cluster barrier after the state stores are issued;
-//  - no conv work, so fewer registers: __launch_bounds__(256, kMinBlocks) asks for 5 blocks per SM
+//  - fewer registers: __launch_bounds__(256, kMinBlocks) asks for 5 blocks per SM
 //    (48 registers at the real shapes).
 // Per-row arithmetic is v2's, operation for operation (the same conv_silu, the same slice sums of
 // squares in the same order, the same products kr = k * rk and qr = q * rq, the same kS and o
@@ -81,17 +76,6 @@ __device__ __forceinline__ float conv_silu(const float* __restrict__ conv_state,
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// 16-byte state load issued before the PDL wait: asm volatile keeps it in program order there (a
-// plain load could be sunk past the wait, towards its first use). Not .nc: this kernel writes the
-// same addresses later.
-__device__ __forceinline__ float4 ld_state_early(const float* p) {
-  float4 v;
-  asm volatile("ld.global.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -198,23 +182,25 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
   if (rows) state = rows[b].rec + size_t(slot) * Hv * DK * Dv;
 
   pdl_launch_dependents();
-  // 1. Before the wait: this thread's 4 x 4 slice of S (written by no kernel of this step) and the
-  //    norm weights. The cluster's blocks all start before any remote store below (the cluster
-  //    wait sits before the push).
+  // 1. The norm weights before the wait; the cluster's blocks all start before any remote store
+  //    below (the cluster wait sits before the push). Then this thread's 4 x 4 slice of S. (The
+  //    lab's v3 issued these loads before the wait, written by no kernel of the step; after it
+  //    they measured faster, s6: 29.1 -> 26.5 us per layer at 16 rows, 107.8 -> 91.2 at 64.)
   if (nsplit > 1) cluster::arrive_relaxed();
-  float* Sp = state + (size_t(v) * DK + 4 * rg) * Dv + c0 + 4 * cq;
-  float4 S[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) S[i] = ld_state_early(Sp + size_t(i) * Dv);
   float w_l = 0.f;
   if (warp == 0) w_l = norm_w[c0 + lane];
   pdl_wait();
+  float* Sp = state + (size_t(v) * DK + 4 * rg) * Dv + c0 + 4 * cq;
+  float4 S[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) S[i] = *reinterpret_cast<const float4*>(Sp + size_t(i) * Dv);
 
   // 2. The workspace row (kernel 1's output, L2) and z.
-  // Everything read after the wait comes from the workspace, i.e. from kernel 1, this kernel's PDL
-  // prerequisite, whose writes the wait makes visible. z is in it as a copy: read from proj (the
-  // in_proj kernel's output, two launches back), it came out stale in the s6 run 2 backend tests
-  // (the previous layer's z, from this SM's L1), which the wait does not cover.
+  // Besides the state (last written a pass earlier), everything read after the wait comes from the
+  // workspace, i.e. from kernel 1, this kernel's PDL prerequisite, whose writes the wait makes
+  // visible. z is in it as a copy: read from proj (the
+  // in_proj kernel's output, two launches back), it would depend on the wait's transitive
+  // ordering, which the PDL contract does not state.
   const float* wsr = ws + b * ws_row;
   float z_l = 0.f;
   if (warp == 0) z_l = wsr[2 * Hk * DK + Hv * Dv + size_t(v) * Dv + c0 + lane];
