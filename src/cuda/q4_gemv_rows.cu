@@ -1,42 +1,46 @@
-// q_gemv_rows: the 4/8-bit dense projections of a batched decode step (and of short prompts, in
-// 64-token slabs: proj_gemm), T <= 64 token rows at once, each weight read once for all rows
-// (docs/kernels.md, version 6).
+// q_gemv_rows: the 4/8-bit dense projections over T <= 64 token rows (q4_linear.h). Version 3 of
+// the kernel lab's q_gemv_rows (docs/kernels.md's planned "q_gemv_rows v7"), production since s6:
+// version 2 (bench/lab/q_gemv_rows/v2_staged.cu, docs' v6) with a block's phases overlapped.
+// Measured (s6 run 2, per call): in_proj 16 / 64 rows 16.0 -> 14.2 / 35.5 -> 33.0 us, lm_head 222
+// -> 182 / 532 -> 389 us, the router at 64 rows 10.7 -> 8.6 us; out_proj unchanged (7.4 -> 7.6
+// / 17.5 -> 17.3).
 //
-// Why not q_gemm: the prefill GEMM's 256-row x 128-token block tiles leave most of the GPU idle
-// at small M (49 blocks for in_proj) and compute 128 tokens for a handful. Why not T q_gemv
-// launches: the weights would be read T times.
+// Version 2's block runs one (row block, K-slice) unit in series: its weights, the staging of x,
+// the group sums, the MMAs, the cluster barrier, the reduce; 16 warps per SM, and in_proj's 388
+// blocks are 1.47 waves (ncu, s4 run 2). Here a block takes NG consecutive groups of K (several
+// register sets of GS groups: 8 at 4 bits, 4 at 8 bits), and both of its inputs are pipelined:
+//  * weights, a register set ahead: right after a warp has rebuilt group m's A fragments from its
+//    codes, it issues the loads of group m of the next set into the same registers (codes and the
+//    scale/bias pair), so a whole set of compute covers each load and the registers stay at one set
+//    (48) per lane, as in version 2;
+//  * x, a stage ahead: the block's groups are staged in stages of XG groups (XG = 8 at 4 bits, 4 at
+//    64 rows or 8 bits: two stages of 64 rows x 256 columns are 69.6 KB, leaving room for 2 blocks
+//    per SM) through two shared buffers; stage j + 1 is copied (cp.async) while stage j computes.
+// The K ranges of a row block form a cluster of S = ceil(G / NG) ranks reducing through distributed
+// shared memory in rank order (version 2's reduce, unchanged: deterministic). The host picks S, the
+// smallest power of two (capped at 8 and at the sets of K) giving ~one wave of blocks: in_proj
+// (97 row blocks, 4 sets) S = 2, 194 blocks (one wave of 2 per SM), NG = 16; lm_head (1940 row
+// blocks) S = 1, no cluster, NG = 32; out_proj and the router stay as version 2 (S = 8).
 //
-// Version 5 (q_set_dot_tokens per warp, x read from L2 per 8-token chunk; now in the kernel lab,
-// bench/lab/q_gemv_rows/v1_set_dot_tokens.cu) held a set's codes, its x chunk for 8 groups and 8
-// chunks of accumulators in registers: 230-255 registers, one 8-warp block per SM, one L2 round
-// trip per chunk: 10.5 ms of a 23.6 ms 64-row pass at ~0.1 TB/s.
-//
-// This version. The unit of work is a warp on one 16-row weight tile and one K-slice of the
-// matrix (<= 8 slices: the slices of a row block form a thread-block cluster, grid y):
-//  1. The warp issues its slice's weight loads (8 groups x 16 bytes per lane and plane, and the
-//     scale/bias pairs) before waiting for the previous kernel (PDL): the DRAM round trip of the
-//     weights overlaps that kernel's tail and the staging below.
-//  2. The block stages the slice's x, T rows x 64 SL columns bf16 (64 rows x 512 columns = 65 KB
-//     at the real shapes), in shared memory with cp.async (rows past T are zeros), and the
-//     tokens' group sums Sx[group][token] in f32 once for all warps.
-//  3. Per group, the warp rebuilds its A fragments once (four k16 blocks: the codes as 128 + q
-//     for 4 bits, as q exactly for 8 bits: q4_tile.cuh) and runs them against every 8-token chunk,
-//     B fragments by ldmatrix from the staged rows (rows 16 bytes apart modulo 128: no bank
-//     conflicts); per (row, group) and token the f32 fix-up
-//         sum_k (s q_k + b) x_k = s * sum_k (c + q_k) x_k + (b - c s) * Sx,   c = 128 or 0,
-//     q_gemv's arithmetic per (row, group) but for the f32 order of the sums (at 8 bits q_gemv
-//     keeps the two nibble planes apart; here q = lo + 16 hi is rebuilt exactly in bf16).
-//  4. The slices meet in distributed shared memory: each block writes its partial sums into its
-//     own shared memory (the staging area, no longer needed), the cluster barrier, then rank r
-//     sums the r-th 1/S of the partials over ranks 0 .. S-1 in that order (deterministic: no
-//     atomics) and stores them.
-// Registers: the set's codes and scales (48), one chunk of accumulators per 8 tokens (32 at 64
-// rows), the A fragments (16): <= 128 (two 8-warp blocks per SM).
-// Bytes per launch: the weights once (0.5625 B/weight at 4 bits), x once per row block from L2.
+// Per stage j (buffer b = j & 1; x [R][64 XG + 8] bf16 then Sx [XG][R] f32), at its first group:
+//   cp.async.wait_all; __syncthreads   (1) stage j landed and is visible; every warp has finished
+//                                           stage j - 1, so buffer b ^ 1 (stage j - 1) is free
+//   issue stage j + 1 into buffer b ^ 1  (cp.async; rows [T, Rv) zero-filled by it)
+//   Sx of stage j into buffer b          (no warp reads it before (2); its last readers, stage
+//                                           j - 2, finished before (1) of stage j - 1)
+//   __syncthreads                      (2) Sx visible
+// At most one stage of copies is in flight per thread, so cp.async.wait_all (= commit + wait_group
+// 0) is the whole group accounting. Barriers sit outside the `active` branch: every warp, active or
+// not, walks the same (block-uniform) group loop.
+// Registers (ptxas, sm_90a, __launch_bounds__(256, 2)): 118-128, no spills at 4 bits; 8 bytes of
+// spill at 8 bits and 64 rows. Shared memory: 2 stages, 17 / 34 / 69 / 70 KB at 8 / 16 / 32 / 64
+// rows. Numerics: version 2's per (row, group) and token, with the groups summed in order within a
+// rank's range and the ranks in rank order (only where the f32 sums split differs).
 #include <algorithm>
 #include <atomic>
 
 #include "cuda/cluster.cuh"
+#include "cuda/launch.h"
 #include "cuda/q4_linear.h"
 #include "cuda/q4_tile.cuh"
 #include "util/error.h"
@@ -47,73 +51,117 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;  // row tiles per block
 constexpr int kTok = 8;                // tokens per MMA (the n dimension)
-constexpr int kSetGroups = 8;          // groups whose codes a warp holds at once
-constexpr int kMaxSlices = 8;          // portable cluster size
+constexpr int kSetGroups = 8;          // groups whose codes a warp holds at once (4 bits)
+constexpr int kMaxRanks = 8;           // portable cluster size
 constexpr int kXPad = 8;               // bf16 past a staged row (rows 16 bytes apart mod 128)
 constexpr size_t kMaxSmem = 227 * 1024;
 
-// Shared memory of a launch: the staged x [R][64 SL + kXPad] bf16 and Sx [SL][R] f32, or the
-// partial sums [kWarps][NCH][4][32] f32 that reuse it, whichever is larger (R = 8 NCH rows).
-size_t smem_bytes(int nch, int SL) {
-  const size_t R = size_t(kTok) * nch;
-  const size_t staged = R * size_t(64 * SL + kXPad) * 2 + size_t(SL) * R * 4;
-  const size_t partial = size_t(kWarps) * nch * 4 * 32 * 4;
-  return std::max(staged, partial);
+// Groups per x stage: a register set at 4 bits (8), 4 at 64 rows (two 64-row stages of 8 groups
+// would be 137 KB: one block per SM) and at 8 bits (the set).
+constexpr int stage_groups(int bits, int nch) {
+  return bits == 8 || nch == 8 ? 4 : 8;
 }
+
+// One stage buffer: x [R][64 XG + kXPad] bf16, then Sx [XG][R] f32 (R = 8 nch; 16-byte multiples).
+constexpr size_t stage_bytes(int nch, int xg) {
+  return size_t(kTok) * nch * size_t(64 * xg + kXPad) * 2 + size_t(xg) * kTok * nch * 4;
+}
+
+// Two stage buffers, or the partial sums [kWarps][nch][4][32] f32 that reuse them.
+size_t smem_bytes(int bits, int nch) {
+  const size_t partial = size_t(kWarps) * nch * 4 * 32 * 4;
+  return std::max(2 * stage_bytes(nch, stage_groups(bits, nch)), partial);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Group `grp` of a tile into slot m of the register set (codes: the tile's block at group 0, plane
+// 0; sb: its scale/bias block). Volatile: issued where written (before pdl_wait for the first set,
+// in the middle of the previous set for the others), not sunk towards the first use.
+template <int BITS, int GS>
+__device__ __forceinline__ void load_group(cuda::qtile::QSet<BITS, 1, GS>& w, int m,
+                                           const uint32_t* codes, const uint32_t* sb, int grp) {
+  constexpr int P = BITS / 4;
+  const int lane = int(threadIdx.x & 31);
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+    w.cw[0][m][p] =
+        cuda::ld_weights<true>(codes + (size_t(grp) * P + p) * cuda::kQBlockWords + lane * 4);
+  const uint32_t* q = sb + size_t(grp) * cuda::kQSbWords + 2 * (lane >> 2);
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];"
+               : "=r"(w.sbv[0][m].x), "=r"(w.sbv[0][m].y)
+               : "l"(q));
+}
+#endif
 
 template <int BITS, int NCH, bool kAdd>
 __global__ void __launch_bounds__(kThreads, 2)
-    q_gemv_rows_kernel(QMatrix W, const bf16* __restrict__ x, int T, float* __restrict__ y,
-                       int SL) {
+    q_gemv_rows_v3_kernel(QMatrix W, const bf16* __restrict__ x, int T, float* __restrict__ y,
+                          int NG) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using namespace cuda;
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int P = BITS / 4;
-  constexpr int R = kTok * NCH;       // staged token rows
-  constexpr int GS = kSetGroups / P;  // groups per register set (8 bits: two planes, half as many)
+  constexpr int R = kTok * NCH;       // token rows a stage has room for
+  constexpr int GS = kSetGroups / P;  // groups per register set
+  constexpr int XG = stage_groups(BITS, NCH);
+  static_assert(GS % XG == 0, "a stage starts at a group m of a set with m % XG == 0");
+  constexpr int LDX = 64 * XG + kXPad;  // bf16 per staged row
+  constexpr uint32_t kStage = uint32_t(stage_bytes(NCH, XG));
   // 4 bits: A = 128 + q (no conversion), offset 128; 8 bits: A = q rebuilt exactly, offset 0.
   constexpr float kOffset = P == 1 ? 128.f : 0.f;
   pdl_launch_dependents();  // PDL (launch.h): x is the previous kernel's output
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
   const int G = W.groups(), tiles = W.tiles();
   const int S = int(gridDim.y);
-  const int s = S > 1 ? int(cluster::ctarank()) : 0;  // this block's K-slice
-  const int grp0 = s * SL, ngs = min(SL, G - grp0);   // the slice's groups (>= 1: host plan)
+  const int s = S > 1 ? int(cluster::ctarank()) : 0;  // this block's rank = its K range
+  const int gb = s * NG, ngb = min(NG, G - gb);       // groups [gb, gb + ngb) (>= 1: host plan)
+  const int nst = (ngb + XG - 1) / XG;                // stages
+  const int Rv = kTok * ((T + kTok - 1) / kTok);      // rows the MMAs read (<= R)
   const int tile = int(blockIdx.x) * kWarps + warp;
   const bool active = tile < tiles;  // warp-uniform
   const int tc = active ? tile : tiles - 1;
-  const uint32_t* const codes[1] = {W.codes + size_t(tc) * G * P * kQBlockWords};
-  const uint32_t* const sb[1] = {W.sb + size_t(tc) * G * kQSbWords};
+  const uint32_t* const codes = W.codes + size_t(tc) * G * P * kQBlockWords;
+  const uint32_t* const sb = W.sb + size_t(tc) * G * kQSbWords;
 
   // 1. The first set's weights, before the wait.
   qtile::QSet<BITS, 1, GS> w;
-  if (active) qtile::load_qset(w, codes, sb, grp0, min(GS, ngs));
-
-  // 2. Stage x[:, slice] and the group sums.
-  const int ldxs = 64 * SL + kXPad;  // bf16 per staged row
-  bf16* xs = reinterpret_cast<bf16*>(smem);
-  float* sxs = reinterpret_cast<float*>(smem + size_t(R) * ldxs * 2);  // [SL][R]
-  pdl_wait();
-  {
-    // A warp per staged row, lanes along its 16-byte pieces (no index division).
-    const int pieces = ngs * 8;
-    const bf16* src = x + size_t(grp0) * 64;
-    for (int r = warp; r < R; r += kWarps) {
-      bf16* dst = xs + size_t(r) * ldxs;
-      const bf16* from = src + size_t(r) * W.cols;
-      for (int v = lane; v < pieces; v += 32) {
-        if (r < T)
-          cp_async16(dst + v * 8, from + v * 8);
-        else
-          *reinterpret_cast<uint4*>(dst + v * 8) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    cp_async_wait_all();
-    __syncthreads();
-    for (int i = threadIdx.x; i < ngs * R; i += kThreads) {
-      const int m = i / R, r = i - m * R;
-      const uint4* p = reinterpret_cast<const uint4*>(xs + size_t(r) * ldxs + m * 64);
-      float sum = 0.f;
+  if (active) {
 #pragma unroll
+    for (int m = 0; m < GS; ++m)
+      if (m < ngb) load_group(w, m, codes, sb, gb + m);
+  }
+
+  const bf16* const xb = x + size_t(gb) * 64;  // x[0, the block's first group]
+  // Stage j: x [:, groups gb + XG j ...] into buffer j & 1 by cp.async (a warp per row, lanes
+  // along its 16-byte pieces); rows [T, Rv) zero-filled (source size 0: nothing read).
+  const uint32_t smem0 = tile::smem_u32(smem);
+  auto issue = [&](int j) {
+    const int pieces = min(XG, ngb - j * XG) * 8;
+    const uint32_t dst0 = smem0 + uint32_t(j & 1) * kStage;
+    const bf16* src0 = xb + size_t(j * XG) * 64;
+    for (int r = warp; r < Rv; r += kWarps) {
+      const uint32_t dst = dst0 + uint32_t(r * LDX * 2);
+      const bf16* from = src0 + size_t(r < T ? r : 0) * W.cols;
+      for (int v = lane; v < pieces; v += 32)
+        tile::cp_async_16(dst + uint32_t(v * 16), from + v * 8, r < T);
+    }
+  };
+  // Begins stage j (its first group): see the header for the two barriers.
+  auto begin_stage = [&](int j) {
+    cp_async_wait_all();
+    __syncthreads();  // (1)
+    if (j + 1 < nst) issue(j + 1);
+    const int xg = min(XG, ngb - j * XG);
+    const bf16* xs = reinterpret_cast<const bf16*>(smem + (j & 1) * kStage);
+    float* sxs = reinterpret_cast<float*>(smem + (j & 1) * kStage + size_t(R) * LDX * 2);
+    for (int i = int(threadIdx.x); i < xg * R; i += kThreads) {
+      const int m = i / R, r = i - m * R;
+      if (r >= Rv) continue;
+      const uint4* p = reinterpret_cast<const uint4*>(xs + r * LDX + m * 64);
+      float sum = 0.f;
+      // Two 16-byte loads at a time: the current set's codes (48) and, past stage 0, the
+      // accumulators (32 at 64 rows) are live here.
+#pragma unroll 2
       for (int v = 0; v < 8; ++v) {
         const uint4 q = p[v];
         sum += (bf16_lo(q.x) + bf16_hi(q.x)) + (bf16_lo(q.y) + bf16_hi(q.y)) +
@@ -121,72 +169,82 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       sxs[m * R + r] = sum;
     }
-    __syncthreads();
-  }
+    __syncthreads();  // (2)
+  };
 
-  // 3. The MMAs: per group, the A fragments once, then every chunk of 8 tokens.
+  pdl_wait();
+  issue(0);
+
+  // 2. The groups in order: per group the A fragments once, the next set's group loaded into the
+  // freed registers, then every chunk of 8 tokens (version 2's inner loop).
   float acc[NCH][4];
 #pragma unroll
   for (int ch = 0; ch < NCH; ++ch) acc[ch][0] = acc[ch][1] = acc[ch][2] = acc[ch][3] = 0.f;
-  if (active) {
-    // ldmatrix.x4 rows: lane supplies token row (lane & 7) of matrix j = lane / 8, which is k16
-    // block 2 pair + j / 2, half j % 2 (8 columns): the four registers are the (b0, b1) pairs of
-    // two k16 blocks (b0: k 2t, 2t + 1 of token g; b1: k 2t + 8, 2t + 9).
-    const int j = lane >> 3;
-    const uint32_t lane_addr =
-        tile::smem_u32(xs + size_t(lane & 7) * ldxs + (j >> 1) * 16 + (j & 1) * 8);
-    for (int set0 = 0; set0 < ngs; set0 += GS) {
-      const int ng = min(GS, ngs - set0);
-      if (set0 > 0) qtile::load_qset(w, codes, sb, grp0 + set0, ng);
+  // ldmatrix.x4 rows: lane supplies token row (lane & 7) of matrix jm = lane / 8, which is k16
+  // block 2 pair + jm / 2, half jm % 2 (8 columns): the four registers are the (b0, b1) pairs of
+  // two k16 blocks (b0: k 2t, 2t + 1 of token g; b1: k 2t + 8, 2t + 9).
+  const int jm = lane >> 3;
+  const uint32_t lane_addr =
+      smem0 + uint32_t(((lane & 7) * LDX + (jm >> 1) * 16 + (jm & 1) * 8) * 2);
+  for (int set0 = 0; set0 < ngb; set0 += GS) {
+    const int ng = min(GS, ngb - set0);
+    const int nxt = set0 + GS, nng = min(GS, ngb - nxt);  // the next set (nng <= 0: none)
 #pragma unroll
-      for (int m = 0; m < GS; ++m) {
-        if (m >= ng) break;  // warp-uniform
-        const int mm = set0 + m;
-        uint32_t a[4][4];
+    for (int m = 0; m < GS; ++m) {
+      if (m >= ng) break;  // block-uniform
+      const int grp = set0 + m;
+      const int j = grp / XG, mx = grp - j * XG;  // stage, group within it
+      if (m % XG == 0) begin_stage(j);            // every warp
+      if (!active) continue;                      // warp-uniform
+      uint32_t a[4][4];
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-          const uint32_t lo = qtile::word_of(w.cw[0][m][0], kb);
+      for (int kb = 0; kb < 4; ++kb) {
+        const uint32_t lo = qtile::word_of(w.cw[0][m][0], kb);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if constexpr (P == 1) {
-              a[kb][i] = qtile::magic128(lo >> (4 * i));
-            } else {
-              const uint32_t hi = qtile::word_of(w.cw[0][m][P - 1], kb);
-              const uint32_t ql = qtile::fma_bf16x2(qtile::magic128(lo >> (4 * i)),
-                                                    qtile::kBf16x2One, qtile::kBf16x2Neg128);
-              const uint32_t qh = qtile::fma_bf16x2(qtile::magic128(hi >> (4 * i)),
-                                                    qtile::kBf16x2Sixteen, qtile::kBf16x2Neg2048);
-              a[kb][i] = qtile::fma_bf16x2(ql, qtile::kBf16x2One, qh);  // lo + 16 hi: exact
-            }
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (P == 1) {
+            a[kb][i] = qtile::magic128(lo >> (4 * i));
+          } else {
+            const uint32_t hi = qtile::word_of(w.cw[0][m][P - 1], kb);
+            const uint32_t ql = qtile::fma_bf16x2(qtile::magic128(lo >> (4 * i)), qtile::kBf16x2One,
+                                                  qtile::kBf16x2Neg128);
+            const uint32_t qh = qtile::fma_bf16x2(qtile::magic128(hi >> (4 * i)),
+                                                  qtile::kBf16x2Sixteen, qtile::kBf16x2Neg2048);
+            a[kb][i] = qtile::fma_bf16x2(ql, qtile::kBf16x2One, qh);  // lo + 16 hi: exact
           }
         }
-        const float s0 = bf16_lo(w.sbv[0][m].x), b0 = bf16_hi(w.sbv[0][m].x);  // row g
-        const float s1 = bf16_lo(w.sbv[0][m].y), b1 = bf16_hi(w.sbv[0][m].y);  // row g + 8
-        const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
-        const float* sxm = sxs + mm * R + 2 * t;
+      }
+      const float s0 = bf16_lo(w.sbv[0][m].x), b0 = bf16_hi(w.sbv[0][m].x);  // row g
+      const float s1 = bf16_lo(w.sbv[0][m].y), b1 = bf16_hi(w.sbv[0][m].y);  // row g + 8
+      const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
+      if (m < nng) load_group(w, m, codes, sb, gb + nxt + m);  // a set ahead
+      const uint32_t xaddr = lane_addr + uint32_t(j & 1) * kStage + uint32_t(mx * 128);
+      const float* sxm =
+          reinterpret_cast<const float*>(smem + (j & 1) * kStage + size_t(R) * LDX * 2) + mx * R +
+          2 * t;
 #pragma unroll
-        for (int ch = 0; ch < NCH; ++ch) {
-          if (ch * kTok >= T) break;  // warp-uniform
-          uint32_t b[2][4];
-          const uint32_t addr = lane_addr + uint32_t((ch * kTok * ldxs + mm * 64) * 2);
-          tile::ldmatrix_x4(b[0], addr);
-          tile::ldmatrix_x4(b[1], addr + 64);  // k16 blocks 2, 3 (+32 columns)
-          float c[4] = {0.f, 0.f, 0.f, 0.f};
-          qtile::mma_bf16_16816(c, a[0], b[0][0], b[0][1]);
-          qtile::mma_bf16_16816(c, a[1], b[0][2], b[0][3]);
-          qtile::mma_bf16_16816(c, a[2], b[1][0], b[1][1]);
-          qtile::mma_bf16_16816(c, a[3], b[1][2], b[1][3]);
-          const float2 sx = *reinterpret_cast<const float2*>(sxm + ch * kTok);  // tokens 2t, 2t+1
-          acc[ch][0] = fmaf(o0, sx.x, fmaf(s0, c[0], acc[ch][0]));
-          acc[ch][1] = fmaf(o0, sx.y, fmaf(s0, c[1], acc[ch][1]));
-          acc[ch][2] = fmaf(o1, sx.x, fmaf(s1, c[2], acc[ch][2]));
-          acc[ch][3] = fmaf(o1, sx.y, fmaf(s1, c[3], acc[ch][3]));
-        }
+      for (int ch = 0; ch < NCH; ++ch) {
+        if (ch * kTok >= T) break;  // warp-uniform
+        uint32_t b[2][4];
+        const uint32_t addr = xaddr + uint32_t(ch * kTok * LDX * 2);
+        tile::ldmatrix_x4(b[0], addr);
+        tile::ldmatrix_x4(b[1], addr + 64);  // k16 blocks 2, 3 (+32 columns)
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        qtile::mma_bf16_16816(c, a[0], b[0][0], b[0][1]);
+        qtile::mma_bf16_16816(c, a[1], b[0][2], b[0][3]);
+        qtile::mma_bf16_16816(c, a[2], b[1][0], b[1][1]);
+        qtile::mma_bf16_16816(c, a[3], b[1][2], b[1][3]);
+        const float2 sx = *reinterpret_cast<const float2*>(sxm + ch * kTok);  // tokens 2t, 2t+1
+        acc[ch][0] = fmaf(o0, sx.x, fmaf(s0, c[0], acc[ch][0]));
+        acc[ch][1] = fmaf(o0, sx.y, fmaf(s0, c[1], acc[ch][1]));
+        acc[ch][2] = fmaf(o1, sx.x, fmaf(s1, c[2], acc[ch][2]));
+        acc[ch][3] = fmaf(o1, sx.y, fmaf(s1, c[3], acc[ch][3]));
       }
     }
   }
+  // No copies in flight here: the last stage issued nothing.
 
-  // 4. Store (one slice) or reduce over the cluster's slices.
+  // 3. Store (one rank) or reduce over the cluster's ranks (version 2's reduce).
   const int row0 = int(blockIdx.x) * kWarps * kQTileRows;
   if (S == 1) {
     if (!active) return;
@@ -209,15 +267,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int q = 0; q < 4; ++q) part[((warp * NCH + ch) * 4 + q) * 32 + lane] = acc[ch][q];
   cluster::sync();
-  // Rank s sums the partials [s per, (s + 1) per) over the ranks, reading them in their own order
-  // (consecutive threads, consecutive words of every rank's shared memory).
+  // Rank s sums the partials [s per, (s + 1) per) over the ranks, in rank order.
   constexpr int kPart = kWarps * NCH * 4 * 32;
   const int per = (kPart + S - 1) / S;
   const int i1 = min(kPart, (s + 1) * per);
-  uint32_t base[kMaxSlices];
-#pragma unroll
-  for (int r = 0; r < kMaxSlices; ++r)
-    base[r] = r < S ? cluster::map(tile::smem_u32(part), uint32_t(r)) : 0u;
+  const uint32_t part_addr = tile::smem_u32(part);
   for (int i = s * per + int(threadIdx.x); i < i1; i += kThreads) {
     // Partial i = ((warp wp * NCH + chunk ch) * 4 + register q) * 32 + lane (gg, tq): row
     // 16 wp + gg + 8 (q >= 2), token 8 ch + 2 tq + (q & 1).
@@ -226,13 +280,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int row = row0 + wp * kQTileRows + (ln >> 2) + (q >> 1) * 8;
     const int tok = ch * kTok + 2 * (ln & 3) + (q & 1);
     if (tok >= T) continue;
-    // All ranks' loads in flight before the sum (in rank order: deterministic).
-    float pv[kMaxSlices];
+    float pv[kMaxRanks];
 #pragma unroll
-    for (int r = 0; r < kMaxSlices; ++r) pv[r] = r < S ? cluster::ld_f32(base[r] + 4u * i) : 0.f;
+    for (int r = 0; r < kMaxRanks; ++r)
+      pv[r] = r < S ? cluster::ld_f32(cluster::map(part_addr + 4u * i, uint32_t(r))) : 0.f;
     float v = 0.f;
 #pragma unroll
-    for (int r = 0; r < kMaxSlices; ++r) v += r < S ? pv[r] : 0.f;
+    for (int r = 0; r < kMaxRanks; ++r) v += r < S ? pv[r] : 0.f;
     if (row < W.rows) {
       float* dst = y + size_t(tok) * W.rows + row;
       *dst = kAdd ? *dst + v : v;
@@ -245,11 +299,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 template <int BITS, int NCH, bool kAdd>
-void launch(const QMatrix& W, const bf16* x, int T, float* y, int S, int SL, int grid,
+void launch(const QMatrix& W, const bf16* x, int T, float* y, int S, int NG, int grid,
             cudaStream_t stream) {
-  auto kernel = q_gemv_rows_kernel<BITS, NCH, kAdd>;
-  const size_t smem = smem_bytes(NCH, SL);
-  if (smem > kMaxSmem) fail("cuda::q_gemv_rows: {} bytes of staged x", smem);
+  auto kernel = q_gemv_rows_v3_kernel<BITS, NCH, kAdd>;
+  const size_t smem = smem_bytes(BITS, NCH);
+  if (smem > kMaxSmem) fail("lab::q_gemv_rows_v3: {} bytes of staged x", smem);
   if (smem > 48 * 1024)
     LILAC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -260,34 +314,36 @@ void launch(const QMatrix& W, const bf16* x, int T, float* y, int S, int SL, int
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   int n = 0;
-  attr[n].id = cudaLaunchAttributeClusterDimension;
-  attr[n].val.clusterDim.x = 1;
-  attr[n].val.clusterDim.y = unsigned(S);
-  attr[n].val.clusterDim.z = 1;
-  ++n;
-  if (pdl_for(reinterpret_cast<const void*>(kernel), stream)) {
+  if (S > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = unsigned(S);
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (cuda::pdl_for(reinterpret_cast<const void*>(kernel), stream)) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
   cfg.attrs = attr;
   cfg.numAttrs = unsigned(n);
-  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, W, x, T, y, SL));
+  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, W, x, T, y, NG));
   LILAC_CUDA_LAUNCHED();
 }
 
 template <int BITS, bool kAdd>
-void launch_nch(int nch, const QMatrix& W, const bf16* x, int T, float* y, int S, int SL, int grid,
+void launch_nch(int nch, const QMatrix& W, const bf16* x, int T, float* y, int S, int NG, int grid,
                 cudaStream_t stream) {
   switch (nch) {
     case 1:
-      return launch<BITS, 1, kAdd>(W, x, T, y, S, SL, grid, stream);
+      return launch<BITS, 1, kAdd>(W, x, T, y, S, NG, grid, stream);
     case 2:
-      return launch<BITS, 2, kAdd>(W, x, T, y, S, SL, grid, stream);
+      return launch<BITS, 2, kAdd>(W, x, T, y, S, NG, grid, stream);
     case 4:
-      return launch<BITS, 4, kAdd>(W, x, T, y, S, SL, grid, stream);
+      return launch<BITS, 4, kAdd>(W, x, T, y, S, NG, grid, stream);
     default:
-      return launch<BITS, 8, kAdd>(W, x, T, y, S, SL, grid, stream);
+      return launch<BITS, 8, kAdd>(W, x, T, y, S, NG, grid, stream);
   }
 }
 
@@ -322,21 +378,26 @@ void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
   if (!q_gemv_rows_available()) fail("cuda::q_gemv_rows: needs thread-block clusters (sm_90)");
   const int chunks = (T + kTok - 1) / kTok;
   const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
-  // K-slices: one register set each (8 groups at 4 bits, 4 at 8 bits) where there are at most 8
-  // sets (every matrix of the model), else 8 slices of several sets. One set per warp keeps one
-  // DRAM round trip per warp (the 8-bit router: 0.56 MB in 8 slices, not 4 of two round trips).
+  // Ranks: the smallest power of two S (at most 8 and the number of register sets) for which the
+  // grid x S blocks reach ~0.7 of a wave of 2 blocks per SM; each rank takes NG groups, whole
+  // sets, and S is recomputed so that every rank has at least one group.
   const int G = W.groups(), GS = kSetGroups / (W.bits / 4);
-  int S = std::min(kMaxSlices, (G + GS - 1) / GS);
-  const int SL = (G + S - 1) / S;
-  S = (G + SL - 1) / SL;  // every slice non-empty
+  const int sets = (G + GS - 1) / GS;
   const int grid = ceil_div(W.tiles(), kWarps);
+  const long long slots = 2LL * sm_count();
+  const int max_s = std::min(kMaxRanks, sets);
+  int S = 1;
+  while (S < max_s && 10LL * grid * S < 7 * slots) S *= 2;
+  S = std::min(S, max_s);
+  const int NG = ceil_div(sets, S) * GS;
+  S = ceil_div(G, NG);
   const bool add = mode == GemvOut::Accumulate;
   if (W.bits == 4)
-    add ? launch_nch<4, true>(nch, W, x, T, y, S, SL, grid, stream)
-        : launch_nch<4, false>(nch, W, x, T, y, S, SL, grid, stream);
+    add ? launch_nch<4, true>(nch, W, x, T, y, S, NG, grid, stream)
+        : launch_nch<4, false>(nch, W, x, T, y, S, NG, grid, stream);
   else
-    add ? launch_nch<8, true>(nch, W, x, T, y, S, SL, grid, stream)
-        : launch_nch<8, false>(nch, W, x, T, y, S, SL, grid, stream);
+    add ? launch_nch<8, true>(nch, W, x, T, y, S, NG, grid, stream)
+        : launch_nch<8, false>(nch, W, x, T, y, S, NG, grid, stream);
 }
 
 }  // namespace lilac::cuda

@@ -53,13 +53,13 @@ constexpr int kMaxT = 64;  // x and y0 have kMaxT rows; a launch at T reads the 
 
 using Launch = void (*)(const QMatrix&, const bf16*, int, float*, GemvOut, cudaStream_t);
 
-void v2_staged_cluster(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
+void v3_slice_pipeline(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
                        cudaStream_t s) {
   cuda::q_gemv_rows(W, x, T, y, mode, s);
 }
 
 Launch launcher(int version) {
-  return version == 1 ? q_gemv_rows_v1 : version == 2 ? v2_staged_cluster : q_gemv_rows_v3;
+  return version == 1 ? q_gemv_rows_v1 : version == 2 ? q_gemv_rows_v2 : v3_slice_pipeline;
 }
 
 bool available(int version) {
@@ -235,11 +235,13 @@ Op q_gemv_rows_op() {
       "1000x2048, 2048x1536 (+=), 24600x1024 8-bit, T 1, 8, 16, 24, 33, 64",
       {{1, "set_dot", "q_set_dot_tokens per warp: codes, x chunks, accumulators in registers",
         false},
-       {2, "staged", "x staged per K-slice in shared memory, slices reduced in a cluster", true},
+       {2, "staged",
+        "x staged per K-slice in shared memory, slices reduced in a cluster (production until s6)",
+        false},
        {3, "slice_pipeline",
         "v2 with a block over several register sets: next set's weights and next stage's x "
-        "loaded while the current one computes; ~one wave of blocks",
-        false}},
+        "loaded while the current one computes; ~one wave of blocks (production since s6)",
+        true}},
       run};
 }
 

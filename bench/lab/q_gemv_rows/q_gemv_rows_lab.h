@@ -13,9 +13,9 @@ namespace lilac::lab {
 // Version 1, the set-dot-tokens kernel (v1_set_dot_tokens.cu): x 4-byte aligned, no clusters.
 void q_gemv_rows_v1(const cuda::QMatrix& W, const cuda::bf16* x, int T, float* y,
                     cuda::GemvOut mode, cudaStream_t stream);
-// Version 3, the slice pipeline (v3_slice_pipeline.cu): version 2 with the next register set's
-// weights and the next stage's x loaded while the current one computes; x 16-byte aligned, sm_90.
-void q_gemv_rows_v3(const cuda::QMatrix& W, const cuda::bf16* x, int T, float* y,
+// Version 2, the staged cluster kernel (v2_staged.cu; production until s6): x 16-byte aligned,
+// sm_90.
+void q_gemv_rows_v2(const cuda::QMatrix& W, const cuda::bf16* x, int T, float* y,
                     cuda::GemvOut mode, cudaStream_t stream);
 
 }  // namespace lilac::lab
