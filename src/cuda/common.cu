@@ -1,3 +1,5 @@
+#include <atomic>
+
 #include "cuda/common.cuh"
 #include "util/device_fault.h"
 #include "util/error.h"
@@ -36,6 +38,22 @@ int device_count() {
     return 0;
   }
   return n;
+}
+
+int device_compute_capability() {
+  static std::atomic<int> known[16];  // 0: not read yet
+  int dev = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 16) fail("cuda: device index {} out of range", dev);
+  int cc = known[dev].load(std::memory_order_relaxed);
+  if (cc == 0) {
+    int major = 0, minor = 0;
+    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    cc = major * 10 + minor;
+    known[dev].store(cc, std::memory_order_relaxed);
+  }
+  return cc;
 }
 
 }  // namespace lilac::cuda

@@ -29,6 +29,10 @@ using bf16 = __nv_bfloat16;
 
 int device_count();
 
+// The current device's compute capability as major * 10 + minor (90 on Hopper), read once per
+// device (the launchers ask at every call to pick a kernel).
+int device_compute_capability();
+
 inline int ceil_div(int a, int b) {
   return (a + b - 1) / b;
 }

@@ -35,7 +35,6 @@
 // ranks, indexed by the source's (value head in the group, column block)), so nothing depends on
 // how the hardware linearises the cluster's blocks.
 #include <algorithm>
-#include <mutex>
 
 #include "cuda/cluster.cuh"
 #include "cuda/common.cuh"
@@ -263,21 +262,7 @@ bool cluster_shape_ok(int Hk, int Hv, int Dk, int Dv) {
 // The cluster kernel exists as machine code for sm_90a only (the compute_80 PTX holds a trap), so
 // it runs on compute capability 9.0 devices; read once per device.
 bool device_is_cc90() {
-  static int cached[16];
-  static bool filled[16] = {};
-  static std::mutex mu;
-  int dev = 0;
-  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 16) return false;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!filled[dev]) {
-    int major = 0, minor = 0;
-    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    cached[dev] = major * 10 + minor;
-    filled[dev] = true;
-  }
-  return cached[dev] == 90;
+  return device_compute_capability() == 90;
 }
 
 struct DecodeArgs {

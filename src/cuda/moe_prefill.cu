@@ -328,18 +328,7 @@ __global__ void __launch_bounds__(256)
 // ----------------------------------------------------------------------------------------
 
 bool device_is_sm90() {
-  static int cached[16];
-  static bool filled[16] = {};
-  static std::mutex mu;
-  int dev = 0;
-  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 16) return false;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!filled[dev]) {
-    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&cached[dev], cudaDevAttrComputeCapabilityMajor, dev));
-    filled[dev] = true;
-  }
-  return cached[dev] == 9;
+  return device_compute_capability() / 10 == 9;
 }
 
 // Raises the kernel's dynamic shared-memory limit (once) and checks the grid size.

@@ -402,20 +402,7 @@ int pick_tokens(int M, int N) {
 }  // namespace qgemm_wgmma
 
 bool q_gemm_wgmma_available() {
-  // Read once per device (q_gemm asks at every launch).
-  static int major_of[16];
-  static bool filled[16] = {};
-  static std::mutex mu;
-  int dev = 0;
-  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 16) return false;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!filled[dev]) {
-    LILAC_CUDA_CHECK(
-        cudaDeviceGetAttribute(&major_of[dev], cudaDevAttrComputeCapabilityMajor, dev));
-    filled[dev] = true;
-  }
-  return major_of[dev] == 9;
+  return device_compute_capability() / 10 == 9;
 }
 
 void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,

@@ -37,7 +37,6 @@
 // rows. Numerics: version 2's per (row, group) and token, with the groups summed in order within a
 // rank's range and the ranks in rank order (only where the f32 sums split differs).
 #include <algorithm>
-#include <atomic>
 
 #include "cuda/cluster.cuh"
 #include "cuda/launch.h"
@@ -350,19 +349,7 @@ void launch_nch(int nch, const QMatrix& W, const bf16* x, int T, float* y, int S
 }  // namespace
 
 bool q_gemv_rows_available() {
-  // Per device, asked once (the prefill path asks per projection).
-  static std::atomic<int> known[16];  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 16) return false;
-  int v = known[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0;
-    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    v = major >= 9 ? 2 : 1;
-    known[dev].store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
+  return device_compute_capability() >= 90;  // thread-block clusters
 }
 
 void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
