@@ -40,6 +40,7 @@
 #include "cuda/common.cuh"
 #include "cuda/decode_batch.h"
 #include "cuda/gated_deltanet.h"
+#include "cuda/gated_deltanet_step.cuh"
 #include "cuda/launch.h"
 #include "cuda/vec_util.cuh"
 #include "util/error.h"
@@ -47,26 +48,9 @@
 namespace lilac::cuda {
 namespace {
 
-constexpr int kCols = 32;       // value columns per block
+using gdn::conv_silu;
+using gdn::kCols;               // value columns per block
 constexpr int kMaxCluster = 8;  // portable cluster size
-
-// Causal conv + SiLU of one channel for one new input x: rows [conv_state rows 0..KC-2, x].
-// next[] receives what the channel's state becomes (rows 1..KC-2 and x).
-template <int KC>
-__device__ __forceinline__ float conv_silu(const float* __restrict__ conv_state,
-                                           const float* __restrict__ taps, float x, int ch, int C,
-                                           float (&next)[KC - 1]) {
-  float acc = 0.f;
-#pragma unroll
-  for (int j = 0; j < KC - 1; ++j) {
-    const float s = conv_state[size_t(j) * C + ch];
-    acc += taps[size_t(ch) * KC + j] * s;
-    if (j >= 1) next[j - 1] = s;
-  }
-  acc += taps[size_t(ch) * KC + KC - 1] * x;
-  next[KC - 2] = x;
-  return silu(acc);
-}
 
 // ---- version 2: thread-block clusters (sm_90)
 
@@ -179,57 +163,20 @@ __global__ void __launch_bounds__(2 * DK)
   const float qr[4] = {q4.x * rq, q4.y * rq, q4.z * rq, q4.w * rq};
   const float decay = s_decay, beta = s_beta;
 
-  // 4. kS[c] = sum_i S[i][c] k[i]: 4 rows here, then over the 4 row groups of the warp (lanes
-  //    cq + 8m), then over the warps in shared memory; each thread sums the warps for its own 4
-  //    columns and forms u = beta (v - (e^g S)^T k) there.
-  float a[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    a[0] += S[i].x * kr[i], a[1] += S[i].y * kr[i], a[2] += S[i].z * kr[i], a[3] += S[i].w * kr[i];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    a[j] += __shfl_xor_sync(0xffffffffu, a[j], 8);
-    a[j] += __shfl_xor_sync(0xffffffffu, a[j], 16);
-  }
-  if (lane < 8)
-    *reinterpret_cast<float4*>(&red[warp][4 * cq]) = make_float4(a[0], a[1], a[2], a[3]);
-  __syncthreads();
-  float4 kS = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int w = 0; w < NW; ++w) {
-    const float4 r4 = *reinterpret_cast<const float4*>(&red[w][4 * cq]);
-    kS.x += r4.x, kS.y += r4.y, kS.z += r4.z, kS.w += r4.w;
-  }
+  // 4. kS[c] = sum_i S[i][c] k[i] and u = beta (v - (e^g S)^T k) for this thread's 4 columns
+  //    (gated_deltanet_step.cuh).
+  const float4 kS = gdn::column_kS<NW>(S, kr, red, warp, lane, cq);
   const float4 v4 = *reinterpret_cast<const float4*>(&vs[4 * cq]);
-  const float4 u4 = make_float4(beta * (v4.x - decay * kS.x), beta * (v4.y - decay * kS.y),
-                                beta * (v4.z - decay * kS.z), beta * (v4.w - decay * kS.w));
+  const float4 u4 = gdn::delta_u(kS, v4, beta, decay);
 
   // 5. S' = e^g S + k u^T (stored), o = S'^T q.
-  float o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    S[i].x = decay * S[i].x + kr[i] * u4.x;
-    S[i].y = decay * S[i].y + kr[i] * u4.y;
-    S[i].z = decay * S[i].z + kr[i] * u4.z;
-    S[i].w = decay * S[i].w + kr[i] * u4.w;
-    *reinterpret_cast<float4*>(Sp + size_t(i) * Dv) = S[i];
-    o[0] += S[i].x * qr[i], o[1] += S[i].y * qr[i], o[2] += S[i].z * qr[i], o[3] += S[i].w * qr[i];
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    o[j] += __shfl_xor_sync(0xffffffffu, o[j], 8);
-    o[j] += __shfl_xor_sync(0xffffffffu, o[j], 16);
-  }
-  if (lane < 8)
-    *reinterpret_cast<float4*>(&red2[warp][4 * cq]) = make_float4(o[0], o[1], o[2], o[3]);
-  __syncthreads();
+  gdn::update_store_o(S, kr, qr, u4, decay, Sp, Dv, red2, warp, lane, cq);
 
   // 6. Gated RMS norm over the head: out = w * o * rsqrt(mean(o^2) + eps) * silu(z); warp 0's
   //    lanes are this block's 32 columns.
   float ov = 0.f, ss = 0.f;
   if (warp == 0) {
-#pragma unroll
-    for (int w = 0; w < NW; ++w) ov += red2[w][lane];
+    ov = gdn::block_o<NW>(red2, lane);
     ss = warp_sum(ov * ov);
     if (nsplit > 1 && lane == 0) {
       const uint32_t a_ss = smem_u32(&ss_o[vi * nsplit + cb]);

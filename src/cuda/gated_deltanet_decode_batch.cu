@@ -41,6 +41,7 @@
 #include "cuda/common.cuh"
 #include "cuda/decode_batch.h"
 #include "cuda/gated_deltanet.h"
+#include "cuda/gated_deltanet_step.cuh"
 #include "cuda/launch.h"
 #include "cuda/vec_util.cuh"
 #include "util/error.h"
@@ -48,7 +49,8 @@
 namespace lilac::cuda {
 namespace {
 
-constexpr int kCols = 32;       // value columns per state block
+using gdn::conv_silu;
+using gdn::kCols;               // value columns per state block
 constexpr int kMaxCluster = 8;  // portable cluster size (Dv <= 256)
 constexpr int kMinBlocks = 5;   // state kernel: resident 256-thread blocks per SM asked of ptxas
 
@@ -56,23 +58,6 @@ constexpr int kMinBlocks = 5;   // state kernel: resident 256-thread blocks per 
 // rounded up to 4 (16-byte aligned rows).
 int ws_row_floats(int Hk, int Hv, int Dk, int Dv) {
   return (2 * Hk * Dk + 2 * Hv * Dv + 2 * Hv + 3) & ~3;
-}
-
-// Causal conv + SiLU of one channel for one new input x (v2's helper, the same operations).
-template <int KC>
-__device__ __forceinline__ float conv_silu(const float* __restrict__ conv_state,
-                                           const float* __restrict__ taps, float x, int ch, int C,
-                                           float (&next)[KC - 1]) {
-  float acc = 0.f;
-#pragma unroll
-  for (int j = 0; j < KC - 1; ++j) {
-    const float s = conv_state[size_t(j) * C + ch];
-    acc += taps[size_t(ch) * KC + j] * s;
-    if (j >= 1) next[j - 1] = s;
-  }
-  acc += taps[size_t(ch) * KC + KC - 1] * x;
-  next[KC - 2] = x;
-  return silu(acc);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -212,56 +197,19 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
   const float kr[4] = {k4.x, k4.y, k4.z, k4.w};
   const float qr[4] = {q4.x, q4.y, q4.z, q4.w};
 
-  // 3. kS[c] = sum_i S[i][c] k[i] (v2's order: 4 rows here, lanes cq + 8m, then the warps in
-  //    shared memory); u = beta (v - e^g S^T k) per thread for its own 4 columns.
-  float a[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    a[0] += S[i].x * kr[i], a[1] += S[i].y * kr[i], a[2] += S[i].z * kr[i], a[3] += S[i].w * kr[i];
-#pragma unroll
-  for (int jj = 0; jj < 4; ++jj) {
-    a[jj] += __shfl_xor_sync(0xffffffffu, a[jj], 8);
-    a[jj] += __shfl_xor_sync(0xffffffffu, a[jj], 16);
-  }
-  if (lane < 8)
-    *reinterpret_cast<float4*>(&red[warp][4 * cq]) = make_float4(a[0], a[1], a[2], a[3]);
-  __syncthreads();
-  float4 kS = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int w = 0; w < NW; ++w) {
-    const float4 r4 = *reinterpret_cast<const float4*>(&red[w][4 * cq]);
-    kS.x += r4.x, kS.y += r4.y, kS.z += r4.z, kS.w += r4.w;
-  }
-  const float4 u4 = make_float4(beta * (v4.x - decay * kS.x), beta * (v4.y - decay * kS.y),
-                                beta * (v4.z - decay * kS.z), beta * (v4.w - decay * kS.w));
+  // 3. kS[c] = sum_i S[i][c] k[i] and u = beta (v - e^g S^T k) for this thread's 4 columns, in
+  //    v2's order (gated_deltanet_step.cuh).
+  const float4 u4 = gdn::delta_u(gdn::column_kS<NW>(S, kr, red, warp, lane, cq), v4, beta, decay);
 
   // 4. S' = e^g S + k u^T (stored in place), o = S'^T q.
-  float o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    S[i].x = decay * S[i].x + kr[i] * u4.x;
-    S[i].y = decay * S[i].y + kr[i] * u4.y;
-    S[i].z = decay * S[i].z + kr[i] * u4.z;
-    S[i].w = decay * S[i].w + kr[i] * u4.w;
-    *reinterpret_cast<float4*>(Sp + size_t(i) * Dv) = S[i];
-    o[0] += S[i].x * qr[i], o[1] += S[i].y * qr[i], o[2] += S[i].z * qr[i], o[3] += S[i].w * qr[i];
-  }
-#pragma unroll
-  for (int jj = 0; jj < 4; ++jj) {
-    o[jj] += __shfl_xor_sync(0xffffffffu, o[jj], 8);
-    o[jj] += __shfl_xor_sync(0xffffffffu, o[jj], 16);
-  }
-  if (lane < 8)
-    *reinterpret_cast<float4*>(&red2[warp][4 * cq]) = make_float4(o[0], o[1], o[2], o[3]);
-  __syncthreads();
+  gdn::update_store_o(S, kr, qr, u4, decay, Sp, Dv, red2, warp, lane, cq);
 
   // 5. Gated RMS norm over the head: out = w * o * rsqrt(mean(o^2) + eps) * silu(z); warp 0's
   //    lanes are this block's 32 columns; the head's Dv/32 blocks (the cluster) swap their sums of
   //    squares, summed in column-block order as v2 does.
   float ov = 0.f, ss = 0.f;
   if (warp == 0) {
-#pragma unroll
-    for (int w = 0; w < NW; ++w) ov += red2[w][lane];
+    ov = gdn::block_o<NW>(red2, lane);
     ss = warp_sum(ov * ov);
   }
   if (nsplit > 1) {
