@@ -48,7 +48,6 @@ using qgemm_wgmma::Cfg128;
 using qgemm_wgmma::Cfg256;
 
 constexpr int kPad = 132;  // floats per token of the staged tile (128 rows + 4: no bank conflicts)
-constexpr int kBatch = 8;  // tokens (passes) whose residual loads are issued together
 
 template <class C>
 constexpr int stage_bytes() {
@@ -161,6 +160,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 
   // Rank r writes tokens [r TPR, (r + 1) TPR) of the tile: warp `warp` token 8 p + warp of pass p,
   // lane `lane` rows 4 lane .. 4 lane + 3 (N % 4 == 0: all four in or all out).
+  constexpr int kBatch = 8;  // passes whose residual loads are issued together
   constexpr int TPR = C::BT / S, PASSES = TPR / 8, BATCH = PASSES < kBatch ? PASSES : kBatch;
   static_assert(TPR % 8 == 0 && PASSES % BATCH == 0, "whole passes");
   const int N = W.rows;
