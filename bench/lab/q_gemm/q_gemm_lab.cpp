@@ -23,6 +23,7 @@
 #include "../lab.h"
 #include "cuda/gemm.h"
 #include "cuda/q4_gemm.h"
+#include "q_gemm_lab.h"
 #include "twins/gemm_twin.h"
 #include "twins/q4_twin.h"
 
@@ -54,6 +55,25 @@ std::vector<std::pair<std::string, Launch>> launches(int version) {
     return {{"", [](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m, cudaStream_t s) {
                cuda::q_gemm_mma(A, M, W, C, m, s);
              }}};
+  if (version == 3) {
+    // Auto, then each fixed (tokens per block, splits) the device can run (a cluster of 4 blocks
+    // of ~220 KB needs 4 free SMs of one GPC).
+    std::vector<std::pair<std::string, Launch>> ls;
+    const std::pair<int, int> kinds[] = {{0, 0}, {256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}};
+    for (const auto& [bt, sp] : kinds) {
+      if (bt != 0 && lab::q_gemm_v3_max_clusters(bt, sp) <= 0) {
+        std::printf("  v3 [bt%d s%d]: no cluster of %d such blocks fits on this device; skipped\n",
+                    bt, sp, sp);
+        continue;
+      }
+      ls.emplace_back(
+          bt == 0 ? std::string() : " [bt" + std::to_string(bt) + " s" + std::to_string(sp) + "]",
+          [bt, sp](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m, cudaStream_t s) {
+            lab::q_gemm_v3(A, M, W, C, m, s, bt, sp);
+          });
+    }
+    return ls;
+  }
   auto fixed = [](int bt) {
     return [bt](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m, cudaStream_t s) {
       cuda::q_gemm_wgmma(A, M, W, C, m, s, bt);
@@ -224,7 +244,7 @@ void time_case(const Options& opt, const std::vector<std::pair<std::string, Laun
 }
 
 bool run(const Options& opt, const Version& v) {
-  if (v.number == 2 && !cuda::q_gemm_wgmma_available()) {
+  if (v.number >= 2 && !cuda::q_gemm_wgmma_available()) {
     std::printf("  not available here (wgmma: a compute capability 9.0 GPU)\n");
     return true;
   }
@@ -253,7 +273,12 @@ Op q_gemm_op() {
         "wgmma m64nBTk16 with W dequantised in registers as the A operand (RS), tokens from "
         "swizzled smem as B; 128 rows x 256 (or 128) tokens, 6-8 stage cp.async (production for "
         "4-bit weights since s6)",
-        true}},
+        true},
+       {3, "splitk_cluster",
+        "v2's main loop on 1/S of K per block (S = 1, 2, 4), the S blocks of a tile a cluster "
+        "reducing through distributed shared memory in rank order; epilogue through shared "
+        "memory (16-byte coalesced rows, residual loads batched); for N = 2048 x K = 4096",
+        false}},
       run};
 }
 

@@ -1,0 +1,245 @@
+// The device code of q_gemm_wgmma (q4_gemm_wgmma.cu; the file comment there explains the design),
+// shared with the kernel lab's q_gemm v3 (bench/lab/q_gemm/v3_splitk.cu): the block configuration,
+// the register-sourced wgmma wrappers, one pipeline stage's copies, the dequantisation of a k-tile
+// into A fragments, one k-tile of the main loop, the raster and the scalar store. Moved out of the
+// .cu unchanged (tools/ptx_same.py: the production kernels' PTX is the same).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/gemm_tile.cuh"
+#include "cuda/q4_gemm.h"
+#include "cuda/q4_tile.cuh"
+
+namespace lilac::cuda {
+
+// A named namespace, not an anonymous one: in the compute_80 pass (LILAC_CUDA_PTX) the kernel
+// body is empty and nvcc would warn about every unused internal function and member.
+namespace qgemm_wgmma {
+
+template <int BT_, int STAGES_>
+struct QGemmV2Cfg {
+  static constexpr int BR = 128;  // weight rows per block: 8 row tiles, warp w owns tile w
+  static constexpr int BT = BT_;  // tokens per block: the wgmma n
+  static constexpr int STAGES = STAGES_, INFLIGHT = 1, PREFETCH = STAGES - 1 - INFLIGHT;
+  static constexpr int THREADS = 256;
+  static constexpr int ROW_STEP = THREADS / 8;  // token rows per pass (tile::load_operand)
+  static constexpr int X_LOADS = BT / ROW_STEP;
+  static constexpr int X_STAGE = BT * 128;                                // bytes: [BT][64] bf16
+  static constexpr int C_BYTES = 8 * kQBlockWords * 4;                    // codes of 8 tiles: 4096
+  static constexpr int W_STAGE = C_BYTES + 8 * kQSbWords * 4;             // + scale/bias: 4608
+  static constexpr int SMEM_BYTES = STAGES * (X_STAGE + W_STAGE) + 1024;  // + alignment slack
+  static constexpr int NACC = BT / 2;
+  static_assert(BT == 128 || BT == 256, "wgmma n");
+  static_assert(PREFETCH >= 1, "at least one k-tile of prefetch");
+  static_assert(X_STAGE % 1024 == 0, "X stages stay 1024-byte aligned (128B swizzle atoms)");
+  static_assert(SMEM_BYTES <= 232448, "227 KB of dynamic shared memory per block");
+};
+
+using Cfg256 = QGemmV2Cfg<256, 6>;  // 219 KB + 1 KB
+using Cfg128 = QGemmV2Cfg<128, 8>;  // 168 KB + 1 KB
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
+// D (64 x N, f32) += A (64 x 16, registers: this warp's m16n8k16 A fragment of rows 16 (warp % 4)
+// .. + 15) . B (N x 16, smem descriptor, K-major)^T.
+__device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint32_t (&a)[4],
+                                                    uint64_t desc_b) {
+#if defined(LILAC_SM90A)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127"
+      "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+#endif
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
+                                                    uint64_t desc_b) {
+#if defined(LILAC_SM90A)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+#endif
+}
+
+template <int BT>
+__device__ __forceinline__ void wgmma_rs(float (&d)[BT / 2], const uint32_t (&a)[4],
+                                         uint64_t desc_b) {
+  if constexpr (BT == 256)
+    wgmma_rs_m64n256k16(d, a, desc_b);
+  else
+    wgmma_rs_m64n128k16(d, a, desc_b);
+}
+
+// This thread's share of one stage's weight copies: codes chunk (tid & 31) of row tile tid >> 5
+// (16 bytes; smem offset 16 tid), and for tid < 32 scale/bias chunk (tid & 3) of tile tid >> 2
+// (smem offset C_BYTES + 16 tid). Pointers at group 0; a k-tile adds kt blocks.
+struct WSrc {
+  const uint32_t* codes;
+  const uint32_t* sb;
+  bool codes_ok, sb_ok;
+};
+
+template <class C>
+__device__ __forceinline__ void load_stage(const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
+                                           uint32_t sx, uint32_t sw, int kt, int K) {
+  tile::load_operand<C>(xr, sx, kt, K);
+  const int tid = threadIdx.x;
+  tile::cp_async_16(sw + uint32_t(tid * 16), w.codes + size_t(kt) * kQBlockWords, w.codes_ok);
+  if (tid < 32)
+    tile::cp_async_16(sw + uint32_t(C::C_BYTES + tid * 16), w.sb + size_t(kt) * kQSbWords, w.sb_ok);
+}
+
+// The 4 k16 A fragments of this warp's row tile for one k-tile, from the stage's codes and
+// scale/bias: a[kb][i] = bf16x2 of (row g + 8 (i & 1), columns 16 kb + 2t + 8 (i >> 1) + {0, 1}),
+// w = RNE_bf16(s q + b) (q4_tile.cuh dequant_frag, 4-bit).
+__device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint4 c = lds128(sw + uint32_t(warp * 512 + lane * 16));
+  const uint2 sb = lds64(sw + uint32_t(8 * kQBlockWords * 4 + warp * 64 + (lane >> 2) * 8));
+  const uint32_t s_lo = __byte_perm(sb.x, 0, 0x1010), b_lo = __byte_perm(sb.x, 0, 0x3232);
+  const uint32_t s_hi = __byte_perm(sb.y, 0, 0x1010), b_hi = __byte_perm(sb.y, 0, 0x3232);
+  const uint32_t words[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t q = qtile::fma_bf16x2(qtile::magic128(words[kb] >> (4 * i)), qtile::kBf16x2One,
+                                           qtile::kBf16x2Neg128);  // exact
+      a[kb][i] = (i & 1) ? qtile::fma_bf16x2(q, s_hi, b_hi) : qtile::fma_bf16x2(q, s_lo, b_lo);
+    }
+}
+
+// One k-tile of the main loop (see the file comment): `a` is this k-tile's A register buffer,
+// the other buffer belongs to the group still in flight.
+template <class C>
+__device__ __forceinline__ void ktile_step(float (&acc)[C::NACC], uint32_t (&a)[4][4], int kt,
+                                           int KT, int K, int& stage, int& fill, uint32_t sX,
+                                           uint32_t sW, const tile::RowSet<C::X_LOADS>& xr,
+                                           const WSrc& w) {
+  constexpr int S = C::STAGES, P = C::PREFETCH;
+  // Groups committed: P + kt (tile g is group g); P - 1 pending at most => tile kt landed.
+  tile::cp_async_wait<P - 1>();
+  tile::fence_proxy_async_smem();
+  __syncthreads();
+  // Refill: tile kt + P into the stage of tile kt + P - S <= kt - 2, whose wgmma group both
+  // warpgroups retired (wgmma_wait<1> in iteration kt - 1) and whose codes they read (iteration
+  // kt - 2) before the barrier above.
+  if (kt + P < KT)
+    load_stage<C>(xr, w, sX + uint32_t(fill * C::X_STAGE), sW + uint32_t(fill * C::W_STAGE), kt + P,
+                  K);
+  tile::cp_async_commit();
+  fill = fill + 1 == S ? 0 : fill + 1;
+
+  dequant_ktile(sW + uint32_t(stage * C::W_STAGE), a);
+  const uint64_t db = tile::sw128_desc(sX + uint32_t(stage * C::X_STAGE));
+  // Pin the A registers here: the dequantisation must not sink between the wgmmas (ptxas would
+  // then serialise every wgmma: C7513, "non wgmma instructions defining input registers").
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kk][i])::"memory");
+  tile::wgmma_fence();  // the A registers were just written
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs<C::BT>(acc, a[kk], db + uint64_t(2 * kk));
+  tile::wgmma_commit();
+  tile::wgmma_wait<C::INFLIGHT>();
+  tile::fence_operands(acc);
+  stage = stage + 1 == S ? 0 : stage + 1;
+}
+
+constexpr int kGroupM = 8;  // token tiles per raster group (q4_gemm.cu's raster)
+__device__ __forceinline__ void raster(int bid, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int width = kGroupM * tiles_n;
+  const int group = bid / width;
+  const int first_m = group * kGroupM;
+  const int group_m = min(tiles_m - first_m, kGroupM);
+  const int in_group = bid - group * width;
+  tm = first_m + in_group % group_m;
+  tn = in_group / group_m;
+}
+
+template <GemmOut MODE>
+__device__ __forceinline__ void store_one(void* C, size_t off, float v) {
+  if constexpr (MODE == GemmOut::StoreBF16)
+    static_cast<bf16*>(C)[off] = __float2bfloat16_rn(v);
+  else if constexpr (MODE == GemmOut::AccumulateF32)
+    static_cast<float*>(C)[off] += v;
+  else
+    static_cast<float*>(C)[off] = v;
+}
+
+}  // namespace qgemm_wgmma
+
+}  // namespace lilac::cuda
