@@ -61,11 +61,18 @@ Impl impl(int version) {
             [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
               cuda::q_moe_grouped_down(act, kI, W, kH, r, y, s);
             }};
+  if (version == 2)
+    return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
+              q_moe_grouped_gate_up_v2(x, kH, W, kI, r, act, s);
+            },
+            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
+              q_moe_grouped_down_v2(act, kI, W, kH, r, y, s);
+            }};
   return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
-            q_moe_grouped_gate_up_v2(x, kH, W, kI, r, act, s);
+            q_moe_grouped_gate_up_v3(x, kH, W, kI, r, act, s);
           },
           [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
-            q_moe_grouped_down_v2(act, kI, W, kH, r, y, s);
+            q_moe_grouped_down_v3(act, kI, W, kH, r, y, s);
           }};
 }
 
@@ -231,7 +238,7 @@ void time_case(const Options& opt, const Impl& f, int ci) {
 }
 
 bool run(const Options& opt, const Version& v) {
-  if (v.number == 2 && !q_moe_grouped_v2_available()) {
+  if (v.number >= 2 && !q_moe_grouped_v2_available()) {
     std::printf("  not available here (wgmma: a compute capability 9.0 GPU)\n");
     return true;
   }
@@ -257,6 +264,10 @@ Op q_moe_grouped_op() {
         "q_gemm_wgmma's Cfg128 main loop (weights dequantised in registers as wgmma's A, tokens "
         "gathered into swizzled smem as B, 8-stage cp.async), 128 weight rows x one routing tile; "
         "gate_up pairs gate (warpgroup 0) and up (warpgroup 1) through smem",
+        false},
+       {3, "wgmma_rs_n",
+        "v2 with the wgmma n per block the smallest of 32, 64, 128 covering the tile's rows (an "
+        "expert's short second tile costs ~1/4 - 1/2 of a full one)",
         false}},
       run};
 }

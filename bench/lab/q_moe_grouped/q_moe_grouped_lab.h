@@ -18,5 +18,11 @@ void q_moe_grouped_gate_up_v2(const cuda::bf16* x, int H, const cuda::QMatrix& g
                               const cuda::MoeRouting& r, cuda::bf16* act, cudaStream_t stream);
 void q_moe_grouped_down_v2(const cuda::bf16* act, int I, const cuda::QMatrix& down, int H,
                            const cuda::MoeRouting& r, float* y, cudaStream_t stream);
+// Version 3 (v2_wgmma.cu): version 2 with the wgmma n per block the smallest of 32, 64, 128
+// covering the routing tile's rows (a short tile, e.g. an expert's second, costs less).
+void q_moe_grouped_gate_up_v3(const cuda::bf16* x, int H, const cuda::QMatrix& gate_up, int I,
+                              const cuda::MoeRouting& r, cuda::bf16* act, cudaStream_t stream);
+void q_moe_grouped_down_v3(const cuda::bf16* act, int I, const cuda::QMatrix& down, int H,
+                           const cuda::MoeRouting& r, float* y, cudaStream_t stream);
 
 }  // namespace lilac::lab

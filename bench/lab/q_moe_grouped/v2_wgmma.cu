@@ -117,6 +117,67 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32
 #endif
 }
 
+// As wgmma_rs_m64n128k16 with n = 64: d[0, 32) of the 64 accumulators (tokens [0, 64)), the rest
+// untouched.
+__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[64], const uint32_t (&a)[4],
+                                                   uint64_t desc_b) {
+#if defined(LILAC_SM90A)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+#endif
+}
+
+// As wgmma_rs_m64n128k16 with n = 32: d[0, 16) of the 64 accumulators (tokens [0, 32)), the rest
+// untouched.
+__device__ __forceinline__ void wgmma_rs_m64n32k16(float (&d)[64], const uint32_t (&a)[4],
+                                                   uint64_t desc_b) {
+#if defined(LILAC_SM90A)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (N == 128)
+    wgmma_rs_m64n128k16(d, a, desc_b);
+  else if constexpr (N == 64)
+    wgmma_rs_m64n64k16(d, a, desc_b);
+  else
+    wgmma_rs_m64n32k16(d, a, desc_b);
+}
+
 // This thread's share of one stage's weight copies: codes chunk (tid & 31) of the row tile of warp
 // tid >> 5 (16 bytes; smem offset 16 tid), and for tid < 32 scale/bias chunk (tid & 3) of the tile
 // of warp tid >> 2 (smem offset C_BYTES + 16 tid). Pointers at group 0; a k-tile adds kt blocks.
@@ -157,7 +218,8 @@ __device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4]) 
 }
 
 // One k-tile of the main loop (q4_gemm_wgmma.cu's ktile_step): `a` is this k-tile's A register
-// buffer, the other buffer belongs to the group still in flight.
+// buffer, the other buffer belongs to the group still in flight. N: the wgmma n (tokens computed).
+template <int N>
 __device__ __forceinline__ void ktile_step(float (&acc)[Cfg::NACC], uint32_t (&a)[4][4], int kt,
                                            int KT, int K, int& stage, int& fill, uint32_t sX,
                                            uint32_t sW, const tile::RowSet<Cfg::X_LOADS>& xr,
@@ -186,7 +248,7 @@ __device__ __forceinline__ void ktile_step(float (&acc)[Cfg::NACC], uint32_t (&a
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kk][i])::"memory");
   tile::wgmma_fence();  // the A registers were just written
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_rs_m64n128k16(acc, a[kk], db + uint64_t(2 * kk));
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs<N>(acc, a[kk], db + uint64_t(2 * kk));
   tile::wgmma_commit();
   tile::wgmma_wait<Cfg::INFLIGHT>();
   tile::fence_operands(acc);
@@ -194,7 +256,9 @@ __device__ __forceinline__ void ktile_step(float (&acc)[Cfg::NACC], uint32_t (&a
 }
 
 // acc = W_rows . X^T over k in [0, K) (q4_gemm_wgmma.cu's loop, K a multiple of 64). Leaves no
-// wgmma or cp.async in flight; does not synchronise at the end.
+// wgmma or cp.async in flight; does not synchronise at the end. N < 128: only tokens [0, N) are
+// computed (the others' accumulators stay 0).
+template <int N>
 __device__ __forceinline__ void mainloop(float (&acc)[Cfg::NACC],
                                          const tile::RowSet<Cfg::X_LOADS>& xr, const WSrc& w, int K,
                                          uint32_t sX, uint32_t sW) {
@@ -212,13 +276,26 @@ __device__ __forceinline__ void mainloop(float (&acc)[Cfg::NACC],
   uint32_t a0[4][4], a1[4][4];  // the A registers of even and odd k-tiles
   int kt = 0;
   for (; kt + 1 < KT; kt += 2) {
-    ktile_step(acc, a0, kt, KT, K, stage, fill, sX, sW, xr, w);
-    ktile_step(acc, a1, kt + 1, KT, K, stage, fill, sX, sW, xr, w);
+    ktile_step<N>(acc, a0, kt, KT, K, stage, fill, sX, sW, xr, w);
+    ktile_step<N>(acc, a1, kt + 1, KT, K, stage, fill, sX, sW, xr, w);
   }
-  if (kt < KT) ktile_step(acc, a0, kt, KT, K, stage, fill, sX, sW, xr, w);
+  if (kt < KT) ktile_step<N>(acc, a0, kt, KT, K, stage, fill, sX, sW, xr, w);
   tile::wgmma_wait<0>();
   tile::fence_operands(acc);
   tile::cp_async_wait<0>();
+}
+
+// The main loop at n = 128, or (ADAPT, version 3) at the smallest of n = 32, 64, 128 that covers
+// the tile's `rows` token rows (uniform over the block).
+template <bool ADAPT>
+__device__ __forceinline__ void mainloop_rows(float (&acc)[Cfg::NACC],
+                                              const tile::RowSet<Cfg::X_LOADS>& xr, const WSrc& w,
+                                              int K, uint32_t sX, uint32_t sW, int rows) {
+  if constexpr (ADAPT) {
+    if (rows <= 32) return mainloop<32>(acc, xr, w, K, sX, sW);
+    if (rows <= 64) return mainloop<64>(acc, xr, w, K, sX, sW);
+  }
+  mainloop<128>(acc, xr, w, K, sX, sW);
 }
 
 // moe_route's tile table (MoeRouting's device pointers).
@@ -257,6 +334,7 @@ __device__ __forceinline__ tile::RowSet<Cfg::X_LOADS> token_rows(const bf16* x, 
   return xr;
 }
 
+template <bool ADAPT>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix W, int I, Tiles tt,
                    bf16* __restrict__ act) {
@@ -277,7 +355,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const uint32_t sX = (tile::smem_u32(smem) + 1023u) & ~1023u;
   const uint32_t sW = sX + uint32_t(Cfg::STAGES * Cfg::X_STAGE);
   float acc[Cfg::NACC];
-  mainloop(acc, xr, w, H, sX, sW);
+  mainloop_rows<ADAPT>(acc, xr, w, H, sX, sW, row_end - row0);
 
   // Warpgroup 1 (up) -> shared memory -> warpgroup 0 (gate). The stages are free once every warp
   // is past its main loop (its last wgmma retired, its copies landed).
@@ -311,6 +389,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #endif
 }
 
+template <bool ADAPT>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     down_kernel(const bf16* __restrict__ act, int I, QMatrix W, int H, Tiles tt,
                 float* __restrict__ y) {
@@ -335,7 +414,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const uint32_t sX = (tile::smem_u32(smem) + 1023u) & ~1023u;
   const uint32_t sW = sX + uint32_t(Cfg::STAGES * Cfg::X_STAGE);
   float acc[Cfg::NACC];
-  mainloop(acc, xr, w, I, sX, sW);
+  mainloop_rows<ADAPT>(acc, xr, w, I, sX, sW, row_end - row0);
 
   // acc[4 j + q]: y column 128 cb + 16 warp + g + 8 (q >> 1), token 8 j + 2 t + (q & 1).
   const int lane = tid & 31;
@@ -378,6 +457,34 @@ void check(const char* what, const cuda::MoeRouting& r, const QMatrix& m, int ro
   if (reinterpret_cast<uintptr_t>(in) % 16 != 0) fail("{}: input must be 16-byte aligned", what);
 }
 
+template <bool ADAPT>
+void launch_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const cuda::MoeRouting& r,
+                    bf16* act, cudaStream_t stream) {
+  check("q_moe_grouped_gate_up (lab)", r, gate_up, 2 * I, H, H, I, x, act);
+  auto kernel = gate_up_kernel<ADAPT>;
+  static std::once_flag once;
+  prepare(kernel, once);
+  const int64_t blocks = int64_t(r.max_tiles) * (I / 64);
+  if (blocks < 1 || blocks > 0x7fffffff) fail("q_moe_grouped_gate_up (lab): {} blocks", blocks);
+  kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(x, H, gate_up, I, tiles_of(r),
+                                                                      act);
+  LILAC_CUDA_LAUNCHED();
+}
+
+template <bool ADAPT>
+void launch_down(const bf16* act, int I, const QMatrix& down, int H, const cuda::MoeRouting& r,
+                 float* y, cudaStream_t stream) {
+  check("q_moe_grouped_down (lab)", r, down, H, I, H, I, act, y);
+  auto kernel = down_kernel<ADAPT>;
+  static std::once_flag once;
+  prepare(kernel, once);
+  const int64_t blocks = int64_t(r.max_tiles) * ((H + Cfg::BR - 1) / Cfg::BR);
+  if (blocks < 1 || blocks > 0x7fffffff) fail("q_moe_grouped_down (lab): {} blocks", blocks);
+  kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(act, I, down, H, tiles_of(r),
+                                                                      y);
+  LILAC_CUDA_LAUNCHED();
+}
+
 }  // namespace qmoe_wgmma
 
 bool q_moe_grouped_v2_available() {
@@ -386,28 +493,19 @@ bool q_moe_grouped_v2_available() {
 
 void q_moe_grouped_gate_up_v2(const cuda::bf16* x, int H, const cuda::QMatrix& gate_up, int I,
                               const cuda::MoeRouting& r, cuda::bf16* act, cudaStream_t stream) {
-  using namespace qmoe_wgmma;
-  check("q_moe_grouped_gate_up_v2", r, gate_up, 2 * I, H, H, I, x, act);
-  static std::once_flag once;
-  prepare(gate_up_kernel, once);
-  const int64_t blocks = int64_t(r.max_tiles) * (I / 64);
-  if (blocks < 1 || blocks > 0x7fffffff) fail("q_moe_grouped_gate_up_v2: {} blocks", blocks);
-  gate_up_kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(x, H, gate_up, I,
-                                                                              tiles_of(r), act);
-  LILAC_CUDA_LAUNCHED();
+  qmoe_wgmma::launch_gate_up<false>(x, H, gate_up, I, r, act, stream);
 }
-
 void q_moe_grouped_down_v2(const cuda::bf16* act, int I, const cuda::QMatrix& down, int H,
                            const cuda::MoeRouting& r, float* y, cudaStream_t stream) {
-  using namespace qmoe_wgmma;
-  check("q_moe_grouped_down_v2", r, down, H, I, H, I, act, y);
-  static std::once_flag once;
-  prepare(down_kernel, once);
-  const int64_t blocks = int64_t(r.max_tiles) * ((H + Cfg::BR - 1) / Cfg::BR);
-  if (blocks < 1 || blocks > 0x7fffffff) fail("q_moe_grouped_down_v2: {} blocks", blocks);
-  down_kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(act, I, down, H,
-                                                                           tiles_of(r), y);
-  LILAC_CUDA_LAUNCHED();
+  qmoe_wgmma::launch_down<false>(act, I, down, H, r, y, stream);
+}
+void q_moe_grouped_gate_up_v3(const cuda::bf16* x, int H, const cuda::QMatrix& gate_up, int I,
+                              const cuda::MoeRouting& r, cuda::bf16* act, cudaStream_t stream) {
+  qmoe_wgmma::launch_gate_up<true>(x, H, gate_up, I, r, act, stream);
+}
+void q_moe_grouped_down_v3(const cuda::bf16* act, int I, const cuda::QMatrix& down, int H,
+                           const cuda::MoeRouting& r, float* y, cudaStream_t stream) {
+  qmoe_wgmma::launch_down<true>(act, I, down, H, r, y, stream);
 }
 
 }  // namespace lilac::lab
