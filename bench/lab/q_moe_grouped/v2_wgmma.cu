@@ -25,7 +25,9 @@
 //    weight row tile e TH + 8 cb + w (TH = H / 16); token rows = the tile's act rows
 //    (contiguous, stride I); y f32 in sorted order as production.
 // Work per block and k-tile as Cfg128 of the dense kernel: 128 x 128 x 64 MACs = 512 tensor
-// clocks; a partial tile (the second tile of an expert with > 128 rows) costs a full one.
+// clocks; in version 2 a partial tile (the second tile of an expert with > 128 rows) costs a full
+// one. Version 3 (ADAPT = true, mainloop_rows) runs the same loop at wgmma n = 32 or 64 when the
+// tile has <= 32 or <= 64 rows.
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
