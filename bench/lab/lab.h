@@ -44,6 +44,7 @@ Op gdn_decode_op();
 Op attention_decode_op();
 Op q_gemv_rows_op();
 Op q_gemm_op();
+Op q_moe_grouped_op();
 Op sampling_op();
 
 // ---- helpers shared by the ops -------------------------------------------------------------

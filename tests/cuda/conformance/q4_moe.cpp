@@ -5,7 +5,8 @@
 //    I = Is = 512) and the tiny-a fixture's (H 128, E 16, k 4, I = Is = 64), 4 and 8 bits;
 //  * prefill: q_moe_grouped_gate_up / q_moe_grouped_down / q_moe_shared_gate_up on moe_route's
 //    tables vs double-precision dot products with the bf16 weights the kernels multiply
-//    (dequantize_row_bf16), T = 1, 37, 300, uniform routing. Outputs poisoned.
+//    (dequantize_row_bf16), T = 1, 37, 300, uniform routing. Outputs poisoned. Router logits and
+//    the twin per element: tests/cuda/twins/q4_moe_twin.h (shared with the kernel lab).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "../moe_route_util.h"
 #include "../q4_test_util.h"
+#include "../twins/q4_moe_twin.h"
 #include "conformance.h"
 #include "cpu/moe.h"
 #include "cuda/moe_decode.h"
@@ -137,18 +139,6 @@ void check_decode(Shape s, uint64_t seed) {
 
 // ---- prefill ------------------------------------------------------------------------------------
 
-double dot_d(const uint16_t* w, const float* a, int n) {
-  double s = 0;
-  for (int i = 0; i < n; ++i) s += double(bf16_to_f32(w[i])) * a[i];
-  return s;
-}
-
-double norm_bf16(const uint16_t* w, int n) {
-  double s = 0;
-  for (int i = 0; i < n; ++i) s += double(bf16_to_f32(w[i])) * bf16_to_f32(w[i]);
-  return std::sqrt(s);
-}
-
 void check_prefill(Shape s, int T, uint64_t seed) {
   const std::string what =
       "T " + std::to_string(T) + " E " + std::to_string(s.E) + " bits " + std::to_string(s.bits);
@@ -157,8 +147,7 @@ void check_prefill(Shape s, int T, uint64_t seed) {
   const int k = s.k, P = T * k;
   const auto gub = m.gu.dequant_bf16(), dnb = m.dn.dequant_bf16(), sgub = m.sgu.dequant_bf16();
   // Routing on the device (moe_route is tested against a counting sort in moe_prefill_test.cpp).
-  std::vector<float> logits(static_cast<size_t>(T) * (s.E + 1));
-  for (size_t i = 0; i < logits.size(); ++i) logits[i] = hash_uniform(seed + 7, i, 3.f);
+  const std::vector<float> logits = moe_router_logits(T, s.E, seed);
   const DeviceRouting route(logits, T, s.E, k);
   const cuda::MoeRouting& r = route.r;
   const std::vector<int32_t>& sorted_token = route.sorted_token;
@@ -167,7 +156,6 @@ void check_prefill(Shape s, int T, uint64_t seed) {
   const auto xb = random_bf16_bits(size_t(T) * s.H, 1.f, seed + 8);
   const auto x = widen(xb.data(), xb.size());
   auto dx = upload_bf16(xb);
-  const double dtH = dot_tolerance(int64_t(s.H)), dtI = dot_tolerance(int64_t(s.I));
 
   // gate_up (grouped) and the shared expert's
   for (int pass = 0; pass < 2; ++pass) {
@@ -190,12 +178,9 @@ void check_prefill(Shape s, int T, uint64_t seed) {
         for (int i = 0; i < I; ++i) {
           const uint16_t* gw = base + size_t(i) * s.H;
           const uint16_t* uw = base + size_t(I + i) * s.H;
-          const double g = dot_d(gw, xt, s.H), u = dot_d(uw, xt, s.H);
-          const double silu = g / (1 + std::exp(-g)), v = silu * u;
-          want[row * I + size_t(i)] = v;
-          tol[row * I + size_t(i)] = 1.1 * (std::fabs(u) * dtH * norm_bf16(gw, s.H) * xn +
-                                            std::fabs(silu) * dtH * norm_bf16(uw, s.H) * xn) +
-                                     std::fabs(v) * (1.0 / 256 + 1e-6) + 1e-30;
+          const TwinValue t = moe_act_twin(gw, uw, xt, s.H, xn);
+          want[row * I + size_t(i)] = t.want;
+          tol[row * I + size_t(i)] = t.tol;
         }
       }
     });
@@ -222,8 +207,9 @@ void check_prefill(Shape s, int T, uint64_t seed) {
         const double an = std::sqrt(std::inner_product(a, a + s.I, a, 0.0));
         for (int c = 0; c < s.H; ++c) {
           const uint16_t* dw = &dnb[(size_t(expert_of[row]) * s.H + size_t(c)) * s.I];
-          yw[row * s.H + size_t(c)] = dot_d(dw, a, s.I);
-          yt[row * s.H + size_t(c)] = dtI * norm_bf16(dw, s.I) * an + 1e-30;
+          const TwinValue t = moe_down_twin(dw, a, s.I, an);
+          yw[row * s.H + size_t(c)] = t.want;
+          yt[row * s.H + size_t(c)] = t.tol;
         }
       }
     });
