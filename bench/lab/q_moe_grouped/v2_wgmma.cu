@@ -1,9 +1,10 @@
 // q_moe_grouped version 2: the grouped 4-bit expert GEMMs of prefill (q_moe_grouped_gate_up and
 // q_moe_grouped_down, src/cuda/q4_moe_prefill.cu) on wgmma, with the main loop of the dense 4-bit
-// wgmma GEMM (src/cuda/q4_gemm_wgmma.cu, Cfg128: read its file comment first). The device helpers
-// below (lds128/lds64, wgmma_rs_m64n128k16, WSrc, load_stage, dequant_ktile, ktile_step and the
-// loop itself) are that file's, copied unchanged because they live in a .cu, not a header; what
-// is new here is the block -> (routing tile, weight rows) map, the gathered token rows and the two
+// wgmma GEMM (src/cuda/q4_gemm_wgmma.cu, Cfg128: read its file comment first). The stage copies,
+// the shared-memory loads, the k-tile dequantisation and the n = 128 wgmma come from its header
+// (q4_gemm_wgmma.cuh; the PTX of this file is the same as with the copies it first had); ktile_step
+// and the loop are that file's with the wgmma n a template parameter (v3's n = 32 / 64); what is
+// new here is the block -> (routing tile, weight rows) map, the gathered token rows and the two
 // epilogues.
 //
 // Block: 256 threads = 2 warpgroups, 128 weight rows (8 row tiles of 16: warp w owns tile w) x
@@ -35,6 +36,7 @@
 #include "cuda/common.cuh"
 #include "cuda/gemm_tile.cuh"
 #include "cuda/q4_gemm.h"
+#include "cuda/q4_gemm_wgmma.cuh"
 #include "cuda/q4_tile.cuh"
 #include "q_moe_grouped_lab.h"
 #include "util/error.h"
@@ -51,6 +53,14 @@ using cuda::kQTileRows;
 using cuda::QMatrix;
 namespace tile = cuda::tile;
 namespace qtile = cuda::qtile;
+
+// The shared pieces of the production kernel's main loop (src/cuda/q4_gemm_wgmma.cuh): the stage's
+// copies (codes, scale/bias, the swizzled token tile), the shared-memory loads, the 4-bit
+// dequantisation of a k-tile into wgmma's A fragments, the n = 128 wgmma.
+using cuda::qgemm_wgmma::dequant_ktile;
+using cuda::qgemm_wgmma::lds128;
+using cuda::qgemm_wgmma::lds64;
+using cuda::qgemm_wgmma::wgmma_rs_m64n128k16;
 
 struct Cfg {
   static constexpr int BR = 128;  // weight rows per block: 8 row tiles, warp w owns tile w
@@ -70,54 +80,6 @@ struct Cfg {
   static_assert(SMEM_BYTES <= 232448, "227 KB of dynamic shared memory per block");
   static_assert(NACC * 128 * 4 <= STAGES * X_STAGE, "the gate_up exchange fits the X stages");
 };
-
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ uint2 lds64(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
-  return v;
-}
-
-// D (64 x 128, f32) += A (64 x 16, registers: this warp's m16n8k16 A fragment of rows 16 (warp %
-// 4) .. + 15) . B (128 x 16, smem descriptor, K-major)^T.
-__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
-                                                    uint64_t desc_b) {
-#if defined(LILAC_SM90A)
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#else
-  (void)d;
-  (void)a;
-  (void)desc_b;
-#endif
-}
 
 // As wgmma_rs_m64n128k16 with n = 64: d[0, 32) of the 64 accumulators (tokens [0, 64)), the rest
 // untouched.
@@ -180,43 +142,10 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
     wgmma_rs_m64n32k16(d, a, desc_b);
 }
 
-// This thread's share of one stage's weight copies: codes chunk (tid & 31) of the row tile of warp
-// tid >> 5 (16 bytes; smem offset 16 tid), and for tid < 32 scale/bias chunk (tid & 3) of the tile
-// of warp tid >> 2 (smem offset C_BYTES + 16 tid). Pointers at group 0; a k-tile adds kt blocks.
-struct WSrc {
-  const uint32_t* codes;
-  const uint32_t* sb;
-  bool codes_ok, sb_ok;
-};
-
+using cuda::qgemm_wgmma::WSrc;
 __device__ __forceinline__ void load_stage(const tile::RowSet<Cfg::X_LOADS>& xr, const WSrc& w,
                                            uint32_t sx, uint32_t sw, int kt, int K) {
-  tile::load_operand<Cfg>(xr, sx, kt, K);
-  const int tid = threadIdx.x;
-  tile::cp_async_16(sw + uint32_t(tid * 16), w.codes + size_t(kt) * kQBlockWords, w.codes_ok);
-  if (tid < 32)
-    tile::cp_async_16(sw + uint32_t(Cfg::C_BYTES + tid * 16), w.sb + size_t(kt) * kQSbWords,
-                      w.sb_ok);
-}
-
-// The 4 k16 A fragments of this warp's row tile for one k-tile, from the stage's codes and
-// scale/bias: a[kb][i] = bf16x2 of (row g + 8 (i & 1), columns 16 kb + 2t + 8 (i >> 1) + {0, 1}),
-// w = RNE_bf16(s q + b) (q4_tile.cuh dequant_frag, 4-bit).
-__device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4]) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const uint4 c = lds128(sw + uint32_t(warp * 512 + lane * 16));
-  const uint2 sb = lds64(sw + uint32_t(8 * kQBlockWords * 4 + warp * 64 + (lane >> 2) * 8));
-  const uint32_t s_lo = __byte_perm(sb.x, 0, 0x1010), b_lo = __byte_perm(sb.x, 0, 0x3232);
-  const uint32_t s_hi = __byte_perm(sb.y, 0, 0x1010), b_hi = __byte_perm(sb.y, 0, 0x3232);
-  const uint32_t words[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-  for (int kb = 0; kb < 4; ++kb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t q = qtile::fma_bf16x2(qtile::magic128(words[kb] >> (4 * i)), qtile::kBf16x2One,
-                                           qtile::kBf16x2Neg128);  // exact
-      a[kb][i] = (i & 1) ? qtile::fma_bf16x2(q, s_hi, b_hi) : qtile::fma_bf16x2(q, s_lo, b_lo);
-    }
+  cuda::qgemm_wgmma::load_stage<Cfg>(xr, w, sx, sw, kt, K);
 }
 
 // One k-tile of the main loop (q4_gemm_wgmma.cu's ktile_step): `a` is this k-tile's A register
