@@ -219,26 +219,8 @@ __device__ __forceinline__ void ktile_step(float (&acc)[C::NACC], uint32_t (&a)[
   stage = stage + 1 == S ? 0 : stage + 1;
 }
 
-constexpr int kGroupM = 8;  // token tiles per raster group (q4_gemm.cu's raster)
-__device__ __forceinline__ void raster(int bid, int tiles_m, int tiles_n, int& tm, int& tn) {
-  const int width = kGroupM * tiles_n;
-  const int group = bid / width;
-  const int first_m = group * kGroupM;
-  const int group_m = min(tiles_m - first_m, kGroupM);
-  const int in_group = bid - group * width;
-  tm = first_m + in_group % group_m;
-  tn = in_group / group_m;
-}
-
-template <GemmOut MODE>
-__device__ __forceinline__ void store_one(void* C, size_t off, float v) {
-  if constexpr (MODE == GemmOut::StoreBF16)
-    static_cast<bf16*>(C)[off] = __float2bfloat16_rn(v);
-  else if constexpr (MODE == GemmOut::AccumulateF32)
-    static_cast<float*>(C)[off] += v;
-  else
-    static_cast<float*>(C)[off] = v;
-}
+using qtile::raster;
+using qtile::store_one;
 
 }  // namespace qgemm_wgmma
 

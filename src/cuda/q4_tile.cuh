@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "cuda/gemm.h"
 #include "cuda/gemm_tile.cuh"
 #include "cuda/q4_layout.h"
 #include "cuda/vec_util.cuh"
@@ -409,6 +410,32 @@ __device__ __forceinline__ void q_gemm_mainloop(float (&acc)[2][16][4],
     write_stage = write_stage + 1 == S ? 0 : write_stage + 1;
   }
   tile::cp_async_wait<0>();
+}
+
+// ---- the 4-bit prefill GEMMs' block order and stores (q4_gemm.cu and q4_gemm_wgmma.cuh) -------
+
+// Block bid -> (token tile tm, row tile tn), kGroupM token tiles per raster group, so that blocks
+// running together share their token tiles and weight tiles in L2.
+constexpr int kGroupM = 8;
+__device__ __forceinline__ void raster(int bid, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int width = kGroupM * tiles_n;
+  const int group = bid / width;
+  const int first_m = group * kGroupM;
+  const int group_m = min(tiles_m - first_m, kGroupM);
+  const int in_group = bid - group * width;
+  tm = first_m + in_group % group_m;
+  tn = in_group / group_m;
+}
+
+// One output element in the GEMM's mode: bf16 store, f32 add, or f32 store.
+template <GemmOut MODE>
+__device__ __forceinline__ void store_one(void* C, size_t off, float v) {
+  if constexpr (MODE == GemmOut::StoreBF16)
+    static_cast<bf16*>(C)[off] = __float2bfloat16_rn(v);
+  else if constexpr (MODE == GemmOut::AccumulateF32)
+    static_cast<float*>(C)[off] += v;
+  else
+    static_cast<float*>(C)[off] = v;
 }
 
 }  // namespace lilac::cuda::qtile
