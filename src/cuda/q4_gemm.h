@@ -24,11 +24,16 @@ void q_gemm(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaS
 void q_gemm_mma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaStream_t stream);
 
 // The wgmma kernel (q4_gemm_wgmma.cu; the weights dequantised in registers as wgmma's A operand,
-// 128 rows x 256 or 128 tokens per block): q_gemm's path for 4-bit weights on compute capability
-// 9.x (q_gemm_wgmma_available). q_gemm's contract restricted to 4 bits; tokens_per_block 256 or
-// 128, 0 picks by the wave count (the kernel lab times both).
+// 128 rows x 256 or 128 tokens per block, K split over a cluster of 1, 2 or 4 blocks): q_gemm's
+// path for 4-bit weights on compute capability 9.x (q_gemm_wgmma_available). q_gemm's contract
+// restricted to 4 bits. tokens_per_block 256 or 128 and splits 1, 2 or 4 ((K / 64) % splits == 0);
+// both 0 picks by estimated time (the kernel lab times every choice); one 0: 256 tokens, 1 split.
+// The split sums are added in rank order (deterministic).
 void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
-                  cudaStream_t stream, int tokens_per_block = 0);
+                  cudaStream_t stream, int tokens_per_block = 0, int splits = 0);
 bool q_gemm_wgmma_available();
+// Clusters of (tokens_per_block, splits) blocks resident at once on this device (0: such a launch
+// cannot run; cudaOccupancyMaxActiveClusters).
+int q_gemm_wgmma_max_clusters(int tokens_per_block, int splits);
 
 }  // namespace lilac::cuda

@@ -1,6 +1,7 @@
-// q_gemm's 4-bit path on Hopper (version 2 of the kernel lab's q_gemm, production since s6: in_proj
-// at 4096 tokens 593 -> 354 us, 349 -> 585 TFLOP/s, faster than the BF16 wgmma GEMM's 377 us;
-// bench/lab/q_gemm/README.md): the 4-bit prefill GEMM on wgmma, the weights dequantised in
+// q_gemm's 4-bit path on Hopper (the kernel lab's q_gemm version 3, production since s7; its main
+// loop is version 2's, production in s6: in_proj at 4096 tokens 593 -> 354 us, 349 -> 585 TFLOP/s,
+// faster than the BF16 wgmma GEMM's 377 us; bench/lab/q_gemm/README.md): the 4-bit prefill GEMM
+// on wgmma, the weights dequantised in
 // registers as wgmma's A operand (register-sourced "RS" form), the tokens as its n dimension from
 // shared memory. C^T = W . A^T as in q4_gemm.cu, so the tiled layout's lane order (q4_layout.h:
 // word kb of lane l = the m16n8k16 A fragment of rows g, g + 8 x columns [16 kb, 16 kb + 16)) is
@@ -34,12 +35,36 @@
 // per thread, 2 warps per scheduler: ~150 issue slots of 1024.
 // Tails: token rows past M are zero-filled by cp.async and not stored; row tiles past the matrix
 // are zero-filled (codes and scale/bias 0: w = 0) and not stored; rows past N inside the last
-// tile are the layout's zero padding. Epilogue as q4_gemm.cu: per (n8 block j, q) a lane stores
-// C[token][row]; the 8 lanes of equal t write 8 consecutive rows (32-byte segments).
+// tile are the layout's zero padding.
+//
+// Version 3 (split-K and the epilogue; v2 was 24-40% of 790 TFLOP/s on the 2048-row projections
+// out_proj / o_proj, N = 2048, K = 4096, y += at 512 .. 4096 tokens):
+//  1. Split-K over a thread-block cluster: the S blocks (S = 1, 2 or 4; cluster dims (S, 1, 1),
+//     consecutive blockIdx.x) of one output tile each run k-tiles [r KT / S, (r + 1) KT / S) of
+//     the tile (rank r). M = 512 out_proj: 4 x 16 tiles of 128 tokens -> 128 blocks at S = 2
+//     (v2: 64 blocks on 132 SMs). The launcher picks (BT, S) by estimated time (pick below):
+//     out_proj M = 512 -> (256, 4) (or (128, 2) if 32 clusters of 4 do not fit), M = 1000 ->
+//     (256, 2), M = 4096 -> (256, 1); in_proj / qkv -> S = 1.
+//  2. The epilogue through shared memory: each block writes its 128 x BT f32 partial tile into its
+//     own (now idle) pipeline memory, token-major [BT][132] (132 floats per token: the 8 lanes of
+//     a fragment row g and 4 of t hit 32 distinct banks), then (cluster barrier) rank r sums
+//     tokens [r BT / S, (r + 1) BT / S) of the tile over ranks 0 .. S - 1 in rank order (f32,
+//     deterministic, no atomics), reading the other ranks' tiles through distributed shared
+//     memory, and writes C once: a warp per token, 16 bytes per lane (a token's 128 rows = 512
+//     contiguous bytes), for y += the residual's 16-byte loads of up to 8 tokens issued before
+//     any of their stores. (v2's epilogue stored from registers, 32-byte segments, and each `+=`
+//     was a load the next store waited on.) When N % 4 != 0 or C is not 16-byte aligned the
+//     same pass stores element by element.
+// y += adds the reduced sum into y once: y = y + ((p_0 + p_1) + ...).
+// Lab (s6 run 6, H200): out_proj (+=) M = 4096 217.4 -> 130.1 us, M = 512 44.9 -> 20.9 us, M = 1000
+// 45.1 -> 31.9 us; o_proj M = 4096 119.1 us; in_proj as v2 (353.0 / 59.9 / 91.1 us).
+// Shared memory: the pipeline (BT = 256: 6 stages, 219 KB + 1 KB; BT = 128: 8 stages, 168 KB +
+// 1 KB) reused for the staged tile (BT x 132 x 4 = 132 KB / 66 KB).
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
 
+#include "cuda/cluster.cuh"
 #include "cuda/gemm_tile.cuh"
 #include "cuda/q4_gemm.h"
 #include "cuda/q4_gemm_wgmma.cuh"
@@ -52,16 +77,50 @@ namespace lilac::cuda {
 // body is empty and nvcc would warn about every unused internal function and member.
 namespace qgemm_wgmma {
 
-template <class C, GemmOut MODE>
+constexpr int kPad = 132;  // floats per token of the staged tile (128 rows + 4: no bank conflicts)
+
+template <class C>
+constexpr int stage_bytes() {
+  return C::BT * kPad * 4;
+}
+static_assert(stage_bytes<Cfg256>() + 1024 <= Cfg256::SMEM_BYTES, "staged tile fits (BT 256)");
+static_assert(stage_bytes<Cfg128>() + 1024 <= Cfg128::SMEM_BYTES, "staged tile fits (BT 128)");
+
+// 16 bytes of rank `rank`'s staged tile at this block's shared address `a` (S = 1: this block).
+template <int S>
+__device__ __forceinline__ float4 ld_part(uint32_t a, int rank) {
+  float4 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (S > 1) {
+    const uint32_t ra = cluster::map(a, uint32_t(rank));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(ra)
+                 : "memory");
+    return v;
+  }
+#endif
+  (void)rank;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(a)
+               : "memory");
+  return v;
+}
+
+template <class C, int S, GemmOut MODE>
 __global__ void __launch_bounds__(C::THREADS, 1)
     q_gemm_wgmma_kernel(const bf16* __restrict__ A, int M, int K, QMatrix W, void* __restrict__ out,
-                        int tiles_m, int tiles_n) {
+                        int tiles_m, int tiles_n, bool vec) {
 #if defined(LILAC_SM90A)
   extern __shared__ __align__(1024) unsigned char smem[];
+  const int rank = S > 1 ? int(cluster::ctarank()) : 0;  // == blockIdx.x % S
   int tm, tn;
-  raster(blockIdx.x, tiles_m, tiles_n, tm, tn);
+  raster(int(blockIdx.x) / S, tiles_m, tiles_n, tm, tn);
   const int m0 = tm * C::BT, t0 = tn * (C::BR / kQTileRows);  // first token, first row tile
   const int tid = threadIdx.x, n_tiles = W.tiles(), G = W.groups();
+  // This rank's K range: groups [g0, g0 + KT) (the launcher checks (K / 64) % S == 0).
+  const int KT = K / tile::kBK / S, g0 = rank * KT, Kl = KT * tile::kBK;
 
   tile::RowSet<C::X_LOADS> xr;
   xr.valid = 0;
@@ -69,7 +128,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   for (int i = 0; i < C::X_LOADS; ++i) {
     const int row = m0 + tile::load_row0() + i * C::ROW_STEP;
     const bool ok = row < M;
-    xr.ptr[i] = A + size_t(ok ? row : 0) * size_t(K);
+    xr.ptr[i] = A + size_t(ok ? row : 0) * size_t(K) + size_t(g0) * tile::kBK;
     xr.valid |= uint32_t(ok) << i;
   }
   WSrc w;
@@ -78,50 +137,101 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     w.codes_ok = ct < n_tiles;
     w.sb_ok = st < n_tiles;
     // Clamped to a valid tile: the address must be valid even when nothing is read.
-    w.codes = W.codes + size_t(min(ct, n_tiles - 1)) * size_t(G) * kQBlockWords + (tid & 31) * 4;
-    w.sb = W.sb + size_t(min(st, n_tiles - 1)) * size_t(G) * kQSbWords + (tid & 3) * 4;
+    w.codes = W.codes + (size_t(min(ct, n_tiles - 1)) * size_t(G) + size_t(g0)) * kQBlockWords +
+              (tid & 31) * 4;
+    w.sb =
+        W.sb + (size_t(min(st, n_tiles - 1)) * size_t(G) + size_t(g0)) * kQSbWords + (tid & 3) * 4;
   }
 
-  float acc[C::NACC];
-#pragma unroll
-  for (int i = 0; i < C::NACC; ++i) acc[i] = 0.f;
+  // The main loop (q4_gemm_wgmma.cuh) over this rank's KT k-tiles.
   const uint32_t sX = (tile::smem_u32(smem) + 1023u) & ~1023u;
   const uint32_t sW = sX + uint32_t(C::STAGES * C::X_STAGE);
-  const int KT = K / tile::kBK;
-#pragma unroll
-  for (int s = 0; s < C::PREFETCH; ++s) {
-    if (s < KT)
-      load_stage<C>(xr, w, sX + uint32_t(s * C::X_STAGE), sW + uint32_t(s * C::W_STAGE), s, K);
-    tile::cp_async_commit();
-  }
-  tile::fence_operands(acc);
-  int stage = 0, fill = C::PREFETCH % C::STAGES;
-  uint32_t a0[4][4], a1[4][4];  // the A registers of even and odd k-tiles
-  // Unrolled by two k-tiles so each buffer is a fixed set of registers; every path into a step
-  // comes from the other buffer's step (no path redefines a buffer whose group may be in flight,
-  // else ptxas serialises the wgmmas: C7513).
-  int kt = 0;
-  for (; kt + 1 < KT; kt += 2) {
-    ktile_step<C>(acc, a0, kt, KT, K, stage, fill, sX, sW, xr, w);
-    ktile_step<C>(acc, a1, kt + 1, KT, K, stage, fill, sX, sW, xr, w);
-  }
-  if (kt < KT) ktile_step<C>(acc, a0, kt, KT, K, stage, fill, sX, sW, xr, w);
-  tile::wgmma_wait<0>();
-  tile::fence_operands(acc);
-  tile::cp_async_wait<0>();
+  float acc[C::NACC];
+  mainloop<C>(acc, xr, w, Kl, sX, sW);
+  __syncthreads();  // both warpgroups' wgmmas retired, every copy landed: the stages are free
 
-  // acc[4 j + q]: row 16 warp + g + 8 (q >> 1) of the block, token 8 j + 2 t + (q & 1).
-  const int N = W.rows, lane = tid & 31;
-  const int row0 = t0 * kQTileRows + 16 * (tid >> 5) + (lane >> 2);
-  const int tok0 = m0 + 2 * (lane & 3);
+  // Stage the partial tile, [BT tokens][kPad] f32 at sX. acc[4 j + q]: row 16 warp + g + 8 (q >>
+  // 1) of the block, token 8 j + 2 t + (q & 1); for fixed (j, q) a warp's 32 stores hit banks
+  // (8 t + g + const) mod 32 (2 kPad = 264 = 8 mod 32): all distinct.
+  const int warp = tid >> 5, lane = tid & 31;
+  {
+    float* part = reinterpret_cast<float*>(smem + (sX - tile::smem_u32(smem)));
+    const int r0 = 16 * warp + (lane >> 2), k0 = 2 * (lane & 3);
 #pragma unroll
-  for (int j = 0; j < C::BT / 8; ++j)
+    for (int j = 0; j < C::BT / 8; ++j)
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int row = row0 + 8 * (q >> 1), tok = tok0 + 8 * j + (q & 1);
-      if (row < N && tok < M)
-        store_one<MODE>(out, size_t(tok) * size_t(N) + size_t(row), acc[4 * j + q]);
+      for (int q = 0; q < 4; ++q)
+        part[(8 * j + k0 + (q & 1)) * kPad + r0 + 8 * (q >> 1)] = acc[4 * j + q];
+  }
+  if constexpr (S > 1)
+    cluster::sync();  // every rank's tile staged and visible to the cluster
+  else
+    __syncthreads();
+
+  // Rank r writes tokens [r TPR, (r + 1) TPR) of the tile: warp `warp` token 8 p + warp of pass p,
+  // lane `lane` rows 4 lane .. 4 lane + 3: one 16-byte access when `vec` (N % 4 == 0: all four in
+  // or all out; C 16-byte aligned), else element by element.
+  constexpr int kBatch = 8;  // passes whose residual loads are issued together
+  constexpr int TPR = C::BT / S, PASSES = TPR / 8, BATCH = PASSES < kBatch ? PASSES : kBatch;
+  static_assert(TPR % 8 == 0 && PASSES % BATCH == 0, "whole passes");
+  const int N = W.rows;
+  const int row = t0 * kQTileRows + 4 * lane;
+  const bool row_ok = row < N;
+  const uint32_t pbase = sX + uint32_t(16 * lane);
+#pragma unroll 1
+  for (int b = 0; b < PASSES; b += BATCH) {
+    float4 old[BATCH];
+    if constexpr (MODE == GemmOut::AccumulateF32) {
+#pragma unroll
+      for (int i = 0; i < BATCH; ++i) {
+        const int tok = m0 + rank * TPR + 8 * (b + i) + warp;
+        old[i] = vec && row_ok && tok < M
+                     ? *reinterpret_cast<const float4*>(static_cast<const float*>(out) +
+                                                        (size_t(tok) * size_t(N) + size_t(row)))
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      const int tl = rank * TPR + 8 * (b + i) + warp, tok = m0 + tl;
+      const uint32_t a = pbase + uint32_t(tl * kPad * 4);
+      float4 v = ld_part<S>(a, 0);
+#pragma unroll
+      for (int r = 1; r < S; ++r) {
+        const float4 p = ld_part<S>(a, r);
+        v.x += p.x;
+        v.y += p.y;
+        v.z += p.z;
+        v.w += p.w;
+      }
+      if (!row_ok || tok >= M) continue;
+      const size_t off = size_t(tok) * size_t(N) + size_t(row);
+      if (!vec) {
+        const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (row + c < N) store_one<MODE>(out, off + size_t(c), e[c]);
+        continue;
+      }
+      if constexpr (MODE == GemmOut::StoreBF16) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+        uint2 u;
+        u.x = *reinterpret_cast<const uint32_t*>(&lo);
+        u.y = *reinterpret_cast<const uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(static_cast<bf16*>(out) + off) = u;
+      } else {
+        if constexpr (MODE == GemmOut::AccumulateF32) {
+          v.x = old[i].x + v.x;
+          v.y = old[i].y + v.y;
+          v.z = old[i].z + v.z;
+          v.w = old[i].w + v.w;
+        }
+        *reinterpret_cast<float4*>(static_cast<float*>(out) + off) = v;
+      }
+    }
+  }
+  if constexpr (S > 1) cluster::sync();  // no block leaves while another still reads its tile
 #else
   // Not built for this target (the host launches it only on compute capability 9.x).
   (void)A, (void)M, (void)K, (void)W, (void)out, (void)tiles_m, (void)tiles_n;
@@ -129,31 +239,64 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #endif
 }
 
-template <class C, GemmOut MODE>
-void launch(const bf16* A, int M, const QMatrix& W, void* out, cudaStream_t stream) {
-  auto kernel = q_gemm_wgmma_kernel<C, MODE>;
+template <class C, int S, GemmOut MODE>
+void set_smem() {
   static std::once_flag once;
-  std::call_once(once, [&] {
-    LILAC_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES));
+  std::call_once(once, [] {
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(q_gemm_wgmma_kernel<C, S, MODE>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          C::SMEM_BYTES));
   });
+}
+
+template <class C, int S, GemmOut MODE>
+void launch(const bf16* A, int M, const QMatrix& W, void* out, bool vec, cudaStream_t stream) {
+  set_smem<C, S, MODE>();
   const int tiles_m = ceil_div(M, C::BT), tiles_n = ceil_div(W.rows, C::BR);
-  const int64_t blocks = int64_t(tiles_m) * tiles_n;
+  const int64_t blocks = int64_t(tiles_m) * tiles_n * S;
   if (blocks > 0x7fffffff) fail("q_gemm_wgmma: {} x {} needs {} blocks", M, W.rows, blocks);
-  kernel<<<unsigned(blocks), C::THREADS, C::SMEM_BYTES, stream>>>(A, M, W.cols, W, out, tiles_m,
-                                                                  tiles_n);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(blocks));
+  cfg.blockDim = dim3(C::THREADS);
+  cfg.dynamicSmemBytes = C::SMEM_BYTES;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(S);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = S > 1 ? 1u : 0u;
+  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, q_gemm_wgmma_kernel<C, S, MODE>, A, M, W.cols, W, out,
+                                      tiles_m, tiles_n, vec));
   LILAC_CUDA_LAUNCHED();
 }
 
-template <class C>
-void dispatch(const bf16* A, int M, const QMatrix& W, void* out, GemmOut mode, cudaStream_t s) {
+template <class C, int S>
+void dispatch_mode(const bf16* A, int M, const QMatrix& W, void* out, GemmOut mode, bool vec,
+                   cudaStream_t s) {
   switch (mode) {
     case GemmOut::StoreF32:
-      return launch<C, GemmOut::StoreF32>(A, M, W, out, s);
+      return launch<C, S, GemmOut::StoreF32>(A, M, W, out, vec, s);
     case GemmOut::StoreBF16:
-      return launch<C, GemmOut::StoreBF16>(A, M, W, out, s);
+      return launch<C, S, GemmOut::StoreBF16>(A, M, W, out, vec, s);
     case GemmOut::AccumulateF32:
-      return launch<C, GemmOut::AccumulateF32>(A, M, W, out, s);
+      return launch<C, S, GemmOut::AccumulateF32>(A, M, W, out, vec, s);
+  }
+}
+
+template <class C>
+void dispatch_splits(const bf16* A, int M, const QMatrix& W, void* out, GemmOut mode, bool vec,
+                     int S, cudaStream_t s) {
+  switch (S) {
+    case 1:
+      return dispatch_mode<C, 1>(A, M, W, out, mode, vec, s);
+    case 2:
+      return dispatch_mode<C, 2>(A, M, W, out, mode, vec, s);
+    case 4:
+      return dispatch_mode<C, 4>(A, M, W, out, mode, vec, s);
+    default:
+      fail("q_gemm_wgmma: splits {} (1, 2 or 4)", S);
   }
 }
 
@@ -167,14 +310,75 @@ int sm_count() {
   return n;
 }
 
-// 256 tokens per block unless 128 finishes in fewer (tile-area weighted) waves: with one block
-// per SM the time is ~ waves x tile area; the 128-token tile is taken as 15% less efficient (half
-// the MMAs per dequantised weight and per barrier).
-int pick_tokens(int M, int N) {
-  const int64_t sms = sm_count(), tn = ceil_div(N, 128);
-  const int64_t w256 = ceil_div(int64_t(ceil_div(M, 256)) * tn, sms);
-  const int64_t w128 = ceil_div(int64_t(ceil_div(M, 128)) * tn, sms);
-  return double(w128) * 128 * 1.15 < double(w256) * 256 ? 128 : 256;
+// Clusters of S blocks resident at once (one block per SM: 1 thread block of ~200 KB / 256
+// threads x 216 registers). S = 1: the SM count; else the runtime's answer (the GPCs decide: a
+// cluster's blocks share one), 0 if it has none.
+template <class C, int S>
+int max_clusters() {
+  static const int n = [] {
+    if (S == 1) return sm_count();
+    set_smem<C, S, GemmOut::StoreF32>();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(S * 64));
+    cfg.blockDim = dim3(C::THREADS);
+    cfg.dynamicSmemBytes = C::SMEM_BYTES;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(S);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int c = 0;
+    if (cudaOccupancyMaxActiveClusters(&c, q_gemm_wgmma_kernel<C, S, GemmOut::StoreF32>, &cfg) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();  // clear it: treated as "cannot run"
+      c = 0;
+    }
+    return c;
+  }();
+  return n;
+}
+
+int max_clusters_of(int bt, int S) {
+  if (bt == 256)
+    return S == 1   ? max_clusters<Cfg256, 1>()
+           : S == 2 ? max_clusters<Cfg256, 2>()
+           : S == 4 ? max_clusters<Cfg256, 4>()
+                    : 0;
+  if (bt == 128)
+    return S == 1   ? max_clusters<Cfg128, 1>()
+           : S == 2 ? max_clusters<Cfg128, 2>()
+           : S == 4 ? max_clusters<Cfg128, 4>()
+                    : 0;
+  return 0;
+}
+
+// (BT, S) of the least estimated time, in 0.1 us: waves x (k-tiles per block x the cost of one +
+// a fixed 3 us for the prologue and the epilogue, 4 us with a cluster reduction). A k-tile taken
+// as 0.9 us at 256 tokens and 0.6 us at 128: the lab's v2 per-block rates (in_proj at M = 4096:
+// 1552 blocks of 256 tokens, 12 waves of 32 k-tiles in 354 us, 0.92 us each with the C stores; at M
+// = 512: 388 blocks of 128, 3 waves in 62.6 us, 0.65 us). Candidates in order of preference on a
+// tie (smaller clusters first).
+void pick(int M, int N, int KT, int& bt, int& S) {
+  constexpr int kCand[][2] = {{256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}};
+  int64_t best = INT64_MAX;
+  bt = 256;
+  S = 1;
+  for (const auto& c : kCand) {
+    const int b = c[0], s = c[1];
+    if (KT % s != 0) continue;
+    const int64_t maxc = max_clusters_of(b, s);
+    if (maxc <= 0) continue;
+    const int64_t tiles = int64_t(ceil_div(M, b)) * ceil_div(N, 128);
+    const int64_t waves = ceil_div(tiles, maxc);
+    const int64_t cost = waves * (int64_t(KT / s) * (b == 256 ? 9 : 6) + (s > 1 ? 40 : 30));
+    if (cost < best) {
+      best = cost;
+      bt = b;
+      S = s;
+    }
+  }
 }
 
 }  // namespace qgemm_wgmma
@@ -183,21 +387,35 @@ bool q_gemm_wgmma_available() {
   return device_compute_capability() / 10 == 9;
 }
 
+int q_gemm_wgmma_max_clusters(int tokens_per_block, int splits) {
+  return qgemm_wgmma::max_clusters_of(tokens_per_block, splits);
+}
+
 void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
-                  cudaStream_t stream, int tokens_per_block) {
+                  cudaStream_t stream, int tokens_per_block, int splits) {
   if (!A || !C || !W || !W.sb) fail("q_gemm_wgmma: null pointer");
   if (M < 1 || W.rows < 1 || W.cols < kQGroup || W.cols % kQGroup != 0 || W.bits != 4)
     fail(
         "q_gemm_wgmma: unsupported M {} W [{}, {}] at {} bits (4-bit, K a positive multiple of 64)",
         M, W.rows, W.cols, W.bits);
   if (reinterpret_cast<uintptr_t>(A) % 16 != 0) fail("q_gemm_wgmma: A must be 16-byte aligned");
-  if (tokens_per_block == 0) tokens_per_block = qgemm_wgmma::pick_tokens(M, W.rows);
-  if (tokens_per_block == 256)
-    qgemm_wgmma::dispatch<qgemm_wgmma::Cfg256>(A, M, W, C, mode, stream);
-  else if (tokens_per_block == 128)
-    qgemm_wgmma::dispatch<qgemm_wgmma::Cfg128>(A, M, W, C, mode, stream);
+  // The 16-byte epilogue needs whole groups of 4 rows and an aligned C; else element stores.
+  const bool vec = W.rows % 4 == 0 && reinterpret_cast<uintptr_t>(C) % 16 == 0;
+  const int KT = W.cols / kQGroup;
+  int bt = tokens_per_block, S = splits;
+  if (bt == 0 && S == 0) {
+    qgemm_wgmma::pick(M, W.rows, KT, bt, S);
+  } else {
+    if (bt == 0) bt = 256;
+    if (S == 0) S = 1;
+  }
+  if (KT % S != 0) fail("q_gemm_wgmma: {} k-tiles do not split {} ways", KT, S);
+  if (bt == 256)
+    qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg256>(A, M, W, C, mode, vec, S, stream);
+  else if (bt == 128)
+    qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128>(A, M, W, C, mode, vec, S, stream);
   else
-    fail("q_gemm_wgmma: tokens_per_block {} (256, 128 or 0)", tokens_per_block);
+    fail("q_gemm_wgmma: tokens_per_block {} (256, 128 or 0)", bt);
 }
 
 }  // namespace lilac::cuda

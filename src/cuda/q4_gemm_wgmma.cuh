@@ -1,8 +1,8 @@
 // The device code of q_gemm_wgmma (q4_gemm_wgmma.cu; the file comment there explains the design),
-// shared with the kernel lab's q_gemm v3 (bench/lab/q_gemm/v3_splitk.cu): the block configuration,
-// the register-sourced wgmma wrappers, one pipeline stage's copies, the dequantisation of a k-tile
-// into A fragments, one k-tile of the main loop, the raster and the scalar store. Moved out of the
-// .cu unchanged (tools/ptx_same.py: the production kernels' PTX is the same).
+// shared with the grouped expert GEMMs of prefill (q4_moe_prefill_wgmma.cu): the block
+// configuration, the register-sourced wgmma wrappers (n = 256 .. 32), one pipeline stage's copies,
+// the dequantisation of a k-tile into A fragments, one k-tile of the main loop and the loop, the
+// raster and the scalar store.
 #pragma once
 
 #include <cstdint>
@@ -101,8 +101,13 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint3
 #endif
 }
 
-__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
+// The n = 128 / 64 / 32 forms write d[0, n / 2) of an accumulator array of NA >= n / 2 (the
+// d[4 j + q] layout does not depend on n: a narrower wgmma computes the first n tokens of the same
+// tile, the other accumulators are left as they are).
+template <int NA>
+__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[NA], const uint32_t (&a)[4],
                                                     uint64_t desc_b) {
+  static_assert(NA >= 64, "64 accumulators");
 #if defined(LILAC_SM90A)
   asm volatile(
       "{\n"
@@ -133,13 +138,69 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32
 #endif
 }
 
-template <int BT>
-__device__ __forceinline__ void wgmma_rs(float (&d)[BT / 2], const uint32_t (&a)[4],
-                                         uint64_t desc_b) {
-  if constexpr (BT == 256)
+template <int NA>
+__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[NA], const uint32_t (&a)[4],
+                                                   uint64_t desc_b) {
+  static_assert(NA >= 32, "32 accumulators");
+#if defined(LILAC_SM90A)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+#endif
+}
+
+template <int NA>
+__device__ __forceinline__ void wgmma_rs_m64n32k16(float (&d)[NA], const uint32_t (&a)[4],
+                                                   uint64_t desc_b) {
+  static_assert(NA >= 16, "16 accumulators");
+#if defined(LILAC_SM90A)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+#endif
+}
+
+// wgmma m64nNk16 (N = 256, 128, 64 or 32) into the first N / 2 of NA accumulators.
+template <int N, int NA>
+__device__ __forceinline__ void wgmma_rs(float (&d)[NA], const uint32_t (&a)[4], uint64_t desc_b) {
+  static_assert(2 * NA >= N, "N / 2 accumulators");
+  if constexpr (N == 256)
     wgmma_rs_m64n256k16(d, a, desc_b);
-  else
+  else if constexpr (N == 128)
     wgmma_rs_m64n128k16(d, a, desc_b);
+  else if constexpr (N == 64)
+    wgmma_rs_m64n64k16(d, a, desc_b);
+  else
+    wgmma_rs_m64n32k16(d, a, desc_b);
 }
 
 // This thread's share of one stage's weight copies: codes chunk (tid & 31) of row tile tid >> 5
@@ -182,8 +243,9 @@ __device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4]) 
 }
 
 // One k-tile of the main loop (see the file comment): `a` is this k-tile's A register buffer,
-// the other buffer belongs to the group still in flight.
-template <class C>
+// the other buffer belongs to the group still in flight. N: the wgmma n, the tokens computed
+// (C::BT, or fewer for a short tile whose other rows are zeros: q4_moe_prefill_wgmma.cu).
+template <class C, int N = C::BT>
 __device__ __forceinline__ void ktile_step(float (&acc)[C::NACC], uint32_t (&a)[4][4], int kt,
                                            int KT, int K, int& stage, int& fill, uint32_t sX,
                                            uint32_t sW, const tile::RowSet<C::X_LOADS>& xr,
@@ -212,11 +274,42 @@ __device__ __forceinline__ void ktile_step(float (&acc)[C::NACC], uint32_t (&a)[
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kk][i])::"memory");
   tile::wgmma_fence();  // the A registers were just written
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_rs<C::BT>(acc, a[kk], db + uint64_t(2 * kk));
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs<N>(acc, a[kk], db + uint64_t(2 * kk));
   tile::wgmma_commit();
   tile::wgmma_wait<C::INFLIGHT>();
   tile::fence_operands(acc);
   stage = stage + 1 == S ? 0 : stage + 1;
+}
+
+// acc = W_rows . X^T over k in [0, K) (K a multiple of 64): the prologue (PREFETCH stages in
+// flight), the k-tiles two at a time (each A register buffer a fixed set of registers; every path
+// into a step comes from the other buffer's step, so no path redefines a buffer whose group may be
+// in flight, else ptxas serialises the wgmmas: C7513), and the drain. Leaves no wgmma or cp.async
+// in flight; does not synchronise the block at the end. N < C::BT: only tokens [0, N) computed.
+template <class C, int N = C::BT>
+__device__ __forceinline__ void mainloop(float (&acc)[C::NACC], const tile::RowSet<C::X_LOADS>& xr,
+                                         const WSrc& w, int K, uint32_t sX, uint32_t sW) {
+#pragma unroll
+  for (int i = 0; i < C::NACC; ++i) acc[i] = 0.f;
+  const int KT = K / tile::kBK;
+#pragma unroll
+  for (int s = 0; s < C::PREFETCH; ++s) {
+    if (s < KT)
+      load_stage<C>(xr, w, sX + uint32_t(s * C::X_STAGE), sW + uint32_t(s * C::W_STAGE), s, K);
+    tile::cp_async_commit();
+  }
+  tile::fence_operands(acc);
+  int stage = 0, fill = C::PREFETCH % C::STAGES;
+  uint32_t a0[4][4], a1[4][4];  // the A registers of even and odd k-tiles
+  int kt = 0;
+  for (; kt + 1 < KT; kt += 2) {
+    ktile_step<C, N>(acc, a0, kt, KT, K, stage, fill, sX, sW, xr, w);
+    ktile_step<C, N>(acc, a1, kt + 1, KT, K, stage, fill, sX, sW, xr, w);
+  }
+  if (kt < KT) ktile_step<C, N>(acc, a0, kt, KT, K, stage, fill, sX, sW, xr, w);
+  tile::wgmma_wait<0>();
+  tile::fence_operands(acc);
+  tile::cp_async_wait<0>();
 }
 
 using qtile::raster;

@@ -61,7 +61,7 @@ std::vector<std::pair<std::string, Launch>> launches(int version) {
     std::vector<std::pair<std::string, Launch>> ls;
     const std::pair<int, int> kinds[] = {{0, 0}, {256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}};
     for (const auto& [bt, sp] : kinds) {
-      if (bt != 0 && lab::q_gemm_v3_max_clusters(bt, sp) <= 0) {
+      if (bt != 0 && cuda::q_gemm_wgmma_max_clusters(bt, sp) <= 0) {
         std::printf("  v3 [bt%d s%d]: no cluster of %d such blocks fits on this device; skipped\n",
                     bt, sp, sp);
         continue;
@@ -69,14 +69,14 @@ std::vector<std::pair<std::string, Launch>> launches(int version) {
       ls.emplace_back(
           bt == 0 ? std::string() : " [bt" + std::to_string(bt) + " s" + std::to_string(sp) + "]",
           [bt, sp](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m, cudaStream_t s) {
-            lab::q_gemm_v3(A, M, W, C, m, s, bt, sp);
+            cuda::q_gemm_wgmma(A, M, W, C, m, s, bt, sp);
           });
     }
     return ls;
   }
   auto fixed = [](int bt) {
     return [bt](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m, cudaStream_t s) {
-      cuda::q_gemm_wgmma(A, M, W, C, m, s, bt);
+      lab::q_gemm_v2(A, M, W, C, m, s, bt);
     };
   };
   return {{"", fixed(0)}, {" [bt256]", fixed(256)}, {" [bt128]", fixed(128)}};
@@ -272,13 +272,14 @@ Op q_gemm_op() {
        {2, "wgmma_rs",
         "wgmma m64nBTk16 with W dequantised in registers as the A operand (RS), tokens from "
         "swizzled smem as B; 128 rows x 256 (or 128) tokens, 6-8 stage cp.async (production for "
-        "4-bit weights since s6)",
-        true},
+        "4-bit weights in s6)",
+        false},
        {3, "splitk_cluster",
         "v2's main loop on 1/S of K per block (S = 1, 2, 4), the S blocks of a tile a cluster "
         "reducing through distributed shared memory in rank order; epilogue through shared "
-        "memory (16-byte coalesced rows, residual loads batched); for N = 2048 x K = 4096",
-        false}},
+        "memory (16-byte coalesced rows, residual loads batched); production for 4-bit weights "
+        "since s7",
+        true}},
       run};
 }
 

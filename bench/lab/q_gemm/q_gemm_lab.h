@@ -1,5 +1,6 @@
 // q_gemm in the kernel lab (README.md here): the versions kept in this directory. Every version
-// takes q_gemm's arguments (src/cuda/q4_gemm.h).
+// takes q_gemm's arguments (src/cuda/q4_gemm.h). Version 1 is production's q_gemm_mma, version 3
+// production's q_gemm_wgmma (since s7).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,16 +9,10 @@
 
 namespace lilac::lab {
 
-// Version 3 (v3_splitk.cu): v2's main loop on 1/S of K per block, the S blocks of an output tile
-// a thread-block cluster reducing through distributed shared memory (deterministic, rank order),
-// and an epilogue through shared memory (coalesced 16-byte rows, the residual's loads batched).
-// 4-bit weights, compute capability 9.x; C 16-byte aligned and W.rows % 4 == 0, else it calls
-// v2 (cuda::q_gemm_wgmma). tokens_per_block 0 (auto), 256 or 128; splits 0 (auto), 1, 2 or 4
-// ((K / 64) % splits == 0).
-void q_gemm_v3(const cuda::bf16* A, int M, const cuda::QMatrix& W, void* C, cuda::GemmOut mode,
-               cudaStream_t stream, int tokens_per_block = 0, int splits = 0);
-// How many clusters of (tokens_per_block, splits) blocks can be resident at once on this device
-// (cudaOccupancyMaxActiveClusters; 0: such a launch cannot run).
-int q_gemm_v3_max_clusters(int tokens_per_block, int splits);
+// Version 2 (v2_scalar_epilogue.cu; production for 4-bit on Hopper in s6): one block per (128
+// weight rows, BT tokens) tile over all of K, the accumulators stored straight from registers.
+// 4-bit weights, compute capability 9.x; tokens_per_block 0 (auto), 256 or 128.
+void q_gemm_v2(const cuda::bf16* A, int M, const cuda::QMatrix& W, void* C, cuda::GemmOut mode,
+               cudaStream_t stream, int tokens_per_block = 0);
 
 }  // namespace lilac::lab

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../q4_test_util.h"
@@ -21,6 +22,8 @@ namespace {
 struct Case {
   int M, N, K, bits;
   cuda::GemmOut mode;
+  // q_gemm (the dispatch) when splits == 0, else q_gemm_wgmma with this tile and split of K.
+  int tokens_per_block = 0, splits = 0;
 };
 
 void check_case(const Case& c, uint64_t seed) {
@@ -28,6 +31,10 @@ void check_case(const Case& c, uint64_t seed) {
                            std::to_string(c.K) + " " + std::to_string(c.bits) + "-bit mode " +
                            std::to_string(int(c.mode));
   SCOPED_TRACE(what);
+  if (c.splits != 0 && !cuda::q_gemm_wgmma_available())
+    GTEST_SKIP() << "q_gemm_wgmma needs a compute capability 9.x GPU";
+  if (c.splits != 0 && cuda::q_gemm_wgmma_max_clusters(c.tokens_per_block, c.splits) <= 0)
+    GTEST_SKIP() << "no cluster of " << c.splits << " such blocks fits on this GPU";
   HostQ W(c.N, c.K, c.bits, std::sqrt(3.f / float(c.K)), seed);
   const std::vector<uint16_t> wb = W.dequant_bf16();
   const std::vector<uint16_t> ab = random_bf16_bits(size_t(c.M) * c.K, 1.f, seed + 1);
@@ -54,7 +61,11 @@ void check_case(const Case& c, uint64_t seed) {
   else
     poison(cf);
   if (!c0.empty()) LILAC_CUDA_CHECK(cudaMemcpy(cf.get(), c0.data(), n * 4, cudaMemcpyHostToDevice));
-  cuda::q_gemm(da.get(), c.M, W.q(), bf ? static_cast<void*>(cb.get()) : cf.get(), c.mode, nullptr);
+  void* out = bf ? static_cast<void*>(cb.get()) : cf.get();
+  if (c.splits == 0)
+    cuda::q_gemm(da.get(), c.M, W.q(), out, c.mode, nullptr);
+  else
+    cuda::q_gemm_wgmma(da.get(), c.M, W.q(), out, c.mode, nullptr, c.tokens_per_block, c.splits);
   std::vector<float> got(n + guard);
   if (bf) {
     const auto g = download_bf16_as_f32(cb);
@@ -97,7 +108,10 @@ LILAC_CONFORMANCE_CASES(q4_gemm) {
   auto add = [&](const char* role, Case c, uint64_t seed) {
     cases.push_back({"q_gemm",
                      role + std::string("M") + std::to_string(c.M) + "_N" + std::to_string(c.N) +
-                         "_K" + std::to_string(c.K) + "_" + mode_name(c.mode),
+                         "_K" + std::to_string(c.K) + "_" + mode_name(c.mode) +
+                         (c.splits ? "_bt" + std::to_string(c.tokens_per_block) + "_s" +
+                                         std::to_string(c.splits)
+                                   : std::string()),
                      c.bits == 4 ? "q4" : "q8", "dequantize_row_bf16 + cpu::matmul",
                      [c, seed] { check_case(c, seed); }});
   };
@@ -116,6 +130,15 @@ LILAC_CONFORMANCE_CASES(q4_gemm) {
                           Case{200, 300, 256, bits, cuda::GemmOut::StoreBF16},
                           Case{128, 256, 576, bits, cuda::GemmOut::StoreF32}})
       add("awkward_", c, seed++);
+  // q_gemm_wgmma at each tile and split of K (the dispatch picks one per shape): out_proj +=, a
+  // 17-row matrix (the element-by-element epilogue), bf16 output.
+  using O = cuda::GemmOut;
+  for (const auto& [bt, sp] :
+       {std::pair{256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}, {128, 4}}) {
+    add("wgmma_out_proj_", {257, 2048, 4096, 4, O::AccumulateF32, bt, sp}, seed++);
+    add("wgmma_awkward_", {33, 17, 256, 4, O::AccumulateF32, bt, sp}, seed++);
+    add("wgmma_bf16_", {200, 300, 512, 4, O::StoreBF16, bt, sp}, seed++);
+  }
   return cases;
 }
 
