@@ -39,12 +39,31 @@ void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int3
 
 // Prefill, grouped by expert through moe_route's tables (moe_prefill.h). The weights are
 // dequantised to bf16 (w = RNE_bf16(s q + b), dequantize_row_bf16) and multiplied on tensor
-// cores with f32 accumulation. act [T*k, I] bf16, sorted rows.
+// cores with f32 accumulation. act [T*k, I] bf16, sorted rows. 4-bit weights on a compute
+// capability 9.x GPU take the wgmma kernels, the rest the mma.sync ones (below).
 void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
                            bf16* act, cudaStream_t stream);
 // y [T*k, H] f32, sorted rows = act . down_e^T.
 void q_moe_grouped_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
                         float* y, cudaStream_t stream);
+// The mma.sync kernels (q4_moe_prefill.cu: 256 weight rows x one routing tile per block, q_gemm's
+// mma.sync engine): the path for 8-bit weights and off Hopper (4-bit too until s7: the kernel
+// lab's q_moe_grouped version 1). Same contracts.
+void q_moe_grouped_gate_up_mma(const bf16* x, int H, const QMatrix& gate_up, int I,
+                               const MoeRouting& r, bf16* act, cudaStream_t stream);
+void q_moe_grouped_down_mma(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
+                            float* y, cudaStream_t stream);
+// The wgmma kernels (q4_moe_prefill_wgmma.cu: 128 weight rows x one routing tile per block, the
+// main loop of q_gemm_wgmma): 4-bit weights on compute capability 9.x only
+// (q_moe_grouped_wgmma_available), 16-byte aligned x / act. adapt_n: the wgmma n per block is the
+// smallest of 32, 64, 128 covering the tile's rows (false: always 128, the lab's version 2).
+bool q_moe_grouped_wgmma_available();
+void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, int I,
+                                 const MoeRouting& r, bf16* act, cudaStream_t stream,
+                                 bool adapt_n = true);
+void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H,
+                              const MoeRouting& r, float* y, cudaStream_t stream,
+                              bool adapt_n = true);
 // The shared expert's act [T, Is] bf16 (the same kernel over dense rows).
 void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
                           bf16* act, cudaStream_t stream);

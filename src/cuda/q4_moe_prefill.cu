@@ -10,6 +10,9 @@
 // layer in 4-bit = 105 us at 4.3 TB/s (vs 1.6 GB = 375 us in bf16): 4-bit prefill of short
 // prompts is 3.5x less bound by weight bytes.
 //
+// 4-bit weights on Hopper take the wgmma kernels (q4_moe_prefill_wgmma.cu); the kernels here are
+// the path for 8-bit weights and other GPUs (q_moe_grouped_*_mma).
+//
 // Design: the q_gemm engine (q4_tile.cuh: 8 warps, 256 weight rows x 128 tokens, weights
 // dequantised in registers, tokens through a cp.async pipeline) with the tile table of moe_route:
 // grid = max_tiles x column blocks, block -> (tile = bid / n_cb, column block = bid % n_cb);
@@ -220,6 +223,22 @@ GroupArgs group_args(const MoeRouting& r) {
 
 void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
                            bf16* act, cudaStream_t stream) {
+  if (gate_up.bits == 4 && q_moe_grouped_wgmma_available())
+    q_moe_grouped_gate_up_wgmma(x, H, gate_up, I, r, act, stream);
+  else
+    q_moe_grouped_gate_up_mma(x, H, gate_up, I, r, act, stream);
+}
+
+void q_moe_grouped_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
+                        float* y, cudaStream_t stream) {
+  if (down.bits == 4 && q_moe_grouped_wgmma_available())
+    q_moe_grouped_down_wgmma(act, I, down, H, r, y, stream);
+  else
+    q_moe_grouped_down_mma(act, I, down, H, r, y, stream);
+}
+
+void q_moe_grouped_gate_up_mma(const bf16* x, int H, const QMatrix& gate_up, int I,
+                               const MoeRouting& r, bf16* act, cudaStream_t stream) {
   check_routing(r, "q_moe_grouped_gate_up");
   check("q_moe_grouped_gate_up", gate_up, 2 * I, H, H, I);
   if (!x || !act) fail("cuda::q_moe_grouped_gate_up: null pointer");
@@ -244,8 +263,8 @@ void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gat
     launch_gate_up<8, false>(x, H, shared_gate_up, Is, g, tiles, act, stream);
 }
 
-void q_moe_grouped_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
-                        float* y, cudaStream_t stream) {
+void q_moe_grouped_down_mma(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
+                            float* y, cudaStream_t stream) {
   check_routing(r, "q_moe_grouped_down");
   check("q_moe_grouped_down", down, H, I, H, I);
   if (!act || !y) fail("cuda::q_moe_grouped_down: null pointer");

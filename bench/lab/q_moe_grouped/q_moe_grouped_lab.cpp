@@ -27,7 +27,6 @@
 #include "../lab.h"
 #include "cuda/moe_prefill.h"
 #include "cuda/q4_moe.h"
-#include "q_moe_grouped_lab.h"
 #include "twins/q4_moe_twin.h"
 
 namespace lilac::lab {
@@ -56,24 +55,20 @@ struct Impl {
 Impl impl(int version) {
   if (version == 1)
     return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
-              cuda::q_moe_grouped_gate_up(x, kH, W, kI, r, act, s);
+              cuda::q_moe_grouped_gate_up_mma(x, kH, W, kI, r, act, s);
             },
             [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
-              cuda::q_moe_grouped_down(act, kI, W, kH, r, y, s);
+              cuda::q_moe_grouped_down_mma(act, kI, W, kH, r, y, s);
             }};
-  if (version == 2)
-    return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
-              q_moe_grouped_gate_up_v2(x, kH, W, kI, r, act, s);
-            },
-            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
-              q_moe_grouped_down_v2(act, kI, W, kH, r, y, s);
-            }};
-  return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
-            q_moe_grouped_gate_up_v3(x, kH, W, kI, r, act, s);
-          },
-          [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
-            q_moe_grouped_down_v3(act, kI, W, kH, r, y, s);
-          }};
+  // Version 2 is version 3 with the wgmma n fixed at 128.
+  const bool adapt = version >= 3;
+  return {
+      [adapt](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
+        cuda::q_moe_grouped_gate_up_wgmma(x, kH, W, kI, r, act, s, adapt);
+      },
+      [adapt](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
+        cuda::q_moe_grouped_down_wgmma(act, kI, W, kH, r, y, s, adapt);
+      }};
 }
 
 const test::QMoeExperts& experts() {
@@ -238,7 +233,7 @@ void time_case(const Options& opt, const Impl& f, int ci) {
 }
 
 bool run(const Options& opt, const Version& v) {
-  if (v.number >= 2 && !q_moe_grouped_v2_available()) {
+  if (v.number >= 2 && !cuda::q_moe_grouped_wgmma_available()) {
     std::printf("  not available here (wgmma: a compute capability 9.0 GPU)\n");
     return true;
   }
@@ -257,18 +252,21 @@ Op q_moe_grouped_op() {
       "4-bit grouped MoE prefill GEMMs on moe_route's tiles: gate_up [256 x 1024, 2048] -> act "
       "silu(g) u, down [256 x 2048, 512] -> y f32; T 4096, 512 (uniform router), 1000 (skewed)",
       {{1, "mma_sync",
-        "production q_moe_grouped_gate_up / _down: q_gemm's mma.sync engine, 256 weight rows x "
-        "one 128-row routing tile per block, weights dequantised in registers",
-        true},
+        "q_moe_grouped_gate_up_mma / _down_mma: q_gemm's mma.sync engine, 256 weight rows x "
+        "one 128-row routing tile per block, weights dequantised in registers (production for "
+        "4-bit until s7, for 8-bit since)",
+        false},
        {2, "wgmma_rs",
         "q_gemm_wgmma's Cfg128 main loop (weights dequantised in registers as wgmma's A, tokens "
         "gathered into swizzled smem as B, 8-stage cp.async), 128 weight rows x one routing tile; "
-        "gate_up pairs gate (warpgroup 0) and up (warpgroup 1) through smem",
+        "gate_up pairs gate (warpgroup 0) and up (warpgroup 1) through smem (production's wgmma "
+        "kernels with adapt_n false)",
         false},
        {3, "wgmma_rs_n",
         "v2 with the wgmma n per block the smallest of 32, 64, 128 covering the tile's rows (an "
-        "expert's short second tile costs ~1/4 - 1/2 of a full one)",
-        false}},
+        "expert's short second tile costs ~1/4 - 1/2 of a full one); production for 4-bit on "
+        "Hopper since s7 (q_moe_grouped_gate_up_wgmma / _down_wgmma)",
+        true}},
       run};
 }
 

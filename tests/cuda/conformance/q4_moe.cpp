@@ -139,9 +139,11 @@ void check_decode(Shape s, uint64_t seed) {
 
 // ---- prefill ------------------------------------------------------------------------------------
 
-void check_prefill(Shape s, int T, uint64_t seed) {
-  const std::string what =
-      "T " + std::to_string(T) + " E " + std::to_string(s.E) + " bits " + std::to_string(s.bits);
+// mma: the mma.sync kernels (q_moe_grouped_*_mma) instead of the dispatch (the wgmma kernels for
+// 4-bit weights on Hopper).
+void check_prefill(Shape s, int T, uint64_t seed, bool mma) {
+  const std::string what = "T " + std::to_string(T) + " E " + std::to_string(s.E) + " bits " +
+                           std::to_string(s.bits) + (mma ? " mma.sync" : "");
   SCOPED_TRACE(what);
   QMoe m(s, seed);
   const int k = s.k, P = T * k;
@@ -166,7 +168,8 @@ void check_prefill(Shape s, int T, uint64_t seed) {
     if (shared)
       cuda::q_moe_shared_gate_up(dx.get(), T, s.H, m.sgu.q(), s.Is, act.get(), nullptr);
     else
-      cuda::q_moe_grouped_gate_up(dx.get(), s.H, m.gu.q(), s.I, r, act.get(), nullptr);
+      (mma ? cuda::q_moe_grouped_gate_up_mma : cuda::q_moe_grouped_gate_up)(
+          dx.get(), s.H, m.gu.q(), s.I, r, act.get(), nullptr);
     const auto got = download_bf16_as_f32(act);
     std::vector<double> want(static_cast<size_t>(rows) * I), tol(size_t(rows) * I);
     ThreadPool::global().parallel_for(size_t(rows), [&](size_t b0, size_t e0) {
@@ -197,7 +200,8 @@ void check_prefill(Shape s, int T, uint64_t seed) {
     std::vector<float> actf(got.begin(), got.begin() + ptrdiff_t(rows) * I);
     cuda::DeviceBuffer<float> y(static_cast<size_t>(P) * s.H + 16);
     poison(y);
-    cuda::q_moe_grouped_down(act.get(), s.I, m.dn.q(), s.H, r, y.get(), nullptr);
+    (mma ? cuda::q_moe_grouped_down_mma : cuda::q_moe_grouped_down)(act.get(), s.I, m.dn.q(), s.H,
+                                                                    r, y.get(), nullptr);
     const auto yg = download(y);
     EXPECT_TRUE(guard_untouched(yg, size_t(P) * s.H, what + " grouped down"));
     std::vector<double> yw(static_cast<size_t>(P) * s.H), yt(size_t(P) * s.H);
@@ -241,15 +245,22 @@ LILAC_CONFORMANCE_CASES(q4_moe) {
   decode(Shape{128, 16, 4, 64, 64, 8}, 2100);
   decode(Shape{192, 9, 3, 128, 64, 4}, 2200);  // I != Is, 3 groups of H
   decode(Shape{2048, 32, 8, 512, 512, 8}, 2300);
-  auto prefill = [&](Shape s, int T, uint64_t seed) {
-    cases.push_back({"q_moe_prefill", dims(s) + "_T" + std::to_string(T), s.bits == 4 ? "q4" : "q8",
-                     "dequantize_row_bf16 + f64 dot products",
-                     [s, T, seed] { check_prefill(s, T, seed); }});
+  auto prefill = [&](Shape s, int T, uint64_t seed, bool mma = false) {
+    cases.push_back({"q_moe_prefill", dims(s) + "_T" + std::to_string(T) + (mma ? "_mma" : ""),
+                     s.bits == 4 ? "q4" : "q8", "dequantize_row_bf16 + f64 dot products",
+                     [s, T, seed, mma] { check_prefill(s, T, seed, mma); }});
   };
   for (int bits : {4, 8})
     for (int T : {1, 37, 300})
       prefill(Shape{128, 16, 4, 64, 64, bits}, T, 40 + uint64_t(T) + uint64_t(bits));
+  // 4-bit on Hopper: tiles of <= 32, <= 64 and more rows (the wgmma n 32 / 64 / 128) and experts
+  // with two tiles (T = 600: ~150 rows each); the mma.sync kernels on the same inputs.
+  for (int T : {150, 600}) prefill(Shape{128, 16, 4, 64, 64, 4}, T, 40 + uint64_t(T));
+  prefill(Shape{192, 9, 3, 128, 64, 4}, 500, 41);  // H 192: a part-filled column block of down
   prefill(Shape{2048, 256, 8, 512, 512, 4}, 300, 77);
+  prefill(Shape{2048, 256, 8, 512, 512, 4}, 1200, 78);
+  for (int T : {37, 600}) prefill(Shape{128, 16, 4, 64, 64, 4}, T, 44 + uint64_t(T), true);
+  prefill(Shape{2048, 256, 8, 512, 512, 4}, 300, 77, true);
   return cases;
 }
 
