@@ -17,6 +17,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/decode_batch.h"
 #include "cuda/gemm.h"
+#include "cuda/gemv_rows.h"
 #include "cuda/linear.h"
 #include "cuda/moe_decode.h"
 #include "cuda/moe_prefill.h"
@@ -232,16 +233,19 @@ inline void proj_gemv(const DeviceMatrix& w, int rows, int cols, const bf16* x, 
 }
 
 // Quantized matrices of few rows (out_proj, o_proj: 2048; the router: 257) at prompt chunks of up
-// to 256 tokens go through q_gemv_rows in slabs of 64 tokens: q_gemm's 256-row x 128-token block
+// to 256 tokens went through q_gemv_rows in slabs of 64 tokens: q_gemm's 256-row x 128-token block
 // tiles give such a matrix 16 blocks at 256 tokens (run 1 of 2026-12-02, per launch at 256 tokens:
 // gdn_out_proj 134 us, attn_o_proj 122 us, the router 61 us; q_gemv_rows at 64 tokens: 18, 18 and
-// 11 us). Wide matrices (in_proj 12352, qkv 9216 rows) fill the GPU with q_gemm's tiles.
+// 11 us). Wide matrices (in_proj 12352, qkv 9216 rows) fill the GPU with q_gemm's tiles. Since s7
+// 4-bit weights on Hopper take q_gemm_wgmma at every M: it splits K over a cluster when the tiles
+// are few (out_proj at 512 tokens 20.9 us; the slabs took ~78 us at 256); the slabs stay for
+// 8-bit weights (the router) and other GPUs.
 constexpr int kSlabMaxRows = 4096, kSlabMaxTokens = 256;
 
 inline void proj_gemm(const bf16* A, int M, int K, const DeviceMatrix& w, int N, void* C,
                       GemmOut mode, cudaStream_t s) {
   if (w.affine() && mode != GemmOut::StoreBF16 && N <= kSlabMaxRows && M <= kSlabMaxTokens &&
-      q_gemv_rows_available()) {
+      !(w.q.bits == 4 && q_gemm_wgmma_available()) && q_gemv_rows_available()) {
     const GemvOut out = mode == GemmOut::AccumulateF32 ? GemvOut::Accumulate : GemvOut::Store;
     for (int t0 = 0; t0 < M; t0 += kQGemvRowsMax)
       q_gemv_rows(w.q, A + size_t(t0) * K, std::min(kQGemvRowsMax, M - t0),
@@ -332,6 +336,23 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
         [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
   timed(timer, "moe_grouped_down",
         [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
+  if (!L.shared_gate_up.affine() && !L.shared_down.affine() && T <= kGemvRowsMax && H % 64 == 0 &&
+      Is % 64 == 0 && 2 * Is <= H) {
+    // Few tokens, BF16 (a batched decode step): the shared expert as two row products that read
+    // each weight once (gemv_rows), gate|up into shared_out (f32 [T, 2 Is], free until the down
+    // projection overwrites it), then the SwiGLU. The 128-token-tile kernels gave these 4 MB and
+    // 2 MB matrices a few blocks each: 34 + 9 us per layer at 64 rows (s6 run 4).
+    timed(timer, "rows.shared_gate_up", [&] {
+      gemv_rows(L.shared_gate_up.dense, 2 * Is, H, w.x.get(), T, w.shared_out.get(), GemvOut::Store,
+                s);
+      moe_shared_swiglu(w.shared_out.get(), T, Is, w.shared_act.get(), s);
+    });
+    timed(timer, "rows.shared_down", [&] {
+      gemv_rows(L.shared_down.dense, H, Is, w.shared_act.get(), T, w.shared_out.get(),
+                GemvOut::Store, s);
+    });
+    return;
+  }
   timed(timer, "moe_shared_gate_up",
         [&] { moe_shared_gate_up_prefill(L, w.x.get(), T, H, Is, w.shared_act.get(), s); });
   timed(timer, "gemm.shared_down", [&] {

@@ -426,6 +426,25 @@ void moe_grouped_down(const bf16* act, int I, const bf16* down, int H, const Moe
     launch_down<DownMma, false>(act, I, down, H, g, r.max_tiles, y, stream);
 }
 
+__global__ void __launch_bounds__(256)
+    moe_shared_swiglu_kernel(const float* __restrict__ gu, int T, int Is, bf16* __restrict__ act) {
+  const int64_t n = int64_t(T) * Is;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / Is, i = e % Is;
+    const float g = gu[t * 2 * Is + i], u = gu[t * 2 * Is + Is + i];
+    act[e] = __float2bfloat16_rn(silu(g) * u);
+  }
+}
+
+void moe_shared_swiglu(const float* gu, int T, int Is, bf16* act, cudaStream_t stream) {
+  if (!gu || !act || T < 1 || Is < 1) fail("moe_shared_swiglu: bad arguments (T {}, Is {})", T, Is);
+  const int64_t n = int64_t(T) * Is;
+  const unsigned blocks = unsigned(std::min<int64_t>(ceil_div(n, int64_t(256)), 1024));
+  moe_shared_swiglu_kernel<<<blocks, 256, 0, stream>>>(gu, T, Is, act);
+  LILAC_CUDA_LAUNCHED();
+}
+
 void moe_combine(const float* y, const MoeRouting& r, const float* logits, int stride,
                  const float* shared, int H, float* h, cudaStream_t stream) {
   check_routing(r, "moe_combine");

@@ -69,6 +69,12 @@ void moe_grouped_down(const bf16* act, int I, const bf16* down, int H, const Moe
 void moe_shared_gate_up(const bf16* x, int T, int H, const bf16* shared_gate_up, int Is, bf16* act,
                         cudaStream_t stream, bool use_wgmma = true);
 
+// The shared expert's act from its gate and up projections computed as a plain product (the
+// small-T path of the batched decode step: gemv_rows over [2 Is, H] into gu):
+// act [T, Is] bf16 = bf16(silu(gu[t, i]) * gu[t, Is + i]), gu f32 [T, 2 Is]. The same expression
+// as the grouped kernels' epilogue (only the sums that feed it run in another order).
+void moe_shared_swiglu(const float* gu, int T, int Is, bf16* act, cudaStream_t stream);
+
 // h [T, H] += sum_j topk_weight[t, j] * y[pair_position[t, j]] (j = 0 .. k-1 in order)
 //           + sigmoid(logits[t * stride + E]) * shared [T, H]. H a multiple of 4.
 void moe_combine(const float* y, const MoeRouting& r, const float* logits, int stride,

@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../cuda_test_util.h"
@@ -452,6 +453,33 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
   }
 }
 
+// moe_shared_swiglu: act = bf16(silu(g) * u) against the f32 expression on the host (the device
+// silu's __expf differs from expf by a few ulp: one bf16 ulp of the result allowed), T rows of
+// [gate | up] uniform in +-8 (silu's tails), the 16 bf16 past act untouched.
+void check_shared_swiglu(int T, int Is, uint64_t seed) {
+  std::vector<float> gu(size_t(T) * 2 * Is);
+  for (size_t i = 0; i < gu.size(); ++i) gu[i] = hash_uniform(seed, i, 8.f);
+  auto d_gu = upload(gu);
+  cuda::DeviceBuffer<cuda::bf16> act(size_t(T) * Is + 16);
+  poison(act);
+  cuda::moe_shared_swiglu(d_gu.get(), T, Is, act.get(), nullptr);
+  const std::vector<float> got = download_bf16_as_f32(act);
+  for (size_t i = size_t(T) * Is; i < got.size(); ++i) EXPECT_TRUE(std::isnan(got[i])) << i;
+  EXPECT_TRUE(within(
+      size_t(T) * Is, [&](size_t i) { return double(got[i]); },
+      [&](size_t i) {
+        const size_t t = i / size_t(Is), c = i % size_t(Is);
+        const float g = gu[t * 2 * Is + c], u = gu[t * 2 * Is + Is + c];
+        return double(g / (1.f + std::exp(-g)) * u);
+      },
+      [&](size_t i) {
+        const size_t t = i / size_t(Is), c = i % size_t(Is);
+        const float g = gu[t * 2 * Is + c], u = gu[t * 2 * Is + Is + c];
+        return std::fabs(double(g / (1.f + std::exp(-g)) * u)) / 128 + 1e-30;
+      },
+      [&](size_t i) { return "row " + std::to_string(i / size_t(Is)); }, "moe_shared_swiglu"));
+}
+
 LILAC_CONFORMANCE_CASES(moe_prefill) {
   std::vector<OpCase> cases;
   const RouteCase routes[] = {
@@ -501,6 +529,10 @@ LILAC_CONFORMANCE_CASES(moe_prefill) {
         ++seed;
       }
   }
+  for (const auto& [T, Is] : {std::pair{1, 512}, {16, 512}, {64, 512}, {37, 64}})
+    cases.push_back({"moe_shared_swiglu", "T" + std::to_string(T) + "_Is" + std::to_string(Is),
+                     "f32", "bf16(silu(g) * u) in f32",
+                     [T = T, Is = Is] { check_shared_swiglu(T, Is, 900 + uint64_t(T)); }});
   return cases;
 }
 
