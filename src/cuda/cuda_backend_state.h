@@ -340,16 +340,23 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
       Is % 64 == 0 && 2 * Is <= H) {
     // Few tokens, BF16 (a batched decode step): the shared expert as two row products that read
     // each weight once (gemv_rows), gate|up into shared_out (f32 [T, 2 Is], free until the down
-    // projection overwrites it), then the SwiGLU. The 128-token-tile kernels gave these 4 MB and
-    // 2 MB matrices a few blocks each: 34 + 9 us per layer at 64 rows (s6 run 4).
+    // projection overwrites it), then the SwiGLU. The 128-token-tile kernel gave this 4 MB matrix
+    // a few blocks: 34 us per layer at 16 and at 64 rows (s6 run 4); s7 run 2: 14 and 27 us.
     timed(timer, "rows.shared_gate_up", [&] {
       gemv_rows(L.shared_gate_up.dense, 2 * Is, H, w.x.get(), T, w.shared_out.get(), GemvOut::Store,
                 s);
       moe_shared_swiglu(w.shared_out.get(), T, Is, w.shared_act.get(), s);
     });
-    timed(timer, "rows.shared_down", [&] {
-      gemv_rows(L.shared_down.dense, H, Is, w.shared_act.get(), T, w.shared_out.get(),
-                GemvOut::Store, s);
+    // The down projection [H, Is] likewise up to 32 rows; above, gemv_rows' eight 8-token chunks
+    // per MMA row cost more than the GEMM's tiles (s7 run 2 at 64 rows: 14.3 vs 9.2 us per layer;
+    // 16 rows: 7.7 vs 9.2).
+    timed(timer, T <= 32 ? "rows.shared_down" : "gemm.shared_down", [&] {
+      if (T <= 32)
+        gemv_rows(L.shared_down.dense, H, Is, w.shared_act.get(), T, w.shared_out.get(),
+                  GemvOut::Store, s);
+      else
+        proj_gemm(w.shared_act.get(), T, Is, L.shared_down, H, w.shared_out.get(),
+                  GemmOut::StoreF32, s);
     });
     return;
   }

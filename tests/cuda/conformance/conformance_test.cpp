@@ -60,7 +60,8 @@ TEST(ConformanceRegistry, NamesAreUniqueAndCasesComplete) {
   std::istringstream ops(
       "rms_norm embed gemv gemv_rms gemv_rows gemm q_gemv q_gemv_rows q_embed q_gemm router_topk "
       "moe_router moe_decode "
-      "moe_route moe_prefill q_moe_decode q_moe_prefill q_moe_small qk_norm_rope_store "
+      "moe_route moe_prefill moe_shared_swiglu q_moe_decode q_moe_prefill q_moe_small "
+      "qk_norm_rope_store "
       "attention_decode_qkv attention_prefill attention_chain gdn_decode "
       "gdn_prefill gdn_chain argmax quantize_mlx repack_mlx");
   std::set<std::string> listed;
