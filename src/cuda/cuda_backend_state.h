@@ -338,25 +338,29 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
         [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
   if (!L.shared_gate_up.affine() && !L.shared_down.affine() && T <= kGemvRowsMax && H % 64 == 0 &&
       Is % 64 == 0 && 2 * Is <= H) {
-    // Few tokens, BF16 (a batched decode step): the shared expert as two row products that read
-    // each weight once (gemv_rows), gate|up into shared_out (f32 [T, 2 Is], free until the down
-    // projection overwrites it), then the SwiGLU. The 128-token-tile kernel gave this 4 MB matrix
-    // a few blocks: 34 us per layer at 16 and at 64 rows (s6 run 4); s7 run 2: 14 and 27 us.
-    timed(timer, "rows.shared_gate_up", [&] {
-      gemv_rows(L.shared_gate_up.dense, 2 * Is, H, w.x.get(), T, w.shared_out.get(), GemvOut::Store,
-                s);
+    // Few tokens, BF16 (a batched decode step): the shared expert as two plain products, gate|up
+    // into shared_out (f32 [T, 2 Is], free until the down projection overwrites it), then the
+    // SwiGLU. The 128-token-tile kernel gave the 4 MB gate|up matrix a few blocks: 34 us per layer
+    // at 16 and at 64 rows (s6 run 4). Up to 32 rows gemv_rows reads each weight once for all rows
+    // (s7 run 2 at 16 rows: gate|up 14 us, down 7.7 us against 9.2 on the GEMM); above, its eight
+    // 8-token chunks per MMA row cost more than the BF16 GEMM's tiles (64 rows: 27 and 14.3 us).
+    const bool rows = T <= 32;
+    timed(timer, rows ? "rows.shared_gate_up" : "gemm.shared_gate_up", [&] {
+      if (rows)
+        gemv_rows(L.shared_gate_up.dense, 2 * Is, H, w.x.get(), T, w.shared_out.get(),
+                  GemvOut::Store, s);
+      else
+        gemm(w.x.get(), T, H, L.shared_gate_up.dense, 2 * Is, w.shared_out.get(), GemmOut::StoreF32,
+             s);
       moe_shared_swiglu(w.shared_out.get(), T, Is, w.shared_act.get(), s);
     });
-    // The down projection [H, Is] likewise up to 32 rows; above, gemv_rows' eight 8-token chunks
-    // per MMA row cost more than the GEMM's tiles (s7 run 2 at 64 rows: 14.3 vs 9.2 us per layer;
-    // 16 rows: 7.7 vs 9.2).
-    timed(timer, T <= 32 ? "rows.shared_down" : "gemm.shared_down", [&] {
-      if (T <= 32)
+    timed(timer, rows ? "rows.shared_down" : "gemm.shared_down", [&] {
+      if (rows)
         gemv_rows(L.shared_down.dense, H, Is, w.shared_act.get(), T, w.shared_out.get(),
                   GemvOut::Store, s);
       else
-        proj_gemm(w.shared_act.get(), T, Is, L.shared_down, H, w.shared_out.get(),
-                  GemmOut::StoreF32, s);
+        gemm(w.shared_act.get(), T, Is, L.shared_down.dense, H, w.shared_out.get(),
+             GemmOut::StoreF32, s);
     });
     return;
   }
