@@ -239,7 +239,7 @@ inline void proj_gemv(const DeviceMatrix& w, int rows, int cols, const bf16* x, 
 // 11 us). Wide matrices (in_proj 12352, qkv 9216 rows) fill the GPU with q_gemm's tiles. Since s7
 // 4-bit weights on Hopper take q_gemm_wgmma at every M: it splits K over a cluster when the tiles
 // are few (out_proj at 512 tokens 20.9 us; the slabs took ~78 us at 256); the slabs stay for
-// 8-bit weights (the router) and other GPUs.
+// 8-bit weights (the router) and other GPUs, since s7 in one launch (grid z over the slabs).
 constexpr int kSlabMaxRows = 4096, kSlabMaxTokens = 256;
 
 inline void proj_gemm(const bf16* A, int M, int K, const DeviceMatrix& w, int N, void* C,
@@ -247,9 +247,7 @@ inline void proj_gemm(const bf16* A, int M, int K, const DeviceMatrix& w, int N,
   if (w.affine() && mode != GemmOut::StoreBF16 && N <= kSlabMaxRows && M <= kSlabMaxTokens &&
       !(w.q.bits == 4 && q_gemm_wgmma_available()) && q_gemv_rows_available()) {
     const GemvOut out = mode == GemmOut::AccumulateF32 ? GemvOut::Accumulate : GemvOut::Store;
-    for (int t0 = 0; t0 < M; t0 += kQGemvRowsMax)
-      q_gemv_rows(w.q, A + size_t(t0) * K, std::min(kQGemvRowsMax, M - t0),
-                  static_cast<float*>(C) + size_t(t0) * N, out, s);
+    q_gemv_rows(w.q, A, M, static_cast<float*>(C), out, s);  // 64-token slabs in one launch
   } else if (w.affine())
     q_gemm(A, M, w.q, C, mode, s);
   else

@@ -1,4 +1,4 @@
-// q_gemv_rows: the 4/8-bit dense projections over T <= 64 token rows (q4_linear.h). Version 3 of
+// q_gemv_rows: the 4/8-bit dense projections over T token rows (q4_linear.h). Version 3 of
 // the kernel lab's q_gemv_rows (docs/kernels.md's planned "q_gemv_rows v7"), production since s6:
 // version 2 (bench/lab/q_gemv_rows/v2_staged.cu, docs' v6) with a block's phases overlapped.
 // Measured (s6 run 2, per call): in_proj 16 / 64 rows 16.0 -> 14.2 / 35.5 -> 33.0 us, lm_head 222
@@ -36,6 +36,9 @@
 // spill at 8 bits and 64 rows. Shared memory: 2 stages, 17 / 34 / 69 / 70 KB at 8 / 16 / 32 / 64
 // rows. Numerics: version 2's per (row, group) and token, with the groups summed in order within a
 // rank's range and the ranks in rank order (only where the f32 sums split differs).
+// More than 64 tokens (prompt chunks through an 8-bit matrix, e.g. the router at <= 256 tokens):
+// grid z = ceil(T / 64) slabs of 64 tokens side by side, each block as above on its slab (since s7;
+// the backend looped over the slabs, one launch each: ~10 us apiece for the router).
 #include <algorithm>
 
 #include "cuda/cluster.cuh"
@@ -92,7 +95,9 @@ __device__ __forceinline__ void load_group(cuda::qtile::QSet<BITS, 1, GS>& w, in
 }
 #endif
 
-template <int BITS, int NCH, bool kAdd>
+// kSlabs: grid z runs 64-token slabs (kept out of the batched decode step's instantiations, whose
+// registers it would raise).
+template <int BITS, int NCH, bool kAdd, bool kSlabs>
 __global__ void __launch_bounds__(kThreads, 2)
     q_gemv_rows_v3_kernel(QMatrix W, const bf16* __restrict__ x, int T, float* __restrict__ y,
                           int NG) {
@@ -109,6 +114,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   // 4 bits: A = 128 + q (no conversion), offset 128; 8 bits: A = q rebuilt exactly, offset 0.
   constexpr float kOffset = P == 1 ? 128.f : 0.f;
   pdl_launch_dependents();  // PDL (launch.h): x is the previous kernel's output
+  if constexpr (kSlabs) {   // slab z: tokens [64 z, 64 z + 64) of x and y
+    x += size_t(blockIdx.z) * kQGemvRowsMax * size_t(W.cols);
+    y += size_t(blockIdx.z) * kQGemvRowsMax * size_t(W.rows);
+    T = min(T - int(blockIdx.z) * kQGemvRowsMax, kQGemvRowsMax);
+  }
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
   const int G = W.groups(), tiles = W.tiles();
   const int S = int(gridDim.y);
@@ -297,17 +307,17 @@ __global__ void __launch_bounds__(kThreads, 2)
 #endif
 }
 
-template <int BITS, int NCH, bool kAdd>
-void launch(const QMatrix& W, const bf16* x, int T, float* y, int S, int NG, int grid,
+template <int BITS, int NCH, bool kAdd, bool kSlabs = false>
+void launch(const QMatrix& W, const bf16* x, int T, float* y, int S, int NG, int grid, int Z,
             cudaStream_t stream) {
-  auto kernel = q_gemv_rows_v3_kernel<BITS, NCH, kAdd>;
+  auto kernel = q_gemv_rows_v3_kernel<BITS, NCH, kAdd, kSlabs>;
   const size_t smem = smem_bytes(BITS, NCH);
   if (smem > kMaxSmem) fail("lab::q_gemv_rows_v3: {} bytes of staged x", smem);
   if (smem > 48 * 1024)
     LILAC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(grid), unsigned(S));
+  cfg.gridDim = dim3(unsigned(grid), unsigned(S), unsigned(Z));
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -333,16 +343,17 @@ void launch(const QMatrix& W, const bf16* x, int T, float* y, int S, int NG, int
 
 template <int BITS, bool kAdd>
 void launch_nch(int nch, const QMatrix& W, const bf16* x, int T, float* y, int S, int NG, int grid,
-                cudaStream_t stream) {
+                int Z, cudaStream_t stream) {
   switch (nch) {
     case 1:
-      return launch<BITS, 1, kAdd>(W, x, T, y, S, NG, grid, stream);
+      return launch<BITS, 1, kAdd>(W, x, T, y, S, NG, grid, Z, stream);
     case 2:
-      return launch<BITS, 2, kAdd>(W, x, T, y, S, NG, grid, stream);
+      return launch<BITS, 2, kAdd>(W, x, T, y, S, NG, grid, Z, stream);
     case 4:
-      return launch<BITS, 4, kAdd>(W, x, T, y, S, NG, grid, stream);
+      return launch<BITS, 4, kAdd>(W, x, T, y, S, NG, grid, Z, stream);
     default:
-      return launch<BITS, 8, kAdd>(W, x, T, y, S, NG, grid, stream);
+      if (Z > 1) return launch<BITS, 8, kAdd, true>(W, x, T, y, S, NG, grid, Z, stream);
+      return launch<BITS, 8, kAdd>(W, x, T, y, S, NG, grid, Z, stream);
   }
 }
 
@@ -355,18 +366,18 @@ bool q_gemv_rows_available() {
 void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
                  cudaStream_t stream) {
   if (!W || !W.sb || !x || !y) fail("cuda::q_gemv_rows: null pointer");
-  if (T < 1 || T > kQGemvRowsMax)
-    fail("cuda::q_gemv_rows: T = {} outside [1, {}]", T, kQGemvRowsMax);
+  if (T < 1 || T > 65535 * kQGemvRowsMax) fail("cuda::q_gemv_rows: T = {}", T);
   if (W.rows < 1 || W.cols < kQGroup || W.cols % kQGroup != 0 || W.cols > 65536 ||
       (W.bits != 4 && W.bits != 8))
     fail("cuda::q_gemv_rows: unsupported [{}, {}] at {} bits", W.rows, W.cols, W.bits);
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0)
     fail("cuda::q_gemv_rows: x must be 16-byte aligned");
   if (!q_gemv_rows_available()) fail("cuda::q_gemv_rows: needs thread-block clusters (sm_90)");
-  const int chunks = (T + kTok - 1) / kTok;
+  const int Z = ceil_div(T, kQGemvRowsMax);  // 64-token slabs
+  const int chunks = (std::min(T, kQGemvRowsMax) + kTok - 1) / kTok;
   const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
   // Ranks: the smallest power of two S (at most 8 and the number of register sets) for which the
-  // grid x S blocks reach ~0.7 of a wave of 2 blocks per SM; each rank takes NG groups, whole
+  // grid x S x Z blocks reach ~0.7 of a wave of 2 blocks per SM; each rank takes NG groups, whole
   // sets, and S is recomputed so that every rank has at least one group.
   const int G = W.groups(), GS = kSetGroups / (W.bits / 4);
   const int sets = (G + GS - 1) / GS;
@@ -374,17 +385,17 @@ void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
   const long long slots = 2LL * sm_count();
   const int max_s = std::min(kMaxRanks, sets);
   int S = 1;
-  while (S < max_s && 10LL * grid * S < 7 * slots) S *= 2;
+  while (S < max_s && 10LL * grid * S * Z < 7 * slots) S *= 2;
   S = std::min(S, max_s);
   const int NG = ceil_div(sets, S) * GS;
   S = ceil_div(G, NG);
   const bool add = mode == GemvOut::Accumulate;
   if (W.bits == 4)
-    add ? launch_nch<4, true>(nch, W, x, T, y, S, NG, grid, stream)
-        : launch_nch<4, false>(nch, W, x, T, y, S, NG, grid, stream);
+    add ? launch_nch<4, true>(nch, W, x, T, y, S, NG, grid, Z, stream)
+        : launch_nch<4, false>(nch, W, x, T, y, S, NG, grid, Z, stream);
   else
-    add ? launch_nch<8, true>(nch, W, x, T, y, S, NG, grid, stream)
-        : launch_nch<8, false>(nch, W, x, T, y, S, NG, grid, stream);
+    add ? launch_nch<8, true>(nch, W, x, T, y, S, NG, grid, Z, stream)
+        : launch_nch<8, false>(nch, W, x, T, y, S, NG, grid, Z, stream);
 }
 
 }  // namespace lilac::cuda

@@ -24,9 +24,11 @@ void q_gemv(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_
 // y[t, r] (=|+=) sum_k W[r, k] x[t, k] for t < T, r < W.rows; x bf16 [T, W.cols], y f32
 // [T, W.rows]. Each weight is read once for all rows (the tokens are the MMA's n dimension).
 // Same arithmetic as q_gemv per (row, group); the f32 sums over groups run in another order, so
-// a row's result equals q_gemv's up to f32 rounding. 1 <= T <= kQGemvRowsMax; x 16-byte aligned;
-// needs thread-block clusters (sm_90: the K-slices of a row block meet in distributed shared
-// memory, deterministically).
+// a row's result equals q_gemv's up to f32 rounding. T >= 1: up to kQGemvRowsMax tokens share each
+// weight read; more run as slabs of kQGemvRowsMax side by side in one launch (each slab reads the
+// weights again: for prompt chunks through small 8-bit matrices). x 16-byte aligned; needs
+// thread-block clusters (sm_90: the K-slices of a row block meet in distributed shared memory,
+// deterministically).
 constexpr int kQGemvRowsMax = 64;
 void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
                  cudaStream_t stream);
