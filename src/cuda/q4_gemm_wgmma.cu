@@ -69,6 +69,7 @@
 #include "cuda/q4_gemm.h"
 #include "cuda/q4_gemm_wgmma.cuh"
 #include "cuda/q4_tile.cuh"
+#include "cuda/vec_util.cuh"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -249,24 +250,33 @@ void set_smem() {
   });
 }
 
+// A launch of `blocks` blocks of config C in clusters of S along x (no cluster attribute at S = 1);
+// `attr` holds the attribute cfg points to.
+template <class C>
+cudaLaunchConfig_t cluster_config(int S, int64_t blocks, cudaStream_t stream,
+                                  cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(blocks));
+  cfg.blockDim = dim3(C::THREADS);
+  cfg.dynamicSmemBytes = C::SMEM_BYTES;
+  cfg.stream = stream;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(S);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = S > 1 ? 1u : 0u;
+  return cfg;
+}
+
 template <class C, int S, GemmOut MODE>
 void launch(const bf16* A, int M, const QMatrix& W, void* out, bool vec, cudaStream_t stream) {
   set_smem<C, S, MODE>();
   const int tiles_m = ceil_div(M, C::BT), tiles_n = ceil_div(W.rows, C::BR);
   const int64_t blocks = int64_t(tiles_m) * tiles_n * S;
   if (blocks > 0x7fffffff) fail("q_gemm_wgmma: {} x {} needs {} blocks", M, W.rows, blocks);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(blocks));
-  cfg.blockDim = dim3(C::THREADS);
-  cfg.dynamicSmemBytes = C::SMEM_BYTES;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(S);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = S > 1 ? 1u : 0u;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_config<C>(S, blocks, stream, attr);
   LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, q_gemm_wgmma_kernel<C, S, MODE>, A, M, W.cols, W, out,
                                       tiles_m, tiles_n, vec));
   LILAC_CUDA_LAUNCHED();
@@ -300,16 +310,6 @@ void dispatch_splits(const bf16* A, int M, const QMatrix& W, void* out, GemmOut 
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    LILAC_CUDA_CHECK(cudaGetDevice(&dev));
-    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms;
-  }();
-  return n;
-}
-
 // Clusters of S blocks resident at once (one block per SM: 1 thread block of ~200 KB / 256
 // threads x 216 registers). S = 1: the SM count; else the runtime's answer (the GPCs decide: a
 // cluster's blocks share one), 0 if it has none.
@@ -318,17 +318,8 @@ int max_clusters() {
   static const int n = [] {
     if (S == 1) return sm_count();
     set_smem<C, S, GemmOut::StoreF32>();
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(S * 64));
-    cfg.blockDim = dim3(C::THREADS);
-    cfg.dynamicSmemBytes = C::SMEM_BYTES;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(S);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_config<C>(S, int64_t(S) * 64, nullptr, attr);
     int c = 0;
     if (cudaOccupancyMaxActiveClusters(&c, q_gemm_wgmma_kernel<C, S, GemmOut::StoreF32>, &cfg) !=
         cudaSuccess) {
