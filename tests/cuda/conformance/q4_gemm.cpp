@@ -151,6 +151,16 @@ TEST(Q4Gemm, BadArgumentsThrow) {
   q.cols = 128;
   EXPECT_THROW(cuda::q_gemm(a, 0, q, c, cuda::GemmOut::StoreF32, nullptr), Error);      // M
   EXPECT_THROW(cuda::q_gemm(a + 1, 4, q, c, cuda::GemmOut::StoreF32, nullptr), Error);  // align
+  // q_gemm_wgmma's own: 4 bits only, a split that does not divide the k-tiles, a split it lacks,
+  // a tile it lacks (all refused before anything reaches the device).
+  const cuda::GemmOut f32 = cuda::GemmOut::StoreF32;
+  cuda::QMatrix q8 = q;
+  q8.bits = 8;
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q8, c, f32, nullptr, 128, 1), Error);  // 8 bits
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 128, 4), Error);   // 2 k-tiles / 4
+  q.cols = 192;
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 128, 3), Error);  // splits 3
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 64, 1), Error);   // 64-token tile
 }
 
 }  // namespace

@@ -277,6 +277,23 @@ TEST(Q4Moe, BadArgumentsThrow) {
   EXPECT_THROW(cuda::q_moe_gate_up_gemv(q, q, i, 8, x, 2048, 500, 512, a, nullptr),
                Error);  // I % 64
   EXPECT_THROW(cuda::q_moe_gate_up_gemv(q, q, i, 40, x, 2048, 512, 512, a, nullptr), Error);  // k
+  // The grouped wgmma kernels: 4 bits only, H and I multiples of 64, a laid-out routing table.
+  cuda::MoeRouting r;
+  r.topk_idx = const_cast<int32_t*>(i);
+  r.T = 4;
+  cuda::QMatrix gu{q.codes, q.sb, 256 * 1024, 2048, 8};
+  EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(x, 2048, gu, 512, r, a, nullptr),
+               Error);  // 8 bits
+  gu.bits = 4;
+  EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(x, 2048, gu, 500, r, a, nullptr),
+               Error);  // I % 64
+  EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(x + 1, 2048, gu, 512, r, a, nullptr),
+               Error);  // x alignment
+  cuda::MoeRouting empty;
+  auto* y = reinterpret_cast<float*>(uintptr_t(256));
+  cuda::QMatrix dn{q.codes, q.sb, 256 * 2048, 512, 4};
+  EXPECT_THROW(cuda::q_moe_grouped_down_wgmma(a, 512, dn, 2048, empty, y, nullptr),
+               Error);  // routing not laid out
 }
 
 }  // namespace
