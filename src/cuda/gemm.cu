@@ -49,17 +49,7 @@ using CfgM = Config<128, 128, 64, 3, 2>;  // 4 warps
 using CfgS = Config<64, 128, 32, 3, 3>;   // 4 warps of 32 x 64
 using CfgW = WgConfig<256, 4, 1, 1>;      // 2 warpgroups, 192 KB + 1 KB
 
-// Block id -> (tile row, tile column): groups of kGroupM tile rows, column-major inside a group.
-constexpr int kGroupM = 8;
-__device__ __forceinline__ void raster(int bid, int tiles_m, int tiles_n, int& tm, int& tn) {
-  const int width = kGroupM * tiles_n;
-  const int group = bid / width;
-  const int first_m = group * kGroupM;
-  const int group_m = min(tiles_m - first_m, kGroupM);
-  const int in_group = bid - group * width;
-  tm = first_m + in_group % group_m;
-  tn = in_group / group_m;
-}
+using tile::raster;
 
 // Rows [first, first + LOADS * STEP) of a [rows, K] operand as this thread loads them.
 template <class Cfg, int LOADS>

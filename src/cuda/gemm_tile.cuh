@@ -447,4 +447,18 @@ __device__ __forceinline__ WarpOrigin wgmma_origin() {
   return {(warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2), 2 * (lane & 3)};
 }
 
+// The GEMMs' block order (gemm.cu, q4_gemm.cu, q4_gemm_wgmma.cu): block id -> (tile row tm, tile
+// column tn) in groups of kGroupM tile rows, column-major inside a group, so that blocks running
+// together share their A and W tiles in L2.
+constexpr int kGroupM = 8;
+__device__ __forceinline__ void raster(int bid, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int width = kGroupM * tiles_n;
+  const int group = bid / width;
+  const int first_m = group * kGroupM;
+  const int group_m = min(tiles_m - first_m, kGroupM);
+  const int in_group = bid - group * width;
+  tm = first_m + in_group % group_m;
+  tn = in_group / group_m;
+}
+
 }  // namespace lilac::cuda::tile

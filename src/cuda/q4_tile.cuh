@@ -415,17 +415,9 @@ __device__ __forceinline__ void q_gemm_mainloop(float (&acc)[2][16][4],
 // ---- the 4-bit prefill GEMMs' block order and stores (q4_gemm.cu and q4_gemm_wgmma.cuh) -------
 
 // Block bid -> (token tile tm, row tile tn), kGroupM token tiles per raster group, so that blocks
-// running together share their token tiles and weight tiles in L2.
-constexpr int kGroupM = 8;
-__device__ __forceinline__ void raster(int bid, int tiles_m, int tiles_n, int& tm, int& tn) {
-  const int width = kGroupM * tiles_n;
-  const int group = bid / width;
-  const int first_m = group * kGroupM;
-  const int group_m = min(tiles_m - first_m, kGroupM);
-  const int in_group = bid - group * width;
-  tm = first_m + in_group % group_m;
-  tn = in_group / group_m;
-}
+// running together share their token tiles and weight tiles in L2: the BF16 GEMM's order
+// (gemm_tile.cuh).
+using tile::raster;
 
 // One output element in the GEMM's mode: bf16 store, f32 add, or f32 store.
 template <GemmOut MODE>
