@@ -64,6 +64,11 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
         "(Hopper) and at most 8 blocks per key head (Hk {}, Hv {}, Dk {}, Dv {})",
         c.gdn_key_heads, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim);
   set_pdl_enabled(options_.pdl);
+  // q_gemm_wgmma picks its split of K from occupancy queries it caches: ask them now, outside any
+  // graph capture (the batched step's capture may be its first call).
+  if (q_gemm_wgmma_available())
+    for (int bt : {128, 256})
+      for (int splits : {1, 2, 4}) (void)q_gemm_wgmma_max_clusters(bt, splits);
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const int H = int(c.hidden);
   Workspace& w = *ws_;

@@ -32,13 +32,20 @@ namespace {
 constexpr int kSortedMoeMinRows = 32;
 
 // A dense projection over the B rows, each weight read once, the tokens as the MMA's n
-// dimension: 4-bit weights through q_gemv_rows, BF16 through gemv_rows up to 32 rows and for the
-// layers' matrices; the GEMM for the lm_head (its tiles fill the GPU at any M) and from 33 rows
-// (gemv_rows' per-chunk MMAs then cost more than the GEMM's tiles: run 6, docs/performance.md).
+// dimension: 4-bit weights through q_gemv_rows up to 32 rows, from 33 rows on Hopper through
+// q_gemm_wgmma's narrow form (wgmma n = 64, K split over a cluster when the row blocks are few;
+// s7: q_gemv_rows' eight 8-token chunks per MMA row made in_proj 38 us at 64 rows); 8-bit weights
+// through q_gemv_rows; BF16 through gemv_rows up to 32 rows and for the layers' matrices; the GEMM
+// for the lm_head (its tiles fill the GPU at any M) and from 33 rows (gemv_rows' per-chunk MMAs
+// then cost more than the GEMM's tiles: run 6, docs/performance.md). The 4-bit GEMM multiplies
+// the bf16-rounded weights (prefill's numerics) where q_gemv_rows has the decode kernels' exact
+// ones: both within the batch tests' tolerance of the single-sequence step.
 void rows_proj(const bf16* x, int B, int K, const DeviceMatrix& w, int N, float* y, bool accumulate,
                cudaStream_t s) {
   const GemvOut mode = accumulate ? GemvOut::Accumulate : GemvOut::Store;
-  if (w.affine())
+  if (w.affine() && w.q.bits == 4 && B > 32 && q_gemm_wgmma_available())
+    q_gemm_wgmma(x, B, w.q, y, accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32, s);
+  else if (w.affine())
     q_gemv_rows(w.q, x, B, y, mode, s);
   else if (K % 64 == 0 && B <= 32 && N <= 65536)
     gemv_rows(w.dense, N, K, x, B, y, mode, s);

@@ -109,7 +109,9 @@ __device__ __forceinline__ float4 ld_part(uint32_t a, int rank) {
   return v;
 }
 
-template <class C, int S, GemmOut MODE>
+// NW: the wgmma n, the tokens the main loop computes (C::BT; 64 for the narrow form at M <= 64,
+// whose accumulators past token 64 stay 0 and are not stored).
+template <class C, int S, GemmOut MODE, int NW = C::BT>
 __global__ void __launch_bounds__(C::THREADS, 1)
     q_gemm_wgmma_kernel(const bf16* __restrict__ A, int M, int K, QMatrix W, void* __restrict__ out,
                         int tiles_m, int tiles_n, bool vec) {
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const uint32_t sX = (tile::smem_u32(smem) + 1023u) & ~1023u;
   const uint32_t sW = sX + uint32_t(C::STAGES * C::X_STAGE);
   float acc[C::NACC];
-  mainloop<C>(acc, xr, w, Kl, sX, sW);
+  mainloop<C, NW>(acc, xr, w, Kl, sX, sW);
   __syncthreads();  // both warpgroups' wgmmas retired, every copy landed: the stages are free
 
   // Stage the partial tile, [BT tokens][kPad] f32 at sX. acc[4 j + q]: row 16 warp + g + 8 (q >>
@@ -240,11 +242,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #endif
 }
 
-template <class C, int S, GemmOut MODE>
+template <class C, int S, GemmOut MODE, int NW = C::BT>
 void set_smem() {
   static std::once_flag once;
   std::call_once(once, [] {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(q_gemm_wgmma_kernel<C, S, MODE>,
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(q_gemm_wgmma_kernel<C, S, MODE, NW>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           C::SMEM_BYTES));
   });
@@ -269,42 +271,42 @@ cudaLaunchConfig_t cluster_config(int S, int64_t blocks, cudaStream_t stream,
   return cfg;
 }
 
-template <class C, int S, GemmOut MODE>
+template <class C, int S, GemmOut MODE, int NW>
 void launch(const bf16* A, int M, const QMatrix& W, void* out, bool vec, cudaStream_t stream) {
-  set_smem<C, S, MODE>();
+  set_smem<C, S, MODE, NW>();
   const int tiles_m = ceil_div(M, C::BT), tiles_n = ceil_div(W.rows, C::BR);
   const int64_t blocks = int64_t(tiles_m) * tiles_n * S;
   if (blocks > 0x7fffffff) fail("q_gemm_wgmma: {} x {} needs {} blocks", M, W.rows, blocks);
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_config<C>(S, blocks, stream, attr);
-  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, q_gemm_wgmma_kernel<C, S, MODE>, A, M, W.cols, W, out,
-                                      tiles_m, tiles_n, vec));
+  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, q_gemm_wgmma_kernel<C, S, MODE, NW>, A, M, W.cols, W,
+                                      out, tiles_m, tiles_n, vec));
   LILAC_CUDA_LAUNCHED();
 }
 
-template <class C, int S>
+template <class C, int S, int NW>
 void dispatch_mode(const bf16* A, int M, const QMatrix& W, void* out, GemmOut mode, bool vec,
                    cudaStream_t s) {
   switch (mode) {
     case GemmOut::StoreF32:
-      return launch<C, S, GemmOut::StoreF32>(A, M, W, out, vec, s);
+      return launch<C, S, GemmOut::StoreF32, NW>(A, M, W, out, vec, s);
     case GemmOut::StoreBF16:
-      return launch<C, S, GemmOut::StoreBF16>(A, M, W, out, vec, s);
+      return launch<C, S, GemmOut::StoreBF16, NW>(A, M, W, out, vec, s);
     case GemmOut::AccumulateF32:
-      return launch<C, S, GemmOut::AccumulateF32>(A, M, W, out, vec, s);
+      return launch<C, S, GemmOut::AccumulateF32, NW>(A, M, W, out, vec, s);
   }
 }
 
-template <class C>
+template <class C, int NW = C::BT>
 void dispatch_splits(const bf16* A, int M, const QMatrix& W, void* out, GemmOut mode, bool vec,
                      int S, cudaStream_t s) {
   switch (S) {
     case 1:
-      return dispatch_mode<C, 1>(A, M, W, out, mode, vec, s);
+      return dispatch_mode<C, 1, NW>(A, M, W, out, mode, vec, s);
     case 2:
-      return dispatch_mode<C, 2>(A, M, W, out, mode, vec, s);
+      return dispatch_mode<C, 2, NW>(A, M, W, out, mode, vec, s);
     case 4:
-      return dispatch_mode<C, 4>(A, M, W, out, mode, vec, s);
+      return dispatch_mode<C, 4, NW>(A, M, W, out, mode, vec, s);
     default:
       fail("q_gemm_wgmma: splits {} (1, 2 or 4)", S);
   }
@@ -350,20 +352,27 @@ int max_clusters_of(int bt, int S) {
 // as 0.9 us at 256 tokens and 0.6 us at 128: the lab's v2 per-block rates (in_proj at M = 4096:
 // 1552 blocks of 256 tokens, 12 waves of 32 k-tiles in 354 us, 0.92 us each with the C stores; at M
 // = 512: 388 blocks of 128, 3 waves in 62.6 us, 0.65 us). Candidates in order of preference on a
-// tie (smaller clusters first).
+// tie (smaller clusters first). M <= 64 (the narrow form, n = 64): 128-token tiles only, a k-tile
+// taken as 0.4 us (a guess: about half the MMAs of the 128-token tile, the dequantisation the same;
+// s7).
 void pick(int M, int N, int KT, int& bt, int& S) {
-  constexpr int kCand[][2] = {{256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}};
+  constexpr int kCand[][2] = {{256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}, {128, 4}};
+  const bool narrow = M <= 64;
   int64_t best = INT64_MAX;
-  bt = 256;
+  bt = narrow ? 128 : 256;
   S = 1;
   for (const auto& c : kCand) {
     const int b = c[0], s = c[1];
+    if (narrow ? b != 128 : b == 128 && s == 4) continue;  // (128, 4): only for the narrow form
     if (KT % s != 0) continue;
     const int64_t maxc = max_clusters_of(b, s);
     if (maxc <= 0) continue;
     const int64_t tiles = int64_t(ceil_div(M, b)) * ceil_div(N, 128);
     const int64_t waves = ceil_div(tiles, maxc);
-    const int64_t cost = waves * (int64_t(KT / s) * (b == 256 ? 9 : 6) + (s > 1 ? 40 : 30));
+    const int64_t cost = waves * (int64_t(KT / s) * (narrow     ? 4
+                                                     : b == 256 ? 9
+                                                                : 6) +
+                                  (s > 1 ? 40 : 30));
     if (cost < best) {
       best = cost;
       bt = b;
@@ -403,6 +412,8 @@ void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
   if (KT % S != 0) fail("q_gemm_wgmma: {} k-tiles do not split {} ways", KT, S);
   if (bt == 256)
     qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg256>(A, M, W, C, mode, vec, S, stream);
+  else if (bt == 128 && M <= 64)  // the narrow form: wgmma n = 64
+    qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128, 64>(A, M, W, C, mode, vec, S, stream);
   else if (bt == 128)
     qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128>(A, M, W, C, mode, vec, S, stream);
   else

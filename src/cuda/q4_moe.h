@@ -64,6 +64,12 @@ void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, i
 void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H,
                               const MoeRouting& r, float* y, cudaStream_t stream,
                               bool adapt_n = true);
+// The shared expert's gate_up (q_moe_shared_gate_up's contract) on the same wgmma kernel over T
+// dense rows in 128-row tiles (since s7; 4-bit on compute capability 9.x), and on the mma.sync one.
+void q_moe_shared_gate_up_wgmma(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
+                                bf16* act, cudaStream_t stream);
+void q_moe_shared_gate_up_mma(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
+                              bf16* act, cudaStream_t stream);
 // The shared expert's act [T, Is] bf16 (the same kernel over dense rows).
 void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
                           bf16* act, cudaStream_t stream);

@@ -251,6 +251,14 @@ void q_moe_grouped_gate_up_mma(const bf16* x, int H, const QMatrix& gate_up, int
 
 void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
                           bf16* act, cudaStream_t stream) {
+  if (shared_gate_up.bits == 4 && q_moe_grouped_wgmma_available())
+    q_moe_shared_gate_up_wgmma(x, T, H, shared_gate_up, Is, act, stream);
+  else
+    q_moe_shared_gate_up_mma(x, T, H, shared_gate_up, Is, act, stream);
+}
+
+void q_moe_shared_gate_up_mma(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
+                              bf16* act, cudaStream_t stream) {
   check("q_moe_shared_gate_up", shared_gate_up, 2 * Is, H, H, Is);
   if (shared_gate_up.rows != 2 * Is)
     fail("cuda::q_moe_shared_gate_up: {} rows", shared_gate_up.rows);

@@ -64,17 +64,25 @@ __device__ __forceinline__ void mainloop_rows(float (&acc)[Cfg::NACC],
   qgemm_wgmma::mainloop<Cfg, 128>(acc, xr, w, K, sX, sW);
 }
 
-// moe_route's tile table (MoeRouting's device pointers).
+// moe_route's tile table (MoeRouting's device pointers), or (dense_rows > 0) dense_rows token rows
+// of one "expert" in 128-row tiles: the shared expert's gate_up.
 struct Tiles {
   const int32_t* sorted_token;
   const int32_t* offsets;
   const int32_t* tile_expert;
   const int32_t* tile_row0;
   const int32_t* num_tiles;
+  int dense_rows;
 };
 
 // Sorted rows [row0, row_end) of routing tile `t` and its expert; false past num_tiles.
 __device__ __forceinline__ bool tile_rows(const Tiles& tt, int t, int& e, int& row0, int& row_end) {
+  if (tt.dense_rows > 0) {
+    e = 0;
+    row0 = t * Cfg::BT;
+    row_end = min(row0 + Cfg::BT, tt.dense_rows);
+    return row0 < tt.dense_rows;
+  }
   if (t >= *tt.num_tiles) return false;
   e = tt.tile_expert[t];
   row0 = tt.tile_row0[t];
@@ -200,7 +208,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 }
 
 Tiles tiles_of(const MoeRouting& r) {
-  return {r.sorted_token, r.expert_offsets, r.tile_expert, r.tile_row0, r.num_tiles};
+  return {r.sorted_token, r.expert_offsets, r.tile_expert, r.tile_row0, r.num_tiles, 0};
 }
 
 template <class Kernel>
@@ -211,9 +219,9 @@ void prepare(Kernel kernel, std::once_flag& once) {
   });
 }
 
-void check(const char* what, const MoeRouting& r, const QMatrix& m, int rows_multiple, int cols,
+void check(const char* what, const MoeRouting* r, const QMatrix& m, int rows_multiple, int cols,
            int H, int I, const void* in, const void* out) {
-  if (!r.topk_idx || r.T < 1) fail("{}: routing workspace not laid out", what);
+  if (r && (!r->topk_idx || r->T < 1)) fail("{}: routing workspace not laid out", what);
   if (!m || !m.sb || !in || !out) fail("{}: null pointer", what);
   if (H < 64 || H % 64 || I < 64 || I % 64)
     fail("{}: H {} and I {} must be positive multiples of 64", what, H, I);
@@ -226,7 +234,7 @@ void check(const char* what, const MoeRouting& r, const QMatrix& m, int rows_mul
 template <bool ADAPT>
 void launch_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
                     bf16* act, cudaStream_t stream) {
-  check("q_moe_grouped_gate_up (wgmma)", r, gate_up, 2 * I, H, H, I, x, act);
+  check("q_moe_grouped_gate_up (wgmma)", &r, gate_up, 2 * I, H, H, I, x, act);
   auto kernel = gate_up_kernel<ADAPT>;
   static std::once_flag once;
   prepare(kernel, once);
@@ -240,7 +248,7 @@ void launch_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const M
 template <bool ADAPT>
 void launch_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r, float* y,
                  cudaStream_t stream) {
-  check("q_moe_grouped_down (wgmma)", r, down, H, I, H, I, act, y);
+  check("q_moe_grouped_down (wgmma)", &r, down, H, I, H, I, act, y);
   auto kernel = down_kernel<ADAPT>;
   static std::once_flag once;
   prepare(kernel, once);
@@ -248,6 +256,22 @@ void launch_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRo
   if (blocks < 1 || blocks > 0x7fffffff) fail("q_moe_grouped_down (wgmma): {} blocks", blocks);
   kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(act, I, down, H, tiles_of(r),
                                                                       y);
+  LILAC_CUDA_LAUNCHED();
+}
+
+void launch_shared_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, int Is, bf16* act,
+                           cudaStream_t stream) {
+  check("q_moe_shared_gate_up (wgmma)", nullptr, gate_up, 2 * Is, H, H, Is, x, act);
+  if (gate_up.rows != 2 * Is || T < 1)
+    fail("q_moe_shared_gate_up (wgmma): {} rows for Is {}, T {}", gate_up.rows, Is, T);
+  auto kernel = gate_up_kernel<true>;
+  static std::once_flag once;
+  prepare(kernel, once);
+  const int64_t blocks = int64_t(ceil_div(T, Cfg::BT)) * (Is / 64);
+  if (blocks > 0x7fffffff) fail("q_moe_shared_gate_up (wgmma): {} blocks", blocks);
+  const Tiles dense{nullptr, nullptr, nullptr, nullptr, nullptr, T};
+  kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(x, H, gate_up, Is, dense,
+                                                                      act);
   LILAC_CUDA_LAUNCHED();
 }
 
@@ -264,6 +288,11 @@ void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, i
     qmoe_wgmma::launch_gate_up<true>(x, H, gate_up, I, r, act, stream);
   else
     qmoe_wgmma::launch_gate_up<false>(x, H, gate_up, I, r, act, stream);
+}
+
+void q_moe_shared_gate_up_wgmma(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
+                                bf16* act, cudaStream_t stream) {
+  qmoe_wgmma::launch_shared_gate_up(x, T, H, shared_gate_up, Is, act, stream);
 }
 
 void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H,

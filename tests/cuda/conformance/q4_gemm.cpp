@@ -121,6 +121,9 @@ LILAC_CONFORMANCE_CASES(q4_gemm) {
   add("router_", {300, 257, 2048, 8, cuda::GemmOut::StoreF32}, 3);
   add("shared_down_", {129, 2048, 512, 4, cuda::GemmOut::StoreF32}, 4);
   add("shared_gate_up_", {64, 1024, 2048, 4, cuda::GemmOut::StoreBF16}, 5);
+  // Batched decode rows (33-64) through q_gemm_wgmma's narrow form (wgmma n = 64).
+  add("rows_in_proj_", {64, 12352, 2048, 4, cuda::GemmOut::StoreF32}, 6);
+  add("rows_out_proj_", {48, 2048, 4096, 4, cuda::GemmOut::AccumulateF32}, 7);
   // M = 1, 17, 3, 200; N not a multiple of 16 or of the 256-row block; K of one group.
   uint64_t seed = 50;
   for (int bits : {4, 8})

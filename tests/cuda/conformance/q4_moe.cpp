@@ -166,7 +166,8 @@ void check_prefill(Shape s, int T, uint64_t seed, bool mma) {
     cuda::DeviceBuffer<cuda::bf16> act(static_cast<size_t>(rows) * I + 16);
     poison(act);
     if (shared)
-      cuda::q_moe_shared_gate_up(dx.get(), T, s.H, m.sgu.q(), s.Is, act.get(), nullptr);
+      (mma ? cuda::q_moe_shared_gate_up_mma : cuda::q_moe_shared_gate_up)(
+          dx.get(), T, s.H, m.sgu.q(), s.Is, act.get(), nullptr);
     else
       (mma ? cuda::q_moe_grouped_gate_up_mma : cuda::q_moe_grouped_gate_up)(
           dx.get(), s.H, m.gu.q(), s.I, r, act.get(), nullptr);
