@@ -48,6 +48,15 @@ CudaOptions CudaOptions::from_environment() {
     o.small_moe_max_tokens = std::max(0, std::atoi(m));
   if (const char* m = std::getenv("LILAC_SMALL_MOE_PREFILL_MAX"))
     o.small_moe_prefill_max_tokens = std::max(0, std::atoi(m));
+  if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
+    const std::string v(k);
+    if (v == "registers")
+      o.small_moe_kernel = MoeSmallKernel::registers;
+    else if (v == "streamed")
+      o.small_moe_kernel = MoeSmallKernel::streamed;
+    else if (v != "auto" && v != "automatic")
+      fail("LILAC_SMALL_MOE_KERNEL={}: expected registers, streamed or auto", v);
+  }
   return o;
 }
 

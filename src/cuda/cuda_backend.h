@@ -13,6 +13,7 @@
 #include "cuda/common.h"
 #include "cuda/device_model.h"
 #include "cuda/gated_deltanet.h"
+#include "cuda/q4_moe.h"
 #include "model/backend.h"
 
 namespace lilac::cuda {
@@ -50,6 +51,10 @@ struct CudaOptions {
   // LILAC_SMALL_MOE_MAX=n, LILAC_SMALL_MOE_PREFILL_MAX=n.
   int small_moe_max_tokens = 64;
   int small_moe_prefill_max_tokens = 512;
+  // Which implementation of the small-M kernels (q4_moe.h): automatic = streamed (bulk copies
+  // into shared memory) for 4-bit on Hopper, else registers. LILAC_SMALL_MOE_KERNEL=registers|
+  // streamed (A/B runs).
+  MoeSmallKernel small_moe_kernel = MoeSmallKernel::automatic;
   static CudaOptions from_environment();
 };
 

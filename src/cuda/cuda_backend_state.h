@@ -316,17 +316,17 @@ inline bool small_moe(const DeviceLayer& L, int T, int max_tokens) {
 // pass (two launches), else the 128-token-tile grouped kernels, the shared gate_up and a GEMM for
 // the shared down projection.
 inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w, int T,
-                        const MoeRouting& r, int small_max_tokens, CudaBackend::Timer* timer,
-                        cudaStream_t s) {
+                        const MoeRouting& r, int small_max_tokens, MoeSmallKernel small_kernel,
+                        CudaBackend::Timer* timer, cudaStream_t s) {
   const int H = int(c.hidden), I = int(c.expert_intermediate), Is = int(c.shared_intermediate);
   if (small_moe(L, T, small_max_tokens)) {
     timed(timer, "moe_small_gate_up", [&] {
       q_moe_small_gate_up(w.x.get(), T, H, L.gate_up.q, I, L.shared_gate_up.q, Is, r, w.act.get(),
-                          w.shared_act.get(), s);
+                          w.shared_act.get(), s, small_kernel);
     });
     timed(timer, "moe_small_down", [&] {
       q_moe_small_down(w.act.get(), I, w.shared_act.get(), Is, L.down.q, L.shared_down.q, H, r,
-                       w.y.get(), w.shared_out.get(), s);
+                       w.y.get(), w.shared_out.get(), s, small_kernel);
     });
     return;
   }

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -43,9 +44,17 @@ std::vector<float> crafted_logits(int T, int E, int k, uint64_t seed,
   return logits;
 }
 
-void check_small(Shape s, int T, uint64_t seed, const std::vector<float>* given_logits = nullptr) {
+const char* kernel_name(cuda::MoeSmallKernel kernel) {
+  return kernel == cuda::MoeSmallKernel::streamed    ? "streamed"
+         : kernel == cuda::MoeSmallKernel::registers ? "registers"
+                                                     : "automatic";
+}
+
+void check_small(Shape s, int T, uint64_t seed, const std::vector<float>* given_logits = nullptr,
+                 cuda::MoeSmallKernel kernel = cuda::MoeSmallKernel::registers) {
   const std::string what = "T " + std::to_string(T) + " H " + std::to_string(s.H) + " E " +
-                           std::to_string(s.E) + " bits " + std::to_string(s.bits);
+                           std::to_string(s.E) + " bits " + std::to_string(s.bits) + " " +
+                           kernel_name(kernel);
   SCOPED_TRACE(what);
   const int k = s.k, P = T * k;
   HostQ gu(int64_t(s.E) * 2 * s.I, s.H, s.bits, std::sqrt(3.f / float(s.H)), seed);
@@ -77,9 +86,9 @@ void check_small(Shape s, int T, uint64_t seed, const std::vector<float>* given_
   poison(y);
   poison(shared_out);
   cuda::q_moe_small_gate_up(dx.get(), T, s.H, gu.q(), s.I, sgu.q(), s.Is, r, act.get(),
-                            shared_act.get(), nullptr);
+                            shared_act.get(), nullptr, kernel);
   cuda::q_moe_small_down(act.get(), s.I, shared_act.get(), s.Is, dn.q(), sdn.q(), s.H, r, y.get(),
-                         shared_out.get(), nullptr);
+                         shared_out.get(), nullptr, kernel);
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   const auto act_got = download_bf16_as_f32(act), shared_act_got = download_bf16_as_f32(shared_act);
   const auto y_got = download(y), shared_out_got = download(shared_out);
@@ -133,15 +142,21 @@ void check_small(Shape s, int T, uint64_t seed, const std::vector<float>* given_
 LILAC_CONFORMANCE_CASES(q4_moe_small) {
   std::vector<OpCase> cases;
   auto add = [&](Shape s, int T, uint64_t seed) {
-    cases.push_back({"q_moe_small",
-                     "H" + std::to_string(s.H) + "_E" + std::to_string(s.E) + "_k" +
-                         std::to_string(s.k) + "_I" + std::to_string(s.I) + "_T" +
-                         std::to_string(T),
-                     s.bits == 4 ? "q4" : "q8", "dequantize_row + f64 dot products (q_twin)",
-                     [s, T, seed] { check_small(s, T, seed); }});
+    // Both implementations at 4 bits (the streamed one is Hopper's: it is the one production
+    // runs there, so a GPU without it fails the case rather than skipping it).
+    std::vector<cuda::MoeSmallKernel> kernels = {cuda::MoeSmallKernel::registers};
+    if (s.bits == 4) kernels.push_back(cuda::MoeSmallKernel::streamed);
+    for (cuda::MoeSmallKernel kernel : kernels)
+      cases.push_back({"q_moe_small",
+                       "H" + std::to_string(s.H) + "_E" + std::to_string(s.E) + "_k" +
+                           std::to_string(s.k) + "_I" + std::to_string(s.I) + "_T" +
+                           std::to_string(T) + "_" + kernel_name(kernel),
+                       s.bits == 4 ? "q4" : "q8", "dequantize_row + f64 dot products (q_twin)",
+                       [s, T, seed, kernel] { check_small(s, T, seed, nullptr, kernel); }});
   };
-  // The real shape at the batched decode sizes.
-  for (int T : {1, 16, 64}) add(Shape{2048, 256, 8, 512, 512, 4}, T, 500 + uint64_t(T));
+  // The real shape at the batched decode sizes, and a short prompt (T > 64: 16-token passes in
+  // the streamed kernels).
+  for (int T : {1, 16, 64, 100}) add(Shape{2048, 256, 8, 512, 512, 4}, T, 500 + uint64_t(T));
   // The tiny-a fixture's: several 8-token passes per expert.
   for (int bits : {4, 8})
     for (int T : {3, 37, 300})
@@ -174,7 +189,64 @@ TEST(Q4MoeSmall, AwkwardTokensPerExpert) {
   };
   for (int T : {63, 200}) {
     const auto logits = crafted_logits(T, s.E, s.k, 91, choice);
-    check_small(s, T, 700, &logits);
+    check_small(s, T, 700, &logits, cuda::MoeSmallKernel::registers);
+    check_small(s, T, 700, &logits, cuda::MoeSmallKernel::streamed);
+  }
+}
+
+// The streamed kernels do the registers kernels' arithmetic in the same order: their outputs agree
+// bit for bit (so the batch-equals-single tests hold whichever runs). Real shape at decode and
+// prompt sizes, the tiny shape's partial stages (H 128: 2 groups of a 4-group stage), and a
+// 70-token expert (several 16-token passes).
+TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
+  LILAC_REQUIRE_GPU();
+  ASSERT_TRUE(cuda::q_moe_small_streamed_available(4)) << "the streamed kernels need a cc 9.x GPU";
+  struct Case {
+    Shape s;
+    int T;
+  };
+  for (const Case& c : {Case{{2048, 256, 8, 512, 512, 4}, 16}, Case{{2048, 256, 8, 512, 512, 4}, 64},
+                        Case{{2048, 256, 8, 512, 512, 4}, 256}, Case{{128, 16, 4, 64, 64, 4}, 37},
+                        Case{{128, 16, 4, 64, 64, 4}, 300}}) {
+    const Shape& s = c.s;
+    const int T = c.T, P = T * s.k;
+    SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(s.H));
+    HostQ gu(int64_t(s.E) * 2 * s.I, s.H, 4, std::sqrt(3.f / float(s.H)), 31);
+    HostQ dn(int64_t(s.E) * s.H, s.I, 4, std::sqrt(3.f / float(s.I)), 32);
+    HostQ sgu(2 * s.Is, s.H, 4, std::sqrt(3.f / float(s.H)), 33);
+    HostQ sdn(s.H, s.Is, 4, std::sqrt(3.f / float(s.Is)), 34);
+    std::vector<float> logits(size_t(T) * size_t(s.E + 1));
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = hash_uniform(35, i, 3.f);
+    const DeviceRouting route(logits, T, s.E, s.k);
+    auto dx = upload_bf16(random_bf16_bits(size_t(T) * size_t(s.H), 1.f, 36));
+    std::vector<float> outs[2][4];
+    for (int v = 0; v < 2; ++v) {
+      const auto kernel = v == 0 ? cuda::MoeSmallKernel::registers : cuda::MoeSmallKernel::streamed;
+      cuda::DeviceBuffer<cuda::bf16> act(size_t(P) * size_t(s.I)), sact(size_t(T) * size_t(s.Is));
+      cuda::DeviceBuffer<float> y(size_t(P) * size_t(s.H)), sout(size_t(T) * size_t(s.H));
+      poison(act);
+      poison(sact);
+      poison(y);
+      poison(sout);
+      cuda::q_moe_small_gate_up(dx.get(), T, s.H, gu.q(), s.I, sgu.q(), s.Is, route.r, act.get(),
+                                sact.get(), nullptr, kernel);
+      cuda::q_moe_small_down(act.get(), s.I, sact.get(), s.Is, dn.q(), sdn.q(), s.H, route.r,
+                             y.get(), sout.get(), nullptr, kernel);
+      LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+      outs[v][0] = download_bf16_as_f32(act);
+      outs[v][1] = download_bf16_as_f32(sact);
+      outs[v][2] = download(y);
+      outs[v][3] = download(sout);
+    }
+    const char* names[4] = {"act", "shared_act", "y", "shared_out"};
+    for (int o = 0; o < 4; ++o) {
+      ASSERT_EQ(outs[0][o].size(), outs[1][o].size());
+      size_t differ = 0;
+      for (size_t i = 0; i < outs[0][o].size(); ++i)
+        differ += std::memcmp(&outs[0][o][i], &outs[1][o][i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << names[o] << ": " << differ << " of " << outs[0][o].size()
+                            << " values differ";
+    }
   }
 }
 
