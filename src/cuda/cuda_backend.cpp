@@ -78,7 +78,6 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
   if (q_gemm_wgmma_available())
     for (int bt : {128, 256})
       for (int splits : {1, 2, 4}) (void)q_gemm_wgmma_max_clusters(bt, splits);
-  if (q_moe_small_streamed_available(4)) q_moe_small_stream_warm();
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const int H = int(c.hidden);
   Workspace& w = *ws_;

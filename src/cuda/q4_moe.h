@@ -84,24 +84,14 @@ void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gat
 //            = shared_act . shared_down^T.
 // Numerics of the decode kernels (q_gemv: exact (128 + q) products, f32 scale and offset per
 // group), not the prefill kernels' bf16 weights. All four matrices at the same bits (4 or 8).
-// Two implementations of the same arithmetic per group (the streamed gate_up adds its groups'
-// partial sums in another order): `registers` (each warp loads its weights into registers; any
-// GPU) and `streamed` (persistent blocks whose producer warp streams them into shared memory with
-// Hopper's bulk copy engine; 4-bit on cc 9.x). `automatic`: streamed where it runs.
+// Two implementations, the same results bit for bit: `registers` (each warp loads its weights
+// into registers; any GPU) and `streamed` (a producer warp per block streams them into shared
+// memory with Hopper's bulk copy engine; 4-bit on cc 9.x). `automatic`: streamed where it runs.
 enum class MoeSmallKernel { automatic, registers, streamed };
 bool q_moe_small_supported(const QMatrix& gate_up, const QMatrix& down,
                            const QMatrix& shared_gate_up, const QMatrix& shared_down);
 // Whether `streamed` runs for weights of `bits` on this GPU.
 bool q_moe_small_streamed_available(int bits);
-// The streamed implementation (q4_moe_small_stream.cu; q_moe_small_* dispatch to it), and its
-// occupancy queries made ahead of any graph capture (the backend calls it at construction).
-void q_moe_stream_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, int I,
-                          const QMatrix& shared_gate_up, int Is, const MoeRouting& r, bf16* act,
-                          bf16* shared_act, cudaStream_t stream);
-void q_moe_stream_down(const bf16* act, int I, const bf16* shared_act, int Is, const QMatrix& down,
-                       const QMatrix& shared_down, int H, const MoeRouting& r, float* y,
-                       float* shared_out, cudaStream_t stream);
-void q_moe_small_stream_warm();
 void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, int I,
                          const QMatrix& shared_gate_up, int Is, const MoeRouting& r, bf16* act,
                          bf16* shared_act, cudaStream_t stream,

@@ -27,6 +27,7 @@
 // expert's act rows (contiguous sorted rows).
 #include <algorithm>
 
+#include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/common.h"
 #include "cuda/q4_moe.h"
@@ -74,10 +75,11 @@ Tiles tiles_of(const MoeRouting& r) {
 // The passes of block (blockIdx.x, blockIdx.z), one after another: the block of routed tile
 // x < max_tiles takes passes z, z + Z, z + 2Z, ... (Z = gridDim.z) of the tile's rows until they
 // end (none when x >= num_tiles); the shared expert (e = E, every token) has its own x-blocks
-// max_tiles, max_tiles + 1, ..., one pass each ((x - max_tiles) Z + z).
-struct PassIter {
+// max_tiles, max_tiles + 1, ..., one pass each ((x - max_tiles) Z + z). PT: tokens per pass.
+template <int PT = kPassTokens>
+struct PassIterT {
   int e = 0, row0 = 0, m = 0, pass = 0, step = 0;
-  __device__ __forceinline__ PassIter(const Tiles& t, int E, int T) {
+  __device__ __forceinline__ PassIterT(const Tiles& t, int E, int T) {
     const int Z = int(gridDim.z), x = int(blockIdx.x);
     if (x < t.max_tiles) {
       if (x < *t.num_tiles) {
@@ -96,13 +98,15 @@ struct PassIter {
   // The tokens of the current pass (sorted rows of a routed tile, or tokens of the shared
   // expert); false when the pass is past them.
   __device__ __forceinline__ bool segment(Segment& s) const {
-    const int base = pass * kPassTokens;
+    const int base = pass * PT;
     if (base >= m) return false;
     s.row0 = row0 + base;
-    s.count = min(kPassTokens, m - base);
+    s.count = min(PT, m - base);
     return true;
   }
 };
+using PassIter = PassIterT<>;  // 8 tokens per pass
+
 
 // Copies the pass's token rows (K bf16 each; row r is x row ids[row0 + r], or row0 + r) into xs
 // [count, K + kXPad] with 16-byte asynchronous copies by the whole block, then waits for them.
@@ -239,6 +243,258 @@ __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
   }
 }
 
+// ---- streamed version (Hopper): the weights through shared memory by the bulk copy engine ----
+//
+// The kernels above hold a set of weights in registers per warp (4 KB per warp, ~16 warps per SM:
+// at most ~64 KB of loads in flight per SM, and each warp's loads and MMAs run in series): 2.8 TB/s
+// for gate_up and 2.3 TB/s for down at 16 rows (ncu, s6). Here one producer warp per block
+// streams the block's weight tiles, S groups at a time, into a ring of R shared-memory slots with
+// `cp.async.bulk` (bulk_copy.cuh), each slot also holding the slice of the pass's token rows that
+// those groups multiply; W consumer warps wait for a slot, run the MMAs of the kernels above
+// (q_group_dot, group by group in the same order: bit-identical results) and release the slot. A
+// block has up to R slots (~22 KB each for gate_up) in flight whatever its registers, and the x
+// rows no longer wait in front of the weights. C 8-token chunks share a slot's weights: passes of
+// 8 C tokens (C = 2 for prompts, where an expert sees ~8 tokens at 256 and more at 512).
+//
+// Slot layout (bytes), tile i = w NT + j (warp w, its tile j), group m < S of the stage, plane p:
+//   codes [i][m][p][512]  (a tile's groups are contiguous in the tiled layout: one copy per tile)
+//   sb    [i][m][64]      (likewise)
+//   x     [token r < 8 C][S * 128 + 16]  (row r's columns of the stage's groups; the 16 bytes of
+//                                         pad put rows 4 banks apart for the B-fragment loads)
+template <int BITS, int NT_, int C_>
+struct StreamCfg {
+  static constexpr int NT = NT_;  // tiles per consumer warp (gate_up: a gate/up pair)
+  static constexpr int C = C_;
+  static constexpr int W = 4;                // consumer warps
+  static constexpr int S = 4;                // groups per stage
+  static constexpr int R = NT == 2 ? 3 : 2;  // ring slots (down: K = 512 is two stages)
+  static constexpr int P = BITS / 4;
+  static constexpr int kTokens = 8 * C;
+  static constexpr int kTiles = W * NT;
+  static constexpr int kCodeBytes = 512 * P;  // per (tile, group)
+  static constexpr int kCodes = kTiles * S * kCodeBytes;
+  static constexpr int kSb = kTiles * S * 64;
+  static constexpr int kXRow = S * 128 + 16;
+  static constexpr int kSlot = kCodes + kSb + kTokens * kXRow;
+  static constexpr int kSmem = R * kSlot + 2 * R * 8;  // the slots, then full and empty barriers
+  static constexpr int kThreads = 32 * (W + 1);
+};
+
+// What a block streams for one pass: Gk groups of x (K = 64 Gk; row r of the pass is x row
+// ids[row0 + r], or row0 + r without ids) against tiles tile0 + y W + w + j step_j of codes/sb
+// for the consumer warps w with y W + w < n_out (y = blockIdx.y; n_out output tiles).
+struct StreamPass {
+  const bf16* x;
+  const int32_t* ids;
+  int Gk;
+  const uint32_t* codes;
+  const uint32_t* sb;
+  int tile0, step_j, n_out;
+};
+
+template <class Cfg>
+__device__ __forceinline__ int stream_valid_warps(const StreamPass& sp) {
+  return max(0, min(Cfg::W, sp.n_out - int(blockIdx.y) * Cfg::W));
+}
+
+// The producer warp: issues stage s (groups [S s, S s + ng)) of a pass into `slot`, lane l taking
+// copies l, l + 32, ...: the valid tiles' codes, their sb, then the pass's x slices.
+template <class Cfg>
+__device__ __forceinline__ void stream_issue(const StreamPass& sp, const Segment& seg, int s,
+                                             unsigned char* slot, uint64_t* full,
+                                             uint64_t policy) {
+  const int lane = threadIdx.x & 31;
+  const int grp0 = s * Cfg::S, ng = min(Cfg::S, sp.Gk - grp0);
+  const int nt = stream_valid_warps<Cfg>(sp) * Cfg::NT;
+  if (lane == 0)
+    bulk::arrive_expect_tx(full, unsigned(nt * ng * (Cfg::kCodeBytes + 64) + seg.count * ng * 128));
+  __syncwarp();
+  for (int c = lane; c < 2 * nt + seg.count; c += 32) {
+    if (c < 2 * nt) {
+      const int i = c < nt ? c : c - nt;
+      const int w = i / Cfg::NT, j = i - w * Cfg::NT;
+      const size_t tile = size_t(sp.tile0 + int(blockIdx.y) * Cfg::W + w + j * sp.step_j);
+      const size_t blk = tile * size_t(sp.Gk) + size_t(grp0);  // (tile, group) block
+      if (c < nt)
+        bulk::copy(slot + i * Cfg::S * Cfg::kCodeBytes, sp.codes + blk * Cfg::P * kQBlockWords,
+                   unsigned(ng * Cfg::kCodeBytes), full, policy);
+      else
+        bulk::copy(slot + Cfg::kCodes + i * Cfg::S * 64, sp.sb + blk * kQSbWords, unsigned(ng * 64),
+                   full, policy);
+    } else {
+      const int r = c - 2 * nt;
+      const int src = sp.ids ? sp.ids[seg.row0 + r] : seg.row0 + r;
+      bulk::copy(slot + Cfg::kCodes + Cfg::kSb + r * Cfg::kXRow,
+                 sp.x + (size_t(src) * size_t(sp.Gk) + size_t(grp0)) * kQGroup, unsigned(ng * 128),
+                 full);
+    }
+  }
+}
+
+// A consumer warp: adds the stage's ng groups of its NT tiles against every chunk of the pass's
+// tokens to y[c] (rows g, g + 8 of tile j x tokens 8 c + 2t, + 1), as set_dot_staged does.
+template <class Cfg, int BITS>
+__device__ __forceinline__ void stream_consume(const unsigned char* slot, int ng, int count,
+                                               float (&y)[Cfg::C][Cfg::NT][4]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint32_t* xs = reinterpret_cast<const uint32_t*>(slot + Cfg::kCodes + Cfg::kSb);
+  constexpr int kXWords = Cfg::kXRow / 4;
+  for (int m = 0; m < ng; ++m) {
+    qtile::QSet<BITS, Cfg::NT, 1> w;
+#pragma unroll
+    for (int j = 0; j < Cfg::NT; ++j) {
+      const int i = warp * Cfg::NT + j;
+      const unsigned char* cb = slot + (i * Cfg::S + m) * Cfg::kCodeBytes;
+#pragma unroll
+      for (int p = 0; p < Cfg::P; ++p)
+        w.cw[j][0][p] = *reinterpret_cast<const uint4*>(cb + p * 512 + lane * 16);
+      w.sbv[j][0] =
+          *reinterpret_cast<const uint2*>(slot + Cfg::kCodes + (i * Cfg::S + m) * 64 + g * 8);
+    }
+#pragma unroll
+    for (int c = 0; c < Cfg::C; ++c) {
+      if (8 * c >= count) break;  // warp-uniform
+      const bool has = 8 * c + g < count;
+      const uint32_t* xr = xs + (8 * c + g) * kXWords + m * 32;
+      uint32_t X[4][2];
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        X[kb][0] = has ? xr[8 * kb + t] : 0u;
+        X[kb][1] = has ? xr[8 * kb + t + 4] : 0u;
+      }
+      qtile::q_group_dot(w, 0, X, y[c]);
+    }
+  }
+}
+
+// The block's loop over its passes, shared by both kernels: warp W produces, warps < W consume
+// and hand each finished pass's accumulators to `store(it, seg, y)`. `pass_of(it)` gives a pass's
+// StreamPass. Producer and consumers walk the same passes and stages, so the ring's slot and
+// round follow from a running stage count.
+template <int BITS, class Cfg, class PassOf, class Store>
+__device__ __forceinline__ void stream_block(const Tiles& tiles, int E, int T, PassOf pass_of,
+                                             Store store) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::R * Cfg::kSlot);
+  uint64_t* empty = full + Cfg::R;
+  const int warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::R; ++s) {
+      bulk::init(&full[s], 1);
+      bulk::init(&empty[s], Cfg::W);
+    }
+    bulk::fence_init();
+  }
+  __syncthreads();
+  Segment seg;
+  int stage = 0;
+  if (warp == Cfg::W) {  // the producer
+    const uint64_t policy = bulk::evict_first_policy();
+    for (PassIterT<Cfg::kTokens> it(tiles, E, T); it.segment(seg); it.pass += it.step) {
+      const StreamPass sp = pass_of(it);
+      for (int s = 0; s * Cfg::S < sp.Gk; ++s, ++stage) {
+        const int slot = stage % Cfg::R, round = stage / Cfg::R;
+        if (round > 0) bulk::wait(&empty[slot], unsigned(round - 1) & 1u);
+        stream_issue<Cfg>(sp, seg, s, smem + slot * Cfg::kSlot, &full[slot], policy);
+      }
+    }
+    return;
+  }
+  for (PassIterT<Cfg::kTokens> it(tiles, E, T); it.segment(seg); it.pass += it.step) {
+    const StreamPass sp = pass_of(it);
+    const bool valid = warp < stream_valid_warps<Cfg>(sp);
+    float y[Cfg::C][Cfg::NT][4] = {};
+    for (int s = 0; s * Cfg::S < sp.Gk; ++s, ++stage) {
+      const int slot = stage % Cfg::R, round = stage / Cfg::R;
+      bulk::wait(&full[slot], unsigned(round) & 1u);
+      if (valid)
+        stream_consume<Cfg, BITS>(smem + slot * Cfg::kSlot, min(Cfg::S, sp.Gk - s * Cfg::S),
+                                  seg.count, y);
+      __syncwarp();
+      if ((threadIdx.x & 31) == 0) bulk::arrive(&empty[slot]);
+    }
+    if (valid) store(it, seg, y);
+  }
+}
+
+template <int BITS, int C>
+__global__ void __launch_bounds__(StreamCfg<BITS, 2, C>::kThreads)
+    q_moe_stream_gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
+                                QMatrix shared_gate_up, int Is, Tiles tiles,
+                                const int32_t* __restrict__ sorted_token, int E, int T,
+                                bf16* __restrict__ act, bf16* __restrict__ shared_act) {
+  using Cfg = StreamCfg<BITS, 2, C>;
+  const int G = H / kQGroup;
+  auto pass_of = [=](const PassIterT<Cfg::kTokens>& it) {
+    const bool shared = it.e == E;
+    const int P = (shared ? Is : I) / kQTileRows;  // gate tiles (= up tiles)
+    return StreamPass{x,
+                      shared ? nullptr : sorted_token,
+                      G,
+                      shared ? shared_gate_up.codes : gate_up.codes,
+                      shared ? shared_gate_up.sb : gate_up.sb,
+                      shared ? 0 : it.e * 2 * P,
+                      P,
+                      P};
+  };
+  auto store = [=](const PassIterT<Cfg::kTokens>& it, const Segment& seg,
+                   const float (&y)[Cfg::C][2][4]) {
+    const bool shared = it.e == E;
+    const int n = shared ? Is : I;
+    bf16* out = shared ? shared_act : act;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int p = int(blockIdx.y) * Cfg::W + (threadIdx.x >> 5);
+#pragma unroll
+    for (int c = 0; c < Cfg::C; ++c)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int tok = 8 * c + 2 * t + (q & 1);
+        if (tok >= seg.count) continue;
+        const int i = p * kQTileRows + g + (q < 2 ? 0 : 8);
+        out[size_t(seg.row0 + tok) * size_t(n) + i] =
+            __float2bfloat16_rn(silu(y[c][0][q]) * y[c][1][q]);
+      }
+  };
+  stream_block<BITS, Cfg>(tiles, E, T, pass_of, store);
+}
+
+template <int BITS, int C>
+__global__ void __launch_bounds__(StreamCfg<BITS, 1, C>::kThreads)
+    q_moe_stream_down_kernel(const bf16* __restrict__ act, int I,
+                             const bf16* __restrict__ shared_act, int Is, QMatrix down,
+                             QMatrix shared_down, int H, Tiles tiles, int E, int T,
+                             float* __restrict__ y, float* __restrict__ shared_out) {
+  using Cfg = StreamCfg<BITS, 1, C>;
+  const int TH = H / kQTileRows;
+  auto pass_of = [=](const PassIterT<Cfg::kTokens>& it) {
+    const bool shared = it.e == E;
+    return StreamPass{shared ? shared_act : act,
+                      nullptr,
+                      (shared ? Is : I) / kQGroup,
+                      shared ? shared_down.codes : down.codes,
+                      shared ? shared_down.sb : down.sb,
+                      shared ? 0 : it.e * TH,
+                      0,
+                      TH};
+  };
+  auto store = [=](const PassIterT<Cfg::kTokens>& it, const Segment& seg,
+                   const float (&acc)[Cfg::C][1][4]) {
+    float* out = it.e == E ? shared_out : y;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int th = int(blockIdx.y) * Cfg::W + (threadIdx.x >> 5);
+#pragma unroll
+    for (int c = 0; c < Cfg::C; ++c)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int tok = 8 * c + 2 * t + (q & 1);
+        if (tok >= seg.count) continue;
+        out[size_t(seg.row0 + tok) * size_t(H) + th * kQTileRows + g + (q < 2 ? 0 : 8)] =
+            acc[c][0][q];
+      }
+  };
+  stream_block<BITS, Cfg>(tiles, E, T, pass_of, store);
+}
+
 // Passes per tile in the grid (its z): three times the mean tokens per expert, at least 2 passes,
 // at most a tile's (16) or the tokens' (T / 8). Run 1 of 2026-12-02 measured a 256-token chunk's
 // grid of 32 passes (263,000 blocks of the down kernel, nearly all exiting at once) at 9.1 ms per
@@ -255,6 +511,21 @@ int grid_passes(int T, int E, int k) {
 unsigned grid_x(const MoeRouting& r, int Z) {
   return unsigned(r.max_tiles + ceil_div(ceil_div(r.T, kPassTokens), Z));
 }
+
+// The streamed kernels' grid z: as many passes as the mean tokens per touched expert need (an
+// expert past them loops; its weights come again from L2 or DRAM), at least 1. With weights in a
+// shared-memory ring a block with no pass costs a launch slot but no weight traffic.
+int stream_grid_passes(int T, int E, int k, int pass_tokens) {
+  const int all = std::min(ceil_div(T, pass_tokens), ceil_div(kMoeTileRows, pass_tokens));
+  return std::min(all, std::max(1, ceil_div(T * k, E * pass_tokens)));
+}
+
+unsigned stream_grid_x(const MoeRouting& r, int Z, int pass_tokens) {
+  return unsigned(r.max_tiles + ceil_div(ceil_div(r.T, pass_tokens), Z));
+}
+
+// 8-token chunks per pass: 1 for batched decode (~1-2 tokens per touched expert), 2 for prompts.
+constexpr int kStreamDecodeMaxT = 64;
 
 // Opts a kernel in to `bytes` of dynamic shared memory when past the default 48 KB.
 template <class Kernel>
@@ -279,6 +550,36 @@ void check_matrix(const char* what, const QMatrix& m, int64_t rows, int cols, in
   if (m.rows != rows || m.cols != cols || m.bits != bits)
     fail("cuda::{}: weights [{}, {}] at {} bits, expected [{}, {}] at {}", what, m.rows, m.cols,
          m.bits, rows, cols, bits);
+}
+
+// Streamed launches: grid x = routed tiles, then the shared expert's blocks; y = groups of W
+// output tiles; z = passes (stream_grid_passes).
+template <int C>
+void launch_stream_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, int I,
+                           const QMatrix& shared_gate_up, int Is, const MoeRouting& r, bf16* act,
+                           bf16* shared_act, cudaStream_t stream) {
+  using Cfg = StreamCfg<4, 2, C>;
+  const int Z = stream_grid_passes(T, r.E, r.k, Cfg::kTokens);
+  const dim3 grid(stream_grid_x(r, Z, Cfg::kTokens),
+                  unsigned(ceil_div(std::max(I, Is) / kQTileRows, Cfg::W)), unsigned(Z));
+  allow_smem(q_moe_stream_gate_up_kernel<4, C>, Cfg::kSmem);
+  q_moe_stream_gate_up_kernel<4, C><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(
+      x, H, gate_up, I, shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
+  LILAC_CUDA_LAUNCHED();
+}
+
+template <int C>
+void launch_stream_down(const bf16* act, int I, const bf16* shared_act, int Is,
+                        const QMatrix& down, const QMatrix& shared_down, int H, const MoeRouting& r,
+                        float* y, float* shared_out, cudaStream_t stream) {
+  using Cfg = StreamCfg<4, 1, C>;
+  const int Z = stream_grid_passes(r.T, r.E, r.k, Cfg::kTokens);
+  const dim3 grid(stream_grid_x(r, Z, Cfg::kTokens), unsigned(ceil_div(H / kQTileRows, Cfg::W)),
+                  unsigned(Z));
+  allow_smem(q_moe_stream_down_kernel<4, C>, Cfg::kSmem);
+  q_moe_stream_down_kernel<4, C><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(
+      act, I, shared_act, Is, down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
+  LILAC_CUDA_LAUNCHED();
 }
 
 bool use_streamed(MoeSmallKernel kernel, int bits) {
@@ -315,7 +616,10 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   check_matrix("q_moe_small_gate_up (shared)", shared_gate_up, 2 * Is, H, bits);
   if (!x || !act || !shared_act) fail("cuda::q_moe_small_gate_up: null pointer");
   if (use_streamed(kernel, bits)) {
-    q_moe_stream_gate_up(x, T, H, gate_up, I, shared_gate_up, Is, r, act, shared_act, stream);
+    if (T <= kStreamDecodeMaxT)
+      launch_stream_gate_up<1>(x, T, H, gate_up, I, shared_gate_up, Is, r, act, shared_act, stream);
+    else
+      launch_stream_gate_up<2>(x, T, H, gate_up, I, shared_gate_up, Is, r, act, shared_act, stream);
     return;
   }
   const int Z = grid_passes(T, r.E, r.k);
@@ -344,7 +648,10 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   check_matrix("q_moe_small_down (shared)", shared_down, H, Is, bits);
   if (!act || !shared_act || !y || !shared_out) fail("cuda::q_moe_small_down: null pointer");
   if (use_streamed(kernel, bits)) {
-    q_moe_stream_down(act, I, shared_act, Is, down, shared_down, H, r, y, shared_out, stream);
+    if (r.T <= kStreamDecodeMaxT)
+      launch_stream_down<1>(act, I, shared_act, Is, down, shared_down, H, r, y, shared_out, stream);
+    else
+      launch_stream_down<2>(act, I, shared_act, Is, down, shared_down, H, r, y, shared_out, stream);
     return;
   }
   const int Z = grid_passes(r.T, r.E, r.k);

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -195,12 +194,11 @@ TEST(Q4MoeSmall, AwkwardTokensPerExpert) {
   }
 }
 
-// The streamed kernels do the registers kernels' arithmetic per group; gate_up adds its groups in
-// another order (four warps' partial sums), so act may differ in its last bf16 bit and y by what
-// that moves. Every value is compared: a misplaced row or tile would be off by the values' own
-// size. Real shape at decode and prompt sizes (T 256: 16-token passes, the shared expert's 16
-// passes), the tiny shape's partial stages (H 128: 2 groups of a 4-group stage, I 64: one item).
-TEST(Q4MoeSmall, StreamedMatchesRegisters) {
+// The streamed kernels do the registers kernels' arithmetic in the same order: their outputs agree
+// bit for bit (so the batch-equals-single tests hold whichever runs). Real shape at decode and
+// prompt sizes, the tiny shape's partial stages (H 128: 2 groups of a 4-group stage), and a
+// 70-token expert (several 16-token passes).
+TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
   LILAC_REQUIRE_GPU();
   ASSERT_TRUE(cuda::q_moe_small_streamed_available(4)) << "the streamed kernels need a cc 9.x GPU";
   struct Case {
@@ -242,27 +240,12 @@ TEST(Q4MoeSmall, StreamedMatchesRegisters) {
     }
     const char* names[4] = {"act", "shared_act", "y", "shared_out"};
     for (int o = 0; o < 4; ++o) {
-      const std::vector<float>&a = outs[0][o], &b = outs[1][o];
-      ASSERT_EQ(a.size(), b.size());
-      double ss = 0;
-      for (float v : a) ss += double(v) * v;
-      const double rms = std::sqrt(ss / double(a.size()));
-      ASSERT_GT(rms, 0.0) << names[o];
-      size_t bad = 0, differ = 0;
-      double worst = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        const double d = std::fabs(double(a[i]) - double(b[i]));
-        differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-        // act: one bf16 ulp of the value; y: an f32 sum of 512 products of act values that
-        // moved by up to an ulp.
-        const double tol = o < 2 ? std::fabs(double(a[i])) / 128 + 1e-6 * rms : 1e-2 * rms;
-        if (!(d <= tol)) ++bad;
-        worst = std::max(worst, d / rms);
-      }
-      EXPECT_EQ(bad, 0u) << names[o] << ": " << bad << " of " << a.size()
-                         << " values out of tolerance (worst |diff| / rms " << worst << ")";
-      std::printf("  T %d %s: %zu of %zu values differ, worst |diff| / rms %.2e\n", T, names[o],
-                  differ, a.size(), worst);
+      ASSERT_EQ(outs[0][o].size(), outs[1][o].size());
+      size_t differ = 0;
+      for (size_t i = 0; i < outs[0][o].size(); ++i)
+        differ += std::memcmp(&outs[0][o][i], &outs[1][o][i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << names[o] << ": " << differ << " of " << outs[0][o].size()
+                            << " values differ";
     }
   }
 }
