@@ -52,8 +52,8 @@ struct CudaOptions {
   int small_moe_max_tokens = 64;
   int small_moe_prefill_max_tokens = 512;
   // Which implementation of the small-M kernels (q4_moe.h): automatic = streamed (bulk copies
-  // into shared memory) for 4-bit on Hopper, else registers. LILAC_SMALL_MOE_KERNEL=registers|
-  // streamed (A/B runs).
+  // into shared memory) for 4-bit prompt chunks on Hopper, else registers.
+  // LILAC_SMALL_MOE_KERNEL=registers|streamed|auto (A/B runs).
   MoeSmallKernel small_moe_kernel = MoeSmallKernel::automatic;
   static CudaOptions from_environment();
 };

@@ -267,7 +267,9 @@ struct StreamCfg {
   static constexpr int C = C_;
   static constexpr int W = 4;                // consumer warps
   static constexpr int S = 4;                // groups per stage
-  static constexpr int R = NT == 2 ? 3 : 2;  // ring slots (down: K = 512 is two stages)
+  // Ring slots (down: K = 512 is two stages); gate_up's 32-token slots (35 KB) two, so that three
+  // blocks fit on an SM.
+  static constexpr int R = NT == 2 ? (C_ == 4 ? 2 : 3) : 2;
   static constexpr int P = BITS / 4;
   static constexpr int kTokens = 8 * C;
   static constexpr int kTiles = W * NT;
@@ -524,8 +526,11 @@ unsigned stream_grid_x(const MoeRouting& r, int Z, int pass_tokens) {
   return unsigned(r.max_tiles + ceil_div(ceil_div(r.T, pass_tokens), Z));
 }
 
-// 8-token chunks per pass: 1 for batched decode (~1-2 tokens per touched expert), 2 for prompts.
+// 8-token chunks per pass: 1 for batched decode (~1-2 tokens per touched expert), 2 for prompts
+// up to 256 tokens (~8 per expert), 4 above (~16 per expert at 512: one pass of 32 reads an
+// expert's weights once where passes of 16 read half of them twice).
 constexpr int kStreamDecodeMaxT = 64;
+constexpr int kStreamC2MaxT = 256;
 
 // Opts a kernel in to `bytes` of dynamic shared memory when past the default 48 KB.
 template <class Kernel>
@@ -582,7 +587,12 @@ void launch_stream_down(const bf16* act, int I, const bf16* shared_act, int Is,
   LILAC_CUDA_LAUNCHED();
 }
 
-bool use_streamed(MoeSmallKernel kernel, int bits) {
+// automatic: streamed for prompt chunks (T > 64) only. Measured on the H200 (s8 run 2, A/B): the
+// 256- and 512-token prefills 14,355 -> 14,858 and 17,242 -> 19,137 tok/s (the 16-token passes
+// read an expert's weights once where the register kernels' 8-token passes read them twice),
+// while the batched decode passes were no faster (16 rows 5.82 -> 5.89 ms per step, 64 rows
+// 11.58 -> 11.54).
+bool use_streamed(MoeSmallKernel kernel, int bits, int T) {
   if (kernel == MoeSmallKernel::registers) return false;
   if (kernel == MoeSmallKernel::streamed) {
     if (!q_moe_small_streamed_available(bits))
@@ -590,7 +600,7 @@ bool use_streamed(MoeSmallKernel kernel, int bits) {
            bits);
     return true;
   }
-  return q_moe_small_streamed_available(bits);
+  return T > kStreamDecodeMaxT && q_moe_small_streamed_available(bits);
 }
 
 }  // namespace
@@ -615,11 +625,13 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   check_matrix("q_moe_small_gate_up", gate_up, int64_t(r.E) * 2 * I, H, bits);
   check_matrix("q_moe_small_gate_up (shared)", shared_gate_up, 2 * Is, H, bits);
   if (!x || !act || !shared_act) fail("cuda::q_moe_small_gate_up: null pointer");
-  if (use_streamed(kernel, bits)) {
+  if (use_streamed(kernel, bits, T)) {
     if (T <= kStreamDecodeMaxT)
       launch_stream_gate_up<1>(x, T, H, gate_up, I, shared_gate_up, Is, r, act, shared_act, stream);
-    else
+    else if (T <= kStreamC2MaxT)
       launch_stream_gate_up<2>(x, T, H, gate_up, I, shared_gate_up, Is, r, act, shared_act, stream);
+    else
+      launch_stream_gate_up<4>(x, T, H, gate_up, I, shared_gate_up, Is, r, act, shared_act, stream);
     return;
   }
   const int Z = grid_passes(T, r.E, r.k);
@@ -647,11 +659,13 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   check_matrix("q_moe_small_down", down, int64_t(r.E) * H, I, bits);
   check_matrix("q_moe_small_down (shared)", shared_down, H, Is, bits);
   if (!act || !shared_act || !y || !shared_out) fail("cuda::q_moe_small_down: null pointer");
-  if (use_streamed(kernel, bits)) {
+  if (use_streamed(kernel, bits, r.T)) {
     if (r.T <= kStreamDecodeMaxT)
       launch_stream_down<1>(act, I, shared_act, Is, down, shared_down, H, r, y, shared_out, stream);
-    else
+    else if (r.T <= kStreamC2MaxT)
       launch_stream_down<2>(act, I, shared_act, Is, down, shared_down, H, r, y, shared_out, stream);
+    else
+      launch_stream_down<4>(act, I, shared_act, Is, down, shared_down, H, r, y, shared_out, stream);
     return;
   }
   const int Z = grid_passes(r.T, r.E, r.k);

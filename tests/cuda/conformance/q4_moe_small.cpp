@@ -196,8 +196,8 @@ TEST(Q4MoeSmall, AwkwardTokensPerExpert) {
 
 // The streamed kernels do the registers kernels' arithmetic in the same order: their outputs agree
 // bit for bit (so the batch-equals-single tests hold whichever runs). Real shape at decode and
-// prompt sizes, the tiny shape's partial stages (H 128: 2 groups of a 4-group stage), and a
-// 70-token expert (several 16-token passes).
+// prompt sizes (8-, 16- and 32-token passes: T 16 and 64, 256, 512), the tiny shape's partial
+// stages (H 128: 2 groups of a 4-group stage) and its experts of many passes (T 300).
 TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
   LILAC_REQUIRE_GPU();
   ASSERT_TRUE(cuda::q_moe_small_streamed_available(4)) << "the streamed kernels need a cc 9.x GPU";
@@ -206,7 +206,8 @@ TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
     int T;
   };
   for (const Case& c : {Case{{2048, 256, 8, 512, 512, 4}, 16}, Case{{2048, 256, 8, 512, 512, 4}, 64},
-                        Case{{2048, 256, 8, 512, 512, 4}, 256}, Case{{128, 16, 4, 64, 64, 4}, 37},
+                        Case{{2048, 256, 8, 512, 512, 4}, 256}, Case{{2048, 256, 8, 512, 512, 4}, 512},
+                        Case{{128, 16, 4, 64, 64, 4}, 37},
                         Case{{128, 16, 4, 64, 64, 4}, 300}}) {
     const Shape& s = c.s;
     const int T = c.T, P = T * s.k;
