@@ -504,9 +504,12 @@ __global__ void __launch_bounds__(StreamCfg<BITS, 1, C>::kThreads)
 // has ceil(passes / Z) x-blocks of its own, one pass each. Up to s6 a batch of at most 64 rows
 // took every pass (8 at 64 rows, for ~2 tokens per expert); now 2 (an expert with more than 16 of
 // the rows loops).
+// Batched decode (T <= 64) takes at least 1 (s8): at 16 rows an expert sees ~1.25 tokens, and the
+// second z-slice of 2 was blocks that exit at once (half of a 2,064-block grid, 3.9 waves).
 int grid_passes(int T, int E, int k) {
   const int all = std::min(ceil_div(T, kPassTokens), ceil_div(kMoeTileRows, kPassTokens));
-  return std::min(all, std::max(2, ceil_div(3 * T * k, E * kPassTokens)));
+  const int least = T <= 64 ? 1 : 2;
+  return std::min(all, std::max(least, ceil_div(3 * T * k, E * kPassTokens)));
 }
 
 // Routed tiles (max_tiles), then the shared expert's blocks (its passes in groups of Z).
