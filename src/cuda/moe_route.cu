@@ -18,10 +18,10 @@
 //     counts ceil(n_e / 128) (-> the tile table in expert order, num_tiles).
 //  4. moe_scatter_kernel: pos = offsets[e] + chunk_base[c][e] + rank -> sorted_token,
 //     sorted_weight, pair_position. Deterministic: no atomics anywhere.
-// Small batches (T k <= 1024 pairs, E <= 256: up to 128 tokens at k = 8) take all four steps in
-// one block instead (moe_route_block_kernel below): one launch instead of four. Until s8 the bound
-// was also T <= 32 (a warp per token in one pass); the warps loop over the tokens, and the 64-row
-// batched decode step took the four launches (19 us per layer against 12 at 16 rows).
+// Small batches (T <= 32 tokens, T k <= 1024 pairs, E <= 256) take all four steps in one block
+// instead (moe_route_block_kernel below): one launch instead of four. (s8 run 8 tried the block up
+// to 1,024 pairs, its warps looping over the tokens: at 64 rows it was slower than the four
+// launches, 19 -> 26 us per layer, and was taken back.)
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -366,7 +366,7 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
   if (E > 512 || k > 32 || stride < E)
     fail("moe_route: E {} (<= 512), k {} (<= 32), stride {}", E, k, stride);
   const int P = T * k;
-  if (P <= kBlockPairs && E <= kBlockExperts) {
+  if (T <= kBlockPairs / 32 && P <= kBlockPairs && E <= kBlockExperts) {
     if (E <= 128)
       moe_route_block_kernel<4>
           <<<1, kBlockPairs, 0, stream>>>(logits, stride, T, E, k, kMoeTileRows, r);

@@ -504,11 +504,13 @@ __global__ void __launch_bounds__(StreamCfg<BITS, 1, C>::kThreads)
 // has ceil(passes / Z) x-blocks of its own, one pass each. Up to s6 a batch of at most 64 rows
 // took every pass (8 at 64 rows, for ~2 tokens per expert); now 2 (an expert with more than 16 of
 // the rows loops).
-// Batched decode (T <= 64) takes at least 1 (s8): at 16 rows an expert sees ~1.25 tokens, and the
-// second z-slice of 2 was blocks that exit at once (half of a 2,064-block grid, 3.9 waves).
+// Batches of up to 32 rows take at least 1 (s8 run 8): at 16 rows an expert sees ~1.25 tokens,
+// and the second z-slice of 2 was blocks that exit at once (half of a 2,064-block grid): the
+// 16-row down kernel 1.10 -> 1.01 ms per pass, engine c=16 2,755 -> 2,837 tok/s. At 64 rows one
+// slice was slower (gate_up 3.23 -> 3.53 ms: experts of 9-16 rows loop), so 33-64 rows keep 2.
 int grid_passes(int T, int E, int k) {
   const int all = std::min(ceil_div(T, kPassTokens), ceil_div(kMoeTileRows, kPassTokens));
-  const int least = T <= 64 ? 1 : 2;
+  const int least = T <= 32 ? 1 : 2;
   return std::min(all, std::max(least, ceil_div(3 * T * k, E * kPassTokens)));
 }
 
