@@ -107,7 +107,6 @@ struct PassIterT {
 };
 using PassIter = PassIterT<>;  // 8 tokens per pass
 
-
 // Copies the pass's token rows (K bf16 each; row r is x row ids[row0 + r], or row0 + r) into xs
 // [count, K + kXPad] with 16-byte asynchronous copies by the whole block, then waits for them.
 __device__ __forceinline__ void stage_x(const bf16* __restrict__ x, int K,
@@ -265,8 +264,8 @@ template <int BITS, int NT_, int C_>
 struct StreamCfg {
   static constexpr int NT = NT_;  // tiles per consumer warp (gate_up: a gate/up pair)
   static constexpr int C = C_;
-  static constexpr int W = 4;                // consumer warps
-  static constexpr int S = 4;                // groups per stage
+  static constexpr int W = 4;  // consumer warps
+  static constexpr int S = 4;  // groups per stage
   // Ring slots (down: K = 512 is two stages); gate_up's 32-token slots (35 KB) two, so that three
   // blocks fit on an SM.
   static constexpr int R = NT == 2 ? (C_ == 4 ? 2 : 3) : 2;
@@ -303,8 +302,7 @@ __device__ __forceinline__ int stream_valid_warps(const StreamPass& sp) {
 // copies l, l + 32, ...: the valid tiles' codes, their sb, then the pass's x slices.
 template <class Cfg>
 __device__ __forceinline__ void stream_issue(const StreamPass& sp, const Segment& seg, int s,
-                                             unsigned char* slot, uint64_t* full,
-                                             uint64_t policy) {
+                                             unsigned char* slot, uint64_t* full, uint64_t policy) {
   const int lane = threadIdx.x & 31;
   const int grp0 = s * Cfg::S, ng = min(Cfg::S, sp.Gk - grp0);
   const int nt = stream_valid_warps<Cfg>(sp) * Cfg::NT;
@@ -440,7 +438,7 @@ __global__ void __launch_bounds__(StreamCfg<BITS, 2, C>::kThreads)
                       P};
   };
   auto store = [=](const PassIterT<Cfg::kTokens>& it, const Segment& seg,
-                   const float (&y)[Cfg::C][2][4]) {
+                   const float(&y)[Cfg::C][2][4]) {
     const bool shared = it.e == E;
     const int n = shared ? Is : I;
     bf16* out = shared ? shared_act : act;
@@ -480,7 +478,7 @@ __global__ void __launch_bounds__(StreamCfg<BITS, 1, C>::kThreads)
                       TH};
   };
   auto store = [=](const PassIterT<Cfg::kTokens>& it, const Segment& seg,
-                   const float (&acc)[Cfg::C][1][4]) {
+                   const float(&acc)[Cfg::C][1][4]) {
     float* out = it.e == E ? shared_out : y;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int th = int(blockIdx.y) * Cfg::W + (threadIdx.x >> 5);
@@ -579,9 +577,9 @@ void launch_stream_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, 
 }
 
 template <int C>
-void launch_stream_down(const bf16* act, int I, const bf16* shared_act, int Is,
-                        const QMatrix& down, const QMatrix& shared_down, int H, const MoeRouting& r,
-                        float* y, float* shared_out, cudaStream_t stream) {
+void launch_stream_down(const bf16* act, int I, const bf16* shared_act, int Is, const QMatrix& down,
+                        const QMatrix& shared_down, int H, const MoeRouting& r, float* y,
+                        float* shared_out, cudaStream_t stream) {
   using Cfg = StreamCfg<4, 1, C>;
   const int Z = stream_grid_passes(r.T, r.E, r.k, Cfg::kTokens);
   const dim3 grid(stream_grid_x(r, Z, Cfg::kTokens), unsigned(ceil_div(H / kQTileRows, Cfg::W)),

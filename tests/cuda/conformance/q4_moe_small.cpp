@@ -205,10 +205,10 @@ TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
     Shape s;
     int T;
   };
-  for (const Case& c : {Case{{2048, 256, 8, 512, 512, 4}, 16}, Case{{2048, 256, 8, 512, 512, 4}, 64},
-                        Case{{2048, 256, 8, 512, 512, 4}, 256}, Case{{2048, 256, 8, 512, 512, 4}, 512},
-                        Case{{128, 16, 4, 64, 64, 4}, 37},
-                        Case{{128, 16, 4, 64, 64, 4}, 300}}) {
+  for (const Case& c :
+       {Case{{2048, 256, 8, 512, 512, 4}, 16}, Case{{2048, 256, 8, 512, 512, 4}, 64},
+        Case{{2048, 256, 8, 512, 512, 4}, 256}, Case{{2048, 256, 8, 512, 512, 4}, 512},
+        Case{{128, 16, 4, 64, 64, 4}, 37}, Case{{128, 16, 4, 64, 64, 4}, 300}}) {
     const Shape& s = c.s;
     const int T = c.T, P = T * s.k;
     SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(s.H));
