@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
     }
   }
   const std::vector<Op> ops = {gdn_decode_op(), attention_decode_op(), q_gemv_rows_op(),
-                               q_gemm_op(),     q_moe_grouped_op(),    sampling_op()};
+                               q_gemm_op(),     q_moe_grouped_op(),    q_moe_small_op(),
+                               sampling_op()};
   bool known = only_op.empty();
   for (const Op& op : ops) known = known || only_op == op.name;
   if (!known) {

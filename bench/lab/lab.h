@@ -45,6 +45,7 @@ Op attention_decode_op();
 Op q_gemv_rows_op();
 Op q_gemm_op();
 Op q_moe_grouped_op();
+Op q_moe_small_op();
 Op sampling_op();
 
 // ---- helpers shared by the ops -------------------------------------------------------------
