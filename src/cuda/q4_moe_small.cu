@@ -25,6 +25,12 @@
 // round trip per group. gate_up: the warp holds the gate tile p and the up tile P + p of its expert
 // and writes act = bf16(silu(g) u) directly; down: one 16-row tile of down_e per warp against the
 // expert's act rows (contiguous sorted rows).
+//
+// Two implementations of this grid (MoeSmallKernel, q4_moe.h): the "registers" kernels just
+// described, and the "streamed" ones further down (Hopper, 4-bit: a producer warp streams the
+// weights and x slices into shared memory with the bulk copy engine; passes of 16 or 32 tokens),
+// which the launchers take for prompt chunks (T > 64). The kernel lab times both
+// (bench/lab/q_moe_small).
 #include <algorithm>
 
 #include "cuda/bulk_copy.cuh"
