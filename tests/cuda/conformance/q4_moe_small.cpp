@@ -262,6 +262,22 @@ TEST(Q4MoeSmall, BadArgumentsThrow) {
   auto* a = reinterpret_cast<cuda::bf16*>(uintptr_t(256));
   EXPECT_THROW(cuda::q_moe_small_gate_up(x, 4, 2048, q, 512, q, 512, none, a, a, nullptr),
                Error);  // routing not laid out
+  // The streamed kernels asked for 8-bit weights: refused before any launch (the routing and the
+  // matrices are well formed, so the refusal is the kernel choice's).
+  LILAC_REQUIRE_GPU();
+  auto* i32 = reinterpret_cast<int32_t*>(uintptr_t(256));
+  cuda::MoeRouting r;
+  r.T = 4, r.E = 256, r.k = 8, r.max_tiles = 32;
+  r.expert_offsets = r.sorted_token = r.tile_expert = r.tile_row0 = r.num_tiles = i32;
+  cuda::QMatrix q8{q.codes, q.sb, 256 * 1024, 2048, 8}, s8{q.codes, q.sb, 1024, 2048, 8};
+  cuda::QMatrix d8{q.codes, q.sb, 256 * 2048, 512, 8}, sd8{q.codes, q.sb, 2048, 512, 8};
+  auto* f = reinterpret_cast<float*>(uintptr_t(256));
+  EXPECT_THROW(cuda::q_moe_small_gate_up(x, 4, 2048, q8, 512, s8, 512, r, a, a, nullptr,
+                                         cuda::MoeSmallKernel::streamed),
+               Error);
+  EXPECT_THROW(cuda::q_moe_small_down(a, 512, a, 512, d8, sd8, 2048, r, f, f, nullptr,
+                                      cuda::MoeSmallKernel::streamed),
+               Error);
 }
 
 }  // namespace
