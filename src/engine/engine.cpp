@@ -206,6 +206,7 @@ void Engine::worker() {
     // Admission: queued requests join the running batch while slots are free (FIFO).
     std::vector<std::unique_ptr<Job>> admitted;
     bool stopping = false;
+    if (running_ == 0) last_step_end_.reset();  // the wait below is idle time, not overhead
     {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || running_ > 0; });
@@ -258,10 +259,18 @@ void Engine::worker() {
     metrics_.steps_total++;
     if (takers > 0) metrics_.batch_size.observe(takers);
     std::vector<StepResult> results;
+    const auto step_start = Clock::now();
+    if (last_step_end_)
+      metrics_.step_gap_seconds.observe(
+          std::chrono::duration<double>(step_start - *last_step_end_).count());
+    last_step_end_.reset();
     try {
       results = backend_.step_batch(items);
       if (results.size() != items.size())
         fail("step_batch returned {} results for {} items", results.size(), items.size());
+      last_step_end_ = Clock::now();
+      metrics_.step_seconds.observe(
+          std::chrono::duration<double>(*last_step_end_ - step_start).count());
     } catch (const DeviceFault& e) {
       // A sticky device error: this process cannot compute any more (docs/hardening.md). Fail
       // this batch, remember the reason (/health turns 503), drop the snapshots.
@@ -441,14 +450,14 @@ void Engine::apply(Slot& s, const Planned& p, StepResult& r) {
                       rq.prompt.begin() + std::ptrdiff_t(run.prompt_pos + p.n));
     run.prompt_pos += p.n;
     if (run.mark < run.marks.size() && run.prompt_pos == run.marks[run.mark]) {
-      cache_.store(*s.state, s.consumed);
+      store_snapshot(*s.state, s.consumed);
       ++run.mark;
     }
     if (run.prompt_pos < rq.prompt.size()) return;
     // The last piece: the first token.
     run.res.prefill_s = seconds_since(run.admitted);
     metrics_.time_to_first_token.observe(run.res.prefill_s);
-    cache_.store(*s.state, s.consumed);  // the snapshot "after the prompt"
+    store_snapshot(*s.state, s.consumed);  // the snapshot "after the prompt"
     run.decoding = true;
     run.decode_start = run.last_token_at = Clock::now();
   } else {
@@ -496,6 +505,13 @@ void Engine::take(Slot& s, int32_t token, float logprob,
   run.pending = token;
 }
 
+void Engine::store_snapshot(const SequenceState& state, const std::vector<int32_t>& tokens) {
+  if (!cache_.enabled()) return;
+  const auto t0 = Clock::now();
+  cache_.store(state, tokens);
+  metrics_.snapshot_seconds.observe(seconds_since(t0));
+}
+
 // The request leaves its slot. The slot keeps its state and the ids it consumed (a next prompt
 // that extends them continues it), except after a failure.
 void Engine::finish(Slot& s, FinishReason reason, const std::string& error) {
@@ -525,7 +541,7 @@ void Engine::finish(Slot& s, FinishReason reason, const std::string& error) {
   if (s.state && run.decoding && reason != FinishReason::Cancelled &&
       reason != FinishReason::Error) {
     try {
-      cache_.store(*s.state, s.consumed);
+      store_snapshot(*s.state, s.consumed);
     } catch (const std::exception&) {
       // No snapshot (out of memory for the copy): the answer stands.
     }

@@ -150,6 +150,8 @@ class Engine {
   void take(Slot& slot, int32_t token, float logprob, std::vector<std::pair<int32_t, float>> top);
   void finish(Slot& slot, FinishReason reason, const std::string& error = {});
   void complete(std::unique_ptr<Job> job, GenerationResult result);
+  // cache_.store, timed into metrics_.snapshot_seconds.
+  void store_snapshot(const SequenceState& state, const std::vector<int32_t>& tokens);
 
   Backend& backend_;
   const Tokenizer& tokenizer_;
@@ -166,6 +168,9 @@ class Engine {
   std::vector<Planned> plan_;
   std::vector<Slot*> reading_;
   std::vector<BatchItem> items_;
+  // The end of the last step while sequences ran (for metrics_.step_gap_seconds); cleared when
+  // the worker goes idle, so that idle time is not counted as overhead.
+  std::optional<std::chrono::steady_clock::time_point> last_step_end_;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

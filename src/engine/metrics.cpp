@@ -62,6 +62,11 @@ std::string Metrics::render(size_t queue_length, size_t running) const {
                                     "Time between generated tokens");
   s += queue_time.render("lilac_queue_time_seconds", "Time requests waited in the queue");
   s += batch_size.render("lilac_batch_size", "Sequences that took a token per step (decode steps)");
+  s += step_seconds.render("lilac_step_seconds", "Time of the backend's batched step call");
+  s += step_gap_seconds.render(
+      "lilac_step_gap_seconds",
+      "Engine time between consecutive steps while sequences run (host overhead per step)");
+  s += snapshot_seconds.render("lilac_snapshot_seconds", "Time to store a prompt-reuse snapshot");
   return s;
 }
 

@@ -40,6 +40,14 @@ struct Metrics {
   // Sequences that took a token, per step in which any did (continuous batching).
   Histogram batch_size{{1, 2, 4, 8, 16, 32, 64, 128}};
   std::atomic<uint64_t> steps_total{0};  // batched steps run (decode and prompt pieces)
+  // Where a step's time goes: the backend's step_batch call (device work and the backend's own
+  // host work), the engine's time between the end of one step and the start of the next while
+  // sequences are running (planning, streaming the tokens, snapshots: the host overhead a
+  // client sees on top of the step), and each prompt-reuse snapshot's copy.
+  Histogram step_seconds{{0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 5}};
+  Histogram step_gap_seconds{
+      {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.1}};
+  Histogram snapshot_seconds{{1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1, 1}};
   int slots = 1;                         // sequence slots (--parallel)
 
   // The whole exposition, with the current queue length and running sequences as gauges.

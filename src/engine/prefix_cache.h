@@ -25,6 +25,8 @@ class PrefixCache {
   // consumed exactly `tokens`. Replaces an entry with the same tokens; skipped when the snapshot
   // alone exceeds the budget.
   void store(const SequenceState& state, std::span<const int32_t> tokens);
+  // Whether snapshots are kept at all (a budget above zero).
+  bool enabled() const { return budget_ > 0; }
 
   // The longest snapshot whose tokens are a prefix of `prompt` (at most prompt.size() - 1 tokens,
   // so at least one token is left to feed and sample from). Returns a fresh clone the caller owns

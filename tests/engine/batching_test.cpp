@@ -260,6 +260,37 @@ TEST(EngineBatching, PromptReuseWorksPerSlot) {
   other2.get();
 }
 
+// A histogram's _count in /metrics' text.
+uint64_t histogram_count(const std::string& text, const std::string& name) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(text, m, std::regex(name + "_count (\\d+)"))) << name;
+  return m.empty() ? 0 : std::stoull(m[1]);
+}
+
+// /metrics splits a step's time: every step_batch call is timed; the gap between consecutive
+// steps is counted only while sequences run (not the idle wait before the first step of a
+// request); every snapshot store is timed, two per request here (after the prompt, after the
+// answer), none without a snapshot budget.
+TEST(EngineBatching, MetricsTimeStepsGapsAndSnapshots) {
+  Demo d;
+  for (size_t budget : {size_t(0), size_t(256) << 20}) {
+    SCOPED_TRACE("snapshot budget " + std::to_string(budget));
+    EngineOptions eo;
+    eo.context_size = 512;
+    eo.parallel = 2;
+    eo.snapshot_budget = budget;
+    Engine e(d.cpu, *d.tok, eo);
+    for (int i = 0; i < 2; ++i) e.submit(greedy_request(prompt_of(*d.tok, i), 5)).get();
+    const std::string text = e.metrics().render(0, 0);
+    const uint64_t steps = e.metrics().steps_total.load();
+    EXPECT_GE(steps, 10u);  // at least one prompt piece and 4 decode steps per request
+    EXPECT_EQ(histogram_count(text, "lilac_step_seconds"), steps);
+    // The requests ran one after the other: each one's first step follows an idle wait.
+    EXPECT_EQ(histogram_count(text, "lilac_step_gap_seconds"), steps - 2);
+    EXPECT_EQ(histogram_count(text, "lilac_snapshot_seconds"), budget ? 4u : 0u);
+  }
+}
+
 struct Scripted {
   std::unique_ptr<Tokenizer> tok = Tokenizer::from_model_dir(demo_dir());
   ModelConfig cfg = load_model_config(demo_dir());
