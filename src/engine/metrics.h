@@ -48,7 +48,7 @@ struct Metrics {
   Histogram step_gap_seconds{
       {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.1}};
   Histogram snapshot_seconds{{1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1, 1}};
-  int slots = 1;                         // sequence slots (--parallel)
+  int slots = 1;  // sequence slots (--parallel)
 
   // The whole exposition, with the current queue length and running sequences as gauges.
   std::string render(size_t queue_length, size_t running) const;
