@@ -61,9 +61,12 @@ serve_bench() {
       --concurrency "$c" --requests "$n" --input-tokens 1024 --output-tokens 1024 \
       --json "$OUT/serve-$w-c$c.json"
     cat "$OUT/serve-$w-c$c.json" >>"$OUT/run.log" 2>/dev/null
+    # The server's own split of the time after this level (cumulative over the levels so far):
+    # steps, the engine's gaps between them, snapshots (docs/batching.md, "Metrics").
+    echo "metrics after serve-$w-c$c:" >>"$OUT/run.log"
+    curl -s "http://127.0.0.1:$port/metrics" 2>/dev/null |
+      grep -E '^lilac_(batch_size|step|snapshot|running|slots)' >>"$OUT/run.log" || true
   done
-  curl -s "http://127.0.0.1:$port/metrics" 2>/dev/null | grep -E '^lilac_(batch_size|steps|running|slots)' \
-    >>"$OUT/run.log" || true
   kill -TERM "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
 }
