@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -168,6 +169,16 @@ int run_serve(const ServeOptions& o) {
   } else {
     lm = load_for_serving(choice, lo);
   }
+
+  if (Log::enabled(LogLevel::Debug))  // every step: what it carried and how long it took
+    lm->engine->set_step_observer([](const StepRecord& r) {
+      Log::debug("step", {{"decode_rows", r.decode_rows},
+                          {"prompt_pieces", r.prompt_pieces},
+                          {"prompt_tokens", r.prompt_tokens},
+                          {"takers", r.takers},
+                          {"ms", std::round(r.seconds * 1e5) / 100},
+                          {"gap_ms", std::round(r.gap_seconds * 1e5) / 100}});
+    });
 
   ServingModel sm;
   sm.engine = lm->engine.get();

@@ -92,6 +92,10 @@ class CudaBackend : public Backend {
   std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state,
                                                      int64_t max_context) override;
   size_t state_bytes(const SequenceState& state) const override;
+  // Captures the batched pass's graph for every batch size from batch_min_rows to
+  // min(max_sequences, kMaxBatchRows) that step_batch would replay (none without graphs or the
+  // batched pass). Graphs are otherwise captured at a size's first step.
+  void prepare_batches(int max_sequences) override;
 
   // Per-kernel times of one decode step and one prefill chunk (CUDA events around each launch,
   // un-graphed), measured on a scratch sequence at the context of the last forward call.
@@ -114,6 +118,8 @@ class CudaBackend : public Backend {
   int64_t batched_passes() const { return batched_passes_; }
   // Tests: the number of multi-sequence prefill chunks run so far (step_batch's prompt pieces).
   int64_t batched_prefills() const { return batched_prefills_; }
+  // Batched-pass graphs captured so far (one per batch size).
+  size_t batch_graph_count() const;
   std::vector<float> last_batch_logits(int row);
   // Benchmarks: the GPU time of one batched pass over `states` (each decoding one token; their
   // positions advance by `replays`), as the median of `replays` graph replays.
@@ -169,6 +175,8 @@ class CudaBackend : public Backend {
   void batch_layer(int64_t layer, int B, bool grouped_moe, Timer* timer);
   void batch_launches(int B, bool grouped_moe, Timer* timer);
   bool batch_grouped_moe(int B) const;
+  bool batched_pass_available() const;
+  cudaGraphExec_t batch_graph(int B);  // the batched pass's graph for B rows, captured once
   void run_batch_graph(int B);
   void upload_batch(std::span<CudaSequenceState* const> seqs, std::span<const int32_t> ids);
   void decode_batch(std::span<CudaSequenceState* const> seqs, std::span<const int32_t> ids,

@@ -212,13 +212,9 @@ bool CudaBackend::batch_grouped_moe(int B) const {
   return min_grouped > 0 && B >= min_grouped;
 }
 
-void CudaBackend::run_batch_graph(int B) {
-  BatchWorkspace& bw = *batch_;
+cudaGraphExec_t CudaBackend::batch_graph(int B) {
+  BatchWorkspace& bw = batch_ws();
   const bool grouped = batch_grouped_moe(B);
-  if (!options_.use_graphs) {
-    batch_launches(B, grouped, nullptr);
-    return;
-  }
   cudaGraphExec_t& exec = bw.graphs[{B, grouped}];
   if (!exec) {
     cudaGraph_t graph;
@@ -234,7 +230,35 @@ void CudaBackend::run_batch_graph(int B) {
     LILAC_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     cudaGraphDestroy(graph);
   }
-  LILAC_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+  return exec;
+}
+
+void CudaBackend::run_batch_graph(int B) {
+  if (!options_.use_graphs) {
+    batch_launches(B, batch_grouped_moe(B), nullptr);
+    return;
+  }
+  LILAC_CUDA_CHECK(cudaGraphLaunch(batch_graph(B), stream_));
+}
+
+size_t CudaBackend::batch_graph_count() const {
+  return batch_ ? batch_->graphs.size() : 0;
+}
+
+// The batched pass needs the batched Gated DeltaNet kernel (the cluster kernel, cc 9.0).
+bool CudaBackend::batched_pass_available() const {
+  const ModelConfig& c = model_->config;
+  return c.count_layers(LayerType::GatedDeltaNet) == 0 ||
+         gdn_decode_uses_cluster(int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
+                                 int(c.gdn_value_dim));
+}
+
+// A server's first busy seconds otherwise capture a graph at each new batch size (the ramp as
+// clients arrive, the tail as they finish): measured in the s9 run 2 log.
+void CudaBackend::prepare_batches(int max_sequences) {
+  if (!options_.use_graphs || !options_.batch_decode || !batched_pass_available()) return;
+  const int hi = std::min(max_sequences, batch_ws().max_B);
+  for (int B = std::max(2, options_.batch_min_rows); B <= hi; ++B) batch_graph(B);
 }
 
 void CudaBackend::upload_batch(std::span<CudaSequenceState* const> seqs,
@@ -375,10 +399,7 @@ void CudaBackend::prefill_items(std::span<const BatchItem> items, std::span<cons
 
 std::vector<StepResult> CudaBackend::step_batch(std::span<const BatchItem> items) {
   const ModelConfig& c = model_->config;
-  // The batched pass needs the batched Gated DeltaNet kernel (the cluster kernel, cc 9.0).
-  const bool gdn_ok = c.count_layers(LayerType::GatedDeltaNet) == 0 ||
-                      gdn_decode_uses_cluster(int(c.gdn_key_heads), int(c.gdn_value_heads),
-                                              int(c.gdn_key_dim), int(c.gdn_value_dim));
+  const bool gdn_ok = batched_pass_available();
   std::vector<size_t> decode, prompt;
   std::set<const SequenceState*> states;
   bool distinct = true;

@@ -191,6 +191,7 @@ void Engine::warm_up() {
   item.ids = std::span<const int32_t>(&r.token, 1);
   item.sample_index = 1;
   backend_.step_batch(std::span<const BatchItem>(&item, 1));
+  backend_.prepare_batches(options_.parallel);
   ready_ = true;
 }
 
@@ -241,6 +242,7 @@ void Engine::worker() {
     std::vector<BatchItem>& items = items_;  // reused: no allocation per step
     items.assign(plan.size(), BatchItem{});
     int takers = 0;  // sequences that take a token in this step (decoding or ending a prompt)
+    StepRecord record;
     for (size_t i = 0; i < plan.size(); ++i) {
       Slot& s = *plan[i].slot;
       Running& run = *s.run;
@@ -255,22 +257,30 @@ void Engine::worker() {
       it.constraint = plan[i].sample ? s.job->request.constraint.get() : nullptr;
       if (!plan[i].prompt_piece || run.prompt_pos + plan[i].n == s.job->request.prompt.size())
         takers++;
+      if (plan[i].prompt_piece) {
+        record.prompt_pieces++;
+        record.prompt_tokens += int64_t(plan[i].n);
+      } else {
+        record.decode_rows++;
+      }
     }
+    record.takers = takers;
     metrics_.steps_total++;
     if (takers > 0) metrics_.batch_size.observe(takers);
     std::vector<StepResult> results;
     const auto step_start = Clock::now();
-    if (last_step_end_)
-      metrics_.step_gap_seconds.observe(
-          std::chrono::duration<double>(step_start - *last_step_end_).count());
+    if (last_step_end_) {
+      record.gap_seconds = std::chrono::duration<double>(step_start - *last_step_end_).count();
+      metrics_.step_gap_seconds.observe(record.gap_seconds);
+    }
     last_step_end_.reset();
     try {
       results = backend_.step_batch(items);
       if (results.size() != items.size())
         fail("step_batch returned {} results for {} items", results.size(), items.size());
       last_step_end_ = Clock::now();
-      metrics_.step_seconds.observe(
-          std::chrono::duration<double>(*last_step_end_ - step_start).count());
+      record.seconds = std::chrono::duration<double>(*last_step_end_ - step_start).count();
+      metrics_.step_seconds.observe(record.seconds);
     } catch (const DeviceFault& e) {
       // A sticky device error: this process cannot compute any more (docs/hardening.md). Fail
       // this batch, remember the reason (/health turns 503), drop the snapshots.
@@ -303,6 +313,7 @@ void Engine::worker() {
         if (s.job) finish(s, FinishReason::Error, e.what());
       }
     }
+    if (step_observer_) step_observer_(record);
   }
 }
 

@@ -96,6 +96,16 @@ struct GenerationResult {
   double queue_s = 0, prefill_s = 0, decode_s = 0;
 };
 
+// One engine step as a step observer sees it (Engine::set_step_observer).
+struct StepRecord {
+  int decode_rows = 0;        // sequences advanced by one token
+  int prompt_pieces = 0;      // sequences reading a piece of their prompt
+  int64_t prompt_tokens = 0;  // tokens of those pieces
+  int takers = 0;             // sequences that took a token (decoding or ending their prompt)
+  double seconds = 0;         // Backend::step_batch
+  double gap_seconds = -1;    // engine time since the previous step (-1: the engine was idle)
+};
+
 class QueueFull : public std::runtime_error {
  public:
   QueueFull() : std::runtime_error("the request queue is full") {}
@@ -122,6 +132,12 @@ class Engine {
 
   // Stops taking requests; cancels everything queued or running.
   void shutdown();
+
+  // Called on the engine thread after every step that ran (e.g. a debug log of each step). Set
+  // it before the first request is submitted.
+  void set_step_observer(std::function<void(const StepRecord&)> fn) {
+    step_observer_ = std::move(fn);
+  }
 
   const EngineOptions& options() const { return options_; }
   Metrics& metrics() { return metrics_; }
@@ -171,6 +187,7 @@ class Engine {
   // The end of the last step while sequences ran (for metrics_.step_gap_seconds); cleared when
   // the worker goes idle, so that idle time is not counted as overhead.
   std::optional<std::chrono::steady_clock::time_point> last_step_end_;
+  std::function<void(const StepRecord&)> step_observer_;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

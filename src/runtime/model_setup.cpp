@@ -172,8 +172,12 @@ void start_engine(LoadedModel& lm, const LoadOptions& o, int64_t context,
                   "recurrent state) = {:.1f} MiB",
                   eo.parallel, double(m.per_slot) / (1 << 20), double(m.kv_per_token) / 1024,
                   double(m.fixed) / (1 << 20), double(m.total) / (1 << 20)));
-  say("warming up");
+  say(fmt::format("warming up (and preparing batches of up to {} sequences)", eo.parallel));
+  const auto w0 = std::chrono::steady_clock::now();
   lm.engine->warm_up();
+  say(fmt::format(
+      "warmed up in {:.0f} ms",
+      1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count()));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   lm.description = fmt::format("{} ({}, {}) on {}", lm.choice.dir, lm.backend->config().summary(),
                                format_name, lm.backend->device_description());

@@ -404,5 +404,49 @@ TEST(BatchBackend, MixedItemsInOneCall) {
   }
 }
 
+// prepare_batches captures one graph per batch size ahead of time; a step then replays it (no
+// capture) and gives what a backend that captured at the step gives.
+TEST(BatchBackend, PreparedGraphsMatchGraphsCapturedAtTheStep) {
+  LILAC_REQUIRE_GPU();
+  ModelConfig cfg = qwen36_35b_a3b_config();
+  cfg.layers = 8;
+  cfg.layer_types.resize(8);
+  cuda::CudaBackend prepared(
+      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3)));
+  cuda::CudaBackend lazy(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3)));
+  const int32_t V = int32_t(cfg.vocab);
+  prepared.prepare_batches(6);
+  EXPECT_EQ(prepared.batch_graph_count(), 5u);  // B = 2 .. 6
+  prepared.prepare_batches(6);
+  EXPECT_EQ(prepared.batch_graph_count(), 5u);  // nothing captured twice
+  EXPECT_EQ(lazy.batch_graph_count(), 0u);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<int32_t> tokens[2];
+  std::vector<float> logits[2];
+  cuda::CudaBackend* backends[2] = {&prepared, &lazy};
+  for (int k = 0; k < 2; ++k) {
+    cuda::CudaBackend& b = *backends[k];
+    std::vector<std::unique_ptr<SequenceState>> s;
+    std::vector<BatchItem> items(4);
+    const int32_t ids[4] = {11, 22, 33, 44};
+    for (int i = 0; i < 4; ++i) {
+      s.push_back(b.new_sequence(128));
+      const auto prompt = prompt_of(i, V, 10 + 7 * i);
+      b.begin_sampling(*s.back(), prompt, greedy);
+      b.forward(*s.back(), prompt, {}, false);
+      items[size_t(i)] = {s.back().get(), std::span(&ids[i], 1), 1};
+    }
+    for (const StepResult& r : b.step_batch(items)) tokens[k].push_back(r.token);
+    logits[k] = b.last_batch_logits(3);
+    EXPECT_EQ(b.batched_passes(), 1);
+  }
+  EXPECT_EQ(prepared.batch_graph_count(), 5u);  // the step replayed B = 4's prepared graph
+  EXPECT_EQ(lazy.batch_graph_count(), 1u);
+  EXPECT_EQ(tokens[0], tokens[1]);
+  double mx = 0;
+  EXPECT_LT(rel_err(logits[0], logits[1], &mx), 1e-6);
+}
+
 }  // namespace
 }  // namespace lilac::test

@@ -291,6 +291,42 @@ TEST(EngineBatching, MetricsTimeStepsGapsAndSnapshots) {
   }
 }
 
+// The step observer sees every step with what it carried: here two requests together, so the
+// steps' decode rows and prompt tokens add up to the requests' answers and prompts.
+TEST(EngineBatching, StepObserverSeesEveryStep) {
+  Demo d;
+  EngineOptions eo;
+  eo.context_size = 512;
+  eo.parallel = 2;
+  eo.snapshot_budget = 0;  // the second prompt reads all its tokens
+  Engine e(d.cpu, *d.tok, eo);
+  std::vector<StepRecord> records;  // written on the engine thread, read after .get()
+  e.set_step_observer([&](const StepRecord& r) { records.push_back(r); });
+  const int kTokens = 6;
+  std::vector<std::vector<int32_t>> prompts = {prompt_of(*d.tok, 0), prompt_of(*d.tok, 1)};
+  auto f0 = e.submit(greedy_request(prompts[0], kTokens));
+  auto f1 = e.submit(greedy_request(prompts[1], kTokens));
+  const GenerationResult r0 = f0.get(), r1 = f1.get();
+  ASSERT_EQ(r0.tokens.size(), size_t(kTokens));
+  ASSERT_EQ(r1.tokens.size(), size_t(kTokens));
+  ASSERT_EQ(records.size(), size_t(e.metrics().steps_total.load()));
+  int64_t decode = 0, prompt = 0, takers = 0, idle = 0;
+  for (const StepRecord& r : records) {
+    decode += r.decode_rows;
+    prompt += r.prompt_tokens;
+    takers += r.takers;
+    idle += r.gap_seconds < 0;
+    EXPECT_GT(r.seconds, 0);
+    EXPECT_LE(r.takers, r.decode_rows + r.prompt_pieces);
+  }
+  // Each answer's first token ends its prompt; the other kTokens - 1 are decode rows. (The
+  // last token is taken without a further step.)
+  EXPECT_EQ(decode, 2 * (kTokens - 1));
+  EXPECT_EQ(prompt, int64_t(prompts[0].size() + prompts[1].size()));
+  EXPECT_EQ(takers, 2 * kTokens);
+  EXPECT_GE(idle, 1);  // the first step follows an idle wait
+}
+
 struct Scripted {
   std::unique_ptr<Tokenizer> tok = Tokenizer::from_model_dir(demo_dir());
   ModelConfig cfg = load_model_config(demo_dir());
