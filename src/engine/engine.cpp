@@ -135,6 +135,7 @@ void Engine::shutdown() {
     r.finish = FinishReason::Cancelled;
     r.prompt_tokens = int64_t(job->request.prompt.size());
     job->promise.set_value(std::move(r));
+    if (job->request.on_done) job->request.on_done();
   }
 }
 
@@ -200,6 +201,7 @@ void Engine::complete(std::unique_ptr<Job> job, GenerationResult result) {
   if (result.finish == FinishReason::Error) metrics_.requests_failed++;
   if (result.finish == FinishReason::Cancelled) metrics_.requests_cancelled++;
   job->promise.set_value(std::move(result));
+  if (job->request.on_done) job->request.on_done();
 }
 
 void Engine::worker() {

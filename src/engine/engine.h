@@ -82,6 +82,9 @@ struct GenerationRequest {
   std::vector<int32_t> think_close;
   // Called on the engine thread for every token; return false to cancel.
   std::function<bool(const TokenEvent&)> on_token;
+  // Called once the request's future is ready (after its last on_token), on whichever thread
+  // completed it: a consumer waiting for tokens learns at once that none will come.
+  std::function<void()> on_done;
   // Set from any thread (client gone, server stopping): the request stops within a step.
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
 };

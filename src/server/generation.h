@@ -72,6 +72,7 @@ class Generation {
     std::mutex mutex;
     std::condition_variable cv;
     std::deque<TokenEvent> events;
+    bool done = false;  // the engine completed the request (every event is in `events`)
   };
   void absorb(const ParsedDelta& d, GenerationChunk& out);
 

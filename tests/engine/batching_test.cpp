@@ -300,8 +300,8 @@ TEST(EngineBatching, StepObserverSeesEveryStep) {
   eo.parallel = 2;
   eo.snapshot_budget = 0;  // the second prompt reads all its tokens
   Engine e(d.cpu, *d.tok, eo);
-  std::vector<StepRecord> records;  // written on the engine thread, read after .get()
-  e.set_step_observer([&](const StepRecord& r) { records.push_back(r); });
+  std::vector<lilac::StepRecord> records;  // written on the engine thread, read after .get()
+  e.set_step_observer([&](const lilac::StepRecord& r) { records.push_back(r); });
   const int kTokens = 6;
   std::vector<std::vector<int32_t>> prompts = {prompt_of(*d.tok, 0), prompt_of(*d.tok, 1)};
   auto f0 = e.submit(greedy_request(prompts[0], kTokens));
@@ -311,7 +311,7 @@ TEST(EngineBatching, StepObserverSeesEveryStep) {
   ASSERT_EQ(r1.tokens.size(), size_t(kTokens));
   ASSERT_EQ(records.size(), size_t(e.metrics().steps_total.load()));
   int64_t decode = 0, prompt = 0, takers = 0, idle = 0;
-  for (const StepRecord& r : records) {
+  for (const lilac::StepRecord& r : records) {
     decode += r.decode_rows;
     prompt += r.prompt_tokens;
     takers += r.takers;

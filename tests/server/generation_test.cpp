@@ -1,5 +1,6 @@
-// server::Generation: token events reach consumers blocked in next() as they are produced (the
-// wake-ups happen off the engine thread, generation.cpp's Waker), for several requests at once.
+// server::Generation: token events, and the end of the request, reach consumers blocked in next()
+// as they happen (the wake-ups happen off the engine thread, generation.cpp's Waker), for several
+// requests at once.
 #include "server/generation.h"
 
 #include <gtest/gtest.h>
@@ -19,7 +20,7 @@ std::string demo_dir() {
   return data_root() + "/../../models/demo";
 }
 
-TEST(Generation, ConsumersWaitingInNextGetEveryTokenWithoutTheirTimeout) {
+TEST(Generation, ConsumersWaitingInNextGetEveryTokenAndTheEndWithoutTheirTimeout) {
   auto tok = Tokenizer::from_model_dir(demo_dir());
   const ModelConfig cfg = load_model_config(demo_dir());
   server::ScriptedResponse script;
@@ -47,22 +48,28 @@ TEST(Generation, ConsumersWaitingInNextGetEveryTokenWithoutTheirTimeout) {
   }
   std::vector<std::chrono::steady_clock::duration> slowest(kRequests);
   std::vector<int> received(kRequests, 0);
+  std::vector<int> finished(kRequests, 0);  // not vector<bool>: one thread per element
   std::vector<std::thread> consumers;
   for (int i = 0; i < kRequests; ++i)
     consumers.emplace_back([&, i] {
-      // Stops at the last token: the end of the request is not what is measured here.
-      while (received[size_t(i)] < kTokens) {
+      // Up to the end of the request: the engine's completion wakes the consumer too (until s9
+      // the last next() slept until its timeout).
+      for (;;) {
         const auto start = std::chrono::steady_clock::now();
         auto chunk =
             gens[size_t(i)]->next(std::chrono::duration_cast<std::chrono::milliseconds>(kTimeout));
         slowest[size_t(i)] = std::max(slowest[size_t(i)], std::chrono::steady_clock::now() - start);
         received[size_t(i)] += int(chunk.logprobs.size());
-        if (chunk.finished) break;
+        if (chunk.finished) {
+          finished[size_t(i)] = 1;
+          break;
+        }
       }
     });
   for (auto& t : consumers) t.join();
   for (int i = 0; i < kRequests; ++i) {
     EXPECT_EQ(received[size_t(i)], kTokens) << "request " << i;
+    EXPECT_EQ(finished[size_t(i)], 1) << "request " << i;
     EXPECT_LT(slowest[size_t(i)], 5s) << "request " << i << " waited for its timeout";
   }
 }

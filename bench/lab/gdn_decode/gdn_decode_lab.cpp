@@ -62,9 +62,18 @@ void v3_split_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
                          a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.workspace, a.out, s);
 }
 
+void v4_pipelined_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
+  cuda::gdn_decode_batch_pipelined(a.proj, a.B, a.rows, a.slot, a.taps, a.neg_exp_A, a.dt_bias,
+                                   a.norm_w, a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.workspace, a.out,
+                                   s, true);
+}
+
 // Version 1 has no batched form.
 BatchLaunch batch_launcher(int version) {
-  return version == 2 ? v2_cluster_batch : version == 3 ? v3_split_batch : nullptr;
+  return version == 2   ? v2_cluster_batch
+         : version == 3 ? v3_split_batch
+         : version == 4 ? v4_pipelined_batch
+                        : nullptr;
 }
 
 // Workspace floats for `version` at B rows (v1's counters need zeros: callers clear it once).
@@ -403,8 +412,11 @@ bool run(const Options& opt, const Version& v) {
   }
   if (launcher(v.number) && available(v.number, kGdnReal)) time_real(opt, v.number);
   if (!batch_launcher(v.number)) return ok;
+  // v4's clusters take several items each only when the rows outnumber them: B = 40 as well.
   for (const GdnDecodeCase& c : test::gdn_decode_cases())
-    if (available(v.number, c.d)) ok = check_batch(v.number, c, 3) && ok;
+    if (available(v.number, c.d))
+      for (const int B : {3, 40})
+        if (B == 3 || v.number == 4) ok = check_batch(v.number, c, B) && ok;
   if (available(v.number, kGdnReal))
     for (const int B : {16, 64}) time_batch(opt, v.number, B);
   return ok;
@@ -415,7 +427,8 @@ bool run(const Options& opt, const Version& v) {
 Op gdn_decode_op() {
   return Op{
       "gdn_decode",
-      "Gated DeltaNet decode, one token (v1, v2) and batched at B 3, 16, 64 (v2, v3): real Hk 16 "
+      "Gated DeltaNet decode, one token (v1, v2) and batched at B 3, 16, 64 (v2, v3, v4): real Hk "
+      "16 "
       "Hv "
       "32 Dk = Dv = 128 K 4",
       {{1, "counter", "128 blocks; cross-block steps through counters in global memory", false},
@@ -429,7 +442,11 @@ Op gdn_decode_op() {
         "loads before the PDL wait; a cluster per head for the norm only (production "
         "gdn_decode_batch "
         "since s6)",
-        true}},
+        true},
+       {4, "pipelined",
+        "batched only: v3's prep kernel, then a persistent state pass: each cluster loops over "
+        "(row, head) items with the next item's state and workspace values in flight",
+        false}},
       run};
 }
 
