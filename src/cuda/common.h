@@ -40,7 +40,8 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// An owning device allocation of n elements of T (cudaMalloc; never managed memory).
+// An owning device allocation of n elements of T (cudaMalloc, or the stream-ordered pool; never
+// managed memory).
 template <typename T>
 class DeviceBuffer {
  public:
@@ -48,12 +49,15 @@ class DeviceBuffer {
   explicit DeviceBuffer(size_t n) { resize(n); }
   ~DeviceBuffer() { release(); }
   DeviceBuffer(DeviceBuffer&& o) noexcept
-      : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+      : ptr_(std::exchange(o.ptr_, nullptr)),
+        n_(std::exchange(o.n_, 0)),
+        pooled_(std::exchange(o.pooled_, false)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       release();
       ptr_ = std::exchange(o.ptr_, nullptr);
       n_ = std::exchange(o.n_, 0);
+      pooled_ = std::exchange(o.pooled_, false);
     }
     return *this;
   }
@@ -65,18 +69,33 @@ class DeviceBuffer {
     if (n) LILAC_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), n * sizeof(T)));
     n_ = n;
   }
+  // As resize, from the device's stream-ordered pool (cudaMallocAsync, ordered on `s`): ~us when
+  // the pool holds freed memory, where cudaMalloc takes ~50-100 us and cudaFree synchronises the
+  // device. Freed with cudaFreeAsync on the legacy stream when the buffer goes: the owner must not
+  // let it go while a kernel may still use it (sequence states go between steps).
+  void resize_pooled(size_t n, cudaStream_t s) {
+    release();
+    if (n) LILAC_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ptr_), n * sizeof(T), s));
+    n_ = n;
+    pooled_ = n > 0;
+  }
   T* get() const { return ptr_; }
   size_t size() const { return n_; }
   size_t bytes() const { return n_ * sizeof(T); }
 
  private:
   void release() {
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_ && pooled_)
+      cudaFreeAsync(ptr_, nullptr);
+    else if (ptr_)
+      cudaFree(ptr_);
     ptr_ = nullptr;
     n_ = 0;
+    pooled_ = false;
   }
   T* ptr_ = nullptr;
   size_t n_ = 0;
+  bool pooled_ = false;
 };
 
 }  // namespace lilac::cuda

@@ -73,6 +73,18 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
         "(Hopper) and at most 8 blocks per key head (Hk {}, Hv {}, Dk {}, Dv {})",
         c.gdn_key_heads, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim);
   set_pdl_enabled(options_.pdl);
+  // The stream-ordered pool keeps the memory that copied states give back (make_sequence's pooled
+  // buffers): the next prompt-reuse snapshot takes it from there instead of from the driver.
+  {
+    int dev = 0;
+    cudaMemPool_t pool;
+    uint64_t keep = UINT64_MAX;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetDefaultMemPool(&pool, dev) != cudaSuccess ||
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess)
+      (void)
+          cudaGetLastError();  // the pool then returns memory at each synchronisation: slower only
+  }
   // q_gemm_wgmma picks its split of K from occupancy queries it caches: ask them now, outside any
   // graph capture (the batched step's capture may be its first call).
   if (q_gemm_wgmma_available())
@@ -140,29 +152,44 @@ std::string CudaBackend::device_description() const {
 }
 
 std::unique_ptr<SequenceState> CudaBackend::new_sequence(int64_t max_context) {
+  return make_sequence(max_context, false);
+}
+
+// A state of max_context tokens. pooled (the copies: prompt-reuse snapshots and their restores,
+// which the engine makes and drops between steps, two or more per request): its buffers from the
+// stream-ordered pool, and not zeroed (the copy overwrites them). Otherwise cudaMalloc'd and
+// zeroed.
+std::unique_ptr<CudaSequenceState> CudaBackend::make_sequence(int64_t max_context, bool pooled) {
   const ModelConfig& c = model_->config;
   auto st = std::make_unique<CudaSequenceState>();
   st->max_ctx = max_context;
   st->n_attn = int(c.count_layers(LayerType::FullAttention));
   st->n_gdn = int(c.count_layers(LayerType::GatedDeltaNet));
-  st->kv.resize(size_t(st->n_attn) * 2 * size_t(c.kv_heads) * size_t(max_context) *
-                size_t(c.head_dim));
-  st->conv.resize(size_t(st->n_gdn) * size_t((c.gdn_conv_kernel - 1) * c.gdn_conv_channels()));
-  st->rec.resize(size_t(st->n_gdn) * size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim));
-  st->scalars.resize(1);
-  st->sample_out.resize(1);
-  st->sampler_params.resize(1);
-  st->output_counts.resize(size_t(c.vocab));
-  st->seen.resize(size_t(c.vocab));
+  auto alloc = [&](auto& buf, size_t n) {
+    if (pooled)
+      buf.resize_pooled(n, stream_);
+    else
+      buf.resize(n);
+  };
+  alloc(st->kv,
+        size_t(st->n_attn) * 2 * size_t(c.kv_heads) * size_t(max_context) * size_t(c.head_dim));
+  alloc(st->conv, size_t(st->n_gdn) * size_t((c.gdn_conv_kernel - 1) * c.gdn_conv_channels()));
+  alloc(st->rec, size_t(st->n_gdn) * size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim));
+  alloc(st->scalars, 1);
+  alloc(st->sample_out, 1);
+  alloc(st->sampler_params, 1);
+  alloc(st->output_counts, size_t(c.vocab));
+  alloc(st->seen, size_t(c.vocab));
+  if (st->n_attn > 0)
+    alloc(st->attn_partial, attention_decode_workspace_floats(int(c.heads), int(c.kv_heads),
+                                                              int(c.head_dim), int(max_context)));
+  if (pooled) return st;
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->conv.get(), 0, st->conv.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->rec.get(), 0, st->rec.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->scalars.get(), 0, st->scalars.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->sample_out.get(), 0, st->sample_out.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->output_counts.get(), 0, st->output_counts.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->seen.get(), 0, st->seen.bytes(), stream_));
-  if (st->n_attn > 0)
-    st->attn_partial.resize(attention_decode_workspace_floats(int(c.heads), int(c.kv_heads),
-                                                              int(c.head_dim), int(max_context)));
   begin_sampling(*st, {}, SamplingParams{});
   return st;
 }
@@ -176,8 +203,7 @@ std::unique_ptr<SequenceState> CudaBackend::clone_with_capacity(const SequenceSt
   const auto& src = static_cast<const CudaSequenceState&>(state);
   if (max_context < src.position())
     fail("clone: capacity {} is below the sequence's {} tokens", max_context, src.position());
-  auto dst = std::unique_ptr<CudaSequenceState>(
-      static_cast<CudaSequenceState*>(new_sequence(max_context).release()));
+  auto dst = make_sequence(max_context, /*pooled=*/true);
   const ModelConfig& c = model_->config;
   // Only the filled rows [0, position) of each layer's K and V, per kv head (the two states'
   // capacities, hence their strides, may differ): one 2-D copy per layer and K/V.

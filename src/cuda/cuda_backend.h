@@ -137,6 +137,7 @@ class CudaBackend : public Backend {
   struct Timer;
 
  private:
+  std::unique_ptr<CudaSequenceState> make_sequence(int64_t max_context, bool pooled);
   friend class CudaSequenceState;
   void prefill_chunk(CudaSequenceState& st, const int32_t* ids, int T, float* logits,
                      bool all_logits, Timer* timer);

@@ -45,14 +45,12 @@ void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int 
                       const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
                       float* workspace, bf16* out, cudaStream_t stream);
 
-// gdn_decode_batch with the state pass chosen: pipelined = version 4 (a persistent loop over the
-// items with the next item's loads in flight; bench/lab/gdn_decode), else version 3. The same
-// results bit for bit.
-void gdn_decode_batch_pipelined(const float* proj, int B, const DecodeBatchRow* rows, int slot,
-                                const float* conv_taps, const float* neg_exp_A,
-                                const float* dt_bias, const float* norm_scale, int Hk, int Hv,
-                                int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                                cudaStream_t stream, bool pipelined);
+// gdn_decode_batch's first launch alone (the prep kernel: conv, l2norm, gates into `workspace`,
+// conv states updated), for the kernel lab's state-pass versions (bench/lab/gdn_decode).
+void gdn_decode_batch_prep(const float* proj, int B, const DecodeBatchRow* rows, int slot,
+                           const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
+                           int Hk, int Hv, int Dk, int Dv, int K, float* workspace,
+                           cudaStream_t stream);
 
 // gdn_decode's cluster kernel over B rows (grid z = the row), one launch, the same contract and
 // results as gdn_decode_batch: the batched path until s6, kept for the kernel lab (bench/lab/

@@ -233,116 +233,6 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
 #endif
 }
 
-// Version 4 (candidate, bench/lab/gdn_decode v4): the state pass as a persistent loop. Grid
-// (Dv/32, clusters): cluster c (a head's Dv/32 column blocks, as v3) takes the items (row b, value
-// head v) = c, c + clusters, ... and, while it computes one, has the next one's 16 KiB of state and
-// its workspace values (q, k, v, beta, decay) in flight in registers: v3's blocks load once and
-// then compute, so an SM's loads stop while its resident blocks sit in their barriers (2.7 TB/s at
-// 16 rows). The per-item arithmetic is v3's, step for step: the same results bit for bit. The
-// norm's sums of squares alternate between two shared slots by item parity (a block's next item may
-// write a neighbour's slot while the neighbour still reads the previous item's sums).
-template <int DK>
-__global__ void __launch_bounds__(2 * DK, 3)
-    gdn_batch_state_pipelined_kernel(const float* __restrict__ ws, int ws_row,
-                                     const float* __restrict__ norm_w, int Hk, int Hv, int Dv,
-                                     float eps, bf16* __restrict__ out,
-                                     const DecodeBatchRow* __restrict__ rows, int slot, int B) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int NTH = 2 * DK, NW = NTH / 32;
-  __shared__ __align__(16) float red[NW][kCols];
-  __shared__ __align__(16) float red2[NW][kCols];
-  __shared__ float ss_o[2][kMaxCluster];
-
-  const int cb = blockIdx.x, nsplit = gridDim.x;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int ratio = Hv / Hk;
-  const int c0 = cb * kCols;
-  const int cq = tid & 7, rg = tid >> 3;
-  const int items = Hv * B, stride = int(gridDim.y);
-  const size_t head_floats = size_t(DK) * Dv;
-
-  pdl_launch_dependents();
-  if (nsplit > 1) cluster::arrive_relaxed();
-  float w_l = 0.f;
-  if (warp == 0) w_l = norm_w[c0 + lane];
-
-  // The item's state slice: rows 4rg..4rg+3, columns c0 + 4cq..+3 of head v of row b.
-  auto state_at = [&](int it) {
-    const int b = it / Hv, v = it % Hv;
-    return rows[b].rec + size_t(slot) * Hv * head_floats + size_t(v) * head_floats +
-           size_t(4 * rg) * Dv + c0 + 4 * cq;
-  };
-  float4 S[4], Sn[4];
-  int it = int(blockIdx.y);
-  if (it < items) {
-    const float* Sp = state_at(it);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) Sn[i] = *reinterpret_cast<const float4*>(Sp + size_t(i) * Dv);
-  }
-  pdl_wait();  // the workspace comes from the prep kernel
-  float4 qn, kn, vn;
-  float betan = 0.f, decayn = 0.f, zn = 0.f;
-  auto load_ws = [&](int i) {
-    const int b = i / Hv, v = i % Hv, kh = v / ratio;
-    const float* wsr = ws + size_t(b) * ws_row;
-    qn = *reinterpret_cast<const float4*>(wsr + kh * DK + 4 * rg);
-    kn = *reinterpret_cast<const float4*>(wsr + Hk * DK + kh * DK + 4 * rg);
-    vn = *reinterpret_cast<const float4*>(wsr + 2 * Hk * DK + v * Dv + c0 + 4 * cq);
-    betan = wsr[2 * Hk * DK + 2 * Hv * Dv + v];
-    decayn = wsr[2 * Hk * DK + 2 * Hv * Dv + Hv + v];
-    if (warp == 0) zn = wsr[2 * Hk * DK + Hv * Dv + size_t(v) * Dv + c0 + lane];
-  };
-  if (it < items) load_ws(it);
-  if (nsplit > 1) cluster::wait();  // every block of the cluster has started
-  for (int parity = 0; it < items; it += stride, parity ^= 1) {
-    const int b = it / Hv, v = it % Hv;
-    float* Sp = const_cast<float*>(state_at(it));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) S[i] = Sn[i];
-    const float kr[4] = {kn.x, kn.y, kn.z, kn.w};
-    const float qr[4] = {qn.x, qn.y, qn.z, qn.w};
-    const float4 v4 = vn;
-    const float beta = betan, decay = decayn, z_l = zn;
-    // The next item's loads, in flight during this one.
-    const int next = it + stride;
-    if (next < items) {
-      const float* Np = state_at(next);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) Sn[i] = *reinterpret_cast<const float4*>(Np + size_t(i) * Dv);
-      load_ws(next);
-    }
-
-    const float4 u4 = gdn::delta_u(gdn::column_kS<NW>(S, kr, red, warp, lane, cq), v4, beta, decay);
-    gdn::update_store_o(S, kr, qr, u4, decay, Sp, Dv, red2, warp, lane, cq);
-
-    float ov = 0.f, ss = 0.f;
-    if (warp == 0) {
-      ov = gdn::block_o<NW>(red2, lane);
-      ss = warp_sum(ov * ov);
-    }
-    if (nsplit > 1) {
-      if (warp == 0 && lane == 0) {
-        const uint32_t a_ss = smem_u32(&ss_o[parity][cb]);
-        for (int r = 0; r < nsplit; ++r) cluster::st_f32(cluster::map(a_ss, uint32_t(r)), ss);
-      }
-      cluster::sync();  // the head's Dv / 32 sums of squares are here
-      if (warp == 0) {
-        ss = 0.f;
-        for (int c = 0; c < nsplit; ++c) ss += ss_o[parity][c];
-      }
-    }
-    if (warp == 0) {
-      const float r = rsqrtf(ss / float(Dv) + eps);
-      out[(size_t(b) * Hv + v) * Dv + c0 + lane] = __float2bfloat16_rn(w_l * (ov * r) * silu(z_l));
-    }
-  }
-  // A block may leave only when no neighbour can still write its ss_o (the last item's sync is
-  // the last remote write; blocks with no item at all skipped it together with their cluster).
-#else
-  __trap();  // sm_90 only (check_batch refuses other devices)
-#endif
-}
-
 struct BatchArgs {
   const float *proj, *taps;
   float* conv_state;
@@ -366,7 +256,7 @@ void fill_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr, Kernel kernel)
 }
 
 template <int DK, int KC>
-void launch_batch(const BatchArgs& a, cudaStream_t stream) {
+void launch_batch(const BatchArgs& a, bool prep_only, cudaStream_t stream) {
   const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
   {
     cudaLaunchConfig_t cfg{};
@@ -382,6 +272,7 @@ void launch_batch(const BatchArgs& a, cudaStream_t stream) {
                                         a.ws, ws_row, a.rows, a.slot, a.proj_stride));
     LILAC_CUDA_LAUNCHED();
   }
+  if (prep_only) return;
   {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(a.Dv / kCols), unsigned(a.Hv), unsigned(a.B));
@@ -401,96 +292,31 @@ void launch_batch(const BatchArgs& a, cudaStream_t stream) {
   }
 }
 
-// Clusters of `nsplit` blocks of the pipelined state kernel resident at once (0: cannot run).
 template <int DK>
-int pipelined_clusters(int nsplit) {
-  static int cached[kMaxCluster + 1] = {};
-  int& n = cached[nsplit];
-  if (n == 0) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(nsplit), 1024);
-    cfg.blockDim = dim3(2 * DK);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(nsplit);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&n, gdn_batch_state_pipelined_kernel<DK>, &cfg) !=
-        cudaSuccess) {
-      (void)cudaGetLastError();
-      n = -1;
-    }
-  }
-  return n;
-}
-
-template <int DK, int KC>
-void launch_batch(const BatchArgs& a, bool pipelined, cudaStream_t stream) {
-  if (!pipelined) return launch_batch<DK, KC>(a, stream);
-  const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
-  const int nsplit = a.Dv / kCols, clusters = pipelined_clusters<DK>(nsplit);
-  if (clusters <= 0) fail("gdn_decode_batch_pipelined: no cluster of {} blocks fits an SM", nsplit);
-  {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(a.Hk), unsigned(a.B));
-    cfg.blockDim = dim3(2 * DK);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    cfg.attrs = attr;
-    cfg.numAttrs = 0;
-    fill_pdl(cfg, attr, gdn_batch_prep_kernel<DK, KC>);
-    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_prep_kernel<DK, KC>, a.proj, a.taps,
-                                        a.conv_state, a.neg_exp_A, a.dt_bias, a.Hk, a.Hv, a.Dv,
-                                        a.ws, ws_row, a.rows, a.slot, a.proj_stride));
-    LILAC_CUDA_LAUNCHED();
-  }
-  {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(nsplit), unsigned(std::min(clusters, a.Hv * a.B)));
-    cfg.blockDim = dim3(2 * DK);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(nsplit);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    fill_pdl(cfg, attr, gdn_batch_state_pipelined_kernel<DK>);
-    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_state_pipelined_kernel<DK>, a.ws, ws_row,
-                                        a.norm_w, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows, a.slot,
-                                        a.B));
-    LILAC_CUDA_LAUNCHED();
-  }
-}
-
-template <int DK>
-void launch_batch_k(int K, const BatchArgs& a, bool pipelined, cudaStream_t stream) {
+void launch_batch_k(int K, const BatchArgs& a, bool prep_only, cudaStream_t stream) {
   switch (K) {
     case 2:
-      launch_batch<DK, 2>(a, pipelined, stream);
+      launch_batch<DK, 2>(a, prep_only, stream);
       break;
     case 3:
-      launch_batch<DK, 3>(a, pipelined, stream);
+      launch_batch<DK, 3>(a, prep_only, stream);
       break;
     default:
-      launch_batch<DK, 4>(a, pipelined, stream);
+      launch_batch<DK, 4>(a, prep_only, stream);
       break;
   }
 }
 
-void launch_batch_dk(int Dk, int K, const BatchArgs& a, bool pipelined, cudaStream_t stream) {
+void launch_batch_dk(int Dk, int K, const BatchArgs& a, bool prep_only, cudaStream_t stream) {
   switch (Dk) {
     case 32:
-      launch_batch_k<32>(K, a, pipelined, stream);
+      launch_batch_k<32>(K, a, prep_only, stream);
       break;
     case 64:
-      launch_batch_k<64>(K, a, pipelined, stream);
+      launch_batch_k<64>(K, a, prep_only, stream);
       break;
     default:
-      launch_batch_k<128>(K, a, pipelined, stream);
+      launch_batch_k<128>(K, a, prep_only, stream);
       break;
   }
 }
@@ -514,20 +340,14 @@ size_t gdn_decode_batch_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv) 
   return size_t(B) * size_t(ws_row_floats(Hk, Hv, Dk, Dv));
 }
 
-void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
-                      const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
-                      const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
-                      float* workspace, bf16* out, cudaStream_t stream) {
-  gdn_decode_batch_pipelined(proj, B, rows, slot, conv_taps, neg_exp_A, dt_bias, norm_scale, Hk, Hv,
-                             Dk, Dv, K, eps, workspace, out, stream, false);
-}
+namespace {
 
-void gdn_decode_batch_pipelined(const float* proj, int B, const DecodeBatchRow* rows, int slot,
-                                const float* conv_taps, const float* neg_exp_A,
-                                const float* dt_bias, const float* norm_scale, int Hk, int Hv,
-                                int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                                cudaStream_t stream, bool pipelined) {
-  if (!proj || !rows || !out || !workspace) fail("gdn_decode_batch: null pointer");
+void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows, int slot,
+                           const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
+                           const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K,
+                           float eps, float* workspace, bf16* out, bool prep_only,
+                           cudaStream_t stream) {
+  if (!proj || !rows || !workspace || (!out && !prep_only)) fail("gdn_decode_batch: null pointer");
   if (B < 1 || B > 65535) fail("gdn_decode_batch: B = {}", B);
   check_batch(Hk, Hv, Dk, Dv, K);
   const BatchArgs a{proj,
@@ -547,7 +367,25 @@ void gdn_decode_batch_pipelined(const float* proj, int B, const DecodeBatchRow* 
                     B,
                     slot,
                     2 * Hk * Dk + 2 * Hv * Dv + 2 * Hv};
-  launch_batch_dk(Dk, K, a, pipelined, stream);
+  launch_batch_dk(Dk, K, a, prep_only, stream);
+}
+
+}  // namespace
+
+void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
+                      const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
+                      const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
+                      float* workspace, bf16* out, cudaStream_t stream) {
+  gdn_decode_batch_impl(proj, B, rows, slot, conv_taps, neg_exp_A, dt_bias, norm_scale, Hk, Hv, Dk,
+                        Dv, K, eps, workspace, out, false, stream);
+}
+
+void gdn_decode_batch_prep(const float* proj, int B, const DecodeBatchRow* rows, int slot,
+                           const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
+                           int Hk, int Hv, int Dk, int Dv, int K, float* workspace,
+                           cudaStream_t stream) {
+  gdn_decode_batch_impl(proj, B, rows, slot, conv_taps, neg_exp_A, dt_bias, nullptr, Hk, Hv, Dk, Dv,
+                        K, 0.f, workspace, nullptr, true, stream);
 }
 
 }  // namespace lilac::cuda

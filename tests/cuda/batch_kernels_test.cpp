@@ -61,42 +61,39 @@ TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
   auto nA = upload(negA);
   auto dtb = upload(random_floats(size_t(Hv), 0.5f, 3));
   auto normw = upload(random_floats(size_t(Dv), 0.2f, 4));
-  // Both state passes (v3 split, v4 pipelined); 40 rows give v4's clusters ~10 items each.
-  for (const bool pipelined : {false, true})
-    for (int B : {1, 3, 7, 16, 40}) {
-      SCOPED_TRACE("B = " + std::to_string(B) + (pipelined ? ", pipelined" : ", split"));
-      auto proj = upload(random_floats(size_t(B) * P, 1.f, uint32_t(10 + B)));
-      std::vector<DeviceBuffer<float>> conv, rec, conv_ref, rec_ref;
-      std::vector<DecodeBatchRow> rows(static_cast<size_t>(B));
-      for (int b = 0; b < B; ++b) {
-        auto c0 = random_floats(conv_n * slots, 0.5f, uint32_t(100 + b));
-        auto r0 = random_floats(rec_n * slots, 0.1f, uint32_t(200 + b));
-        conv.push_back(upload(c0));
-        rec.push_back(upload(r0));
-        conv_ref.push_back(upload(c0));
-        rec_ref.push_back(upload(r0));
-        rows[size_t(b)].conv = conv.back().get();
-        rows[size_t(b)].rec = rec.back().get();
-      }
-      auto d_rows = upload(rows);
-      DeviceBuffer<bf16> out(size_t(B) * Hv * Dv), out_ref(size_t(B) * Hv * Dv);
-      poison(out);
-      DeviceBuffer<float> ws(cuda::gdn_decode_batch_workspace_floats(B, Hk, Hv, Dk, Dv));
-      poison(ws);  // needs no initialisation
-      cuda::gdn_decode_batch_pipelined(proj.get(), B, d_rows.get(), slot, taps.get(), nA.get(),
-                                       dtb.get(), normw.get(), Hk, Hv, Dk, Dv, K, 1e-6f, ws.get(),
-                                       out.get(), nullptr, pipelined);
-      for (int b = 0; b < B; ++b)
-        cuda::gdn_decode(proj.get() + size_t(b) * P, taps.get(),
-                         conv_ref[size_t(b)].get() + size_t(slot) * conv_n, nA.get(), dtb.get(),
-                         normw.get(), rec_ref[size_t(b)].get() + size_t(slot) * rec_n, Hk, Hv, Dk,
-                         Dv, K, 1e-6f, out_ref.get() + size_t(b) * Hv * Dv, nullptr);
-      EXPECT_EQ(bits_of(out), bits_of(out_ref));
-      for (int b = 0; b < B; ++b) {
-        EXPECT_EQ(download(conv[size_t(b)]), download(conv_ref[size_t(b)])) << "conv row " << b;
-        EXPECT_EQ(download(rec[size_t(b)]), download(rec_ref[size_t(b)])) << "state row " << b;
-      }
+  for (int B : {1, 3, 7, 16, 40}) {
+    SCOPED_TRACE("B = " + std::to_string(B));
+    auto proj = upload(random_floats(size_t(B) * P, 1.f, uint32_t(10 + B)));
+    std::vector<DeviceBuffer<float>> conv, rec, conv_ref, rec_ref;
+    std::vector<DecodeBatchRow> rows(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) {
+      auto c0 = random_floats(conv_n * slots, 0.5f, uint32_t(100 + b));
+      auto r0 = random_floats(rec_n * slots, 0.1f, uint32_t(200 + b));
+      conv.push_back(upload(c0));
+      rec.push_back(upload(r0));
+      conv_ref.push_back(upload(c0));
+      rec_ref.push_back(upload(r0));
+      rows[size_t(b)].conv = conv.back().get();
+      rows[size_t(b)].rec = rec.back().get();
     }
+    auto d_rows = upload(rows);
+    DeviceBuffer<bf16> out(size_t(B) * Hv * Dv), out_ref(size_t(B) * Hv * Dv);
+    poison(out);
+    DeviceBuffer<float> ws(cuda::gdn_decode_batch_workspace_floats(B, Hk, Hv, Dk, Dv));
+    poison(ws);  // needs no initialisation
+    cuda::gdn_decode_batch(proj.get(), B, d_rows.get(), slot, taps.get(), nA.get(), dtb.get(),
+                           normw.get(), Hk, Hv, Dk, Dv, K, 1e-6f, ws.get(), out.get(), nullptr);
+    for (int b = 0; b < B; ++b)
+      cuda::gdn_decode(proj.get() + size_t(b) * P, taps.get(),
+                       conv_ref[size_t(b)].get() + size_t(slot) * conv_n, nA.get(), dtb.get(),
+                       normw.get(), rec_ref[size_t(b)].get() + size_t(slot) * rec_n, Hk, Hv, Dk, Dv,
+                       K, 1e-6f, out_ref.get() + size_t(b) * Hv * Dv, nullptr);
+    EXPECT_EQ(bits_of(out), bits_of(out_ref));
+    for (int b = 0; b < B; ++b) {
+      EXPECT_EQ(download(conv[size_t(b)]), download(conv_ref[size_t(b)])) << "conv row " << b;
+      EXPECT_EQ(download(rec[size_t(b)]), download(rec_ref[size_t(b)])) << "state row " << b;
+    }
+  }
 }
 
 // ---- attention --------------------------------------------------------------------------------

@@ -62,17 +62,11 @@ void v3_split_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
                          a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.workspace, a.out, s);
 }
 
-void v4_pipelined_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
-  cuda::gdn_decode_batch_pipelined(a.proj, a.B, a.rows, a.slot, a.taps, a.neg_exp_A, a.dt_bias,
-                                   a.norm_w, a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.workspace, a.out,
-                                   s, true);
-}
-
 // Version 1 has no batched form.
 BatchLaunch batch_launcher(int version) {
   return version == 2   ? v2_cluster_batch
          : version == 3 ? v3_split_batch
-         : version == 4 ? v4_pipelined_batch
+         : version == 4 ? gdn_decode_v4_pipelined
                         : nullptr;
 }
 

@@ -36,11 +36,15 @@ struct GdnDecodeBatchArgs {
   int Hk, Hv, Dk, Dv, K;
   float eps;
   cuda::bf16* out;   // [B, Hv*Dv]
-  float* workspace;  // version 3: cuda::gdn_decode_batch_workspace_floats(B, ...)
+  float* workspace;  // versions 3, 4: cuda::gdn_decode_batch_workspace_floats(B, ...)
 };
 
 // Version 1, the counter kernel (v1_counter.cu).
 size_t gdn_decode_v1_workspace_floats(int Hk, int Hv, int Dv);
 void gdn_decode_v1_counter(const GdnDecodeArgs& a, cudaStream_t stream);
+
+// Version 4, the pipelined state pass (v4_pipelined.cu): production's prep kernel, then a
+// persistent state loop; batched only, workspace as version 3's.
+void gdn_decode_v4_pipelined(const GdnDecodeBatchArgs& a, cudaStream_t stream);
 
 }  // namespace lilac::lab
