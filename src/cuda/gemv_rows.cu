@@ -58,28 +58,16 @@ __global__ void __launch_bounds__(kThreads)
     const bf16* w0 = W + size_t(r0) * cols + 16 * t;
     const bf16* w1 = W + size_t(r1) * cols + 16 * t;
     const int s0 = slice * steps_per_slice, s1 = min(steps, s0 + steps_per_slice);
-    // Weights of kUnroll steps per iteration, double-buffered: the next iteration's loads are
-    // issued before this one's MMAs, so a warp waits for DRAM once, not once per iteration (s9:
-    // out_proj's warps walk 8 steps in 4 dependent round trips). A clamped repeat is loaded, not
-    // used.
-    uint4 wa[kUnroll][2][2], wn[kUnroll][2][2];  // [step][row g / g + 8][first / second 16 bytes]
-    auto load_w = [&](uint4(&dst)[kUnroll][2][2], int st) {
+    for (int st = s0; st < s1; st += kUnroll) {
+      uint4 wa[kUnroll][2][2];  // [step][row g / g + 8][first / second 16 bytes]
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int c = min(st + u, s1 - 1) * kStep;
-        dst[u][0][0] = ld_nc16(w0 + c);
-        dst[u][0][1] = ld_nc16(w0 + c + 8);
-        dst[u][1][0] = ld_nc16(w1 + c);
-        dst[u][1][1] = ld_nc16(w1 + c + 8);
+        const int c = min(st + u, s1 - 1) * kStep;  // a clamped repeat is loaded, not used
+        wa[u][0][0] = ld_nc16(w0 + c);
+        wa[u][0][1] = ld_nc16(w0 + c + 8);
+        wa[u][1][0] = ld_nc16(w1 + c);
+        wa[u][1][1] = ld_nc16(w1 + c + 8);
       }
-    };
-    if (s0 < s1) load_w(wn, s0);
-    for (int st = s0; st < s1; st += kUnroll) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) wa[u][r][0] = wn[u][r][0], wa[u][r][1] = wn[u][r][1];
-      if (st + kUnroll < s1) load_w(wn, st + kUnroll);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (st + u >= s1) break;  // warp-uniform

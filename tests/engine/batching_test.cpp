@@ -299,17 +299,23 @@ TEST(EngineBatching, StepObserverSeesEveryStep) {
   eo.context_size = 512;
   eo.parallel = 2;
   eo.snapshot_budget = 0;  // the second prompt reads all its tokens
-  Engine e(d.cpu, *d.tok, eo);
-  std::vector<lilac::StepRecord> records;  // written on the engine thread, read after .get()
-  e.set_step_observer([&](const lilac::StepRecord& r) { records.push_back(r); });
   const int kTokens = 6;
   std::vector<std::vector<int32_t>> prompts = {prompt_of(*d.tok, 0), prompt_of(*d.tok, 1)};
-  auto f0 = e.submit(greedy_request(prompts[0], kTokens));
-  auto f1 = e.submit(greedy_request(prompts[1], kTokens));
-  const GenerationResult r0 = f0.get(), r1 = f1.get();
-  ASSERT_EQ(r0.tokens.size(), size_t(kTokens));
-  ASSERT_EQ(r1.tokens.size(), size_t(kTokens));
-  ASSERT_EQ(records.size(), size_t(e.metrics().steps_total.load()));
+  // Written on the engine thread; read once the engine is gone (its destructor joins the thread:
+  // the last step's observer call may come after the requests' futures are ready).
+  std::vector<lilac::StepRecord> records;
+  uint64_t steps = 0;
+  {
+    Engine e(d.cpu, *d.tok, eo);
+    e.set_step_observer([&](const lilac::StepRecord& r) { records.push_back(r); });
+    auto f0 = e.submit(greedy_request(prompts[0], kTokens));
+    auto f1 = e.submit(greedy_request(prompts[1], kTokens));
+    const GenerationResult r0 = f0.get(), r1 = f1.get();
+    ASSERT_EQ(r0.tokens.size(), size_t(kTokens));
+    ASSERT_EQ(r1.tokens.size(), size_t(kTokens));
+    steps = e.metrics().steps_total.load();  // final: no step starts after both are done
+  }
+  ASSERT_EQ(records.size(), steps);
   int64_t decode = 0, prompt = 0, takers = 0, idle = 0;
   for (const lilac::StepRecord& r : records) {
     decode += r.decode_rows;
