@@ -349,11 +349,8 @@ TEST(BatchBackend, PromptPiecesPrefillTogetherQ4) {
 // (both through the full sampler on their batch row).
 TEST(BatchBackend, MixedItemsInOneCall) {
   LILAC_REQUIRE_GPU();
-  ModelConfig cfg = qwen36_35b_a3b_config();
-  cfg.layers = 8;
-  cfg.layer_types.resize(8);
-  cuda::CudaBackend b(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3)));
-  const int32_t V = int32_t(cfg.vocab);
+  cuda::CudaBackend b(synthetic_eight_layers(3));
+  const int32_t V = int32_t(b.config().vocab);
   std::vector<std::unique_ptr<SequenceState>> s;
   for (int i = 0; i < 6; ++i) s.push_back(b.new_sequence(256));
   SamplingParams greedy, hot, lp;
@@ -408,13 +405,9 @@ TEST(BatchBackend, MixedItemsInOneCall) {
 // capture) and gives what a backend that captured at the step gives.
 TEST(BatchBackend, PreparedGraphsMatchGraphsCapturedAtTheStep) {
   LILAC_REQUIRE_GPU();
-  ModelConfig cfg = qwen36_35b_a3b_config();
-  cfg.layers = 8;
-  cfg.layer_types.resize(8);
-  cuda::CudaBackend prepared(
-      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3)));
-  cuda::CudaBackend lazy(std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3)));
-  const int32_t V = int32_t(cfg.vocab);
+  cuda::CudaBackend prepared(synthetic_eight_layers(3));
+  cuda::CudaBackend lazy(synthetic_eight_layers(3));
+  const int32_t V = int32_t(prepared.config().vocab);
   prepared.prepare_batches(6);
   EXPECT_EQ(prepared.batch_graph_count(), 5u);  // B = 2 .. 6
   prepared.prepare_batches(6);

@@ -347,11 +347,7 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
 
 TEST(CudaBackend, SyntheticGreedyDecodeIsDeterministic) {
   LILAC_REQUIRE_GPU();
-  ModelConfig cfg = qwen36_35b_a3b_config();
-  cfg.layers = 8;
-  cfg.layer_types.resize(8);
-  cuda::CudaBackend backend(
-      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3)));
+  cuda::CudaBackend backend(synthetic_eight_layers(3));
   auto run = [&] {
     auto seq = backend.new_sequence(512);
     SamplingParams greedy;

@@ -19,10 +19,21 @@
 #include <vector>
 
 #include "cuda/common.h"
+#include "cuda/device_model.h"
+#include "model/qwen36.h"
 #include "twins/host_data.h"
 #include "util/half.h"
 
 namespace lilac::test {
+
+// The real model's widths with its first 8 layers: the full-width synthetic model the backend
+// tests can afford, random weights from `seed` (4-bit when q4).
+inline std::shared_ptr<cuda::DeviceModel> synthetic_eight_layers(uint32_t seed, bool q4 = false) {
+  ModelConfig cfg = qwen36_35b_a3b_config();
+  cfg.layers = 8;
+  cfg.layer_types.resize(8);
+  return std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, seed, q4));
+}
 
 // A GPU test that finds no GPU fails: a run that was meant to test the kernels must not report
 // success without running them. LILAC_ALLOW_NO_GPU=1 in the environment excludes them explicitly

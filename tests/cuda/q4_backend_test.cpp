@@ -339,11 +339,7 @@ TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
 // The q4 synthetic model is deterministic under greedy decoding (graphs, fixed summation orders).
 TEST(Q4Backend, SyntheticGreedyDecodeIsDeterministic) {
   LILAC_REQUIRE_GPU();
-  ModelConfig cfg = qwen36_35b_a3b_config();
-  cfg.layers = 8;
-  cfg.layer_types.resize(8);
-  cuda::CudaBackend backend(
-      std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, 3, true)));
+  cuda::CudaBackend backend(synthetic_eight_layers(3, /*q4=*/true));
   auto once = [&] {
     auto seq = backend.new_sequence(512);
     SamplingParams greedy;

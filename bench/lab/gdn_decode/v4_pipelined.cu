@@ -1,7 +1,8 @@
 // gdn_decode version 4, the pipelined state pass (batched only; lost to version 3, production's
 // gdn_decode_batch: numbers in README.md). Written in src/cuda/gated_deltanet_decode_batch.cu
-// (commit 252c002) as a candidate and moved here unchanged after the lab run: the state kernel and
-// its launcher; the prep kernel is production's (cuda::gdn_decode_batch_prep).
+// (commit 252c002) as a candidate and moved here after the lab run: the state kernel unchanged, its
+// launcher's cluster set-up now in one helper; the prep kernel is production's
+// (cuda::gdn_decode_batch_prep).
 #include <algorithm>
 
 #include "cuda/cluster.cuh"
@@ -150,22 +151,32 @@ __global__ void __launch_bounds__(2 * DK, 3)
 #endif
 }
 
+// Grid (nsplit, clusters) of 2 DK threads in clusters of nsplit blocks along x; attr[0] holds the
+// cluster dimension.
+template <int DK>
+cudaLaunchConfig_t cluster_config(int nsplit, int clusters, cudaStream_t stream,
+                                  cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(nsplit), unsigned(clusters));
+  cfg.blockDim = dim3(2 * DK);
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(nsplit);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // Clusters of `nsplit` blocks resident at once (0: cannot run).
 template <int DK>
 int pipelined_clusters(int nsplit) {
   static int cached[kMaxCluster + 1] = {};
   int& n = cached[nsplit];
   if (n == 0) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(nsplit), 1024);
-    cfg.blockDim = dim3(2 * DK);
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(nsplit);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = cluster_config<DK>(nsplit, 1024, nullptr, attr);
     if (cudaOccupancyMaxActiveClusters(&n, gdn_batch_state_pipelined_kernel<DK>, &cfg) !=
         cudaSuccess) {
       (void)cudaGetLastError();
@@ -180,17 +191,8 @@ void launch_state(const GdnDecodeBatchArgs& a, cudaStream_t stream) {
   const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
   const int nsplit = a.Dv / kCols, clusters = pipelined_clusters<DK>(nsplit);
   if (clusters <= 0) fail("gdn_decode v4: no cluster of {} blocks fits an SM", nsplit);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(nsplit), unsigned(std::min(clusters, a.Hv * a.B)));
-  cfg.blockDim = dim3(2 * DK);
-  cfg.stream = stream;
   cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(nsplit);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchConfig_t cfg = cluster_config<DK>(nsplit, std::min(clusters, a.Hv * a.B), stream, attr);
   if (cuda::pdl_for(reinterpret_cast<const void*>(gdn_batch_state_pipelined_kernel<DK>), stream)) {
     attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[1].val.programmaticStreamSerializationAllowed = 1;
