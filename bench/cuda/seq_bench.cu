@@ -153,7 +153,7 @@ void bench_gdn() {
       "T", "ms", "tokens/s/layer", "prep", "chunk", "state", "out");
   cudaEvent_t ev[5];
   for (auto& e : ev) LILAC_CUDA_CHECK(cudaEventCreate(&e));
-  for (int T : {512, 4096, 65536}) {
+  for (int T : {256, 512, 4096, 65536}) {
     DeviceBuffer<float> pp(size_t(T) * kP);
     fill(pp.get(), pp.size(), 0.f, 1.7f);
     DeviceBuffer<float> pws(gdn_prefill_workspace_floats(T, kHk, kHv, kDk, kDv));
