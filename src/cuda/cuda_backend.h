@@ -92,9 +92,11 @@ class CudaBackend : public Backend {
   std::unique_ptr<SequenceState> clone_with_capacity(const SequenceState& state,
                                                      int64_t max_context) override;
   size_t state_bytes(const SequenceState& state) const override;
-  // Captures the batched pass's graph for every batch size from batch_min_rows to
+  // Captures and uploads the batched pass's graph for every batch size from batch_min_rows to
   // min(max_sequences, kMaxBatchRows) that step_batch would replay (none without graphs or the
-  // batched pass). Graphs are otherwise captured at a size's first step.
+  // batched pass; otherwise captured at a size's first step), then runs one prefill chunk of
+  // prompt pieces of up to 4 scratch sequences from the memory pool (loads the chunk path's
+  // kernels; the pool keeps the memory for the first prompt-reuse copies).
   void prepare_batches(int max_sequences) override;
 
   // Per-kernel times of one decode step and one prefill chunk (CUDA events around each launch,

@@ -126,9 +126,10 @@ class Backend {
   }
   virtual size_t state_bytes(const SequenceState& state) const = 0;
 
-  // Prepares step_batch for up to `max_sequences` decoding sequences at once (CUDA: captures the
-  // batched pass's graph for every batch size), so that the first busy moments of a server do
-  // not pay for it. Optional: the default does nothing.
+  // Prepares step_batch for up to `max_sequences` sequences at once, so that the first busy
+  // moments of a server do not pay for lazy set-up (CUDA: captures and uploads the batched pass's
+  // graph for every batch size, and runs one multi-sequence prefill chunk on scratch sequences).
+  // Optional: the default does nothing.
   virtual void prepare_batches(int max_sequences) { (void)max_sequences; }
 
   // Optional observer of intermediate tensors (nullptr: off, the default and the fast path).
