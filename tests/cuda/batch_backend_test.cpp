@@ -401,8 +401,9 @@ TEST(BatchBackend, MixedItemsInOneCall) {
   }
 }
 
-// prepare_batches captures one graph per batch size ahead of time; a step then replays it (no
-// capture) and gives what a backend that captured at the step gives.
+// prepare_batches captures one graph per batch size ahead of time and runs one multi-sequence
+// prefill chunk on scratch sequences; a step then replays a prepared graph (no capture) and gives
+// what a backend that captured at the step gives, and the scratch sequences left nothing behind.
 TEST(BatchBackend, PreparedGraphsMatchGraphsCapturedAtTheStep) {
   LILAC_REQUIRE_GPU();
   cuda::CudaBackend prepared(synthetic_eight_layers(3));
@@ -410,8 +411,10 @@ TEST(BatchBackend, PreparedGraphsMatchGraphsCapturedAtTheStep) {
   const int32_t V = int32_t(prepared.config().vocab);
   prepared.prepare_batches(6);
   EXPECT_EQ(prepared.batch_graph_count(), 5u);  // B = 2 .. 6
+  EXPECT_EQ(prepared.batched_prefills(), 1);    // and one multi-sequence prefill chunk ran
   prepared.prepare_batches(6);
   EXPECT_EQ(prepared.batch_graph_count(), 5u);  // nothing captured twice
+  EXPECT_EQ(prepared.batched_prefills(), 2);
   EXPECT_EQ(lazy.batch_graph_count(), 0u);
   SamplingParams greedy;
   greedy.temperature = 0;
