@@ -19,12 +19,17 @@
 namespace lilac::bench {
 namespace {
 
+// staged: the 4/8-bit projections through q_gemv_staged (CudaOptions::staged_q_gemv; BF16
+// weights do not use it).
 struct Mode {
   const char* name;
-  bool pdl, prefetch;
+  bool pdl, prefetch, staged;
 };
-constexpr Mode kModes[3] = {
-    {"PDL", true, false}, {"PDL+prefetch", true, true}, {"neither", false, false}};
+constexpr int kModeCount = 4;
+constexpr Mode kModes[kModeCount] = {{"PDL", true, false, true},
+                                     {"PDL+prefetch", true, true, true},
+                                     {"neither", false, false, true},
+                                     {"PDL unstaged", true, false, false}};
 
 void one_format(const std::string& weights, int context, int runs) {
   auto backend = cuda::make_synthetic_backend(weights, 1);
@@ -51,15 +56,21 @@ void one_format(const std::string& weights, int context, int runs) {
   auto all = [&](const std::vector<int64_t>& layers) {
     std::vector<double> t;
     const bool saved = cuda::l2_prefetch_enabled();
+    const cuda::CudaOptions saved_options = backend->options();
     for (const Mode& m : kModes) {
       cuda::ScopedPdl p(m.pdl);
       cuda::set_l2_prefetch_enabled(m.prefetch);
+      cuda::CudaOptions o = saved_options;
+      o.staged_q_gemv = m.staged;
+      o.pdl = m.pdl;
+      backend->set_options(o);
       const double sec = median_graph_replay_seconds(s, runs, [&] {
         for (int64_t li : layers) backend->decode_layer(*seq, li);
       });
       t.push_back(sec / double(layers.size()));
     }
     cuda::set_l2_prefetch_enabled(saved);
+    backend->set_options(saved_options);
     return t;
   };
   auto row = [&](const std::string& name, const std::vector<double>& t) {
@@ -78,7 +89,7 @@ void one_format(const std::string& weights, int context, int runs) {
     row("attention layer (" + std::to_string(attn.size()) + " in the graph)", ta);
   }
   std::printf("%-34s", "the layers of one decode step");
-  for (size_t m = 0; m < 3; ++m)
+  for (size_t m = 0; m < size_t(kModeCount); ++m)
     std::printf(" %11.1f us", 1e6 * ((tg.empty() ? 0 : tg[m] * double(gdn.size())) +
                                      (ta.empty() ? 0 : ta[m] * double(attn.size()))));
   std::printf(

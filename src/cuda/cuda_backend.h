@@ -55,6 +55,11 @@ struct CudaOptions {
   // into shared memory) for 4-bit prompt chunks on Hopper, else registers.
   // LILAC_SMALL_MOE_KERNEL=registers|streamed|auto (A/B runs).
   MoeSmallKernel small_moe_kernel = MoeSmallKernel::automatic;
+  // One-row decode: the 4-bit/8-bit projections (in_proj, qkv with the input norm fused,
+  // out_proj, o_proj, the router with the post norm fused) run q_gemv_staged, which requests its
+  // weights before it waits for the previous kernel (q4_linear.h), where the device has it.
+  // Bit for bit the unstaged kernels' result. LILAC_Q_GEMV_STAGED=0: the unstaged ones (A/B).
+  bool staged_q_gemv = true;
   static CudaOptions from_environment();
 };
 

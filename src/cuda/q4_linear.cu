@@ -34,6 +34,7 @@
 
 #include <algorithm>
 
+#include "cuda/bulk_copy.cuh"
 #include "cuda/q4_tile.cuh"
 #include "util/error.h"
 
@@ -44,6 +45,43 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
 enum : int { kOutF32 = 0, kOutAddF32 = 1, kOutBf16 = 2 };
+
+// Stores (kOutF32), adds (kOutAddF32) or rounds (kOutBf16) the block's row sums: warp `warp`
+// holds, after quad_sum, rows g and g + 8 (r0, r1) of slice `slice` of its tile; the S slices of
+// a tile are added in slice order through `part`. Every warp of the block calls it (barrier).
+template <int kMode>
+__device__ __forceinline__ void store_rows(float (&part)[kWarps][kQTileRows], int warp, int lane,
+                                           int S, int slice, int tile, int tiles, int rows,
+                                           float r0, float r1, void* __restrict__ y) {
+  auto put = [&](int row, float v) {
+    if (kMode == kOutF32)
+      static_cast<float*>(y)[row] = v;
+    else if (kMode == kOutAddF32)
+      static_cast<float*>(y)[row] += v;
+    else
+      static_cast<bf16*>(y)[row] = __float2bfloat16_rn(v);
+  };
+  if (S > 1) {
+    const int g = lane >> 2;
+    if ((lane & 3) == 0) {
+      part[warp][g] = r0;
+      part[warp][g + 8] = r1;
+    }
+    __syncthreads();
+    if (slice != 0 || tile >= tiles || lane >= kQTileRows) return;
+    float v = 0.f;
+    for (int s = 0; s < S; ++s) v += part[warp + s][lane];
+    const int row = tile * kQTileRows + lane;
+    if (row < rows) put(row, v);
+  } else {
+    if (tile >= tiles || (lane & 3) != 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = tile * kQTileRows + (lane >> 2) + 8 * h;
+      if (row < rows) put(row, h ? r1 : r0);
+    }
+  }
+}
 
 template <int BITS, int kMode>
 __global__ void __launch_bounds__(kThreads)
@@ -64,40 +102,78 @@ __global__ void __launch_bounds__(kThreads)
     for (int set = slice * sets_per_slice; set < s1; ++set)
       qtile::q_set_dot<BITS, 1>(codes, sb, G, set, x, y2);
   }
-  float r0 = qtile::quad_sum(y2[0][0]), r1 = qtile::quad_sum(y2[0][1]);
-  if (S > 1) {
-    const int g = lane >> 2;
-    if ((lane & 3) == 0) {
-      part[warp][g] = r0;
-      part[warp][g + 8] = r1;
-    }
-    __syncthreads();
-    if (slice != 0 || tile >= tiles || lane >= kQTileRows) return;
-    float v = 0.f;
-    for (int s = 0; s < S; ++s) v += part[warp + s][lane];
-    const int row = tile * kQTileRows + lane;
-    if (row >= W.rows) return;
-    if (kMode == kOutF32)
-      static_cast<float*>(y)[row] = v;
-    else if (kMode == kOutAddF32)
-      static_cast<float*>(y)[row] += v;
-    else
-      static_cast<bf16*>(y)[row] = __float2bfloat16_rn(v);
-  } else {
-    if (tile >= tiles || (lane & 3) != 0) return;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = tile * kQTileRows + (lane >> 2) + 8 * h;
-      const float v = h ? r1 : r0;
-      if (row >= W.rows) continue;
-      if (kMode == kOutF32)
-        static_cast<float*>(y)[row] = v;
-      else if (kMode == kOutAddF32)
-        static_cast<float*>(y)[row] += v;
-      else
-        static_cast<bf16*>(y)[row] = __float2bfloat16_rn(v);
+  store_rows<kMode>(part, warp, lane, S, slice, tile, tiles, W.rows, qtile::quad_sum(y2[0][0]),
+                    qtile::quad_sum(y2[0][1]), y);
+}
+
+// ---- staged: the block's weights requested before the wait ------------------------------------
+// The same grid, warps and sums as q_gemv_kernel with one set per slice (sets_per_slice = 1),
+// so the result is bit for bit q_gemv's. Before griddepcontrol.wait, thread 0 asks the bulk copy
+// engine for the block's kWarps / S tiles (codes and scales, one mbarrier per tile) into shared
+// memory: the weights stream while the previous kernel finishes, which a kernel whose first
+// load follows the wait cannot do (docs/kernels.md, "Tenth session"). After the wait, x (or
+// kNorm: rms_norm_row of h, the order rms_norm uses) is staged in shared memory, and each warp
+// runs its set from shared memory once its tile has landed. kNorm with x_out: block 0 also
+// stores the normalised x (rms_norm's output, for another consumer).
+// Shared memory: bars [kWarps] | x [cols] bf16 | scratch [32] | codes [n][G P 128] | sb [n][G 16].
+template <int BITS>
+constexpr size_t staged_tile_bytes(int G) {
+  return size_t(G) * (BITS / 4) * kQBlockWords * 4 + size_t(G) * kQSbWords * 4;
+}
+
+template <int BITS, int kMode, bool kNorm>
+__global__ void __launch_bounds__(kThreads)
+    q_gemv_staged_kernel(QMatrix W, const bf16* __restrict__ x, const float* __restrict__ h,
+                         const float* __restrict__ norm_scale, float eps, bf16* __restrict__ x_out,
+                         void* __restrict__ y, int S) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float part[kWarps][kQTileRows];
+  constexpr int P = BITS / 4;
+  const int tiles = W.tiles(), G = W.groups(), n = kWarps / S;
+  const int tile0 = blockIdx.x * n, nt = min(n, tiles - tile0);
+  const size_t code_words = size_t(G) * P * kQBlockWords, sb_words = size_t(G) * kQSbWords;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem);
+  uint32_t* xs = reinterpret_cast<uint32_t*>(smem + kWarps * 8);
+  float* scratch = reinterpret_cast<float*>(xs + W.cols / 2);
+  uint32_t* codes_s = reinterpret_cast<uint32_t*>(scratch + 32);
+  uint32_t* sb_s = codes_s + size_t(n) * code_words;
+  pdl_launch_dependents();
+  if (threadIdx.x == 0) {  // weights only: allowed before the wait
+    for (int i = 0; i < nt; ++i) bulk::init(&bars[i], 1);
+    bulk::fence_init();
+    const uint64_t policy = bulk::evict_first_policy();
+    for (int i = 0; i < nt; ++i) {
+      const size_t tile = size_t(tile0 + i);
+      bulk::arrive_expect_tx(&bars[i], unsigned((code_words + sb_words) * 4));
+      bulk::copy(codes_s + i * code_words, W.codes + tile * code_words, unsigned(code_words * 4),
+                 &bars[i], policy);
+      bulk::copy(sb_s + i * sb_words, W.sb + tile * sb_words, unsigned(sb_words * 4), &bars[i],
+                 policy);
     }
   }
+  pdl_wait();
+  if (kNorm) {
+    rms_norm_row(h, norm_scale, W.cols, eps, reinterpret_cast<uint4*>(xs), scratch);
+    __syncthreads();
+    if (x_out && blockIdx.x == 0)
+      for (int i = threadIdx.x; i < W.cols / 8; i += kThreads)
+        reinterpret_cast<uint4*>(x_out)[i] = reinterpret_cast<const uint4*>(xs)[i];
+  } else {
+    for (int i = threadIdx.x; i < W.cols / 8; i += kThreads)
+      reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(x) + i);
+    __syncthreads();  // also publishes the barriers' initialisation
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tl = warp / S, slice = warp % S, tile = tile0 + tl;
+  float y2[1][2] = {{0.f, 0.f}};
+  if (tl < nt && slice < (G + 7) / 8) {  // warp-uniform; S may exceed the set count
+    bulk::wait(&bars[tl], 0);
+    const uint32_t* const codes[1] = {codes_s + size_t(tl) * code_words};
+    const uint32_t* const sb[1] = {sb_s + size_t(tl) * sb_words};
+    qtile::q_set_dot<BITS, 1, true>(codes, sb, G, slice, reinterpret_cast<const bf16*>(xs), y2);
+  }
+  store_rows<kMode>(part, warp, lane, S, slice, tile, tiles, W.rows, qtile::quad_sum(y2[0][0]),
+                    qtile::quad_sum(y2[0][1]), y);
 }
 
 __global__ void __launch_bounds__(256)
@@ -127,17 +203,70 @@ void check(const char* what, const QMatrix& W, const void* x, const void* y) {
   if (reinterpret_cast<uintptr_t>(x) % 4 != 0) fail("cuda::{}: x must be 4-byte aligned", what);
 }
 
-template <int kMode>
-void launch(const char* what, const QMatrix& W, const bf16* x, void* y, cudaStream_t stream) {
-  check(what, W, x, y);
+// The split of q_gemv's grid: S warps (slices) per tile, chosen so that tiles x S >= 16 warps per
+// SM when the rows are few; each slice takes sets_per_slice 8-group sets.
+struct Split {
+  int S, sets_per_slice, grid;
+};
+Split split_for(const QMatrix& W) {
   const int tiles = W.tiles(), sets = (W.groups() + 7) / 8;
   const long long target = 16LL * sm_count();
   int S = 1;
   while (S < kWarps && S < sets && (long long)tiles * S < target) S *= 2;
-  const int sps = (sets + S - 1) / S;
-  const int grid = ceil_div(tiles, kWarps / S);
-  launch_kernel(true, W.bits == 4 ? q_gemv_kernel<4, kMode> : q_gemv_kernel<8, kMode>, dim3(grid),
-                dim3(kThreads), 0, stream, W, x, y, S, sps);
+  return {S, (sets + S - 1) / S, ceil_div(tiles, kWarps / S)};
+}
+
+template <int kMode>
+void launch(const char* what, const QMatrix& W, const bf16* x, void* y, cudaStream_t stream) {
+  check(what, W, x, y);
+  const Split sp = split_for(W);
+  launch_kernel(true, W.bits == 4 ? q_gemv_kernel<4, kMode> : q_gemv_kernel<8, kMode>,
+                dim3(sp.grid), dim3(kThreads), 0, stream, W, x, y, sp.S, sp.sets_per_slice);
+}
+
+// Staged launches: the dynamic shared memory of one block (0 when the matrix does not qualify:
+// more than one set per slice, or more than kStagedMaxSmem for the block's tiles).
+constexpr size_t kStagedMaxSmem = 80 * 1024;
+size_t staged_smem(const QMatrix& W) {
+  const Split sp = split_for(W);
+  if (sp.sets_per_slice != 1) return 0;
+  const int G = W.groups(), n = kWarps / sp.S;
+  const size_t tile = W.bits == 4 ? staged_tile_bytes<4>(G) : staged_tile_bytes<8>(G);
+  const size_t bytes = kWarps * 8 + size_t(W.cols) * 2 + 32 * 4 + size_t(n) * tile;
+  return bytes <= kStagedMaxSmem ? bytes : 0;
+}
+
+template <int BITS, int kMode, bool kNorm>
+void launch_staged_bits(const QMatrix& W, const bf16* x, const float* h, const float* scale,
+                        float eps, bf16* x_out, void* y, size_t smem, cudaStream_t stream) {
+  auto* kernel = q_gemv_staged_kernel<BITS, kMode, kNorm>;
+  static const bool attr_set = [&] {
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(kStagedMaxSmem)));
+    return true;
+  }();
+  (void)attr_set;
+  const Split sp = split_for(W);
+  launch_kernel(true, kernel, dim3(sp.grid), dim3(kThreads), smem, stream, W, x, h, scale, eps,
+                x_out, y, sp.S);
+}
+
+template <int kMode, bool kNorm>
+void launch_staged(const char* what, const QMatrix& W, const bf16* x, const float* h,
+                   const float* scale, float eps, bf16* x_out, void* y, cudaStream_t stream) {
+  check(what, W, kNorm ? static_cast<const void*>(h) : x, y);
+  if (kNorm &&
+      (!scale || !is_aligned(h, 16) || !is_aligned(scale, 16) || (x_out && !is_aligned(x_out, 16))))
+    fail("cuda::{}: h, the norm scale and x_out must be 16-byte aligned", what);
+  if (!kNorm && !is_aligned(x, 16)) fail("cuda::{}: x must be 16-byte aligned", what);
+  const size_t smem = q_gemv_staged_available(W) ? staged_smem(W) : 0;
+  if (smem == 0)
+    fail("cuda::{}: [{}, {}] at {} bits does not run staged (q_gemv_staged_available)", what,
+         W.rows, W.cols, W.bits);
+  if (W.bits == 4)
+    launch_staged_bits<4, kMode, kNorm>(W, x, h, scale, eps, x_out, y, smem, stream);
+  else
+    launch_staged_bits<8, kMode, kNorm>(W, x, h, scale, eps, x_out, y, smem, stream);
 }
 
 }  // namespace
@@ -147,6 +276,26 @@ void q_gemv(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_
     launch<kOutF32>("q_gemv", W, x, y, stream);
   else
     launch<kOutAddF32>("q_gemv", W, x, y, stream);
+}
+
+bool q_gemv_staged_available(const QMatrix& W) {
+  static const bool hopper = device_compute_capability() == 90;
+  return hopper && W && (W.bits == 4 || W.bits == 8) && W.cols >= kQGroup &&
+         W.cols % kQGroup == 0 && W.cols <= 65536 && staged_smem(W) > 0;
+}
+
+void q_gemv_staged(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_t stream) {
+  if (mode == GemvOut::Store)
+    launch_staged<kOutF32, false>("q_gemv_staged", W, x, nullptr, nullptr, 0.f, nullptr, y, stream);
+  else
+    launch_staged<kOutAddF32, false>("q_gemv_staged", W, x, nullptr, nullptr, 0.f, nullptr, y,
+                                     stream);
+}
+
+void q_gemv_rms_staged(const QMatrix& W, const float* h, const float* norm_scale, float eps,
+                       float* y, bf16* x_out, cudaStream_t stream) {
+  launch_staged<kOutF32, true>("q_gemv_rms_staged", W, nullptr, h, norm_scale, eps, x_out, y,
+                               stream);
 }
 
 void q_gemv_bf16out(const QMatrix& W, const bf16* x, bf16* y, cudaStream_t stream) {

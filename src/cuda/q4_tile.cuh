@@ -65,6 +65,30 @@ __device__ __forceinline__ uint32_t ld_ro4(const uint32_t* p) {
   return v;
 }
 
+// Shared-memory twins of the three loads (q_set_dot<..., kSmem = true>: weights a kernel staged
+// with bulk copies, x staged by the block).
+__device__ __forceinline__ uint4 lds16(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+  return v;
+}
+__device__ __forceinline__ uint2 lds8(const uint32_t* p) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+               : "=r"(v.x), "=r"(v.y)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds4(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];"
+               : "=r"(v)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+  return v;
+}
+
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int kb) {
   return kb == 0 ? v.x : kb == 1 ? v.y : kb == 2 ? v.z : v.w;  // kb is a compile-time constant
 }
@@ -82,7 +106,8 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int kb) {
 // MMA per kb with A = 1 gives Sx of every group of the set in the same positions.
 // codes[nt] / sb[nt]: the tile's block (group 0, plane 0) in codes and sb.
 // x: bf16 [64 G] (global memory, read through the non-coherent path; 4-byte aligned).
-template <int BITS, int NT>
+// kSmem: codes, sb and x are in shared memory instead (q4_gemv_staged.cu); same arithmetic.
+template <int BITS, int NT, bool kSmem = false>
 __device__ __forceinline__ void q_set_dot(const uint32_t* const (&codes)[NT],
                                           const uint32_t* const (&sb)[NT], int G, int set,
                                           const bf16* __restrict__ x, float (&y)[NT][2]) {
@@ -99,19 +124,20 @@ __device__ __forceinline__ void q_set_dot(const uint32_t* const (&codes)[NT],
     for (int m = 0; m < 8; ++m)
 #pragma unroll
       for (int p = 0; p < P; ++p)
-        // Addresses are clamped to a valid group so a speculated load cannot fault.
-        cw[nt][m][p] =
-            m < ng ? ld_w16(codes[nt] + (size_t(grp0 + (m < ng ? m : 0)) * P + p) * kQBlockWords +
-                            lane * 4)
-                   : make_uint4(0, 0, 0, 0);
+      // Addresses are clamped to a valid group so a speculated load cannot fault.
+      {
+        const uint32_t* wp =
+            codes[nt] + (size_t(grp0 + (m < ng ? m : 0)) * P + p) * kQBlockWords + lane * 4;
+        cw[nt][m][p] = m < ng ? (kSmem ? lds16(wp) : ld_w16(wp)) : make_uint4(0, 0, 0, 0);
+      }
   uint2 sbv[NT][2];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int grp = grp0 + 2 * t + h;
-      sbv[nt][h] = grp < G ? ld_ro8(sb[nt] + size_t(grp < G ? grp : grp0) * kQSbWords + 2 * g)
-                           : make_uint2(0, 0);
+      const uint32_t* sp = sb[nt] + size_t(grp < G ? grp : grp0) * kQSbWords + 2 * g;
+      sbv[nt][h] = grp < G ? (kSmem ? lds8(sp) : ld_ro8(sp)) : make_uint2(0, 0);
     }
   // x of group grp0 + g at this lane's B positions: elements 16 kb + 2t (+1) and 16 kb + 2t + 8
   // (+1), i.e. 32-bit words 8 kb + t and 8 kb + t + 4 of the group.
@@ -121,8 +147,8 @@ __device__ __forceinline__ void q_set_dot(const uint32_t* const (&codes)[NT],
     const uint32_t* xg = reinterpret_cast<const uint32_t*>(x) + size_t(grp0 + (has ? g : 0)) * 32;
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
-      X[kb][0] = has ? ld_ro4(xg + 8 * kb + t) : 0u;
-      X[kb][1] = has ? ld_ro4(xg + 8 * kb + t + 4) : 0u;
+      X[kb][0] = has ? (kSmem ? lds4(xg + 8 * kb + t) : ld_ro4(xg + 8 * kb + t)) : 0u;
+      X[kb][1] = has ? (kSmem ? lds4(xg + 8 * kb + t + 4) : ld_ro4(xg + 8 * kb + t + 4)) : 0u;
     }
   }
   float sx[4] = {0.f, 0.f, 0.f, 0.f};

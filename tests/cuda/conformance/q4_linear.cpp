@@ -12,6 +12,8 @@
 
 #include "../q4_test_util.h"
 #include "conformance.h"
+#include "cuda/common.h"
+#include "cuda/norm.h"
 #include "cuda/q4_linear.h"
 #include "util/error.h"
 
@@ -82,6 +84,71 @@ void check_shape(Shape s, uint64_t seed) {
   }
 }
 
+// q_gemv_staged (Store, Accumulate) against q_gemv bit for bit, and q_gemv_rms_staged against
+// rms_norm + q_gemv bit for bit (y and the x it leaves), where the shape runs staged.
+void check_staged(Shape s, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "staged W [" << s.rows << ", " << s.cols << "] at " << s.bits
+                                  << " bits");
+  if (cuda::device_compute_capability() != 90) GTEST_SKIP() << "not a compute capability 9.0 GPU";
+  HostQ W(s.rows, s.cols, s.bits, std::sqrt(3.f / float(s.cols)), seed);
+  ASSERT_TRUE(cuda::q_gemv_staged_available(W.q()));
+  const size_t guard = 37, rows = size_t(s.rows);
+  auto run = [&](auto&& launch, const std::vector<float>& y0) {
+    auto y = upload(y0);
+    launch(y.get());
+    return download(y);
+  };
+  std::vector<float> x = random_floats(size_t(s.cols), 1.f, uint32_t(seed + 1));
+  auto dx = upload_bf16(to_bf16_rounding(x));
+  std::vector<float> start(rows + guard, -7.f);
+  for (cuda::GemvOut mode : {cuda::GemvOut::Store, cuda::GemvOut::Accumulate}) {
+    const std::vector<float> want =
+        run([&](float* y) { cuda::q_gemv(W.q(), dx.get(), y, mode, nullptr); }, start);
+    const std::vector<float> got =
+        run([&](float* y) { cuda::q_gemv_staged(W.q(), dx.get(), y, mode, nullptr); }, start);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+        << "q_gemv_staged differs from q_gemv ("
+        << (mode == cuda::GemvOut::Store ? "Store" : "Accumulate") << "), or wrote past its rows";
+  }
+  // The fused norm: h with a wide range, a non-trivial scale.
+  auto h = upload(random_floats(size_t(s.cols), 5.f, uint32_t(seed + 3)));
+  std::vector<float> scale_host = random_floats(size_t(s.cols), 1.f, uint32_t(seed + 4));
+  for (float& v : scale_host) v += 1.f;
+  auto scale = upload(scale_host);
+  const float eps = 1e-6f;
+  cuda::DeviceBuffer<cuda::bf16> x_ref(size_t(s.cols)), x_got(size_t(s.cols));
+  poison(x_got);
+  cuda::rms_norm(h.get(), scale.get(), x_ref.get(), 1, s.cols, eps, nullptr);
+  const std::vector<float> want = run(
+      [&](float* y) { cuda::q_gemv(W.q(), x_ref.get(), y, cuda::GemvOut::Store, nullptr); }, start);
+  const std::vector<float> got = run(
+      [&](float* y) {
+        cuda::q_gemv_rms_staged(W.q(), h.get(), scale.get(), eps, y, x_got.get(), nullptr);
+      },
+      start);
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+      << "q_gemv_rms_staged differs from rms_norm + q_gemv, or wrote past its rows";
+  std::vector<uint16_t> xr(size_t(s.cols)), xg(size_t(s.cols));
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  LILAC_CUDA_CHECK(cudaMemcpy(xr.data(), x_ref.get(), x_ref.bytes(), cudaMemcpyDeviceToHost));
+  LILAC_CUDA_CHECK(cudaMemcpy(xg.data(), x_got.get(), x_got.bytes(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(xr, xg) << "the x q_gemv_rms_staged leaves differs from rms_norm's";
+}
+
+// On Hopper the decode projections of the real model run staged (the backend's one-row decode
+// takes them when available; elsewhere it falls back to q_gemv); lm_head does not.
+TEST(Q4GemvStaged, TakesTheDecodeProjectionsOnHopper) {
+  LILAC_REQUIRE_GPU();
+  if (cuda::device_compute_capability() != 90) GTEST_SKIP() << "not a compute capability 9.0 GPU";
+  for (Shape s :
+       {Shape{12352, 2048, 4}, Shape{9216, 2048, 4}, Shape{2048, 4096, 4}, Shape{257, 2048, 8}}) {
+    HostQ W(s.rows, s.cols, s.bits, 0.1f, 1);
+    EXPECT_TRUE(cuda::q_gemv_staged_available(W.q())) << s.rows << " x " << s.cols;
+  }
+  HostQ lm(248320, 2048, 4, 0.1f, 1);
+  EXPECT_FALSE(cuda::q_gemv_staged_available(lm.q()));
+}
+
 // The tolerance is meaningful: one code one step off (at the largest |x_k|, the row moves by |s
 // x_k|) exceeds twice the bound in most rows, so a single wrong nibble would fail q_gemv's
 // comparison.
@@ -136,6 +203,13 @@ LILAC_CONFORMANCE_CASES(q4_linear) {
   add("out_proj_", {2048, 4096, 4}, 102);
   add("router_", {257, 2048, 8}, 103);
   add("lm_head_", {248320, 2048, 4}, 7);
+  // Staged: the decode shapes, and awkward ones that qualify.
+  for (Shape s : {Shape{12352, 2048, 4}, Shape{9216, 2048, 4}, Shape{2048, 4096, 4},
+                  Shape{257, 2048, 8}, Shape{1, 64, 4}, Shape{17, 128, 8}, Shape{33, 576, 4},
+                  Shape{100, 1088, 4}, Shape{2048, 512, 8}})
+    cases.push_back({"q_gemv_staged", std::to_string(s.rows) + "x" + std::to_string(s.cols),
+                     qname(s.bits), "q_gemv and rms_norm, bit for bit",
+                     [s] { check_staged(s, 300 + uint64_t(s.rows)); }});
   // One row, rows not a multiple of 16, one group, group counts not a multiple of 8.
   uint64_t seed = 200;
   for (int bits : {4, 8})
