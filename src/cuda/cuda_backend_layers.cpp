@@ -191,21 +191,22 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   if (L.router.format == DeviceFormat::Bf16) {
     // A BF16 router: the post norm, the router GEMV (E + 1 rows: the shared gate logit last) and
     // the top-k in one launch (moe_router); it also leaves the normalised x for the experts'
-    // gate/up. A 4/8-bit router (below): rms_norm and q_gemv (or q_gemv_rms_staged), router_topk.
+    // gate/up. A 4/8-bit router (below): rms_norm, q_gemv, router_topk, or all three in
+    // q_gemv_router_staged.
     timed(timer, "moe_router", [&] {
       moe_router(L.router.dense, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(),
                  w.topk_idx.get(), w.topk_w.get(), w.x.get(), w.router_ws.get(), s);
     });
+  } else if (staged(L.router)) {
+    // The norm, the router GEMV and the top-k in one launch; x left for the experts.
+    timed(timer, "gemv.router", [&] {
+      q_gemv_router_staged(L.router.q, w.h.get(), L.post_norm, eps, w.router.get(), w.x.get(), E, k,
+                           w.topk_idx.get(), w.topk_w.get(), w.router_ws.get(), s);
+    });
   } else {
-    if (staged(L.router)) {  // post norm fused; block 0 leaves x for the experts
-      timed(timer, "gemv.router", [&] {
-        q_gemv_rms_staged(L.router.q, w.h.get(), L.post_norm, eps, w.router.get(), w.x.get(), s);
-      });
-    } else {
-      timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), 1, H, eps, s); });
-      timed(timer, "gemv.router",
-            [&] { proj_gemv(L.router, E + 1, H, w.x.get(), w.router.get(), GemvOut::Store, s); });
-    }
+    timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), 1, H, eps, s); });
+    timed(timer, "gemv.router",
+          [&] { proj_gemv(L.router, E + 1, H, w.x.get(), w.router.get(), GemvOut::Store, s); });
     timed(timer, "router_topk", [&] {
       router_topk(w.router.get(), E + 1, 1, E, k, w.topk_idx.get(), w.topk_w.get(), s);
     });

@@ -35,6 +35,7 @@
 #include <algorithm>
 
 #include "cuda/bulk_copy.cuh"
+#include "cuda/gemv.cuh"
 #include "cuda/q4_tile.cuh"
 #include "util/error.h"
 
@@ -121,11 +122,21 @@ constexpr size_t staged_tile_bytes(int G) {
   return size_t(G) * (BITS / 4) * kQBlockWords * 4 + size_t(G) * kQSbWords * 4;
 }
 
-template <int BITS, int kMode, bool kNorm>
+// The router's top-k after the GEMV (q_gemv_router_staged): the last block to finish runs
+// router_select over y[0, E) (moe_router's threadfence-reduction pattern; counter zeroed once,
+// left zeroed). kRouter false: unused.
+struct RouterTopk {
+  int E = 0, k = 0;
+  int32_t* idx = nullptr;
+  float* w = nullptr;
+  unsigned* counter = nullptr;
+};
+
+template <int BITS, int kMode, bool kNorm, bool kRouter>
 __global__ void __launch_bounds__(kThreads)
     q_gemv_staged_kernel(QMatrix W, const bf16* __restrict__ x, const float* __restrict__ h,
                          const float* __restrict__ norm_scale, float eps, bf16* __restrict__ x_out,
-                         void* __restrict__ y, int S) {
+                         void* __restrict__ y, int S, RouterTopk topk) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float part[kWarps][kQTileRows];
   constexpr int P = BITS / 4;
@@ -174,6 +185,18 @@ __global__ void __launch_bounds__(kThreads)
   }
   store_rows<kMode>(part, warp, lane, S, slice, tile, tiles, W.rows, qtile::quad_sum(y2[0][0]),
                     qtile::quad_sum(y2[0][1]), y);
+  if constexpr (kRouter) {
+    __shared__ bool s_last;
+    __threadfence();  // this block's logits (and x_out) are visible before the count moves
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(topk.counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    if (warp == 0)
+      gemv_detail::router_select(static_cast<const float*>(y), topk.E, topk.k, topk.idx, topk.w);
+    if (threadIdx.x == 0) *topk.counter = 0u;  // ready for the next launch
+  }
 }
 
 __global__ void __launch_bounds__(256)
@@ -236,10 +259,11 @@ size_t staged_smem(const QMatrix& W) {
   return bytes <= kStagedMaxSmem ? bytes : 0;
 }
 
-template <int BITS, int kMode, bool kNorm>
+template <int BITS, int kMode, bool kNorm, bool kRouter>
 void launch_staged_bits(const QMatrix& W, const bf16* x, const float* h, const float* scale,
-                        float eps, bf16* x_out, void* y, size_t smem, cudaStream_t stream) {
-  auto* kernel = q_gemv_staged_kernel<BITS, kMode, kNorm>;
+                        float eps, bf16* x_out, void* y, const RouterTopk& topk, size_t smem,
+                        cudaStream_t stream) {
+  auto* kernel = q_gemv_staged_kernel<BITS, kMode, kNorm, kRouter>;
   static const bool attr_set = [&] {
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           int(kStagedMaxSmem)));
@@ -248,12 +272,13 @@ void launch_staged_bits(const QMatrix& W, const bf16* x, const float* h, const f
   (void)attr_set;
   const Split sp = split_for(W);
   launch_kernel(true, kernel, dim3(sp.grid), dim3(kThreads), smem, stream, W, x, h, scale, eps,
-                x_out, y, sp.S);
+                x_out, y, sp.S, topk);
 }
 
-template <int kMode, bool kNorm>
+template <int kMode, bool kNorm, bool kRouter = false>
 void launch_staged(const char* what, const QMatrix& W, const bf16* x, const float* h,
-                   const float* scale, float eps, bf16* x_out, void* y, cudaStream_t stream) {
+                   const float* scale, float eps, bf16* x_out, void* y, cudaStream_t stream,
+                   const RouterTopk& topk = {}) {
   check(what, W, kNorm ? static_cast<const void*>(h) : x, y);
   if (kNorm &&
       (!scale || !is_aligned(h, 16) || !is_aligned(scale, 16) || (x_out && !is_aligned(x_out, 16))))
@@ -264,9 +289,9 @@ void launch_staged(const char* what, const QMatrix& W, const bf16* x, const floa
     fail("cuda::{}: [{}, {}] at {} bits does not run staged (q_gemv_staged_available)", what,
          W.rows, W.cols, W.bits);
   if (W.bits == 4)
-    launch_staged_bits<4, kMode, kNorm>(W, x, h, scale, eps, x_out, y, smem, stream);
+    launch_staged_bits<4, kMode, kNorm, kRouter>(W, x, h, scale, eps, x_out, y, topk, smem, stream);
   else
-    launch_staged_bits<8, kMode, kNorm>(W, x, h, scale, eps, x_out, y, smem, stream);
+    launch_staged_bits<8, kMode, kNorm, kRouter>(W, x, h, scale, eps, x_out, y, topk, smem, stream);
 }
 
 }  // namespace
@@ -296,6 +321,17 @@ void q_gemv_rms_staged(const QMatrix& W, const float* h, const float* norm_scale
                        float* y, bf16* x_out, cudaStream_t stream) {
   launch_staged<kOutF32, true>("q_gemv_rms_staged", W, nullptr, h, norm_scale, eps, x_out, y,
                                stream);
+}
+
+void q_gemv_router_staged(const QMatrix& W, const float* h, const float* norm_scale, float eps,
+                          float* logits, bf16* x_out, int E, int k, int32_t* idx, float* w,
+                          void* workspace, cudaStream_t stream) {
+  if (!idx || !w || !workspace) fail("cuda::q_gemv_router_staged: null pointer");
+  if (E < 1 || E > 256 || k < 1 || k > std::min(E, 32) || W.rows < E)
+    fail("cuda::q_gemv_router_staged: unsupported E={} k={} rows={}", E, k, W.rows);
+  const RouterTopk topk{E, k, idx, w, static_cast<unsigned*>(workspace)};
+  launch_staged<kOutF32, true, true>("q_gemv_router_staged", W, nullptr, h, norm_scale, eps, x_out,
+                                     logits, stream, topk);
 }
 
 void q_gemv_bf16out(const QMatrix& W, const bf16* x, bf16* y, cudaStream_t stream) {

@@ -36,6 +36,15 @@ void q_gemv_staged(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cuda
 void q_gemv_rms_staged(const QMatrix& W, const float* h, const float* norm_scale, float eps,
                        float* y, bf16* x_out, cudaStream_t stream);
 
+// q_gemv_rms_staged with the router's top-k in the same launch: logits = y [W.rows] (E routed
+// experts, then the shared expert's gate logit), then router_topk's selection over logits[0, E)
+// by the last block to finish -> idx [k], w [k] (moe_decode.h). Bit for bit rms_norm + q_gemv +
+// router_topk. workspace: moe_router_workspace_bytes(), zeroed once (each launch leaves it
+// zeroed). E <= 256, k <= min(E, 32).
+void q_gemv_router_staged(const QMatrix& W, const float* h, const float* norm_scale, float eps,
+                          float* logits, bf16* x_out, int E, int k, int32_t* idx, float* w,
+                          void* workspace, cudaStream_t stream);
+
 // T token rows at once (the dense projections of a batched decode step; q4_gemv_rows.cu):
 // y[t, r] (=|+=) sum_k W[r, k] x[t, k] for t < T, r < W.rows; x bf16 [T, W.cols], y f32
 // [T, W.rows]. Each weight is read once for all rows (the tokens are the MMA's n dimension).

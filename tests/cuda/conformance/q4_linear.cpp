@@ -13,6 +13,7 @@
 #include "../q4_test_util.h"
 #include "conformance.h"
 #include "cuda/common.h"
+#include "cuda/moe_decode.h"
 #include "cuda/norm.h"
 #include "cuda/q4_linear.h"
 #include "util/error.h"
@@ -135,6 +136,42 @@ void check_staged(Shape s, uint64_t seed) {
   EXPECT_EQ(xr, xg) << "the x q_gemv_rms_staged leaves differs from rms_norm's";
 }
 
+// q_gemv_router_staged against rms_norm + q_gemv + router_topk bit for bit (logits, ids, weights,
+// the x it leaves), three launches in a row (the workspace counter is left at zero each time).
+void check_router_staged(Shape s, int E, int k, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "router W [" << s.rows << ", " << s.cols << "] E " << E
+                                  << " k " << k);
+  if (cuda::device_compute_capability() != 90) GTEST_SKIP() << "not a compute capability 9.0 GPU";
+  HostQ W(s.rows, s.cols, s.bits, std::sqrt(3.f / float(s.cols)), seed);
+  ASSERT_TRUE(cuda::q_gemv_staged_available(W.q()));
+  cuda::DeviceBuffer<unsigned char> ws(cuda::moe_router_workspace_bytes());
+  LILAC_CUDA_CHECK(cudaMemset(ws.get(), 0, ws.bytes()));
+  std::vector<float> scale_host = random_floats(size_t(s.cols), 0.5f, uint32_t(seed + 4));
+  for (float& v : scale_host) v += 1.f;
+  auto scale = upload(scale_host);
+  const float eps = 1e-6f;
+  for (int round = 0; round < 3; ++round) {
+    auto h = upload(random_floats(size_t(s.cols), 2.f, uint32_t(seed + 10 + round)));
+    const size_t cols = size_t(s.cols), rows = size_t(s.rows), kk = size_t(k);
+    cuda::DeviceBuffer<cuda::bf16> x_ref(cols), x_got(cols);
+    cuda::DeviceBuffer<float> l_ref(rows), l_got(rows), w_ref(kk), w_got(kk);
+    cuda::DeviceBuffer<int32_t> i_ref(kk), i_got(kk);
+    cuda::rms_norm(h.get(), scale.get(), x_ref.get(), 1, s.cols, eps, nullptr);
+    cuda::q_gemv(W.q(), x_ref.get(), l_ref.get(), cuda::GemvOut::Store, nullptr);
+    cuda::router_topk(l_ref.get(), s.rows, 1, E, k, i_ref.get(), w_ref.get(), nullptr);
+    cuda::q_gemv_router_staged(W.q(), h.get(), scale.get(), eps, l_got.get(), x_got.get(), E, k,
+                               i_got.get(), w_got.get(), ws.get(), nullptr);
+    EXPECT_EQ(download(l_ref), download(l_got)) << "logits, round " << round;
+    EXPECT_EQ(download(i_ref), download(i_got)) << "expert ids, round " << round;
+    EXPECT_EQ(download(w_ref), download(w_got)) << "expert weights, round " << round;
+    std::vector<uint16_t> xr(size_t(s.cols)), xg(size_t(s.cols));
+    LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+    LILAC_CUDA_CHECK(cudaMemcpy(xr.data(), x_ref.get(), x_ref.bytes(), cudaMemcpyDeviceToHost));
+    LILAC_CUDA_CHECK(cudaMemcpy(xg.data(), x_got.get(), x_got.bytes(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(xr, xg) << "x, round " << round;
+  }
+}
+
 // On Hopper the decode projections of the real model run staged (the backend's one-row decode
 // takes them when available; elsewhere it falls back to q_gemv); lm_head does not.
 TEST(Q4GemvStaged, TakesTheDecodeProjectionsOnHopper) {
@@ -210,6 +247,14 @@ LILAC_CONFORMANCE_CASES(q4_linear) {
     cases.push_back({"q_gemv_staged", std::to_string(s.rows) + "x" + std::to_string(s.cols),
                      qname(s.bits), "q_gemv and rms_norm, bit for bit",
                      [s] { check_staged(s, 300 + uint64_t(s.rows)); }});
+  cases.push_back({"q_gemv_router_staged", "257x2048_E256_k8", "q8",
+                   "rms_norm + q_gemv + router_topk, bit for bit", [] {
+                     check_router_staged({257, 2048, 8}, 256, 8, 400);
+                   }});
+  cases.push_back({"q_gemv_router_staged", "17x128_E16_k3", "q4",
+                   "rms_norm + q_gemv + router_topk, bit for bit", [] {
+                     check_router_staged({17, 128, 4}, 16, 3, 401);
+                   }});
   // One row, rows not a multiple of 16, one group, group counts not a multiple of 8.
   uint64_t seed = 200;
   for (int bits : {4, 8})
