@@ -19,17 +19,20 @@
 namespace lilac::bench {
 namespace {
 
-// staged: the 4/8-bit projections through q_gemv_staged (CudaOptions::staged_q_gemv; BF16
-// weights do not use it).
+// staged: CudaOptions::staged_q_gemv for the 4/8-bit projections (BF16 weights do not use it):
+// all three, none, or one of them.
 struct Mode {
   const char* name;
-  bool pdl, prefetch, staged;
+  bool pdl, prefetch;
+  int staged;
 };
-constexpr int kModeCount = 4;
-constexpr Mode kModes[kModeCount] = {{"PDL", true, false, true},
-                                     {"PDL+prefetch", true, true, true},
-                                     {"neither", false, false, true},
-                                     {"PDL unstaged", true, false, false}};
+constexpr int kAll = 7;
+constexpr int kModeCount = 7;
+constexpr Mode kModes[kModeCount] = {
+    {"PDL", true, false, kAll},           {"PDL+prefetch", true, true, kAll},
+    {"neither", false, false, kAll},      {"PDL unstaged", true, false, 0},
+    {"PDL staged 1st", true, false, 1},   {"PDL staged out", true, false, 2},
+    {"PDL staged router", true, false, 4}};
 
 void one_format(const std::string& weights, int context, int runs) {
   auto backend = cuda::make_synthetic_backend(weights, 1);
@@ -51,7 +54,7 @@ void one_format(const std::string& weights, int context, int runs) {
       "\n== decode layers, %s weights, context %d (graphs of CudaBackend::decode_layer; "
       "us per layer)\n%-34s",
       weights.c_str(), int(seq->position()), "layer kind");
-  for (const Mode& m : kModes) std::printf(" %14s", m.name);
+  for (const Mode& m : kModes) std::printf(" %17s", m.name);
   std::printf("\n");
   auto all = [&](const std::vector<int64_t>& layers) {
     std::vector<double> t;
@@ -75,7 +78,7 @@ void one_format(const std::string& weights, int context, int runs) {
   };
   auto row = [&](const std::string& name, const std::vector<double>& t) {
     std::printf("%-34s", name.c_str());
-    for (double v : t) std::printf(" %11.2f us", v * 1e6);
+    for (double v : t) std::printf(" %14.2f us", v * 1e6);
     std::printf("\n");
     std::fflush(stdout);
   };
@@ -90,7 +93,7 @@ void one_format(const std::string& weights, int context, int runs) {
   }
   std::printf("%-34s", "the layers of one decode step");
   for (size_t m = 0; m < size_t(kModeCount); ++m)
-    std::printf(" %11.1f us", 1e6 * ((tg.empty() ? 0 : tg[m] * double(gdn.size())) +
+    std::printf(" %14.1f us", 1e6 * ((tg.empty() ? 0 : tg[m] * double(gdn.size())) +
                                      (ta.empty() ? 0 : ta[m] * double(attn.size()))));
   std::printf(
       "\n(embed, lm_head and sampling not included: `lilac bench --synthetic` has the step)\n");

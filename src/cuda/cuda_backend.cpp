@@ -48,7 +48,7 @@ CudaOptions CudaOptions::from_environment() {
     o.small_moe_max_tokens = std::max(0, std::atoi(m));
   if (const char* m = std::getenv("LILAC_SMALL_MOE_PREFILL_MAX"))
     o.small_moe_prefill_max_tokens = std::max(0, std::atoi(m));
-  if (const char* q = std::getenv("LILAC_Q_GEMV_STAGED")) o.staged_q_gemv = std::string(q) != "0";
+  if (const char* q = std::getenv("LILAC_Q_GEMV_STAGED")) o.staged_q_gemv = std::atoi(q) & 7;
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")

@@ -58,8 +58,10 @@ struct CudaOptions {
   // One-row decode: the 4-bit/8-bit projections (in_proj, qkv with the input norm fused,
   // out_proj, o_proj, the router with the post norm fused) run q_gemv_staged, which requests its
   // weights before it waits for the previous kernel (q4_linear.h), where the device has it.
-  // Bit for bit the unstaged kernels' result. LILAC_Q_GEMV_STAGED=0: the unstaged ones (A/B).
-  bool staged_q_gemv = true;
+  // Bit for bit the unstaged kernels' result. A mask of kStagedFirst (in_proj / qkv), kStagedOut
+  // (out_proj / o_proj), kStagedRouter; LILAC_Q_GEMV_STAGED=n sets it (0: none, A/B).
+  static constexpr int kStagedFirst = 1, kStagedOut = 2, kStagedRouter = 4;
+  int staged_q_gemv = kStagedFirst | kStagedOut | kStagedRouter;
   static CudaOptions from_environment();
 };
 

@@ -132,8 +132,8 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   cudaStream_t s = stream_;
 
   // 4/8-bit projections whose weights the kernel requests before its wait (q4_linear.h).
-  auto staged = [&](const DeviceMatrix& W) {
-    return options_.staged_q_gemv && W.affine() && q_gemv_staged_available(W.q);
+  auto staged = [&](const DeviceMatrix& W, int which) {
+    return (options_.staged_q_gemv & which) && W.affine() && q_gemv_staged_available(W.q);
   };
   // The first projection of the layer, from the residual: BF16 weights fuse the input norm into
   // the GEMV (gemv_rms: each block normalises h), and so do staged 4/8-bit ones; otherwise the
@@ -143,7 +143,7 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
       timed(timer, name, [&] {
         gemv_rms(W.dense, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
       });
-    } else if (staged(W)) {
+    } else if (staged(W, CudaOptions::kStagedFirst)) {
       timed(timer, name, [&] {
         q_gemv_rms_staged(W.q, w.h.get(), L.input_norm, eps, w.proj.get(), nullptr, s);
       });
@@ -163,7 +163,7 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
                  s);
     });
     timed(timer, "gemv.gdn_out_proj", [&] {
-      if (staged(L.out_proj))
+      if (staged(L.out_proj, CudaOptions::kStagedOut))
         q_gemv_staged(L.out_proj.q, w.mix.get(), w.h.get(), GemvOut::Accumulate, s);
       else
         proj_gemv(L.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(),
@@ -179,7 +179,7 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
                            st.attn_partial.get(), w.mix.get(), s);
     });
     timed(timer, "gemv.attn_o_proj", [&] {
-      if (staged(L.o_proj))
+      if (staged(L.o_proj, CudaOptions::kStagedOut))
         q_gemv_staged(L.o_proj.q, w.mix.get(), w.h.get(), GemvOut::Accumulate, s);
       else
         proj_gemv(L.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(),
@@ -197,7 +197,7 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
       moe_router(L.router.dense, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(),
                  w.topk_idx.get(), w.topk_w.get(), w.x.get(), w.router_ws.get(), s);
     });
-  } else if (staged(L.router)) {
+  } else if (staged(L.router, CudaOptions::kStagedRouter)) {
     // The norm, the router GEMV and the top-k in one launch; x left for the experts.
     timed(timer, "gemv.router", [&] {
       q_gemv_router_staged(L.router.q, w.h.get(), L.post_norm, eps, w.router.get(), w.x.get(), E, k,
