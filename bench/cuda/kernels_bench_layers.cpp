@@ -25,14 +25,19 @@ struct Mode {
   const char* name;
   bool pdl, prefetch;
   int staged;
+  bool max_shared = true;  // launch.h set_max_shared_carveout
 };
 constexpr int kAll = 7;
-constexpr int kModeCount = 7;
-constexpr Mode kModes[kModeCount] = {
-    {"PDL", true, false, kAll},           {"PDL+prefetch", true, true, kAll},
-    {"neither", false, false, kAll},      {"PDL unstaged", true, false, 0},
-    {"PDL staged 1st", true, false, 1},   {"PDL staged out", true, false, 2},
-    {"PDL staged router", true, false, 4}};
+constexpr int kModeCount = 9;
+constexpr Mode kModes[kModeCount] = {{"PDL", true, false, kAll},
+                                     {"PDL+prefetch", true, true, kAll},
+                                     {"neither", false, false, kAll},
+                                     {"PDL unstaged", true, false, 0},
+                                     {"PDL staged 1st", true, false, 1},
+                                     {"PDL staged out", true, false, 2},
+                                     {"PDL staged router", true, false, 4},
+                                     {"dflt carveout", true, false, kAll, false},
+                                     {"unstaged dflt cv", true, false, 0, false}};
 
 void one_format(const std::string& weights, int context, int runs) {
   auto backend = cuda::make_synthetic_backend(weights, 1);
@@ -63,6 +68,7 @@ void one_format(const std::string& weights, int context, int runs) {
     for (const Mode& m : kModes) {
       cuda::ScopedPdl p(m.pdl);
       cuda::set_l2_prefetch_enabled(m.prefetch);
+      cuda::set_max_shared_carveout(m.max_shared);
       cuda::CudaOptions o = saved_options;
       o.staged_q_gemv = m.staged;
       o.pdl = m.pdl;
@@ -73,6 +79,7 @@ void one_format(const std::string& weights, int context, int runs) {
       t.push_back(sec / double(layers.size()));
     }
     cuda::set_l2_prefetch_enabled(saved);
+    cuda::set_max_shared_carveout(true);
     backend->set_options(saved_options);
     return t;
   };

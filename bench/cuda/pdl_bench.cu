@@ -94,8 +94,9 @@ __global__ void __launch_bounds__(256)
 struct Case {
   const char* name;
   int a_blocks;
-  size_t a_bytes;  // A's total bytes streamed
-  int a_smem;      // A's dynamic shared memory per block
+  size_t a_bytes;     // A's total bytes streamed
+  int a_smem;         // A's dynamic shared memory per block
+  bool a_max_shared;  // A prefers the largest shared-memory carveout
   int b_blocks;
   unsigned b_bytes;  // B's weights per block
 };
@@ -103,6 +104,9 @@ struct Case {
 void run(cudaStream_t s, const Case& c, const uint4* a_src, const uint4* b_src, uint4* sink,
          Times* d_t, bool pdl) {
   const size_t words = c.a_bytes / 16 / size_t(c.a_blocks);
+  LILAC_CUDA_CHECK(cudaFuncSetAttribute(
+      busy_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+      c.a_max_shared ? int(cudaSharedmemCarveoutMaxShared) : int(cudaSharedmemCarveoutDefault)));
   Times init{~0ull, 0, ~0ull, 0, 0, 0, 0};
   double sums[6] = {0, 0, 0, 0, 0, 0};
   const int reps = 20;
@@ -152,12 +156,14 @@ int main() {
   cudaStream_t s;
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const Case cases[] = {
-      {"A 4/SM no smem; B 1/SM 64 KB", 4 * sms, a_bytes, 0, sms, 64 << 10},
-      {"A 4/SM no smem; B 3/SM 36 KB", 4 * sms, a_bytes, 0, 3 * sms, 36 << 10},
-      {"A 8/SM (2048 threads); B 1/SM 64 KB", 8 * sms, a_bytes, 0, sms, 64 << 10},
-      {"A 1/SM 160 KB smem; B 1/SM 64 KB", sms, a_bytes, 160 << 10, sms, 64 << 10},
-      {"A 1/SM 100 KB smem; B 1/SM 100 KB", sms, a_bytes, 100 << 10, sms, 100 << 10},
-      {"A 4/SM no smem; B 2/SM 108 KB (too many)", 4 * sms, a_bytes, 0, 2 * sms, 108 << 10},
+      {"A 4/SM no smem; B 1/SM 64 KB", 4 * sms, a_bytes, 0, false, sms, 64 << 10},
+      {"A 4/SM no smem, max carveout; B 1/SM 64 KB", 4 * sms, a_bytes, 0, true, sms, 64 << 10},
+      {"A 4/SM no smem; B 3/SM 36 KB", 4 * sms, a_bytes, 0, false, 3 * sms, 36 << 10},
+      {"A 4/SM no smem, max carveout; B 3/SM 36 KB", 4 * sms, a_bytes, 0, true, 3 * sms, 36 << 10},
+      {"A 8/SM (2048 threads); B 1/SM 64 KB", 8 * sms, a_bytes, 0, true, sms, 64 << 10},
+      {"A 1/SM 160 KB smem; B 1/SM 64 KB", sms, a_bytes, 160 << 10, false, sms, 64 << 10},
+      {"A 1/SM 100 KB smem; B 1/SM 100 KB", sms, a_bytes, 100 << 10, false, sms, 100 << 10},
+      {"A 4/SM no smem; B 2/SM 108 KB (too many)", 4 * sms, a_bytes, 0, true, 2 * sms, 108 << 10},
   };
   std::printf(
       "us from A's first block start (mean of 20): A end, B first entry, B last entry, B last "
