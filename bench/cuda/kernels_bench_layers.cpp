@@ -68,8 +68,8 @@ void one_format(const std::string& weights, int context, int runs) {
     for (const Mode& m : kModes) {
       cuda::ScopedPdl p(m.pdl);
       cuda::set_l2_prefetch_enabled(m.prefetch);
-      cuda::set_max_shared_carveout(m.max_shared);
       cuda::CudaOptions o = saved_options;
+      o.max_shared_carveout = m.max_shared;
       o.staged_q_gemv = m.staged;
       o.pdl = m.pdl;
       backend->set_options(o);
@@ -79,7 +79,7 @@ void one_format(const std::string& weights, int context, int runs) {
       t.push_back(sec / double(layers.size()));
     }
     cuda::set_l2_prefetch_enabled(saved);
-    cuda::set_max_shared_carveout(true);
+    cuda::set_max_shared_carveout(saved_options.max_shared_carveout);
     backend->set_options(saved_options);
     return t;
   };

@@ -62,6 +62,10 @@ struct CudaOptions {
   // (out_proj / o_proj), kStagedRouter; LILAC_Q_GEMV_STAGED=n sets it (0: none, A/B).
   static constexpr int kStagedFirst = 1, kStagedOut = 2, kStagedRouter = 4;
   int staged_q_gemv = kStagedFirst | kStagedOut | kStagedRouter;
+  // PDL kernels prefer the largest shared-memory carveout (launch.h set_max_shared_carveout), so
+  // that a staged kernel's blocks fit beside the previous kernel's. Process-wide, like pdl.
+  // LILAC_MAX_SHARED_CARVEOUT=0|1 (A/B).
+  bool max_shared_carveout = false;
   static CudaOptions from_environment();
 };
 

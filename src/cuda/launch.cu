@@ -34,7 +34,7 @@ std::atomic<int>& prefetch_setting() {
 
 // On: PDL kernels prefer the largest shared-memory carveout (launch.h).
 std::atomic<int>& carveout_setting() {
-  static std::atomic<int> s{1};
+  static std::atomic<int> s{0};
   return s;
 }
 
