@@ -19,25 +19,16 @@
 namespace lilac::bench {
 namespace {
 
-// staged: CudaOptions::staged_q_gemv for the 4/8-bit projections (BF16 weights do not use it):
-// all three, none, or one of them.
+// staged: CudaOptions::staged_first_projection (4/8-bit weights; BF16 ones do not use it).
 struct Mode {
   const char* name;
-  bool pdl, prefetch;
-  int staged;
-  bool max_shared = true;  // launch.h set_max_shared_carveout
+  bool pdl, prefetch, staged;
 };
-constexpr int kAll = 7;
-constexpr int kModeCount = 9;
-constexpr Mode kModes[kModeCount] = {{"PDL", true, false, kAll},
-                                     {"PDL+prefetch", true, true, kAll},
-                                     {"neither", false, false, kAll},
-                                     {"PDL unstaged", true, false, 0},
-                                     {"PDL staged 1st", true, false, 1},
-                                     {"PDL staged out", true, false, 2},
-                                     {"PDL staged router", true, false, 4},
-                                     {"dflt carveout", true, false, kAll, false},
-                                     {"unstaged dflt cv", true, false, 0, false}};
+constexpr int kModeCount = 4;
+constexpr Mode kModes[kModeCount] = {{"PDL", true, false, true},
+                                     {"PDL+prefetch", true, true, true},
+                                     {"neither", false, false, true},
+                                     {"PDL unstaged", true, false, false}};
 
 void one_format(const std::string& weights, int context, int runs) {
   auto backend = cuda::make_synthetic_backend(weights, 1);
@@ -69,8 +60,7 @@ void one_format(const std::string& weights, int context, int runs) {
       cuda::ScopedPdl p(m.pdl);
       cuda::set_l2_prefetch_enabled(m.prefetch);
       cuda::CudaOptions o = saved_options;
-      o.max_shared_carveout = m.max_shared;
-      o.staged_q_gemv = m.staged;
+      o.staged_first_projection = m.staged;
       o.pdl = m.pdl;
       backend->set_options(o);
       const double sec = median_graph_replay_seconds(s, runs, [&] {
@@ -79,7 +69,6 @@ void one_format(const std::string& weights, int context, int runs) {
       t.push_back(sec / double(layers.size()));
     }
     cuda::set_l2_prefetch_enabled(saved);
-    cuda::set_max_shared_carveout(saved_options.max_shared_carveout);
     backend->set_options(saved_options);
     return t;
   };

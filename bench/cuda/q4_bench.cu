@@ -123,10 +123,8 @@ void report_tf(const char* name, const std::string& shape, double flops, double 
   std::fflush(stdout);
 }
 
-// staged: q_gemv_staged (its weights requested before the wait: in a graph of back-to-back
-// launches each one's weights stream while the previous one computes, the best case).
 void bench_gemv(cudaStream_t s, const Options& opt, const char* name, int rows, int cols, int bits,
-                bool acc, bool staged = false) {
+                bool acc) {
   if (!wanted(opt, name)) return;
   std::vector<QBuf> W;
   W.emplace_back(rows, cols, bits, 11);
@@ -136,11 +134,8 @@ void bench_gemv(cudaStream_t s, const Options& opt, const char* name, int rows, 
   DeviceBuffer<float> y(static_cast<size_t>(rows));
   LILAC_CUDA_CHECK(cudaMemset(y.get(), 0, y.bytes()));
   const double t = time_graph(s, opt, [&](int r) {
-    const auto mode = acc ? lilac::cuda::GemvOut::Accumulate : lilac::cuda::GemvOut::Store;
-    if (staged)
-      lilac::cuda::q_gemv_staged(W[size_t(r % copies)].q, x.get(), y.get(), mode, s);
-    else
-      lilac::cuda::q_gemv(W[size_t(r % copies)].q, x.get(), y.get(), mode, s);
+    lilac::cuda::q_gemv(W[size_t(r % copies)].q, x.get(), y.get(),
+                        acc ? lilac::cuda::GemvOut::Accumulate : lilac::cuda::GemvOut::Store, s);
   });
   report_bw(
       name,
@@ -354,12 +349,6 @@ int main(int argc, char** argv) {
     bench_gemv(s, opt, "q_gemv out_proj (+= h)", 2048, 4096, 4, true);
     bench_gemv(s, opt, "q_gemv router 8-bit", 257, 2048, 8, false);
     bench_gemv(s, opt, "q_gemv lm_head", 248320, 2048, 4, false);
-    if (lilac::cuda::device_compute_capability() == 90) {
-      bench_gemv(s, opt, "q_gemv_staged gdn_in_proj", 12352, 2048, 4, false, true);
-      bench_gemv(s, opt, "q_gemv_staged attn_qkv", 9216, 2048, 4, false, true);
-      bench_gemv(s, opt, "q_gemv_staged out_proj (+=)", 2048, 4096, 4, true, true);
-      bench_gemv(s, opt, "q_gemv_staged router 8-bit", 257, 2048, 8, false, true);
-    }
     for (int T : {16, 64}) {
       bench_gemv_rows(s, opt, "gdn_in_proj", 12352, 2048, 4, false, T);
       bench_gemv_rows(s, opt, "attn_qkv", 9216, 2048, 4, false, T);

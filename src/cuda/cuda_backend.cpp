@@ -48,9 +48,8 @@ CudaOptions CudaOptions::from_environment() {
     o.small_moe_max_tokens = std::max(0, std::atoi(m));
   if (const char* m = std::getenv("LILAC_SMALL_MOE_PREFILL_MAX"))
     o.small_moe_prefill_max_tokens = std::max(0, std::atoi(m));
-  if (const char* q = std::getenv("LILAC_Q_GEMV_STAGED")) o.staged_q_gemv = std::atoi(q) & 7;
-  if (const char* c = std::getenv("LILAC_MAX_SHARED_CARVEOUT"))
-    o.max_shared_carveout = std::string(c) != "0";
+  if (const char* q = std::getenv("LILAC_Q_GEMV_STAGED"))
+    o.staged_first_projection = std::string(q) != "0";
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")
@@ -76,7 +75,6 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
         "(Hopper) and at most 8 blocks per key head (Hk {}, Hv {}, Dk {}, Dv {})",
         c.gdn_key_heads, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim);
   set_pdl_enabled(options_.pdl);
-  set_max_shared_carveout(options_.max_shared_carveout);
   // The stream-ordered pool keeps the memory that copied states give back (make_sequence's pooled
   // buffers): the next prompt-reuse snapshot takes it from there instead of from the driver.
   {
@@ -135,7 +133,6 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
 void CudaBackend::set_options(const CudaOptions& o) {
   options_ = o;
   set_pdl_enabled(options_.pdl);
-  set_max_shared_carveout(options_.max_shared_carveout);
 }
 
 CudaBackend::~CudaBackend() {

@@ -55,17 +55,12 @@ struct CudaOptions {
   // into shared memory) for 4-bit prompt chunks on Hopper, else registers.
   // LILAC_SMALL_MOE_KERNEL=registers|streamed|auto (A/B runs).
   MoeSmallKernel small_moe_kernel = MoeSmallKernel::automatic;
-  // One-row decode: the 4-bit/8-bit projections (in_proj, qkv with the input norm fused,
-  // out_proj, o_proj, the router with the post norm fused) run q_gemv_staged, which requests its
-  // weights before it waits for the previous kernel (q4_linear.h), where the device has it.
-  // Bit for bit the unstaged kernels' result. A mask of kStagedFirst (in_proj / qkv), kStagedOut
-  // (out_proj / o_proj), kStagedRouter; LILAC_Q_GEMV_STAGED=n sets it (0: none, A/B).
-  static constexpr int kStagedFirst = 1, kStagedOut = 2, kStagedRouter = 4;
-  int staged_q_gemv = kStagedFirst | kStagedOut | kStagedRouter;
-  // PDL kernels prefer the largest shared-memory carveout (launch.h set_max_shared_carveout), so
-  // that a staged kernel's blocks fit beside the previous kernel's. Process-wide, like pdl.
-  // LILAC_MAX_SHARED_CARVEOUT=0|1 (A/B).
-  bool max_shared_carveout = false;
+  // One-row decode: the layer's first 4/8-bit projection (in_proj, qkv) runs q_gemv_rms_staged
+  // (its input norm fused, its weights requested before it waits for the previous kernel;
+  // q4_linear.h) where the device has it. Bit for bit rms_norm + q_gemv. Measured +2-4% at one
+  // stream; staging out_proj and the router as well did not gain (docs/kernels.md, "Tenth
+  // session"). LILAC_Q_GEMV_STAGED=0: rms_norm + q_gemv (A/B).
+  bool staged_first_projection = true;
   static CudaOptions from_environment();
 };
 

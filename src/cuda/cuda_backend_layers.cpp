@@ -131,22 +131,18 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   const float eps = c.rms_eps;
   cudaStream_t s = stream_;
 
-  // 4/8-bit projections whose weights the kernel requests before its wait (q4_linear.h).
-  auto staged = [&](const DeviceMatrix& W, int which) {
-    return (options_.staged_q_gemv & which) && W.affine() && q_gemv_staged_available(W.q);
-  };
   // The first projection of the layer, from the residual: BF16 weights fuse the input norm into
-  // the GEMV (gemv_rms: each block normalises h), and so do staged 4/8-bit ones; otherwise the
-  // norm runs first, then q_gemv.
+  // the GEMV (gemv_rms: each block normalises h), and so does the staged 4/8-bit GEMV
+  // (q_gemv_rms_staged, which also requests its weights before it waits); otherwise the norm
+  // runs first, then q_gemv.
   auto first_projection = [&](const char* name, const DeviceMatrix& W, int rows) {
     if (W.format == DeviceFormat::Bf16) {
       timed(timer, name, [&] {
         gemv_rms(W.dense, rows, H, w.h.get(), L.input_norm, eps, w.proj.get(), GemvOut::Store, s);
       });
-    } else if (staged(W, CudaOptions::kStagedFirst)) {
-      timed(timer, name, [&] {
-        q_gemv_rms_staged(W.q, w.h.get(), L.input_norm, eps, w.proj.get(), nullptr, s);
-      });
+    } else if (options_.staged_first_projection && q_gemv_staged_available(W.q)) {
+      timed(timer, name,
+            [&] { q_gemv_rms_staged(W.q, w.h.get(), L.input_norm, eps, w.proj.get(), s); });
     } else {
       timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), 1, H, eps, s); });
       timed(timer, name,
@@ -163,11 +159,8 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
                  s);
     });
     timed(timer, "gemv.gdn_out_proj", [&] {
-      if (staged(L.out_proj, CudaOptions::kStagedOut))
-        q_gemv_staged(L.out_proj.q, w.mix.get(), w.h.get(), GemvOut::Accumulate, s);
-      else
-        proj_gemv(L.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(),
-                  GemvOut::Accumulate, s);
+      proj_gemv(L.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(), GemvOut::Accumulate,
+                s);
     });
   } else {
     const int rows = int(c.q_proj_rows() + 2 * c.kv_dim());
@@ -179,11 +172,8 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
                            st.attn_partial.get(), w.mix.get(), s);
     });
     timed(timer, "gemv.attn_o_proj", [&] {
-      if (staged(L.o_proj, CudaOptions::kStagedOut))
-        q_gemv_staged(L.o_proj.q, w.mix.get(), w.h.get(), GemvOut::Accumulate, s);
-      else
-        proj_gemv(L.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(),
-                  GemvOut::Accumulate, s);
+      proj_gemv(L.o_proj, H, int(c.heads * c.head_dim), w.mix.get(), w.h.get(), GemvOut::Accumulate,
+                s);
     });
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
@@ -191,17 +181,10 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   if (L.router.format == DeviceFormat::Bf16) {
     // A BF16 router: the post norm, the router GEMV (E + 1 rows: the shared gate logit last) and
     // the top-k in one launch (moe_router); it also leaves the normalised x for the experts'
-    // gate/up. A 4/8-bit router (below): rms_norm, q_gemv, router_topk, or all three in
-    // q_gemv_router_staged.
+    // gate/up. A 4/8-bit router (below): rms_norm, q_gemv, router_topk.
     timed(timer, "moe_router", [&] {
       moe_router(L.router.dense, E, H, w.h.get(), L.post_norm, eps, k, w.router.get(),
                  w.topk_idx.get(), w.topk_w.get(), w.x.get(), w.router_ws.get(), s);
-    });
-  } else if (staged(L.router, CudaOptions::kStagedRouter)) {
-    // The norm, the router GEMV and the top-k in one launch; x left for the experts.
-    timed(timer, "gemv.router", [&] {
-      q_gemv_router_staged(L.router.q, w.h.get(), L.post_norm, eps, w.router.get(), w.x.get(), E, k,
-                           w.topk_idx.get(), w.topk_w.get(), w.router_ws.get(), s);
     });
   } else {
     timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), 1, H, eps, s); });

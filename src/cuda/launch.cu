@@ -32,20 +32,9 @@ std::atomic<int>& prefetch_setting() {
   return s;
 }
 
-// On: PDL kernels prefer the largest shared-memory carveout (launch.h).
-std::atomic<int>& carveout_setting() {
-  static std::atomic<int> s{0};
-  return s;
-}
-
-// Kernel -> whether its running machine code has the wait, and the carveout preference applied
-// to it; guarded by registry_mutex().
-struct KernelEntry {
-  bool has_wait = false;
-  int carveout = cudaSharedmemCarveoutDefault;
-};
-std::unordered_map<const void*, KernelEntry>& registry() {
-  static std::unordered_map<const void*, KernelEntry> known;
+// Kernel -> whether its running machine code has the wait; guarded by registry_mutex().
+std::unordered_map<const void*, bool>& registry() {
+  static std::unordered_map<const void*, bool> known;
   return known;
 }
 
@@ -77,40 +66,25 @@ ScopedPdl::~ScopedPdl() {
   setting().store(saved_);
 }
 
-bool max_shared_carveout() {
-  return carveout_setting().load(std::memory_order_relaxed) != 0;
-}
-void set_max_shared_carveout(bool on) {
-  carveout_setting().store(on ? 1 : 0, std::memory_order_relaxed);
-}
-
 bool pdl_for(const void* kernel, cudaStream_t stream) {
   if (stream == nullptr || stream == cudaStreamLegacy || !pdl_enabled()) return false;
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto& known = registry();
   auto it = known.find(kernel);
-  if (it == known.end()) {
-    cudaFuncAttributes a{};
-    LILAC_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
-    // ptxVersion: the virtual architecture the running code was compiled from (90 for our sm_90a
-    // machine code, 80 when the driver JIT-compiles the compute_80 PTX).
-    it = known.emplace(kernel, KernelEntry{a.ptxVersion >= 90, cudaSharedmemCarveoutDefault}).first;
-  }
-  KernelEntry& e = it->second;
-  const int want = max_shared_carveout() ? int(cudaSharedmemCarveoutMaxShared)
-                                         : int(cudaSharedmemCarveoutDefault);
-  if (e.has_wait && e.carveout != want) {
-    LILAC_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, want));
-    e.carveout = want;
-  }
-  return e.has_wait;
+  if (it != known.end()) return it->second;
+  cudaFuncAttributes a{};
+  LILAC_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+  // ptxVersion: the virtual architecture the running code was compiled from (90 for our sm_90a
+  // machine code, 80 when the driver JIT-compiles the compute_80 PTX).
+  const bool ok = a.ptxVersion >= 90;
+  known.emplace(kernel, ok);
+  return ok;
 }
 
 void pdl_kernel_counts(int* with_wait, int* without) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   *with_wait = *without = 0;
-  for (const auto& entry : registry()) (entry.second.has_wait ? *with_wait : *without) += 1;
+  for (const auto& entry : registry()) (entry.second ? *with_wait : *without) += 1;
 }
 
 }  // namespace lilac::cuda

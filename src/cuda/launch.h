@@ -48,17 +48,6 @@ bool pdl_for(const void* kernel, cudaStream_t stream);
 bool l2_prefetch_enabled();
 void set_l2_prefetch_enabled(bool on);
 
-// Whether the kernels launched with PDL prefer the largest shared-memory carveout (off unless set
-// on: CudaOptions::max_shared_carveout; applied by pdl_for). An SM's split between L1 and shared
-// memory follows the kernels it runs: a PDL kernel whose blocks need more shared memory than the
-// running kernel's configuration leaves cannot become resident until that SM drains, so its blocks
-// could not start (and stream their weights) under the previous kernel. Measured with
-// lilac_cuda_bench_pdl: a 64 KB-per-block kernel after a kernel without shared memory entered ~1 us
-// before that kernel's end; after one configured for 100 KB, at its start (docs/kernels.md, "Tenth
-// session"). The setter is for A/B runs.
-bool max_shared_carveout();
-void set_max_shared_carveout(bool on);
-
 // Kernels checked by pdl_for so far: how many run machine code with the wait (launched with PDL)
 // and how many do not (launched normally). For benchmark reports.
 void pdl_kernel_counts(int* with_wait, int* without);

@@ -35,7 +35,6 @@
 #include <algorithm>
 
 #include "cuda/bulk_copy.cuh"
-#include "cuda/gemv.cuh"
 #include "cuda/q4_tile.cuh"
 #include "util/error.h"
 
@@ -107,36 +106,25 @@ __global__ void __launch_bounds__(kThreads)
                     qtile::quad_sum(y2[0][1]), y);
 }
 
-// ---- staged: the block's weights requested before the wait ------------------------------------
+// ---- staged, the norm fused: the block's weights requested before the wait -------------------
 // The same grid, warps and sums as q_gemv_kernel with one set per slice (sets_per_slice = 1),
-// so the result is bit for bit q_gemv's. Before griddepcontrol.wait, thread 0 asks the bulk copy
-// engine for the block's kWarps / S tiles (codes and scales, one mbarrier per tile) into shared
-// memory: the weights stream while the previous kernel finishes, which a kernel whose first
-// load follows the wait cannot do (docs/kernels.md, "Tenth session"). After the wait, x (or
-// kNorm: rms_norm_row of h, the order rms_norm uses) is staged in shared memory, and each warp
-// runs its set from shared memory once its tile has landed. kNorm with x_out: block 0 also
-// stores the normalised x (rms_norm's output, for another consumer).
+// and x = rms_norm_row(h) in the order rms_norm uses, so the result is bit for bit rms_norm +
+// q_gemv's. Before griddepcontrol.wait, thread 0 asks the bulk copy engine for the block's
+// kWarps / S tiles (codes and scales, one mbarrier per tile) into shared memory, so the weights
+// can stream while the previous kernel finishes (when the SM has room for this block beside the
+// previous kernel's: docs/kernels.md, "Tenth session"). After the wait every block normalises h
+// into shared memory, and each warp runs its set from shared memory once its tile has landed.
 // Shared memory: bars [kWarps] | x [cols] bf16 | scratch [32] | codes [n][G P 128] | sb [n][G 16].
 template <int BITS>
 constexpr size_t staged_tile_bytes(int G) {
   return size_t(G) * (BITS / 4) * kQBlockWords * 4 + size_t(G) * kQSbWords * 4;
 }
 
-// The router's top-k after the GEMV (q_gemv_router_staged): the last block to finish runs
-// router_select over y[0, E) (moe_router's threadfence-reduction pattern; counter zeroed once,
-// left zeroed). kRouter false: unused.
-struct RouterTopk {
-  int E = 0, k = 0;
-  int32_t* idx = nullptr;
-  float* w = nullptr;
-  unsigned* counter = nullptr;
-};
-
-template <int BITS, int kMode, bool kNorm, bool kRouter>
+template <int BITS>
 __global__ void __launch_bounds__(kThreads)
-    q_gemv_staged_kernel(QMatrix W, const bf16* __restrict__ x, const float* __restrict__ h,
-                         const float* __restrict__ norm_scale, float eps, bf16* __restrict__ x_out,
-                         void* __restrict__ y, int S, RouterTopk topk) {
+    q_gemv_rms_staged_kernel(QMatrix W, const float* __restrict__ h,
+                             const float* __restrict__ norm_scale, float eps, float* __restrict__ y,
+                             int S) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float part[kWarps][kQTileRows];
   constexpr int P = BITS / 4;
@@ -163,17 +151,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   pdl_wait();
-  if (kNorm) {
-    rms_norm_row(h, norm_scale, W.cols, eps, reinterpret_cast<uint4*>(xs), scratch);
-    __syncthreads();
-    if (x_out && blockIdx.x == 0)
-      for (int i = threadIdx.x; i < W.cols / 8; i += kThreads)
-        reinterpret_cast<uint4*>(x_out)[i] = reinterpret_cast<const uint4*>(xs)[i];
-  } else {
-    for (int i = threadIdx.x; i < W.cols / 8; i += kThreads)
-      reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(x) + i);
-    __syncthreads();  // also publishes the barriers' initialisation
-  }
+  rms_norm_row(h, norm_scale, W.cols, eps, reinterpret_cast<uint4*>(xs), scratch);
+  __syncthreads();  // x, and the barriers' initialisation, visible to every warp
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tl = warp / S, slice = warp % S, tile = tile0 + tl;
   float y2[1][2] = {{0.f, 0.f}};
@@ -183,20 +162,8 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t* const sb[1] = {sb_s + size_t(tl) * sb_words};
     qtile::q_set_dot<BITS, 1, true>(codes, sb, G, slice, reinterpret_cast<const bf16*>(xs), y2);
   }
-  store_rows<kMode>(part, warp, lane, S, slice, tile, tiles, W.rows, qtile::quad_sum(y2[0][0]),
-                    qtile::quad_sum(y2[0][1]), y);
-  if constexpr (kRouter) {
-    __shared__ bool s_last;
-    __threadfence();  // this block's logits (and x_out) are visible before the count moves
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(topk.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    if (warp == 0)
-      gemv_detail::router_select(static_cast<const float*>(y), topk.E, topk.k, topk.idx, topk.w);
-    if (threadIdx.x == 0) *topk.counter = 0u;  // ready for the next launch
-  }
+  store_rows<kOutF32>(part, warp, lane, S, slice, tile, tiles, W.rows, qtile::quad_sum(y2[0][0]),
+                      qtile::quad_sum(y2[0][1]), y);
 }
 
 __global__ void __launch_bounds__(256)
@@ -259,39 +226,18 @@ size_t staged_smem(const QMatrix& W) {
   return bytes <= kStagedMaxSmem ? bytes : 0;
 }
 
-template <int BITS, int kMode, bool kNorm, bool kRouter>
-void launch_staged_bits(const QMatrix& W, const bf16* x, const float* h, const float* scale,
-                        float eps, bf16* x_out, void* y, const RouterTopk& topk, size_t smem,
-                        cudaStream_t stream) {
-  auto* kernel = q_gemv_staged_kernel<BITS, kMode, kNorm, kRouter>;
+template <int BITS>
+void launch_rms_staged(const QMatrix& W, const float* h, const float* scale, float eps, float* y,
+                       size_t smem, cudaStream_t stream) {
+  auto* kernel = q_gemv_rms_staged_kernel<BITS>;
   static const bool attr_set = [&] {
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           int(kStagedMaxSmem)));
     return true;
   }();
   (void)attr_set;
-  const Split sp = split_for(W);
-  launch_kernel(true, kernel, dim3(sp.grid), dim3(kThreads), smem, stream, W, x, h, scale, eps,
-                x_out, y, sp.S, topk);
-}
-
-template <int kMode, bool kNorm, bool kRouter = false>
-void launch_staged(const char* what, const QMatrix& W, const bf16* x, const float* h,
-                   const float* scale, float eps, bf16* x_out, void* y, cudaStream_t stream,
-                   const RouterTopk& topk = {}) {
-  check(what, W, kNorm ? static_cast<const void*>(h) : x, y);
-  if (kNorm &&
-      (!scale || !is_aligned(h, 16) || !is_aligned(scale, 16) || (x_out && !is_aligned(x_out, 16))))
-    fail("cuda::{}: h, the norm scale and x_out must be 16-byte aligned", what);
-  if (!kNorm && !is_aligned(x, 16)) fail("cuda::{}: x must be 16-byte aligned", what);
-  const size_t smem = q_gemv_staged_available(W) ? staged_smem(W) : 0;
-  if (smem == 0)
-    fail("cuda::{}: [{}, {}] at {} bits does not run staged (q_gemv_staged_available)", what,
-         W.rows, W.cols, W.bits);
-  if (W.bits == 4)
-    launch_staged_bits<4, kMode, kNorm, kRouter>(W, x, h, scale, eps, x_out, y, topk, smem, stream);
-  else
-    launch_staged_bits<8, kMode, kNorm, kRouter>(W, x, h, scale, eps, x_out, y, topk, smem, stream);
+  launch_kernel(true, kernel, dim3(split_for(W).grid), dim3(kThreads), smem, stream, W, h, scale,
+                eps, y, split_for(W).S);
 }
 
 }  // namespace
@@ -309,29 +255,21 @@ bool q_gemv_staged_available(const QMatrix& W) {
          W.cols % kQGroup == 0 && W.cols <= 65536 && staged_smem(W) > 0;
 }
 
-void q_gemv_staged(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_t stream) {
-  if (mode == GemvOut::Store)
-    launch_staged<kOutF32, false>("q_gemv_staged", W, x, nullptr, nullptr, 0.f, nullptr, y, stream);
-  else
-    launch_staged<kOutAddF32, false>("q_gemv_staged", W, x, nullptr, nullptr, 0.f, nullptr, y,
-                                     stream);
-}
-
 void q_gemv_rms_staged(const QMatrix& W, const float* h, const float* norm_scale, float eps,
-                       float* y, bf16* x_out, cudaStream_t stream) {
-  launch_staged<kOutF32, true>("q_gemv_rms_staged", W, nullptr, h, norm_scale, eps, x_out, y,
-                               stream);
-}
-
-void q_gemv_router_staged(const QMatrix& W, const float* h, const float* norm_scale, float eps,
-                          float* logits, bf16* x_out, int E, int k, int32_t* idx, float* w,
-                          void* workspace, cudaStream_t stream) {
-  if (!idx || !w || !workspace) fail("cuda::q_gemv_router_staged: null pointer");
-  if (E < 1 || E > 256 || k < 1 || k > std::min(E, 32) || W.rows < E)
-    fail("cuda::q_gemv_router_staged: unsupported E={} k={} rows={}", E, k, W.rows);
-  const RouterTopk topk{E, k, idx, w, static_cast<unsigned*>(workspace)};
-  launch_staged<kOutF32, true, true>("q_gemv_router_staged", W, nullptr, h, norm_scale, eps, x_out,
-                                     logits, stream, topk);
+                       float* y, cudaStream_t stream) {
+  check("q_gemv_rms_staged", W, h, y);
+  if (!norm_scale || !is_aligned(h, 16) || !is_aligned(norm_scale, 16))
+    fail("cuda::q_gemv_rms_staged: h and the norm scale must be 16-byte aligned");
+  if (!q_gemv_staged_available(W))
+    fail(
+        "cuda::q_gemv_rms_staged: [{}, {}] at {} bits does not run staged "
+        "(q_gemv_staged_available)",
+        W.rows, W.cols, W.bits);
+  const size_t smem = staged_smem(W);
+  if (W.bits == 4)
+    launch_rms_staged<4>(W, h, norm_scale, eps, y, smem, stream);
+  else
+    launch_rms_staged<8>(W, h, norm_scale, eps, y, smem, stream);
 }
 
 void q_gemv_bf16out(const QMatrix& W, const bf16* x, bf16* y, cudaStream_t stream) {

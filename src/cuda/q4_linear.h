@@ -20,30 +20,17 @@ namespace lilac::cuda {
 // weight never goes through bf16: q4_tile.cuh). Never synchronises; graph-capturable.
 void q_gemv(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_t stream);
 
-// The same product with the weights requested before the kernel waits for x (q4_linear.cu,
-// "staged"): each block bulk-copies its tiles into shared memory as soon as it is resident, so
-// under PDL the weights stream while the previous kernel finishes. Bit for bit q_gemv's result.
-// Available on Hopper (bulk copies: compute capability 9.0) for matrices whose 8-group sets
-// each fit one warp at q_gemv's split and whose block's tiles fit 80 KB of shared memory (the
-// decode projections: in_proj, qkv, out_proj / o_proj, the router; not lm_head). x 16-byte
-// aligned. Throws when not available.
+// rms_norm (norm.h) fused in front of q_gemv, with the weights requested before the kernel waits
+// for the previous one (q4_linear.cu, "staged"): y = W x, x = bf16 of h * rsqrt(mean(h^2) + eps)
+// * norm_scale computed by every block from h f32 [W.cols]. Each block bulk-copies its tiles into
+// shared memory as soon as it is resident. Bit for bit rms_norm + q_gemv (Store). Available on
+// Hopper (bulk copies: compute capability 9.0) for matrices whose 8-group sets each fit one warp
+// at q_gemv's split and whose block's tiles fit 80 KB of shared memory (the decode projections
+// in_proj, qkv, out_proj / o_proj, the router; not lm_head). h, norm_scale 16-byte aligned.
+// Throws when not available.
 bool q_gemv_staged_available(const QMatrix& W);
-void q_gemv_staged(const QMatrix& W, const bf16* x, float* y, GemvOut mode, cudaStream_t stream);
-// rms_norm (norm.h, same order: bit for bit) fused in front: y = W x, x = bf16 of
-// h * rsqrt(mean(h^2) + eps) * norm_scale computed by every block from h f32 [W.cols]; block 0
-// also stores x into x_out (bf16 [W.cols]) unless it is null. y is stored (GemvOut::Store).
-// h, norm_scale, x_out 16-byte aligned.
 void q_gemv_rms_staged(const QMatrix& W, const float* h, const float* norm_scale, float eps,
-                       float* y, bf16* x_out, cudaStream_t stream);
-
-// q_gemv_rms_staged with the router's top-k in the same launch: logits = y [W.rows] (E routed
-// experts, then the shared expert's gate logit), then router_topk's selection over logits[0, E)
-// by the last block to finish -> idx [k], w [k] (moe_decode.h). Bit for bit rms_norm + q_gemv +
-// router_topk. workspace: moe_router_workspace_bytes(), zeroed once (each launch leaves it
-// zeroed). E <= 256, k <= min(E, 32).
-void q_gemv_router_staged(const QMatrix& W, const float* h, const float* norm_scale, float eps,
-                          float* logits, bf16* x_out, int E, int k, int32_t* idx, float* w,
-                          void* workspace, cudaStream_t stream);
+                       float* y, cudaStream_t stream);
 
 // T token rows at once (the dense projections of a batched decode step; q4_gemv_rows.cu):
 // y[t, r] (=|+=) sum_k W[r, k] x[t, k] for t < T, r < W.rows; x bf16 [T, W.cols], y f32

@@ -58,7 +58,7 @@ TEST(ConformanceRegistry, NamesAreUniqueAndCasesComplete) {
   }
   // Every op that has conformance cases (add a new op's name here).
   std::istringstream ops(
-      "rms_norm embed gemv gemv_rms gemv_rows gemm q_gemv q_gemv_staged q_gemv_router_staged "
+      "rms_norm embed gemv gemv_rms gemv_rows gemm q_gemv q_gemv_rms_staged "
       "q_gemv_rows q_embed q_gemm router_topk "
       "moe_router moe_decode "
       "moe_route moe_prefill moe_shared_swiglu q_moe_decode q_moe_prefill q_moe_small "
