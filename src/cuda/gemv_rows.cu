@@ -5,7 +5,9 @@
 // (out_proj 2048 x 4096 at M = 16: 16 blocks, 43 us for 16.8 MB; run 3 of the batch bench).
 //
 // Design: a warp owns a 16-row tile and a slice of its columns (S slices per tile, S chosen so
-// that tiles x S fill the GPU, meeting in shared memory in slice order: deterministic). Per 64
+// that tiles x S fill the GPU, meeting in shared memory in slice order: deterministic). Blocks
+// have 8 warps, or 16 when the tiles are few (S up to 16 at T <= 32: out_proj / o_proj and the
+// router, whose 128 or 17 tiles at 8 slices left each warp 4 dependent rounds of loads). Per 64
 // columns a lane loads 2 x 16 bytes of row g and of row g + 8 (g = lane / 4, t = lane % 4: columns
 // 16t .. 16t + 15, so a quad reads 128 contiguous bytes of a row) and uses them as the A operand of
 // four m16n8k16 MMAs with the tokens as the n dimension (8 per MMA). The k order inside the MMAs is
@@ -38,16 +40,17 @@ __device__ __forceinline__ uint4 ld_nc16(const void* p) {
   return v;
 }
 
-template <int NCH, bool kAdd>
-__global__ void __launch_bounds__(kThreads)
+// WARPS warps per block (8, or 16 for matrices of few row tiles: more K-slices per tile).
+template <int NCH, bool kAdd, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
     gemv_rows_kernel(const bf16* __restrict__ W, int rows, int cols, const bf16* __restrict__ x,
                      int T, float* __restrict__ y, int S, int steps_per_slice) {
-  __shared__ float part[kWarps][NCH][4][32];
+  __shared__ float part[WARPS][NCH][4][32];
   pdl_launch_dependents();  // PDL (launch.h): x is the previous kernel's output
   pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tiles = (rows + 15) / 16, steps = cols / kStep;
-  const int tile = blockIdx.x * (kWarps / S) + warp / S;
+  const int tile = blockIdx.x * (WARPS / S) + warp / S;
   const int slice = warp % S;
   float acc[NCH][4];
 #pragma unroll
@@ -123,26 +126,29 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-template <bool kAdd>
+template <bool kAdd, int WARPS>
 void launch_add(int nch, dim3 grid, const bf16* W, int rows, int cols, const bf16* x, int T,
                 float* y, int S, int sps, cudaStream_t stream) {
-  const dim3 b(kThreads);
+  const dim3 b(WARPS * 32);
   switch (nch) {
     case 1:
-      launch_kernel(true, gemv_rows_kernel<1, kAdd>, grid, b, 0, stream, W, rows, cols, x, T, y, S,
-                    sps);
+      launch_kernel(true, gemv_rows_kernel<1, kAdd, WARPS>, grid, b, 0, stream, W, rows, cols, x, T,
+                    y, S, sps);
       break;
     case 2:
-      launch_kernel(true, gemv_rows_kernel<2, kAdd>, grid, b, 0, stream, W, rows, cols, x, T, y, S,
-                    sps);
+      launch_kernel(true, gemv_rows_kernel<2, kAdd, WARPS>, grid, b, 0, stream, W, rows, cols, x, T,
+                    y, S, sps);
       break;
     case 4:
-      launch_kernel(true, gemv_rows_kernel<4, kAdd>, grid, b, 0, stream, W, rows, cols, x, T, y, S,
-                    sps);
+      launch_kernel(true, gemv_rows_kernel<4, kAdd, WARPS>, grid, b, 0, stream, W, rows, cols, x, T,
+                    y, S, sps);
       break;
     default:
-      launch_kernel(true, gemv_rows_kernel<8, kAdd>, grid, b, 0, stream, W, rows, cols, x, T, y, S,
-                    sps);
+      if constexpr (WARPS == kWarps)  // 16 warps x 8 chunks would need 64 KB of partials
+        launch_kernel(true, gemv_rows_kernel<8, kAdd, WARPS>, grid, b, 0, stream, W, rows, cols, x,
+                      T, y, S, sps);
+      else
+        fail("cuda::gemv_rows: 16-warp blocks take at most 32 rows");
       break;
   }
 }
@@ -162,14 +168,26 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
   const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
   const int tiles = (rows + 15) / 16, steps = cols / kStep;
   const long long target = 16LL * sm_count();
+  // Up to 16 slices per tile (16-warp blocks) when the tiles are few (out_proj / o_proj: 128
+  // tiles of 64 steps; the router: 17 tiles), so that more warps' loads are in flight and each
+  // walks fewer dependent steps.
+  const int max_s = nch <= 4 ? 2 * kWarps : kWarps;
   int S = 1;
-  while (S < kWarps && S * kUnroll < steps && (long long)tiles * S < target) S *= 2;
+  while (S < max_s && S * kUnroll < steps && (long long)tiles * S < target) S *= 2;
   const int sps = (steps + S - 1) / S;
-  const dim3 grid(ceil_div(tiles, kWarps / S));
-  if (mode == GemvOut::Accumulate)
-    launch_add<true>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
-  else
-    launch_add<false>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+  const bool wide = S > kWarps;
+  const dim3 grid(ceil_div(tiles, (wide ? 2 * kWarps : kWarps) / S));
+  if (mode == GemvOut::Accumulate) {
+    if (wide)
+      launch_add<true, 2 * kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+    else
+      launch_add<true, kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+  } else {
+    if (wide)
+      launch_add<false, 2 * kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+    else
+      launch_add<false, kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+  }
 }
 
 }  // namespace lilac::cuda
