@@ -6,9 +6,8 @@
 //
 // Design: a warp owns a 16-row tile and a slice of its columns (S slices per tile, S chosen so
 // that tiles x S fill the GPU, meeting in shared memory in slice order: deterministic). Blocks
-// have 8 warps, or S when the tiles are few (S up to 16 at T <= 32, 32 at T <= 16: out_proj /
-// o_proj and the router, whose 128 or 17 tiles at 8 slices left each warp 4 dependent rounds of
-// loads). Per 64
+// have 8 warps, or 16 when the tiles are few (S up to 16 at T <= 32: out_proj / o_proj and the
+// router, whose 128 or 17 tiles at 8 slices left each warp 4 dependent rounds of loads). Per 64
 // columns a lane loads 2 x 16 bytes of row g and of row g + 8 (g = lane / 4, t = lane % 4: columns
 // 16t .. 16t + 15, so a quad reads 128 contiguous bytes of a row) and uses them as the A operand of
 // four m16n8k16 MMAs with the tokens as the n dimension (8 per MMA). The k order inside the MMAs is
@@ -17,7 +16,6 @@
 // columns), so each product pairs the right weight with the right x. Two 64-column steps are in
 // flight per warp (8 x 16-byte loads per lane) before their MMAs. f32 accumulation.
 #include <algorithm>
-#include <type_traits>
 
 #include "cuda/gemm_tile.cuh"
 #include "cuda/gemv_rows.h"
@@ -142,11 +140,8 @@ void launch_add(int nch, dim3 grid, const bf16* W, int rows, int cols, const bf1
                     y, S, sps);
       break;
     case 4:
-      if constexpr (WARPS <= 2 * kWarps)  // 32 warps x 4 chunks would need 64 KB of partials
-        launch_kernel(true, gemv_rows_kernel<4, kAdd, WARPS>, grid, b, 0, stream, W, rows, cols, x,
-                      T, y, S, sps);
-      else
-        fail("cuda::gemv_rows: 32-warp blocks take at most 16 rows");
+      launch_kernel(true, gemv_rows_kernel<4, kAdd, WARPS>, grid, b, 0, stream, W, rows, cols, x, T,
+                    y, S, sps);
       break;
     default:
       if constexpr (WARPS == kWarps)  // 16 warps x 8 chunks would need 64 KB of partials
@@ -176,25 +171,23 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
   // Up to 16 slices per tile (16-warp blocks) when the tiles are few (out_proj / o_proj: 128
   // tiles of 64 steps; the router: 17 tiles), so that more warps' loads are in flight and each
   // walks fewer dependent steps.
-  const int max_s = nch <= 2 ? 4 * kWarps : nch <= 4 ? 2 * kWarps : kWarps;
+  const int max_s = nch <= 4 ? 2 * kWarps : kWarps;
   int S = 1;
   while (S < max_s && S * kUnroll < steps && (long long)tiles * S < target) S *= 2;
   const int sps = (steps + S - 1) / S;
-  const int warps = std::max(kWarps, S);
-  const dim3 grid(ceil_div(tiles, warps / S));
-  auto go = [&](auto add) {
-    constexpr bool kAdd = decltype(add)::value;
-    if (warps == 4 * kWarps)
-      launch_add<kAdd, 4 * kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
-    else if (warps == 2 * kWarps)
-      launch_add<kAdd, 2 * kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+  const bool wide = S > kWarps;
+  const dim3 grid(ceil_div(tiles, (wide ? 2 * kWarps : kWarps) / S));
+  if (mode == GemvOut::Accumulate) {
+    if (wide)
+      launch_add<true, 2 * kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
     else
-      launch_add<kAdd, kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
-  };
-  if (mode == GemvOut::Accumulate)
-    go(std::true_type{});
-  else
-    go(std::false_type{});
+      launch_add<true, kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+  } else {
+    if (wide)
+      launch_add<false, 2 * kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+    else
+      launch_add<false, kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+  }
 }
 
 }  // namespace lilac::cuda
