@@ -117,10 +117,12 @@ LILAC_CONFORMANCE_CASES(rows) {
     int rows, cols, bits;
     std::vector<int> T;
   };
-  // BF16: out_proj, the router, an awkward one, in_proj.
+  // BF16: out_proj, the router, an awkward one, in_proj; 40 x 4096 at 24 tokens: 16-warp blocks
+  // (3 tiles, 16 K-slices) with 4 token chunks and a partial last tile.
   const std::vector<Shape> bf16 = {{"out_proj_", 2048, 4096, 16, {1, 16, 64}},
                                    {"router_", 257, 2048, 16, {2, 33}},
                                    {"awkward_", 100, 192, 16, {1, 5, 8, 17, 64}},
+                                   {"awkward_", 40, 4096, 16, {24}},
                                    {"in_proj_", 12352, 2048, 16, {9}}};
   uint32_t seed = 700;
   for (const Shape& s : bf16)
