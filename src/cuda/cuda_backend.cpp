@@ -50,6 +50,8 @@ CudaOptions CudaOptions::from_environment() {
     o.small_moe_prefill_max_tokens = std::max(0, std::atoi(m));
   if (const char* q = std::getenv("LILAC_Q_GEMV_STAGED"))
     o.staged_first_projection = std::string(q) != "0";
+  if (const char* f = std::getenv("LILAC_MOE_SHARED_FUSED"))
+    o.fused_shared_expert = std::string(f) != "0";
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")

@@ -61,6 +61,10 @@ struct CudaOptions {
   // stream; staging out_proj and the router as well did not gain (docs/kernels.md, "Tenth
   // session"). LILAC_Q_GEMV_STAGED=0: rms_norm + q_gemv (A/B).
   bool staged_first_projection = true;
+  // BF16 grouped MoE passes (batched decode from 16 rows, prefill chunks): the shared expert's
+  // tiles run inside the routed experts' grouped gate_up and down launches (moe_prefill.h,
+  // MoeSharedPart) instead of launches of its own. LILAC_MOE_SHARED_FUSED=0: separate (A/B).
+  bool fused_shared_expert = true;
   static CudaOptions from_environment();
 };
 

@@ -143,7 +143,8 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer)
   if (grouped_moe) {  // as prefill: tokens grouped by expert, each touched expert read once
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
     timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
-    moe_experts(L, c, w, B, r, options_.small_moe_max_tokens, options_.small_moe_kernel, timer, s);
+    moe_experts(L, c, w, B, r, options_.small_moe_max_tokens, options_.small_moe_kernel,
+                options_.fused_shared_expert, timer, s);
     timed(timer, "moe_combine", [&] {
       moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
     });

@@ -116,7 +116,8 @@ void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
   // in s5 run 2, once their blocks loop over passes); shorter ones keep the tile kernels, whose
   // bf16-weight numerics the CPU twin of the prefill tests follows.
   const int small_max = T >= 64 ? options_.small_moe_prefill_max_tokens : 0;
-  moe_experts(L, c, w, T, r, small_max, options_.small_moe_kernel, timer, s);
+  moe_experts(L, c, w, T, r, small_max, options_.small_moe_kernel, options_.fused_shared_expert,
+              timer, s);
   timed(timer, "moe_combine", [&] {
     moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
   });

@@ -313,11 +313,12 @@ inline bool small_moe(const DeviceLayer& L, int T, int max_tokens) {
 
 // The experts of a grouped MoE pass over T tokens routed in r: act and y in sorted rows, the
 // shared expert's shared_act and shared_out (w's buffers). The small-M kernels when they take the
-// pass (two launches), else the 128-token-tile grouped kernels, the shared gate_up and a GEMM for
-// the shared down projection.
+// pass (two launches); BF16 experts with `fused_shared` the 128-token-tile grouped kernels with
+// the shared expert's tiles inside them (two launches); else those kernels, then the shared
+// expert on its own (gemv_rows or a GEMM).
 inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w, int T,
                         const MoeRouting& r, int small_max_tokens, MoeSmallKernel small_kernel,
-                        CudaBackend::Timer* timer, cudaStream_t s) {
+                        bool fused_shared, CudaBackend::Timer* timer, cudaStream_t s) {
   const int H = int(c.hidden), I = int(c.expert_intermediate), Is = int(c.shared_intermediate);
   if (small_moe(L, T, small_max_tokens)) {
     timed(timer, "moe_small_gate_up", [&] {
@@ -327,6 +328,18 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
     timed(timer, "moe_small_down", [&] {
       q_moe_small_down(w.act.get(), I, w.shared_act.get(), Is, L.down.q, L.shared_down.q, H, r,
                        w.y.get(), w.shared_out.get(), s, small_kernel);
+    });
+    return;
+  }
+  if (fused_shared && !L.gate_up.affine() && !L.down.affine() && !L.shared_gate_up.affine() &&
+      !L.shared_down.affine() && Is == I) {
+    const MoeSharedPart shared{L.shared_gate_up.dense, L.shared_down.dense, w.shared_act.get(),
+                               w.shared_out.get()};
+    timed(timer, "moe_grouped_gate_up+shared", [&] {
+      moe_grouped_gate_up(w.x.get(), H, L.gate_up.dense, I, r, w.act.get(), s, true, &shared);
+    });
+    timed(timer, "moe_grouped_down+shared", [&] {
+      moe_grouped_down(w.act.get(), I, L.down.dense, H, r, w.y.get(), s, true, &shared);
     });
     return;
   }

@@ -9,12 +9,15 @@
 // have 8 warps, or 16 when the tiles are few (S up to 16 at T <= 32: out_proj / o_proj and the
 // router, whose 128 or 17 tiles at 8 slices left each warp 4 dependent rounds of loads). Per 64
 // columns a lane loads 2 x 16 bytes of row g and of row g + 8 (g = lane / 4, t = lane % 4: columns
-// 16t .. 16t + 15, so a quad reads 128 contiguous bytes of a row) and uses them as the A operand of
-// four m16n8k16 MMAs with the tokens as the n dimension (8 per MMA). The k order inside the MMAs is
-// a permutation of the columns (lane t's A elements 2t, 2t+1 | 2t+8, 2t+9 of k-block kb are
-// columns 16t + 4kb + 0, 1 | 2, 3), applied to the B operand alike (token g's x at the same
-// columns), so each product pairs the right weight with the right x. Two 64-column steps are in
-// flight per warp (8 x 16-byte loads per lane) before their MMAs. f32 accumulation.
+// 8t .. 8t + 7 and 32 + 8t .. 32 + 8t + 7, so each load instruction of a quad reads 64 contiguous
+// bytes of a row, two whole 32-byte sectors) and uses them as the A operand of four m16n8k16 MMAs
+// with the tokens as the n dimension (8 per MMA). The k order inside the MMAs is a permutation of
+// the columns (lane t's A elements 2t, 2t+1 | 2t+8, 2t+9 of k-block kb are its words 2kb, 2kb+1:
+// columns 8t + 4kb + 0..3 for kb < 2, 32 + 8t + 4(kb - 2) + 0..3 after), applied to the B operand
+// alike (token g's x at the same columns), so each product pairs the right weight with the right
+// x. Two 64-column steps are in flight per warp (8 x 16-byte loads per lane) before their MMAs.
+// f32 accumulation. (Until s11 a lane held columns 16t .. 16t + 15: each instruction then touched
+// half of every sector and the sector was requested twice, once per instruction.)
 #include <algorithm>
 
 #include "cuda/gemm_tile.cuh"
@@ -58,8 +61,8 @@ __global__ void __launch_bounds__(WARPS * 32)
   if (tile < tiles) {  // warp-uniform
     // Rows past the matrix read row rows - 1 (valid memory) and are not stored.
     const int r0 = min(tile * 16 + g, rows - 1), r1 = min(tile * 16 + g + 8, rows - 1);
-    const bf16* w0 = W + size_t(r0) * cols + 16 * t;
-    const bf16* w1 = W + size_t(r1) * cols + 16 * t;
+    const bf16* w0 = W + size_t(r0) * cols + 8 * t;
+    const bf16* w1 = W + size_t(r1) * cols + 8 * t;
     const int s0 = slice * steps_per_slice, s1 = min(steps, s0 + steps_per_slice);
     for (int st = s0; st < s1; st += kUnroll) {
       uint4 wa[kUnroll][2][2];  // [step][row g / g + 8][first / second 16 bytes]
@@ -67,14 +70,14 @@ __global__ void __launch_bounds__(WARPS * 32)
       for (int u = 0; u < kUnroll; ++u) {
         const int c = min(st + u, s1 - 1) * kStep;  // a clamped repeat is loaded, not used
         wa[u][0][0] = ld_nc16(w0 + c);
-        wa[u][0][1] = ld_nc16(w0 + c + 8);
+        wa[u][0][1] = ld_nc16(w0 + c + 32);
         wa[u][1][0] = ld_nc16(w1 + c);
-        wa[u][1][1] = ld_nc16(w1 + c + 8);
+        wa[u][1][1] = ld_nc16(w1 + c + 32);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (st + u >= s1) break;  // warp-uniform
-        const int c = (st + u) * kStep + 16 * t;
+        const int c = (st + u) * kStep + 8 * t;
         // A fragments of k-blocks 0..3: row g's words (2kb, 2kb+1), row g+8's likewise.
         const uint32_t ra[8] = {wa[u][0][0].x, wa[u][0][0].y, wa[u][0][0].z, wa[u][0][0].w,
                                 wa[u][0][1].x, wa[u][0][1].y, wa[u][0][1].z, wa[u][0][1].w};
@@ -86,7 +89,7 @@ __global__ void __launch_bounds__(WARPS * 32)
           const bool has = tok < T;
           const bf16* xr = x + size_t(has ? tok : 0) * cols + c;
           const uint4 xa = has ? ld_nc16(xr) : make_uint4(0, 0, 0, 0);
-          const uint4 xb = has ? ld_nc16(xr + 8) : make_uint4(0, 0, 0, 0);
+          const uint4 xb = has ? ld_nc16(xr + 32) : make_uint4(0, 0, 0, 0);
           const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
           for (int kb = 0; kb < 4; ++kb) {

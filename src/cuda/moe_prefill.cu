@@ -25,6 +25,10 @@
 //  * down: A = act rows of the tile (contiguous), B = down_e, y f32 rows in sorted order.
 //    mma.sync 128x128, wgmma 128x128 (3 stages, 2 blocks/SM: K = I = 512 is only 8 k-tiles, so
 //    two resident blocks overlap one's prologue/epilogue with the other's MMAs).
+// Shared expert: its own launches (moe_shared_gate_up, dense tiles of the same kernel; down as a
+// GEMM by the caller) or, with a MoeSharedPart, as the first row tiles of the grouped launches
+// (s11: the BF16 batched step's shared expert had three launches of its own, ~22 us per layer at
+// 16 rows for 6 MB of weights; inside the grouped grids its tiles run beside the routed ones).
 // Combine: one block per token, float4 over H, pairs summed in slot order (deterministic).
 #include "cuda/moe_prefill.h"
 
@@ -141,8 +145,39 @@ struct GroupArgs {
   const int32_t* tile_expert;
   const int32_t* tile_row0;
   const int32_t* num_tiles;
-  int dense_rows;
+  int dense_rows;  // tokens of the dense block (the shared expert), alone or as the prefix below
+  // A grouped launch's shared-expert prefix: its first shared_tiles row tiles are the dense block
+  // of dense_rows tokens through shared_w (the shared expert's gate_up [2 I, H] or down [H, I]),
+  // reading shared_in (down: the shared act [T, I]; gate_up: x itself) and writing shared_out
+  // (gate_up: bf16 act [T, I]; down: f32 [T, H]); the routed tiles follow. 0: no prefix.
+  int shared_tiles;
+  const bf16* shared_w;
+  const bf16* shared_in;
+  void* shared_out;
 };
+
+// What a tile reads and writes: the weights (expert 0's; w.e selects), the input rows, the
+// gather table (null: rows in order) and the output.
+struct TileIo {
+  const bf16* w;
+  const bf16* in;
+  const int32_t* gather;
+  void* out;
+};
+
+// The block's tile of a grouped launch with an optional shared-expert prefix (GroupArgs): its
+// work, and in io the shared expert's operands for a prefix tile (io unchanged otherwise).
+template <int BM, bool GROUPED>
+__device__ __forceinline__ bool prefixed_tile(int tile, const GroupArgs& g, TileIo& io,
+                                              TileWork& w) {
+  if (GROUPED && tile < g.shared_tiles) {
+    w = {0, tile * BM, g.dense_rows};
+    io = {g.shared_w, g.shared_in, nullptr, g.shared_out};
+    return true;
+  }
+  return tile_work<BM, GROUPED>(tile - (GROUPED ? g.shared_tiles : 0), g.dense_rows, g.offsets,
+                                g.tile_expert, g.tile_row0, g.num_tiles, w);
+}
 
 template <class Cfg, bool GROUPED>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
@@ -153,13 +188,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   const int n_nt = (I + COLS - 1) / COLS;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
   TileWork w;
-  if (!tile_work<Cfg::BM, GROUPED>(tile, g.dense_rows, g.offsets, g.tile_expert, g.tile_row0,
-                                   g.num_tiles, w))
-    return;
+  TileIo io{gate_up, x, g.sorted_token, act};
+  if (!prefixed_tile<Cfg::BM, GROUPED>(tile, g, io, w)) return;
+  bf16* const out = static_cast<bf16*>(io.out);
   const int n0 = nt * COLS;
-  const auto a_rows = gather_rows<Cfg>(x, H, g.sorted_token, w);
+  const auto a_rows = gather_rows<Cfg>(io.in, H, io.gather, w);
   const auto b_rows =
-      gate_up_rows<Cfg, HALF>(gate_up + size_t(w.e) * 2 * size_t(I) * size_t(H), I, H, n0);
+      gate_up_rows<Cfg, HALF>(io.w + size_t(w.e) * 2 * size_t(I) * size_t(H), I, H, n0);
   float acc[Cfg::MT][Cfg::NT][4];
   tile::mainloop<Cfg>(acc, a_rows, b_rows, H, reinterpret_cast<bf16*>(smem));
 
@@ -172,9 +207,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int row = row_base + i * 16, col = col_base + j * 8;
-      store_act(act, I, row, w.row_end, col, acc[i][j][0], acc[i][j + 4][0], acc[i][j][1],
+      store_act(out, I, row, w.row_end, col, acc[i][j][0], acc[i][j + 4][0], acc[i][j][1],
                 acc[i][j + 4][1]);
-      store_act(act, I, row + 8, w.row_end, col, acc[i][j][2], acc[i][j + 4][2], acc[i][j][3],
+      store_act(out, I, row + 8, w.row_end, col, acc[i][j][2], acc[i][j + 4][2], acc[i][j][3],
                 acc[i][j + 4][3]);
     }
 }
@@ -189,13 +224,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   const int n_nt = (I + COLS - 1) / COLS;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
   TileWork w;
-  if (!tile_work<Cfg::BM, GROUPED>(tile, g.dense_rows, g.offsets, g.tile_expert, g.tile_row0,
-                                   g.num_tiles, w))
-    return;
+  TileIo io{gate_up, x, g.sorted_token, act};
+  if (!prefixed_tile<Cfg::BM, GROUPED>(tile, g, io, w)) return;
+  bf16* const out = static_cast<bf16*>(io.out);
   const int n0 = nt * COLS;
-  const auto a_rows = gather_rows<Cfg>(x, H, g.sorted_token, w);
+  const auto a_rows = gather_rows<Cfg>(io.in, H, io.gather, w);
   const auto b_rows =
-      gate_up_rows<Cfg, HALF>(gate_up + size_t(w.e) * 2 * size_t(I) * size_t(H), I, H, n0);
+      gate_up_rows<Cfg, HALF>(io.w + size_t(w.e) * 2 * size_t(I) * size_t(H), I, H, n0);
   float acc[Cfg::NACC];
   tile::wgmma_mainloop<Cfg>(acc, a_rows, b_rows, H, smem);
 
@@ -208,8 +243,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     const int col = n0 + o.col + j * 8;
     const float* gt = acc + 4 * j;
     const float* up = acc + 4 * (j + JH);
-    store_act(act, I, row, w.row_end, col, gt[0], up[0], gt[1], up[1]);
-    store_act(act, I, row + 8, w.row_end, col, gt[2], up[2], gt[3], up[3]);
+    store_act(out, I, row, w.row_end, col, gt[0], up[0], gt[1], up[1]);
+    store_act(out, I, row + 8, w.row_end, col, gt[2], up[2], gt[3], up[3]);
   }
 #else
   (void)x, (void)H, (void)gate_up, (void)I, (void)g, (void)act;
@@ -231,11 +266,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   const int n_nt = (H + Cfg::BN - 1) / Cfg::BN;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
   TileWork w;
-  if (!tile_work<Cfg::BM, true>(tile, 0, g.offsets, g.tile_expert, g.tile_row0, g.num_tiles, w))
-    return;
+  TileIo io{down, act, nullptr, y};  // act rows are already in sorted order
+  if (!prefixed_tile<Cfg::BM, true>(tile, g, io, w)) return;
+  float* const out = static_cast<float*>(io.out);
   const int n0 = nt * Cfg::BN;
-  const auto a_rows = gather_rows<Cfg>(act, I, nullptr, w);
-  const auto b_rows = plain_rows<Cfg>(down + size_t(w.e) * size_t(H) * size_t(I), H, I, n0);
+  const auto a_rows = gather_rows<Cfg>(io.in, I, nullptr, w);
+  const auto b_rows = plain_rows<Cfg>(io.w + size_t(w.e) * size_t(H) * size_t(I), H, I, n0);
   float acc[Cfg::MT][Cfg::NT][4];
   tile::mainloop<Cfg>(acc, a_rows, b_rows, I, reinterpret_cast<bf16*>(smem));
 
@@ -245,8 +281,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #pragma unroll
     for (int j = 0; j < Cfg::NT; ++j) {
       const int row = w.row0 + o.row + i * 16, col = n0 + o.col + j * 8;
-      store_y(y, H, row, w.row_end, col, acc[i][j][0], acc[i][j][1]);
-      store_y(y, H, row + 8, w.row_end, col, acc[i][j][2], acc[i][j][3]);
+      store_y(out, H, row, w.row_end, col, acc[i][j][0], acc[i][j][1]);
+      store_y(out, H, row + 8, w.row_end, col, acc[i][j][2], acc[i][j][3]);
     }
 }
 
@@ -259,11 +295,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   const int n_nt = (H + Cfg::BN - 1) / Cfg::BN;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
   TileWork w;
-  if (!tile_work<Cfg::BM, true>(tile, 0, g.offsets, g.tile_expert, g.tile_row0, g.num_tiles, w))
-    return;
+  TileIo io{down, act, nullptr, y};  // act rows are already in sorted order
+  if (!prefixed_tile<Cfg::BM, true>(tile, g, io, w)) return;
+  float* const out = static_cast<float*>(io.out);
   const int n0 = nt * Cfg::BN;
-  const auto a_rows = gather_rows<Cfg>(act, I, nullptr, w);
-  const auto b_rows = plain_rows<Cfg>(down + size_t(w.e) * size_t(H) * size_t(I), H, I, n0);
+  const auto a_rows = gather_rows<Cfg>(io.in, I, nullptr, w);
+  const auto b_rows = plain_rows<Cfg>(io.w + size_t(w.e) * size_t(H) * size_t(I), H, I, n0);
   float acc[Cfg::NACC];
   tile::wgmma_mainloop<Cfg>(acc, a_rows, b_rows, I, smem);
 
@@ -272,8 +309,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #pragma unroll
   for (int j = 0; j < Cfg::BN / 8; ++j) {
     const int col = n0 + o.col + j * 8;
-    store_y(y, H, row, w.row_end, col, acc[4 * j + 0], acc[4 * j + 1]);
-    store_y(y, H, row + 8, w.row_end, col, acc[4 * j + 2], acc[4 * j + 3]);
+    store_y(out, H, row, w.row_end, col, acc[4 * j + 0], acc[4 * j + 1]);
+    store_y(out, H, row + 8, w.row_end, col, acc[4 * j + 2], acc[4 * j + 3]);
   }
 #else
   (void)act, (void)I, (void)down, (void)H, (void)g, (void)y;
@@ -386,28 +423,48 @@ void check_dims(int H, int I, const char* what) {
     fail("{}: H {} and I {} must be positive multiples of 8", what, H, I);
 }
 
-GroupArgs group_args(const MoeRouting& r) {
-  return {r.sorted_token, r.expert_offsets, r.tile_expert, r.tile_row0, r.num_tiles, 0};
+// The routed tiles of r, after the shared expert's tiles when `shared` is given (its gate_up
+// weights and act for gate_up, its down weights, act and output for down).
+GroupArgs group_args(const MoeRouting& r, const MoeSharedPart* shared, bool down) {
+  GroupArgs g{r.sorted_token, r.expert_offsets, r.tile_expert, r.tile_row0, r.num_tiles, 0, 0,
+              nullptr,        nullptr,          nullptr};
+  if (shared) {
+    g.dense_rows = r.T;
+    g.shared_tiles = ceil_div(r.T, kMoeTileRows);
+    g.shared_w = down ? shared->down : shared->gate_up;
+    g.shared_in = down ? shared->act : nullptr;  // gate_up: the launch's x
+    g.shared_out = down ? static_cast<void*>(shared->out) : static_cast<void*>(shared->act);
+  }
+  return g;
+}
+
+void check_shared(const MoeSharedPart* shared, const char* what) {
+  if (shared && (!shared->gate_up || !shared->down || !shared->act || !shared->out))
+    fail("{}: the shared expert's part has a null pointer", what);
 }
 
 }  // namespace
 
 void moe_grouped_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const MoeRouting& r,
-                         bf16* act, cudaStream_t stream, bool use_wgmma) {
+                         bf16* act, cudaStream_t stream, bool use_wgmma,
+                         const MoeSharedPart* shared) {
   check_routing(r, "moe_grouped_gate_up");
   check_dims(H, I, "moe_grouped_gate_up");
-  const GroupArgs g = group_args(r);
+  check_shared(shared, "moe_grouped_gate_up");
+  GroupArgs g = group_args(r, shared, false);
+  g.shared_in = x;
+  const int tiles = g.shared_tiles + r.max_tiles;
   if (use_wgmma && device_is_sm90())
-    launch_gate_up<GateUpWg, true, true>(x, H, gate_up, I, g, r.max_tiles, act, stream);
+    launch_gate_up<GateUpWg, true, true>(x, H, gate_up, I, g, tiles, act, stream);
   else
-    launch_gate_up<GateUpMma, true, false>(x, H, gate_up, I, g, r.max_tiles, act, stream);
+    launch_gate_up<GateUpMma, true, false>(x, H, gate_up, I, g, tiles, act, stream);
 }
 
 void moe_shared_gate_up(const bf16* x, int T, int H, const bf16* shared_gate_up, int Is, bf16* act,
                         cudaStream_t stream, bool use_wgmma) {
   check_dims(H, Is, "moe_shared_gate_up");
   if (T < 1) fail("moe_shared_gate_up: T {}", T);
-  const GroupArgs g{nullptr, nullptr, nullptr, nullptr, nullptr, T};
+  const GroupArgs g{nullptr, nullptr, nullptr, nullptr, nullptr, T, 0, nullptr, nullptr, nullptr};
   const int tiles = ceil_div(T, kMoeTileRows);
   if (use_wgmma && device_is_sm90())
     launch_gate_up<GateUpWg, false, true>(x, H, shared_gate_up, Is, g, tiles, act, stream);
@@ -416,14 +473,16 @@ void moe_shared_gate_up(const bf16* x, int T, int H, const bf16* shared_gate_up,
 }
 
 void moe_grouped_down(const bf16* act, int I, const bf16* down, int H, const MoeRouting& r,
-                      float* y, cudaStream_t stream, bool use_wgmma) {
+                      float* y, cudaStream_t stream, bool use_wgmma, const MoeSharedPart* shared) {
   check_routing(r, "moe_grouped_down");
   check_dims(H, I, "moe_grouped_down");
-  const GroupArgs g = group_args(r);
+  check_shared(shared, "moe_grouped_down");
+  const GroupArgs g = group_args(r, shared, true);
+  const int tiles = g.shared_tiles + r.max_tiles;
   if (use_wgmma && device_is_sm90())
-    launch_down<DownWg, true>(act, I, down, H, g, r.max_tiles, y, stream);
+    launch_down<DownWg, true>(act, I, down, H, g, tiles, y, stream);
   else
-    launch_down<DownMma, false>(act, I, down, H, g, r.max_tiles, y, stream);
+    launch_down<DownMma, false>(act, I, down, H, g, tiles, y, stream);
 }
 
 __global__ void __launch_bounds__(256)

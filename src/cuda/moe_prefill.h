@@ -55,15 +55,32 @@ MoeRouting moe_routing_layout(void* workspace, int T, int E, int k);
 void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
                cudaStream_t stream);
 
+// The shared expert run inside the grouped launches (its intermediate size equal to the routed
+// experts' I): its row tiles come first in each grid, so one launch does the routed experts and
+// the shared one (a batched decode step's shared expert was three launches of its own: 22 us per
+// layer at 16 rows, s9). gate_up bf16 [2 I, H], down bf16 [H, I]; act bf16 [T, I] (written by
+// moe_grouped_gate_up, read by moe_grouped_down), out f32 [T, H] (written by moe_grouped_down).
+struct MoeSharedPart {
+  const bf16* gate_up = nullptr;
+  const bf16* down = nullptr;
+  bf16* act = nullptr;
+  float* out = nullptr;
+};
+
 // act [T*k, I] bf16 (sorted rows) = silu(x_g . gate_e^T) * (x_g . up_e^T), x_g the tokens gathered
 // through sorted_token; x bf16 [T, H], gate_up bf16 [E, 2I, H] (per expert I gate rows, then I up
 // rows). H, I multiples of 8. use_wgmma = false forces the mma.sync kernels (tests; non-Hopper).
+// With `shared`, also shared->act = the shared expert's act over all T tokens (as
+// moe_shared_gate_up computes it, bit for bit: the same tile kernel).
 void moe_grouped_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const MoeRouting& r,
-                         bf16* act, cudaStream_t stream, bool use_wgmma = true);
+                         bf16* act, cudaStream_t stream, bool use_wgmma = true,
+                         const MoeSharedPart* shared = nullptr);
 
-// y [T*k, H] f32 (sorted rows) = act . down_e^T; down bf16 [E, H, I].
+// y [T*k, H] f32 (sorted rows) = act . down_e^T; down bf16 [E, H, I]. With `shared`, also
+// shared->out [T, H] = shared->act . shared->down^T (f32).
 void moe_grouped_down(const bf16* act, int I, const bf16* down, int H, const MoeRouting& r,
-                      float* y, cudaStream_t stream, bool use_wgmma = true);
+                      float* y, cudaStream_t stream, bool use_wgmma = true,
+                      const MoeSharedPart* shared = nullptr);
 
 // Shared expert: act [T, Is] bf16 = silu(x . sg^T) * (x . su^T); shared_gate_up bf16 [2 Is, H].
 void moe_shared_gate_up(const bf16* x, int T, int H, const bf16* shared_gate_up, int Is, bf16* act,

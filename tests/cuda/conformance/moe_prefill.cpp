@@ -1,7 +1,8 @@
 // Conformance cases of the MoE prefill on the GPU against the CPU twin:
 //  * moe_route exactly against cpu::router_top_k + a plain counting sort (offsets, stable order,
 //    positions, tile table), with ties and skew, over chunk boundaries (T up to 8192);
-//  * the whole block (route, grouped gate_up, grouped down, shared expert, combine) against
+//  * the whole block (route, grouped gate_up, grouped down, shared expert, combine; the shared
+//    expert on its own and inside the grouped launches) against
 //    cpu::moe_forward on bf16 inputs, at the real sizes (E 256, k 8, I 512, H 2048) and a tiny
 //    config (E 16, k 4, I 64, H 128), T = 1, 5, 300, 2048, uniform and heavily skewed routing,
 //    both the mma.sync and the wgmma kernels; the intermediates act and y are also checked
@@ -368,9 +369,15 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
   Workspace ws(T, E, k);
   cuda::DeviceBuffer<cuda::bf16> d_act(P * I), d_act_s(size_t(T) * Is);
   cuda::DeviceBuffer<float> d_y(P * H), d_shared(size_t(T) * H);
+  std::vector<int32_t> act_s_bits[2];  // each engine's separate pass's shared act (Is even)
 
-  for (bool wg : {false, true}) {
-    const std::string path = wg ? "wgmma" : "mma.sync";
+  // Each tile engine with the shared expert on its own (moe_shared_gate_up + a GEMM) and inside
+  // the grouped launches (MoeSharedPart): both must give the same act bit for bit (the same
+  // tile kernel) and a shared output within the dot-product tolerance.
+  for (const auto& [wg, fused] :
+       {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+    const std::string path =
+        std::string(wg ? "wgmma" : "mma.sync") + (fused ? ", shared expert fused" : "");
     SCOPED_TRACE(path);
     ws.poison();
     poison(d_act);
@@ -379,11 +386,16 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
     poison(d_shared);
     auto d_h = upload(h0);
     cuda::moe_route(d_logits.get(), stride, T, E, k, ws.r, nullptr);
-    cuda::moe_grouped_gate_up(d_x.get(), H, m.d_gate_up.get(), I, ws.r, d_act.get(), nullptr, wg);
-    cuda::moe_grouped_down(d_act.get(), I, m.d_down.get(), H, ws.r, d_y.get(), nullptr, wg);
-    cuda::moe_shared_gate_up(d_x.get(), T, H, m.d_sgu.get(), Is, d_act_s.get(), nullptr, wg);
-    cuda::gemm(d_act_s.get(), T, Is, m.d_sdown.get(), H, d_shared.get(), cuda::GemmOut::StoreF32,
-               nullptr);
+    const cuda::MoeSharedPart part{m.d_sgu.get(), m.d_sdown.get(), d_act_s.get(), d_shared.get()};
+    const cuda::MoeSharedPart* shared = fused ? &part : nullptr;
+    cuda::moe_grouped_gate_up(d_x.get(), H, m.d_gate_up.get(), I, ws.r, d_act.get(), nullptr, wg,
+                              shared);
+    cuda::moe_grouped_down(d_act.get(), I, m.d_down.get(), H, ws.r, d_y.get(), nullptr, wg, shared);
+    if (!fused) {
+      cuda::moe_shared_gate_up(d_x.get(), T, H, m.d_sgu.get(), Is, d_act_s.get(), nullptr, wg);
+      cuda::gemm(d_act_s.get(), T, Is, m.d_sdown.get(), H, d_shared.get(), cuda::GemmOut::StoreF32,
+                 nullptr);
+    }
     cuda::moe_combine(d_y.get(), ws.r, d_logits.get(), stride, d_shared.get(), H, d_h.get(),
                       nullptr);
     LILAC_CUDA_CHECK(cudaDeviceSynchronize());
@@ -396,6 +408,40 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
     const auto act_s = download_bf16_as_f32(d_act_s);
     EXPECT_TRUE(check_act(toks, identity, zeros, x, m.sgu.data(), m.sgu_norm, Is, H, act_s,
                           "shared act (" + path + ")"));
+    if (fused)  // the separate pass of the same engine ran before
+      EXPECT_TRUE(
+          same_ints(act_s_bits[wg],
+                    download_n(reinterpret_cast<const int32_t*>(d_act_s.get()), size_t(T) * Is / 2),
+                    "shared act fused vs separate (" + path + ")"));
+    else
+      act_s_bits[wg] =
+          download_n(reinterpret_cast<const int32_t*>(d_act_s.get()), size_t(T) * Is / 2);
+    // The shared expert's output against double-precision products of the GPU's own act.
+    {
+      const auto sh = download(d_shared);
+      const size_t R = toks.size();
+      std::vector<double> want(R * size_t(H)), tol(R * size_t(H));
+      const double gamma = dot_tolerance(Is);
+      ThreadPool::global().parallel_for(R, [&](size_t b, size_t e) {
+        for (size_t ri = b; ri < e; ++ri) {
+          const float* a = &act_s[size_t(toks[ri]) * Is];
+          double an = 0;
+          for (int i = 0; i < Is; ++i) an += double(a[i]) * a[i];
+          an = std::sqrt(an);
+          for (int cidx = 0; cidx < H; ++cidx) {
+            want[ri * H + size_t(cidx)] = dot_f64(m.sdown.data() + size_t(cidx) * Is, a, Is);
+            tol[ri * H + size_t(cidx)] = gamma * an * m.sdown_norm[size_t(cidx)] + 1e-30;
+          }
+        }
+      });
+      EXPECT_TRUE(within(
+          R * size_t(H), [&](size_t i) { return sh[size_t(toks[i / H]) * H + i % H]; },
+          [&](size_t i) { return want[i]; }, [&](size_t i) { return tol[i]; },
+          [&](size_t i) {
+            return "token " + std::to_string(toks[i / H]) + ", col " + std::to_string(i % H);
+          },
+          "shared out (" + path + ")"));
+    }
 
     // y[s] = act[s] . down_e^T on the GPU's own act (bf16 values exactly as the kernel read them).
     const auto y = download(d_y);
