@@ -185,7 +185,7 @@ class CudaBackend : public Backend {
   void layer_decode(CudaSequenceState& st, int64_t layer, Timer* timer);
   void sample_launches(CudaSequenceState& st, Timer* timer);
   // The batched decode pass (cuda_backend_batch.cpp).
-  void batch_layer(int64_t layer, int B, bool grouped_moe, Timer* timer);
+  bool batch_layer(int64_t layer, int B, bool grouped_moe, bool normed, Timer* timer);
   void batch_launches(int B, bool grouped_moe, Timer* timer);
   bool batch_grouped_moe(int B) const;
   bool batched_pass_available() const;

@@ -98,7 +98,10 @@ BatchWorkspace& CudaBackend::batch_ws() {
 
 // ---- the launches of one pass -----------------------------------------------------------------
 
-void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer) {
+// `normed`: the previous layer's combine already wrote this layer's input norm into x. Returns
+// whether this layer's combine wrote the next one's (the next layer's input norm, or the final
+// norm after the last layer).
+bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, Timer* timer) {
   const ModelConfig& c = model_->config;
   const DeviceLayer& L = model_->layers[size_t(li)];
   Workspace& w = *ws_;
@@ -108,7 +111,8 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer)
   const float eps = c.rms_eps;
   cudaStream_t s = stream_;
 
-  timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), B, H, eps, s); });
+  if (!normed)
+    timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), B, H, eps, s); });
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
     timed(timer, "proj.gdn_in_proj",
@@ -145,10 +149,15 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer)
     timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
     moe_experts(L, c, w, B, r, options_.small_moe_max_tokens, options_.small_moe_kernel,
                 options_.fused_shared_expert, timer, s);
-    timed(timer, "moe_combine", [&] {
-      moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
+    // The next norm (the next layer's input norm, or the final one) in the combine's blocks.
+    const float* next_norm =
+        li + 1 < c.layers ? model_->layers[size_t(li) + 1].input_norm : model_->final_norm;
+    const bool fuse = moe_combine_norm_supported(H, w.h.get(), next_norm, w.x.get());
+    timed(timer, fuse ? "moe_combine+rms_norm" : "moe_combine", [&] {
+      moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s,
+                  fuse ? next_norm : nullptr, w.x.get(), eps);
     });
-    return;
+    return fuse;
   }
   timed(timer, "router_topk", [&] {
     router_topk(w.router.get(), E + 1, B, E, k, bw.topk_idx.get(), bw.topk_w.get(), s);
@@ -179,6 +188,7 @@ void CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, Timer* timer)
       moe_down_gemv(L.down.dense, L.shared_down.dense, bw.topk_idx.get(), bw.topk_w.get(),
                     w.router.get() + E, bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
     });
+  return false;
 }
 
 void CudaBackend::batch_launches(int B, bool grouped_moe, Timer* timer) {
@@ -188,9 +198,11 @@ void CudaBackend::batch_launches(int B, bool grouped_moe, Timer* timer) {
   const int H = int(c.hidden), V = int(c.vocab);
   timed(timer, "embed",
         [&] { embed_rows(ids_of(bw.upload.get()), *model_, w.h.get(), B, H, stream_); });
-  for (int64_t i = 0; i < c.layers; ++i) batch_layer(i, B, grouped_moe, timer);
-  timed(timer, "rms_norm",
-        [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), B, H, c.rms_eps, stream_); });
+  bool normed = false;
+  for (int64_t i = 0; i < c.layers; ++i) normed = batch_layer(i, B, grouped_moe, normed, timer);
+  if (!normed)
+    timed(timer, "rms_norm",
+          [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), B, H, c.rms_eps, stream_); });
   timed(timer, "proj.lm_head",
         [&] { rows_proj(w.x.get(), B, H, model_->lm_head, V, w.logits.get(), false, stream_); });
   timed(timer, "argmax_batch", [&] {

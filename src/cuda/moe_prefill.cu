@@ -38,6 +38,7 @@
 #include <mutex>
 
 #include "cuda/gemm_tile.cuh"
+#include "cuda/vec_util.cuh"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -325,9 +326,11 @@ __global__ void __launch_bounds__(256)
     moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
                        const int32_t* __restrict__ pos, int k, const float* __restrict__ logits,
                        int stride, int E, const float* __restrict__ shared, int H,
-                       float* __restrict__ h) {
+                       float* __restrict__ h, const float* __restrict__ norm_scale,
+                       bf16* __restrict__ norm_out, float eps) {
   __shared__ int sp[32];
   __shared__ float sw[32];
+  __shared__ float scratch[32];
   const int t = blockIdx.x;
   if (threadIdx.x < k) {
     sp[threadIdx.x] = pos[size_t(t) * k + threadIdx.x];
@@ -358,6 +361,11 @@ __global__ void __launch_bounds__(256)
     o.z += acc.z;
     o.w += acc.w;
     ht[c] = o;
+  }
+  if (norm_scale) {   // the next norm of the new row, by rms_norm's own function (bit for bit)
+    __syncthreads();  // the block's h stores are visible to its threads
+    rms_norm_row(h + size_t(t) * size_t(H), norm_scale, H, eps,
+                 reinterpret_cast<uint4*>(norm_out + size_t(t) * size_t(H)), scratch);
   }
 }
 
@@ -505,13 +513,23 @@ void moe_shared_swiglu(const float* gu, int T, int Is, bf16* act, cudaStream_t s
 }
 
 void moe_combine(const float* y, const MoeRouting& r, const float* logits, int stride,
-                 const float* shared, int H, float* h, cudaStream_t stream) {
+                 const float* shared, int H, float* h, cudaStream_t stream, const float* norm_scale,
+                 bf16* norm_out, float eps) {
   check_routing(r, "moe_combine");
   if (H % 4 != 0 || stride <= r.E)
     fail("moe_combine: H {} (multiple of 4), stride {} (> E {})", H, stride, r.E);
+  if (norm_scale && !moe_combine_norm_supported(H, h, norm_scale, norm_out))
+    fail("moe_combine: the fused norm needs H % 8 == 0 and 16-byte aligned rows (H {})", H);
+  static_assert(kRmsThreads == 256, "the combine's blocks run rms_norm_row");
   moe_combine_kernel<<<unsigned(r.T), 256, 0, stream>>>(y, r.topk_weight, r.pair_position, r.k,
-                                                        logits, stride, r.E, shared, H, h);
+                                                        logits, stride, r.E, shared, H, h,
+                                                        norm_scale, norm_out, eps);
   LILAC_CUDA_LAUNCHED();
+}
+
+bool moe_combine_norm_supported(int H, const float* h, const float* norm_scale,
+                                const bf16* norm_out) {
+  return H % 8 == 0 && is_aligned(h, 16) && is_aligned(norm_scale, 16) && is_aligned(norm_out, 16);
 }
 
 }  // namespace lilac::cuda

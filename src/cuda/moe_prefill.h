@@ -94,7 +94,13 @@ void moe_shared_swiglu(const float* gu, int T, int Is, bf16* act, cudaStream_t s
 
 // h [T, H] += sum_j topk_weight[t, j] * y[pair_position[t, j]] (j = 0 .. k-1 in order)
 //           + sigmoid(logits[t * stride + E]) * shared [T, H]. H a multiple of 4.
+// With norm_scale, each block then also writes the next layer's norm of its new row:
+// norm_out [T, H] = rms_norm(h, norm_scale, eps) bit for bit (the same device function as
+// norm.h's rms_norm; saves that launch: s11). Needs moe_combine_norm_supported().
 void moe_combine(const float* y, const MoeRouting& r, const float* logits, int stride,
-                 const float* shared, int H, float* h, cudaStream_t stream);
+                 const float* shared, int H, float* h, cudaStream_t stream,
+                 const float* norm_scale = nullptr, bf16* norm_out = nullptr, float eps = 0.f);
+bool moe_combine_norm_supported(int H, const float* h, const float* norm_scale,
+                                const bf16* norm_out);
 
 }  // namespace lilac::cuda

@@ -5,7 +5,8 @@
 //    expert on its own and inside the grouped launches) against
 //    cpu::moe_forward on bf16 inputs, at the real sizes (E 256, k 8, I 512, H 2048) and a tiny
 //    config (E 16, k 4, I 64, H 128), T = 1, 5, 300, 2048, uniform and heavily skewed routing,
-//    both the mma.sync and the wgmma kernels; the intermediates act and y are also checked
+//    both the mma.sync and the wgmma kernels, the combine with and without the next norm fused
+//    (bit for bit against rms_norm); the intermediates act and y are also checked
 //    against double-precision dot products with tight tolerances. Outputs poisoned first.
 #include "cuda/moe_prefill.h"
 
@@ -27,6 +28,7 @@
 #include "cpu/linear.h"
 #include "cpu/moe.h"
 #include "cuda/gemm.h"
+#include "cuda/norm.h"
 
 namespace lilac::test {
 namespace {
@@ -369,7 +371,13 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
   Workspace ws(T, E, k);
   cuda::DeviceBuffer<cuda::bf16> d_act(P * I), d_act_s(size_t(T) * Is);
   cuda::DeviceBuffer<float> d_y(P * H), d_shared(size_t(T) * H);
-  std::vector<int32_t> act_s_bits[2];  // each engine's separate pass's shared act (Is even)
+  std::vector<int32_t> act_s_bits[2];
+  // A norm scale (1 + w) for the combine's fused norm, and its outputs.
+  std::vector<float> scale(static_cast<size_t>(H));
+  for (int i = 0; i < H; ++i) scale[size_t(i)] = 1.f + hash_uniform(seed + 3, size_t(i), 0.5f);
+  auto d_scale = upload(scale);
+  cuda::DeviceBuffer<cuda::bf16> d_norm_x(size_t(T) * H),
+      d_norm_ref(size_t(T) * H);  // each engine's separate pass's shared act (Is even)
 
   // Each tile engine with the shared expert on its own (moe_shared_gate_up + a GEMM) and inside
   // the grouped launches (MoeSharedPart): both must give the same act bit for bit (the same
@@ -396,8 +404,24 @@ void run_block(const MoeShape& s, const BlockCase& c, uint64_t seed) {
       cuda::gemm(d_act_s.get(), T, Is, m.d_sdown.get(), H, d_shared.get(), cuda::GemmOut::StoreF32,
                  nullptr);
     }
-    cuda::moe_combine(d_y.get(), ws.r, d_logits.get(), stride, d_shared.get(), H, d_h.get(),
-                      nullptr);
+    // The fused passes also take the next norm in the combine's blocks (H % 8 == 0 here): x
+    // must equal rms_norm of the combined h bit for bit.
+    if (fused) {
+      poison(d_norm_x);
+      cuda::moe_combine(d_y.get(), ws.r, d_logits.get(), stride, d_shared.get(), H, d_h.get(),
+                        nullptr, d_scale.get(), d_norm_x.get(), 1e-6f);
+      poison(d_norm_ref);
+      cuda::rms_norm(d_h.get(), d_scale.get(), d_norm_ref.get(), T, H, 1e-6f, nullptr);
+      LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto a =
+          download_n(reinterpret_cast<const int32_t*>(d_norm_x.get()), size_t(T) * H / 2);
+      const auto b =
+          download_n(reinterpret_cast<const int32_t*>(d_norm_ref.get()), size_t(T) * H / 2);
+      EXPECT_TRUE(same_ints(a, b, "combine's fused norm vs rms_norm (" + path + ")"));
+    } else {
+      cuda::moe_combine(d_y.get(), ws.r, d_logits.get(), stride, d_shared.get(), H, d_h.get(),
+                        nullptr);
+    }
     LILAC_CUDA_CHECK(cudaDeviceSynchronize());
 
     expect_routing(ws.r, ref, what + " " + path);
