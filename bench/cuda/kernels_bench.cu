@@ -22,6 +22,7 @@
 
 #include "bench_timing.h"
 #include "cuda/common.h"
+#include "cuda/gemv_rows.h"
 #include "cuda/launch.h"
 #include "cuda/linear.h"
 #include "cuda/moe_decode.h"
@@ -159,6 +160,32 @@ void bench_gemv(cudaStream_t s, const Options& opt, const char* name, int rows, 
                                : mode == 2 ? 2.0
                                            : 4.0);
   report(name, std::to_string(rows) + " x " + std::to_string(cols), bytes, t);
+}
+
+// gemv_rows (BF16 projections of a batched decode step) over T rows, with the launcher's K-slice
+// count and each other one (slices 1..16): which split the weights stream best under.
+void bench_gemv_rows(cudaStream_t s, const Options& opt, const char* name, int rows, int cols,
+                     bool acc, int T) {
+  const std::string label = std::string("gemv_rows ") + name + " T=" + std::to_string(T);
+  if (!wanted(opt, label)) return;
+  const size_t wbytes = size_t(rows) * cols * 2;
+  const int copies = copies_for(wbytes);
+  std::vector<DeviceBuffer<bf16>> W;
+  for (int c = 0; c < copies; ++c)
+    W.push_back(random_buffer<bf16>(size_t(rows) * cols, 11 + c, 0.05f));
+  auto x = random_buffer<bf16>(size_t(T) * cols, 3, 1.f);
+  auto y = random_buffer<float>(size_t(T) * rows, 4, 1.f);
+  for (int S : {0, 1, 2, 4, 8, 16}) {
+    if (S == 16 && T > 32) continue;
+    const auto t = time_both(s, opt, [&](int r) {
+      lilac::cuda::gemv_rows(W[size_t(r % copies)].get(), rows, cols, x.get(), T, y.get(),
+                             acc ? lilac::cuda::GemvOut::Accumulate : lilac::cuda::GemvOut::Store,
+                             s, S);
+    });
+    const std::string shape = std::to_string(rows) + " x " + std::to_string(cols) +
+                              (S ? " S=" + std::to_string(S) : " S=auto");
+    report(label.c_str(), shape, double(wbytes), t);
+  }
 }
 
 void bench_moe(cudaStream_t s, const Options& opt) {
@@ -358,6 +385,12 @@ int main(int argc, char** argv) {
     bench_gemv(s, opt, "gemv lm_head", 248320, 2048, 0);
     bench_gemv(s, opt, "gemv_rms lm_head", 248320, 2048, 3);
     bench_gemv(s, opt, "gemv_bf16out 2048x2048", 2048, 2048, 2);
+    for (int T : {16, 32}) {
+      bench_gemv_rows(s, opt, "gdn in_proj", 12352, 2048, false, T);
+      bench_gemv_rows(s, opt, "attn qkv", 9216, 2048, false, T);
+      bench_gemv_rows(s, opt, "out_proj (+= h)", 2048, 4096, true, T);
+      bench_gemv_rows(s, opt, "router", 257, 2048, false, T);
+    }
     bench_moe(s, opt);
     bench_norm(s, opt);
     bench_sampling(s, opt);

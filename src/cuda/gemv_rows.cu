@@ -159,7 +159,7 @@ void launch_add(int nch, dim3 grid, const bf16* W, int rows, int cols, const bf1
 }  // namespace
 
 void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y, GemvOut mode,
-               cudaStream_t stream) {
+               cudaStream_t stream, int slices) {
   if (!W || !x || !y) fail("cuda::gemv_rows: null pointer");
   if (T < 1 || T > kGemvRowsMax) fail("cuda::gemv_rows: T = {} outside [1, {}]", T, kGemvRowsMax);
   if (rows < 1 || cols < kStep || cols % kStep != 0)
@@ -177,6 +177,11 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
   const int max_s = nch <= 4 ? 2 * kWarps : kWarps;
   int S = 1;
   while (S < max_s && S * kUnroll < steps && (long long)tiles * S < target) S *= 2;
+  if (slices != 0) {
+    if (slices < 1 || slices > max_s || (slices & (slices - 1)) != 0)
+      fail("cuda::gemv_rows: {} slices (a power of two <= {} at T = {})", slices, max_s, T);
+    S = slices;
+  }
   const int sps = (steps + S - 1) / S;
   const bool wide = S > kWarps;
   const dim3 grid(ceil_div(tiles, (wide ? 2 * kWarps : kWarps) / S));

@@ -14,7 +14,9 @@ namespace lilac::cuda {
 // f32 accumulation (tensor cores); the sums run in another order than gemv's, so a row equals
 // gemv's result up to f32 rounding. Deterministic. Launched with PDL; graph-capturable.
 constexpr int kGemvRowsMax = 64;
+// `slices` (benchmarks): 0 lets the launcher choose the K-slices per 16-row tile; else that many
+// (1, 2, 4, 8, or 16 at T <= 32).
 void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y, GemvOut mode,
-               cudaStream_t stream);
+               cudaStream_t stream, int slices = 0);
 
 }  // namespace lilac::cuda
