@@ -52,6 +52,8 @@ CudaOptions CudaOptions::from_environment() {
     o.staged_first_projection = std::string(q) != "0";
   if (const char* f = std::getenv("LILAC_MOE_SHARED_FUSED"))
     o.fused_shared_expert = std::string(f) != "0";
+  if (const char* f = std::getenv("LILAC_COMBINE_NORM"))
+    o.fused_combine_norm = std::string(f) != "0";
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")

@@ -65,6 +65,9 @@ struct CudaOptions {
   // tiles run inside the routed experts' grouped gate_up and down launches (moe_prefill.h,
   // MoeSharedPart) instead of launches of its own. LILAC_MOE_SHARED_FUSED=0: separate (A/B).
   bool fused_shared_expert = true;
+  // Grouped batched passes: the MoE combine also writes the next layer's input norm (or the
+  // final norm) in its blocks, bit for bit rms_norm's. LILAC_COMBINE_NORM=0: rms_norm (A/B).
+  bool fused_combine_norm = true;
   static CudaOptions from_environment();
 };
 

@@ -152,7 +152,8 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
     // The next norm (the next layer's input norm, or the final one) in the combine's blocks.
     const float* next_norm =
         li + 1 < c.layers ? model_->layers[size_t(li) + 1].input_norm : model_->final_norm;
-    const bool fuse = moe_combine_norm_supported(H, w.h.get(), next_norm, w.x.get());
+    const bool fuse = options_.fused_combine_norm &&
+                      moe_combine_norm_supported(H, w.h.get(), next_norm, w.x.get());
     timed(timer, fuse ? "moe_combine+rms_norm" : "moe_combine", [&] {
       moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s,
                   fuse ? next_norm : nullptr, w.x.get(), eps);

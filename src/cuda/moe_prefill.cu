@@ -331,6 +331,11 @@ __global__ void __launch_bounds__(256)
   __shared__ int sp[32];
   __shared__ float sw[32];
   __shared__ float scratch[32];
+  // PDL (launch.h): every input is an earlier kernel's output; launching the next kernel early
+  // lets its blocks be resident when this one ends (s11: the next layer's in_proj, PDL-launched,
+  // otherwise starts only after this grid completes).
+  pdl_launch_dependents();
+  pdl_wait();
   const int t = blockIdx.x;
   if (threadIdx.x < k) {
     sp[threadIdx.x] = pos[size_t(t) * k + threadIdx.x];
@@ -521,10 +526,9 @@ void moe_combine(const float* y, const MoeRouting& r, const float* logits, int s
   if (norm_scale && !moe_combine_norm_supported(H, h, norm_scale, norm_out))
     fail("moe_combine: the fused norm needs H % 8 == 0 and 16-byte aligned rows (H {})", H);
   static_assert(kRmsThreads == 256, "the combine's blocks run rms_norm_row");
-  moe_combine_kernel<<<unsigned(r.T), 256, 0, stream>>>(y, r.topk_weight, r.pair_position, r.k,
-                                                        logits, stride, r.E, shared, H, h,
-                                                        norm_scale, norm_out, eps);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(true, moe_combine_kernel, dim3(unsigned(r.T)), dim3(256), 0, stream, y,
+                r.topk_weight, r.pair_position, r.k, logits, stride, r.E, shared, H, h, norm_scale,
+                norm_out, eps);
 }
 
 bool moe_combine_norm_supported(int H, const float* h, const float* norm_scale,
