@@ -54,6 +54,7 @@ CudaOptions CudaOptions::from_environment() {
     o.fused_shared_expert = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_COMBINE_NORM"))
     o.fused_combine_norm = std::string(f) != "0";
+  if (const char* f = std::getenv("LILAC_MOE_PDL")) o.moe_pdl = std::string(f) != "0";
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")
@@ -79,6 +80,7 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
         "(Hopper) and at most 8 blocks per key head (Hk {}, Hv {}, Dk {}, Dv {})",
         c.gdn_key_heads, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim);
   set_pdl_enabled(options_.pdl);
+  set_moe_pdl_enabled(options_.moe_pdl);
   // The stream-ordered pool keeps the memory that copied states give back (make_sequence's pooled
   // buffers): the next prompt-reuse snapshot takes it from there instead of from the driver.
   {
@@ -137,6 +139,7 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
 void CudaBackend::set_options(const CudaOptions& o) {
   options_ = o;
   set_pdl_enabled(options_.pdl);
+  set_moe_pdl_enabled(options_.moe_pdl);
 }
 
 CudaBackend::~CudaBackend() {

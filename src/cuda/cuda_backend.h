@@ -68,6 +68,9 @@ struct CudaOptions {
   // Grouped batched passes: the MoE combine also writes the next layer's input norm (or the
   // final norm) in its blocks, bit for bit rms_norm's. LILAC_COMBINE_NORM=0: rms_norm (A/B).
   bool fused_combine_norm = true;
+  // moe_route (one block), the grouped GEMMs and moe_combine launched with PDL (moe_prefill.h):
+  // each then starts while the previous kernel ends. LILAC_MOE_PDL=0: plain launches (A/B).
+  bool moe_pdl = true;
   static CudaOptions from_environment();
 };
 

@@ -33,6 +33,7 @@
 #include "cuda/moe_prefill.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <mutex>
@@ -185,6 +186,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     moe_gate_up_mma_kernel(const bf16* __restrict__ x, int H, const bf16* __restrict__ gate_up,
                            int I, GroupArgs g, bf16* __restrict__ act) {
   extern __shared__ __align__(1024) unsigned char smem[];
+  pdl_launch_dependents();  // PDL (moe_pdl_enabled): everything below may depend on the
+  pdl_wait();               // previous kernel (the routing tables, x)
   constexpr int HALF = 32, COLS = Cfg::BN / 2;
   const int n_nt = (I + COLS - 1) / COLS;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
@@ -221,6 +224,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
                              int I, GroupArgs g, bf16* __restrict__ act) {
 #if defined(LILAC_SM90A)
   extern __shared__ __align__(1024) unsigned char smem[];
+  pdl_launch_dependents();
+  pdl_wait();
   constexpr int HALF = Cfg::BN / 2, COLS = Cfg::BN / 2;
   const int n_nt = (I + COLS - 1) / COLS;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
@@ -264,6 +269,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     moe_down_mma_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ down, int H,
                         GroupArgs g, float* __restrict__ y) {
   extern __shared__ __align__(1024) unsigned char smem[];
+  pdl_launch_dependents();
+  pdl_wait();
   const int n_nt = (H + Cfg::BN - 1) / Cfg::BN;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
   TileWork w;
@@ -293,6 +300,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
                           GroupArgs g, float* __restrict__ y) {
 #if defined(LILAC_SM90A)
   extern __shared__ __align__(1024) unsigned char smem[];
+  pdl_launch_dependents();
+  pdl_wait();
   const int n_nt = (H + Cfg::BN - 1) / Cfg::BN;
   const int tile = blockIdx.x / n_nt, nt = blockIdx.x % n_nt;
   TileWork w;
@@ -411,8 +420,8 @@ void launch_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const Grou
   static std::once_flag once;
   const int64_t blocks = int64_t(tiles) * ceil_div(I, Cfg::BN / 2);
   prepare_launch(kernel, once, Cfg::SMEM_BYTES, blocks, "moe gate_up");
-  kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(x, H, gate_up, I, g, act);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(moe_pdl_enabled(), kernel, dim3(unsigned(blocks)), dim3(Cfg::THREADS),
+                Cfg::SMEM_BYTES, stream, x, H, gate_up, I, g, act);
 }
 
 template <class Cfg, bool WG>
@@ -427,9 +436,11 @@ void launch_down(const bf16* act, int I, const bf16* down, int H, const GroupArg
   static std::once_flag once;
   const int64_t blocks = int64_t(tiles) * ceil_div(H, Cfg::BN);
   prepare_launch(kernel, once, Cfg::SMEM_BYTES, blocks, "moe down");
-  kernel<<<unsigned(blocks), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(act, I, down, H, g, y);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(moe_pdl_enabled(), kernel, dim3(unsigned(blocks)), dim3(Cfg::THREADS),
+                Cfg::SMEM_BYTES, stream, act, I, down, H, g, y);
 }
+
+std::atomic<bool> g_moe_pdl{true};
 
 void check_dims(int H, int I, const char* what) {
   if (H < 8 || I < 8 || H % 8 != 0 || I % 8 != 0)
@@ -457,6 +468,13 @@ void check_shared(const MoeSharedPart* shared, const char* what) {
 }
 
 }  // namespace
+
+void set_moe_pdl_enabled(bool on) {
+  g_moe_pdl = on;
+}
+bool moe_pdl_enabled() {
+  return g_moe_pdl;
+}
 
 void moe_grouped_gate_up(const bf16* x, int H, const bf16* gate_up, int I, const MoeRouting& r,
                          bf16* act, cudaStream_t stream, bool use_wgmma,
@@ -526,7 +544,7 @@ void moe_combine(const float* y, const MoeRouting& r, const float* logits, int s
   if (norm_scale && !moe_combine_norm_supported(H, h, norm_scale, norm_out))
     fail("moe_combine: the fused norm needs H % 8 == 0 and 16-byte aligned rows (H {})", H);
   static_assert(kRmsThreads == 256, "the combine's blocks run rms_norm_row");
-  launch_kernel(true, moe_combine_kernel, dim3(unsigned(r.T)), dim3(256), 0, stream, y,
+  launch_kernel(moe_pdl_enabled(), moe_combine_kernel, dim3(unsigned(r.T)), dim3(256), 0, stream, y,
                 r.topk_weight, r.pair_position, r.k, logits, stride, r.E, shared, H, h, norm_scale,
                 norm_out, eps);
 }

@@ -22,6 +22,12 @@ namespace lilac::cuda {
 // Sorted rows per tile of the grouped GEMMs (the tile table is built for this BM).
 constexpr int kMoeTileRows = 128;
 
+// Whether moe_route's one-block path, the grouped GEMMs and moe_combine are launched with PDL
+// (launch.h; each waits before its first access anyway): on by default where launch.h allows it.
+// The CUDA backend sets it from CudaOptions::moe_pdl (LILAC_MOE_PDL=0 for A/B runs).
+void set_moe_pdl_enabled(bool on);
+bool moe_pdl_enabled();
+
 // Device routing state of one prefill chunk, carved from a caller-provided workspace by
 // moe_routing_layout(). Pairs are p = t * k + j (token t, slot j in descending-weight order).
 struct MoeRouting {

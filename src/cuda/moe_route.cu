@@ -28,6 +28,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/moe_prefill.h"
+#include "cuda/vec_util.cuh"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -240,6 +241,8 @@ __global__ void __launch_bounds__(kBlockPairs)
   __shared__ float pair_w[kBlockPairs];
   __shared__ int32_t off_s[kBlockExperts];
   __shared__ int sh[32];
+  pdl_launch_dependents();  // PDL (moe_pdl_enabled): the logits are the previous kernel's
+  pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int P = T * k;
   for (int i = tid; i < 32 * kBlockExperts; i += kBlockPairs)
@@ -368,12 +371,11 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
   const int P = T * k;
   if (T <= kBlockPairs / 32 && P <= kBlockPairs && E <= kBlockExperts) {
     if (E <= 128)
-      moe_route_block_kernel<4>
-          <<<1, kBlockPairs, 0, stream>>>(logits, stride, T, E, k, kMoeTileRows, r);
+      launch_kernel(moe_pdl_enabled(), moe_route_block_kernel<4>, dim3(1), dim3(kBlockPairs), 0,
+                    stream, logits, stride, T, E, k, int(kMoeTileRows), r);
     else
-      moe_route_block_kernel<8>
-          <<<1, kBlockPairs, 0, stream>>>(logits, stride, T, E, k, kMoeTileRows, r);
-    LILAC_CUDA_LAUNCHED();
+      launch_kernel(moe_pdl_enabled(), moe_route_block_kernel<8>, dim3(1), dim3(kBlockPairs), 0,
+                    stream, logits, stride, T, E, k, int(kMoeTileRows), r);
     return;
   }
   const unsigned topk_blocks = unsigned(ceil_div(T, 8));
