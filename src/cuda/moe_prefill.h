@@ -22,7 +22,8 @@ namespace lilac::cuda {
 // Sorted rows per tile of the grouped GEMMs (the tile table is built for this BM).
 constexpr int kMoeTileRows = 128;
 
-// Whether moe_route's one-block path, the grouped GEMMs and moe_combine are launched with PDL
+// Whether moe_route's one-block path, the grouped GEMMs (BF16 here, and the 4/8-bit small-M
+// register kernels of q4_moe_small.cu) and moe_combine are launched with PDL
 // (launch.h; each waits before its first access anyway): on by default where launch.h allows it.
 // The CUDA backend sets it from CudaOptions::moe_pdl (LILAC_MOE_PDL=0 for A/B runs).
 void set_moe_pdl_enabled(bool on);

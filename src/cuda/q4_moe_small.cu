@@ -36,8 +36,10 @@
 #include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/common.h"
+#include "cuda/moe_prefill.h"
 #include "cuda/q4_moe.h"
 #include "cuda/q4_tile.cuh"
+#include "cuda/vec_util.cuh"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -168,6 +170,8 @@ __global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
                                const int32_t* __restrict__ sorted_token, int E, int T,
                                bf16* __restrict__ act, bf16* __restrict__ shared_act) {
   extern __shared__ __align__(16) unsigned char smem[];
+  pdl_launch_dependents();  // PDL (moe_pdl_enabled): the routing tables and x come from the
+  pdl_wait();               // kernels before
   bf16* xs = reinterpret_cast<bf16*>(smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int G = H / kQGroup;
@@ -213,6 +217,8 @@ __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
                             QMatrix shared_down, int H, Tiles tiles, int E, int T,
                             float* __restrict__ y, float* __restrict__ shared_out) {
   extern __shared__ __align__(16) unsigned char smem[];
+  pdl_launch_dependents();
+  pdl_wait();
   bf16* xs = reinterpret_cast<bf16*>(smem);
   const int TH = H / kQTileRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -649,15 +655,11 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   const size_t smem = staged_x_bytes(H);
   if (bits == 4) allow_smem(q_moe_small_gate_up_kernel<4>, smem);
   if (bits == 8) allow_smem(q_moe_small_gate_up_kernel<8>, smem);
-  if (bits == 4)
-    q_moe_small_gate_up_kernel<4><<<grid, kThreads, smem, stream>>>(
-        x, H, gate_up, I, shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
-  else if (bits == 8)
-    q_moe_small_gate_up_kernel<8><<<grid, kThreads, smem, stream>>>(
-        x, H, gate_up, I, shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
-  else
-    fail("cuda::q_moe_small_gate_up: {} bits", bits);
-  LILAC_CUDA_LAUNCHED();
+  if (bits != 4 && bits != 8) fail("cuda::q_moe_small_gate_up: {} bits", bits);
+  launch_kernel(moe_pdl_enabled(),
+                bits == 4 ? q_moe_small_gate_up_kernel<4> : q_moe_small_gate_up_kernel<8>, grid,
+                dim3(kThreads), smem, stream, x, H, gate_up, I, shared_gate_up, Is, tiles_of(r),
+                r.sorted_token, r.E, T, act, shared_act);
 }
 
 void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, const QMatrix& down,
@@ -682,15 +684,11 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   const size_t smem = staged_x_bytes(std::max(I, Is));
   if (bits == 4) allow_smem(q_moe_small_down_kernel<4>, smem);
   if (bits == 8) allow_smem(q_moe_small_down_kernel<8>, smem);
-  if (bits == 4)
-    q_moe_small_down_kernel<4><<<grid, kThreads, smem, stream>>>(
-        act, I, shared_act, Is, down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
-  else if (bits == 8)
-    q_moe_small_down_kernel<8><<<grid, kThreads, smem, stream>>>(
-        act, I, shared_act, Is, down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
-  else
-    fail("cuda::q_moe_small_down: {} bits", bits);
-  LILAC_CUDA_LAUNCHED();
+  if (bits != 4 && bits != 8) fail("cuda::q_moe_small_down: {} bits", bits);
+  launch_kernel(moe_pdl_enabled(),
+                bits == 4 ? q_moe_small_down_kernel<4> : q_moe_small_down_kernel<8>, grid,
+                dim3(kThreads), smem, stream, act, I, shared_act, Is, down, shared_down, H,
+                tiles_of(r), r.E, r.T, y, shared_out);
 }
 
 }  // namespace lilac::cuda
