@@ -170,9 +170,11 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
   const int chunks = (T + kTok - 1) / kTok;
   const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
   const int tiles = (rows + 15) / 16, steps = cols / kStep;
-  // 32 warps per SM: in_proj and qkv at 16 and 32 rows were fastest at S = 8 (s11 run 4,
-  // lilac_cuda_bench_kernels --filter gemv_rows: in_proj 25.95 -> 23.66 us at 16 rows).
-  const long long target = 32LL * sm_count();
+  // 16 warps per SM. Alone (lilac_cuda_bench_kernels --filter gemv_rows, s11 run 4) in_proj and
+  // qkv at 16 and 32 rows ran faster at S = 8 (32 warps per SM: in_proj 25.95 -> 23.66 us at 16
+  // rows), but in the batched step it lost (BF16 c=16 1,342 tok/s with S = 8 in s11 run 5, 1,369
+  // with S = 4 in runs 1 and 6); likely: in_proj's 772 blocks no longer all fit at once.
+  const long long target = 16LL * sm_count();
   // Up to 16 slices per tile (16-warp blocks) when the tiles are few (out_proj / o_proj: 128
   // tiles of 64 steps; the router: 17 tiles), so that more warps' loads are in flight and each
   // walks fewer dependent steps.
