@@ -55,6 +55,7 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* f = std::getenv("LILAC_COMBINE_NORM"))
     o.fused_combine_norm = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_MOE_PDL")) o.moe_pdl = std::string(f) != "0";
+  if (const char* f = std::getenv("LILAC_GDN_PERSISTENT")) o.gdn_persistent_stages = std::atoi(f);
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")
@@ -81,6 +82,10 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
         c.gdn_key_heads, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim);
   set_pdl_enabled(options_.pdl);
   set_moe_pdl_enabled(options_.moe_pdl);
+  set_gdn_batch_persistent_stages(options_.gdn_persistent_stages);
+  // Its occupancy query and attributes now, outside any graph capture.
+  if (c.count_layers(LayerType::GatedDeltaNet) > 0)
+    gdn_decode_batch_prepare(int(c.gdn_key_dim), int(c.gdn_value_dim));
   // The stream-ordered pool keeps the memory that copied states give back (make_sequence's pooled
   // buffers): the next prompt-reuse snapshot takes it from there instead of from the driver.
   {
@@ -140,6 +145,7 @@ void CudaBackend::set_options(const CudaOptions& o) {
   options_ = o;
   set_pdl_enabled(options_.pdl);
   set_moe_pdl_enabled(options_.moe_pdl);
+  set_gdn_batch_persistent_stages(options_.gdn_persistent_stages);
 }
 
 CudaBackend::~CudaBackend() {

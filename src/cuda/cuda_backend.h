@@ -71,6 +71,10 @@ struct CudaOptions {
   // moe_route (one block), the grouped GEMMs and moe_combine launched with PDL (moe_prefill.h):
   // each then starts while the previous kernel ends. LILAC_MOE_PDL=0: plain launches (A/B).
   bool moe_pdl = true;
+  // The batched Gated DeltaNet state pass as a persistent grid that streams its next states into
+  // shared memory, this many items deep (2 or 3; gated_deltanet.h). LILAC_GDN_PERSISTENT=0: one
+  // cluster per item (A/B).
+  int gdn_persistent_stages = 3;
   static CudaOptions from_environment();
 };
 

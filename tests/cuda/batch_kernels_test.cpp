@@ -49,10 +49,24 @@ DeviceBuffer<bf16> random_bf16(size_t n, float scale, uint32_t seed) {
 
 // ---- Gated DeltaNet ---------------------------------------------------------------------------
 
-TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
-  LILAC_REQUIRE_GPU();
-  const int Hk = 16, Hv = 32, Dk = 128, Dv = 128, K = 4, slots = 3, slot = 1;
-  if (!cuda::gdn_decode_uses_cluster(Hk, Hv, Dk, Dv)) GTEST_SKIP() << "no cluster path here";
+// Both forms of the state pass: one cluster per (row, head) item, and persistent clusters that
+// loop over the items streaming their next states through shared memory.
+class GdnDecodeBatch : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { cuda::set_gdn_batch_persistent_stages(GetParam()); }
+  void TearDown() override { cuda::set_gdn_batch_persistent_stages(3); }
+};
+
+INSTANTIATE_TEST_SUITE_P(BatchKernels, GdnDecodeBatch, ::testing::Values(0, 2, 3),
+                         [](const auto& i) {
+                           return i.param == 0 ? std::string("OneShot")
+                                               : "Persistent" + std::to_string(i.param);
+                         });
+
+// Rows b of one launch against gdn_decode per row, at (Hk, Hv, Dk, Dv, K).
+void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initializer_list<int> Bs) {
+  const int slots = 3, slot = 1;
+  ASSERT_TRUE(cuda::gdn_decode_uses_cluster(Hk, Hv, Dk, Dv));
   const int C = 2 * Hk * Dk + Hv * Dv, P = C + Hv * Dv + 2 * Hv;
   const size_t conv_n = size_t(K - 1) * C, rec_n = size_t(Hv) * Dk * Dv;
   auto taps = upload(random_floats(size_t(C) * K, 0.3f, 1));
@@ -61,7 +75,7 @@ TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
   auto nA = upload(negA);
   auto dtb = upload(random_floats(size_t(Hv), 0.5f, 3));
   auto normw = upload(random_floats(size_t(Dv), 0.2f, 4));
-  for (int B : {1, 3, 7, 16, 40}) {
+  for (int B : Bs) {
     SCOPED_TRACE("B = " + std::to_string(B));
     auto proj = upload(random_floats(size_t(B) * P, 1.f, uint32_t(10 + B)));
     std::vector<DeviceBuffer<float>> conv, rec, conv_ref, rec_ref;
@@ -94,6 +108,18 @@ TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
       EXPECT_EQ(download(rec[size_t(b)]), download(rec_ref[size_t(b)])) << "state row " << b;
     }
   }
+}
+
+TEST_P(GdnDecodeBatch, EqualsSingleRows) {
+  LILAC_REQUIRE_GPU();
+  if (!cuda::gdn_decode_uses_cluster(16, 32, 128, 128)) GTEST_SKIP() << "needs an sm_90 GPU";
+  // The real shape (clusters of 4 column blocks); a wide one (Dv 64: clusters of 2, K 3); Dk 64
+  // (K 2); tiny-a's (Dk = Dv = 32: one block per head, no cluster barrier). The larger B make
+  // more items than resident clusters, so the persistent grid loops (with a ragged last round).
+  check_gdn_batch_rows(16, 32, 128, 128, 4, {1, 3, 7, 16, 40, 64});
+  check_gdn_batch_rows(2, 8, 128, 64, 3, {1, 5, 123});
+  check_gdn_batch_rows(4, 4, 64, 64, 2, {2, 211});
+  check_gdn_batch_rows(2, 4, 32, 32, 4, {3, 517});
 }
 
 // ---- attention --------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ void v2_cluster(const GdnDecodeArgs& a, cudaStream_t s) {
                    a.Hv, a.Dk, a.Dv, a.K, a.eps, a.out, s);
 }
 
-// Version 3 (production gdn_decode_batch) has no single-row form: it exists for batches.
+// Versions 3 and 5 (gdn_decode_batch's two forms) have no single-row form: they exist for batches.
 Launch launcher(int version) {
   return version == 1 ? gdn_decode_v1_counter : version == 2 ? v2_cluster : nullptr;
 }
@@ -57,9 +57,21 @@ void v2_cluster_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
                                  a.norm_w, a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.out, s);
 }
 
-void v3_split_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
+// gdn_decode_batch with its state pass in the given form (gated_deltanet.h: 0 one cluster per
+// item, 2 / 3 persistent stages), restored to production's default after the launch.
+void production_batch(const GdnDecodeBatchArgs& a, int stages, cudaStream_t s) {
+  const int before = cuda::gdn_batch_persistent_stages();
+  cuda::set_gdn_batch_persistent_stages(stages);
   cuda::gdn_decode_batch(a.proj, a.B, a.rows, a.slot, a.taps, a.neg_exp_A, a.dt_bias, a.norm_w,
                          a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.workspace, a.out, s);
+  cuda::set_gdn_batch_persistent_stages(before);
+}
+
+void v3_split_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
+  production_batch(a, 0, s);
+}
+void v5_persistent_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
+  production_batch(a, 3, s);
 }
 
 // Version 1 has no batched form.
@@ -67,6 +79,7 @@ BatchLaunch batch_launcher(int version) {
   return version == 2   ? v2_cluster_batch
          : version == 3 ? v3_split_batch
          : version == 4 ? gdn_decode_v4_pipelined
+         : version == 5 ? v5_persistent_batch
                         : nullptr;
 }
 
@@ -406,11 +419,12 @@ bool run(const Options& opt, const Version& v) {
   }
   if (launcher(v.number) && available(v.number, kGdnReal)) time_real(opt, v.number);
   if (!batch_launcher(v.number)) return ok;
-  // v4's clusters take several items each only when the rows outnumber them: B = 40 as well.
+  // v4's and v5's clusters take several items each only when the items outnumber them: B = 40
+  // as well.
   for (const GdnDecodeCase& c : test::gdn_decode_cases())
     if (available(v.number, c.d))
       for (const int B : {3, 40})
-        if (B == 3 || v.number == 4) ok = check_batch(v.number, c, B) && ok;
+        if (B == 3 || v.number >= 4) ok = check_batch(v.number, c, B) && ok;
   if (available(v.number, kGdnReal))
     for (const int B : {16, 64}) time_batch(opt, v.number, B);
   return ok;
@@ -421,7 +435,7 @@ bool run(const Options& opt, const Version& v) {
 Op gdn_decode_op() {
   return Op{
       "gdn_decode",
-      "Gated DeltaNet decode, one token (v1, v2) and batched at B 3, 16, 64 (v2, v3, v4): real Hk "
+      "Gated DeltaNet decode, one token (v1, v2) and batched at B 3, 16, 64 (v2 to v5): real Hk "
       "16 "
       "Hv "
       "32 Dk = Dv = 128 K 4",
@@ -435,12 +449,17 @@ Op gdn_decode_op() {
         "its "
         "loads before the PDL wait; a cluster per head for the norm only (production "
         "gdn_decode_batch "
-        "since s6)",
+        "s6 to s11)",
         true},
        {4, "pipelined",
         "batched only: v3's prep kernel, then a persistent state pass: each cluster loops over "
         "(row, head) items with the next item's state and workspace values in flight",
-        false}},
+        false},
+       {5, "persistent",
+        "batched only: v3's prep kernel, then persistent clusters over (row, head) items, the "
+        "next 2 items' states copied into shared memory (cp.async) while the current one is "
+        "computed (production gdn_decode_batch since s12)",
+        true}},
       run};
 }
 
