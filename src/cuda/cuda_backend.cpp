@@ -16,6 +16,7 @@
 #include "cuda/attention.h"
 #include "cuda/gated_deltanet.h"
 #include "cuda/gemm.h"
+#include "cuda/gemv_rows.h"
 #include "cuda/launch.h"
 #include "cuda/linear.h"
 #include "cuda/moe_decode.h"
@@ -56,6 +57,8 @@ CudaOptions CudaOptions::from_environment() {
     o.fused_combine_norm = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_MOE_PDL")) o.moe_pdl = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_GDN_PERSISTENT")) o.gdn_persistent_stages = std::atoi(f);
+  if (const char* f = std::getenv("LILAC_GEMV_ROWS_PREFETCH"))
+    o.gemv_rows_prefetch = std::string(f) != "0";
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")
@@ -83,6 +86,7 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
   set_pdl_enabled(options_.pdl);
   set_moe_pdl_enabled(options_.moe_pdl);
   set_gdn_batch_persistent_stages(options_.gdn_persistent_stages);
+  set_gemv_rows_prefetch_enabled(options_.gemv_rows_prefetch);
   // Its occupancy query and attributes now, outside any graph capture.
   if (c.count_layers(LayerType::GatedDeltaNet) > 0)
     gdn_decode_batch_prepare(int(c.gdn_key_dim), int(c.gdn_value_dim));
@@ -146,6 +150,7 @@ void CudaBackend::set_options(const CudaOptions& o) {
   set_pdl_enabled(options_.pdl);
   set_moe_pdl_enabled(options_.moe_pdl);
   set_gdn_batch_persistent_stages(options_.gdn_persistent_stages);
+  set_gemv_rows_prefetch_enabled(options_.gemv_rows_prefetch);
 }
 
 CudaBackend::~CudaBackend() {

@@ -75,6 +75,9 @@ struct CudaOptions {
   // shared memory, this many items deep (2 or 3; gated_deltanet.h). LILAC_GDN_PERSISTENT=0: one
   // cluster per item (A/B).
   int gdn_persistent_stages = 3;
+  // gemv_rows (BF16 batched projections) requests a warp's next weights before its current MMAs
+  // (gemv_rows.h). LILAC_GEMV_ROWS_PREFETCH=0: after them (A/B).
+  bool gemv_rows_prefetch = true;
   static CudaOptions from_environment();
 };
 

@@ -46,6 +46,13 @@ void check_gemv_rows(const RowsCase& c) {
   cuda::gemv_rows(dw.get(), c.rows, c.cols, dx.get(), c.T, ya.get(), cuda::GemvOut::Accumulate,
                   nullptr);
   const auto got_s = download(ys), got_a = download(ya);
+  // Without the weight prefetch (the register double buffer): the same bits.
+  cuda::set_gemv_rows_prefetch_enabled(false);
+  DeviceBuffer<float> yn(n + guard);
+  poison(yn);
+  cuda::gemv_rows(dw.get(), c.rows, c.cols, dx.get(), c.T, yn.get(), cuda::GemvOut::Store, nullptr);
+  cuda::set_gemv_rows_prefetch_enabled(true);
+  EXPECT_TRUE(download(yn) == got_s) << "gemv_rows with and without the prefetch differ";
   EXPECT_TRUE(guard_untouched(got_s, n, "gemv_rows Store"));
   EXPECT_TRUE(guard_untouched(got_a, n, "gemv_rows Accumulate"));
   size_t bad = 0;
@@ -118,11 +125,13 @@ LILAC_CONFORMANCE_CASES(rows) {
     std::vector<int> T;
   };
   // BF16: out_proj, the router, an awkward one, in_proj; 40 x 4096 at 24 tokens: 16-warp blocks
-  // (3 tiles, 16 K-slices) with 4 token chunks and a partial last tile.
+  // (3 tiles, 16 K-slices) with 4 token chunks and a partial last tile; 50 x 320: 4 slices of
+  // 2, 2, 1 and 0 of its 5 steps.
   const std::vector<Shape> bf16 = {{"out_proj_", 2048, 4096, 16, {1, 16, 64}},
                                    {"router_", 257, 2048, 16, {2, 33}},
                                    {"awkward_", 100, 192, 16, {1, 5, 8, 17, 64}},
                                    {"awkward_", 40, 4096, 16, {24}},
+                                   {"awkward_", 50, 320, 16, {3}},
                                    {"in_proj_", 12352, 2048, 16, {9}}};
   uint32_t seed = 700;
   for (const Shape& s : bf16)
