@@ -16,7 +16,6 @@
 #include "cuda/attention.h"
 #include "cuda/gated_deltanet.h"
 #include "cuda/gemm.h"
-#include "cuda/gemv_rows.h"
 #include "cuda/launch.h"
 #include "cuda/linear.h"
 #include "cuda/moe_decode.h"
@@ -56,9 +55,6 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* f = std::getenv("LILAC_COMBINE_NORM"))
     o.fused_combine_norm = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_MOE_PDL")) o.moe_pdl = std::string(f) != "0";
-  if (const char* f = std::getenv("LILAC_GDN_PERSISTENT")) o.gdn_persistent_stages = std::atoi(f);
-  if (const char* f = std::getenv("LILAC_GEMV_ROWS_PREFETCH"))
-    o.gemv_rows_prefetch = std::string(f) != "0";
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")
@@ -85,11 +81,6 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
         c.gdn_key_heads, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim);
   set_pdl_enabled(options_.pdl);
   set_moe_pdl_enabled(options_.moe_pdl);
-  set_gdn_batch_persistent_stages(options_.gdn_persistent_stages);
-  set_gemv_rows_prefetch_enabled(options_.gemv_rows_prefetch);
-  // Its occupancy query and attributes now, outside any graph capture.
-  if (c.count_layers(LayerType::GatedDeltaNet) > 0)
-    gdn_decode_batch_prepare(int(c.gdn_key_dim), int(c.gdn_value_dim));
   // The stream-ordered pool keeps the memory that copied states give back (make_sequence's pooled
   // buffers): the next prompt-reuse snapshot takes it from there instead of from the driver.
   {
@@ -149,8 +140,6 @@ void CudaBackend::set_options(const CudaOptions& o) {
   options_ = o;
   set_pdl_enabled(options_.pdl);
   set_moe_pdl_enabled(options_.moe_pdl);
-  set_gdn_batch_persistent_stages(options_.gdn_persistent_stages);
-  set_gemv_rows_prefetch_enabled(options_.gemv_rows_prefetch);
 }
 
 CudaBackend::~CudaBackend() {

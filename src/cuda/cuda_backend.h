@@ -71,13 +71,6 @@ struct CudaOptions {
   // moe_route (one block), the grouped GEMMs and moe_combine launched with PDL (moe_prefill.h):
   // each then starts while the previous kernel ends. LILAC_MOE_PDL=0: plain launches (A/B).
   bool moe_pdl = true;
-  // The batched Gated DeltaNet state pass as a persistent grid that streams its next states into
-  // shared memory, this many items deep (2 or 3; gated_deltanet.h). LILAC_GDN_PERSISTENT=0: one
-  // cluster per item (A/B).
-  int gdn_persistent_stages = 3;
-  // gemv_rows (BF16 batched projections) requests a warp's next weights before its current MMAs
-  // (gemv_rows.h). LILAC_GEMV_ROWS_PREFETCH=0: after them (A/B).
-  bool gemv_rows_prefetch = true;
   static CudaOptions from_environment();
 };
 

@@ -45,17 +45,6 @@ void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int 
                       const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
                       float* workspace, bf16* out, cudaStream_t stream);
 
-// gdn_decode_batch's state pass as a persistent grid (stages 2 or 3, the default 3): clusters as
-// many as the GPU holds at once loop over the (row, head) items and copy their next stages - 1
-// items' state into shared memory while they compute (cp.async); 0: one cluster per item (the
-// kernel lab's v3). Same arithmetic, same bits. The CUDA backend sets it from
-// CudaOptions::gdn_persistent_stages (LILAC_GDN_PERSISTENT=0|2|3 for A/B runs).
-void set_gdn_batch_persistent_stages(int stages);
-int gdn_batch_persistent_stages();
-// Sets the persistent kernel's attributes and caches its occupancy for this shape: call before
-// capturing a graph that contains gdn_decode_batch (its first call would do it otherwise).
-void gdn_decode_batch_prepare(int Dk, int Dv);
-
 // gdn_decode_batch's first launch alone (the prep kernel: conv, l2norm, gates into `workspace`,
 // conv states updated), for the kernel lab's state-pass versions (bench/lab/gdn_decode).
 void gdn_decode_batch_prep(const float* proj, int B, const DecodeBatchRow* rows, int slot,

@@ -36,12 +36,9 @@
 // (tests/cuda/batch_kernels_test.cpp). The rows[] pointers are read before the PDL wait (uploaded
 // by the host before the step, written by no kernel).
 #include <algorithm>
-#include <atomic>
-#include <mutex>
 
 #include "cuda/cluster.cuh"
 #include "cuda/common.cuh"
-#include "cuda/cp_async.cuh"
 #include "cuda/decode_batch.h"
 #include "cuda/gated_deltanet.h"
 #include "cuda/gated_deltanet_step.cuh"
@@ -56,11 +53,6 @@ using gdn::conv_silu;
 using gdn::kCols;               // value columns per state block
 constexpr int kMaxCluster = 8;  // portable cluster size (Dv <= 256)
 constexpr int kMinBlocks = 5;   // state kernel: resident 256-thread blocks per SM asked of ptxas
-// Persistent state kernel: NST = 3 stages of 16 KiB with 4 blocks per SM (64 registers), or 2
-// stages with 5 blocks per SM (48 registers) — resident blocks per SM asked of ptxas.
-constexpr int persistent_min_blocks(int nst) {
-  return nst >= 3 ? 4 : 5;
-}
 
 // Floats of one workspace row: q [Hk Dk], k [Hk Dk], v [Hv Dv], z [Hv Dv], beta [Hv], decay [Hv],
 // rounded up to 4 (16-byte aligned rows).
@@ -241,121 +233,6 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
 #endif
 }
 
-// ---- kernel 2, persistent form: clusters that loop over (row, head) items, state via cp.async
-
-// The same block (2 Dk threads, thread (rg, cq) holding S rows 4rg.. x columns 4cq.. of the
-// block's 32) and the same arithmetic as gdn_batch_state_kernel, but the grid is only as large as
-// the GPU holds at once: cluster c (Dv/32 blocks, rank = column block) runs items (row, head)
-// c, c + G, c + 2G, ... (G clusters), and each block copies the state slices of its next NST - 1
-// items into shared memory (cp.async: no registers held) while it computes the current one.
-// Why: the one-shot grid runs 3.1 waves at 16 rows (2,048 blocks, 660 resident), and a wave's
-// DRAM traffic stops while its blocks sit in their barriers (26.5 us per layer for 67 MB, 2.5
-// TB/s, against 15.6 us at 4.3 TB/s); here a block's next states are in flight through its
-// barriers. Stage layout [NST][4][2 Dk] float4: a thread copies and later reads only its own four
-// 16-byte pieces (so no block barrier guards the stages), lane-consecutive (conflict-free).
-// The gated norm's sums of squares go through ss_o[item parity]: a fast block may push item k + 1's
-// sum into a peer that is still reading item k's.
-template <int DK, int NST>
-__global__ void __launch_bounds__(2 * DK, persistent_min_blocks(NST))
-    gdn_batch_state_persistent_kernel(const float* __restrict__ ws, int ws_row,
-                                      const float* __restrict__ norm_w, int Hk, int Hv, int Dv,
-                                      float eps, bf16* __restrict__ out,
-                                      const DecodeBatchRow* __restrict__ rows, int slot,
-                                      int items) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int NTH = 2 * DK, NW = NTH / 32;
-  extern __shared__ __align__(16) float4 stage[];  // [NST][4][NTH]
-  __shared__ __align__(16) float red[NW][kCols];
-  __shared__ __align__(16) float red2[NW][kCols];
-  __shared__ float ss_o[2][kMaxCluster];
-
-  const int nsplit = Dv / kCols;
-  const int cb = int(cluster::ctarank());
-  const int cid = int(blockIdx.x) / nsplit, G = int(gridDim.x) / nsplit;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int ratio = Hv / Hk;
-  const int c0 = cb * kCols;
-  const int cq = tid & 7, rg = tid >> 3;
-  const size_t head_floats = size_t(DK) * Dv;
-  // Item it = (row it / Hv, head it % Hv); this thread's first state float of it.
-  auto state_at = [&](int it) -> float* {
-    const int b = it / Hv, v = it - b * Hv;
-    return rows[b].rec + size_t(slot) * Hv * head_floats + size_t(v) * head_floats +
-           size_t(4 * rg) * Dv + c0 + 4 * cq;
-  };
-  auto prefetch = [&](int it, int s) {
-    if (it < items) {
-      const float* src = state_at(it);
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        async::copy16(&stage[(s * 4 + i) * NTH + tid], src + size_t(i) * Dv);
-    }
-    async::commit();  // empty past the last item: the group count stays uniform
-  };
-
-  pdl_launch_dependents();
-  if (nsplit > 1) cluster::arrive_relaxed();
-  float w_l = 0.f;
-  if (warp == 0) w_l = norm_w[c0 + lane];
-  // The states are written by no kernel of the step, but they are read after the wait as in
-  // gdn_batch_state_kernel (the ordering PDL states is with the previous kernel only).
-  pdl_wait();
-#pragma unroll
-  for (int s = 0; s < NST - 1; ++s) prefetch(cid + s * G, s);
-
-  for (int k = 0, it = cid; it < items; ++k, it += G) {
-    prefetch(it + (NST - 1) * G, (k + NST - 1) % NST);
-    const int b = it / Hv, v = it - b * Hv, kh = v / ratio;
-    // The workspace values of this item (L2), issued before the state wait.
-    const float* wsr = ws + size_t(b) * ws_row;
-    float z_l = 0.f;
-    if (warp == 0) z_l = wsr[2 * Hk * DK + Hv * Dv + size_t(v) * Dv + c0 + lane];
-    const float4 q4 = *reinterpret_cast<const float4*>(wsr + kh * DK + 4 * rg);
-    const float4 k4 = *reinterpret_cast<const float4*>(wsr + Hk * DK + kh * DK + 4 * rg);
-    const float4 v4 = *reinterpret_cast<const float4*>(wsr + 2 * Hk * DK + v * Dv + c0 + 4 * cq);
-    const float beta = wsr[2 * Hk * DK + 2 * Hv * Dv + v];
-    const float decay = wsr[2 * Hk * DK + 2 * Hv * Dv + Hv + v];
-    const float kr[4] = {k4.x, k4.y, k4.z, k4.w};
-    const float qr[4] = {q4.x, q4.y, q4.z, q4.w};
-
-    async::wait<NST - 1>();  // this thread's pieces of item k have landed
-    const int s = k % NST;
-    float4 S[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) S[i] = stage[(s * 4 + i) * NTH + tid];
-
-    const float4 u4 = gdn::delta_u(gdn::column_kS<NW>(S, kr, red, warp, lane, cq), v4, beta, decay);
-    gdn::update_store_o(S, kr, qr, u4, decay, state_at(it), Dv, red2, warp, lane, cq);
-
-    float ov = 0.f, ss = 0.f;
-    if (warp == 0) {
-      ov = gdn::block_o<NW>(red2, lane);
-      ss = warp_sum(ov * ov);
-    }
-    if (nsplit > 1) {
-      if (k == 0) cluster::wait();  // every block of the cluster has started
-      float* slot_ss = ss_o[k & 1];
-      if (warp == 0 && lane == 0) {
-        const uint32_t a_ss = smem_u32(&slot_ss[cb]);
-        for (int r = 0; r < nsplit; ++r) cluster::st_f32(cluster::map(a_ss, uint32_t(r)), ss);
-      }
-      cluster::sync();  // the head's Dv / 32 sums of squares are here
-      if (warp == 0) {
-        ss = 0.f;
-        for (int c = 0; c < nsplit; ++c) ss += slot_ss[c];
-      }
-    }
-    if (warp == 0) {
-      const float r = rsqrtf(ss / float(Dv) + eps);
-      out[(size_t(b) * Hv + v) * Dv + c0 + lane] = __float2bfloat16_rn(w_l * (ov * r) * silu(z_l));
-    }
-  }
-  async::wait<0>();  // no copy outlives the block (the trailing groups are empty)
-#else
-  __trap();  // sm_90 only (check_batch refuses other devices)
-#endif
-}
-
 struct BatchArgs {
   const float *proj, *taps;
   float* conv_state;
@@ -378,66 +255,6 @@ void fill_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr, Kernel kernel)
   }
 }
 
-template <int DK, int NST>
-size_t persistent_smem_bytes() {
-  return size_t(NST) * 4 * 2 * DK * sizeof(float4);
-}
-
-// Clusters of `nsplit` persistent state blocks the GPU holds at once (queried once per shape; the
-// shared-memory carveout set to its maximum so that persistent_min_blocks fit an SM).
-template <int DK, int NST>
-int persistent_clusters(int nsplit) {
-  static std::mutex mu;
-  static int cached[kMaxCluster + 1] = {};
-  std::lock_guard<std::mutex> lock(mu);
-  if (cached[nsplit] > 0) return cached[nsplit];
-  auto kernel = gdn_batch_state_persistent_kernel<DK, NST>;
-  const size_t smem = persistent_smem_bytes<DK, NST>();
-  LILAC_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        int(cudaSharedmemCarveoutMaxShared)));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(nsplit));
-  cfg.blockDim = dim3(2 * DK);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(nsplit);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  LILAC_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
-  if (n < 1) fail("gdn_decode_batch: the persistent state kernel fits no cluster of {}", nsplit);
-  cached[nsplit] = n;
-  return n;
-}
-
-template <int DK, int NST>
-void launch_persistent(const BatchArgs& a, int ws_row, cudaStream_t stream) {
-  const int nsplit = a.Dv / kCols, items = a.B * a.Hv;
-  const int clusters = std::min(items, persistent_clusters<DK, NST>(nsplit));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(clusters * nsplit));
-  cfg.blockDim = dim3(2 * DK);
-  cfg.dynamicSmemBytes = persistent_smem_bytes<DK, NST>();
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(nsplit);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  fill_pdl(cfg, attr, gdn_batch_state_persistent_kernel<DK, NST>);
-  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_state_persistent_kernel<DK, NST>, a.ws,
-                                      ws_row, a.norm_w, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
-                                      a.slot, items));
-  LILAC_CUDA_LAUNCHED();
-}
-
 template <int DK, int KC>
 void launch_batch(const BatchArgs& a, bool prep_only, cudaStream_t stream) {
   const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
@@ -456,8 +273,6 @@ void launch_batch(const BatchArgs& a, bool prep_only, cudaStream_t stream) {
     LILAC_CUDA_LAUNCHED();
   }
   if (prep_only) return;
-  if (gdn_batch_persistent_stages() == 2) return launch_persistent<DK, 2>(a, ws_row, stream);
-  if (gdn_batch_persistent_stages() == 3) return launch_persistent<DK, 3>(a, ws_row, stream);
   {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(a.Dv / kCols), unsigned(a.Hv), unsigned(a.B));
@@ -520,37 +335,6 @@ void check_batch(int Hk, int Hv, int Dk, int Dv, int K) {
 }
 
 }  // namespace
-
-namespace {
-std::atomic<int> g_gdn_batch_stages{3};
-}  // namespace
-
-void set_gdn_batch_persistent_stages(int stages) {
-  if (stages != 0 && stages != 2 && stages != 3)
-    fail("gdn_decode_batch: {} persistent stages (0, 2 or 3)", stages);
-  g_gdn_batch_stages = stages;
-}
-int gdn_batch_persistent_stages() {
-  return g_gdn_batch_stages;
-}
-
-void gdn_decode_batch_prepare(int Dk, int Dv) {
-  if (Dv <= 0 || Dv % kCols != 0 || Dv / kCols > kMaxCluster) return;  // gdn_decode_batch says why
-  const int n = Dv / kCols;
-  switch (Dk) {
-    case 32:
-      (void)persistent_clusters<32, 2>(n), (void)persistent_clusters<32, 3>(n);
-      break;
-    case 64:
-      (void)persistent_clusters<64, 2>(n), (void)persistent_clusters<64, 3>(n);
-      break;
-    case 128:
-      (void)persistent_clusters<128, 2>(n), (void)persistent_clusters<128, 3>(n);
-      break;
-    default:
-      break;
-  }
-}
 
 size_t gdn_decode_batch_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv) {
   return size_t(B) * size_t(ws_row_floats(Hk, Hv, Dk, Dv));

@@ -19,7 +19,6 @@
 // f32 accumulation. (Until s11 a lane held columns 16t .. 16t + 15: each instruction then touched
 // half of every sector and the sector was requested twice, once per instruction.)
 #include <algorithm>
-#include <atomic>
 
 #include "cuda/gemm_tile.cuh"
 #include "cuda/gemv_rows.h"
@@ -44,60 +43,8 @@ __device__ __forceinline__ uint4 ld_nc16(const void* p) {
   return v;
 }
 
-// A warp's kUnroll steps of weights: [step][row g / g + 8][first / second 16 bytes]. Steps past
-// s1 load step s1 - 1 again (valid memory, never used).
-struct StepWeights {
-  uint4 w[kUnroll][2][2];
-};
-
-__device__ __forceinline__ void load_steps(StepWeights& d, const bf16* w0, const bf16* w1, int st,
-                                           int s1) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int c = min(st + u, s1 - 1) * kStep;
-    d.w[u][0][0] = ld_nc16(w0 + c);
-    d.w[u][0][1] = ld_nc16(w0 + c + 32);
-    d.w[u][1][0] = ld_nc16(w1 + c);
-    d.w[u][1][1] = ld_nc16(w1 + c + 32);
-  }
-}
-
-// The MMAs of steps st .. st + kUnroll - 1 (< s1) against every 8-token chunk's x.
-template <int NCH>
-__device__ __forceinline__ void mma_steps(float (&acc)[NCH][4], const StepWeights& wa,
-                                          const bf16* __restrict__ x, int T, int cols, int st,
-                                          int s1, int g, int t) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    if (st + u >= s1) break;  // warp-uniform
-    const int c = (st + u) * kStep + 8 * t;
-    // A fragments of k-blocks 0..3: row g's words (2kb, 2kb+1), row g+8's likewise.
-    const uint32_t ra[8] = {wa.w[u][0][0].x, wa.w[u][0][0].y, wa.w[u][0][0].z, wa.w[u][0][0].w,
-                            wa.w[u][0][1].x, wa.w[u][0][1].y, wa.w[u][0][1].z, wa.w[u][0][1].w};
-    const uint32_t rb[8] = {wa.w[u][1][0].x, wa.w[u][1][0].y, wa.w[u][1][0].z, wa.w[u][1][0].w,
-                            wa.w[u][1][1].x, wa.w[u][1][1].y, wa.w[u][1][1].z, wa.w[u][1][1].w};
-#pragma unroll
-    for (int ch = 0; ch < NCH; ++ch) {
-      const int tok = ch * kTok + g;
-      const bool has = tok < T;
-      const bf16* xr = x + size_t(has ? tok : 0) * cols + c;
-      const uint4 xa = has ? ld_nc16(xr) : make_uint4(0, 0, 0, 0);
-      const uint4 xb = has ? ld_nc16(xr + 32) : make_uint4(0, 0, 0, 0);
-      const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        const uint32_t a[4] = {ra[2 * kb], rb[2 * kb], ra[2 * kb + 1], rb[2 * kb + 1]};
-        tile::mma_bf16_16816(acc[ch], a, xw[2 * kb], xw[2 * kb + 1]);
-      }
-    }
-  }
-}
-
 // WARPS warps per block (8, or 16 for matrices of few row tiles: more K-slices per tile).
-// kPrefetch: the next kUnroll steps' weights are requested before the current steps' MMAs (a
-// register double buffer), so a warp's DRAM round trips overlap its MMAs and x reads instead of
-// following them; the same products in the same order either way (bit for bit).
-template <int NCH, bool kAdd, int WARPS, bool kPrefetch>
+template <int NCH, bool kAdd, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32)
     gemv_rows_kernel(const bf16* __restrict__ W, int rows, int cols, const bf16* __restrict__ x,
                      int T, float* __restrict__ y, int S, int steps_per_slice) {
@@ -117,21 +64,39 @@ __global__ void __launch_bounds__(WARPS * 32)
     const bf16* w0 = W + size_t(r0) * cols + 8 * t;
     const bf16* w1 = W + size_t(r1) * cols + 8 * t;
     const int s0 = slice * steps_per_slice, s1 = min(steps, s0 + steps_per_slice);
-    if constexpr (kPrefetch) {
-      StepWeights cur, nxt;
-      if (s0 < s1) load_steps(cur, w0, w1, s0, s1);
-      for (int st = s0; st < s1; st += 2 * kUnroll) {
-        if (st + kUnroll < s1) load_steps(nxt, w0, w1, st + kUnroll, s1);  // warp-uniform
-        mma_steps<NCH>(acc, cur, x, T, cols, st, s1, g, t);
-        if (st + kUnroll >= s1) break;
-        if (st + 2 * kUnroll < s1) load_steps(cur, w0, w1, st + 2 * kUnroll, s1);
-        mma_steps<NCH>(acc, nxt, x, T, cols, st + kUnroll, s1, g, t);
+    for (int st = s0; st < s1; st += kUnroll) {
+      uint4 wa[kUnroll][2][2];  // [step][row g / g + 8][first / second 16 bytes]
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = min(st + u, s1 - 1) * kStep;  // a clamped repeat is loaded, not used
+        wa[u][0][0] = ld_nc16(w0 + c);
+        wa[u][0][1] = ld_nc16(w0 + c + 32);
+        wa[u][1][0] = ld_nc16(w1 + c);
+        wa[u][1][1] = ld_nc16(w1 + c + 32);
       }
-    } else {
-      for (int st = s0; st < s1; st += kUnroll) {
-        StepWeights wa;
-        load_steps(wa, w0, w1, st, s1);
-        mma_steps<NCH>(acc, wa, x, T, cols, st, s1, g, t);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (st + u >= s1) break;  // warp-uniform
+        const int c = (st + u) * kStep + 8 * t;
+        // A fragments of k-blocks 0..3: row g's words (2kb, 2kb+1), row g+8's likewise.
+        const uint32_t ra[8] = {wa[u][0][0].x, wa[u][0][0].y, wa[u][0][0].z, wa[u][0][0].w,
+                                wa[u][0][1].x, wa[u][0][1].y, wa[u][0][1].z, wa[u][0][1].w};
+        const uint32_t rb[8] = {wa[u][1][0].x, wa[u][1][0].y, wa[u][1][0].z, wa[u][1][0].w,
+                                wa[u][1][1].x, wa[u][1][1].y, wa[u][1][1].z, wa[u][1][1].w};
+#pragma unroll
+        for (int ch = 0; ch < NCH; ++ch) {
+          const int tok = ch * kTok + g;
+          const bool has = tok < T;
+          const bf16* xr = x + size_t(has ? tok : 0) * cols + c;
+          const uint4 xa = has ? ld_nc16(xr) : make_uint4(0, 0, 0, 0);
+          const uint4 xb = has ? ld_nc16(xr + 32) : make_uint4(0, 0, 0, 0);
+          const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {
+            const uint32_t a[4] = {ra[2 * kb], rb[2 * kb], ra[2 * kb + 1], rb[2 * kb + 1]};
+            tile::mma_bf16_16816(acc[ch], a, xw[2 * kb], xw[2 * kb + 1]);
+          }
+        }
       }
     }
   }
@@ -164,43 +129,34 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 }
 
-template <bool kAdd, int WARPS, bool kPrefetch>
+template <bool kAdd, int WARPS>
 void launch_add(int nch, dim3 grid, const bf16* W, int rows, int cols, const bf16* x, int T,
                 float* y, int S, int sps, cudaStream_t stream) {
   const dim3 b(WARPS * 32);
   switch (nch) {
     case 1:
-      launch_kernel(true, gemv_rows_kernel<1, kAdd, WARPS, kPrefetch>, grid, b, 0, stream, W, rows,
-                    cols, x, T, y, S, sps);
+      launch_kernel(true, gemv_rows_kernel<1, kAdd, WARPS>, grid, b, 0, stream, W, rows, cols, x, T,
+                    y, S, sps);
       break;
     case 2:
-      launch_kernel(true, gemv_rows_kernel<2, kAdd, WARPS, kPrefetch>, grid, b, 0, stream, W, rows,
-                    cols, x, T, y, S, sps);
+      launch_kernel(true, gemv_rows_kernel<2, kAdd, WARPS>, grid, b, 0, stream, W, rows, cols, x, T,
+                    y, S, sps);
       break;
     case 4:
-      launch_kernel(true, gemv_rows_kernel<4, kAdd, WARPS, kPrefetch>, grid, b, 0, stream, W, rows,
-                    cols, x, T, y, S, sps);
+      launch_kernel(true, gemv_rows_kernel<4, kAdd, WARPS>, grid, b, 0, stream, W, rows, cols, x, T,
+                    y, S, sps);
       break;
     default:
       if constexpr (WARPS == kWarps)  // 16 warps x 8 chunks would need 64 KB of partials
-        launch_kernel(true, gemv_rows_kernel<8, kAdd, WARPS, kPrefetch>, grid, b, 0, stream, W,
-                      rows, cols, x, T, y, S, sps);
+        launch_kernel(true, gemv_rows_kernel<8, kAdd, WARPS>, grid, b, 0, stream, W, rows, cols, x,
+                      T, y, S, sps);
       else
         fail("cuda::gemv_rows: 16-warp blocks take at most 32 rows");
       break;
   }
 }
 
-std::atomic<bool> g_prefetch{true};
-
 }  // namespace
-
-void set_gemv_rows_prefetch_enabled(bool on) {
-  g_prefetch = on;
-}
-bool gemv_rows_prefetch_enabled() {
-  return g_prefetch;
-}
 
 void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y, GemvOut mode,
                cudaStream_t stream, int slices) {
@@ -233,21 +189,16 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
   const int sps = (steps + S - 1) / S;
   const bool wide = S > kWarps;
   const dim3 grid(ceil_div(tiles, (wide ? 2 * kWarps : kWarps) / S));
-  const bool add = mode == GemvOut::Accumulate, pre = gemv_rows_prefetch_enabled();
-  if (wide) {
-    if (add)
-      pre ? launch_add<true, 2 * kWarps, true>(nch, grid, W, rows, cols, x, T, y, S, sps, stream)
-          : launch_add<true, 2 * kWarps, false>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+  if (mode == GemvOut::Accumulate) {
+    if (wide)
+      launch_add<true, 2 * kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
     else
-      pre ? launch_add<false, 2 * kWarps, true>(nch, grid, W, rows, cols, x, T, y, S, sps, stream)
-          : launch_add<false, 2 * kWarps, false>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+      launch_add<true, kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
   } else {
-    if (add)
-      pre ? launch_add<true, kWarps, true>(nch, grid, W, rows, cols, x, T, y, S, sps, stream)
-          : launch_add<true, kWarps, false>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+    if (wide)
+      launch_add<false, 2 * kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
     else
-      pre ? launch_add<false, kWarps, true>(nch, grid, W, rows, cols, x, T, y, S, sps, stream)
-          : launch_add<false, kWarps, false>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
+      launch_add<false, kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
   }
 }
 

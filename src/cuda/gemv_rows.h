@@ -19,10 +19,4 @@ constexpr int kGemvRowsMax = 64;
 void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y, GemvOut mode,
                cudaStream_t stream, int slices = 0);
 
-// Whether a warp requests its next weights before its current MMAs (a register double buffer;
-// on by default; bit for bit the same results). The CUDA backend sets it from
-// CudaOptions::gemv_rows_prefetch (LILAC_GEMV_ROWS_PREFETCH=0 for A/B runs).
-void set_gemv_rows_prefetch_enabled(bool on);
-bool gemv_rows_prefetch_enabled();
-
 }  // namespace lilac::cuda

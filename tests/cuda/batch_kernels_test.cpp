@@ -49,20 +49,6 @@ DeviceBuffer<bf16> random_bf16(size_t n, float scale, uint32_t seed) {
 
 // ---- Gated DeltaNet ---------------------------------------------------------------------------
 
-// Both forms of the state pass: one cluster per (row, head) item, and persistent clusters that
-// loop over the items streaming their next states through shared memory.
-class GdnDecodeBatch : public ::testing::TestWithParam<int> {
- protected:
-  void SetUp() override { cuda::set_gdn_batch_persistent_stages(GetParam()); }
-  void TearDown() override { cuda::set_gdn_batch_persistent_stages(3); }
-};
-
-INSTANTIATE_TEST_SUITE_P(BatchKernels, GdnDecodeBatch, ::testing::Values(0, 2, 3),
-                         [](const auto& i) {
-                           return i.param == 0 ? std::string("OneShot")
-                                               : "Persistent" + std::to_string(i.param);
-                         });
-
 // Rows b of one launch against gdn_decode per row, at (Hk, Hv, Dk, Dv, K).
 void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initializer_list<int> Bs) {
   const int slots = 3, slot = 1;
@@ -110,12 +96,11 @@ void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initialize
   }
 }
 
-TEST_P(GdnDecodeBatch, EqualsSingleRows) {
+TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
   LILAC_REQUIRE_GPU();
   if (!cuda::gdn_decode_uses_cluster(16, 32, 128, 128)) GTEST_SKIP() << "needs an sm_90 GPU";
   // The real shape (clusters of 4 column blocks); a wide one (Dv 64: clusters of 2, K 3); Dk 64
-  // (K 2); tiny-a's (Dk = Dv = 32: one block per head, no cluster barrier). The larger B make
-  // more items than resident clusters, so the persistent grid loops (with a ragged last round).
+  // (K 2); tiny-a's (Dk = Dv = 32: one block per head, no cluster barrier).
   check_gdn_batch_rows(16, 32, 128, 128, 4, {1, 3, 7, 16, 40, 64});
   check_gdn_batch_rows(2, 8, 128, 64, 3, {1, 5, 123});
   check_gdn_batch_rows(4, 4, 64, 64, 2, {2, 211});

@@ -39,7 +39,7 @@ void v2_cluster(const GdnDecodeArgs& a, cudaStream_t s) {
                    a.Hv, a.Dk, a.Dv, a.K, a.eps, a.out, s);
 }
 
-// Versions 3 and 5 (gdn_decode_batch's two forms) have no single-row form: they exist for batches.
+// Versions 3 to 5 have no single-row form: they exist for batches.
 Launch launcher(int version) {
   return version == 1 ? gdn_decode_v1_counter : version == 2 ? v2_cluster : nullptr;
 }
@@ -57,21 +57,9 @@ void v2_cluster_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
                                  a.norm_w, a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.out, s);
 }
 
-// gdn_decode_batch with its state pass in the given form (gated_deltanet.h: 0 one cluster per
-// item, 2 / 3 persistent stages), restored to production's default after the launch.
-void production_batch(const GdnDecodeBatchArgs& a, int stages, cudaStream_t s) {
-  const int before = cuda::gdn_batch_persistent_stages();
-  cuda::set_gdn_batch_persistent_stages(stages);
+void v3_split_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
   cuda::gdn_decode_batch(a.proj, a.B, a.rows, a.slot, a.taps, a.neg_exp_A, a.dt_bias, a.norm_w,
                          a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.workspace, a.out, s);
-  cuda::set_gdn_batch_persistent_stages(before);
-}
-
-void v3_split_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
-  production_batch(a, 0, s);
-}
-void v5_persistent_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
-  production_batch(a, 3, s);
 }
 
 // Version 1 has no batched form.
@@ -79,7 +67,7 @@ BatchLaunch batch_launcher(int version) {
   return version == 2   ? v2_cluster_batch
          : version == 3 ? v3_split_batch
          : version == 4 ? gdn_decode_v4_pipelined
-         : version == 5 ? v5_persistent_batch
+         : version == 5 ? gdn_decode_v5_persistent
                         : nullptr;
 }
 
@@ -404,6 +392,9 @@ void time_batch(const Options& opt, int version, int B) {
       "  time real shape, B %2d: %.2f us per layer (graph of %d), %.3f ms per 30-layer pass, %.0f "
       "GB/s (%.1f MB), %.0f%% of 4.3 TB/s\n",
       B, us, layers, us * layers * 1e-3, gbs, bytes * 1e-6, 100.0 * gbs / 4300.0);
+  if (version == 5)
+    std::printf("    v5 grid: %d resident clusters of %d blocks for %d (row, head) items\n",
+                std::min(B * d.Hv, gdn_decode_v5_clusters(d.Dk, d.Dv)), d.Dv / 32, B * d.Hv);
   std::fflush(stdout);
 }
 
@@ -449,7 +440,7 @@ Op gdn_decode_op() {
         "its "
         "loads before the PDL wait; a cluster per head for the norm only (production "
         "gdn_decode_batch "
-        "s6 to s11)",
+        "since s6)",
         true},
        {4, "pipelined",
         "batched only: v3's prep kernel, then a persistent state pass: each cluster loops over "
@@ -458,8 +449,8 @@ Op gdn_decode_op() {
        {5, "persistent",
         "batched only: v3's prep kernel, then persistent clusters over (row, head) items, the "
         "next 2 items' states copied into shared memory (cp.async) while the current one is "
-        "computed (production gdn_decode_batch since s12)",
-        true}},
+        "computed (lost to v3, s12)",
+        false}},
       run};
 }
 

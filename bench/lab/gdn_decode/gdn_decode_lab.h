@@ -36,7 +36,7 @@ struct GdnDecodeBatchArgs {
   int Hk, Hv, Dk, Dv, K;
   float eps;
   cuda::bf16* out;   // [B, Hv*Dv]
-  float* workspace;  // versions 3, 4: cuda::gdn_decode_batch_workspace_floats(B, ...)
+  float* workspace;  // versions 3, 4, 5: cuda::gdn_decode_batch_workspace_floats(B, ...)
 };
 
 // Version 1, the counter kernel (v1_counter.cu).
@@ -46,5 +46,11 @@ void gdn_decode_v1_counter(const GdnDecodeArgs& a, cudaStream_t stream);
 // Version 4, the pipelined state pass (v4_pipelined.cu): production's prep kernel, then a
 // persistent state loop; batched only, workspace as version 3's.
 void gdn_decode_v4_pipelined(const GdnDecodeBatchArgs& a, cudaStream_t stream);
+
+// Version 5, the persistent state pass with its next items' states copied into shared memory
+// (v5_persistent.cu): production's prep kernel, then the persistent clusters; batched only,
+// workspace as version 3's. gdn_decode_v5_clusters: the clusters its grid has (resident at once).
+void gdn_decode_v5_persistent(const GdnDecodeBatchArgs& a, cudaStream_t stream);
+int gdn_decode_v5_clusters(int Dk, int Dv);
 
 }  // namespace lilac::lab
