@@ -22,9 +22,9 @@
 //  1. gdn_prep (grid T/64 x C/128): conv + SiLU over the C channels (rows before the chunk from
 //     conv_state), l2norm of q (x Dk^-0.5) and k, gates g and beta. Reads the 32 KiB qkv row and
 //     writes 32 KiB of q, k, v: DRAM-bound, ~15 ns/token.
-//  2. gdn_chunk (grid chunks x Hk, 256 threads): K K^T and Q K^T of the key head (mma.sync,
-//  3xTF32),
-//     then per value head of that key head: G by a scan, A and P (P to the workspace), and W and U~
+//  2. gdn_chunk (grid chunks x Hk, or chunks x Hv when chunks x Hk blocks leave SMs idle; 256
+//     threads): K K^T and Q K^T of the key head (mma.sync, 3xTF32), then per value head (of
+//     that key head, or the block's one): G by a scan, A and P (P to the workspace), and W and U~
 //     by forward substitution on CUDA cores, one column per thread, 64 rows unrolled in registers
 //     (U~ overwrites v in place). ~20 ns/token.
 //  3. gdn_state (grid Dv/32 x Hv = 128 blocks, 256 threads, ~197 KiB smem): the only sequential
@@ -32,8 +32,9 @@
 //     [W; Q] S, U = U~ - W S, O = e^G Q S + P U (written over U~), S = e^{G_L} S + K~^T U, all on
 //     tensor cores in 3xTF32, the next chunk's operands prefetched by cp.async. 2.75 M MAC per
 //     block per chunk: ~3 us per chunk step -> T = 4096 ~0.19 ms per layer, the dominant term.
-//  4. gdn_out (grid T + 1): gated RMS norm per (token, value head) into bf16 out; the extra block
-//     shifts conv_state to the last K-1 pre-conv rows (after step 1 has read it).
+//  4. gdn_out (grid T + C/256): gated RMS norm per (token, value head) into bf16 out; the blocks
+//     past T shift conv_state to the last K-1 pre-conv rows (after step 1 has read it), a thread
+//     per channel.
 // Workspace (floats): q, k [T, Hk, Dk]; v / U~ / O [T, Hv, Dv]; W [T, Hv, Dk]; g, beta [T, Hv];
 // G [Hv, 64 * chunks]; P [Hv, chunks, 64, 64]: ~57 KB per token at the real shapes.
 #include <algorithm>
@@ -41,6 +42,7 @@
 #include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
 #include "cuda/gated_deltanet.h"
+#include "cuda/vec_util.cuh"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -114,17 +116,22 @@ __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
 }
 
 // ---- 1. conv + SiLU + l2norm + gates
-// Grid (ceil(T/64), ceil(C/128)), 128 threads: block (tb, cs) takes tokens [64 tb, 64 tb + 64) x
-// channels [128 cs, 128 cs + 128), one channel per thread: its K taps in registers, a sliding
+// Grid (ceil(T/TOK), ceil(C/128)), 128 threads: block (tb, cs) takes tokens [TOK tb, TOK tb + TOK)
+// x channels [128 cs, 128 cs + 128), one channel per thread: its K taps in registers, a sliding
 // window of the last K-1 inputs (rows before the chunk from conv_state), so each proj element and
 // tap is read once (version 1 read 4 proj rows and all taps per token: ~256 KB of L2 traffic per
 // token); the post-conv values go to shared memory [64][128], then one warp per (token, Dk-wide
 // channel group) l2-normalises a q or k head (or copies v). 128 % Dk == 0, so heads never straddle
 // blocks. Blocks with cs = 0 also compute the gates of their tokens. DRAM: the 32 KiB of qkv per
-// token read, 32 KiB written: ~64 KB/token, ~62 us at T = 4096.
-constexpr int kPrepTok = 64, kPrepCh = 128;
+// token read, 32 KiB written: ~64 KB/token, ~62 us at T = 4096. TOK = 64 tokens per block from T =
+// 2049; below, 16: at T = 256 the 64-token tiles made 256 blocks of 4 warps (8 warps per SM, each
+// lane 8 loads at a time: ~8 KB in flight per SM) and the stage took 30 us for ~16 MB; 16-token
+// tiles give 4x the blocks, each lane 2 rounds of 8 loads instead of 8 (the K-1 window rows before
+// a tile are read again: 3/16 more reads, from L2).
+constexpr int kPrepCh = 128;
+constexpr int kPrepSmallT = 2048;  // T up to this: 16-token tiles
 
-template <int KC>
+template <int KC, int kPrepTok>
 __global__ void __launch_bounds__(kPrepCh)
     gdn_prep_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
                     const float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
@@ -199,10 +206,16 @@ void launch_prep(const float* proj, const float* taps, const float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, int T, int Hk, int Hv, int Dk,
                  int Dv, const PrefillWs& w, cudaStream_t stream) {
   const int C = 2 * Hk * Dk + Hv * Dv;
-  gdn_prep_kernel<KC>
-      <<<dim3((T + kPrepTok - 1) / kPrepTok, (C + kPrepCh - 1) / kPrepCh), kPrepCh, 0, stream>>>(
-          proj, taps, conv_state, neg_exp_A, dt_bias, T, Hk, Hv, Dk, Dv, w.qn, w.kn, w.vb, w.gb,
-          w.bb);
+  if (T <= kPrepSmallT)
+    gdn_prep_kernel<KC, 16>
+        <<<dim3((T + 15) / 16, (C + kPrepCh - 1) / kPrepCh), kPrepCh, 0, stream>>>(
+            proj, taps, conv_state, neg_exp_A, dt_bias, T, Hk, Hv, Dk, Dv, w.qn, w.kn, w.vb, w.gb,
+            w.bb);
+  else
+    gdn_prep_kernel<KC, 64>
+        <<<dim3((T + 63) / 64, (C + kPrepCh - 1) / kPrepCh), kPrepCh, 0, stream>>>(
+            proj, taps, conv_state, neg_exp_A, dt_bias, T, Hk, Hv, Dk, Dv, w.qn, w.kn, w.vb, w.gb,
+            w.bb);
   LILAC_CUDA_LAUNCHED();
 }
 
@@ -232,9 +245,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* BG = Bs + 64;                     // [64] beta e^G
   float* wtot = BG + 64;                   // [32]
 
-  const int c = blockIdx.x, kh = blockIdx.y, tid = threadIdx.x;
+  // Block (c, y): chunk c; y a key head (all its value heads; grid y = Hk) or one value head
+  // (grid y = Hv: the key head's K K^T and Q K^T computed once per value head, for more blocks
+  // when the chunks are few).
+  const int c = blockIdx.x, tid = threadIdx.x;
   const int t0 = c * kBT, n = min(kBT, T - t0);
   const int NC = gridDim.x, ratio = Hv / Hk;
+  const bool per_value_head = int(gridDim.y) == Hv && ratio > 1;
+  const int kh = per_value_head ? int(blockIdx.y) / ratio : int(blockIdx.y);
+  const int v_begin = per_value_head ? int(blockIdx.y) : kh * ratio;
+  const int v_end = per_value_head ? v_begin + 1 : v_begin + ratio;
 
   for (int e = tid; e < 64 * (DK / 4); e += kThreads) {
     const int r = e / (DK / 4), i4 = e % (DK / 4);
@@ -283,8 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  for (int vi = 0; vi < ratio; ++vi) {
-    const int v = kh * ratio + vi;
+  for (int v = v_begin; v < v_end; ++v) {
     __syncthreads();  // KK/QK written; the previous head's users of Gs, Bs, BG, As are done
     // G = inclusive cumsum of g over the chunk (warps 0 and 1), beta.
     float gv = 0.f, bv = 0.f;
@@ -602,15 +621,23 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x;
   const int C = 2 * Hk * Dk + Hv * Dv;
   const size_t P = size_t(C) + size_t(Hv) * Dv + 2 * size_t(Hv);
-  if (int(blockIdx.x) == T) {
-    // New conv state row r = row T + r of [old state (K-1 rows); proj (T rows)]. In place is safe:
-    // row r reads row T + r > r, which no earlier step of this channel has overwritten.
-    for (int c = tid; c < C; c += kThreads)
-      for (int r = 0; r < K - 1; ++r) {
-        const int idx = T + r;
-        conv_state[size_t(r) * C + c] =
-            idx < K - 1 ? conv_state[size_t(idx) * C + c] : proj[size_t(idx - (K - 1)) * P + c];
-      }
+  if (int(blockIdx.x) >= T) {
+    // New conv state row r = row T + r of [old state (K-1 rows); proj (T rows)], a thread per
+    // channel over the blocks past T (one block did all C channels until s12: 96 dependent
+    // load-store rounds per thread, ~20 us). A channel's K-1 sources are read before any is
+    // written (with T < K-1 some are its own old rows).
+    const int c = (int(blockIdx.x) - T) * kThreads + tid;
+    if (c >= C) return;
+    float v[7];  // K <= 8
+#pragma unroll
+    for (int r = 0; r < 7; ++r) {
+      const int idx = T + r;
+      if (r < K - 1)
+        v[r] = idx < K - 1 ? conv_state[size_t(idx) * C + c] : proj[size_t(idx - (K - 1)) * P + c];
+    }
+#pragma unroll
+    for (int r = 0; r < 7; ++r)
+      if (r < K - 1) conv_state[size_t(r) * C + c] = v[r];
     return;
   }
   const int t = blockIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -639,8 +666,12 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, float* st
   }();
   (void)attr_set;
   const int NC = (T + kBT - 1) / kBT;
-  gdn_chunk_kernel<DK><<<dim3(NC, Hk), kThreads, smemA, stream>>>(w.qn, w.kn, w.gb, w.bb, T, Hk, Hv,
-                                                                  Dv, w.vb, w.W, w.Gc, w.P);
+  // A block per (chunk, key head) while that fills the GPU; else per (chunk, value head): at
+  // T = 256 the 64 key-head blocks (each its value heads' forward substitutions one after another)
+  // took 40 us on 132 SMs.
+  const int heads = int64_t(NC) * Hk >= sm_count() ? Hk : Hv;
+  gdn_chunk_kernel<DK><<<dim3(NC, heads), kThreads, smemA, stream>>>(w.qn, w.kn, w.gb, w.bb, T, Hk,
+                                                                     Hv, Dv, w.vb, w.W, w.Gc, w.P);
   LILAC_CUDA_LAUNCHED();
   mark(2);
   gdn_state_kernel<DK><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
@@ -703,8 +734,9 @@ void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_s
       launch_chunked<128>(w, T, Hk, Hv, Dv, state, stream, mark);
       break;
   }
-  gdn_out_kernel<<<T + 1, kThreads, 0, stream>>>(proj, T, w.vb, norm_scale, Hk, Hv, Dk, Dv, K, eps,
-                                                 conv_state, out);
+  const int C = 2 * Hk * Dk + Hv * Dv;
+  gdn_out_kernel<<<T + (K > 1 ? (C + kThreads - 1) / kThreads : 0), kThreads, 0, stream>>>(
+      proj, T, w.vb, norm_scale, Hk, Hv, Dk, Dv, K, eps, conv_state, out);
   LILAC_CUDA_LAUNCHED();
   mark(4);
 }

@@ -143,6 +143,8 @@ std::vector<PrefillCase> prefill_cases() {
   for (int T : {65, 1000}) c.push_back({kGdnReal, T, 0.02f, false});  // long memory
   c.push_back({kGdnReal, 130, 2.f, true});                            // a fresh sequence
   c.push_back({kGdnTiny, 130, 0.02f, true});
+  // Past 2,048 tokens: the prep kernel's 64-token tiles (16 below), the chunk kernel per key head.
+  c.push_back({kGdnReal, 2100, 0.02f, false});
   return c;
 }
 
