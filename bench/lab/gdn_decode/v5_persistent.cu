@@ -38,12 +38,9 @@ constexpr int kMinBlocks = 4;  // 4 x 48 KiB of stages per SM: 64 registers (ptx
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-#endif
 // cp.async: 16 bytes global -> shared, bypassing L1 and registers; per-thread groups.
 __device__ __forceinline__ void copy16(void* dst_smem, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst_smem))),
-               "l"(src)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst_smem)), "l"(src)
                : "memory");
 }
 __device__ __forceinline__ void commit() {
@@ -53,6 +50,7 @@ template <int N>
 __device__ __forceinline__ void wait_copies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+#endif
 
 // Production's workspace row (gated_deltanet_decode_batch.cu): q, k [Hk Dk], v, z [Hv Dv], beta,
 // decay [Hv], rounded up to 4 floats.
