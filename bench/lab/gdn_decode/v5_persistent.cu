@@ -38,7 +38,9 @@ constexpr int kMinBlocks = 4;  // 4 x 48 KiB of stages per SM: 64 registers (ptx
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// cp.async: 16 bytes global -> shared, bypassing L1 and registers; per-thread groups.
+// cp.async: 16 bytes global -> shared, bypassing L1 and registers; per-thread groups. (The GEMM
+// tile engine's cp_async_16 takes a src-size operand: another instruction form than the one
+// measured in s12 run 1, so the lab keeps these.)
 __device__ __forceinline__ void copy16(void* dst_smem, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst_smem)), "l"(src)
                : "memory");
@@ -170,6 +172,11 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
 #endif
 }
 
+// A launch of the state kernel: `blocks` blocks in clusters of `nsplit` (attr[0]; attr has room for
+// one more attribute).
+template <int DK>
+cudaLaunchConfig_t cluster_config(int blocks, int nsplit, cudaLaunchAttribute (&attr)[2]);
+
 template <int DK>
 size_t persistent_smem_bytes() {
   return size_t(kStages) * 4 * 2 * DK * sizeof(float4);
@@ -189,17 +196,8 @@ int persistent_clusters(int nsplit) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         int(cudaSharedmemCarveoutMaxShared)));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(nsplit));
-  cfg.blockDim = dim3(2 * DK);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(nsplit);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = cluster_config<DK>(nsplit, nsplit, attr);
   int n = 0;
   LILAC_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
   if (n < 1) fail("gdn_decode v5: the persistent state kernel fits no cluster of {}", nsplit);
@@ -208,22 +206,28 @@ int persistent_clusters(int nsplit) {
 }
 
 template <int DK>
-void launch_state(const GdnDecodeBatchArgs& a, cudaStream_t stream) {
-  const int nsplit = a.Dv / kCols, items = a.B * a.Hv;
-  const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
-  const int clusters = std::min(items, persistent_clusters<DK>(nsplit));
+cudaLaunchConfig_t cluster_config(int blocks, int nsplit, cudaLaunchAttribute (&attr)[2]) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(clusters * nsplit));
+  cfg.gridDim = dim3(unsigned(blocks));
   cfg.blockDim = dim3(2 * DK);
   cfg.dynamicSmemBytes = persistent_smem_bytes<DK>();
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(nsplit);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+template <int DK>
+void launch_state(const GdnDecodeBatchArgs& a, cudaStream_t stream) {
+  const int nsplit = a.Dv / kCols, items = a.B * a.Hv;
+  const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
+  const int clusters = std::min(items, persistent_clusters<DK>(nsplit));
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t cfg = cluster_config<DK>(clusters * nsplit, nsplit, attr);
+  cfg.stream = stream;
   if (cuda::pdl_for(reinterpret_cast<const void*>(gdn_batch_state_persistent_kernel<DK>), stream)) {
     attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[1].val.programmaticStreamSerializationAllowed = 1;
