@@ -19,9 +19,9 @@
 // and for K K^T / Q K^T, and a prep kernel that reads each input once.
 //
 // Four launches (real shapes Hk 16, Hv 32, Dk = Dv = 128, C = 8192; per token per layer):
-//  1. gdn_prep (grid T/64 x C/128): conv + SiLU over the C channels (rows before the chunk from
-//     conv_state), l2norm of q (x Dk^-0.5) and k, gates g and beta. Reads the 32 KiB qkv row and
-//     writes 32 KiB of q, k, v: DRAM-bound, ~15 ns/token.
+//  1. gdn_prep (grid T/TOK x C/128, TOK = 16 or 64 tokens): conv + SiLU over the C channels
+//     (rows before the chunk from conv_state), l2norm of q (x Dk^-0.5) and k, gates g and beta.
+//     Reads the 32 KiB qkv row and writes 32 KiB of q, k, v: DRAM-bound, ~15 ns/token.
 //  2. gdn_chunk (grid chunks x Hk, or chunks x Hv when chunks x Hk blocks leave SMs idle; 256
 //     threads): K K^T and Q K^T of the key head (mma.sync, 3xTF32), then per value head (of
 //     that key head, or the block's one): G by a scan, A and P (P to the workspace), and W and U~
@@ -120,7 +120,7 @@ __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
 // x channels [128 cs, 128 cs + 128), one channel per thread: its K taps in registers, a sliding
 // window of the last K-1 inputs (rows before the chunk from conv_state), so each proj element and
 // tap is read once (version 1 read 4 proj rows and all taps per token: ~256 KB of L2 traffic per
-// token); the post-conv values go to shared memory [64][128], then one warp per (token, Dk-wide
+// token); the post-conv values go to shared memory [TOK][128], then one warp per (token, Dk-wide
 // channel group) l2-normalises a q or k head (or copies v). 128 % Dk == 0, so heads never straddle
 // blocks. Blocks with cs = 0 also compute the gates of their tokens. DRAM: the 32 KiB of qkv per
 // token read, 32 KiB written: ~64 KB/token, ~62 us at T = 4096. TOK = 64 tokens per block from T =
