@@ -22,7 +22,7 @@
 //  1. gdn_prep (grid T/TOK x C/128, TOK = 16 or 64 tokens): conv + SiLU over the C channels
 //     (rows before the chunk from conv_state), l2norm of q (x Dk^-0.5) and k, gates g and beta.
 //     Reads the 32 KiB qkv row and writes 32 KiB of q, k, v: DRAM-bound, ~15 ns/token.
-//  2. gdn_chunk (grid chunks x Hk, or chunks x Hv when chunks x Hk blocks leave SMs idle; 256
+//  2. gdn_chunk (grid chunks x Hk, or chunks x Hv when those blocks fit one per SM; 256
 //     threads): K K^T and Q K^T of the key head (mma.sync, 3xTF32), then per value head (of
 //     that key head, or the block's one): G by a scan, A and P (P to the workspace), and W and U~
 //     by forward substitution on CUDA cores, one column per thread, 64 rows unrolled in registers
@@ -666,10 +666,10 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, float* st
   }();
   (void)attr_set;
   const int NC = (T + kBT - 1) / kBT;
-  // A block per (chunk, key head) while that fills the GPU; else per (chunk, value head): at
-  // T = 256 the 64 key-head blocks (each its value heads' forward substitutions one after another)
-  // took 40 us on 132 SMs.
-  const int heads = int64_t(NC) * Hk >= sm_count() ? Hk : Hv;
+  // A block per (chunk, value head) where those blocks fit one per SM, else per (chunk, key head)
+  // (H200, s12 run 3, the chunk stage: T = 256 39 -> 29 us with 128 value-head blocks instead of
+  // 64 key-head blocks; T = 512 47 -> 58 us with 256, two per SM, against 128).
+  const int heads = int64_t(NC) * Hv <= sm_count() ? Hv : Hk;
   gdn_chunk_kernel<DK><<<dim3(NC, heads), kThreads, smemA, stream>>>(w.qn, w.kn, w.gb, w.bb, T, Hk,
                                                                      Hv, Dv, w.vb, w.W, w.Gc, w.P);
   LILAC_CUDA_LAUNCHED();
