@@ -101,7 +101,7 @@ for s in $steps; do
     ab)  # decode at 256 context under the A/B switches of CudaOptions, both formats (the L2
       # prefetch hints, a measured loser, are compared by lilac_cuda_bench_kernels' layer section)
       for w in bf16 q4; do
-        for e in LILAC_NONE=1 LILAC_PDL=0 LILAC_CUDA_GRAPHS=0 LILAC_Q_GEMV_STAGED=0 LILAC_MOE_SHARED_FUSED=0 LILAC_COMBINE_NORM=0 LILAC_MOE_PDL=0; do
+        for e in LILAC_NONE=1 LILAC_PDL=0 LILAC_CUDA_GRAPHS=0 LILAC_Q_GEMV_STAGED=0 LILAC_MOE_SHARED_FUSED=0 LILAC_COMBINE_NORM=0 LILAC_MOE_PDL=0 LILAC_GEMV_ROWS_STAGED=0; do
           run "ab-$w-$e" 120 env "$e" "$B/lilac" bench --synthetic --weights "$w" --lengths 256 --rounds 1
         done
       done ;;

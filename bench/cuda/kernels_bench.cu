@@ -175,17 +175,22 @@ void bench_gemv_rows(cudaStream_t s, const Options& opt, const char* name, int r
     W.push_back(random_buffer<bf16>(size_t(rows) * cols, 11 + c, 0.05f));
   auto x = random_buffer<bf16>(size_t(T) * cols, 3, 1.f);
   auto y = random_buffer<float>(size_t(T) * rows, 4, 1.f);
-  for (int S : {0, 1, 2, 4, 8, 16}) {
-    if (S == 16 && T > 32) continue;
-    const auto t = time_both(s, opt, [&](int r) {
-      lilac::cuda::gemv_rows(W[size_t(r % copies)].get(), rows, cols, x.get(), T, y.get(),
-                             acc ? lilac::cuda::GemvOut::Accumulate : lilac::cuda::GemvOut::Store,
-                             s, S);
-    });
-    const std::string shape = std::to_string(rows) + " x " + std::to_string(cols) +
-                              (S ? " S=" + std::to_string(S) : " S=auto");
-    report(label.c_str(), shape, double(wbytes), t);
-  }
+  for (int S : {0, 1, 2, 4, 8, 16})
+    for (bool staged : {true, false}) {  // the staged form applies at S <= 8 (gemv_rows.h)
+      if (S == 16 && (T > 32 || !staged)) continue;
+      lilac::cuda::set_gemv_rows_staged_enabled(staged);
+      const auto t = time_both(s, opt, [&](int r) {
+        lilac::cuda::gemv_rows(W[size_t(r % copies)].get(), rows, cols, x.get(), T, y.get(),
+                               acc ? lilac::cuda::GemvOut::Accumulate
+                                   : lilac::cuda::GemvOut::Store,
+                               s, S);
+      });
+      const std::string shape = std::to_string(rows) + " x " + std::to_string(cols) +
+                                (S ? " S=" + std::to_string(S) : " S=auto") +
+                                (staged ? "" : " unstaged");
+      report(label.c_str(), shape, double(wbytes), t);
+    }
+  lilac::cuda::set_gemv_rows_staged_enabled(true);
 }
 
 void bench_moe(cudaStream_t s, const Options& opt) {

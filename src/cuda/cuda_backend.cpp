@@ -16,6 +16,7 @@
 #include "cuda/attention.h"
 #include "cuda/gated_deltanet.h"
 #include "cuda/gemm.h"
+#include "cuda/gemv_rows.h"
 #include "cuda/launch.h"
 #include "cuda/linear.h"
 #include "cuda/moe_decode.h"
@@ -55,6 +56,8 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* f = std::getenv("LILAC_COMBINE_NORM"))
     o.fused_combine_norm = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_MOE_PDL")) o.moe_pdl = std::string(f) != "0";
+  if (const char* f = std::getenv("LILAC_GEMV_ROWS_STAGED"))
+    o.gemv_rows_staged = std::string(f) != "0";
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")
@@ -81,6 +84,7 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
         c.gdn_key_heads, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim);
   set_pdl_enabled(options_.pdl);
   set_moe_pdl_enabled(options_.moe_pdl);
+  set_gemv_rows_staged_enabled(options_.gemv_rows_staged);
   // The stream-ordered pool keeps the memory that copied states give back (make_sequence's pooled
   // buffers): the next prompt-reuse snapshot takes it from there instead of from the driver.
   {
@@ -140,6 +144,7 @@ void CudaBackend::set_options(const CudaOptions& o) {
   options_ = o;
   set_pdl_enabled(options_.pdl);
   set_moe_pdl_enabled(options_.moe_pdl);
+  set_gemv_rows_staged_enabled(options_.gemv_rows_staged);
 }
 
 CudaBackend::~CudaBackend() {

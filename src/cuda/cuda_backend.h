@@ -71,6 +71,9 @@ struct CudaOptions {
   // moe_route (one block), the grouped GEMMs and moe_combine launched with PDL (moe_prefill.h):
   // each then starts while the previous kernel ends. LILAC_MOE_PDL=0: plain launches (A/B).
   bool moe_pdl = true;
+  // gemv_rows (BF16 batched projections) in its staged form where it applies: x in shared memory,
+  // a cluster per 8 row tiles (gemv_rows.h). LILAC_GEMV_ROWS_STAGED=0: the other form (A/B).
+  bool gemv_rows_staged = true;
   static CudaOptions from_environment();
 };
 

@@ -18,8 +18,23 @@
 // x. Two 64-column steps are in flight per warp (8 x 16-byte loads per lane) before their MMAs.
 // f32 accumulation. (Until s11 a lane held columns 16t .. 16t + 15: each instruction then touched
 // half of every sector and the sector was requested twice, once per instruction.)
+//
+// Staged form (sm_90, S <= 8 K-slices; `set_gemv_rows_staged_enabled`): the same warps, steps and
+// MMAs, but a block is 8 tiles x one K-slice and a cluster of S blocks is the S slices of those 8
+// tiles. Why: above, every warp reads its slice of x for all T tokens from L2 at each step (2 KB
+// per 64-column step at 16 tokens: as many bytes as its weights), so at in_proj's shape the L2
+// carries ~100 MB for 50 MB of weights, and each round of a warp's loop waits for its x after its
+// weights (s11 kernels bench: in_proj 25.9 us at 16 rows, 34.1 at 32, against 16 us for one row
+// through gemv, whose x sits in shared memory). Here a block copies its slice of x (T x
+// 64 sps columns, zeros past T) into shared memory once (cp.async; rows padded by 64 bytes so the
+// 8 tokens of a load instruction fall in distinct bank halves), each warp's first round of weights
+// is requested before the PDL wait (weights are no kernel's output), and the S partial sums of a
+// tile meet over distributed shared memory, in slice order (the same sums, in the same order, as
+// the form above with the same S: bit for bit).
 #include <algorithm>
+#include <atomic>
 
+#include "cuda/cluster.cuh"
 #include "cuda/gemm_tile.cuh"
 #include "cuda/gemv_rows.h"
 #include "cuda/launch.h"
@@ -129,6 +144,187 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 }
 
+// ---- staged form (sm_90): x in shared memory, a cluster per 8 tiles, one K-slice per block ----
+constexpr int kStagedTiles = 8;    // tiles per block (a warp each)
+constexpr int kStagedMaxS = 8;     // portable cluster size
+constexpr int kXPadBytes = 64;     // per token row of the staged x
+
+// Bytes of the staged x rows: NCH * 8 token rows of 64 sps columns plus the pad.
+__host__ __device__ constexpr int staged_row_bytes(int sps) { return sps * kStep * 2 + kXPadBytes; }
+// Dynamic shared memory of a staged block: the x rows, then the partial sums [8 warps][NCH][4][32].
+constexpr size_t staged_smem(int nch, int sps) {
+  return size_t(nch) * kTok * size_t(staged_row_bytes(sps)) +
+         sizeof(float) * size_t(kStagedTiles) * size_t(nch) * 4 * 32;
+}
+constexpr size_t kStagedMaxSmem = 96 * 1024;  // else the other form (S = 1 on wide matrices)
+
+template <int NCH, bool kAdd>
+__global__ void __launch_bounds__(kThreads)
+    gemv_rows_staged_kernel(const bf16* __restrict__ W, int rows, int cols,
+                            const bf16* __restrict__ x, int T, float* __restrict__ y, int S,
+                            int steps_per_slice) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int slice = int(cluster::ctarank());  // == blockIdx.x % S
+  const int tile = int(blockIdx.x) / S * kStagedTiles + warp;
+  const int tiles = (rows + 15) / 16, steps = cols / kStep;
+  const int s0 = min(steps, slice * steps_per_slice), s1 = min(steps, s0 + steps_per_slice);
+  const int row_bytes = staged_row_bytes(steps_per_slice);
+  unsigned char* const xs = smem;  // [NCH * 8][row_bytes]
+  float(*part)[NCH][4][32] =
+      reinterpret_cast<float(*)[NCH][4][32]>(smem + size_t(NCH) * kTok * row_bytes);
+  const bool active = tile < tiles && s0 < s1;  // warp-uniform
+  const int r0 = min(tile * 16 + g, rows - 1), r1 = min(tile * 16 + g + 8, rows - 1);
+  const bf16* const w0 = W + size_t(r0) * cols + 8 * t;
+  const bf16* const w1 = W + size_t(r1) * cols + 8 * t;
+  uint4 wa[kUnroll][2][2];  // [step][row g / g + 8][first / second 16 bytes]
+  auto load_round = [&](int st) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = min(st + u, s1 - 1) * kStep;  // a clamped repeat is loaded, not used
+      wa[u][0][0] = ld_nc16(w0 + c);
+      wa[u][0][1] = ld_nc16(w0 + c + 32);
+      wa[u][1][0] = ld_nc16(w1 + c);
+      wa[u][1][1] = ld_nc16(w1 + c + 32);
+    }
+  };
+  pdl_launch_dependents();
+  if (active) load_round(s0);  // weights: no kernel writes them, so before the wait
+  pdl_wait();
+  {  // x[tok][64 s0 .. 64 s1) -> xs, 16 bytes per copy; rows past T zero
+    const int per_row = (s1 - s0) * kStep / 8;
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(xs));
+    for (int i = threadIdx.x; i < NCH * kTok * per_row; i += kThreads) {
+      const int tok = i / per_row, c = i - tok * per_row;
+      const bool has = tok < T;
+      const bf16* src = x + size_t(has ? tok : 0) * cols + size_t(s0) * kStep + 8 * c;
+      tile::cp_async_16(base + uint32_t(tok * row_bytes + 16 * c), src, has);
+    }
+    tile::cp_async_commit();
+    tile::cp_async_wait<0>();
+    __syncthreads();
+  }
+  float acc[NCH][4];
+#pragma unroll
+  for (int ch = 0; ch < NCH; ++ch) acc[ch][0] = acc[ch][1] = acc[ch][2] = acc[ch][3] = 0.f;
+  if (active) {
+    for (int st = s0; st < s1; st += kUnroll) {
+      if (st != s0) load_round(st);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (st + u >= s1) break;  // warp-uniform
+        const int lc = (st + u - s0) * kStep + 8 * t;  // column within the slice
+        const uint32_t ra[8] = {wa[u][0][0].x, wa[u][0][0].y, wa[u][0][0].z, wa[u][0][0].w,
+                                wa[u][0][1].x, wa[u][0][1].y, wa[u][0][1].z, wa[u][0][1].w};
+        const uint32_t rb[8] = {wa[u][1][0].x, wa[u][1][0].y, wa[u][1][0].z, wa[u][1][0].w,
+                                wa[u][1][1].x, wa[u][1][1].y, wa[u][1][1].z, wa[u][1][1].w};
+#pragma unroll
+        for (int ch = 0; ch < NCH; ++ch) {
+          const unsigned char* xr = xs + (ch * kTok + g) * row_bytes + 2 * lc;
+          const uint4 xa = *reinterpret_cast<const uint4*>(xr);
+          const uint4 xb = *reinterpret_cast<const uint4*>(xr + 64);
+          const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {
+            const uint32_t a[4] = {ra[2 * kb], rb[2 * kb], ra[2 * kb + 1], rb[2 * kb + 1]};
+            tile::mma_bf16_16816(acc[ch], a, xw[2 * kb], xw[2 * kb + 1]);
+          }
+        }
+      }
+    }
+  }
+  bool owner = true;  // this warp stores its tile
+  if (S > 1) {
+    // The S slices' partials of tile `warp` of the group meet at block rank warp % S, summed in
+    // slice order from 0 (as the form above does).
+#pragma unroll
+    for (int ch = 0; ch < NCH; ++ch)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) part[warp][ch][q][lane] = acc[ch][q];
+    cluster::sync();
+    owner = warp % S == slice;
+    if (owner) {
+      const uint32_t a = uint32_t(__cvta_generic_to_shared(&part[warp][0][0][lane]));
+#pragma unroll
+      for (int ch = 0; ch < NCH; ++ch)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          float v[kStagedMaxS];
+#pragma unroll
+          for (int r = 0; r < kStagedMaxS; ++r)  // all loads first, then the sum in order
+            v[r] = r < S ? cluster::ld_f32(cluster::map(a + uint32_t((ch * 4 + q) * 32 * 4),
+                                                         uint32_t(r)))
+                         : 0.f;
+          float sum = 0.f;
+#pragma unroll
+          for (int r = 0; r < kStagedMaxS; ++r)
+            if (r < S) sum += v[r];
+          acc[ch][q] = sum;
+        }
+    }
+    cluster::sync();  // no block leaves while another reads its partials
+  }
+  if (!owner || tile >= tiles) return;
+#pragma unroll
+  for (int ch = 0; ch < NCH; ++ch)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int row = tile * 16 + g + (q < 2 ? 0 : 8);
+      const int tok = ch * kTok + 2 * t + (q & 1);
+      if (row >= rows || tok >= T) continue;
+      float* dst = y + size_t(tok) * rows + row;
+      *dst = kAdd ? *dst + acc[ch][q] : acc[ch][q];
+    }
+#else
+  __trap();  // launched only on sm_90 devices (gemv_rows checks)
+#endif
+}
+
+template <int NCH, bool kAdd>
+void launch_staged_kernel(int groups, int S, int sps, const bf16* W, int rows, int cols,
+                          const bf16* x, int T, float* y, cudaStream_t stream) {
+  auto kernel = gemv_rows_staged_kernel<NCH, kAdd>;
+  const size_t smem = staged_smem(NCH, sps);
+  if (smem > 48 * 1024)
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(smem)));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(groups * S));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(S);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (pdl_for(reinterpret_cast<const void*>(kernel), stream)) {
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.numAttrs = 2;
+  }
+  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, W, rows, cols, x, T, y, S, sps));
+  LILAC_CUDA_LAUNCHED();
+}
+
+template <bool kAdd>
+void launch_staged(int nch, int groups, int S, int sps, const bf16* W, int rows, int cols,
+                   const bf16* x, int T, float* y, cudaStream_t stream) {
+  switch (nch) {
+    case 1:
+      return launch_staged_kernel<1, kAdd>(groups, S, sps, W, rows, cols, x, T, y, stream);
+    case 2:
+      return launch_staged_kernel<2, kAdd>(groups, S, sps, W, rows, cols, x, T, y, stream);
+    default:  // 4: the staged form takes T <= 32
+      return launch_staged_kernel<4, kAdd>(groups, S, sps, W, rows, cols, x, T, y, stream);
+  }
+}
+
+std::atomic<bool> g_staged{true};
+
 template <bool kAdd, int WARPS>
 void launch_add(int nch, dim3 grid, const bf16* W, int rows, int cols, const bf16* x, int T,
                 float* y, int S, int sps, cudaStream_t stream) {
@@ -187,6 +383,16 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
     S = slices;
   }
   const int sps = (steps + S - 1) / S;
+  // The staged form where it applies: sm_90 (clusters), S <= 8, T <= 32, <= 96 KB of x and sums.
+  if (g_staged.load(std::memory_order_relaxed) && S <= kStagedMaxS && nch <= 4 &&
+      staged_smem(nch, sps) <= kStagedMaxSmem && device_compute_capability() == 90) {
+    const int groups = ceil_div(tiles, kStagedTiles);
+    if (mode == GemvOut::Accumulate)
+      launch_staged<true>(nch, groups, S, sps, W, rows, cols, x, T, y, stream);
+    else
+      launch_staged<false>(nch, groups, S, sps, W, rows, cols, x, T, y, stream);
+    return;
+  }
   const bool wide = S > kWarps;
   const dim3 grid(ceil_div(tiles, (wide ? 2 * kWarps : kWarps) / S));
   if (mode == GemvOut::Accumulate) {
@@ -201,5 +407,8 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
       launch_add<false, kWarps>(nch, grid, W, rows, cols, x, T, y, S, sps, stream);
   }
 }
+
+void set_gemv_rows_staged_enabled(bool on) { g_staged.store(on); }
+bool gemv_rows_staged_enabled() { return g_staged.load(); }
 
 }  // namespace lilac::cuda

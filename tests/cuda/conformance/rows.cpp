@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -46,6 +47,15 @@ void check_gemv_rows(const RowsCase& c) {
   cuda::gemv_rows(dw.get(), c.rows, c.cols, dx.get(), c.T, ya.get(), cuda::GemvOut::Accumulate,
                   nullptr);
   const auto got_s = download(ys), got_a = download(ya);
+  // The other form (gemv_rows.h: staged or not, same K-slices): the same bits.
+  cuda::set_gemv_rows_staged_enabled(false);
+  DeviceBuffer<float> yn(n + guard);
+  poison(yn);
+  cuda::gemv_rows(dw.get(), c.rows, c.cols, dx.get(), c.T, yn.get(), cuda::GemvOut::Store, nullptr);
+  cuda::set_gemv_rows_staged_enabled(true);
+  const auto got_n = download(yn);  // bytes, not floats: the guard holds NaN poison
+  EXPECT_EQ(std::memcmp(got_n.data(), got_s.data(), got_s.size() * sizeof(float)), 0)
+      << "gemv_rows staged and unstaged differ";
   EXPECT_TRUE(guard_untouched(got_s, n, "gemv_rows Store"));
   EXPECT_TRUE(guard_untouched(got_a, n, "gemv_rows Accumulate"));
   size_t bad = 0;
