@@ -159,7 +159,7 @@ constexpr size_t staged_smem(int nch, int sps) {
 constexpr size_t kStagedMaxSmem = 96 * 1024;  // else the other form (S = 1 on wide matrices)
 
 template <int NCH, bool kAdd>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)  // 3 blocks per SM: in_proj's 388 blocks at once
     gemv_rows_staged_kernel(const bf16* __restrict__ W, int rows, int cols,
                             const bf16* __restrict__ x, int T, float* __restrict__ y, int S,
                             int steps_per_slice) {
