@@ -330,6 +330,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 // ---- combine
 // -------------------------------------------------------------------------------------
 
+// Grid: a block per token row t (256 threads). KT > 0 (the model's k = 8 at H <= 2048): each
+// thread's PER columns (float4) and their KT expert rows, the shared row and h are all loaded
+// before the first sum, so a thread waits for one L2 round trip instead of one per column pass and
+// per few experts (the generic loop, KT = 0: k and the columns at run time). The same sums in the
+// same order either way (bit for bit).
+template <int KT, int PER>
 __global__ void __launch_bounds__(256)
     moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
                        const int32_t* __restrict__ pos, int k, const float* __restrict__ logits,
@@ -353,27 +359,67 @@ __global__ void __launch_bounds__(256)
   const float gate = 1.f / (1.f + expf(-logits[size_t(t) * size_t(stride) + E]));
   const float4* sh = reinterpret_cast<const float4*>(shared + size_t(t) * size_t(H));
   float4* ht = reinterpret_cast<float4*>(h + size_t(t) * size_t(H));
-  for (int c = threadIdx.x; c < H / 4; c += blockDim.x) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int j = 0; j < k; ++j) {
-      const float4 v = reinterpret_cast<const float4*>(y + size_t(sp[j]) * size_t(H))[c];
-      const float s = sw[j];
-      acc.x += s * v.x;
-      acc.y += s * v.y;
-      acc.z += s * v.z;
-      acc.w += s * v.w;
+  if constexpr (KT > 0) {
+    const int H4 = H / 4;
+    float4 v[PER][KT], sv[PER], hv[PER];
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int c = threadIdx.x + p * 256;
+      if (c < H4) {
+#pragma unroll
+        for (int j = 0; j < KT; ++j)
+          v[p][j] = reinterpret_cast<const float4*>(y + size_t(sp[j]) * size_t(H))[c];
+        sv[p] = sh[c];
+        hv[p] = ht[c];
+      }
     }
-    const float4 sv = sh[c];
-    acc.x += gate * sv.x;
-    acc.y += gate * sv.y;
-    acc.z += gate * sv.z;
-    acc.w += gate * sv.w;
-    float4 o = ht[c];
-    o.x += acc.x;
-    o.y += acc.y;
-    o.z += acc.z;
-    o.w += acc.w;
-    ht[c] = o;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int c = threadIdx.x + p * 256;
+      if (c >= H4) continue;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int j = 0; j < KT; ++j) {
+        const float s = sw[j];
+        acc.x += s * v[p][j].x;
+        acc.y += s * v[p][j].y;
+        acc.z += s * v[p][j].z;
+        acc.w += s * v[p][j].w;
+      }
+      acc.x += gate * sv[p].x;
+      acc.y += gate * sv[p].y;
+      acc.z += gate * sv[p].z;
+      acc.w += gate * sv[p].w;
+      float4 o = hv[p];
+      o.x += acc.x;
+      o.y += acc.y;
+      o.z += acc.z;
+      o.w += acc.w;
+      ht[c] = o;
+    }
+  } else {
+    for (int c = threadIdx.x; c < H / 4; c += blockDim.x) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = 0; j < k; ++j) {
+        const float4 v = reinterpret_cast<const float4*>(y + size_t(sp[j]) * size_t(H))[c];
+        const float s = sw[j];
+        acc.x += s * v.x;
+        acc.y += s * v.y;
+        acc.z += s * v.z;
+        acc.w += s * v.w;
+      }
+      const float4 sv = sh[c];
+      acc.x += gate * sv.x;
+      acc.y += gate * sv.y;
+      acc.z += gate * sv.z;
+      acc.w += gate * sv.w;
+      float4 o = ht[c];
+      o.x += acc.x;
+      o.y += acc.y;
+      o.z += acc.z;
+      o.w += acc.w;
+      ht[c] = o;
+    }
   }
   if (norm_scale) {   // the next norm of the new row, by rms_norm's own function (bit for bit)
     __syncthreads();  // the block's h stores are visible to its threads
@@ -543,7 +589,9 @@ void moe_combine(const float* y, const MoeRouting& r, const float* logits, int s
   if (norm_scale && !moe_combine_norm_supported(H, h, norm_scale, norm_out))
     fail("moe_combine: the fused norm needs H % 8 == 0 and 16-byte aligned rows (H {})", H);
   static_assert(kRmsThreads == 256, "the combine's blocks run rms_norm_row");
-  launch_kernel(moe_pdl_enabled(), moe_combine_kernel, dim3(unsigned(r.T)), dim3(256), 0, stream, y,
+  // The unrolled form at the model's k = 8 and H <= 2048 (two float4 columns per thread).
+  auto kernel = r.k == 8 && H <= 2 * 256 * 4 ? moe_combine_kernel<8, 2> : moe_combine_kernel<0, 1>;
+  launch_kernel(moe_pdl_enabled(), kernel, dim3(unsigned(r.T)), dim3(256), 0, stream, y,
                 r.topk_weight, r.pair_position, r.k, logits, stride, r.E, shared, H, h, norm_scale,
                 norm_out, eps);
 }
