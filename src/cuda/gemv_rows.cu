@@ -19,9 +19,9 @@
 // f32 accumulation. (Until s11 a lane held columns 16t .. 16t + 15: each instruction then touched
 // half of every sector and the sector was requested twice, once per instruction.)
 //
-// Staged form (sm_90, T <= 32; `set_gemv_rows_staged_enabled`): the same warps, steps and MMAs,
-// but a block is 8 tiles x one K-slice (two at S = 16: 16 warps) and a cluster of S (S / 2) blocks
-// holds all the slices of those 8 tiles. Why: above, every warp reads its slice of x for all T tokens from L2 at each step (2 KB
+// Staged form (sm_90, S <= 8 K-slices; `set_gemv_rows_staged_enabled`): the same warps, steps and
+// MMAs, but a block is 8 tiles x one K-slice and a cluster of S blocks is the S slices of those 8
+// tiles. Why: above, every warp reads its slice of x for all T tokens from L2 at each step (2 KB
 // per 64-column step at 16 tokens: as many bytes as its weights), so at in_proj's shape the L2
 // carries ~100 MB for 50 MB of weights, and each round of a warp's loop waits for its x after its
 // weights (s11 kernels bench: in_proj 25.9 us at 16 rows, 34.1 at 32, against 16 us for one row
@@ -151,32 +151,26 @@ constexpr int kXPadBytes = 64;     // per token row of the staged x
 
 // Bytes of the staged x rows: NCH * 8 token rows of 64 sps columns plus the pad.
 __host__ __device__ constexpr int staged_row_bytes(int sps) { return sps * kStep * 2 + kXPadBytes; }
-// Dynamic shared memory of a staged block of J slices: the x rows, then the partial sums
-// [8 J warps][NCH][4][32].
-constexpr size_t staged_smem(int nch, int sps, int J) {
-  return size_t(nch) * kTok * size_t(staged_row_bytes(J * sps)) +
-         sizeof(float) * size_t(kStagedTiles * J) * size_t(nch) * 4 * 32;
+// Dynamic shared memory of a staged block: the x rows, then the partial sums [8 warps][NCH][4][32].
+constexpr size_t staged_smem(int nch, int sps) {
+  return size_t(nch) * kTok * size_t(staged_row_bytes(sps)) +
+         sizeof(float) * size_t(kStagedTiles) * size_t(nch) * 4 * 32;
 }
 constexpr size_t kStagedMaxSmem = 96 * 1024;  // else the other form (S = 1 on wide matrices)
 
-// J K-slices per block (J = 1, or 2 for S = 16: 16 warps, clusters of 8): warp w = 8 j + i takes
-// tile i of the block's group and slice J rank + j; the block stages x for its J slices.
-template <int NCH, bool kAdd, int J>
-__global__ void __launch_bounds__(kThreads* J, J == 1 ? 3 : 1)  // J = 1: in_proj's 388 at once
+template <int NCH, bool kAdd>
+__global__ void __launch_bounds__(kThreads, 3)  // 3 blocks per SM: in_proj's 388 blocks at once
     gemv_rows_staged_kernel(const bf16* __restrict__ W, int rows, int cols,
                             const bf16* __restrict__ x, int T, float* __restrict__ y, int S,
                             int steps_per_slice) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int R = S / J;                               // cluster size
-  const int rank = int(cluster::ctarank());          // == blockIdx.x % R
-  const int ti = warp % kStagedTiles, j = warp / kStagedTiles;
-  const int tile = int(blockIdx.x) / R * kStagedTiles + ti;
+  const int slice = int(cluster::ctarank());  // == blockIdx.x % S
+  const int tile = int(blockIdx.x) / S * kStagedTiles + warp;
   const int tiles = (rows + 15) / 16, steps = cols / kStep;
-  const int b0 = min(steps, rank * J * steps_per_slice);  // the block's first step
-  const int s0 = min(steps, b0 + j * steps_per_slice), s1 = min(steps, s0 + steps_per_slice);
-  const int row_bytes = staged_row_bytes(J * steps_per_slice);
+  const int s0 = min(steps, slice * steps_per_slice), s1 = min(steps, s0 + steps_per_slice);
+  const int row_bytes = staged_row_bytes(steps_per_slice);
   unsigned char* const xs = smem;  // [NCH * 8][row_bytes]
   float(*part)[NCH][4][32] =
       reinterpret_cast<float(*)[NCH][4][32]>(smem + size_t(NCH) * kTok * row_bytes);
@@ -198,14 +192,13 @@ __global__ void __launch_bounds__(kThreads* J, J == 1 ? 3 : 1)  // J = 1: in_pro
   pdl_launch_dependents();
   if (active) load_round(s0);  // weights: no kernel writes them, so before the wait
   pdl_wait();
-  {  // x[tok][64 b0 .. 64 b1) -> xs, 16 bytes per copy; rows past T zero
-    const int b1 = min(steps, b0 + J * steps_per_slice);
-    const int per_row = (b1 - b0) * kStep / 8;
+  {  // x[tok][64 s0 .. 64 s1) -> xs, 16 bytes per copy; rows past T zero
+    const int per_row = (s1 - s0) * kStep / 8;
     const uint32_t base = uint32_t(__cvta_generic_to_shared(xs));
-    for (int i = threadIdx.x; i < NCH * kTok * per_row; i += kThreads * J) {
+    for (int i = threadIdx.x; i < NCH * kTok * per_row; i += kThreads) {
       const int tok = i / per_row, c = i - tok * per_row;
       const bool has = tok < T;
-      const bf16* src = x + size_t(has ? tok : 0) * cols + size_t(b0) * kStep + 8 * c;
+      const bf16* src = x + size_t(has ? tok : 0) * cols + size_t(s0) * kStep + 8 * c;
       tile::cp_async_16(base + uint32_t(tok * row_bytes + 16 * c), src, has);
     }
     tile::cp_async_commit();
@@ -221,7 +214,7 @@ __global__ void __launch_bounds__(kThreads* J, J == 1 ? 3 : 1)  // J = 1: in_pro
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (st + u >= s1) break;  // warp-uniform
-        const int lc = (st + u - b0) * kStep + 8 * t;  // column within the block's slices
+        const int lc = (st + u - s0) * kStep + 8 * t;  // column within the slice
         const uint32_t ra[8] = {wa[u][0][0].x, wa[u][0][0].y, wa[u][0][0].z, wa[u][0][0].w,
                                 wa[u][0][1].x, wa[u][0][1].y, wa[u][0][1].z, wa[u][0][1].w};
         const uint32_t rb[8] = {wa[u][1][0].x, wa[u][1][0].y, wa[u][1][0].z, wa[u][1][0].w,
@@ -243,44 +236,34 @@ __global__ void __launch_bounds__(kThreads* J, J == 1 ? 3 : 1)  // J = 1: in_pro
   }
   bool owner = true;  // this warp stores its tile
   if (S > 1) {
-    // The S slices' partials of tile ti of the group meet at warp ti of block rank ti % R, summed
-    // in slice order (rank, j) from 0, as the form above does.
+    // The S slices' partials of tile `warp` of the group meet at block rank warp % S, summed in
+    // slice order from 0 (as the form above does).
 #pragma unroll
     for (int ch = 0; ch < NCH; ++ch)
 #pragma unroll
       for (int q = 0; q < 4; ++q) part[warp][ch][q][lane] = acc[ch][q];
-    if (R > 1)
-      cluster::sync();
-    else
-      __syncthreads();
-    owner = j == 0 && ti % R == rank;
+    cluster::sync();
+    owner = warp % S == slice;
     if (owner) {
-      const uint32_t a = uint32_t(__cvta_generic_to_shared(&part[ti][0][0][lane]));
-      constexpr uint32_t kWarpBytes = NCH * 4 * 32 * 4;  // one warp's partials
+      const uint32_t a = uint32_t(__cvta_generic_to_shared(&part[warp][0][0][lane]));
 #pragma unroll
       for (int ch = 0; ch < NCH; ++ch)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const uint32_t off = uint32_t((ch * 4 + q) * 32 * 4);
-          float v[kStagedMaxS][J];
+          float v[kStagedMaxS];
 #pragma unroll
           for (int r = 0; r < kStagedMaxS; ++r)  // all loads first, then the sum in order
-#pragma unroll
-            for (int jj = 0; jj < J; ++jj)
-              v[r][jj] = r < R ? cluster::ld_f32(cluster::map(
-                                     a + uint32_t(jj * kStagedTiles) * kWarpBytes + off,
-                                     uint32_t(r)))
-                               : 0.f;
+            v[r] = r < S ? cluster::ld_f32(cluster::map(a + uint32_t((ch * 4 + q) * 32 * 4),
+                                                         uint32_t(r)))
+                         : 0.f;
           float sum = 0.f;
 #pragma unroll
           for (int r = 0; r < kStagedMaxS; ++r)
-#pragma unroll
-            for (int jj = 0; jj < J; ++jj)
-              if (r < R) sum += v[r][jj];
+            if (r < S) sum += v[r];
           acc[ch][q] = sum;
         }
     }
-    if (R > 1) cluster::sync();  // no block leaves while another reads its partials
+    cluster::sync();  // no block leaves while another reads its partials
   }
   if (!owner || tile >= tiles) return;
 #pragma unroll
@@ -298,22 +281,22 @@ __global__ void __launch_bounds__(kThreads* J, J == 1 ? 3 : 1)  // J = 1: in_pro
 #endif
 }
 
-template <int NCH, bool kAdd, int J>
+template <int NCH, bool kAdd>
 void launch_staged_kernel(int groups, int S, int sps, const bf16* W, int rows, int cols,
                           const bf16* x, int T, float* y, cudaStream_t stream) {
-  auto kernel = gemv_rows_staged_kernel<NCH, kAdd, J>;
-  const size_t smem = staged_smem(NCH, sps, J);
+  auto kernel = gemv_rows_staged_kernel<NCH, kAdd>;
+  const size_t smem = staged_smem(NCH, sps);
   if (smem > 48 * 1024)
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           int(smem)));
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(groups * S / J));
-  cfg.blockDim = dim3(kThreads * J);
+  cfg.gridDim = dim3(unsigned(groups * S));
+  cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(S / J);
+  attr[0].val.clusterDim.x = unsigned(S);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
@@ -327,26 +310,17 @@ void launch_staged_kernel(int groups, int S, int sps, const bf16* W, int rows, i
   LILAC_CUDA_LAUNCHED();
 }
 
-template <bool kAdd, int J>
+template <bool kAdd>
 void launch_staged(int nch, int groups, int S, int sps, const bf16* W, int rows, int cols,
                    const bf16* x, int T, float* y, cudaStream_t stream) {
   switch (nch) {
     case 1:
-      return launch_staged_kernel<1, kAdd, J>(groups, S, sps, W, rows, cols, x, T, y, stream);
+      return launch_staged_kernel<1, kAdd>(groups, S, sps, W, rows, cols, x, T, y, stream);
     case 2:
-      return launch_staged_kernel<2, kAdd, J>(groups, S, sps, W, rows, cols, x, T, y, stream);
+      return launch_staged_kernel<2, kAdd>(groups, S, sps, W, rows, cols, x, T, y, stream);
     default:  // 4: the staged form takes T <= 32
-      return launch_staged_kernel<4, kAdd, J>(groups, S, sps, W, rows, cols, x, T, y, stream);
+      return launch_staged_kernel<4, kAdd>(groups, S, sps, W, rows, cols, x, T, y, stream);
   }
-}
-
-template <bool kAdd>
-void launch_staged_j(int nch, int groups, int S, int sps, const bf16* W, int rows, int cols,
-                     const bf16* x, int T, float* y, cudaStream_t stream) {
-  if (S > kStagedMaxS)
-    launch_staged<kAdd, 2>(nch, groups, S, sps, W, rows, cols, x, T, y, stream);
-  else
-    launch_staged<kAdd, 1>(nch, groups, S, sps, W, rows, cols, x, T, y, stream);
 }
 
 std::atomic<bool> g_staged{true};
@@ -409,16 +383,14 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
     S = slices;
   }
   const int sps = (steps + S - 1) / S;
-  // The staged form where it applies: sm_90 (clusters), T <= 32, <= 96 KB of x and sums; S = 16
-  // as 16-warp blocks of two slices in clusters of 8.
-  if (g_staged.load(std::memory_order_relaxed) && nch <= 4 &&
-      staged_smem(nch, sps, S > kStagedMaxS ? 2 : 1) <= kStagedMaxSmem &&
-      device_compute_capability() == 90) {
+  // The staged form where it applies: sm_90 (clusters), S <= 8, T <= 32, <= 96 KB of x and sums.
+  if (g_staged.load(std::memory_order_relaxed) && S <= kStagedMaxS && nch <= 4 &&
+      staged_smem(nch, sps) <= kStagedMaxSmem && device_compute_capability() == 90) {
     const int groups = ceil_div(tiles, kStagedTiles);
     if (mode == GemvOut::Accumulate)
-      launch_staged_j<true>(nch, groups, S, sps, W, rows, cols, x, T, y, stream);
+      launch_staged<true>(nch, groups, S, sps, W, rows, cols, x, T, y, stream);
     else
-      launch_staged_j<false>(nch, groups, S, sps, W, rows, cols, x, T, y, stream);
+      launch_staged<false>(nch, groups, S, sps, W, rows, cols, x, T, y, stream);
     return;
   }
   const bool wide = S > kWarps;
