@@ -19,18 +19,18 @@
 // f32 accumulation. (Until s11 a lane held columns 16t .. 16t + 15: each instruction then touched
 // half of every sector and the sector was requested twice, once per instruction.)
 //
-// Staged form (sm_90, S <= 8 K-slices; `set_gemv_rows_staged_enabled`): the same warps, steps and
-// MMAs, but a block is 8 tiles x one K-slice and a cluster of S blocks is the S slices of those 8
-// tiles. Why: above, every warp reads its slice of x for all T tokens from L2 at each step (2 KB
-// per 64-column step at 16 tokens: as many bytes as its weights), so at in_proj's shape the L2
-// carries ~100 MB for 50 MB of weights, and each round of a warp's loop waits for its x after its
-// weights (s11 kernels bench: in_proj 25.9 us at 16 rows, 34.1 at 32, against 16 us for one row
+// Staged form (sm_90, T <= 32, up to 8 K-slices; `set_gemv_rows_staged_enabled`): the same warps,
+// steps and MMAs, but a block is 8 tiles x one K-slice and a cluster of S blocks is the S slices of
+// those 8 tiles. Why: above, every warp reads its slice of x for all T tokens from L2 at each step
+// (2 KB per 64-column step at 16 tokens: as many bytes as its weights), so at in_proj's shape the
+// L2 carries ~100 MB for 50 MB of weights, and each round of a warp's loop waits for its x after
+// its weights (s11 kernels bench: in_proj 25.9 us at 16 rows, 34.1 at 32, against 16 us for one row
 // through gemv, whose x sits in shared memory). Here a block copies its slice of x (T x
 // 64 sps columns, zeros past T) into shared memory once (cp.async; rows padded by 64 bytes so the
 // 8 tokens of a load instruction fall in distinct bank halves), each warp's first round of weights
 // is requested before the PDL wait (weights are no kernel's output), and the S partial sums of a
 // tile meet over distributed shared memory, in slice order (the same sums, in the same order, as
-// the form above with the same S: bit for bit).
+// the form above at the same S: bit for bit; the launcher picks its own S for each form).
 #include <algorithm>
 #include <atomic>
 
@@ -145,12 +145,14 @@ __global__ void __launch_bounds__(WARPS * 32)
 }
 
 // ---- staged form (sm_90): x in shared memory, a cluster per 8 tiles, one K-slice per block ----
-constexpr int kStagedTiles = 8;    // tiles per block (a warp each)
-constexpr int kStagedMaxS = 8;     // portable cluster size
-constexpr int kXPadBytes = 64;     // per token row of the staged x
+constexpr int kStagedTiles = 8;  // tiles per block (a warp each)
+constexpr int kStagedMaxS = 8;   // portable cluster size
+constexpr int kXPadBytes = 64;   // per token row of the staged x
 
 // Bytes of the staged x rows: NCH * 8 token rows of 64 sps columns plus the pad.
-__host__ __device__ constexpr int staged_row_bytes(int sps) { return sps * kStep * 2 + kXPadBytes; }
+__host__ __device__ constexpr int staged_row_bytes(int sps) {
+  return sps * kStep * 2 + kXPadBytes;
+}
 // Dynamic shared memory of a staged block: the x rows, then the partial sums [8 warps][NCH][4][32].
 constexpr size_t staged_smem(int nch, int sps) {
   return size_t(nch) * kTok * size_t(staged_row_bytes(sps)) +
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks per SM: in_proj's 38
       if (st != s0) load_round(st);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (st + u >= s1) break;  // warp-uniform
+        if (st + u >= s1) break;                       // warp-uniform
         const int lc = (st + u - s0) * kStep + 8 * t;  // column within the slice
         const uint32_t ra[8] = {wa[u][0][0].x, wa[u][0][0].y, wa[u][0][0].z, wa[u][0][0].w,
                                 wa[u][0][1].x, wa[u][0][1].y, wa[u][0][1].z, wa[u][0][1].w};
@@ -253,8 +255,8 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks per SM: in_proj's 38
           float v[kStagedMaxS];
 #pragma unroll
           for (int r = 0; r < kStagedMaxS; ++r)  // all loads first, then the sum in order
-            v[r] = r < S ? cluster::ld_f32(cluster::map(a + uint32_t((ch * 4 + q) * 32 * 4),
-                                                         uint32_t(r)))
+            v[r] = r < S ? cluster::ld_f32(
+                               cluster::map(a + uint32_t((ch * 4 + q) * 32 * 4), uint32_t(r)))
                          : 0.f;
           float sum = 0.f;
 #pragma unroll
@@ -287,8 +289,8 @@ void launch_staged_kernel(int groups, int S, int sps, const bf16* W, int rows, i
   auto kernel = gemv_rows_staged_kernel<NCH, kAdd>;
   const size_t smem = staged_smem(NCH, sps);
   if (smem > 48 * 1024)
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(smem)));
+    LILAC_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(groups * S));
   cfg.blockDim = dim3(kThreads);
@@ -382,17 +384,28 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
       fail("cuda::gemv_rows: {} slices (a power of two <= {} at T = {})", slices, max_s, T);
     S = slices;
   }
-  const int sps = (steps + S - 1) / S;
-  // The staged form where it applies: sm_90 (clusters), S <= 8, T <= 32, <= 96 KB of x and sums.
-  if (g_staged.load(std::memory_order_relaxed) && S <= kStagedMaxS && nch <= 4 &&
-      staged_smem(nch, sps) <= kStagedMaxSmem && device_compute_capability() == 90) {
+  // The staged form where it applies (sm_90, T <= 32), with its own slice count: the smallest
+  // power of two up to 8 giving ~1.4 blocks of 8 tiles per SM. Alone (kernels bench, s13 run 1,
+  // 16 rows, staged at each S): in_proj best at S = 2 (194 blocks, 16.6 us; 20.9 at S = 4), qkv
+  // at S = 4 (288 blocks, 13.0 us; 16.1 at S = 2), out_proj at 8 (11.1 us; 12.2 unstaged at 16,
+  // 15.0 staged as 16-warp blocks of two slices), the router at 8 (4.1 us; 5.4 unstaged).
+  if (g_staged.load(std::memory_order_relaxed) && nch <= 4 && device_compute_capability() == 90) {
     const int groups = ceil_div(tiles, kStagedTiles);
-    if (mode == GemvOut::Accumulate)
-      launch_staged<true>(nch, groups, S, sps, W, rows, cols, x, T, y, stream);
-    else
-      launch_staged<false>(nch, groups, S, sps, W, rows, cols, x, T, y, stream);
-    return;
+    int Ss = 1;
+    while (Ss < kStagedMaxS && Ss * kUnroll < steps &&
+           (long long)groups * Ss * 10 < 14LL * sm_count())
+      Ss *= 2;
+    if (slices != 0) Ss = slices;
+    const int sps_s = (steps + Ss - 1) / Ss;
+    if (Ss <= kStagedMaxS && staged_smem(nch, sps_s) <= kStagedMaxSmem) {
+      if (mode == GemvOut::Accumulate)
+        launch_staged<true>(nch, groups, Ss, sps_s, W, rows, cols, x, T, y, stream);
+      else
+        launch_staged<false>(nch, groups, Ss, sps_s, W, rows, cols, x, T, y, stream);
+      return;
+    }
   }
+  const int sps = (steps + S - 1) / S;
   const bool wide = S > kWarps;
   const dim3 grid(ceil_div(tiles, (wide ? 2 * kWarps : kWarps) / S));
   if (mode == GemvOut::Accumulate) {
@@ -408,7 +421,11 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
   }
 }
 
-void set_gemv_rows_staged_enabled(bool on) { g_staged.store(on); }
-bool gemv_rows_staged_enabled() { return g_staged.load(); }
+void set_gemv_rows_staged_enabled(bool on) {
+  g_staged.store(on);
+}
+bool gemv_rows_staged_enabled() {
+  return g_staged.load();
+}
 
 }  // namespace lilac::cuda

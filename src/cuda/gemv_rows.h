@@ -19,10 +19,10 @@ constexpr int kGemvRowsMax = 64;
 void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y, GemvOut mode,
                cudaStream_t stream, int slices = 0);
 
-// Whether gemv_rows takes its staged form where it applies (sm_90, <= 8 K-slices, T <= 32: x in
-// shared memory, a cluster per 8 row tiles; gemv_rows.cu). On by default; the same bits as the
-// other form at the same K-slice count. The CUDA backend sets it from
-// CudaOptions::gemv_rows_staged (LILAC_GEMV_ROWS_STAGED=0 for A/B runs).
+// Whether gemv_rows takes its staged form where it applies (sm_90, T <= 32: x in shared memory, a
+// cluster of up to 8 K-slices per 8 row tiles; gemv_rows.cu). On by default; the same bits as the
+// other form at the same K-slice count (`slices`), though each form picks its own by default. The
+// CUDA backend sets it from CudaOptions::gemv_rows_staged (LILAC_GEMV_ROWS_STAGED=0 for A/B runs).
 void set_gemv_rows_staged_enabled(bool on);
 bool gemv_rows_staged_enabled();
 

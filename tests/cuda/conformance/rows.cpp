@@ -29,7 +29,8 @@ struct RowsCase {
 };
 
 // gemv_rows against an f64 sum of the same bf16 values per token: within f32 rounding of the
-// products' magnitudes.
+// products' magnitudes. Both forms (gemv_rows.h: staged where it applies, and the other), each at
+// its own K-slice count; then both at 2 slices, which must agree bit for bit.
 void check_gemv_rows(const RowsCase& c) {
   uint32_t seed = c.seed;
   std::vector<float> w = random_floats(size_t(c.rows) * c.cols, 0.05f, ++seed);
@@ -39,26 +40,7 @@ void check_gemv_rows(const RowsCase& c) {
   const size_t n = size_t(c.T) * c.rows, guard = 29;
   std::vector<float> y0 = random_floats(n, 2.f, ++seed);
   y0.resize(n + guard, 0.f);
-  DeviceBuffer<float> ys(n + guard);
-  poison(ys);
-  auto ya = upload(y0);
-  LILAC_CUDA_CHECK(cudaMemset(ya.get() + n, 0xff, guard * sizeof(float)));
-  cuda::gemv_rows(dw.get(), c.rows, c.cols, dx.get(), c.T, ys.get(), cuda::GemvOut::Store, nullptr);
-  cuda::gemv_rows(dw.get(), c.rows, c.cols, dx.get(), c.T, ya.get(), cuda::GemvOut::Accumulate,
-                  nullptr);
-  const auto got_s = download(ys), got_a = download(ya);
-  // The other form (gemv_rows.h: staged or not, same K-slices): the same bits.
-  cuda::set_gemv_rows_staged_enabled(false);
-  DeviceBuffer<float> yn(n + guard);
-  poison(yn);
-  cuda::gemv_rows(dw.get(), c.rows, c.cols, dx.get(), c.T, yn.get(), cuda::GemvOut::Store, nullptr);
-  cuda::set_gemv_rows_staged_enabled(true);
-  const auto got_n = download(yn);  // bytes, not floats: the guard holds NaN poison
-  EXPECT_EQ(std::memcmp(got_n.data(), got_s.data(), got_s.size() * sizeof(float)), 0)
-      << "gemv_rows staged and unstaged differ";
-  EXPECT_TRUE(guard_untouched(got_s, n, "gemv_rows Store"));
-  EXPECT_TRUE(guard_untouched(got_a, n, "gemv_rows Accumulate"));
-  size_t bad = 0;
+  std::vector<double> want(n), tol(n);
   for (int t = 0; t < c.T; ++t)
     for (int r = 0; r < c.rows; ++r) {
       double sum = 0, mag = 0;
@@ -68,11 +50,43 @@ void check_gemv_rows(const RowsCase& c) {
         mag += std::fabs(p);
       }
       const size_t i = size_t(t) * c.rows + r;
-      const double tol = 4e-6 * mag + 1e-6;
-      if (!(std::fabs(got_s[i] - sum) <= tol)) ++bad;
-      if (!(std::fabs(got_a[i] - (double(y0[i]) + sum)) <= tol + 4e-7 * std::fabs(y0[i]))) ++bad;
+      want[i] = sum;
+      tol[i] = 4e-6 * mag + 1e-6;
     }
-  EXPECT_EQ(bad, 0u) << "elements out of tolerance";
+  // Store and Accumulate in one form at `slices` (0: the launcher's choice); returns Store's bytes.
+  auto run_form = [&](bool staged, int slices, bool check) {
+    SCOPED_TRACE(std::string(staged ? "staged" : "unstaged") + ", slices " +
+                 std::to_string(slices));
+    cuda::set_gemv_rows_staged_enabled(staged);
+    DeviceBuffer<float> ys(n + guard);
+    poison(ys);
+    auto ya = upload(y0);
+    LILAC_CUDA_CHECK(cudaMemset(ya.get() + n, 0xff, guard * sizeof(float)));
+    cuda::gemv_rows(dw.get(), c.rows, c.cols, dx.get(), c.T, ys.get(), cuda::GemvOut::Store,
+                    nullptr, slices);
+    cuda::gemv_rows(dw.get(), c.rows, c.cols, dx.get(), c.T, ya.get(), cuda::GemvOut::Accumulate,
+                    nullptr, slices);
+    cuda::set_gemv_rows_staged_enabled(true);
+    const auto got_s = download(ys), got_a = download(ya);
+    EXPECT_TRUE(guard_untouched(got_s, n, "gemv_rows Store"));
+    EXPECT_TRUE(guard_untouched(got_a, n, "gemv_rows Accumulate"));
+    if (check) {
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (!(std::fabs(got_s[i] - want[i]) <= tol[i])) ++bad;
+        if (!(std::fabs(got_a[i] - (double(y0[i]) + want[i])) <= tol[i] + 4e-7 * std::fabs(y0[i])))
+          ++bad;
+      }
+      EXPECT_EQ(bad, 0u) << "elements out of tolerance";
+    }
+    return got_s;
+  };
+  run_form(true, 0, true);
+  run_form(false, 0, true);
+  const auto a = run_form(true, 2, false), b = run_form(false, 2, false);
+  // Bytes, not floats: the guard holds NaN poison.
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+      << "gemv_rows staged and unstaged at 2 slices differ";
 }
 
 // q_gemv_rows against the CPU twin per token (the q_gemv bound: same arithmetic per (row, group),
