@@ -390,7 +390,7 @@ int main(int argc, char** argv) {
     bench_gemv(s, opt, "gemv lm_head", 248320, 2048, 0);
     bench_gemv(s, opt, "gemv_rms lm_head", 248320, 2048, 3);
     bench_gemv(s, opt, "gemv_bf16out 2048x2048", 2048, 2048, 2);
-    for (int T : {16, 32}) {
+    for (int T : {16, 32, 64}) {
       bench_gemv_rows(s, opt, "gdn in_proj", 12352, 2048, false, T);
       bench_gemv_rows(s, opt, "attn qkv", 9216, 2048, false, T);
       bench_gemv_rows(s, opt, "out_proj (+= h)", 2048, 4096, true, T);

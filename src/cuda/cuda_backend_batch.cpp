@@ -37,7 +37,10 @@ constexpr int kSortedMoeMinRows = 32;
 // s7: q_gemv_rows' eight 8-token chunks per MMA row made in_proj 38 us at 64 rows); 8-bit weights
 // through q_gemv_rows; BF16 through gemv_rows up to 32 rows and for the layers' matrices; the GEMM
 // for the lm_head (its tiles fill the GPU at any M) and from 33 rows (gemv_rows' per-chunk MMAs
-// then cost more than the GEMM's tiles: run 6, docs/performance.md). The 4-bit GEMM multiplies
+// then cost more than the GEMM's tiles: run 6, docs/performance.md), except for the matrices of
+// few row tiles (out_proj, o_proj: 2048 rows; the router) where gemv_rows' staged form applies:
+// at M <= 64 the GEMM's 128-column tiles leave most SMs idle there (s13: out_proj 51 us, the
+// router 23 us per 64-row call through the GEMM). The 4-bit GEMM multiplies
 // the bf16-rounded weights (prefill's numerics) where q_gemv_rows has the decode kernels' exact
 // ones: both within the batch tests' tolerance of the single-sequence step.
 void rows_proj(const bf16* x, int B, int K, const DeviceMatrix& w, int N, float* y, bool accumulate,
@@ -47,7 +50,7 @@ void rows_proj(const bf16* x, int B, int K, const DeviceMatrix& w, int N, float*
     q_gemm_wgmma(x, B, w.q, y, accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32, s);
   else if (w.affine())
     q_gemv_rows(w.q, x, B, y, mode, s);
-  else if (K % 64 == 0 && B <= 32 && N <= 65536)
+  else if (K % 64 == 0 && N <= 65536 && (B <= 32 || (N <= 4096 && gemv_rows_staged_takes(N, K, B))))
     gemv_rows(w.dense, N, K, x, B, y, mode, s);
   else
     gemm(x, B, K, w.dense, N, y, accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32, s);

@@ -158,10 +158,10 @@ constexpr size_t staged_smem(int nch, int sps) {
   return size_t(nch) * kTok * size_t(staged_row_bytes(sps)) +
          sizeof(float) * size_t(kStagedTiles) * size_t(nch) * 4 * 32;
 }
-constexpr size_t kStagedMaxSmem = 96 * 1024;  // else the other form (S = 1 on wide matrices)
+constexpr size_t kStagedMaxSmem = 112 * 1024;  // else the other form (out_proj at 64 rows: 102 KB)
 
 template <int NCH, bool kAdd>
-__global__ void __launch_bounds__(kThreads, 3)  // 3 blocks per SM: in_proj's 388 blocks at once
+__global__ void __launch_bounds__(kThreads, NCH <= 4 ? 3 : 2)  // 3: in_proj's 388 blocks at once
     gemv_rows_staged_kernel(const bf16* __restrict__ W, int rows, int cols,
                             const bf16* __restrict__ x, int T, float* __restrict__ y, int S,
                             int steps_per_slice) {
@@ -320,12 +320,38 @@ void launch_staged(int nch, int groups, int S, int sps, const bf16* W, int rows,
       return launch_staged_kernel<1, kAdd>(groups, S, sps, W, rows, cols, x, T, y, stream);
     case 2:
       return launch_staged_kernel<2, kAdd>(groups, S, sps, W, rows, cols, x, T, y, stream);
-    default:  // 4: the staged form takes T <= 32
+    case 4:
       return launch_staged_kernel<4, kAdd>(groups, S, sps, W, rows, cols, x, T, y, stream);
+    default:
+      return launch_staged_kernel<8, kAdd>(groups, S, sps, W, rows, cols, x, T, y, stream);
   }
 }
 
 std::atomic<bool> g_staged{true};
+
+int chunk_count(int T) {  // 8-token chunks, rounded up to the kernels' instantiations
+  const int chunks = (T + kTok - 1) / kTok;
+  return chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
+}
+
+// The staged form's K-slice count for this call, or 0 where it does not apply (off, not sm_90,
+// or its shared memory too large). Its own count: the smallest power of two up to 8 giving ~1.4
+// blocks of 8 tiles per SM. Alone (kernels bench, s13 run 1, 16 rows, staged at each S): in_proj
+// best at S = 2 (194 blocks, 16.6 us; 20.9 at S = 4), qkv at S = 4 (288 blocks, 13.0 us; 16.1 at
+// S = 2), out_proj at 8 (11.1 us; 12.2 unstaged at 16, 15.0 staged as 16-warp blocks of two
+// slices), the router at 8 (4.1 us; 5.4 unstaged).
+int staged_slices(int rows, int cols, int T, int slices) {
+  if (!g_staged.load(std::memory_order_relaxed) || device_compute_capability() != 90) return 0;
+  const int tiles = (rows + 15) / 16, steps = cols / kStep;
+  const int groups = ceil_div(tiles, kStagedTiles);
+  int S = 1;
+  while (S < kStagedMaxS && S * kUnroll < steps && (long long)groups * S * 10 < 14LL * sm_count())
+    S *= 2;
+  if (slices != 0) S = slices;
+  if (S > kStagedMaxS || staged_smem(chunk_count(T), (steps + S - 1) / S) > kStagedMaxSmem)
+    return 0;
+  return S;
+}
 
 template <bool kAdd, int WARPS>
 void launch_add(int nch, dim3 grid, const bf16* W, int rows, int cols, const bf16* x, int T,
@@ -365,8 +391,7 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
          kStep);
   if (!is_aligned(W, 16) || !is_aligned(x, 16))
     fail("cuda::gemv_rows: W and x must be 16-byte aligned");
-  const int chunks = (T + kTok - 1) / kTok;
-  const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
+  const int nch = chunk_count(T);
   const int tiles = (rows + 15) / 16, steps = cols / kStep;
   // 16 warps per SM. Alone (lilac_cuda_bench_kernels --filter gemv_rows, s11 run 4) in_proj and
   // qkv at 16 and 32 rows ran faster at S = 8 (32 warps per SM: in_proj 25.95 -> 23.66 us at 16
@@ -384,26 +409,13 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
       fail("cuda::gemv_rows: {} slices (a power of two <= {} at T = {})", slices, max_s, T);
     S = slices;
   }
-  // The staged form where it applies (sm_90, T <= 32), with its own slice count: the smallest
-  // power of two up to 8 giving ~1.4 blocks of 8 tiles per SM. Alone (kernels bench, s13 run 1,
-  // 16 rows, staged at each S): in_proj best at S = 2 (194 blocks, 16.6 us; 20.9 at S = 4), qkv
-  // at S = 4 (288 blocks, 13.0 us; 16.1 at S = 2), out_proj at 8 (11.1 us; 12.2 unstaged at 16,
-  // 15.0 staged as 16-warp blocks of two slices), the router at 8 (4.1 us; 5.4 unstaged).
-  if (g_staged.load(std::memory_order_relaxed) && nch <= 4 && device_compute_capability() == 90) {
-    const int groups = ceil_div(tiles, kStagedTiles);
-    int Ss = 1;
-    while (Ss < kStagedMaxS && Ss * kUnroll < steps &&
-           (long long)groups * Ss * 10 < 14LL * sm_count())
-      Ss *= 2;
-    if (slices != 0) Ss = slices;
-    const int sps_s = (steps + Ss - 1) / Ss;
-    if (Ss <= kStagedMaxS && staged_smem(nch, sps_s) <= kStagedMaxSmem) {
-      if (mode == GemvOut::Accumulate)
-        launch_staged<true>(nch, groups, Ss, sps_s, W, rows, cols, x, T, y, stream);
-      else
-        launch_staged<false>(nch, groups, Ss, sps_s, W, rows, cols, x, T, y, stream);
-      return;
-    }
+  if (const int Ss = staged_slices(rows, cols, T, slices); Ss > 0) {
+    const int groups = ceil_div(tiles, kStagedTiles), sps_s = (steps + Ss - 1) / Ss;
+    if (mode == GemvOut::Accumulate)
+      launch_staged<true>(nch, groups, Ss, sps_s, W, rows, cols, x, T, y, stream);
+    else
+      launch_staged<false>(nch, groups, Ss, sps_s, W, rows, cols, x, T, y, stream);
+    return;
   }
   const int sps = (steps + S - 1) / S;
   const bool wide = S > kWarps;

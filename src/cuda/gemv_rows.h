@@ -25,5 +25,8 @@ void gemv_rows(const bf16* W, int rows, int cols, const bf16* x, int T, float* y
 // CUDA backend sets it from CudaOptions::gemv_rows_staged (LILAC_GEMV_ROWS_STAGED=0 for A/B runs).
 void set_gemv_rows_staged_enabled(bool on);
 bool gemv_rows_staged_enabled();
+// Whether a gemv_rows call of this shape would take the staged form (the batched step sends the
+// few-tile matrices of 33-64 rows here instead of to the GEMM when it does).
+bool gemv_rows_staged_takes(int rows, int cols, int T);
 
 }  // namespace lilac::cuda
