@@ -440,4 +440,9 @@ bool gemv_rows_staged_enabled() {
   return g_staged.load();
 }
 
+bool gemv_rows_staged_takes(int rows, int cols, int T) {
+  return T >= 1 && T <= kGemvRowsMax && rows >= 1 && cols >= kStep && cols % kStep == 0 &&
+         staged_slices(rows, cols, T, 0) > 0;
+}
+
 }  // namespace lilac::cuda
