@@ -161,7 +161,7 @@ constexpr size_t staged_smem(int nch, int sps) {
 constexpr size_t kStagedMaxSmem = 112 * 1024;  // else the other form (out_proj at 64 rows: 102 KB)
 
 template <int NCH, bool kAdd>
-__global__ void __launch_bounds__(kThreads, NCH <= 4 ? 3 : 2)  // 3: in_proj's 388 blocks at once
+__global__ void __launch_bounds__(kThreads, NCH <= 4 ? 3 : 2)  // <= 80 registers up to 32 rows
     gemv_rows_staged_kernel(const bf16* __restrict__ W, int rows, int cols,
                             const bf16* __restrict__ x, int T, float* __restrict__ y, int S,
                             int steps_per_slice) {
