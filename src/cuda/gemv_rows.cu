@@ -58,6 +58,23 @@ __device__ __forceinline__ uint4 ld_nc16(const void* p) {
   return v;
 }
 
+// Stores (or adds) a warp's 16-row tile of y for the T tokens: acc[ch][q] is row g (q < 2) or
+// g + 8 of the tile and token 8 ch + 2t + (q & 1).
+template <int NCH, bool kAdd>
+__device__ __forceinline__ void store_tile(float* __restrict__ y, const float (&acc)[NCH][4],
+                                           int tile, int rows, int T, int g, int t) {
+#pragma unroll
+  for (int ch = 0; ch < NCH; ++ch)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int row = tile * 16 + g + (q < 2 ? 0 : 8);
+      const int tok = ch * kTok + 2 * t + (q & 1);
+      if (row >= rows || tok >= T) continue;
+      float* dst = y + size_t(tok) * rows + row;
+      *dst = kAdd ? *dst + acc[ch][q] : acc[ch][q];
+    }
+}
+
 // WARPS warps per block (8, or 16 for matrices of few row tiles: more K-slices per tile).
 template <int NCH, bool kAdd, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32)
@@ -132,16 +149,7 @@ __global__ void __launch_bounds__(WARPS * 32)
       }
   }
   if (tile >= tiles) return;
-#pragma unroll
-  for (int ch = 0; ch < NCH; ++ch)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int row = tile * 16 + g + (q < 2 ? 0 : 8);
-      const int tok = ch * kTok + 2 * t + (q & 1);
-      if (row >= rows || tok >= T) continue;
-      float* dst = y + size_t(tok) * rows + row;
-      *dst = kAdd ? *dst + acc[ch][q] : acc[ch][q];
-    }
+  store_tile<NCH, kAdd>(y, acc, tile, rows, T, g, t);
 }
 
 // ---- staged form (sm_90): x in shared memory, a cluster per 8 tiles, one K-slice per block ----
@@ -268,16 +276,7 @@ __global__ void __launch_bounds__(kThreads, NCH <= 4 ? 3 : 2)  // <= 80 register
     cluster::sync();  // no block leaves while another reads its partials
   }
   if (!owner || tile >= tiles) return;
-#pragma unroll
-  for (int ch = 0; ch < NCH; ++ch)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int row = tile * 16 + g + (q < 2 ? 0 : 8);
-      const int tok = ch * kTok + 2 * t + (q & 1);
-      if (row >= rows || tok >= T) continue;
-      float* dst = y + size_t(tok) * rows + row;
-      *dst = kAdd ? *dst + acc[ch][q] : acc[ch][q];
-    }
+  store_tile<NCH, kAdd>(y, acc, tile, rows, T, g, t);
 #else
   __trap();  // launched only on sm_90 devices (gemv_rows checks)
 #endif
