@@ -268,24 +268,35 @@ __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
 // the first round trip) once per J tiles. The same q_group_dot per group in the same order as
 // the register kernels: bit-identical outputs.
 
-// Group `grp` of the tile at codes / sb (its block at group 0, plane 0) into slot (j, m).
+// Group `grp` of the tile at codes / sb (its block at group 0, plane 0) into slot (j, m) when
+// `on`; else the slot keeps its value. Predicated inside the asm, not branched around: a branch
+// would end the basic block and keep ptxas from interleaving the groups' MMA chains.
 template <int BITS, int NT, int GS>
 __device__ __forceinline__ void load_slot(qtile::QSet<BITS, NT, GS>& w, int j, int m,
-                                          const uint32_t* codes, const uint32_t* sb, int grp) {
+                                          const uint32_t* codes, const uint32_t* sb, int grp,
+                                          bool on) {
   constexpr int P = BITS / 4;
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int p = 0; p < P; ++p)
-    w.cw[j][m][p] = ld_weights<true>(codes + (size_t(grp) * P + p) * kQBlockWords + lane * 4);
-  const uint32_t* q = sb + size_t(grp) * kQSbWords + 2 * (lane >> 2);
-  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];"
-               : "=r"(w.sbv[j][m].x), "=r"(w.sbv[j][m].y)
-               : "l"(q));
+  for (int p = 0; p < P; ++p) {
+    uint4& v = w.cw[j][m][p];
+    asm volatile(
+        "{ .reg .pred q; setp.ne.b32 q, %5, 0;\n"
+        "@q ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4]; }"
+        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+        : "l"(codes + (size_t(grp) * P + p) * kQBlockWords + lane * 4), "r"(int(on)));
+  }
+  uint2& v = w.sbv[j][m];
+  asm volatile(
+      "{ .reg .pred q; setp.ne.b32 q, %3, 0;\n"
+      "@q ld.global.nc.v2.u32 {%0, %1}, [%2]; }"
+      : "+r"(v.x), "+r"(v.y)
+      : "l"(sb + size_t(grp) * kQSbWords + 2 * (lane >> 2)), "r"(int(on)));
 }
 
-// A warp's stream of units: unit u = tile u / nsets (tiles `tile_words` / `tile_sb` apart from
-// codes / sb), groups GS (u % nsets) .. of K (G groups). NT tiles side by side per unit (gate_up:
-// a gate tile and its up tile, `pair_words` / `pair_sb` apart).
+// A warp's stream of units: unit u = (tile, set) in order, tile-major: tiles `tile_words` /
+// `tile_sb` apart from codes / sb, set s = groups [GS s, GS s + GS) of K (G groups). NT tiles side
+// by side per unit (gate_up: a gate tile and its up tile, `pair_words` / `pair_sb` apart).
 struct UnitStream {
   const uint32_t* codes;
   const uint32_t* sb;
@@ -293,15 +304,17 @@ struct UnitStream {
   int G, nsets, units;
 };
 
+// Requests group m of unit (tile, set) into slot m when `on` and the group exists (addresses
+// clamped to group G - 1 so that none points past the tile).
 template <int BITS, int NT, int GS>
 __device__ __forceinline__ void load_unit_group(qtile::QSet<BITS, NT, GS>& w, const UnitStream& us,
-                                                int u, int m) {
-  const int tile = u / us.nsets, grp = (u - tile * us.nsets) * GS + m;
-  if (grp >= us.G) return;
+                                                int tile, int set, int m, bool on) {
+  const int grp = set * GS + m;
+  const int gc = min(grp, us.G - 1);
 #pragma unroll
   for (int j = 0; j < NT; ++j)
     load_slot(w, j, m, us.codes + size_t(tile) * us.tile_words + j * us.pair_words,
-              us.sb + size_t(tile) * us.tile_sb + j * us.pair_sb, grp);
+              us.sb + size_t(tile) * us.tile_sb + j * us.pair_sb, gc, on && grp < us.G);
 }
 
 // Runs the units against the staged x (xs: rows of `stride` words, `count` of them real) with
@@ -312,9 +325,13 @@ __device__ __forceinline__ void run_units(qtile::QSet<BITS, NT, GS>& w, const Un
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const bool has = g < count;
   float y[NT][4] = {};
+  int tile = 0, set = 0;
   for (int u = 0; u < us.units; ++u) {
-    const int tile = u / us.nsets, grp0 = (u - tile * us.nsets) * GS;
+    const int grp0 = set * GS;
     const int ng = min(GS, us.G - grp0);
+    const bool last = set + 1 == us.nsets;  // the tile's last set
+    const int ntile = last ? tile + 1 : tile, nset = last ? 0 : set + 1;
+    const bool more = u + 1 < us.units;
     const uint32_t* xr = xs + g * stride + grp0 * 32;
 #pragma unroll
     for (int m = 0; m < GS; ++m) {
@@ -327,13 +344,14 @@ __device__ __forceinline__ void run_units(qtile::QSet<BITS, NT, GS>& w, const Un
         }
         qtile::q_group_dot(w, m, X, y);
       }
-      if (u + 1 < us.units) load_unit_group(w, us, u + 1, m);
+      load_unit_group(w, us, ntile, nset, m, more);
     }
-    if (grp0 + GS >= us.G) {  // the tile's last set
+    if (last) {
       store(tile, y);
 #pragma unroll
       for (int j = 0; j < NT; ++j) y[j][0] = y[j][1] = y[j][2] = y[j][3] = 0.f;
     }
+    tile = ntile, set = nset;
   }
 }
 
@@ -370,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
     qtile::QSet<BITS, 2, kGateUpSet> w;
     if (p < P) {  // warp-uniform
 #pragma unroll
-      for (int m = 0; m < kGateUpSet; ++m) load_unit_group(w, us, 0, m);
+      for (int m = 0; m < kGateUpSet; ++m) load_unit_group(w, us, 0, 0, m, true);
     }
     stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
     if (p < P) {
@@ -393,8 +411,9 @@ __global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
 }
 
 // J: output tiles per warp (consecutive: th0 = J (y W + warp), ...).
+// 4 blocks per SM (128 registers): at 5 (102) the interleaved groups spilled 120 bytes.
 template <int BITS>
-__global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
+__global__ void __launch_bounds__(kThreads, 4)
     q_moe_pipe_down_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ shared_act,
                            int Is, QMatrix down, QMatrix shared_down, int H, Tiles tiles, int E,
                            int T, int J, float* __restrict__ y, float* __restrict__ shared_out) {
@@ -426,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
     qtile::QSet<BITS, 1, kDownSet> w;
     if (nt > 0) {
 #pragma unroll
-      for (int m = 0; m < kDownSet; ++m) load_unit_group(w, us, 0, m);
+      for (int m = 0; m < kDownSet; ++m) load_unit_group(w, us, 0, 0, m, true);
     }
     stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
     if (nt > 0) {
