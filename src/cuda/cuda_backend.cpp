@@ -62,12 +62,10 @@ CudaOptions CudaOptions::from_environment() {
     const std::string v(k);
     if (v == "registers")
       o.small_moe_kernel = MoeSmallKernel::registers;
-    else if (v == "pipelined")
-      o.small_moe_kernel = MoeSmallKernel::pipelined;
     else if (v == "streamed")
       o.small_moe_kernel = MoeSmallKernel::streamed;
     else if (v != "auto" && v != "automatic")
-      fail("LILAC_SMALL_MOE_KERNEL={}: expected registers, pipelined, streamed or auto", v);
+      fail("LILAC_SMALL_MOE_KERNEL={}: expected registers, streamed or auto", v);
   }
   return o;
 }

@@ -84,13 +84,11 @@ void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gat
 //            = shared_act . shared_down^T.
 // Numerics of the decode kernels (q_gemv: exact (128 + q) products, f32 scale and offset per
 // group), not the prefill kernels' bf16 weights. All four matrices at the same bits (4 or 8).
-// Three implementations, the same results bit for bit: `registers` (each warp loads its weights
-// into registers a set at a time; any GPU), `pipelined` (the same, with the next set requested
-// while the current one computes, and down's warps over 4 output tiles; any GPU) and `streamed`
-// (a producer warp per block streams them into shared memory with Hopper's bulk copy engine;
-// 4-bit on cc 9.x). `automatic`: streamed for more than 64 tokens (prompt chunks, where it is
-// faster) where it runs, else pipelined.
-enum class MoeSmallKernel { automatic, registers, pipelined, streamed };
+// Two implementations, the same results bit for bit: `registers` (each warp loads its weights
+// into registers; any GPU) and `streamed` (a producer warp per block streams them into shared
+// memory with Hopper's bulk copy engine; 4-bit on cc 9.x). `automatic`: streamed for more than
+// 64 tokens (prompt chunks, where it is faster) where it runs, else registers.
+enum class MoeSmallKernel { automatic, registers, streamed };
 bool q_moe_small_supported(const QMatrix& gate_up, const QMatrix& down,
                            const QMatrix& shared_gate_up, const QMatrix& shared_down);
 // Whether `streamed` runs for weights of `bits` on this GPU.

@@ -32,7 +32,6 @@
 // which the launchers take for prompt chunks (T > 64). The kernel lab times both
 // (bench/lab/q_moe_small).
 #include <algorithm>
-#include <cstdlib>
 
 #include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
@@ -250,217 +249,6 @@ __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
         const int c = th * kQTileRows + g + (q < 2 ? 0 : 8);
         out[size_t(seg.row0 + tok) * size_t(H) + c] = acc[0][q];
       }
-    }
-    __syncthreads();  // the staged x is re-used by the next pass
-  }
-}
-
-// ---- pipelined version: the register kernels with the next weights in flight -----------------
-//
-// The register kernels above load a set, wait for it, compute it, and only then load the next:
-// a warp has weights in flight for about half its life, and a down warp (one 4.6 KB tile, one
-// set) requests them only after the block's x rows have landed. Here a warp walks a sequence of
-// units (a unit: GS groups of its NT tiles, as set_dot_staged takes them) and right after group m
-// of unit u has gone through its MMAs it requests group m of unit u + 1 into the same registers
-// (load_slot: volatile, so issued where written), the way q4_gemv_rows.cu's kernel does; unit 0
-// is requested before the x rows are staged. The down kernel gives a warp J consecutive output
-// tiles (units = J tiles x the sets of K), so a block pays its start (routing tables, staging,
-// the first round trip) once per J tiles. The same q_group_dot per group in the same order as
-// the register kernels: bit-identical outputs.
-
-// Group `grp` of the tile at codes / sb (its block at group 0, plane 0) into slot (j, m) when
-// `on`; else the slot keeps its value. Predicated inside the asm, not branched around: a branch
-// would end the basic block and keep ptxas from interleaving the groups' MMA chains.
-template <int BITS, int NT, int GS>
-__device__ __forceinline__ void load_slot(qtile::QSet<BITS, NT, GS>& w, int j, int m,
-                                          const uint32_t* codes, const uint32_t* sb, int grp,
-                                          bool on) {
-  constexpr int P = BITS / 4;
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    uint4& v = w.cw[j][m][p];
-    asm volatile(
-        "{ .reg .pred q; setp.ne.b32 q, %5, 0;\n"
-        "@q ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4]; }"
-        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-        : "l"(codes + (size_t(grp) * P + p) * kQBlockWords + lane * 4), "r"(int(on)));
-  }
-  uint2& v = w.sbv[j][m];
-  asm volatile(
-      "{ .reg .pred q; setp.ne.b32 q, %3, 0;\n"
-      "@q ld.global.nc.v2.u32 {%0, %1}, [%2]; }"
-      : "+r"(v.x), "+r"(v.y)
-      : "l"(sb + size_t(grp) * kQSbWords + 2 * (lane >> 2)), "r"(int(on)));
-}
-
-// A warp's stream of units: unit u = (tile, set) in order, tile-major: tiles `tile_words` /
-// `tile_sb` apart from codes / sb, set s = groups [GS s, GS s + GS) of K (G groups). NT tiles side
-// by side per unit (gate_up: a gate tile and its up tile, `pair_words` / `pair_sb` apart).
-struct UnitStream {
-  const uint32_t* codes;
-  const uint32_t* sb;
-  size_t tile_words, tile_sb, pair_words, pair_sb;
-  int G, nsets, units;
-};
-
-// Requests group m of unit (tile, set) into slot m when `on` and the group exists (addresses
-// clamped to group G - 1 so that none points past the tile).
-template <int BITS, int NT, int GS>
-__device__ __forceinline__ void load_unit_group(qtile::QSet<BITS, NT, GS>& w, const UnitStream& us,
-                                                int tile, int set, int m, bool on) {
-  const int grp = set * GS + m;
-  const int gc = min(grp, us.G - 1);
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-    load_slot(w, j, m, us.codes + size_t(tile) * us.tile_words + j * us.pair_words,
-              us.sb + size_t(tile) * us.tile_sb + j * us.pair_sb, gc, on && grp < us.G);
-}
-
-// Runs the units against the staged x (xs: rows of `stride` words, `count` of them real) with
-// unit 0 already requested; after a tile's last set hands its sums to store(tile, y).
-template <int BITS, int NT, int GS, class Store>
-__device__ __forceinline__ void run_units(qtile::QSet<BITS, NT, GS>& w, const UnitStream& us,
-                                          const uint32_t* xs, int stride, int count, Store store) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const bool has = g < count;
-  float y[NT][4] = {};
-  int tile = 0, set = 0;
-  for (int u = 0; u < us.units; ++u) {
-    const int grp0 = set * GS;
-    const int ng = min(GS, us.G - grp0);
-    const bool last = set + 1 == us.nsets;  // the tile's last set
-    const int ntile = last ? tile + 1 : tile, nset = last ? 0 : set + 1;
-    const bool more = u + 1 < us.units;
-    const uint32_t* xr = xs + g * stride + grp0 * 32;
-#pragma unroll
-    for (int m = 0; m < GS; ++m) {
-      if (m < ng) {  // warp-uniform
-        uint32_t X[4][2];
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-          X[kb][0] = has ? xr[m * 32 + 8 * kb + t] : 0u;
-          X[kb][1] = has ? xr[m * 32 + 8 * kb + t + 4] : 0u;
-        }
-        qtile::q_group_dot(w, m, X, y);
-      }
-      load_unit_group(w, us, ntile, nset, m, more);
-    }
-    if (last) {
-      store(tile, y);
-#pragma unroll
-      for (int j = 0; j < NT; ++j) y[j][0] = y[j][1] = y[j][2] = y[j][3] = 0.f;
-    }
-    tile = ntile, set = nset;
-  }
-}
-
-template <int BITS>
-__global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
-    q_moe_pipe_gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
-                              QMatrix shared_gate_up, int Is, Tiles tiles,
-                              const int32_t* __restrict__ sorted_token, int E, int T,
-                              bf16* __restrict__ act, bf16* __restrict__ shared_act) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  pdl_launch_dependents();
-  pdl_wait();
-  bf16* xs = reinterpret_cast<bf16*>(smem);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int G = H / kQGroup;
-  constexpr int PL = BITS / 4;
-  Segment seg;
-  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
-    const bool shared = it.e == E;
-    const int n = shared ? Is : I;  // outputs per token
-    const int P = n / kQTileRows;   // output tiles
-    const int p = blockIdx.y * kWarps + warp;
-    const int gate_tile = (shared ? 0 : it.e * 2 * P) + p;
-    const UnitStream us{
-        (shared ? shared_gate_up.codes : gate_up.codes) + size_t(gate_tile) * G * PL * kQBlockWords,
-        (shared ? shared_gate_up.sb : gate_up.sb) + size_t(gate_tile) * G * kQSbWords,
-        0,
-        0,
-        size_t(P) * G * PL * kQBlockWords,
-        size_t(P) * G * kQSbWords,
-        G,
-        (G + kGateUpSet - 1) / kGateUpSet,
-        (G + kGateUpSet - 1) / kGateUpSet};
-    qtile::QSet<BITS, 2, kGateUpSet> w;
-    if (p < P) {  // warp-uniform
-#pragma unroll
-      for (int m = 0; m < kGateUpSet; ++m) load_unit_group(w, us, 0, 0, m, true);
-    }
-    stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
-    if (p < P) {
-      bf16* out = shared ? shared_act : act;
-      const int g = lane >> 2, t = lane & 3;
-      run_units(w, us, reinterpret_cast<const uint32_t*>(xs), (H + kXPad) / 2, seg.count,
-                [&](int, const float(&y)[2][4]) {
-#pragma unroll
-                  for (int q = 0; q < 4; ++q) {
-                    const int tok = 2 * t + (q & 1);
-                    if (tok >= seg.count) continue;
-                    const int i = p * kQTileRows + g + (q < 2 ? 0 : 8);
-                    out[size_t(seg.row0 + tok) * size_t(n) + i] =
-                        __float2bfloat16_rn(silu(y[0][q]) * y[1][q]);
-                  }
-                });
-    }
-    __syncthreads();  // the staged x is re-used by the next pass
-  }
-}
-
-// J: output tiles per warp (consecutive: th0 = J (y W + warp), ...).
-// 4 blocks per SM (128 registers): at 5 (102) the interleaved groups spilled 120 bytes.
-template <int BITS>
-__global__ void __launch_bounds__(kThreads, 4)
-    q_moe_pipe_down_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ shared_act,
-                           int Is, QMatrix down, QMatrix shared_down, int H, Tiles tiles, int E,
-                           int T, int J, float* __restrict__ y, float* __restrict__ shared_out) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  pdl_launch_dependents();
-  pdl_wait();
-  bf16* xs = reinterpret_cast<bf16*>(smem);
-  const int TH = H / kQTileRows;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int th0 = (int(blockIdx.y) * kWarps + warp) * J;
-  const int nt = min(J, TH - th0);  // <= 0: no tiles (warp-uniform)
-  constexpr int PL = BITS / 4;
-  Segment seg;
-  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
-    const bool shared = it.e == E;
-    const int K = shared ? Is : I;
-    const int G = K / kQGroup, nsets = (G + kDownSet - 1) / kDownSet;
-    const int tile0 = (shared ? 0 : it.e * TH) + th0;
-    const UnitStream us{
-        (shared ? shared_down.codes : down.codes) + size_t(tile0) * G * PL * kQBlockWords,
-        (shared ? shared_down.sb : down.sb) + size_t(tile0) * G * kQSbWords,
-        size_t(G) * PL * kQBlockWords,
-        size_t(G) * kQSbWords,
-        0,
-        0,
-        G,
-        nsets,
-        nt * nsets};
-    qtile::QSet<BITS, 1, kDownSet> w;
-    if (nt > 0) {
-#pragma unroll
-      for (int m = 0; m < kDownSet; ++m) load_unit_group(w, us, 0, 0, m, true);
-    }
-    stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
-    if (nt > 0) {
-      float* out = shared ? shared_out : y;
-      const int g = lane >> 2, t = lane & 3;
-      run_units(w, us, reinterpret_cast<const uint32_t*>(xs), (K + kXPad) / 2, seg.count,
-                [&](int j, const float(&acc)[1][4]) {
-#pragma unroll
-                  for (int q = 0; q < 4; ++q) {
-                    const int tok = 2 * t + (q & 1);
-                    if (tok >= seg.count) continue;
-                    const int c = (th0 + j) * kQTileRows + g + (q < 2 ? 0 : 8);
-                    out[size_t(seg.row0 + tok) * size_t(H) + c] = acc[0][q];
-                  }
-                });
     }
     __syncthreads();  // the staged x is re-used by the next pass
   }
@@ -814,24 +602,13 @@ void launch_stream_down(const bf16* act, int I, const bf16* shared_act, int Is, 
   LILAC_CUDA_LAUNCHED();
 }
 
-// Output tiles per warp of the pipelined down kernel: 4 (a 16-row pass: 130 x 8 blocks, as many
-// as gate_up's); LILAC_MOE_DOWN_TILES_PER_WARP = 1..16 for experiments.
-int down_tiles_per_warp() {
-  static const int J = [] {
-    const char* v = std::getenv("LILAC_MOE_DOWN_TILES_PER_WARP");
-    const int j = v ? std::atoi(v) : 0;
-    return j >= 1 && j <= 16 ? j : 4;
-  }();
-  return J;
-}
-
 // automatic: streamed for prompt chunks (T > 64) only. Measured on the H200 (s8 run 2, A/B): the
 // 256- and 512-token prefills 14,355 -> 14,858 and 17,242 -> 19,137 tok/s (the 16-token passes
 // read an expert's weights once where the register kernels' 8-token passes read them twice),
 // while the batched decode passes were no faster (16 rows 5.82 -> 5.89 ms per step, 64 rows
 // 11.58 -> 11.54).
 bool use_streamed(MoeSmallKernel kernel, int bits, int T) {
-  if (kernel == MoeSmallKernel::registers || kernel == MoeSmallKernel::pipelined) return false;
+  if (kernel == MoeSmallKernel::registers) return false;
   if (kernel == MoeSmallKernel::streamed) {
     if (!q_moe_small_streamed_available(bits))
       fail("cuda::q_moe_small: the streamed kernels need 4-bit weights on a cc 9.x GPU ({} bits)",
@@ -879,15 +656,6 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   if (bits == 4) allow_smem(q_moe_small_gate_up_kernel<4>, smem);
   if (bits == 8) allow_smem(q_moe_small_gate_up_kernel<8>, smem);
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_gate_up: {} bits", bits);
-  if (kernel != MoeSmallKernel::registers) {
-    if (bits == 4) allow_smem(q_moe_pipe_gate_up_kernel<4>, smem);
-    if (bits == 8) allow_smem(q_moe_pipe_gate_up_kernel<8>, smem);
-    launch_kernel(moe_pdl_enabled(),
-                  bits == 4 ? q_moe_pipe_gate_up_kernel<4> : q_moe_pipe_gate_up_kernel<8>, grid,
-                  dim3(kThreads), smem, stream, x, H, gate_up, I, shared_gate_up, Is, tiles_of(r),
-                  r.sorted_token, r.E, T, act, shared_act);
-    return;
-  }
   launch_kernel(moe_pdl_enabled(),
                 bits == 4 ? q_moe_small_gate_up_kernel<4> : q_moe_small_gate_up_kernel<8>, grid,
                 dim3(kThreads), smem, stream, x, H, gate_up, I, shared_gate_up, Is, tiles_of(r),
@@ -912,22 +680,11 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
     return;
   }
   const int Z = grid_passes(r.T, r.E, r.k);
-  const size_t smem = staged_x_bytes(std::max(I, Is));
-  if (bits != 4 && bits != 8) fail("cuda::q_moe_small_down: {} bits", bits);
-  if (kernel != MoeSmallKernel::registers) {
-    const int J = down_tiles_per_warp();
-    const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps * J)), unsigned(Z));
-    if (bits == 4) allow_smem(q_moe_pipe_down_kernel<4>, smem);
-    if (bits == 8) allow_smem(q_moe_pipe_down_kernel<8>, smem);
-    launch_kernel(moe_pdl_enabled(),
-                  bits == 4 ? q_moe_pipe_down_kernel<4> : q_moe_pipe_down_kernel<8>, grid,
-                  dim3(kThreads), smem, stream, act, I, shared_act, Is, down, shared_down, H,
-                  tiles_of(r), r.E, r.T, J, y, shared_out);
-    return;
-  }
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps)), unsigned(Z));
+  const size_t smem = staged_x_bytes(std::max(I, Is));
   if (bits == 4) allow_smem(q_moe_small_down_kernel<4>, smem);
   if (bits == 8) allow_smem(q_moe_small_down_kernel<8>, smem);
+  if (bits != 4 && bits != 8) fail("cuda::q_moe_small_down: {} bits", bits);
   launch_kernel(moe_pdl_enabled(),
                 bits == 4 ? q_moe_small_down_kernel<4> : q_moe_small_down_kernel<8>, grid,
                 dim3(kThreads), smem, stream, act, I, shared_act, Is, down, shared_down, H,

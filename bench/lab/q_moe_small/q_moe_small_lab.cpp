@@ -233,9 +233,8 @@ void time_case(const Options& opt, MoeSmallKernel kernel, int T) {
 }
 
 bool run(const Options& opt, const Version& v) {
-  const MoeSmallKernel kernel = v.number == 1   ? MoeSmallKernel::registers
-                                : v.number == 2 ? MoeSmallKernel::streamed
-                                                : MoeSmallKernel::pipelined;
+  const MoeSmallKernel kernel =
+      v.number == 1 ? MoeSmallKernel::registers : MoeSmallKernel::streamed;
   if (kernel == MoeSmallKernel::streamed && !cuda::q_moe_small_streamed_available(4)) {
     std::printf("  not available here (the bulk copy engine: a compute capability 9.x GPU)\n");
     return true;
@@ -262,11 +261,6 @@ Op q_moe_small_op() {
               "a producer warp per block streams the weight tiles and x slices into a ring of "
               "shared-memory slots with cp.async.bulk; passes of 16 / 32 tokens for prompts "
               "(production for prompts, T > 64, 4-bit on Hopper)",
-              true},
-             {3, "pipelined",
-              "v1 with the next set's weights requested right after each group's MMAs (into the "
-              "same registers) and the first set before the x staging; down: 4 output tiles "
-              "per warp (LILAC_MOE_DOWN_TILES_PER_WARP)",
               true}},
             run};
 }

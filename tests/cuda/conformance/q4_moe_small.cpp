@@ -47,7 +47,6 @@ std::vector<float> crafted_logits(int T, int E, int k, uint64_t seed,
 const char* kernel_name(cuda::MoeSmallKernel kernel) {
   return kernel == cuda::MoeSmallKernel::streamed    ? "streamed"
          : kernel == cuda::MoeSmallKernel::registers ? "registers"
-         : kernel == cuda::MoeSmallKernel::pipelined ? "pipelined"
                                                      : "automatic";
 }
 
@@ -143,10 +142,9 @@ void check_small(Shape s, int T, uint64_t seed, const std::vector<float>* given_
 LILAC_CONFORMANCE_CASES(q4_moe_small) {
   std::vector<OpCase> cases;
   auto add = [&](Shape s, int T, uint64_t seed) {
-    // Every implementation at 4 bits (the streamed one is Hopper's: it is the one production
+    // Both implementations at 4 bits (the streamed one is Hopper's: it is the one production
     // runs there, so a GPU without it fails the case rather than skipping it).
-    std::vector<cuda::MoeSmallKernel> kernels = {cuda::MoeSmallKernel::registers,
-                                                 cuda::MoeSmallKernel::pipelined};
+    std::vector<cuda::MoeSmallKernel> kernels = {cuda::MoeSmallKernel::registers};
     if (s.bits == 4) kernels.push_back(cuda::MoeSmallKernel::streamed);
     for (cuda::MoeSmallKernel kernel : kernels)
       cases.push_back({"q_moe_small",
@@ -163,8 +161,7 @@ LILAC_CONFORMANCE_CASES(q4_moe_small) {
   for (int bits : {4, 8})
     for (int T : {3, 37, 300})
       add(Shape{128, 16, 4, 64, 64, bits}, T, 600 + uint64_t(T) + uint64_t(bits));
-  // A shared expert wider than the routed ones (its down kernel's K: 3 groups, the routed 1) and
-  // 16 output tiles of down (the pipelined kernel's warps take 4 each: one block per pass).
+  // A shared expert wider than the routed ones (its down kernel's K: 3 groups, the routed 1).
   for (int T : {5, 70}) add(Shape{256, 16, 4, 64, 192, 4}, T, 650 + uint64_t(T));
   return cases;
 }
@@ -195,16 +192,15 @@ TEST(Q4MoeSmall, AwkwardTokensPerExpert) {
   for (int T : {63, 200}) {
     const auto logits = crafted_logits(T, s.E, s.k, 91, choice);
     check_small(s, T, 700, &logits, cuda::MoeSmallKernel::registers);
-    check_small(s, T, 700, &logits, cuda::MoeSmallKernel::pipelined);
     check_small(s, T, 700, &logits, cuda::MoeSmallKernel::streamed);
   }
 }
 
-// The streamed and pipelined kernels do the registers kernels' arithmetic in the same order: their
-// outputs agree bit for bit (so the batch-equals-single tests hold whichever runs). Real shape at
-// decode and prompt sizes (8-, 16- and 32-token passes: T 16 and 64, 256, 512), the tiny shape's
-// partial stages (H 128: 2 groups of a 4-group stage) and its experts of many passes (T 300), a
-// shared expert of another width (Is 192).
+// The streamed kernels do the registers kernels' arithmetic in the same order: their outputs agree
+// bit for bit (so the batch-equals-single tests hold whichever runs). Real shape at decode and
+// prompt sizes (8-, 16- and 32-token passes: T 16 and 64, 256, 512), the tiny shape's partial
+// stages (H 128: 2 groups of a 4-group stage) and its experts of many passes (T 300), a shared
+// expert of another width (Is 192).
 TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
   LILAC_REQUIRE_GPU();
   ASSERT_TRUE(cuda::q_moe_small_streamed_available(4)) << "the streamed kernels need a cc 9.x GPU";
@@ -228,12 +224,9 @@ TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
     for (size_t i = 0; i < logits.size(); ++i) logits[i] = hash_uniform(35, i, 3.f);
     const DeviceRouting route(logits, T, s.E, s.k);
     auto dx = upload_bf16(random_bf16_bits(size_t(T) * size_t(s.H), 1.f, 36));
-    const cuda::MoeSmallKernel kernels[3] = {cuda::MoeSmallKernel::registers,
-                                             cuda::MoeSmallKernel::streamed,
-                                             cuda::MoeSmallKernel::pipelined};
-    std::vector<float> outs[3][4];
-    for (int v = 0; v < 3; ++v) {
-      const auto kernel = kernels[v];
+    std::vector<float> outs[2][4];
+    for (int v = 0; v < 2; ++v) {
+      const auto kernel = v == 0 ? cuda::MoeSmallKernel::registers : cuda::MoeSmallKernel::streamed;
       cuda::DeviceBuffer<cuda::bf16> act(size_t(P) * size_t(s.I)), sact(size_t(T) * size_t(s.Is));
       cuda::DeviceBuffer<float> y(size_t(P) * size_t(s.H)), sout(size_t(T) * size_t(s.H));
       poison(act);
@@ -251,15 +244,14 @@ TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
       outs[v][3] = download(sout);
     }
     const char* names[4] = {"act", "shared_act", "y", "shared_out"};
-    for (int v = 1; v < 3; ++v)
-      for (int o = 0; o < 4; ++o) {
-        ASSERT_EQ(outs[0][o].size(), outs[v][o].size());
-        size_t differ = 0;
-        for (size_t i = 0; i < outs[0][o].size(); ++i)
-          differ += std::memcmp(&outs[0][o][i], &outs[v][o][i], sizeof(float)) != 0;
-        EXPECT_EQ(differ, 0u) << kernel_name(kernels[v]) << " " << names[o] << ": " << differ
-                              << " of " << outs[0][o].size() << " values differ";
-      }
+    for (int o = 0; o < 4; ++o) {
+      ASSERT_EQ(outs[0][o].size(), outs[1][o].size());
+      size_t differ = 0;
+      for (size_t i = 0; i < outs[0][o].size(); ++i)
+        differ += std::memcmp(&outs[0][o][i], &outs[1][o][i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << names[o] << ": " << differ << " of " << outs[0][o].size()
+                            << " values differ";
+    }
   }
 }
 
