@@ -40,7 +40,6 @@
 // grid z = ceil(T / 64) slabs of 64 tokens side by side, each block as above on its slab (since s7;
 // the backend looped over the slabs, one launch each: ~10 us apiece for the router).
 #include <algorithm>
-#include <cstdlib>
 
 #include "cuda/cluster.cuh"
 #include "cuda/launch.h"
@@ -358,17 +357,6 @@ void launch_nch(int nch, const QMatrix& W, const bf16* x, int T, float* y, int S
   }
 }
 
-// The fraction of a wave (in tenths) the slice count aims at: 7; LILAC_Q_GEMV_ROWS_WAVE = 1..40
-// for experiments.
-long long wave_tenths() {
-  static const long long v = [] {
-    const char* e = std::getenv("LILAC_Q_GEMV_ROWS_WAVE");
-    const int t = e ? std::atoi(e) : 0;
-    return t >= 1 && t <= 40 ? t : 7;
-  }();
-  return v;
-}
-
 }  // namespace
 
 bool q_gemv_rows_available() {
@@ -397,7 +385,7 @@ void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
   const long long slots = 2LL * sm_count();
   const int max_s = std::min(kMaxRanks, sets);
   int S = 1;
-  while (S < max_s && 10LL * grid * S * Z < wave_tenths() * slots) S *= 2;
+  while (S < max_s && 10LL * grid * S * Z < 7 * slots) S *= 2;
   S = std::min(S, max_s);
   const int NG = ceil_div(sets, S) * GS;
   S = ceil_div(G, NG);

@@ -32,8 +32,6 @@
 // which the launchers take for prompt chunks (T > 64). The kernel lab times both
 // (bench/lab/q_moe_small).
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
@@ -135,14 +133,17 @@ __device__ __forceinline__ void stage_x(const bf16* __restrict__ x, int K,
 // Adds to y[nt][0..3] (rows g, g + 8 of tile nt x tokens 2t, 2t + 1) the dot products over the
 // groups [GS set, GS set + GS) ∩ [0, G), as q_set_dot_tokens (the kernel lab's
 // bench/lab/q_gemv_rows/v1_set_dot_tokens.cu) did, with the tokens' x in shared memory (xs: rows of
-// `stride` 32-bit words; rows >= count read as zeros), the set's weights already in registers (w).
+// `stride` 32-bit words; rows >= count read as zeros).
 template <int BITS, int NT, int GS>
-__device__ __forceinline__ void set_dot_loaded(const qtile::QSet<BITS, NT, GS>& w, int G, int set,
+__device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT],
+                                               const uint32_t* const (&sb)[NT], int G, int set,
                                                const uint32_t* xs, int stride, int count,
                                                float (&y)[NT][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int grp0 = set * GS;
   const int ng = min(GS, G - grp0);
+  qtile::QSet<BITS, NT, GS> w;
+  qtile::load_qset(w, codes, sb, grp0, ng);
   const bool has = g < count;
   const uint32_t* xr = xs + g * stride + grp0 * 32;
 #pragma unroll
@@ -156,17 +157,6 @@ __device__ __forceinline__ void set_dot_loaded(const qtile::QSet<BITS, NT, GS>& 
     }
     qtile::q_group_dot(w, m, X, y);
   }
-}
-
-// set_dot_loaded after loading the set.
-template <int BITS, int NT, int GS>
-__device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT],
-                                               const uint32_t* const (&sb)[NT], int G, int set,
-                                               const uint32_t* xs, int stride, int count,
-                                               float (&y)[NT][4]) {
-  qtile::QSet<BITS, NT, GS> w;
-  qtile::load_qset(w, codes, sb, set * GS, min(GS, G - set * GS));
-  set_dot_loaded(w, G, set, xs, stride, count, y);
 }
 
 size_t staged_x_bytes(int K) {
@@ -220,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
   }
 }
 
-template <int BITS, bool kEarly>
+template <int BITS>
 __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
     q_moe_small_down_kernel(const bf16* __restrict__ act, int I,
                             const bf16* __restrict__ shared_act, int Is, QMatrix down,
@@ -238,23 +228,18 @@ __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
   for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
     const bool shared = it.e == E;
     const int K = shared ? Is : I;
-    const uint32_t* const wc = shared ? shared_down.codes : down.codes;
-    const uint32_t* const ws = shared ? shared_down.sb : down.sb;
-    const int G = K / kQGroup;
-    const int tile = (shared ? 0 : it.e * TH) + min(th, TH - 1);
-    const uint32_t* const codes[1] = {wc + size_t(tile) * G * PL * kQBlockWords};
-    const uint32_t* const sb[1] = {ws + size_t(tile) * G * kQSbWords};
-    qtile::QSet<BITS, 1, kDownSet> w0;
-    if (kEarly && th < TH) qtile::load_qset(w0, codes, sb, 0, min(kDownSet, G));
     stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
     if (th < TH) {  // warp-uniform
-      const uint32_t* const xw = reinterpret_cast<const uint32_t*>(xs);
+      const uint32_t* const wc = shared ? shared_down.codes : down.codes;
+      const uint32_t* const ws = shared ? shared_down.sb : down.sb;
+      const int G = K / kQGroup;
+      const int tile = (shared ? 0 : it.e * TH) + th;
+      const uint32_t* const codes[1] = {wc + size_t(tile) * G * PL * kQBlockWords};
+      const uint32_t* const sb[1] = {ws + size_t(tile) * G * kQSbWords};
       float acc[1][4] = {};
-      for (int set = 0; set * kDownSet < G; ++set) {
-        if (!kEarly || set > 0)
-          qtile::load_qset(w0, codes, sb, set * kDownSet, min(kDownSet, G - set * kDownSet));
-        set_dot_loaded(w0, G, set, xw, (K + kXPad) / 2, seg.count, acc);
-      }
+      for (int set = 0; set * kDownSet < G; ++set)
+        set_dot_staged<BITS, 1, kDownSet>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
+                                          (K + kXPad) / 2, seg.count, acc);
       float* out = shared ? shared_out : y;
       const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -617,16 +602,6 @@ void launch_stream_down(const bf16* act, int I, const bf16* shared_act, int Is, 
   LILAC_CUDA_LAUNCHED();
 }
 
-// The 4-bit register down kernel's first set before the x staging (kEarly);
-// LILAC_MOE_EARLY_WEIGHTS=0 for A/B.
-bool early_first_set() {
-  static const bool on = [] {
-    const char* v = std::getenv("LILAC_MOE_EARLY_WEIGHTS");
-    return !(v && std::string(v) == "0");
-  }();
-  return on;
-}
-
 // automatic: streamed for prompt chunks (T > 64) only. Measured on the H200 (s8 run 2, A/B): the
 // 256- and 512-token prefills 14,355 -> 14,858 and 17,242 -> 19,137 tok/s (the 16-token passes
 // read an expert's weights once where the register kernels' 8-token passes read them twice),
@@ -678,11 +653,13 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(std::max(I, Is) / kQTileRows, kWarps)),
                   unsigned(Z));
   const size_t smem = staged_x_bytes(H);
+  if (bits == 4) allow_smem(q_moe_small_gate_up_kernel<4>, smem);
+  if (bits == 8) allow_smem(q_moe_small_gate_up_kernel<8>, smem);
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_gate_up: {} bits", bits);
-  auto k = bits == 4 ? q_moe_small_gate_up_kernel<4> : q_moe_small_gate_up_kernel<8>;
-  allow_smem(k, smem);
-  launch_kernel(moe_pdl_enabled(), k, grid, dim3(kThreads), smem, stream, x, H, gate_up, I,
-                shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
+  launch_kernel(moe_pdl_enabled(),
+                bits == 4 ? q_moe_small_gate_up_kernel<4> : q_moe_small_gate_up_kernel<8>, grid,
+                dim3(kThreads), smem, stream, x, H, gate_up, I, shared_gate_up, Is, tiles_of(r),
+                r.sorted_token, r.E, T, act, shared_act);
 }
 
 void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, const QMatrix& down,
@@ -705,14 +682,13 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   const int Z = grid_passes(r.T, r.E, r.k);
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps)), unsigned(Z));
   const size_t smem = staged_x_bytes(std::max(I, Is));
+  if (bits == 4) allow_smem(q_moe_small_down_kernel<4>, smem);
+  if (bits == 8) allow_smem(q_moe_small_down_kernel<8>, smem);
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_down: {} bits", bits);
-  const bool early = early_first_set();  // 4 bits (at 8 the early set spilled 16 bytes)
-  auto k = bits == 4
-               ? (early ? q_moe_small_down_kernel<4, true> : q_moe_small_down_kernel<4, false>)
-               : q_moe_small_down_kernel<8, false>;
-  allow_smem(k, smem);
-  launch_kernel(moe_pdl_enabled(), k, grid, dim3(kThreads), smem, stream, act, I, shared_act, Is,
-                down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
+  launch_kernel(moe_pdl_enabled(),
+                bits == 4 ? q_moe_small_down_kernel<4> : q_moe_small_down_kernel<8>, grid,
+                dim3(kThreads), smem, stream, act, I, shared_act, Is, down, shared_down, H,
+                tiles_of(r), r.E, r.T, y, shared_out);
 }
 
 }  // namespace lilac::cuda
