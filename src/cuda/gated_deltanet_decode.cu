@@ -226,28 +226,12 @@ struct DecodeArgs {
 
 template <int DK, int KC>
 void launch_gdn_decode(const DecodeArgs& a, cudaStream_t stream) {
-  const dim3 grid(a.Dv / kCols, a.Hv, a.B);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(2 * DK);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(a.Dv / kCols);  // the whole grid row: a head's column blocks
-  attr[0].val.clusterDim.y = unsigned(a.Hv / a.Hk);   // the value heads of one key head
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (pdl_for(reinterpret_cast<const void*>(gdn_decode_cluster_kernel<DK, KC>), stream)) {
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.numAttrs = 2;
-  }
-  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_cluster_kernel<DK, KC>, a.proj, a.taps,
-                                      a.conv_state, a.neg_exp_A, a.dt_bias, a.norm_w, a.state, a.Hk,
-                                      a.Hv, a.Dv, a.eps, a.out, a.rows, a.slot, a.proj_stride));
-  LILAC_CUDA_LAUNCHED();
+  // Clusters of the whole grid row (a head's column blocks) x the value heads of one key head.
+  launch_cluster_kernel(true, dim3(unsigned(a.Dv / kCols), unsigned(a.Hv / a.Hk)),
+                        gdn_decode_cluster_kernel<DK, KC>, dim3(a.Dv / kCols, a.Hv, a.B),
+                        dim3(2 * DK), 0, stream, a.proj, a.taps, a.conv_state, a.neg_exp_A,
+                        a.dt_bias, a.norm_w, a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
+                        a.slot, a.proj_stride);
 }
 
 template <int DK>

@@ -246,50 +246,18 @@ struct BatchArgs {
   int B, slot, proj_stride;
 };
 
-template <typename Kernel>
-void fill_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr, Kernel kernel) {
-  if (pdl_for(reinterpret_cast<const void*>(kernel), cfg.stream)) {
-    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-    ++cfg.numAttrs;
-  }
-}
-
 template <int DK, int KC>
 void launch_batch(const BatchArgs& a, bool prep_only, cudaStream_t stream) {
   const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
-  {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(a.Hk), unsigned(a.B));
-    cfg.blockDim = dim3(2 * DK);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    cfg.attrs = attr;
-    cfg.numAttrs = 0;
-    fill_pdl(cfg, attr, gdn_batch_prep_kernel<DK, KC>);
-    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_prep_kernel<DK, KC>, a.proj, a.taps,
-                                        a.conv_state, a.neg_exp_A, a.dt_bias, a.Hk, a.Hv, a.Dv,
-                                        a.ws, ws_row, a.rows, a.slot, a.proj_stride));
-    LILAC_CUDA_LAUNCHED();
-  }
+  launch_kernel(true, gdn_batch_prep_kernel<DK, KC>, dim3(unsigned(a.Hk), unsigned(a.B)),
+                dim3(2 * DK), 0, stream, a.proj, a.taps, a.conv_state, a.neg_exp_A, a.dt_bias, a.Hk,
+                a.Hv, a.Dv, a.ws, ws_row, a.rows, a.slot, a.proj_stride);
   if (prep_only) return;
-  {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(a.Dv / kCols), unsigned(a.Hv), unsigned(a.B));
-    cfg.blockDim = dim3(2 * DK);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(a.Dv / kCols);  // a head's column blocks
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    fill_pdl(cfg, attr, gdn_batch_state_kernel<DK>);
-    LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_state_kernel<DK>, a.ws, ws_row, a.norm_w,
-                                        a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows, a.slot));
-    LILAC_CUDA_LAUNCHED();
-  }
+  // Clusters of a head's column blocks.
+  launch_cluster_kernel(true, dim3(unsigned(a.Dv / kCols)), gdn_batch_state_kernel<DK>,
+                        dim3(unsigned(a.Dv / kCols), unsigned(a.Hv), unsigned(a.B)), dim3(2 * DK),
+                        0, stream, a.ws, ws_row, a.norm_w, a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out,
+                        a.rows, a.slot);
 }
 
 template <int DK>

@@ -58,6 +58,35 @@ __device__ __forceinline__ uint4 ld_nc16(const void* p) {
   return v;
 }
 
+// One round of a warp's weights: kUnroll 64-column steps from step st (clamped to s1 - 1: a
+// clamped repeat is loaded, not used) of rows g (w0) and g + 8 (w1), 2 x 16 bytes each.
+__device__ __forceinline__ void load_round(uint4 (&wa)[kUnroll][2][2], const bf16* w0,
+                                           const bf16* w1, int st, int s1) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int c = min(st + u, s1 - 1) * kStep;
+    wa[u][0][0] = ld_nc16(w0 + c);
+    wa[u][0][1] = ld_nc16(w0 + c + 32);
+    wa[u][1][0] = ld_nc16(w1 + c);
+    wa[u][1][1] = ld_nc16(w1 + c + 32);
+  }
+}
+
+// The four MMAs of one step for one 8-token chunk: A the step's weights w (rows g, g + 8: the
+// words 2kb, 2kb + 1 of each are k-block kb's), B the chunk's x words xw at the same columns.
+__device__ __forceinline__ void mma_step(const uint4 (&w)[2][2], const uint32_t (&xw)[8],
+                                         float (&acc)[4]) {
+  const uint32_t ra[8] = {w[0][0].x, w[0][0].y, w[0][0].z, w[0][0].w,
+                          w[0][1].x, w[0][1].y, w[0][1].z, w[0][1].w};
+  const uint32_t rb[8] = {w[1][0].x, w[1][0].y, w[1][0].z, w[1][0].w,
+                          w[1][1].x, w[1][1].y, w[1][1].z, w[1][1].w};
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    const uint32_t a[4] = {ra[2 * kb], rb[2 * kb], ra[2 * kb + 1], rb[2 * kb + 1]};
+    tile::mma_bf16_16816(acc, a, xw[2 * kb], xw[2 * kb + 1]);
+  }
+}
+
 // Stores (or adds) a warp's 16-row tile of y for the T tokens: acc[ch][q] is row g (q < 2) or
 // g + 8 of the tile and token 8 ch + 2t + (q & 1).
 template <int NCH, bool kAdd>
@@ -98,23 +127,11 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int s0 = slice * steps_per_slice, s1 = min(steps, s0 + steps_per_slice);
     for (int st = s0; st < s1; st += kUnroll) {
       uint4 wa[kUnroll][2][2];  // [step][row g / g + 8][first / second 16 bytes]
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int c = min(st + u, s1 - 1) * kStep;  // a clamped repeat is loaded, not used
-        wa[u][0][0] = ld_nc16(w0 + c);
-        wa[u][0][1] = ld_nc16(w0 + c + 32);
-        wa[u][1][0] = ld_nc16(w1 + c);
-        wa[u][1][1] = ld_nc16(w1 + c + 32);
-      }
+      load_round(wa, w0, w1, st, s1);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (st + u >= s1) break;  // warp-uniform
         const int c = (st + u) * kStep + 8 * t;
-        // A fragments of k-blocks 0..3: row g's words (2kb, 2kb+1), row g+8's likewise.
-        const uint32_t ra[8] = {wa[u][0][0].x, wa[u][0][0].y, wa[u][0][0].z, wa[u][0][0].w,
-                                wa[u][0][1].x, wa[u][0][1].y, wa[u][0][1].z, wa[u][0][1].w};
-        const uint32_t rb[8] = {wa[u][1][0].x, wa[u][1][0].y, wa[u][1][0].z, wa[u][1][0].w,
-                                wa[u][1][1].x, wa[u][1][1].y, wa[u][1][1].z, wa[u][1][1].w};
 #pragma unroll
         for (int ch = 0; ch < NCH; ++ch) {
           const int tok = ch * kTok + g;
@@ -123,11 +140,7 @@ __global__ void __launch_bounds__(WARPS * 32)
           const uint4 xa = has ? ld_nc16(xr) : make_uint4(0, 0, 0, 0);
           const uint4 xb = has ? ld_nc16(xr + 32) : make_uint4(0, 0, 0, 0);
           const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-          for (int kb = 0; kb < 4; ++kb) {
-            const uint32_t a[4] = {ra[2 * kb], rb[2 * kb], ra[2 * kb + 1], rb[2 * kb + 1]};
-            tile::mma_bf16_16816(acc[ch], a, xw[2 * kb], xw[2 * kb + 1]);
-          }
+          mma_step(wa[u], xw, acc[ch]);
         }
       }
     }
@@ -189,18 +202,8 @@ __global__ void __launch_bounds__(kThreads, NCH <= 4 ? 3 : 2)  // <= 80 register
   const bf16* const w0 = W + size_t(r0) * cols + 8 * t;
   const bf16* const w1 = W + size_t(r1) * cols + 8 * t;
   uint4 wa[kUnroll][2][2];  // [step][row g / g + 8][first / second 16 bytes]
-  auto load_round = [&](int st) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = min(st + u, s1 - 1) * kStep;  // a clamped repeat is loaded, not used
-      wa[u][0][0] = ld_nc16(w0 + c);
-      wa[u][0][1] = ld_nc16(w0 + c + 32);
-      wa[u][1][0] = ld_nc16(w1 + c);
-      wa[u][1][1] = ld_nc16(w1 + c + 32);
-    }
-  };
   pdl_launch_dependents();
-  if (active) load_round(s0);  // weights: no kernel writes them, so before the wait
+  if (active) load_round(wa, w0, w1, s0, s1);  // weights: no kernel writes them, so before the wait
   pdl_wait();
   {  // x[tok][64 s0 .. 64 s1) -> xs, 16 bytes per copy; rows past T zero
     const int per_row = (s1 - s0) * kStep / 8;
@@ -220,26 +223,18 @@ __global__ void __launch_bounds__(kThreads, NCH <= 4 ? 3 : 2)  // <= 80 register
   for (int ch = 0; ch < NCH; ++ch) acc[ch][0] = acc[ch][1] = acc[ch][2] = acc[ch][3] = 0.f;
   if (active) {
     for (int st = s0; st < s1; st += kUnroll) {
-      if (st != s0) load_round(st);
+      if (st != s0) load_round(wa, w0, w1, st, s1);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (st + u >= s1) break;                       // warp-uniform
         const int lc = (st + u - s0) * kStep + 8 * t;  // column within the slice
-        const uint32_t ra[8] = {wa[u][0][0].x, wa[u][0][0].y, wa[u][0][0].z, wa[u][0][0].w,
-                                wa[u][0][1].x, wa[u][0][1].y, wa[u][0][1].z, wa[u][0][1].w};
-        const uint32_t rb[8] = {wa[u][1][0].x, wa[u][1][0].y, wa[u][1][0].z, wa[u][1][0].w,
-                                wa[u][1][1].x, wa[u][1][1].y, wa[u][1][1].z, wa[u][1][1].w};
 #pragma unroll
         for (int ch = 0; ch < NCH; ++ch) {
           const unsigned char* xr = xs + (ch * kTok + g) * row_bytes + 2 * lc;
           const uint4 xa = *reinterpret_cast<const uint4*>(xr);
           const uint4 xb = *reinterpret_cast<const uint4*>(xr + 64);
           const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-          for (int kb = 0; kb < 4; ++kb) {
-            const uint32_t a[4] = {ra[2 * kb], rb[2 * kb], ra[2 * kb + 1], rb[2 * kb + 1]};
-            tile::mma_bf16_16816(acc[ch], a, xw[2 * kb], xw[2 * kb + 1]);
-          }
+          mma_step(wa[u], xw, acc[ch]);
         }
       }
     }
@@ -290,25 +285,8 @@ void launch_staged_kernel(int groups, int S, int sps, const bf16* W, int rows, i
   if (smem > 48 * 1024)
     LILAC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(groups * S));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(S);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (pdl_for(reinterpret_cast<const void*>(kernel), stream)) {
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.numAttrs = 2;
-  }
-  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, W, rows, cols, x, T, y, S, sps));
-  LILAC_CUDA_LAUNCHED();
+  launch_cluster_kernel(true, dim3(unsigned(S)), kernel, dim3(unsigned(groups * S)), dim3(kThreads),
+                        smem, stream, W, rows, cols, x, T, y, S, sps);
 }
 
 template <bool kAdd>

@@ -45,6 +45,7 @@
 #include "cuda/launch.h"
 #include "cuda/q4_linear.h"
 #include "cuda/q4_tile.cuh"
+#include "cuda/vec_util.cuh"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -316,29 +317,10 @@ void launch(const QMatrix& W, const bf16* x, int T, float* y, int S, int NG, int
   if (smem > 48 * 1024)
     LILAC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(grid), unsigned(S), unsigned(Z));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (S > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = 1;
-    attr[n].val.clusterDim.y = unsigned(S);
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (cuda::pdl_for(reinterpret_cast<const void*>(kernel), stream)) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = unsigned(n);
-  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, W, x, T, y, NG));
-  LILAC_CUDA_LAUNCHED();
+  // Clusters of the S ranks of a row block along y (none at S = 1).
+  launch_cluster_kernel(true, dim3(1, unsigned(S), 1), kernel,
+                        dim3(unsigned(grid), unsigned(S), unsigned(Z)), dim3(kThreads), smem,
+                        stream, W, x, T, y, NG);
 }
 
 template <int BITS, bool kAdd>

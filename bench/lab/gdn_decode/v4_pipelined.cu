@@ -151,22 +151,14 @@ __global__ void __launch_bounds__(2 * DK, 3)
 #endif
 }
 
-// Grid (nsplit, clusters) of 2 DK threads in clusters of nsplit blocks along x; attr[0] holds the
-// cluster dimension.
+// Grid (nsplit, clusters) of 2 DK threads in clusters of nsplit blocks along x (vec_util.cuh's
+// launch_config; PDL when `pdl`).
 template <int DK>
-cudaLaunchConfig_t cluster_config(int nsplit, int clusters, cudaStream_t stream,
-                                  cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(nsplit), unsigned(clusters));
-  cfg.blockDim = dim3(2 * DK);
-  cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(nsplit);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
+cudaLaunchConfig_t cluster_config(int nsplit, int clusters, cudaStream_t stream, bool pdl,
+                                  cudaLaunchAttribute (&attr)[2]) {
+  return cuda::launch_config(gdn_batch_state_pipelined_kernel<DK>,
+                             dim3(unsigned(nsplit), unsigned(clusters)), dim3(2 * DK), 0, stream,
+                             dim3(unsigned(nsplit)), pdl, attr);
 }
 
 // Clusters of `nsplit` blocks resident at once (0: cannot run).
@@ -175,8 +167,8 @@ int pipelined_clusters(int nsplit) {
   static int cached[kMaxCluster + 1] = {};
   int& n = cached[nsplit];
   if (n == 0) {
-    cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t cfg = cluster_config<DK>(nsplit, 1024, nullptr, attr);
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = cluster_config<DK>(nsplit, 1024, nullptr, false, attr);
     if (cudaOccupancyMaxActiveClusters(&n, gdn_batch_state_pipelined_kernel<DK>, &cfg) !=
         cudaSuccess) {
       (void)cudaGetLastError();
@@ -192,12 +184,8 @@ void launch_state(const GdnDecodeBatchArgs& a, cudaStream_t stream) {
   const int nsplit = a.Dv / kCols, clusters = pipelined_clusters<DK>(nsplit);
   if (clusters <= 0) fail("gdn_decode v4: no cluster of {} blocks fits an SM", nsplit);
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t cfg = cluster_config<DK>(nsplit, std::min(clusters, a.Hv * a.B), stream, attr);
-  if (cuda::pdl_for(reinterpret_cast<const void*>(gdn_batch_state_pipelined_kernel<DK>), stream)) {
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.numAttrs = 2;
-  }
+  const cudaLaunchConfig_t cfg =
+      cluster_config<DK>(nsplit, std::min(clusters, a.Hv * a.B), stream, true, attr);
   LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_state_pipelined_kernel<DK>, a.workspace,
                                       ws_row, a.norm_w, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
                                       a.slot, a.B));

@@ -172,10 +172,11 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
 #endif
 }
 
-// A launch of the state kernel: `blocks` blocks in clusters of `nsplit` (attr[0]; attr has room for
-// one more attribute).
+// A launch of the state kernel: `blocks` blocks in clusters of `nsplit` (vec_util.cuh's
+// launch_config; PDL when `pdl`).
 template <int DK>
-cudaLaunchConfig_t cluster_config(int blocks, int nsplit, cudaLaunchAttribute (&attr)[2]);
+cudaLaunchConfig_t cluster_config(int blocks, int nsplit, cudaStream_t stream, bool pdl,
+                                  cudaLaunchAttribute (&attr)[2]);
 
 template <int DK>
 size_t persistent_smem_bytes() {
@@ -197,7 +198,7 @@ int persistent_clusters(int nsplit) {
   LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         int(cudaSharedmemCarveoutMaxShared)));
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = cluster_config<DK>(nsplit, nsplit, attr);
+  const cudaLaunchConfig_t cfg = cluster_config<DK>(nsplit, nsplit, nullptr, false, attr);
   int n = 0;
   LILAC_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
   if (n < 1) fail("gdn_decode v5: the persistent state kernel fits no cluster of {}", nsplit);
@@ -206,18 +207,11 @@ int persistent_clusters(int nsplit) {
 }
 
 template <int DK>
-cudaLaunchConfig_t cluster_config(int blocks, int nsplit, cudaLaunchAttribute (&attr)[2]) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(blocks));
-  cfg.blockDim = dim3(2 * DK);
-  cfg.dynamicSmemBytes = persistent_smem_bytes<DK>();
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(nsplit);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
+cudaLaunchConfig_t cluster_config(int blocks, int nsplit, cudaStream_t stream, bool pdl,
+                                  cudaLaunchAttribute (&attr)[2]) {
+  return cuda::launch_config(gdn_batch_state_persistent_kernel<DK>, dim3(unsigned(blocks)),
+                             dim3(2 * DK), persistent_smem_bytes<DK>(), stream,
+                             dim3(unsigned(nsplit)), pdl, attr);
 }
 
 template <int DK>
@@ -226,13 +220,7 @@ void launch_state(const GdnDecodeBatchArgs& a, cudaStream_t stream) {
   const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
   const int clusters = std::min(items, persistent_clusters<DK>(nsplit));
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t cfg = cluster_config<DK>(clusters * nsplit, nsplit, attr);
-  cfg.stream = stream;
-  if (cuda::pdl_for(reinterpret_cast<const void*>(gdn_batch_state_persistent_kernel<DK>), stream)) {
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.numAttrs = 2;
-  }
+  const cudaLaunchConfig_t cfg = cluster_config<DK>(clusters * nsplit, nsplit, stream, true, attr);
   LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_batch_state_persistent_kernel<DK>, a.workspace,
                                       ws_row, a.norm_w, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
                                       a.slot, items));

@@ -42,6 +42,7 @@
 #include "cuda/cluster.cuh"
 #include "cuda/q4_linear.h"
 #include "cuda/q4_tile.cuh"
+#include "cuda/vec_util.cuh"
 #include "q_gemv_rows_lab.h"
 #include "util/error.h"
 
@@ -258,27 +259,9 @@ void launch(const QMatrix& W, const bf16* x, int T, float* y, int S, int SL, int
   if (smem > 48 * 1024)
     LILAC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(grid), unsigned(S));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  attr[n].id = cudaLaunchAttributeClusterDimension;
-  attr[n].val.clusterDim.x = 1;
-  attr[n].val.clusterDim.y = unsigned(S);
-  attr[n].val.clusterDim.z = 1;
-  ++n;
-  if (pdl_for(reinterpret_cast<const void*>(kernel), stream)) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = unsigned(n);
-  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, W, x, T, y, SL));
-  LILAC_CUDA_LAUNCHED();
+  cuda::launch_cluster_kernel(true, dim3(1, unsigned(S), 1), kernel,
+                              dim3(unsigned(grid), unsigned(S)), dim3(kThreads), smem, stream, W, x,
+                              T, y, SL);
 }
 
 template <int BITS, bool kAdd>
