@@ -318,9 +318,12 @@ void launch(const QMatrix& W, const bf16* x, int T, float* y, int S, int NG, int
     LILAC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   // Clusters of the S ranks of a row block along y (none at S = 1).
-  launch_cluster_kernel(true, dim3(1, unsigned(S), 1), kernel,
-                        dim3(unsigned(grid), unsigned(S), unsigned(Z)), dim3(kThreads), smem,
-                        stream, W, x, T, y, NG);
+  const dim3 blocks(unsigned(grid), unsigned(S), unsigned(Z));
+  if (S > 1)
+    launch_cluster_kernel(true, dim3(1, unsigned(S), 1), kernel, blocks, dim3(kThreads), smem,
+                          stream, W, x, T, y, NG);
+  else
+    launch_kernel(true, kernel, blocks, dim3(kThreads), smem, stream, W, x, T, y, NG);
 }
 
 template <int BITS, bool kAdd>

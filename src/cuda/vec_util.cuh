@@ -234,14 +234,14 @@ int resident_blocks_per_sm(Kernel kernel, int threads, size_t dynamic_smem = 0) 
   return n > 0 ? n : 1;
 }
 
-// The configuration of a launch of `kernel`: grid, block, dynamic shared memory and stream; in
-// thread-block clusters of `cluster` blocks (no cluster attribute at 1 x 1 x 1); with programmatic
-// stream serialization when `pdl` is set and launch.h's pdl_for allows it for this kernel and
-// stream. The returned config points into `attr`, which must outlive its use (a launch or an
-// occupancy query).
+// The configuration of a launch of `kernel`: grid, block, dynamic shared memory and stream, with
+// programmatic stream serialization when `pdl` is set and launch.h's pdl_for allows it for this
+// kernel and stream; with `cluster`, in thread-block clusters of that shape (the attribute is set
+// even at 1 x 1 x 1: cudaOccupancyMaxActiveClusters needs it). The returned config points into
+// `attr`, which must outlive its use (a launch or an occupancy query).
 template <typename Kernel>
 cudaLaunchConfig_t launch_config(Kernel kernel, dim3 grid, dim3 block, size_t smem,
-                                 cudaStream_t stream, dim3 cluster, bool pdl,
+                                 cudaStream_t stream, const dim3* cluster, bool pdl,
                                  cudaLaunchAttribute (&attr)[2]) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -250,11 +250,11 @@ cudaLaunchConfig_t launch_config(Kernel kernel, dim3 grid, dim3 block, size_t sm
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 0;
-  if (cluster.x * cluster.y * cluster.z > 1) {
+  if (cluster) {
     attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attr[cfg.numAttrs].val.clusterDim.x = cluster.x;
-    attr[cfg.numAttrs].val.clusterDim.y = cluster.y;
-    attr[cfg.numAttrs].val.clusterDim.z = cluster.z;
+    attr[cfg.numAttrs].val.clusterDim.x = cluster->x;
+    attr[cfg.numAttrs].val.clusterDim.y = cluster->y;
+    attr[cfg.numAttrs].val.clusterDim.z = cluster->z;
     ++cfg.numAttrs;
   }
   if (pdl && pdl_for(reinterpret_cast<const void*>(kernel), stream)) {
@@ -265,12 +265,10 @@ cudaLaunchConfig_t launch_config(Kernel kernel, dim3 grid, dim3 block, size_t sm
   return cfg;
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...) in clusters of `cluster` blocks, with
-// programmatic stream serialization when `pdl` is set and pdl_for allows it (the kernel must then
-// call pdl_wait() before its first dependent access: see above). Checks the launch.
+// The body of launch_kernel and launch_cluster_kernel below (cluster null: no clusters).
 template <typename... Params, typename... Args>
-void launch_cluster_kernel(bool pdl, dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
-                           size_t smem, cudaStream_t stream, Args&&... args) {
+void launch_with(const dim3* cluster, bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block,
+                 size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg =
       launch_config(kernel, grid, block, smem, stream, cluster, pdl, attr);
@@ -278,12 +276,20 @@ void launch_cluster_kernel(bool pdl, dim3 cluster, void (*kernel)(Params...), di
   LILAC_CUDA_LAUNCHED();
 }
 
-// The same without clusters.
+// Launches kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization
+// when `pdl` is set and pdl_for allows it for this kernel and stream (the kernel must then call
+// pdl_wait() before its first dependent access: see above). Checks the launch.
 template <typename... Params, typename... Args>
 void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                    cudaStream_t stream, Args&&... args) {
-  launch_cluster_kernel(pdl, dim3(1, 1, 1), kernel, grid, block, smem, stream,
-                        std::forward<Args>(args)...);
+  launch_with(nullptr, pdl, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// The same in thread-block clusters of `cluster` blocks.
+template <typename... Params, typename... Args>
+void launch_cluster_kernel(bool pdl, dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
+                           size_t smem, cudaStream_t stream, Args&&... args) {
+  launch_with(&cluster, pdl, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace lilac::cuda
