@@ -318,7 +318,7 @@ void launch(const QMatrix& W, const bf16* x, int T, float* y, int S, int NG, int
     LILAC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   // Clusters of the S ranks of a row block along y (none at S = 1).
-  const dim3 blocks(unsigned(grid), unsigned(S), unsigned(Z));
+  const dim3 blocks{unsigned(grid), unsigned(S), unsigned(Z)};
   if (S > 1)
     launch_cluster_kernel(true, dim3(1, unsigned(S), 1), kernel, blocks, dim3(kThreads), smem,
                           stream, W, x, T, y, NG);

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(2 * DK, 3)
 template <int DK>
 cudaLaunchConfig_t cluster_config(int nsplit, int clusters, cudaStream_t stream, bool pdl,
                                   cudaLaunchAttribute (&attr)[2]) {
-  const dim3 cluster(unsigned(nsplit));
+  const dim3 cluster{unsigned(nsplit)};
   return cuda::launch_config(gdn_batch_state_pipelined_kernel<DK>,
                              dim3(unsigned(nsplit), unsigned(clusters)), dim3(2 * DK), 0, stream,
                              &cluster, pdl, attr);

@@ -209,7 +209,7 @@ int persistent_clusters(int nsplit) {
 template <int DK>
 cudaLaunchConfig_t cluster_config(int blocks, int nsplit, cudaStream_t stream, bool pdl,
                                   cudaLaunchAttribute (&attr)[2]) {
-  const dim3 cluster(unsigned(nsplit));
+  const dim3 cluster{unsigned(nsplit)};
   return cuda::launch_config(gdn_batch_state_persistent_kernel<DK>, dim3(unsigned(blocks)),
                              dim3(2 * DK), persistent_smem_bytes<DK>(), stream, &cluster, pdl,
                              attr);
