@@ -114,6 +114,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr uint32_t kStage = uint32_t(stage_bytes(NCH, XG));
   // 4 bits: A = 128 + q (no conversion), offset 128; 8 bits: A = q rebuilt exactly, offset 0.
   constexpr float kOffset = P == 1 ? 128.f : 0.f;
+  // Up to 16 tokens the group sums Sx come from MMAs with an all-ones A on the B fragments the
+  // products load anyway (+4 MMAs per chunk and group), not from a pass over the staged x: in the
+  // s14 profile that pass (half the warps summing while all wait at a barrier) was a fifth of the
+  // instructions on every stage's critical path. At 32-64 tokens the pass stays (4-8 chunks would
+  // pay 16-32 MMAs per group).
+  constexpr bool kMmaSums = NCH <= 2;
+  const uint32_t kOnes[4] = {qtile::kBf16x2One, qtile::kBf16x2One, qtile::kBf16x2One,
+                             qtile::kBf16x2One};
   pdl_launch_dependents();  // PDL (launch.h): x is the previous kernel's output
   if constexpr (kSlabs) {   // slab z: tokens [64 z, 64 z + 64) of x and y
     x += size_t(blockIdx.z) * kQGemvRowsMax * size_t(W.cols);
@@ -161,6 +169,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_wait_all();
     __syncthreads();  // (1)
     if (j + 1 < nst) issue(j + 1);
+    if constexpr (kMmaSums) return;  // the group sums come from the MMAs (below)
     const int xg = min(XG, ngb - j * XG);
     const bf16* xs = reinterpret_cast<const bf16*>(smem + (j & 1) * kStage);
     float* sxs = reinterpret_cast<float*>(smem + (j & 1) * kStage + size_t(R) * LDX * 2);
@@ -244,7 +253,19 @@ __global__ void __launch_bounds__(kThreads, 2)
         qtile::mma_bf16_16816(c, a[1], b[0][2], b[0][3]);
         qtile::mma_bf16_16816(c, a[2], b[1][0], b[1][1]);
         qtile::mma_bf16_16816(c, a[3], b[1][2], b[1][3]);
-        const float2 sx = *reinterpret_cast<const float2*>(sxm + ch * kTok);  // tokens 2t, 2t+1
+        float2 sx;  // the group sums of tokens 2t, 2t + 1
+        if constexpr (kMmaSums) {
+          // An all-ones A: every row of D is the column sums of B, i.e. each token's sum of the
+          // group's 64 x values (as q4_tile.cuh's q_group_dot takes them).
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
+          qtile::mma_bf16_16816(d, kOnes, b[0][0], b[0][1]);
+          qtile::mma_bf16_16816(d, kOnes, b[0][2], b[0][3]);
+          qtile::mma_bf16_16816(d, kOnes, b[1][0], b[1][1]);
+          qtile::mma_bf16_16816(d, kOnes, b[1][2], b[1][3]);
+          sx = make_float2(d[0], d[1]);
+        } else {
+          sx = *reinterpret_cast<const float2*>(sxm + ch * kTok);
+        }
         acc[ch][0] = fmaf(o0, sx.x, fmaf(s0, c[0], acc[ch][0]));
         acc[ch][1] = fmaf(o0, sx.y, fmaf(s0, c[1], acc[ch][1]));
         acc[ch][2] = fmaf(o1, sx.x, fmaf(s1, c[2], acc[ch][2]));
