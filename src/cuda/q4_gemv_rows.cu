@@ -29,6 +29,7 @@
 //   Sx of stage j into buffer b          (no warp reads it before (2); its last readers, stage
 //                                           j - 2, finished before (1) of stage j - 1)
 //   __syncthreads                      (2) Sx visible
+// (Up to 16 tokens neither Sx nor (2): the group sums come from MMAs in the chunk loop.)
 // At most one stage of copies is in flight per thread, so cp.async.wait_all (= commit + wait_group
 // 0) is the whole group accounting. Barriers sit outside the `active` branch: every warp, active or
 // not, walks the same (block-uniform) group loop.
