@@ -330,6 +330,26 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 // ---- combine
 // -------------------------------------------------------------------------------------
 
+// acc += s v, per component (f32, as the combine has always summed).
+__device__ __forceinline__ void add_scaled(float4& acc, float s, const float4& v) {
+  acc.x += s * v.x;
+  acc.y += s * v.y;
+  acc.z += s * v.z;
+  acc.w += s * v.w;
+}
+
+// h + (experts + gate shared): the combined row's four columns, in the combine's order.
+__device__ __forceinline__ float4 combined(float4 experts, float gate, const float4& shared,
+                                           const float4& h) {
+  add_scaled(experts, gate, shared);
+  float4 o = h;
+  o.x += experts.x;
+  o.y += experts.y;
+  o.z += experts.z;
+  o.w += experts.w;
+  return o;
+}
+
 // Grid: a block per token row t (256 threads). KT > 0 (the model's k = 8 at H <= 2048): each
 // thread's PER columns (float4) and their KT expert rows, the shared row and h are all loaded
 // before the first sum, so a thread waits for one L2 round trip instead of one per column pass and
@@ -379,46 +399,16 @@ __global__ void __launch_bounds__(256)
       if (c >= H4) continue;
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int j = 0; j < KT; ++j) {
-        const float s = sw[j];
-        acc.x += s * v[p][j].x;
-        acc.y += s * v[p][j].y;
-        acc.z += s * v[p][j].z;
-        acc.w += s * v[p][j].w;
-      }
-      acc.x += gate * sv[p].x;
-      acc.y += gate * sv[p].y;
-      acc.z += gate * sv[p].z;
-      acc.w += gate * sv[p].w;
-      float4 o = hv[p];
-      o.x += acc.x;
-      o.y += acc.y;
-      o.z += acc.z;
-      o.w += acc.w;
-      ht[c] = o;
+      for (int j = 0; j < KT; ++j) add_scaled(acc, sw[j], v[p][j]);
+      ht[c] = combined(acc, gate, sv[p], hv[p]);
     }
   } else {
     for (int c = threadIdx.x; c < H / 4; c += blockDim.x) {
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int j = 0; j < k; ++j) {
-        const float4 v = reinterpret_cast<const float4*>(y + size_t(sp[j]) * size_t(H))[c];
-        const float s = sw[j];
-        acc.x += s * v.x;
-        acc.y += s * v.y;
-        acc.z += s * v.z;
-        acc.w += s * v.w;
-      }
+      for (int j = 0; j < k; ++j)
+        add_scaled(acc, sw[j], reinterpret_cast<const float4*>(y + size_t(sp[j]) * size_t(H))[c]);
       const float4 sv = sh[c];
-      acc.x += gate * sv.x;
-      acc.y += gate * sv.y;
-      acc.z += gate * sv.z;
-      acc.w += gate * sv.w;
-      float4 o = ht[c];
-      o.x += acc.x;
-      o.y += acc.y;
-      o.z += acc.z;
-      o.w += acc.w;
-      ht[c] = o;
+      ht[c] = combined(acc, gate, sv, ht[c]);
     }
   }
   if (norm_scale) {   // the next norm of the new row, by rms_norm's own function (bit for bit)
