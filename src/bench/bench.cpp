@@ -117,7 +117,8 @@ std::vector<BenchRow> run_bench(Backend& backend, const BenchOptions& o) {
     row.decode_tok_s = 1.0 / step_s;
     // The decode steps run at contexts L .. L+steps; use the middle one for the byte count.
     row.decode_bw_fraction =
-        decode_bytes(cfg, L + o.decode_steps / 2, o.bytes_per_weight) / step_s / o.copy_bandwidth;
+        decode_bytes(cfg, L + o.decode_steps / 2, o.bytes_per_weight, o.state_bytes_per_value) /
+        step_s / o.copy_bandwidth;
     row.prefill_tflops = prefill_flops(cfg, L) / median(row.prefill_s) / 1e12;
     rows.push_back(row);
   }

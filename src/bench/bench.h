@@ -26,8 +26,9 @@ struct BenchOptions {
   int32_t n_real_tokens = 0;  // ids of the synthetic prompt are < this (0: the model's vocab)
   std::optional<SamplingParams> sampled;  // also time sampled decode with these (seeded)
   double bytes_per_weight = 2.0;
-  double copy_bandwidth = 4.3e12;  // measured device copy rate, bytes/s (roofline denominator)
-  double matmul_rate = 790e12;     // measured bf16 dense rate, FLOP/s
+  double state_bytes_per_value = 4.0;  // the GDN recurrent state's format: 4 f32, 2 bf16
+  double copy_bandwidth = 4.3e12;      // measured device copy rate, bytes/s (roofline denominator)
+  double matmul_rate = 790e12;         // measured bf16 dense rate, FLOP/s
   std::function<void(const std::string&)> progress;  // one line per finished round
 };
 

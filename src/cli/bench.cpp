@@ -2,6 +2,7 @@
 // model.
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "bench/bench.h"
@@ -21,7 +22,8 @@ namespace {
 struct BenchCliOptions {
   std::string model, device = "auto", weights = "auto", json_out, lengths, concurrency;
   std::string sampling = "default";
-  std::string router;  // synthetic only: uniform (default) or zipf
+  std::string router;                    // synthetic only: uniform (default) or zipf
+  std::optional<std::string> gdn_state;  // --gdn-state f32 | bf16 (unset: the backend's default)
   int64_t prompt_tokens = 1024;
   bool synthetic = false;
   int rounds = 3, decode = 64;
@@ -51,6 +53,7 @@ int run_bench_cli(const BenchCliOptions& o) {
   if (o.rounds < 1 || o.decode < 1) fail("--rounds and --decode must be >= 1");
   if (!o.synthetic && !o.router.empty()) fail("--router goes with --synthetic");
   const SyntheticRouter router = parse_synthetic_router(o.router.empty() ? "uniform" : o.router);
+  const std::optional<GdnStateFormat> gdn_flag = runtime::parse_gdn_state_flag(o.gdn_state);
   std::unique_ptr<Model> model;
   std::unique_ptr<Backend> backend;
   std::string model_name;
@@ -79,7 +82,7 @@ int run_bench_cli(const BenchCliOptions& o) {
   if (o.sampling == "default" && !sampled.greedy()) bo.sampled = sampled;
   if (o.synthetic) {
     weights = runtime::synthetic_weights(choice);
-    backend = runtime::open_synthetic_backend(o.device, weights, o.seed, router);
+    backend = runtime::open_synthetic_backend(o.device, weights, o.seed, router, gdn_flag);
     model_name = router == SyntheticRouter::Zipf
                      ? "synthetic Qwen3.6-35B-A3B (random weights, zipf router: router rows "
                        "scaled by (expert rank + 1)^-0.25, Zipf-like skewed routing)"
@@ -92,7 +95,7 @@ int run_bench_cli(const BenchCliOptions& o) {
     // the GPU at load for cuda); a quantized checkpoint runs as it is.
     const runtime::WeightsPlan plan = runtime::plan_weights(choice, *model);
     weights = plan.four_bit ? "q4" : "bf16";
-    backend = runtime::open_backend(*model, o.device, plan.quantize_at_load);
+    backend = runtime::open_backend(*model, o.device, plan.quantize_at_load, gdn_flag);
     model_name = o.model;
   }
   // --concurrency alone runs only the concurrency sweep; with --lengths, both.
@@ -116,8 +119,12 @@ int run_bench_cli(const BenchCliOptions& o) {
   bo.prefill_chunk = o.prefill_chunk;
   bo.bytes_per_weight = weights == "q4" ? 4.5 / 8 : 2.0;
   bo.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  std::fprintf(stderr, "bench: %s on %s\n", model_name.c_str(),
-               backend->device_description().c_str());
+  // The state format the backend runs with: the flag, else its default (on cuda
+  // LILAC_GDN_STATE can set it).
+  const char* gdn_state = gdn_state_format_name(runtime::gdn_state_format(*backend));
+  bo.state_bytes_per_value = runtime::gdn_state_format(*backend) == GdnStateFormat::bf16 ? 2 : 4;
+  std::fprintf(stderr, "bench: %s on %s, %s weights, Gated DeltaNet state %s\n", model_name.c_str(),
+               backend->device_description().c_str(), weights.c_str(), gdn_state);
   if (bo.sampled)
     std::fprintf(stderr,
                  "sampled decode: temperature %.2f, top_p %.2f, top_k %d, min_p %.2f, presence "
@@ -138,6 +145,7 @@ int run_bench_cli(const BenchCliOptions& o) {
                              {"gpu", backend->device_description()},
                              {"device", backend->name()},
                              {"weights", weights},
+                             {"gdn_state", gdn_state},
                              {"model", model_name},
                              {"rounds", o.rounds},
                              {"decode_steps", o.decode},
@@ -178,6 +186,9 @@ const Command kBench{
                      "auto, bf16, fp8 or q4 (the checkpoint's format; q4 on a BF16 or FP8 "
                      "checkpoint quantizes at load; the synthetic model: bf16 or q4)")
           ->default_val("auto");
+      app.add_option("--gdn-state", o->gdn_state,
+                     "How the Gated DeltaNet recurrent state is kept between steps: f32 (the "
+                     "default; as the references) or bf16 (rounded each time it is stored)");
       app.add_option("--lengths", o->lengths, "Comma-separated context lengths (default: the ten)");
       app.add_option("--concurrency", o->concurrency,
                      "Comma-separated sequence counts: N prompts of --prompt-tokens ids, then "

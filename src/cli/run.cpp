@@ -10,6 +10,7 @@
 #include "cli/command.h"
 #include "cli/console.h"
 #include "cli/terminal.h"
+#include "runtime/backends.h"
 #include "runtime/model_setup.h"
 #include "util/error.h"
 
@@ -32,6 +33,9 @@ void add_gen_options(CLI::App& app, GenOptions& o) {
                  "quantizes at load)")
       ->capture_default_str();
   app.add_option("--ctx-size", o.ctx_size, "Context size in tokens");
+  app.add_option("--gdn-state", o.gdn_state,
+                 "How the Gated DeltaNet recurrent state is kept between steps: f32 (the "
+                 "default; as the references) or bf16 (rounded each time it is stored)");
   app.add_option("--max-tokens", o.max_tokens,
                  "Most tokens to generate (default: up to the context)");
   app.add_option("--temperature", o.temperature,
@@ -47,12 +51,14 @@ void add_gen_options(CLI::App& app, GenOptions& o) {
 
 std::unique_ptr<runtime::LoadedModel> load_for_terminal(const GenOptions& o) {
   using namespace lilac::runtime;
+  const std::optional<GdnStateFormat> gdn_state = parse_gdn_state_flag(o.gdn_state);
   ModelChoice choice = choose_model(o.model);
   if (choice.demo) std::fprintf(stderr, "warning: %s\n", demo_warning().c_str());
   LoadOptions lo;
   lo.device = o.device;
   lo.weights = o.weights;
   lo.context_size = o.ctx_size;
+  lo.gdn_state = gdn_state;
   lo.queue_capacity = 1;
   lo.parallel = 1;  // one conversation at a time: one slot
   Progress progress("lilac: ");

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cli/command.h"
@@ -48,6 +49,7 @@ struct ServeOptions {
   std::string router;                // with --synthetic: uniform (default) or zipf
   std::string chat_template_kwargs;  // JSON object: defaults for every chat request
   std::vector<std::string> cors;
+  std::optional<std::string> gdn_state;  // --gdn-state f32 | bf16 (unset: the backend's default)
   int port = 8080, queue = 64, threads = 0, parallel = 0;
   int64_t ctx_size = 0, snapshot_mb = 1024, max_body_mb = 16, step_tokens = 0;
   double grace = 10;
@@ -77,6 +79,7 @@ int run_serve(const ServeOptions& o) {
   if (o.grace < 0) fail("--grace {} must be >= 0", o.grace);
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
     fail("--device {}: expected cuda, cpu or auto", o.device);
+  const std::optional<GdnStateFormat> gdn_state = parse_gdn_state_flag(o.gdn_state);
 
   nlohmann::json template_kwargs = nlohmann::json::object();
   if (!o.chat_template_kwargs.empty()) {
@@ -152,6 +155,7 @@ int run_serve(const ServeOptions& o) {
   lo.parallel = o.parallel;
   lo.step_tokens = o.step_tokens;
   lo.snapshot_bytes = size_t(o.snapshot_mb) << 20;
+  lo.gdn_state = gdn_state;
   if (hooked) {
     lo.replace_backend = hook->make_backend;
     lo.replace_backend_note = hook->progress_note();
@@ -163,8 +167,8 @@ int run_serve(const ServeOptions& o) {
     lo.weights = weights;
     Log::info(std::string("synthetic model router: ") + synthetic_router_name(router));
     lm = load_synthetic_for_serving(lo, o.tokenizer, [&] {
-      return open_synthetic_backend(o.device == "auto" ? "cuda" : o.device, weights, o.seed,
-                                    router);
+      return open_synthetic_backend(o.device == "auto" ? "cuda" : o.device, weights, o.seed, router,
+                                    gdn_state);
     });
   } else {
     lm = load_for_serving(choice, lo);
@@ -256,6 +260,11 @@ const Command kServe{
       app.add_option("--step-tokens", o->step_tokens,
                      "Most tokens in one batched step: decode tokens plus prompt pieces "
                      "(default: 4096 on cuda, 2048 on the cpu)");
+      app.add_option(
+          "--gdn-state", o->gdn_state,
+          "How the Gated DeltaNet recurrent state is kept between steps: f32 (the default; as "
+          "the references) or bf16 (rounded each time it is stored: half the memory "
+          "and the bytes a batched decode step moves)");
       app.add_flag("--synthetic", o->synthetic,
                    "Serve the full-size model with random weights made on the GPU (benchmarks; "
                    "prompts as token ids via /v1/completions or through --tokenizer)");

@@ -18,6 +18,7 @@ struct GenOptions {
   std::optional<float> temperature, top_p;
   std::optional<int> top_k;
   std::optional<uint64_t> seed;
+  std::optional<std::string> gdn_state;  // --gdn-state f32 | bf16 (unset: the backend's default)
   bool no_think = false, hide_reasoning = false, raw = false, quiet = false;
 };
 

@@ -186,6 +186,10 @@ void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T,
                    &v[size_t(s.row0 * Hv * Dv)], &gl[size_t(s.row0 * Hv)],
                    &beta[size_t(s.row0 * Hv)], s.T, Hk, Hv, Dk, Dv,
                    s.st->recurrent[size_t(slot)].data(), &core[size_t(s.row0 * Hv * Dv)], pool_);
+  // The state is stored: in bf16 precision when asked (the tokens of this call carried it in f32).
+  if (gdn_state_ == GdnStateFormat::bf16)
+    for (const Segment& s : segs)
+      for (float& r : s.st->recurrent[size_t(slot)]) r = round_to_bf16(r);
   emit(p + "core", core.data(), {T, Hv, Dv});
   for (int64_t i = 0; i < T * Hv; ++i)
     gated_rms_norm(&core[size_t(i * Dv)], &z[size_t(i * Dv)], g.norm_scale.data(), Dv, cfg_.rms_eps,

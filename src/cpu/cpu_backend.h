@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/backend.h"
+#include "model/state_format.h"
 #include "model/weights.h"
 #include "util/half.h"
 #include "util/thread_pool.h"
@@ -52,6 +53,16 @@ class CpuBackend : public Backend {
   // top-k choice and make an honest comparison look like a bug. Off by default (the reference).
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
 
+  // How each sequence's Gated DeltaNet recurrent state (CpuSequenceState::recurrent[slot],
+  // [Hv, Dk, Dv] per layer) is kept between calls: the CPU twin of the CUDA backend's state
+  // format (model/state_format.h). f32 (the default, the reference) keeps it as computed; bf16
+  // rounds it to bf16 (round to nearest even) at the end of every call that ran the layer for the
+  // sequence: after each decode step, and after a prompt piece, whose own tokens carry it in f32.
+  // The values stay in f32 vectors here (state_bytes() is unchanged); only their precision is
+  // that of the GPU's bf16 state, so the two backends compute the same function.
+  void set_gdn_state_format(GdnStateFormat f) { gdn_state_ = f; }
+  GdnStateFormat gdn_state_format() const { return gdn_state_; }
+
   // The pieces of forward(), public for layer-by-layer checks of other backends: layer i applied
   // in place to the residual h [T, H] at the state's position (the state's caches of that layer
   // are updated, its position is not advanced), and the final norm + lm_head of `rows` rows.
@@ -79,6 +90,7 @@ class CpuBackend : public Backend {
   ThreadPool& pool_;
   std::vector<float> inv_freq_;
   bool bf16_activations_ = false;
+  GdnStateFormat gdn_state_ = GdnStateFormat::f32;
   void round_bf16(float* x, size_t n) const {
     if (bf16_activations_)
       for (size_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);

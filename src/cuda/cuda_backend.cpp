@@ -58,6 +58,7 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* f = std::getenv("LILAC_MOE_PDL")) o.moe_pdl = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_GEMV_ROWS_STAGED"))
     o.gemv_rows_staged = std::string(f) != "0";
+  if (const char* g = std::getenv("LILAC_GDN_STATE")) o.gdn_state = parse_gdn_state_format(g);
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")
@@ -141,6 +142,9 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
 }
 
 void CudaBackend::set_options(const CudaOptions& o) {
+  if (o.gdn_state != options_.gdn_state)
+    fail("set_options: the Gated DeltaNet state format is fixed when the backend is made ({})",
+         gdn_state_format_name(options_.gdn_state));
   options_ = o;
   set_pdl_enabled(options_.pdl);
   set_moe_pdl_enabled(options_.moe_pdl);
@@ -188,7 +192,12 @@ std::unique_ptr<CudaSequenceState> CudaBackend::make_sequence(int64_t max_contex
   alloc(st->kv,
         size_t(st->n_attn) * 2 * size_t(c.kv_heads) * size_t(max_context) * size_t(c.head_dim));
   alloc(st->conv, size_t(st->n_gdn) * size_t((c.gdn_conv_kernel - 1) * c.gdn_conv_channels()));
-  alloc(st->rec, size_t(st->n_gdn) * size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim));
+  const size_t rec_n =
+      size_t(st->n_gdn) * size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim);
+  if (options_.gdn_state == GdnStateFormat::bf16)
+    alloc(st->rec_bf16, rec_n);
+  else
+    alloc(st->rec, rec_n);
   alloc(st->scalars, 1);
   alloc(st->sample_out, 1);
   alloc(st->sampler_params, 1);
@@ -199,7 +208,7 @@ std::unique_ptr<CudaSequenceState> CudaBackend::make_sequence(int64_t max_contex
                                                               int(c.head_dim), int(max_context)));
   if (pooled) return st;
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->conv.get(), 0, st->conv.bytes(), stream_));
-  LILAC_CUDA_CHECK(cudaMemsetAsync(st->rec.get(), 0, st->rec.bytes(), stream_));
+  st->zero_rec_state(stream_);
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->scalars.get(), 0, st->scalars.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->sample_out.get(), 0, st->sample_out.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaMemsetAsync(st->output_counts.get(), 0, st->output_counts.bytes(), stream_));
@@ -232,8 +241,12 @@ std::unique_ptr<SequenceState> CudaBackend::clone_with_capacity(const SequenceSt
             cudaMemcpyDeviceToDevice, stream_));
   LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->conv.get(), src.conv.get(), src.conv.bytes(),
                                    cudaMemcpyDeviceToDevice, stream_));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->rec.get(), src.rec.get(), src.rec.bytes(),
-                                   cudaMemcpyDeviceToDevice, stream_));
+  if (src.rec.bytes())
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->rec.get(), src.rec.get(), src.rec.bytes(),
+                                     cudaMemcpyDeviceToDevice, stream_));
+  if (src.rec_bf16.bytes())
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->rec_bf16.get(), src.rec_bf16.get(), src.rec_bf16.bytes(),
+                                     cudaMemcpyDeviceToDevice, stream_));
   LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->scalars.get(), src.scalars.get(), src.scalars.bytes(),
                                    cudaMemcpyDeviceToDevice, stream_));
   LILAC_CUDA_CHECK(cudaMemcpyAsync(dst->sample_out.get(), src.sample_out.get(),
@@ -255,8 +268,8 @@ std::unique_ptr<SequenceState> CudaBackend::clone_with_capacity(const SequenceSt
 
 size_t CudaBackend::state_bytes(const SequenceState& state) const {
   const auto& st = static_cast<const CudaSequenceState&>(state);
-  return st.kv.bytes() + st.conv.bytes() + st.rec.bytes() + st.output_counts.bytes() +
-         st.seen.bytes();
+  return st.kv.bytes() + st.conv.bytes() + st.rec.bytes() + st.rec_bf16.bytes() +
+         st.output_counts.bytes() + st.seen.bytes();
 }
 
 // ---- Backend API ----------------------------------------------------------------------------
@@ -435,9 +448,14 @@ std::pair<std::vector<float>, std::vector<float>> CudaBackend::gdn_state(const S
   std::vector<float> rec(size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim));
   LILAC_CUDA_CHECK(cudaMemcpyAsync(conv.data(), st.conv_state(c, slot), conv.size() * 4,
                                    cudaMemcpyDeviceToHost, stream_));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(rec.data(), st.rec_state(c, slot), rec.size() * 4,
-                                   cudaMemcpyDeviceToHost, stream_));
+  std::vector<uint16_t> rec16(st.rec_bf16.bytes() ? rec.size() : 0);  // bf16 bits
+  st.with_rec_state(c, slot, [&](auto* p) {
+    void* dst = rec16.empty() ? static_cast<void*>(rec.data()) : rec16.data();
+    LILAC_CUDA_CHECK(
+        cudaMemcpyAsync(dst, p, rec.size() * sizeof(*p), cudaMemcpyDeviceToHost, stream_));
+  });
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < rec16.size(); ++i) rec[i] = bf16_to_f32(rec16[i]);
   return {conv, rec};
 }
 

@@ -74,6 +74,11 @@ struct CudaOptions {
   // gemv_rows (BF16 batched projections) in its staged form where it applies: x in shared memory,
   // a cluster per 8 row tiles (gemv_rows.h). LILAC_GEMV_ROWS_STAGED=0: the other form (A/B).
   bool gemv_rows_staged = true;
+  // How sequences keep the Gated DeltaNet recurrent state (model/state_format.h): f32, or bf16
+  // (half the bytes the batched decode step moves for it). Fixed when the backend is made:
+  // set_options refuses to change it (every sequence and captured graph has one format).
+  // LILAC_GDN_STATE=f32|bf16; the CLI's --gdn-state.
+  GdnStateFormat gdn_state = GdnStateFormat::f32;
   static CudaOptions from_environment();
 };
 

@@ -124,7 +124,7 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
       gdn_decode_batch(w.proj.get(), B, rows, slot, L.conv, L.neg_exp_A, L.dt_bias, L.gdn_norm,
                        int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
                        int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, bw.gdn_ws.get(),
-                       w.mix.get(), s);
+                       w.mix.get(), s, options_.gdn_state);
     });
     timed(timer, "proj.gdn_out_proj", [&] {
       rows_proj(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, H, w.h.get(), true, s);
@@ -293,7 +293,7 @@ void CudaBackend::prepare_batches(int max_sequences) {
     seqs.push_back(make_sequence(piece + 1, /*pooled=*/true));
     CudaSequenceState& st = *seqs.back();
     LILAC_CUDA_CHECK(cudaMemsetAsync(st.conv.get(), 0, st.conv.bytes(), stream_));
-    LILAC_CUDA_CHECK(cudaMemsetAsync(st.rec.get(), 0, st.rec.bytes(), stream_));
+    st.zero_rec_state(stream_);
     LILAC_CUDA_CHECK(cudaMemsetAsync(st.scalars.get(), 0, st.scalars.bytes(), stream_));
     begin_sampling(st, {}, SamplingParams{});
     items.push_back({&st, ids, 0, true, nullptr});
@@ -312,6 +312,11 @@ void CudaBackend::upload_batch(std::span<CudaSequenceState* const> seqs,
     r.kv = st.kv.get();
     r.conv = st.conv.get();
     r.rec = st.rec.get();
+    r.rec_bf16 = st.rec_bf16.get();
+    // The pass's kernels take one format, the backend's (set_options cannot change it).
+    if ((options_.gdn_state == GdnStateFormat::bf16) != (r.rec_bf16 != nullptr))
+      fail("step_batch: a sequence's recurrent state is not in the backend's format ({})",
+           gdn_state_format_name(options_.gdn_state));
     r.d_pos = st.d_pos();
     r.max_ctx = int32_t(st.max_ctx);
     r.pos = int32_t(st.position());

@@ -47,11 +47,13 @@ void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
     const size_t vch = size_t(c.gdn_v_channels());
     timed(timer, "gdn_prefill", [&] {
       for (const PrefillSegment& g : segs)
-        gdn_prefill(w.proj.get() + size_t(g.row0) * size_t(cols), g.T, L.conv,
-                    g.st->conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
-                    g.st->rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads),
-                    int(c.gdn_key_dim), int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps,
-                    w.gdn_prefill_ws.get(), w.mix.get() + size_t(g.row0) * vch, s);
+        g.st->with_rec_state(c, slot, [&](auto* rec) {
+          gdn_prefill(w.proj.get() + size_t(g.row0) * size_t(cols), g.T, L.conv,
+                      g.st->conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm, rec,
+                      int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
+                      int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.gdn_prefill_ws.get(),
+                      w.mix.get() + size_t(g.row0) * vch, s);
+        });
     });
     if (trace_) {
       auto v = download_f32(w.mix.get(), size_t(T) * size_t(c.gdn_v_channels()), s);
@@ -154,10 +156,11 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
     const int rows = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
     first_projection("gemv_rms.gdn_in_proj", L.in_proj, rows);
     timed(timer, "gdn_decode", [&] {
-      gdn_decode(w.proj.get(), L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
-                 st.rec_state(c, slot), int(c.gdn_key_heads), int(c.gdn_value_heads),
-                 int(c.gdn_key_dim), int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.mix.get(),
-                 s);
+      st.with_rec_state(c, slot, [&](auto* rec) {
+        gdn_decode(w.proj.get(), L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
+                   rec, int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
+                   int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, w.mix.get(), s);
+      });
     });
     timed(timer, "gemv.gdn_out_proj", [&] {
       proj_gemv(L.out_proj, H, int(c.gdn_v_channels()), w.mix.get(), w.h.get(), GemvOut::Accumulate,

@@ -119,9 +119,12 @@ class CudaSequenceState : public SequenceState {
  public:
   int64_t max_ctx = 0;
   int n_attn = 0, n_gdn = 0;
-  DeviceBuffer<bf16> kv;          // [n_attn][2][kv_heads][max_ctx][hd]
-  DeviceBuffer<float> conv;       // [n_gdn][K-1][C]
-  DeviceBuffer<float> rec;        // [n_gdn][Hv][Dk][Dv]
+  DeviceBuffer<bf16> kv;     // [n_attn][2][kv_heads][max_ctx][hd]
+  DeviceBuffer<float> conv;  // [n_gdn][K-1][C]
+  // [n_gdn][Hv][Dk][Dv] in the backend's format (CudaOptions::gdn_state): one of the two is
+  // allocated, the other empty.
+  DeviceBuffer<float> rec;
+  DeviceBuffer<bf16> rec_bf16;
   DeviceBuffer<int32_t> scalars;  // [0] position
   // The sampler's output; its first field is the token the next decode step embeds.
   DeviceBuffer<DeviceSampleResult> sample_out;
@@ -155,8 +158,18 @@ class CudaSequenceState : public SequenceState {
   float* conv_state(const ModelConfig& c, int slot) const {
     return conv.get() + size_t(slot) * size_t((c.gdn_conv_kernel - 1) * c.gdn_conv_channels());
   }
-  float* rec_state(const ModelConfig& c, int slot) const {
-    return rec.get() + size_t(slot) * size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim);
+  // f(p) with p the layer slot's recurrent state: float* or bf16*, whichever this state holds.
+  template <class F>
+  void with_rec_state(const ModelConfig& c, int slot, F&& f) const {
+    const size_t off = size_t(slot) * size_t(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim);
+    if (rec_bf16.size())
+      f(rec_bf16.get() + off);
+    else
+      f(rec.get() + off);
+  }
+  void zero_rec_state(cudaStream_t s) const {
+    if (rec.bytes()) LILAC_CUDA_CHECK(cudaMemsetAsync(rec.get(), 0, rec.bytes(), s));
+    if (rec_bf16.bytes()) LILAC_CUDA_CHECK(cudaMemsetAsync(rec_bf16.get(), 0, rec_bf16.bytes(), s));
   }
 };
 

@@ -4,7 +4,8 @@
 // the step's graph replay, so the graph (captured once per batch size) does not depend on which
 // sequences are in the batch. Layouts as CudaSequenceState (docs/cuda-design.md):
 //   kv   [n_attn][2][kv_heads][max_ctx][hd] bf16 (K then V per attention layer slot)
-//   conv [n_gdn][K-1][C] f32, rec [n_gdn][Hv][Dk][Dv] f32
+//   conv [n_gdn][K-1][C] f32, rec [n_gdn][Hv][Dk][Dv] f32 (or rec_bf16, the same shape in bf16,
+//   where the backend keeps the state in bf16: model/state_format.h; the other pointer is null)
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@ struct DecodeBatchRow {
   bf16* kv = nullptr;
   float* conv = nullptr;
   float* rec = nullptr;
+  bf16* rec_bf16 = nullptr;
   int32_t* d_pos = nullptr;  // the sequence's position counter (set to pos + 1 by the step)
   int32_t max_ctx = 0;       // the KV cache's rows per kv head (its stride)
   int32_t pos = 0;           // position of this step's token

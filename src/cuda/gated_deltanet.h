@@ -1,7 +1,9 @@
 // Gated DeltaNet on the GPU (docs/model.md section 2.2; twin: cpu/gated_deltanet.cpp).
 // Input: the fused in_proj output, f32 per token [C + Hv*Dv + 2*Hv] = qkv (C = 2*Hk*Dk + Hv*Dv:
 // q [Hk, Dk], k [Hk, Dk], v [Hv, Dv]), z [Hv, Dv], b [Hv], a [Hv]. conv_taps [C, K] f32; conv_state
-// [K-1, C] f32 (oldest row first); recurrent state [Hv, Dk, Dv] f32; norm_scale [Dv] (plain w);
+// [K-1, C] f32 (oldest row first); recurrent state [Hv, Dk, Dv] f32, or bf16 (model/
+// state_format.h: the launchers taking a bf16* state compute in f32 and round the state when they
+// store it, once per call); norm_scale [Dv] (plain w);
 // output bf16 [T, Hv*Dv] = w * rmsnorm(o) * silu(z) per value head. Value head v reads key head
 // v / (Hv / Hk). Supported: Dk in {32, 64, 128}, Dv a multiple of 32, Hv a multiple of Hk; conv
 // kernel K in 2..4 (decode) / 1..8 (prefill). Both launchers throw lilac::Error on other shapes.
@@ -13,6 +15,7 @@
 #include <cstdint>
 
 #include "cuda/common.h"
+#include "model/state_format.h"
 
 namespace lilac::cuda {
 
@@ -31,11 +34,15 @@ bool gdn_decode_uses_cluster(int Hk, int Hv, int Dk, int Dv);
 void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale, float* state,
                 int Hk, int Hv, int Dk, int Dv, int K, float eps, bf16* out, cudaStream_t stream);
+void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
+                const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
+                int Hk, int Hv, int Dk, int Dv, int K, float eps, bf16* out, cudaStream_t stream);
 
 // B sequences at once (a batched decode step; gdn_decode_uses_cluster must hold): row b reads
 // proj[b] (rows of C + Hv*Dv + 2*Hv), updates the conv and recurrent state of layer slot `slot` of
 // its own sequence (rows[b].conv / .rec, device memory) and writes out[b] [Hv*Dv]. Each row
-// computes exactly what gdn_decode computes for it, bit for bit. Two launches
+// computes exactly what gdn_decode computes for it, bit for bit (state_format: which of
+// rows[b].rec (f32) and rows[b].rec_bf16 holds the states). Two launches
 // (gated_deltanet_decode_batch.cu: a prep kernel into `workspace`, then the state pass); workspace:
 // gdn_decode_batch_workspace_floats(B, ...) floats, no initialisation.
 struct DecodeBatchRow;
@@ -43,7 +50,8 @@ size_t gdn_decode_batch_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv);
 void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
                       const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
                       const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
-                      float* workspace, bf16* out, cudaStream_t stream);
+                      float* workspace, bf16* out, cudaStream_t stream,
+                      GdnStateFormat state_format = GdnStateFormat::f32);
 
 // gdn_decode_batch's first launch alone (the prep kernel: conv, l2norm, gates into `workspace`,
 // conv states updated), for the kernel lab's state-pass versions (bench/lab/gdn_decode).
@@ -72,5 +80,9 @@ void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_s
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
                  bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events = nullptr);
+void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
+                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
+                 int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
+                 cudaStream_t stream, const cudaEvent_t* stage_events = nullptr);
 
 }  // namespace lilac::cuda

@@ -61,12 +61,13 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 #endif
 
-template <int DK, int KC>
+// ST: the recurrent state's element type (float, or bf16: model/state_format.h).
+template <int DK, int KC, class ST>
 __global__ void __launch_bounds__(2 * DK)
     gdn_decode_cluster_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
                               float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
                               const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
-                              float* __restrict__ state, int Hk, int Hv, int Dv, float eps,
+                              ST* __restrict__ state, int Hk, int Hv, int Dv, float eps,
                               bf16* __restrict__ out, const DecodeBatchRow* __restrict__ rows,
                               int slot, int proj_stride) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -101,15 +102,15 @@ __global__ void __launch_bounds__(2 * DK)
     proj += size_t(b) * proj_stride;
     out += size_t(b) * Hv * Dv;
     conv_state = rows[b].conv + size_t(slot) * (KC - 1) * C;
-    state = rows[b].rec + size_t(slot) * Hv * DK * Dv;
+    state = gdn::row_state<ST>(rows[b]) + size_t(slot) * Hv * DK * Dv;
   }
 
   // 1. This thread's 4 x 4 slice of S, in flight while the rest is computed; warp 0 also fetches
   //    what the final norm needs.
-  float* Sp = state + (size_t(v) * DK + 4 * rg) * Dv + c0 + 4 * cq;
+  ST* Sp = state + (size_t(v) * DK + 4 * rg) * Dv + c0 + 4 * cq;
   float4 S[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) S[i] = *reinterpret_cast<const float4*>(Sp + size_t(i) * Dv);
+  for (int i = 0; i < 4; ++i) S[i] = gdn::load_state4(Sp + size_t(i) * Dv);
   const float* z = proj + C + size_t(v) * Dv;
   float z_l = 0.f, w_l = 0.f;
   if (warp == 0) z_l = z[c0 + lane], w_l = norm_w[c0 + lane];
@@ -216,22 +217,30 @@ struct DecodeArgs {
   const float *proj, *taps;
   float* conv_state;
   const float *neg_exp_A, *dt_bias, *norm_w;
-  float* state;
+  float* state;  // one of the two (the other null; batched: both null, rows[] has them)
+  bf16* state_bf16;
   int Hk, Hv, Dv;
   float eps;
   bf16* out;
-  const DecodeBatchRow* rows = nullptr;  // batched: B rows, grid z
+  const DecodeBatchRow* rows = nullptr;  // batched: B rows, grid z (f32 states)
   int B = 1, slot = 0, proj_stride = 0;
 };
 
 template <int DK, int KC>
 void launch_gdn_decode(const DecodeArgs& a, cudaStream_t stream) {
   // Clusters of the whole grid row (a head's column blocks) x the value heads of one key head.
-  launch_cluster_kernel(true, dim3(unsigned(a.Dv / kCols), unsigned(a.Hv / a.Hk)),
-                        gdn_decode_cluster_kernel<DK, KC>, dim3(a.Dv / kCols, a.Hv, a.B),
-                        dim3(2 * DK), 0, stream, a.proj, a.taps, a.conv_state, a.neg_exp_A,
-                        a.dt_bias, a.norm_w, a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
-                        a.slot, a.proj_stride);
+  const dim3 cluster{unsigned(a.Dv / kCols), unsigned(a.Hv / a.Hk)},
+      grid{unsigned(a.Dv / kCols), unsigned(a.Hv), unsigned(a.B)};
+  if (a.state_bf16)
+    launch_cluster_kernel(true, cluster, gdn_decode_cluster_kernel<DK, KC, bf16>, grid,
+                          dim3(2 * DK), 0, stream, a.proj, a.taps, a.conv_state, a.neg_exp_A,
+                          a.dt_bias, a.norm_w, a.state_bf16, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
+                          a.slot, a.proj_stride);
+  else
+    launch_cluster_kernel(true, cluster, gdn_decode_cluster_kernel<DK, KC, float>, grid,
+                          dim3(2 * DK), 0, stream, a.proj, a.taps, a.conv_state, a.neg_exp_A,
+                          a.dt_bias, a.norm_w, a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
+                          a.slot, a.proj_stride);
 }
 
 template <int DK>
@@ -291,7 +300,18 @@ void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale, float* state,
                 int Hk, int Hv, int Dk, int Dv, int K, float eps, bf16* out, cudaStream_t stream) {
   check_decode("gdn_decode", Hk, Hv, Dk, Dv, K);
-  const DecodeArgs a{proj,  conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale,
+  if (!state) fail("gdn_decode: null state");
+  const DecodeArgs a{proj,    conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state,
+                     nullptr, Hk,        Hv,         Dv,        eps,     out};
+  launch_gdn_decode_dk(Dk, K, a, stream);
+}
+
+void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
+                const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
+                int Hk, int Hv, int Dk, int Dv, int K, float eps, bf16* out, cudaStream_t stream) {
+  check_decode("gdn_decode", Hk, Hv, Dk, Dv, K);
+  if (!state) fail("gdn_decode: null state");
+  const DecodeArgs a{proj,  conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, nullptr,
                      state, Hk,        Hv,         Dv,        eps,     out};
   launch_gdn_decode_dk(Dk, K, a, stream);
 }
@@ -303,7 +323,7 @@ void gdn_decode_batch_cluster(const float* proj, int B, const DecodeBatchRow* ro
   if (!proj || !rows || !out) fail("gdn_decode_batch_cluster: null pointer");
   if (B < 1 || B > 65535) fail("gdn_decode_batch_cluster: B = {}", B);
   check_decode("gdn_decode_batch_cluster", Hk, Hv, Dk, Dv, K);
-  DecodeArgs a{proj,    conv_taps, nullptr, neg_exp_A, dt_bias, norm_scale,
+  DecodeArgs a{proj,    conv_taps, nullptr, neg_exp_A, dt_bias, norm_scale, nullptr,
                nullptr, Hk,        Hv,      Dv,        eps,     out};
   a.rows = rows;
   a.B = B;

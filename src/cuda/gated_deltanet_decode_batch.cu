@@ -143,12 +143,14 @@ __global__ void __launch_bounds__(2 * DK)
 
 // ---- kernel 2, state: the state pass and the gated norm
 
-template <int DK>
+// ST: the recurrent state's element type (float, or bf16: model/state_format.h); rows[b].rec or
+// rows[b].rec_bf16 (decode_batch.h).
+template <int DK, class ST>
 __global__ void __launch_bounds__(2 * DK, kMinBlocks)
     gdn_batch_state_kernel(const float* __restrict__ ws, int ws_row,
-                           const float* __restrict__ norm_w, float* __restrict__ state, int Hk,
-                           int Hv, int Dv, float eps, bf16* __restrict__ out,
-                           const DecodeBatchRow* __restrict__ rows, int slot) {
+                           const float* __restrict__ norm_w, int Hk, int Hv, int Dv, float eps,
+                           bf16* __restrict__ out, const DecodeBatchRow* __restrict__ rows,
+                           int slot) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NTH = 2 * DK, NW = NTH / 32;
   __shared__ __align__(16) float red[NW][kCols];   // per-warp partial column sums: S^T k
@@ -164,7 +166,7 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
   // uploaded by the host before the step); the other row offsets are formed where they are used,
   // from the kernel parameters, so they hold no registers across the state pass.
   const size_t b = blockIdx.z;
-  if (rows) state = rows[b].rec + size_t(slot) * Hv * DK * Dv;
+  ST* const state = gdn::row_state<ST>(rows[b]) + size_t(slot) * Hv * DK * Dv;
 
   pdl_launch_dependents();
   // 1. The norm weights before the wait; the cluster's blocks all start before any remote store
@@ -175,10 +177,10 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks)
   float w_l = 0.f;
   if (warp == 0) w_l = norm_w[c0 + lane];
   pdl_wait();
-  float* Sp = state + (size_t(v) * DK + 4 * rg) * Dv + c0 + 4 * cq;
+  ST* Sp = state + (size_t(v) * DK + 4 * rg) * Dv + c0 + 4 * cq;
   float4 S[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) S[i] = *reinterpret_cast<const float4*>(Sp + size_t(i) * Dv);
+  for (int i = 0; i < 4; ++i) S[i] = gdn::load_state4(Sp + size_t(i) * Dv);
 
   // 2. The workspace row (kernel 1's output, L2) and z.
   // Besides the state (last written a pass earlier), everything read after the wait comes from the
@@ -237,7 +239,7 @@ struct BatchArgs {
   const float *proj, *taps;
   float* conv_state;
   const float *neg_exp_A, *dt_bias, *norm_w;
-  float* state;
+  GdnStateFormat state_format;
   int Hk, Hv, Dv;
   float eps;
   bf16* out;
@@ -254,10 +256,16 @@ void launch_batch(const BatchArgs& a, bool prep_only, cudaStream_t stream) {
                 a.Hv, a.Dv, a.ws, ws_row, a.rows, a.slot, a.proj_stride);
   if (prep_only) return;
   // Clusters of a head's column blocks.
-  launch_cluster_kernel(true, dim3(unsigned(a.Dv / kCols)), gdn_batch_state_kernel<DK>,
-                        dim3(unsigned(a.Dv / kCols), unsigned(a.Hv), unsigned(a.B)), dim3(2 * DK),
-                        0, stream, a.ws, ws_row, a.norm_w, a.state, a.Hk, a.Hv, a.Dv, a.eps, a.out,
-                        a.rows, a.slot);
+  const dim3 cluster{unsigned(a.Dv / kCols)},
+      grid{unsigned(a.Dv / kCols), unsigned(a.Hv), unsigned(a.B)};
+  if (a.state_format == GdnStateFormat::bf16)
+    launch_cluster_kernel(true, cluster, gdn_batch_state_kernel<DK, bf16>, grid, dim3(2 * DK), 0,
+                          stream, a.ws, ws_row, a.norm_w, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
+                          a.slot);
+  else
+    launch_cluster_kernel(true, cluster, gdn_batch_state_kernel<DK, float>, grid, dim3(2 * DK), 0,
+                          stream, a.ws, ws_row, a.norm_w, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
+                          a.slot);
 }
 
 template <int DK>
@@ -313,8 +321,8 @@ namespace {
 void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows, int slot,
                            const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
                            const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K,
-                           float eps, float* workspace, bf16* out, bool prep_only,
-                           cudaStream_t stream) {
+                           float eps, float* workspace, bf16* out, GdnStateFormat state_format,
+                           bool prep_only, cudaStream_t stream) {
   if (!proj || !rows || !workspace || (!out && !prep_only)) fail("gdn_decode_batch: null pointer");
   if (B < 1 || B > 65535) fail("gdn_decode_batch: B = {}", B);
   check_batch(Hk, Hv, Dk, Dv, K);
@@ -324,7 +332,7 @@ void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows,
                     neg_exp_A,
                     dt_bias,
                     norm_scale,
-                    nullptr,
+                    state_format,
                     Hk,
                     Hv,
                     Dv,
@@ -343,9 +351,10 @@ void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows,
 void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
                       const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
                       const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
-                      float* workspace, bf16* out, cudaStream_t stream) {
+                      float* workspace, bf16* out, cudaStream_t stream,
+                      GdnStateFormat state_format) {
   gdn_decode_batch_impl(proj, B, rows, slot, conv_taps, neg_exp_A, dt_bias, norm_scale, Hk, Hv, Dk,
-                        Dv, K, eps, workspace, out, false, stream);
+                        Dv, K, eps, workspace, out, state_format, false, stream);
 }
 
 void gdn_decode_batch_prep(const float* proj, int B, const DecodeBatchRow* rows, int slot,
@@ -353,7 +362,7 @@ void gdn_decode_batch_prep(const float* proj, int B, const DecodeBatchRow* rows,
                            int Hk, int Hv, int Dk, int Dv, int K, float* workspace,
                            cudaStream_t stream) {
   gdn_decode_batch_impl(proj, B, rows, slot, conv_taps, neg_exp_A, dt_bias, nullptr, Hk, Hv, Dk, Dv,
-                        K, 0.f, workspace, nullptr, true, stream);
+                        K, 0.f, workspace, nullptr, GdnStateFormat::f32, true, stream);
 }
 
 }  // namespace lilac::cuda

@@ -42,6 +42,7 @@
 #include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
 #include "cuda/gated_deltanet.h"
+#include "cuda/gated_deltanet_step.cuh"
 #include "cuda/vec_util.cuh"
 #include "util/error.h"
 
@@ -422,12 +423,14 @@ struct StateSmem {
 // The next chunk's W and Q stream in (cp.async) during steps 2-3, its K, P, U~, G during the
 // next step 1. Work per chunk and block: (2 x 64 x 128 x 32 + 64 x 128 x 32 + ~half of 64 x 64 x
 // 32) x 3 = 2.75 M MAC in 2688 mma.sync (~5400 cycles at ~512 tf32 MAC/clk/SM); L2 reads 120 KB.
-template <int DK>
+// ST: the recurrent state's element type (float, or bf16: model/state_format.h); the chunks carry
+// it in f32 registers, so a bf16 state is rounded once, at the final store.
+template <int DK, class ST>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_state_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
                      const float* __restrict__ Wb, const float* __restrict__ Pb,
-                     const float* __restrict__ Gc, float* __restrict__ vb,
-                     float* __restrict__ state, int T, int Hk, int Hv, int Dv) {
+                     const float* __restrict__ Gc, float* __restrict__ vb, ST* __restrict__ state,
+                     int T, int Hk, int Hv, int Dv) {
   using L = StateSmem<DK>;
   constexpr int KQ = DK / 4, NJ = KQ / 8;  // Dk quarter per warp; its 8-wide tiles
   extern __shared__ __align__(16) float sm[];
@@ -449,14 +452,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // S^T tiles: s[j] covers Dk rows KQ dq + 8 j + (2t, 2t+1), columns colA (c0, c1), colB (c2, c3).
   float s[NJ][4];
   {
-    const float* S0 = state + size_t(v) * DK * Dv + c0;
+    const ST* S0 = state + size_t(v) * DK * Dv + c0;
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
       const int r = KQ * dq + 8 * j + 2 * t;
-      s[j][0] = S0[size_t(r) * Dv + colA];
-      s[j][1] = S0[size_t(r + 1) * Dv + colA];
-      s[j][2] = S0[size_t(r) * Dv + colB];
-      s[j][3] = S0[size_t(r + 1) * Dv + colB];
+      s[j][0] = gdn::load_state1(S0 + size_t(r) * Dv + colA);
+      s[j][1] = gdn::load_state1(S0 + size_t(r + 1) * Dv + colA);
+      s[j][2] = gdn::load_state1(S0 + size_t(r) * Dv + colB);
+      s[j][3] = gdn::load_state1(S0 + size_t(r + 1) * Dv + colB);
     }
   }
 
@@ -601,14 +604,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   cp_async_wait<0>();
   {
-    float* S0 = state + size_t(v) * DK * Dv + c0;
+    ST* S0 = state + size_t(v) * DK * Dv + c0;
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
       const int r = KQ * dq + 8 * j + 2 * t;
-      S0[size_t(r) * Dv + colA] = s[j][0];
-      S0[size_t(r + 1) * Dv + colA] = s[j][1];
-      S0[size_t(r) * Dv + colB] = s[j][2];
-      S0[size_t(r + 1) * Dv + colB] = s[j][3];
+      gdn::store_state1(S0 + size_t(r) * Dv + colA, s[j][0]);
+      gdn::store_state1(S0 + size_t(r + 1) * Dv + colA, s[j][1]);
+      gdn::store_state1(S0 + size_t(r) * Dv + colB, s[j][2]);
+      gdn::store_state1(S0 + size_t(r + 1) * Dv + colB, s[j][3]);
     }
   }
 }
@@ -652,15 +655,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int DK, class Mark>
-void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, float* state,
+template <int DK, class ST, class Mark>
+void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state,
                     cudaStream_t stream, const Mark& mark) {
   constexpr size_t smemA = chunk_smem_floats<DK>() * sizeof(float),
                    smemB = StateSmem<DK>::kFloats * sizeof(float);
   static const bool attr_set = [] {
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_kernel<DK>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemA)));
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<DK>,
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<DK, ST>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemB)));
     return true;
   }();
@@ -674,7 +677,7 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, float* st
                                                                      Hv, Dv, w.vb, w.W, w.Gc, w.P);
   LILAC_CUDA_LAUNCHED();
   mark(2);
-  gdn_state_kernel<DK><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
+  gdn_state_kernel<DK, ST><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
       w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, Dv);
   LILAC_CUDA_LAUNCHED();
   mark(3);
@@ -689,10 +692,13 @@ size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv) {
          size_t(Hv) * NC * kBT * kBT;
 }
 
-void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
-                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
-                 float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events) {
+namespace {
+
+template <class ST>
+void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* conv_state,
+                      const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
+                      ST* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
+                      bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events) {
   if (Hk <= 0 || Hv % Hk != 0)
     fail("gdn_prefill: {} value heads not a multiple of {} key heads", Hv, Hk);
   if (Dv <= 0 || Dv % kColsB != 0) fail("gdn_prefill: Dv {} not a multiple of {}", Dv, kColsB);
@@ -725,13 +731,13 @@ void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_s
   mark(1);
   switch (Dk) {
     case 32:
-      launch_chunked<32>(w, T, Hk, Hv, Dv, state, stream, mark);
+      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
       break;
     case 64:
-      launch_chunked<64>(w, T, Hk, Hv, Dv, state, stream, mark);
+      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
       break;
     default:
-      launch_chunked<128>(w, T, Hk, Hv, Dv, state, stream, mark);
+      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
       break;
   }
   const int C = 2 * Hk * Dk + Hv * Dv;
@@ -739,6 +745,24 @@ void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_s
       proj, T, w.vb, norm_scale, Hk, Hv, Dk, Dv, K, eps, conv_state, out);
   LILAC_CUDA_LAUNCHED();
   mark(4);
+}
+
+}  // namespace
+
+void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
+                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
+                 float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
+                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events) {
+  gdn_prefill_impl(proj, T, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv,
+                   Dk, Dv, K, eps, workspace, out, stream, stage_events);
+}
+
+void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
+                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
+                 int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
+                 cudaStream_t stream, const cudaEvent_t* stage_events) {
+  gdn_prefill_impl(proj, T, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv,
+                   Dk, Dv, K, eps, workspace, out, stream, stage_events);
 }
 
 }  // namespace lilac::cuda

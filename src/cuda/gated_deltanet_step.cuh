@@ -9,11 +9,59 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common.cuh"
+#include "cuda/decode_batch.h"
 #include "cuda/vec_util.cuh"
 
 namespace lilac::cuda::gdn {
 
 constexpr int kCols = 32;  // value columns per block
+
+// The recurrent state's storage (model/state_format.h): f32, or bf16 rounded to nearest even at
+// each store; the arithmetic is f32 either way. Four consecutive columns of one row: 16 bytes in
+// f32, 8 in bf16 (the columns 4cq..4cq+3 start at a multiple of 4 elements: aligned).
+__device__ __forceinline__ float4 load_state4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 load_state4(const bf16* p) {
+  const uint2 r = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void store_state4(float* p, float4 v) {
+  *reinterpret_cast<float4*>(p) = v;
+}
+__device__ __forceinline__ void store_state4(bf16* p, float4 v) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  uint2 r;
+  r.x = *reinterpret_cast<const uint32_t*>(&a);
+  r.y = *reinterpret_cast<const uint32_t*>(&b);
+  *reinterpret_cast<uint2*>(p) = r;
+}
+// A batch row's recurrent state in the format ST.
+template <class ST>
+__device__ __forceinline__ ST* row_state(const DecodeBatchRow& r);
+template <>
+__device__ __forceinline__ float* row_state<float>(const DecodeBatchRow& r) {
+  return r.rec;
+}
+template <>
+__device__ __forceinline__ bf16* row_state<bf16>(const DecodeBatchRow& r) {
+  return r.rec_bf16;
+}
+// One element (the prefill state kernel's loads and stores).
+__device__ __forceinline__ float load_state1(const float* p) {
+  return *p;
+}
+__device__ __forceinline__ float load_state1(const bf16* p) {
+  return __bfloat162float(*p);
+}
+__device__ __forceinline__ void store_state1(float* p, float v) {
+  *p = v;
+}
+__device__ __forceinline__ void store_state1(bf16* p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
 
 // Causal conv + SiLU of one channel for one new input x: rows [conv_state rows 0..KC-2, x].
 // next[] receives what the channel's state becomes (rows 1..KC-2 and x).
@@ -75,10 +123,13 @@ __device__ __forceinline__ float4 delta_u(float4 kS, float4 v4, float beta, floa
 
 // S' = e^g S + k u^T, stored in place at Sp (row i at Sp + i Dv), and o = S'^T q: the thread's
 // partials summed over the warp into red2, then one block barrier; block_o gives a column's o.
+// o is computed from the f32 S' (what a bf16 store rounds is the state the next step starts
+// from, not this step's output).
+template <class ST>
 __device__ __forceinline__ void update_store_o(float4 (&S)[4], const float (&kr)[4],
-                                               const float (&qr)[4], float4 u4, float decay,
-                                               float* Sp, int Dv, float (*red2)[kCols], int warp,
-                                               int lane, int cq) {
+                                               const float (&qr)[4], float4 u4, float decay, ST* Sp,
+                                               int Dv, float (*red2)[kCols], int warp, int lane,
+                                               int cq) {
   float o[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -86,7 +137,7 @@ __device__ __forceinline__ void update_store_o(float4 (&S)[4], const float (&kr)
     S[i].y = decay * S[i].y + kr[i] * u4.y;
     S[i].z = decay * S[i].z + kr[i] * u4.z;
     S[i].w = decay * S[i].w + kr[i] * u4.w;
-    *reinterpret_cast<float4*>(Sp + size_t(i) * Dv) = S[i];
+    store_state4(Sp + size_t(i) * Dv, S[i]);
     o[0] += S[i].x * qr[i], o[1] += S[i].y * qr[i], o[2] += S[i].z * qr[i], o[3] += S[i].w * qr[i];
   }
   warp_columns_to_smem(o, red2, warp, lane, cq);

@@ -19,9 +19,11 @@ int64_t active_params_per_token(const ModelConfig& c) {
   return n;
 }
 
-double decode_bytes(const ModelConfig& c, int64_t context, double bytes_per_weight) {
+double decode_bytes(const ModelConfig& c, int64_t context, double bytes_per_weight,
+                    double state_bytes_per_value) {
   double bytes = double(active_params_per_token(c)) * bytes_per_weight;
-  const double gdn_state = double(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim) * 4.0;
+  const double gdn_state =
+      double(c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim) * state_bytes_per_value;
   bytes += 2.0 * gdn_state * double(c.count_layers(LayerType::GatedDeltaNet));
   bytes += double(c.count_layers(LayerType::FullAttention)) * 2.0 * double(c.kv_dim()) * 2.0 *
            double(context);

@@ -164,6 +164,9 @@ void start_engine(LoadedModel& lm, const LoadOptions& o, int64_t context,
   eo.parallel = o.parallel > 0 ? o.parallel : default_parallel(*lm.backend);
   eo.step_token_budget = o.step_tokens > 0 ? o.step_tokens : default_step_tokens(*lm.backend);
   eo.snapshot_budget = o.snapshot_bytes;
+  if (const GdnStateFormat f = gdn_state_format(*lm.backend); f != GdnStateFormat::f32)
+    say(fmt::format("Gated DeltaNet recurrent state kept in {} between steps",
+                    gdn_state_format_name(f)));
   say(fmt::format("allocating {} sequence slots of {} tokens", eo.parallel, eo.context_size));
   lm.engine = std::make_unique<Engine>(*lm.backend, *lm.tokenizer, eo);
   const SlotMemory& m = lm.engine->slot_memory();
@@ -232,8 +235,8 @@ std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const L
 
 std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const LoadOptions& o) {
   return load_for_serving(choice, o,
-                          [](Model& m, const std::string& device, bool quantize_at_load) {
-                            return runtime::open_backend(m, device, quantize_at_load);
+                          [&o](Model& m, const std::string& device, bool quantize_at_load) {
+                            return runtime::open_backend(m, device, quantize_at_load, o.gdn_state);
                           });
 }
 

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "io/checkpoint.h"
 #include "model/backend.h"
 #include "model/sampling.h"
+#include "model/state_format.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lilac::runtime {
@@ -54,6 +56,9 @@ struct LoadOptions {
   int parallel = 0;         // sequence slots (0: 16 on cuda, 4 on the cpu)
   int64_t step_tokens = 0;  // tokens per batched step (0: the engine's default)
   size_t snapshot_bytes = size_t(1) << 30;
+  // --gdn-state: how the Gated DeltaNet recurrent state is kept between calls
+  // (model/state_format.h); unset: the backend's default (runtime::open_backend).
+  std::optional<GdnStateFormat> gdn_state;
   // Replaces the model's backend when set (the test build of the server: its scripted backend,
   // tests/support); `replace_backend_note` is the progress line that says so.
   std::function<std::unique_ptr<Backend>(const Model&, const Tokenizer&)> replace_backend;
@@ -75,8 +80,9 @@ struct LoadedModel {
 };
 
 // Loads everything and warms the engine up. The backend: options.replace_backend when set, else
-// `open_backend` (the two-argument form: runtime::open_backend, runtime/backends.h), which may
-// change `model` when it quantizes at load (the CPU backend quantizes its weights in memory).
+// `open_backend` (the two-argument form: runtime::open_backend, runtime/backends.h, with
+// options.gdn_state), which may change `model` when it quantizes at load (the CPU backend
+// quantizes its weights in memory).
 using BackendFactory = std::function<std::unique_ptr<Backend>(Model&, const std::string& device,
                                                               bool quantize_at_load)>;
 std::unique_ptr<LoadedModel> load_for_serving(const ModelChoice& choice, const LoadOptions& options,

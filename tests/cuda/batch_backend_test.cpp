@@ -243,6 +243,17 @@ TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequences) {
   check_sizes(*b, {1, 2, 3, 8, 16, 33, 64}, {2, 33, 64}, {0.5, 1.5e-2}, {0.5, 5e-2}, "q4");
 }
 
+// The bf16 recurrent state (model/state_format.h) through the batched pass: the batch's rows
+// against the same sequences alone, both in bf16 (the batched state kernel stores it bit for bit
+// as the single-row kernel does; tests/cuda/batch_kernels_test.cpp).
+TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequencesBf16State) {
+  LILAC_REQUIRE_GPU();
+  cuda::CudaOptions o;
+  o.gdn_state = GdnStateFormat::bf16;
+  auto b = synthetic_layers(true, 8, o);
+  check_sizes(*b, {1, 3, 16, 64}, {2, 33, 64}, {0.5, 1.5e-2}, {0.5, 5e-2}, "q4 bf16 state");
+}
+
 TEST(BatchBackend, TinyARowsMatchSingleSequences) {
   LILAC_REQUIRE_GPU();
   auto model = load_model(data_path("tiny-a"));

@@ -1,7 +1,7 @@
 // The batched decode kernels (label gpu) against their single-sequence versions at the real
 // model's dimensions: each batch row must give what the B = 1 launch gives for it alone.
 //  * gdn_decode_batch (prep + state kernels) vs gdn_decode (cluster kernel) per row, B up to 16:
-//  outputs and both states bit-identical;
+//  outputs and both states bit-identical, with the recurrent state in f32 and in bf16;
 //  * attention_decode_qkv_batch vs attention_decode_qkv per row (rows of different lengths and
 //    cache sizes): the new K/V cache rows bit-identical, the output within bf16 rounding (the
 //    batched launch's split count follows B, so its f32 combine sums in another order);
@@ -12,9 +12,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/attention.h"
@@ -49,7 +51,29 @@ DeviceBuffer<bf16> random_bf16(size_t n, float scale, uint32_t seed) {
 
 // ---- Gated DeltaNet ---------------------------------------------------------------------------
 
-// Rows b of one launch against gdn_decode per row, at (Hk, Hv, Dk, Dv, K).
+// A random recurrent state of n values (scale 0.1) in the element type ST.
+template <class ST>
+DeviceBuffer<ST> random_state(size_t n, uint32_t seed) {
+  if constexpr (std::is_same_v<ST, bf16>)
+    return random_bf16(n, 0.1f, seed);
+  else
+    return upload(random_floats(n, 0.1f, seed));
+}
+template <class ST>
+std::vector<uint16_t> state_bits(const DeviceBuffer<ST>& d) {
+  if constexpr (std::is_same_v<ST, bf16>) {
+    return bits_of(d);
+  } else {
+    const auto f = download(d);
+    std::vector<uint16_t> b(f.size() * 2);
+    std::memcpy(b.data(), f.data(), f.size() * 4);
+    return b;
+  }
+}
+
+// Rows b of one launch against gdn_decode per row, at (Hk, Hv, Dk, Dv, K); ST: the recurrent
+// state's element type (float or bf16).
+template <class ST>
 void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initializer_list<int> Bs) {
   const int slots = 3, slot = 1;
   ASSERT_TRUE(cuda::gdn_decode_uses_cluster(Hk, Hv, Dk, Dv));
@@ -64,17 +88,20 @@ void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initialize
   for (int B : Bs) {
     SCOPED_TRACE("B = " + std::to_string(B));
     auto proj = upload(random_floats(size_t(B) * P, 1.f, uint32_t(10 + B)));
-    std::vector<DeviceBuffer<float>> conv, rec, conv_ref, rec_ref;
+    std::vector<DeviceBuffer<float>> conv, conv_ref;
+    std::vector<DeviceBuffer<ST>> rec, rec_ref;
     std::vector<DecodeBatchRow> rows(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b) {
       auto c0 = random_floats(conv_n * slots, 0.5f, uint32_t(100 + b));
-      auto r0 = random_floats(rec_n * slots, 0.1f, uint32_t(200 + b));
       conv.push_back(upload(c0));
-      rec.push_back(upload(r0));
       conv_ref.push_back(upload(c0));
-      rec_ref.push_back(upload(r0));
+      rec.push_back(random_state<ST>(rec_n * slots, uint32_t(200 + b)));
+      rec_ref.push_back(random_state<ST>(rec_n * slots, uint32_t(200 + b)));
       rows[size_t(b)].conv = conv.back().get();
-      rows[size_t(b)].rec = rec.back().get();
+      if constexpr (std::is_same_v<ST, bf16>)
+        rows[size_t(b)].rec_bf16 = rec.back().get();
+      else
+        rows[size_t(b)].rec = rec.back().get();
     }
     auto d_rows = upload(rows);
     DeviceBuffer<bf16> out(size_t(B) * Hv * Dv), out_ref(size_t(B) * Hv * Dv);
@@ -82,7 +109,8 @@ void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initialize
     DeviceBuffer<float> ws(cuda::gdn_decode_batch_workspace_floats(B, Hk, Hv, Dk, Dv));
     poison(ws);  // needs no initialisation
     cuda::gdn_decode_batch(proj.get(), B, d_rows.get(), slot, taps.get(), nA.get(), dtb.get(),
-                           normw.get(), Hk, Hv, Dk, Dv, K, 1e-6f, ws.get(), out.get(), nullptr);
+                           normw.get(), Hk, Hv, Dk, Dv, K, 1e-6f, ws.get(), out.get(), nullptr,
+                           std::is_same_v<ST, bf16> ? GdnStateFormat::bf16 : GdnStateFormat::f32);
     for (int b = 0; b < B; ++b)
       cuda::gdn_decode(proj.get() + size_t(b) * P, taps.get(),
                        conv_ref[size_t(b)].get() + size_t(slot) * conv_n, nA.get(), dtb.get(),
@@ -91,7 +119,7 @@ void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initialize
     EXPECT_EQ(bits_of(out), bits_of(out_ref));
     for (int b = 0; b < B; ++b) {
       EXPECT_EQ(download(conv[size_t(b)]), download(conv_ref[size_t(b)])) << "conv row " << b;
-      EXPECT_EQ(download(rec[size_t(b)]), download(rec_ref[size_t(b)])) << "state row " << b;
+      EXPECT_EQ(state_bits(rec[size_t(b)]), state_bits(rec_ref[size_t(b)])) << "state row " << b;
     }
   }
 }
@@ -101,10 +129,19 @@ TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
   if (!cuda::gdn_decode_uses_cluster(16, 32, 128, 128)) GTEST_SKIP() << "needs an sm_90 GPU";
   // The real shape (clusters of 4 column blocks); a wide one (Dv 64: clusters of 2, K 3); Dk 64
   // (K 2); tiny-a's (Dk = Dv = 32: one block per head, no cluster barrier).
-  check_gdn_batch_rows(16, 32, 128, 128, 4, {1, 3, 7, 16, 40, 64});
-  check_gdn_batch_rows(2, 8, 128, 64, 3, {1, 5, 123});
-  check_gdn_batch_rows(4, 4, 64, 64, 2, {2, 211});
-  check_gdn_batch_rows(2, 4, 32, 32, 4, {3, 517});
+  check_gdn_batch_rows<float>(16, 32, 128, 128, 4, {1, 3, 7, 16, 40, 64});
+  check_gdn_batch_rows<float>(2, 8, 128, 64, 3, {1, 5, 123});
+  check_gdn_batch_rows<float>(4, 4, 64, 64, 2, {2, 211});
+  check_gdn_batch_rows<float>(2, 4, 32, 32, 4, {3, 517});
+}
+
+// The same with the recurrent state in bf16 (model/state_format.h).
+TEST(BatchKernels, GdnDecodeBatchEqualsSingleRowsBf16State) {
+  LILAC_REQUIRE_GPU();
+  if (!cuda::gdn_decode_uses_cluster(16, 32, 128, 128)) GTEST_SKIP() << "needs an sm_90 GPU";
+  check_gdn_batch_rows<bf16>(16, 32, 128, 128, 4, {1, 7, 16, 64});
+  check_gdn_batch_rows<bf16>(2, 8, 128, 64, 3, {5, 123});
+  check_gdn_batch_rows<bf16>(2, 4, 32, 32, 4, {3, 517});
 }
 
 // ---- attention --------------------------------------------------------------------------------

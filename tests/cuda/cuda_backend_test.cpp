@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "model/qwen36.h"
 #include "model/sampling.h"
+#include "util/error.h"
 
 namespace lilac::test {
 namespace {
@@ -37,34 +38,89 @@ int32_t argmax(const float* x, int64_t n) {
   return int32_t(std::max_element(x, x + n) - x);
 }
 
+// Both checkpoint layouts; both recurrent-state formats (model/state_format.h): the bf16 state
+// keeps the same greedy ids and the same tolerance against the f32 references on tiny-a.
 TEST(CudaBackend, TinyAMatchesTheHFFixture) {
   LILAC_REQUIRE_GPU();
-  for (const char* dir : {"tiny-a", "tiny-a-per-expert"}) {
-    auto model = load_model(data_path(dir));
-    model->config.rope_inv_freq_bf16 = true;  // as the fixture (docs/model-notes.md)
-    auto backend = cuda::make_cuda_backend(model->config, model->weights, model->checkpoint->dir());
-    auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
-    auto prompt = read_i32(*ref, "prompt_ids");
-    auto want_prefill = read_f32(*ref, "prefill_logits");
-    auto want_ids = read_i32(*ref, "decode_ids");
-    auto want_decode = read_f32(*ref, "decode_logits");
-    const int64_t V = model->config.vocab;
-    auto seq = backend->new_sequence(64);
-    std::vector<float> logits(prompt.size() * size_t(V));
-    backend->forward(*seq, prompt, logits, true);
-    // bf16 activations: about 5e-2 absolute on logits of scale ~4 (docs/model.md section 10).
-    EXPECT_TRUE(all_close(logits, want_prefill, 5e-2, 0, std::string(dir) + " prefill_logits"));
-    int32_t next = argmax(&logits[(prompt.size() - 1) * size_t(V)], V);
-    std::vector<float> step(static_cast<size_t>(V));
-    for (size_t j = 0; j < want_ids.size(); ++j) {
-      ASSERT_EQ(next, want_ids[j]) << dir << ": greedy id differs at decode step " << j;
-      backend->forward(*seq, std::span(&next, 1), step, false);
-      std::vector<float> want(want_decode.begin() + j * V, want_decode.begin() + (j + 1) * V);
-      EXPECT_TRUE(
-          all_close(step, want, 5e-2, 0, std::string(dir) + " decode step " + std::to_string(j)));
-      next = argmax(step.data(), V);
+  for (const GdnStateFormat fmt : {GdnStateFormat::f32, GdnStateFormat::bf16})
+    for (const char* dir : {"tiny-a", "tiny-a-per-expert"}) {
+      SCOPED_TRACE(std::string("state ") + gdn_state_format_name(fmt));
+      auto model = load_model(data_path(dir));
+      model->config.rope_inv_freq_bf16 = true;  // as the fixture (docs/model-notes.md)
+      cuda::CudaOptions options;
+      options.gdn_state = fmt;
+      auto backend = cuda::make_cuda_backend(model->config, model->weights,
+                                             model->checkpoint->dir(), false, options);
+      auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
+      auto prompt = read_i32(*ref, "prompt_ids");
+      auto want_prefill = read_f32(*ref, "prefill_logits");
+      auto want_ids = read_i32(*ref, "decode_ids");
+      auto want_decode = read_f32(*ref, "decode_logits");
+      const int64_t V = model->config.vocab;
+      auto seq = backend->new_sequence(64);
+      std::vector<float> logits(prompt.size() * size_t(V));
+      backend->forward(*seq, prompt, logits, true);
+      // bf16 activations: about 5e-2 absolute on logits of scale ~4 (docs/model.md section 10).
+      EXPECT_TRUE(all_close(logits, want_prefill, 5e-2, 0, std::string(dir) + " prefill_logits"));
+      int32_t next = argmax(&logits[(prompt.size() - 1) * size_t(V)], V);
+      std::vector<float> step(static_cast<size_t>(V));
+      for (size_t j = 0; j < want_ids.size(); ++j) {
+        ASSERT_EQ(next, want_ids[j]) << dir << ": greedy id differs at decode step " << j;
+        backend->forward(*seq, std::span(&next, 1), step, false);
+        std::vector<float> want(want_decode.begin() + j * V, want_decode.begin() + (j + 1) * V);
+        EXPECT_TRUE(
+            all_close(step, want, 5e-2, 0, std::string(dir) + " decode step " + std::to_string(j)));
+        next = argmax(step.data(), V);
+      }
     }
+}
+
+// The bf16 state format against the CPU backend's twin of it (its recurrent state rounded to bf16
+// after each call), prompt then 8 greedy steps; the states the backend reports are bf16 values;
+// a sequence's state bytes shrink by the recurrent state's half; set_options cannot switch it.
+TEST(CudaBackend, TinyABf16StateMatchesTheCpuTwin) {
+  LILAC_REQUIRE_GPU();
+  auto model = load_model(data_path("tiny-a"));
+  model->config.rope_inv_freq_bf16 = true;
+  cuda::CudaOptions options;
+  options.gdn_state = GdnStateFormat::bf16;
+  auto gpu = cuda::make_cuda_backend(model->config, model->weights, model->checkpoint->dir(), false,
+                                     options);
+  auto gpu32 = cuda::make_cuda_backend(model->config, model->weights, model->checkpoint->dir());
+  cpu::CpuBackend cpu(model->config, model->weights);
+  cpu.set_gdn_state_format(GdnStateFormat::bf16);
+  auto ref = SafetensorsFile::open(data_path("tiny-a/reference.safetensors"));
+  auto prompt = read_i32(*ref, "prompt_ids");
+  const int64_t V = model->config.vocab;
+  auto gs = gpu->new_sequence(64), cs = cpu.new_sequence(64), g32 = gpu32->new_sequence(64);
+  std::vector<float> gl(prompt.size() * size_t(V)), cl(gl.size());
+  gpu->forward(*gs, prompt, gl, true);
+  cpu.forward(*cs, prompt, cl, true);
+  EXPECT_TRUE(all_close(gl, cl, 5e-2, 0, "bf16 state: prompt logits vs the CPU twin"));
+  int32_t next = argmax(&gl[(prompt.size() - 1) * size_t(V)], V);
+  std::vector<float> g(static_cast<size_t>(V)), c(g.size());
+  for (int j = 0; j < 8; ++j) {
+    gpu->forward(*gs, std::span(&next, 1), g, false);
+    cpu.forward(*cs, std::span(&next, 1), c, false);
+    EXPECT_TRUE(all_close(g, c, 5e-2, 0, "bf16 state: decode step " + std::to_string(j)));
+    EXPECT_EQ(argmax(g.data(), V), argmax(c.data(), V)) << "greedy id at step " << j;
+    next = argmax(g.data(), V);
   }
+  for (int64_t layer = 0; layer < model->config.layers; ++layer) {
+    if (model->config.layer_types[size_t(layer)] != LayerType::GatedDeltaNet) continue;
+    const auto rec = gpu->gdn_state(*gs, layer).second;
+    size_t not_bf16 = 0;
+    for (float x : rec) not_bf16 += round_to_bf16(x) != x;
+    EXPECT_EQ(not_bf16, 0u) << "layer " << layer;
+  }
+  const size_t rec_f32 = size_t(model->config.count_layers(LayerType::GatedDeltaNet)) *
+                         size_t(model->config.gdn_value_heads * model->config.gdn_key_dim *
+                                model->config.gdn_value_dim) *
+                         4;
+  EXPECT_EQ(gpu32->state_bytes(*g32) - gpu->state_bytes(*gs), rec_f32 / 2);
+  cuda::CudaOptions o = gpu->options();
+  o.gdn_state = GdnStateFormat::f32;
+  EXPECT_THROW(gpu->set_options(o), lilac::Error);
 }
 
 TEST(CudaBackend, ChunkedPrefillAndGraphedDecodeAgree) {

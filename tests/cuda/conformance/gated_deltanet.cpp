@@ -19,29 +19,50 @@
 namespace lilac::test {
 namespace {
 
-// The GPU side of one layer: weights, states and workspaces on the device.
+std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+  return b;
+}
+
+// The GPU side of one layer: weights, states and workspaces on the device. The recurrent state
+// in f32 (`state`) or, with bf16_state, in bf16 (`state16`, model/state_format.h).
 struct GpuGdn {
   GdnDims d;
   cuda::DeviceBuffer<float> taps, neg_exp_A, dt_bias, norm_w, conv_state, state, pre_ws;
+  cuda::DeviceBuffer<cuda::bf16> state16;
   int pre_ws_T = 0;
 
   GpuGdn(const GdnDims& dims, const GdnParams& w, const std::vector<float>& conv0,
-         const std::vector<float>& state0)
+         const std::vector<float>& state0, bool bf16_state = false)
       : d(dims),
         taps(upload(w.taps)),
         neg_exp_A(upload(w.neg_exp_A)),
         dt_bias(upload(w.dt_bias)),
         norm_w(upload(w.norm_w)),
-        conv_state(upload(conv0)),
-        state(upload(state0)) {}
+        conv_state(upload(conv0)) {
+    if (bf16_state)
+      state16 = upload_bf16(bf16_bits(state0));
+    else
+      state = upload(state0);
+  }
+  bool bf16_state() const { return state16.size() > 0; }
+  std::vector<float> download_state() const {
+    return bf16_state() ? download_bf16_as_f32(state16) : download(state);
+  }
 
   std::vector<float> decode(const std::vector<float>& proj_row) {
     auto d_proj = upload(proj_row);
     cuda::DeviceBuffer<cuda::bf16> out(size_t(d.Hv) * d.Dv);
     poison(out);
-    cuda::gdn_decode(d_proj.get(), taps.get(), conv_state.get(), neg_exp_A.get(), dt_bias.get(),
-                     norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K, kGdnEps, out.get(),
-                     nullptr);
+    if (bf16_state())
+      cuda::gdn_decode(d_proj.get(), taps.get(), conv_state.get(), neg_exp_A.get(), dt_bias.get(),
+                       norm_w.get(), state16.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K, kGdnEps, out.get(),
+                       nullptr);
+    else
+      cuda::gdn_decode(d_proj.get(), taps.get(), conv_state.get(), neg_exp_A.get(), dt_bias.get(),
+                       norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K, kGdnEps, out.get(),
+                       nullptr);
     return download_bf16_as_f32(out);
   }
 
@@ -51,9 +72,14 @@ struct GpuGdn {
     poison(ws);  // nothing read from the workspace may come from before the launch
     cuda::DeviceBuffer<cuda::bf16> out(size_t(T) * d.Hv * d.Dv);
     poison(out);
-    cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(), dt_bias.get(),
-                      norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K, kGdnEps, ws.get(),
-                      out.get(), nullptr);
+    if (bf16_state())
+      cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
+                        dt_bias.get(), norm_w.get(), state16.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
+                        kGdnEps, ws.get(), out.get(), nullptr);
+    else
+      cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
+                        dt_bias.get(), norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
+                        kGdnEps, ws.get(), out.get(), nullptr);
     return download_bf16_as_f32(out);
   }
 };
@@ -69,6 +95,19 @@ struct GpuGdn {
   return within(got, want, t.atol, t.rtol, w + " state");
 }
 
+// The bf16 state format: the twin's state rounded to bf16 after each call, as the kernels store
+// it. The two sides round f32 values that agree to ~1e-6 relative, so an element may land one
+// bf16 ulp apart (at most 2^-7 relative) where a value sits on a rounding boundary; the outputs
+// keep the f32 tolerance (they come from the call's f32 state).
+::testing::AssertionResult state16_close(const std::vector<float>& got,
+                                         const std::vector<float>& want, const std::string& w) {
+  for (size_t i = 0; i < got.size(); ++i)
+    if (round_to_bf16(got[i]) != got[i])
+      return ::testing::AssertionFailure()
+             << w << " state: element " << i << " = " << got[i] << " is not a bf16 value";
+  return within(got, want, 1e-4 * std::max(1e-3, max_abs(want)), 8e-3, w + " state (bf16)");
+}
+
 std::string tag(const GdnDims& d, const char* what, int a, float decay) {
   return std::string(d.name) + " " + what + " " + std::to_string(a) + " decay " +
          std::to_string(decay);
@@ -79,20 +118,26 @@ std::string tag(const GdnDims& d, const char* what, int a, float decay) {
 
 // The one decode kernel (the cluster kernel; version 1, the counter kernel, is in bench/lab,
 // checked on the same cases: gdn_decode_cases and their inputs, gated_deltanet_twin.h).
-void check_gdn_decode(const GdnDecodeCase& c) {
+void check_gdn_decode(const GdnDecodeCase& c, bool bf16_state = false) {
   const GdnDims& d = c.d;
   if (!cuda::gdn_decode_uses_cluster(d.Hk, d.Hv, d.Dk, d.Dv))
     GTEST_SKIP() << "no cluster path on this device";
   const GdnParams w = gdn_decode_params(c);
   GdnStart cpu = gdn_decode_start(c);
-  GpuGdn gpu(d, w, cpu.conv, cpu.state);
+  if (bf16_state) cpu.state = bf16_round(cpu.state);
+  GpuGdn gpu(d, w, cpu.conv, cpu.state, bf16_state);
   for (int step = 0; step < kGdnDecodeSteps; ++step) {
     const std::string l = tag(d, "decode step", step, c.decay);
     const std::vector<float> proj = gdn_decode_proj(c, step);
     const auto out = gpu.decode(proj);
     const auto want = cpu_gdn(proj, 1, d, w, cpu.conv, cpu.state);
     EXPECT_TRUE(out_close(out, want, l));
-    EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
+    if (bf16_state) {
+      cpu.state = bf16_round(cpu.state);
+      EXPECT_TRUE(state16_close(gpu.download_state(), cpu.state, l));
+    } else {
+      EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
+    }
     EXPECT_TRUE(within(download(gpu.conv_state), cpu.conv, kGdnConvStateTolerance.atol,
                        kGdnConvStateTolerance.rtol, l + " conv state"));
   }
@@ -121,18 +166,22 @@ struct PrefillCase {
   bool zero_start;
 };
 
-void check_gdn_prefill(const PrefillCase& c) {
+void check_gdn_prefill(const PrefillCase& c, bool bf16_state = false) {
   const auto [d, T, decay, zero_start] = c;
   const uint32_t seed = uint32_t(T * 101 + d.Dk + int(decay * 100));
   const GdnParams w = make_gdn_params(d, decay, seed);
   GdnStart cpu = random_gdn_start(d, zero_start, seed + 10);
-  GpuGdn gpu(d, w, cpu.conv, cpu.state);
+  if (bf16_state) cpu.state = bf16_round(cpu.state);
+  GpuGdn gpu(d, w, cpu.conv, cpu.state, bf16_state);
   const std::vector<float> proj = random_floats(size_t(T) * d.P(), 1.f, seed + 20);
   const auto out = gpu.prefill(proj, T);
   const auto want = cpu_gdn(proj, T, d, w, cpu.conv, cpu.state);
   const std::string l = tag(d, "prefill T", T, decay);
   EXPECT_TRUE(out_close(out, want, l));
-  EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
+  if (bf16_state)
+    EXPECT_TRUE(state16_close(gpu.download_state(), bf16_round(cpu.state), l));
+  else
+    EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
   EXPECT_TRUE(within(download(gpu.conv_state), cpu.conv, 0, 0, l + " conv state"));
 }
 
@@ -151,11 +200,20 @@ std::vector<PrefillCase> prefill_cases() {
 // ---- prefill in two calls, then decode: the state carried between launchers
 // ----------------------
 
-void check_gdn_chain(const GdnDims& d) {
+void check_gdn_chain(const GdnDims& d, bool bf16_state = false) {
   const uint32_t seed = 777u + uint32_t(d.Dk);
   const GdnParams w = make_gdn_params(d, 1.f, seed);
   GdnStart cpu = random_gdn_start(d, true, seed + 10);
-  GpuGdn gpu(d, w, cpu.conv, cpu.state);
+  GpuGdn gpu(d, w, cpu.conv, cpu.state, bf16_state);
+  // The state after a call, as the format stores it.
+  auto check_state = [&](const std::string& l) {
+    if (bf16_state) {
+      cpu.state = bf16_round(cpu.state);
+      EXPECT_TRUE(state16_close(gpu.download_state(), cpu.state, l));
+    } else {
+      EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
+    }
+  };
   int pos = 0;
   for (int T : {100, 37, 1, 1, 1}) {
     const std::string l = tag(d, "chain at", pos, 1.f) + " T " + std::to_string(T);
@@ -164,7 +222,7 @@ void check_gdn_chain(const GdnDims& d) {
     const auto out = T > 1 ? gpu.prefill(proj, T) : gpu.decode(proj);
     const auto want = cpu_gdn(proj, T, d, w, cpu.conv, cpu.state);
     EXPECT_TRUE(out_close(out, want, l));
-    EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
+    check_state(l);
     EXPECT_TRUE(within(download(gpu.conv_state), cpu.conv, 0, 0, l + " conv state"));
     pos += T;
   }
@@ -173,8 +231,7 @@ void check_gdn_chain(const GdnDims& d) {
   const auto out = gpu.prefill(proj, 1);
   const auto want = cpu_gdn(proj, 1, d, w, cpu.conv, cpu.state);
   EXPECT_TRUE(out_close(out, want, tag(d, "chain prefill T=1 at", pos, 1.f)));
-  EXPECT_TRUE(
-      state_close(download(gpu.state), cpu.state, tag(d, "chain prefill T=1 at", pos, 1.f)));
+  check_state(tag(d, "chain prefill T=1 at", pos, 1.f));
 }
 
 std::string dims_name(const GdnDims& d) {
@@ -201,6 +258,23 @@ LILAC_CONFORMANCE_CASES(gated_deltanet) {
   for (const GdnDims& d : {kGdnReal, kGdnTiny, kGdnWide})
     cases.push_back({"gdn_chain", dims_name(d) + "_T100_37_decode3_prefill1", "f32", twin,
                      [d] { check_gdn_chain(d); }});
+  // The bf16 state format (model/state_format.h): the same kernels storing the state in bf16;
+  // the twin's state rounded to bf16 after each call.
+  const char* twin16 = "the same twin, its recurrent state rounded to bf16 after each call";
+  for (const GdnDecodeCase& c : gdn_decode_cases())
+    cases.push_back({"gdn_decode",
+                     dims_name(c.d) + (c.decay > 1.f ? "_strong" : "_mild") + "_4steps_bf16_state",
+                     "f32", twin16, [c] { check_gdn_decode(c, true); }});
+  for (const PrefillCase& c : prefill_cases())
+    if (c.T == 1 || c.T == 65 || c.T == 1000 || c.zero_start)
+      cases.push_back({"gdn_prefill",
+                       dims_name(c.d) + "_T" + std::to_string(c.T) +
+                           (c.decay > 1.f ? "_strong" : "_mild") + (c.zero_start ? "_fresh" : "") +
+                           "_bf16_state",
+                       "f32", twin16, [c] { check_gdn_prefill(c, true); }});
+  for (const GdnDims& d : {kGdnReal, kGdnTiny, kGdnWide})
+    cases.push_back({"gdn_chain", dims_name(d) + "_T100_37_decode3_prefill1_bf16_state", "f32",
+                     twin16, [d] { check_gdn_chain(d, true); }});
   return cases;
 }
 
