@@ -25,8 +25,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void bench(const std::string& weights) {
-  auto b = cuda::make_synthetic_backend(weights, 1);
+void bench(const std::string& weights, GdnStateFormat state = GdnStateFormat::f32) {
+  cuda::CudaOptions options;
+  options.gdn_state = state;
+  auto b = cuda::make_synthetic_backend(weights, 1, SyntheticRouter::Uniform, options);
   const int kMax = 64, kCtx = 1024, kReps = 10;
   const int32_t nv = b->sampling_vocab();
   std::vector<std::unique_ptr<SequenceState>> seqs;
@@ -109,6 +111,12 @@ TEST(BatchBench, DISABLED_DecodeStepTimesBf16) {
 TEST(BatchBench, DISABLED_DecodeStepTimesQ4) {
   LILAC_REQUIRE_GPU();
   bench("q4");
+}
+
+// The same with the recurrent state in bf16 (--gdn-state bf16, model/state_format.h).
+TEST(BatchBench, DISABLED_DecodeStepTimesQ4Bf16State) {
+  LILAC_REQUIRE_GPU();
+  bench("q4", GdnStateFormat::bf16);
 }
 
 }  // namespace

@@ -97,15 +97,22 @@ struct GpuGdn {
 
 // The bf16 state format: the twin's state rounded to bf16 after each call, as the kernels store
 // it. The two sides round f32 values that agree to ~1e-6 relative, so an element may land one
-// bf16 ulp apart (at most 2^-7 relative) where a value sits on a rounding boundary; the outputs
-// keep the f32 tolerance (they come from the call's f32 state).
+// bf16 ulp apart (at most 2^-7 relative) where a value sits on a rounding boundary, and from then
+// on the two trajectories differ by such roundings, which the next steps' delta-rule updates mix
+// into the other elements of the column: over the chain's 140 tokens (H200, s15 run 2) single
+// elements ended 2 ulps (wide) and 6 of their own ulps (real: 0.01276 against 0.01239, where the
+// state's largest values are ~2) apart. So: within one bf16 ulp of the state's largest value
+// (2^-8 max|want|) or 2^-7 relative, and every element a bf16 value (a kernel that stored f32,
+// or read or wrote the wrong element, fails one of the two). The outputs keep the f32 tolerance
+// (they come from the call's f32 state).
 ::testing::AssertionResult state16_close(const std::vector<float>& got,
                                          const std::vector<float>& want, const std::string& w) {
   for (size_t i = 0; i < got.size(); ++i)
     if (round_to_bf16(got[i]) != got[i])
       return ::testing::AssertionFailure()
              << w << " state: element " << i << " = " << got[i] << " is not a bf16 value";
-  return within(got, want, 1e-4 * std::max(1e-3, max_abs(want)), 8e-3, w + " state (bf16)");
+  return within(got, want, std::ldexp(std::max(1e-3, max_abs(want)), -8), 8e-3,
+                w + " state (bf16)");
 }
 
 std::string tag(const GdnDims& d, const char* what, int a, float decay) {
