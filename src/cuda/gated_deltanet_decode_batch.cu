@@ -36,6 +36,7 @@
 // (tests/cuda/batch_kernels_test.cpp). The rows[] pointers are read before the PDL wait (uploaded
 // by the host before the step, written by no kernel).
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/cluster.cuh"
 #include "cuda/common.cuh"
@@ -52,7 +53,11 @@ namespace {
 using gdn::conv_silu;
 using gdn::kCols;               // value columns per state block
 constexpr int kMaxCluster = 8;  // portable cluster size (Dv <= 256)
-constexpr int kMinBlocks = 5;   // state kernel: resident 256-thread blocks per SM asked of ptxas
+// State kernel: resident 256-thread blocks per SM asked of ptxas. With the bf16 state a block
+// moves half the bytes, so more blocks per SM keep more of them in flight: 6 (40 registers, 20
+// bytes of spills; s15: 5 blocks with the bf16 state was the first measurement).
+template <class ST>
+constexpr int kMinBlocks = std::is_same_v<ST, bf16> ? 6 : 5;
 
 // Floats of one workspace row: q [Hk Dk], k [Hk Dk], v [Hv Dv], z [Hv Dv], beta [Hv], decay [Hv],
 // rounded up to 4 (16-byte aligned rows).
@@ -146,7 +151,7 @@ __global__ void __launch_bounds__(2 * DK)
 // ST: the recurrent state's element type (float, or bf16: model/state_format.h); rows[b].rec or
 // rows[b].rec_bf16 (decode_batch.h).
 template <int DK, class ST>
-__global__ void __launch_bounds__(2 * DK, kMinBlocks)
+__global__ void __launch_bounds__(2 * DK, kMinBlocks<ST>)
     gdn_batch_state_kernel(const float* __restrict__ ws, int ws_row,
                            const float* __restrict__ norm_w, int Hk, int Hv, int Dv, float eps,
                            bf16* __restrict__ out, const DecodeBatchRow* __restrict__ rows,
