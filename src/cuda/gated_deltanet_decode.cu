@@ -35,6 +35,7 @@
 // ranks, indexed by the source's (value head in the group, column block)), so nothing depends on
 // how the hardware linearises the cluster's blocks.
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/cluster.cuh"
 #include "cuda/common.cuh"
@@ -296,24 +297,39 @@ bool gdn_decode_uses_cluster(int Hk, int Hv, int Dk, int Dv) {
          device_is_cc90();
 }
 
+namespace {
+
+// One row; ST: the recurrent state's element type (float or bf16), which picks the kernel.
+template <class ST>
+void gdn_decode_row(const float* proj, const float* conv_taps, float* conv_state,
+                    const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
+                    ST* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, bf16* out,
+                    cudaStream_t stream) {
+  check_decode("gdn_decode", Hk, Hv, Dk, Dv, K);
+  if (!state) fail("gdn_decode: null state");
+  DecodeArgs a{proj,    conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, nullptr,
+               nullptr, Hk,        Hv,         Dv,        eps,     out};
+  if constexpr (std::is_same_v<ST, bf16>)
+    a.state_bf16 = state;
+  else
+    a.state = state;
+  launch_gdn_decode_dk(Dk, K, a, stream);
+}
+
+}  // namespace
+
 void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale, float* state,
                 int Hk, int Hv, int Dk, int Dv, int K, float eps, bf16* out, cudaStream_t stream) {
-  check_decode("gdn_decode", Hk, Hv, Dk, Dv, K);
-  if (!state) fail("gdn_decode: null state");
-  const DecodeArgs a{proj,    conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state,
-                     nullptr, Hk,        Hv,         Dv,        eps,     out};
-  launch_gdn_decode_dk(Dk, K, a, stream);
+  gdn_decode_row(proj, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv, Dk, Dv,
+                 K, eps, out, stream);
 }
 
 void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
                 const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
                 int Hk, int Hv, int Dk, int Dv, int K, float eps, bf16* out, cudaStream_t stream) {
-  check_decode("gdn_decode", Hk, Hv, Dk, Dv, K);
-  if (!state) fail("gdn_decode: null state");
-  const DecodeArgs a{proj,  conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, nullptr,
-                     state, Hk,        Hv,         Dv,        eps,     out};
-  launch_gdn_decode_dk(Dk, K, a, stream);
+  gdn_decode_row(proj, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv, Dk, Dv,
+                 K, eps, out, stream);
 }
 
 void gdn_decode_batch_cluster(const float* proj, int B, const DecodeBatchRow* rows, int slot,
