@@ -16,6 +16,10 @@ inline std::string data_root() {
 inline std::string data_path(const std::string& rel) {
   return data_root() + "/" + rel;
 }
+// The bundled demo model (models/demo), beside the test data in the repository.
+inline std::string demo_model_dir() {
+  return data_root() + "/../../models/demo";
+}
 
 // A fresh empty directory under the system temp dir, removed when the object dies.
 class TempDir {

@@ -15,15 +15,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string demo() {
-  return data_root() + "/../../models/demo";
-}
-
 TEST(CliGdnState, BenchRecordsTheFormat) {
   TempDir dir;
   const std::string out = dir.str("bench.json");
   const std::string base =
-      "bench --model " + demo() +
+      "bench --model " + demo_model_dir() +
       " --device cpu --lengths 16 --rounds 1 --decode 3 --sampling off --json " + out;
   for (const char* f : {"", "f32", "bf16"}) {
     const std::string want = *f ? f : "f32";
@@ -37,7 +33,7 @@ TEST(CliGdnState, BenchRecordsTheFormat) {
 }
 
 TEST(CliGdnState, RunUsesIt) {
-  auto r = run_lilac("run --model " + demo() +
+  auto r = run_lilac("run --model " + demo_model_dir() +
                      " --device cpu --gdn-state bf16 --max-tokens 4 --seed 5 --no-think 'Hello'");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("Gated DeltaNet recurrent state kept in bf16"));
@@ -45,15 +41,16 @@ TEST(CliGdnState, RunUsesIt) {
 
 TEST(CliGdnState, BadValuesAreRefused) {
   const std::string want = "--gdn-state fp8: unknown Gated DeltaNet state format 'fp8'";
-  for (const std::string& cmd :
-       {"serve --model " + demo() + " --device cpu --port 0", "run --model " + demo() + " hi",
-        "bench --model " + demo() + " --device cpu --lengths 16",
-        std::string("bench --synthetic")}) {
+  for (const std::string& cmd : {"serve --model " + demo_model_dir() + " --device cpu --port 0",
+                                 "run --model " + demo_model_dir() + " hi",
+                                 "bench --model " + demo_model_dir() + " --device cpu --lengths 16",
+                                 std::string("bench --synthetic")}) {
     auto r = run_lilac(cmd + " --gdn-state fp8");
     EXPECT_EQ(r.status, 1) << cmd << "\n" << r.output;
     EXPECT_THAT(r.output, HasSubstr(want)) << cmd;
   }
-  auto empty = run_lilac("bench --model " + demo() + " --device cpu --lengths 16 --gdn-state ''");
+  auto empty =
+      run_lilac("bench --model " + demo_model_dir() + " --device cpu --lengths 16 --gdn-state ''");
   EXPECT_EQ(empty.status, 1) << empty.output;
   EXPECT_THAT(empty.output, HasSubstr("unknown Gated DeltaNet state format ''"));
   for (const char* cmd : {"serve", "run", "chat", "bench"}) {

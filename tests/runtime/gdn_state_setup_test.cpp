@@ -15,10 +15,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string demo_dir() {
-  return data_root() + "/../../models/demo";
-}
-
 TEST(GdnStateSetup, FlagParsing) {
   EXPECT_EQ(runtime::parse_gdn_state_flag(std::nullopt), std::nullopt) << "not given";
   EXPECT_EQ(runtime::parse_gdn_state_flag("f32"), GdnStateFormat::f32);
@@ -35,7 +31,7 @@ TEST(GdnStateSetup, FlagParsing) {
 }
 
 TEST(GdnStateSetup, OpenBackendSetsTheCpuFormat) {
-  auto model = load_model(demo_dir());
+  auto model = load_model(demo_model_dir());
   EXPECT_EQ(runtime::gdn_state_format(*runtime::open_backend(*model, "cpu")), GdnStateFormat::f32);
   EXPECT_EQ(runtime::gdn_state_format(*runtime::open_backend(*model, "cpu", GdnStateFormat::bf16)),
             GdnStateFormat::bf16);
@@ -59,7 +55,7 @@ TEST(GdnStateSetup, LoadForServingPassesItOn) {
         return true;
     return false;
   };
-  const auto choice = runtime::choose_model(demo_dir());
+  const auto choice = runtime::choose_model(demo_model_dir());
   auto dflt = runtime::load_for_serving(choice, lo);
   EXPECT_EQ(runtime::gdn_state_format(*dflt->backend), GdnStateFormat::f32);
   EXPECT_FALSE(said());
