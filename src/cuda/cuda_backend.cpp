@@ -59,6 +59,15 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* f = std::getenv("LILAC_GEMV_ROWS_STAGED"))
     o.gemv_rows_staged = std::string(f) != "0";
   if (const char* g = std::getenv("LILAC_GDN_STATE")) o.gdn_state = parse_gdn_state_format(g);
+  if (const char* k = std::getenv("LILAC_GDN_BATCH_KERNEL")) {
+    const std::string v(k);
+    if (v == "split")
+      o.gdn_batch_kernel = GdnBatchKernel::split;
+    else if (v == "head")
+      o.gdn_batch_kernel = GdnBatchKernel::head;
+    else if (v != "auto" && v != "automatic")
+      fail("LILAC_GDN_BATCH_KERNEL={}: expected split, head or auto", v);
+  }
   if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
     const std::string v(k);
     if (v == "registers")

@@ -55,6 +55,9 @@ struct CudaOptions {
   // into shared memory) for 4-bit prompt chunks on Hopper, else registers.
   // LILAC_SMALL_MOE_KERNEL=registers|streamed|auto (A/B runs).
   MoeSmallKernel small_moe_kernel = MoeSmallKernel::automatic;
+  // The batched pass's Gated DeltaNet state kernel (gated_deltanet.h): automatic = head
+  // (version 6), split = version 3. LILAC_GDN_BATCH_KERNEL=split|head|auto (A/B runs).
+  GdnBatchKernel gdn_batch_kernel = GdnBatchKernel::automatic;
   // One-row decode: the layer's first 4/8-bit projection (in_proj, qkv) runs q_gemv_rms_staged
   // (its input norm fused, its weights requested before it waits for the previous kernel;
   // q4_linear.h) where the device has it. Bit for bit rms_norm + q_gemv. Measured +2-4% at one

@@ -124,7 +124,7 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
       gdn_decode_batch(w.proj.get(), B, rows, slot, L.conv, L.neg_exp_A, L.dt_bias, L.gdn_norm,
                        int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
                        int(c.gdn_value_dim), int(c.gdn_conv_kernel), eps, bw.gdn_ws.get(),
-                       w.mix.get(), s, options_.gdn_state);
+                       w.mix.get(), s, options_.gdn_state, options_.gdn_batch_kernel);
     });
     timed(timer, "proj.gdn_out_proj", [&] {
       rows_proj(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, H, w.h.get(), true, s);

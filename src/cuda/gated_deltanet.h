@@ -45,13 +45,19 @@ void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
 // rows[b].rec (f32) and rows[b].rec_bf16 holds the states). Two launches
 // (gated_deltanet_decode_batch.cu: a prep kernel into `workspace`, then the state pass); workspace:
 // gdn_decode_batch_workspace_floats(B, ...) floats, no initialisation.
+// kernel: the state pass's implementation. split = version 3 (a head's Dv/32 column blocks in a
+// cluster, each thread's 4 x 4 state slice in registers); head = version 6 (persistent blocks over
+// whole (row, head) items, the next items' states copied into shared memory by the bulk copy
+// engine); automatic = head. Both give the same bits (docs/kernels.md, "Sixteenth session").
+enum class GdnBatchKernel { automatic, split, head };
 struct DecodeBatchRow;
 size_t gdn_decode_batch_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv);
 void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
                       const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
                       const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
                       float* workspace, bf16* out, cudaStream_t stream,
-                      GdnStateFormat state_format = GdnStateFormat::f32);
+                      GdnStateFormat state_format = GdnStateFormat::f32,
+                      GdnBatchKernel kernel = GdnBatchKernel::automatic);
 
 // gdn_decode_batch's first launch alone (the prep kernel: conv, l2norm, gates into `workspace`,
 // conv states updated), for the kernel lab's state-pass versions (bench/lab/gdn_decode).

@@ -36,8 +36,12 @@
 // (tests/cuda/batch_kernels_test.cpp). The rows[] pointers are read before the PDL wait (uploaded
 // by the host before the step, written by no kernel).
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
+#include "cuda/bulk_copy.cuh"
 #include "cuda/cluster.cuh"
 #include "cuda/common.cuh"
 #include "cuda/decode_batch.h"
@@ -53,6 +57,8 @@ namespace {
 using gdn::conv_silu;
 using gdn::kCols;               // value columns per state block
 constexpr int kMaxCluster = 8;  // portable cluster size (Dv <= 256)
+constexpr size_t kCopyBytes =
+    16384;  // the head kernel's state copies, at most this many bytes each
 // State kernel: resident 256-thread blocks per SM asked of ptxas. With the bf16 state a block
 // moves half the bytes, so more blocks per SM keep more of them in flight: 6 (40 registers, 20
 // bytes of spills; s15: 5 blocks with the bf16 state was the first measurement).
@@ -240,6 +246,202 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks<ST>)
 #endif
 }
 
+// ---- kernel 2, version 6 ("head"): persistent blocks over (row, value head) items, no cluster
+//
+// Why (docs/kernels.md, "Sixteenth session"): the split kernel above keeps a block's 4 x 4 state
+// slice in registers, so the state bytes an SM has in flight are bounded by its resident blocks
+// (6 x 8 KiB in bf16), and every block lives through a DRAM round trip, two block barriers and a
+// cluster barrier: at 64 rows 10 waves, ~1.7 TB/s. Here a block owns whole heads: item (b, v) is
+// row b's head v, its Dk x Dv state contiguous in memory (32 KiB in bf16, 64 in f32). One thread
+// per block streams the next items' states and their workspace values (q, k of the key head, v, z
+// of the head) into a ring of `stages` shared-memory slots with the bulk copy engine
+// (bulk_copy.cuh), while the block computes the current item from shared memory: the bytes in
+// flight are bounded by shared memory, and the head's gated norm needs no cluster (the block has
+// all Dv columns).
+//
+// Threads: (cp, rs), cp = tid % (Dv/2) the column pair 2cp, 2cp + 1, rs = tid / (Dv/2) a slice of
+// gpt consecutive 16-row groups (group w: rows 16w..16w+15; Dk/16 groups). The split kernel's
+// warp w holds exactly group w, so the sums below are its sums, in its order: per column, t(rg) =
+// the 4-row FMA chain from 0, a group's partial (t0 + t1) + (t2 + t3) (its two xor shuffles), the
+// groups summed from 0 in order (its red/red2 loop), the norm's sum of squares warp_sum over each
+// 32-column block and those summed in block order (its cluster exchange). Outputs and states equal
+// gdn_decode's bit for bit (tests/cuda/batch_kernels_test.cpp).
+// Shared memory: stages x slot (state [Dk][Dv] ST, then q [Dk], k [Dk], v [Dv], z [Dv] f32), red
+// and red2 [Dk/16][Dv] f32, the 32-column blocks' sums of squares, the slots' barriers.
+template <int DK, class ST>
+struct HeadLayout {
+  int Dv, stages;
+  __host__ __device__ size_t state_bytes() const { return size_t(DK) * Dv * sizeof(ST); }
+  __host__ __device__ size_t slot_bytes() const {
+    return state_bytes() + size_t(2 * DK + 2 * Dv) * sizeof(float);
+  }
+  __host__ __device__ size_t red_offset() const { return size_t(stages) * slot_bytes(); }
+  __host__ __device__ size_t ss_offset() const {
+    return red_offset() + 2 * size_t(DK / 16) * Dv * sizeof(float);
+  }
+  __host__ __device__ size_t bar_offset() const {
+    return ss_offset() + kMaxCluster * sizeof(float);
+  }
+  __host__ __device__ size_t bytes() const { return bar_offset() + size_t(stages) * 8; }
+};
+
+// Two consecutive columns of one state row (8 bytes in f32, 4 in bf16), widened to f32; and back,
+// rounded as store_state4 rounds.
+__device__ __forceinline__ float2 load_state2(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
+__device__ __forceinline__ float2 load_state2(const bf16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ void store_state2(float* p, float2 v) {
+  *reinterpret_cast<float2*>(p) = v;
+}
+__device__ __forceinline__ void store_state2(bf16* p, float2 v) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v.x, v.y);
+}
+
+template <int DK, class ST>
+__global__ void __launch_bounds__(256)
+    gdn_batch_head_kernel(const float* __restrict__ ws, int ws_row,
+                          const float* __restrict__ norm_w, int Hk, int Hv, int Dv, float eps,
+                          bf16* __restrict__ out, const DecodeBatchRow* __restrict__ rows, int slot,
+                          int items, int stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int NG = DK / 16;  // 16-row groups
+  const HeadLayout<DK, ST> L{Dv, stages};
+  float* red = reinterpret_cast<float*>(smem + L.red_offset());  // [NG][Dv]: S^T k partials
+  float* red2 = red + NG * Dv;                                   // [NG][Dv]: S'^T q partials
+  float* ss_part = reinterpret_cast<float*>(smem + L.ss_offset());
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bar_offset());
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int nc2 = Dv / 2, cp = tid % nc2, rs = tid / nc2;
+  const int gpt = NG / (int(blockDim.x) / nc2);  // groups per thread
+  const int ratio = Hv / Hk;
+  const int step = int(gridDim.x);
+
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) bulk::init(&full[s], 1);
+    bulk::fence_init();
+  }
+  const float w_l = tid < Dv ? norm_w[tid] : 0.f;  // no kernel of the step writes it
+  __syncthreads();
+  pdl_launch_dependents();
+  pdl_wait();  // the workspace is the prep kernel's output
+
+  // Thread 0 issues item `item` into slot s: its state, then q, k, v, z from the workspace row.
+  auto issue = [&](int item, int s) {
+    const int b = item / Hv, v = item - b * Hv, kh = v / ratio;
+    unsigned char* d = smem + size_t(s) * L.slot_bytes();
+    const ST* src = gdn::row_state<ST>(rows[b]) + (size_t(slot) * Hv + v) * DK * Dv;
+    const float* wsr = ws + size_t(b) * ws_row;
+    bulk::arrive_expect_tx(&full[s], unsigned(L.slot_bytes()));
+    for (size_t off = 0; off < L.state_bytes(); off += kCopyBytes)  // copies of <= 16 KiB
+      bulk::copy(d + off, reinterpret_cast<const unsigned char*>(src) + off,
+                 unsigned(L.state_bytes() - off < kCopyBytes ? L.state_bytes() - off : kCopyBytes),
+                 &full[s]);
+    float* f = reinterpret_cast<float*>(d + L.state_bytes());
+    bulk::copy(f, wsr + kh * DK, DK * 4, &full[s]);
+    bulk::copy(f + DK, wsr + Hk * DK + kh * DK, DK * 4, &full[s]);
+    bulk::copy(f + 2 * DK, wsr + 2 * Hk * DK + v * Dv, unsigned(Dv) * 4, &full[s]);
+    bulk::copy(f + 2 * DK + Dv, wsr + 2 * Hk * DK + Hv * Dv + v * Dv, unsigned(Dv) * 4, &full[s]);
+  };
+  if (tid == 0)
+    for (int s = 0; s < stages && int(blockIdx.x) + s * step < items; ++s)
+      issue(int(blockIdx.x) + s * step, s);
+
+  for (int it = 0, item = int(blockIdx.x); item < items; ++it, item += step) {
+    const int s = it % stages;
+    const int b = item / Hv, v = item - b * Hv;
+    const float* wsr = ws + size_t(b) * ws_row;
+    const float beta = wsr[2 * Hk * DK + 2 * Hv * Dv + v];
+    const float decay = wsr[2 * Hk * DK + 2 * Hv * Dv + Hv + v];
+    bulk::wait(&full[s], unsigned(it / stages) & 1u);
+    const unsigned char* d = smem + size_t(s) * L.slot_bytes();
+    const ST* S = reinterpret_cast<const ST*>(d);
+    const float* qs = reinterpret_cast<const float*>(d + L.state_bytes());
+    const float* ks = qs + DK;
+    const float* vs = ks + DK;
+    const float z_l = tid < Dv ? vs[Dv + tid] : 0.f;
+
+    // 1. S^T k: the groups' partials of columns 2cp, 2cp + 1 into red.
+    for (int j = 0; j < gpt; ++j) {
+      const int w = rs * gpt + j;
+      float t[4][2];
+#pragma unroll
+      for (int rg = 0; rg < 4; ++rg) {
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = 16 * w + 4 * rg + i;
+          const float2 sv = load_state2(S + size_t(r) * Dv + 2 * cp);
+          const float kr = ks[r];
+          a0 += sv.x * kr;
+          a1 += sv.y * kr;
+        }
+        t[rg][0] = a0, t[rg][1] = a1;
+      }
+      *reinterpret_cast<float2*>(&red[w * Dv + 2 * cp]) = make_float2(
+          (t[0][0] + t[1][0]) + (t[2][0] + t[3][0]), (t[0][1] + t[1][1]) + (t[2][1] + t[3][1]));
+    }
+    __syncthreads();
+
+    // 2. u = beta (v - e^g S^T k) for the two columns (every slice of them computes the same).
+    float kS0 = 0.f, kS1 = 0.f;
+    for (int w = 0; w < NG; ++w) {
+      const float2 r2 = *reinterpret_cast<const float2*>(&red[w * Dv + 2 * cp]);
+      kS0 += r2.x, kS1 += r2.y;
+    }
+    const float4 u4 = gdn::delta_u(make_float4(kS0, kS1, 0.f, 0.f),
+                                   make_float4(vs[2 * cp], vs[2 * cp + 1], 0.f, 0.f), beta, decay);
+
+    // 3. S' = e^g S + k u^T, stored in place in global memory; S'^T q partials into red2.
+    ST* Sg = gdn::row_state<ST>(rows[b]) + (size_t(slot) * Hv + v) * DK * Dv;
+    for (int j = 0; j < gpt; ++j) {
+      const int w = rs * gpt + j;
+      float t[4][2];
+#pragma unroll
+      for (int rg = 0; rg < 4; ++rg) {
+        float o0 = 0.f, o1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = 16 * w + 4 * rg + i;
+          float2 sv = load_state2(S + size_t(r) * Dv + 2 * cp);
+          const float kr = ks[r], qr = qs[r];
+          sv.x = decay * sv.x + kr * u4.x;
+          sv.y = decay * sv.y + kr * u4.y;
+          store_state2(Sg + size_t(r) * Dv + 2 * cp, sv);
+          o0 += sv.x * qr;
+          o1 += sv.y * qr;
+        }
+        t[rg][0] = o0, t[rg][1] = o1;
+      }
+      *reinterpret_cast<float2*>(&red2[w * Dv + 2 * cp]) = make_float2(
+          (t[0][0] + t[1][0]) + (t[2][0] + t[3][0]), (t[0][1] + t[1][1]) + (t[2][1] + t[3][1]));
+    }
+    __syncthreads();  // red2 complete; slot s is read no more (z is in z_l)
+    if (tid == 0 && item + stages * step < items) issue(item + stages * step, s);
+
+    // 4. Gated RMS norm over the head: thread c < Dv takes column c.
+    float ov = 0.f;
+    if (tid < Dv) {
+      for (int w = 0; w < NG; ++w) ov += red2[w * Dv + tid];
+      const float ss = warp_sum(ov * ov);
+      if (lane == 0) ss_part[tid / 32] = ss;
+    }
+    __syncthreads();
+    if (tid < Dv) {
+      float ss = 0.f;
+      for (int c = 0; c < Dv / 32; ++c) ss += ss_part[c];
+      const float r = rsqrtf(ss / float(Dv) + eps);
+      out[(size_t(b) * Hv + v) * Dv + tid] = __float2bfloat16_rn(w_l * (ov * r) * silu(z_l));
+    }
+  }
+#else
+  __trap();  // sm_90 only (check_batch refuses other devices)
+#endif
+}
+
 struct BatchArgs {
   const float *proj, *taps;
   float* conv_state;
@@ -251,7 +453,59 @@ struct BatchArgs {
   float* ws;
   const DecodeBatchRow* rows;
   int B, slot, proj_stride;
+  bool head;  // the state pass on gdn_batch_head_kernel (else gdn_batch_state_kernel)
 };
+
+// The head kernel's shape: (Dv / 2) column pairs x row slices, at most 256 threads, each slice
+// whole 16-row groups (a power of two dividing Dk / 16, at least 2 so that Dv threads exist).
+int head_threads(int Dk, int Dv) {
+  const int nc2 = Dv / 2, ng = Dk / 16;
+  int slices = 2;
+  while (slices * 2 <= ng && nc2 * slices * 2 <= 256) slices *= 2;
+  return nc2 * slices;
+}
+
+// Ring slots: 3 where they fit in 227 KB (the real shapes: 3 x 34 KB in bf16, two blocks per SM;
+// 3 x 66 KB in f32, one), else 2.
+template <int DK, class ST>
+HeadLayout<DK, ST> head_layout(int Dv) {
+  HeadLayout<DK, ST> L{Dv, 3};
+  if (L.bytes() > 227 * 1024) L.stages = 2;
+  return L;
+}
+
+// Persistent grid: the blocks resident at once (occupancy at this shape), at most one per item.
+template <int DK, class ST>
+void launch_head(const BatchArgs& a, int ws_row, cudaStream_t stream) {
+  const auto kernel = gdn_batch_head_kernel<DK, ST>;
+  const HeadLayout<DK, ST> L = head_layout<DK, ST>(a.Dv);
+  const int threads = head_threads(DK, a.Dv);
+  if (L.bytes() > 227 * 1024) fail("gdn_decode_batch: Dv {} too wide for the head kernel", a.Dv);
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, int> resident;  // (device, Dv) -> blocks at once
+  int device = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&device));
+  int blocks = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = resident.find({device, a.Dv});
+    if (it == resident.end()) {
+      LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(L.bytes())));
+      int per_sm = 0, sms = 0;
+      LILAC_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, L.bytes()));
+      LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      if (per_sm < 1) fail("gdn_decode_batch: the head kernel does not fit an SM (Dv {})", a.Dv);
+      it = resident.emplace(std::make_pair(device, a.Dv), per_sm * sms).first;
+    }
+    blocks = it->second;
+  }
+  const int items = a.B * a.Hv;
+  launch_kernel(true, kernel, dim3(unsigned(std::min(items, blocks))), dim3(unsigned(threads)),
+                L.bytes(), stream, a.ws, ws_row, a.norm_w, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
+                a.slot, items, L.stages);
+}
 
 template <int DK, int KC>
 void launch_batch(const BatchArgs& a, bool prep_only, cudaStream_t stream) {
@@ -260,6 +514,13 @@ void launch_batch(const BatchArgs& a, bool prep_only, cudaStream_t stream) {
                 dim3(2 * DK), 0, stream, a.proj, a.taps, a.conv_state, a.neg_exp_A, a.dt_bias, a.Hk,
                 a.Hv, a.Dv, a.ws, ws_row, a.rows, a.slot, a.proj_stride);
   if (prep_only) return;
+  if (a.head) {
+    if (a.state_format == GdnStateFormat::bf16)
+      launch_head<DK, bf16>(a, ws_row, stream);
+    else
+      launch_head<DK, float>(a, ws_row, stream);
+    return;
+  }
   // Clusters of a head's column blocks.
   const dim3 cluster{unsigned(a.Dv / kCols)},
       grid{unsigned(a.Dv / kCols), unsigned(a.Hv), unsigned(a.B)};
@@ -327,7 +588,7 @@ void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows,
                            const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
                            const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K,
                            float eps, float* workspace, bf16* out, GdnStateFormat state_format,
-                           bool prep_only, cudaStream_t stream) {
+                           GdnBatchKernel kernel, bool prep_only, cudaStream_t stream) {
   if (!proj || !rows || !workspace || (!out && !prep_only)) fail("gdn_decode_batch: null pointer");
   if (B < 1 || B > 65535) fail("gdn_decode_batch: B = {}", B);
   check_batch(Hk, Hv, Dk, Dv, K);
@@ -347,7 +608,8 @@ void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows,
                     rows,
                     B,
                     slot,
-                    2 * Hk * Dk + 2 * Hv * Dv + 2 * Hv};
+                    2 * Hk * Dk + 2 * Hv * Dv + 2 * Hv,
+                    kernel != GdnBatchKernel::split};
   launch_batch_dk(Dk, K, a, prep_only, stream);
 }
 
@@ -356,10 +618,10 @@ void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows,
 void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,
                       const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
                       const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K, float eps,
-                      float* workspace, bf16* out, cudaStream_t stream,
-                      GdnStateFormat state_format) {
+                      float* workspace, bf16* out, cudaStream_t stream, GdnStateFormat state_format,
+                      GdnBatchKernel kernel) {
   gdn_decode_batch_impl(proj, B, rows, slot, conv_taps, neg_exp_A, dt_bias, norm_scale, Hk, Hv, Dk,
-                        Dv, K, eps, workspace, out, state_format, false, stream);
+                        Dv, K, eps, workspace, out, state_format, kernel, false, stream);
 }
 
 void gdn_decode_batch_prep(const float* proj, int B, const DecodeBatchRow* rows, int slot,
@@ -367,7 +629,8 @@ void gdn_decode_batch_prep(const float* proj, int B, const DecodeBatchRow* rows,
                            int Hk, int Hv, int Dk, int Dv, int K, float* workspace,
                            cudaStream_t stream) {
   gdn_decode_batch_impl(proj, B, rows, slot, conv_taps, neg_exp_A, dt_bias, nullptr, Hk, Hv, Dk, Dv,
-                        K, 0.f, workspace, nullptr, GdnStateFormat::f32, true, stream);
+                        K, 0.f, workspace, nullptr, GdnStateFormat::f32, GdnBatchKernel::split,
+                        true, stream);
 }
 
 }  // namespace lilac::cuda

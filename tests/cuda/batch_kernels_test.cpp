@@ -72,9 +72,11 @@ std::vector<uint16_t> state_bits(const DeviceBuffer<ST>& d) {
 }
 
 // Rows b of one launch against gdn_decode per row, at (Hk, Hv, Dk, Dv, K); ST: the recurrent
-// state's element type (float or bf16).
+// state's element type (float or bf16); kernel: the state pass's implementation (both must give
+// the single-row kernel's bits).
 template <class ST>
-void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initializer_list<int> Bs) {
+void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initializer_list<int> Bs,
+                          cuda::GdnBatchKernel kernel) {
   const int slots = 3, slot = 1;
   ASSERT_TRUE(cuda::gdn_decode_uses_cluster(Hk, Hv, Dk, Dv));
   const int C = 2 * Hk * Dk + Hv * Dv, P = C + Hv * Dv + 2 * Hv;
@@ -110,7 +112,8 @@ void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initialize
     poison(ws);  // needs no initialisation
     cuda::gdn_decode_batch(proj.get(), B, d_rows.get(), slot, taps.get(), nA.get(), dtb.get(),
                            normw.get(), Hk, Hv, Dk, Dv, K, 1e-6f, ws.get(), out.get(), nullptr,
-                           std::is_same_v<ST, bf16> ? GdnStateFormat::bf16 : GdnStateFormat::f32);
+                           std::is_same_v<ST, bf16> ? GdnStateFormat::bf16 : GdnStateFormat::f32,
+                           kernel);
     for (int b = 0; b < B; ++b)
       cuda::gdn_decode(proj.get() + size_t(b) * P, taps.get(),
                        conv_ref[size_t(b)].get() + size_t(slot) * conv_n, nA.get(), dtb.get(),
@@ -124,24 +127,35 @@ void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initialize
   }
 }
 
+constexpr cuda::GdnBatchKernel kGdnBatchKernels[] = {cuda::GdnBatchKernel::split,
+                                                     cuda::GdnBatchKernel::head};
+
 TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
   LILAC_REQUIRE_GPU();
   if (!cuda::gdn_decode_uses_cluster(16, 32, 128, 128)) GTEST_SKIP() << "needs an sm_90 GPU";
   // The real shape (clusters of 4 column blocks); a wide one (Dv 64: clusters of 2, K 3); Dk 64
-  // (K 2); tiny-a's (Dk = Dv = 32: one block per head, no cluster barrier).
-  check_gdn_batch_rows<float>(16, 32, 128, 128, 4, {1, 3, 7, 16, 40, 64});
-  check_gdn_batch_rows<float>(2, 8, 128, 64, 3, {1, 5, 123});
-  check_gdn_batch_rows<float>(4, 4, 64, 64, 2, {2, 211});
-  check_gdn_batch_rows<float>(2, 4, 32, 32, 4, {3, 517});
+  // (K 2); tiny-a's (Dk = Dv = 32: one block per head, no cluster barrier). The head kernel at 64
+  // rows deals 2,048 items over its resident blocks (several rounds of its ring), at 517 rows of
+  // tiny-a's shape 2,068.
+  for (const auto kernel : kGdnBatchKernels) {
+    SCOPED_TRACE(kernel == cuda::GdnBatchKernel::head ? "head kernel" : "split kernel");
+    check_gdn_batch_rows<float>(16, 32, 128, 128, 4, {1, 3, 7, 16, 40, 64}, kernel);
+    check_gdn_batch_rows<float>(2, 8, 128, 64, 3, {1, 5, 123}, kernel);
+    check_gdn_batch_rows<float>(4, 4, 64, 64, 2, {2, 211}, kernel);
+    check_gdn_batch_rows<float>(2, 4, 32, 32, 4, {3, 517}, kernel);
+  }
 }
 
 // The same with the recurrent state in bf16 (model/state_format.h).
 TEST(BatchKernels, GdnDecodeBatchEqualsSingleRowsBf16State) {
   LILAC_REQUIRE_GPU();
   if (!cuda::gdn_decode_uses_cluster(16, 32, 128, 128)) GTEST_SKIP() << "needs an sm_90 GPU";
-  check_gdn_batch_rows<bf16>(16, 32, 128, 128, 4, {1, 7, 16, 64});
-  check_gdn_batch_rows<bf16>(2, 8, 128, 64, 3, {5, 123});
-  check_gdn_batch_rows<bf16>(2, 4, 32, 32, 4, {3, 517});
+  for (const auto kernel : kGdnBatchKernels) {
+    SCOPED_TRACE(kernel == cuda::GdnBatchKernel::head ? "head kernel" : "split kernel");
+    check_gdn_batch_rows<bf16>(16, 32, 128, 128, 4, {1, 7, 16, 64}, kernel);
+    check_gdn_batch_rows<bf16>(2, 8, 128, 64, 3, {5, 123}, kernel);
+    check_gdn_batch_rows<bf16>(2, 4, 32, 32, 4, {3, 517}, kernel);
+  }
 }
 
 // ---- attention --------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ void v2_cluster(const GdnDecodeArgs& a, cudaStream_t s) {
                    a.Hv, a.Dk, a.Dv, a.K, a.eps, a.out, s);
 }
 
-// Versions 3 to 5 have no single-row form: they exist for batches.
+// Versions 3 to 6 have no single-row form: they exist for batches.
 Launch launcher(int version) {
   return version == 1 ? gdn_decode_v1_counter : version == 2 ? v2_cluster : nullptr;
 }
@@ -59,7 +59,15 @@ void v2_cluster_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
 
 void v3_split_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
   cuda::gdn_decode_batch(a.proj, a.B, a.rows, a.slot, a.taps, a.neg_exp_A, a.dt_bias, a.norm_w,
-                         a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.workspace, a.out, s);
+                         a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.workspace, a.out, s,
+                         GdnStateFormat::f32, cuda::GdnBatchKernel::split);
+}
+
+// Version 6 is production's head kernel (gdn_decode_batch with GdnBatchKernel::head).
+void v6_head_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
+  cuda::gdn_decode_batch(a.proj, a.B, a.rows, a.slot, a.taps, a.neg_exp_A, a.dt_bias, a.norm_w,
+                         a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.workspace, a.out, s,
+                         GdnStateFormat::f32, cuda::GdnBatchKernel::head);
 }
 
 // Version 1 has no batched form.
@@ -68,6 +76,7 @@ BatchLaunch batch_launcher(int version) {
          : version == 3 ? v3_split_batch
          : version == 4 ? gdn_decode_v4_pipelined
          : version == 5 ? gdn_decode_v5_persistent
+         : version == 6 ? v6_head_batch
                         : nullptr;
 }
 
@@ -426,7 +435,7 @@ bool run(const Options& opt, const Version& v) {
 Op gdn_decode_op() {
   return Op{
       "gdn_decode",
-      "Gated DeltaNet decode, one token (v1, v2) and batched at B 3, 16, 64 (v2 to v5): real Hk "
+      "Gated DeltaNet decode, one token (v1, v2) and batched at B 3, 16, 64 (v2 to v6): real Hk "
       "16 "
       "Hv "
       "32 Dk = Dv = 128 K 4",
@@ -450,7 +459,13 @@ Op gdn_decode_op() {
         "batched only: v3's prep kernel, then persistent clusters over (row, head) items, the "
         "next 2 items' states copied into shared memory (cp.async) while the current one is "
         "computed (lost to v3, s12)",
-        false}},
+        false},
+       {6, "head",
+        "batched only: v3's prep kernel, then persistent blocks over whole (row, head) items (no "
+        "cluster: the block has the head's columns), the next items' states and workspace values "
+        "streamed into a shared-memory ring by the bulk copy engine (production's "
+        "GdnBatchKernel::head, s16)",
+        true}},
       run};
 }
 
