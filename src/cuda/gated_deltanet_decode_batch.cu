@@ -490,8 +490,10 @@ void launch_head(const BatchArgs& a, int ws_row, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = resident.find({device, a.Dv});
     if (it == resident.end()) {
-      LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(L.bytes())));
+      // The attribute is the kernel's, whatever Dv: allow every size this kernel may take (a
+      // narrower head's smaller value set later would refuse a wider head's launches).
+      LILAC_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
       int per_sm = 0, sms = 0;
       LILAC_CUDA_CHECK(
           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, L.bytes()));

@@ -143,6 +143,9 @@ TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
     check_gdn_batch_rows<float>(2, 8, 128, 64, 3, {1, 5, 123}, kernel);
     check_gdn_batch_rows<float>(4, 4, 64, 64, 2, {2, 211}, kernel);
     check_gdn_batch_rows<float>(2, 4, 32, 32, 4, {3, 517}, kernel);
+    // The real shape again after a narrower head of the same Dk (s16: the head kernel's shared
+    // memory allowance was set per Dv, and the narrower shape's refused the real one's launch).
+    check_gdn_batch_rows<float>(16, 32, 128, 128, 4, {5}, kernel);
   }
 }
 
