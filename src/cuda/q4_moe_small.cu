@@ -363,8 +363,6 @@ __device__ __forceinline__ void stream_consume(const unsigned char* slot, int ng
       w.sbv[j][0] =
           *reinterpret_cast<const uint2*>(slot + Cfg::kCodes + (i * Cfg::S + m) * 64 + g * 8);
     }
-    qtile::QFrag<BITS, Cfg::NT> f;  // dequantised once for the pass's chunks
-    qtile::dequant_group(w, 0, f);
 #pragma unroll
     for (int c = 0; c < Cfg::C; ++c) {
       if (8 * c >= count) break;  // warp-uniform
@@ -376,7 +374,7 @@ __device__ __forceinline__ void stream_consume(const unsigned char* slot, int ng
         X[kb][0] = has ? xr[8 * kb + t] : 0u;
         X[kb][1] = has ? xr[8 * kb + t + 4] : 0u;
       }
-      qtile::q_group_dot(f, w, 0, X, y[c]);
+      qtile::q_group_dot(w, 0, X, y[c]);
     }
   }
 }

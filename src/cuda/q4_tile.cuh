@@ -251,39 +251,12 @@ __device__ __forceinline__ void load_qset(QSet<BITS, NT, GS>& w, const uint32_t*
                             : make_uint2(0, 0);
 }
 
-// The A fragments of group m of a loaded set: per tile, plane and k16 block, the four (128 + q)
-// bf16 pairs of the lane's code word. Computed once per group and used for every 8-token chunk
-// (the streamed kernels' passes of 16 or 32 tokens dequantised it per chunk until s16).
-template <int BITS, int NT>
-struct QFrag {
-  uint32_t a[NT][BITS / 4][4][4];
-};
-
+// Group m of a loaded set against 8 tokens' B fragments X (elements 16 kb + 2t (+1), 16 kb + 2t + 8
+// (+1) of token g): adds to y[nt][0..3] (rows g, g + 8 x tokens 2t, 2t + 1) the group's dot
+// products, the offset removed with the tokens' group sums (one MMA with an all-ones A).
 template <int BITS, int NT, int GS>
-__device__ __forceinline__ void dequant_group(const QSet<BITS, NT, GS>& w, int m,
-                                              QFrag<BITS, NT>& f) {
-  constexpr int P = BITS / 4;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        const uint32_t wd = word_of(w.cw[nt][m][p], kb);
-        f.a[nt][p][kb][0] = magic128(wd);
-        f.a[nt][p][kb][1] = magic128(wd >> 4);
-        f.a[nt][p][kb][2] = magic128(wd >> 8);
-        f.a[nt][p][kb][3] = magic128(wd >> 12);
-      }
-}
-
-// Group m of a loaded set (its fragments f from dequant_group) against 8 tokens' B fragments X
-// (elements 16 kb + 2t (+1), 16 kb + 2t + 8 (+1) of token g): adds to y[nt][0..3] (rows g, g + 8 x
-// tokens 2t, 2t + 1) the group's dot products, the offset removed with the tokens' group sums
-// (one MMA with an all-ones A).
-template <int BITS, int NT, int GS>
-__device__ __forceinline__ void q_group_dot(const QFrag<BITS, NT>& f, const QSet<BITS, NT, GS>& w,
-                                            int m, const uint32_t (&X)[4][2], float (&y)[NT][4]) {
+__device__ __forceinline__ void q_group_dot(const QSet<BITS, NT, GS>& w, int m,
+                                            const uint32_t (&X)[4][2], float (&y)[NT][4]) {
   constexpr int P = BITS / 4;
   constexpr float kOffset = P == 1 ? 128.f : 2176.f;
   const uint32_t ones[4] = {kBf16x2One, kBf16x2One, kBf16x2One, kBf16x2One};
@@ -298,7 +271,12 @@ __device__ __forceinline__ void q_group_dot(const QFrag<BITS, NT>& f, const QSet
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
-      for (int kb = 0; kb < 4; ++kb) mma_bf16_16816(c[p], f.a[nt][p][kb], X[kb][0], X[kb][1]);
+      for (int kb = 0; kb < 4; ++kb) {
+        const uint32_t wd = word_of(w.cw[nt][m][p], kb);
+        const uint32_t a[4] = {magic128(wd), magic128(wd >> 4), magic128(wd >> 8),
+                               magic128(wd >> 12)};
+        mma_bf16_16816(c[p], a, X[kb][0], X[kb][1]);
+      }
     const float s0 = bf16_lo(w.sbv[nt][m].x), b0 = bf16_hi(w.sbv[nt][m].x);  // row g
     const float s1 = bf16_lo(w.sbv[nt][m].y), b1 = bf16_hi(w.sbv[nt][m].y);  // row g + 8
     const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
@@ -310,15 +288,6 @@ __device__ __forceinline__ void q_group_dot(const QFrag<BITS, NT>& f, const QSet
       y[nt][q] = fmaf(o, sx[q], y[nt][q]);
     }
   }
-}
-
-// The same for one chunk: dequantises group m and adds its dot products.
-template <int BITS, int NT, int GS>
-__device__ __forceinline__ void q_group_dot(const QSet<BITS, NT, GS>& w, int m,
-                                            const uint32_t (&X)[4][2], float (&y)[NT][4]) {
-  QFrag<BITS, NT> f;
-  dequant_group(w, m, f);
-  q_group_dot(f, w, m, X, y);
 }
 
 // ---- prefill: C^T = W X^T with W dequantised in registers ------------------------------------
