@@ -590,6 +590,14 @@ size_t gdn_decode_batch_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv) 
 
 namespace {
 
+// automatic: the head kernel, but for an f32 state at 16 rows or fewer (one 206 KB block per SM,
+// ~4 items each), where it measured no better than the split kernel (s16 run 4, BF16 weights,
+// c=16: 1,399-1,400 against 1,409-1,415 tok/s; 4-bit: 2,952 against 2,910).
+bool use_head_kernel(GdnBatchKernel kernel, GdnStateFormat state_format, int B) {
+  if (kernel != GdnBatchKernel::automatic) return kernel == GdnBatchKernel::head;
+  return state_format == GdnStateFormat::bf16 || B > 16;
+}
+
 void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows, int slot,
                            const float* conv_taps, const float* neg_exp_A, const float* dt_bias,
                            const float* norm_scale, int Hk, int Hv, int Dk, int Dv, int K,
@@ -615,7 +623,7 @@ void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows,
                     B,
                     slot,
                     2 * Hk * Dk + 2 * Hv * Dv + 2 * Hv,
-                    kernel != GdnBatchKernel::split};
+                    use_head_kernel(kernel, state_format, B)};
   launch_batch_dk(Dk, K, a, prep_only, stream);
 }
 
