@@ -303,6 +303,28 @@ __device__ __forceinline__ void store_state2(bf16* p, float2 v) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v.x, v.y);
 }
 
+// Group w's partial sums for the thread's two columns: row(r, f) gives row r's two values and
+// sets f, its factor (k or q); each 4-row block's FMA chain from 0, then (t0 + t1) + (t2 + t3),
+// the split kernel's in-thread chain and its two xor shuffles.
+template <class Row>
+__device__ __forceinline__ float2 group_dot(int w, Row row) {
+  float t[4][2];
+#pragma unroll
+  for (int rg = 0; rg < 4; ++rg) {
+    float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float f;
+      const float2 sv = row(16 * w + 4 * rg + i, f);
+      a0 += sv.x * f;
+      a1 += sv.y * f;
+    }
+    t[rg][0] = a0, t[rg][1] = a1;
+  }
+  return make_float2((t[0][0] + t[1][0]) + (t[2][0] + t[3][0]),
+                     (t[0][1] + t[1][1]) + (t[2][1] + t[3][1]));
+}
+
 template <int DK, class ST>
 __global__ void __launch_bounds__(kHeadMaxThreads)
     gdn_batch_head_kernel(const float* __restrict__ ws, int ws_row,
@@ -370,22 +392,10 @@ __global__ void __launch_bounds__(kHeadMaxThreads)
     // 1. S^T k: the groups' partials of columns 2cp, 2cp + 1 into red.
     for (int j = 0; j < gpt; ++j) {
       const int w = rs * gpt + j;
-      float t[4][2];
-#pragma unroll
-      for (int rg = 0; rg < 4; ++rg) {
-        float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = 16 * w + 4 * rg + i;
-          const float2 sv = load_state2(S + size_t(r) * Dv + 2 * cp);
-          const float kr = ks[r];
-          a0 += sv.x * kr;
-          a1 += sv.y * kr;
-        }
-        t[rg][0] = a0, t[rg][1] = a1;
-      }
-      *reinterpret_cast<float2*>(&red[w * Dv + 2 * cp]) = make_float2(
-          (t[0][0] + t[1][0]) + (t[2][0] + t[3][0]), (t[0][1] + t[1][1]) + (t[2][1] + t[3][1]));
+      *reinterpret_cast<float2*>(&red[w * Dv + 2 * cp]) = group_dot(w, [&](int r, float& f) {
+        f = ks[r];
+        return load_state2(S + size_t(r) * Dv + 2 * cp);
+      });
     }
     __syncthreads();
 
@@ -402,25 +412,15 @@ __global__ void __launch_bounds__(kHeadMaxThreads)
     ST* Sg = gdn::row_state<ST>(rows[b]) + (size_t(slot) * Hv + v) * DK * Dv;
     for (int j = 0; j < gpt; ++j) {
       const int w = rs * gpt + j;
-      float t[4][2];
-#pragma unroll
-      for (int rg = 0; rg < 4; ++rg) {
-        float o0 = 0.f, o1 = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = 16 * w + 4 * rg + i;
-          float2 sv = load_state2(S + size_t(r) * Dv + 2 * cp);
-          const float kr = ks[r], qr = qs[r];
-          sv.x = decay * sv.x + kr * u4.x;
-          sv.y = decay * sv.y + kr * u4.y;
-          store_state2(Sg + size_t(r) * Dv + 2 * cp, sv);
-          o0 += sv.x * qr;
-          o1 += sv.y * qr;
-        }
-        t[rg][0] = o0, t[rg][1] = o1;
-      }
-      *reinterpret_cast<float2*>(&red2[w * Dv + 2 * cp]) = make_float2(
-          (t[0][0] + t[1][0]) + (t[2][0] + t[3][0]), (t[0][1] + t[1][1]) + (t[2][1] + t[3][1]));
+      *reinterpret_cast<float2*>(&red2[w * Dv + 2 * cp]) = group_dot(w, [&](int r, float& f) {
+        float2 sv = load_state2(S + size_t(r) * Dv + 2 * cp);
+        const float kr = ks[r];
+        sv.x = decay * sv.x + kr * u4.x;
+        sv.y = decay * sv.y + kr * u4.y;
+        store_state2(Sg + size_t(r) * Dv + 2 * cp, sv);
+        f = qs[r];
+        return sv;
+      });
     }
     __syncthreads();  // red2 complete; slot s is read no more (z is in z_l)
     if (tid == 0 && item + stages * step < items) issue(item + stages * step, s);
