@@ -58,10 +58,8 @@ using gdn::conv_silu;
 using gdn::kCols;               // value columns per state block
 constexpr int kMaxCluster = 8;  // portable cluster size (Dv <= 256)
 // The head kernel's block: at most 256 threads, two 16-row groups per thread at the real shapes
-// (s16 run 2: 512 threads, one group each, measured the same, 6,342 against 6,358 tok/s at c=64),
-// and its state copies: at most 16 KiB each.
+// (s16 run 2: 512 threads, one group each, measured the same, 6,342 against 6,358 tok/s at c=64).
 constexpr int kHeadMaxThreads = 256;
-constexpr size_t kCopyBytes = 16384;
 // State kernel: resident 256-thread blocks per SM asked of ptxas. With the bf16 state a block
 // moves half the bytes, so more blocks per SM keep more of them in flight: 6 (40 registers, 20
 // bytes of spills; s15: 5 blocks with the bf16 state was the first measurement).
@@ -288,6 +286,7 @@ struct HeadLayout {
   __host__ __device__ size_t bytes() const { return bar_offset() + size_t(stages) * 8; }
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (the kernel is sm_90 only)
 // Two consecutive columns of one state row (8 bytes in f32, 4 in bf16), widened to f32; and back,
 // rounded as store_state4 rounds.
 __device__ __forceinline__ float2 load_state2(const float* p) {
@@ -302,6 +301,7 @@ __device__ __forceinline__ void store_state2(float* p, float2 v) {
 __device__ __forceinline__ void store_state2(bf16* p, float2 v) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v.x, v.y);
 }
+#endif
 
 // Group w's partial sums for the thread's two columns: row(r, f) gives row r's two values and
 // sets f, its factor (k or q); each 4-row block's FMA chain from 0, then (t0 + t1) + (t2 + t3),
@@ -333,7 +333,8 @@ __global__ void __launch_bounds__(kHeadMaxThreads)
                           int items, int stages) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int NG = DK / 16;  // 16-row groups
+  constexpr int NG = DK / 16;           // 16-row groups
+  constexpr size_t kCopyBytes = 16384;  // a state is copied in pieces of at most 16 KiB
   const HeadLayout<DK, ST> L{Dv, stages};
   float* red = reinterpret_cast<float*>(smem + L.red_offset());  // [NG][Dv]: S^T k partials
   float* red2 = red + NG * Dv;                                   // [NG][Dv]: S'^T q partials
