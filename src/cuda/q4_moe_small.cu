@@ -32,8 +32,6 @@
 // which the launchers take for prompt chunks (T > 64). The kernel lab times both
 // (bench/lab/q_moe_small).
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
@@ -118,47 +116,34 @@ struct PassIterT {
 using PassIter = PassIterT<>;  // 8 tokens per pass
 
 // Copies the pass's token rows (K bf16 each; row r is x row ids[row0 + r], or row0 + r) into xs
-// [count, K + kXPad] with 16-byte asynchronous copies by the whole block (stage_x_issue), then
-// waits for them (stage_x).
-__device__ __forceinline__ void stage_x_issue(const bf16* __restrict__ x, int K,
-                                              const int32_t* __restrict__ ids, const Segment& seg,
-                                              bf16* xs) {
+// [count, K + kXPad] with 16-byte asynchronous copies by the whole block, then waits for them.
+__device__ __forceinline__ void stage_x(const bf16* __restrict__ x, int K,
+                                        const int32_t* __restrict__ ids, const Segment& seg,
+                                        bf16* xs) {
   const int pieces = K / 8;  // 16-byte pieces per row
   for (int i = threadIdx.x; i < seg.count * pieces; i += kThreads) {
     const int r = i / pieces, v = i - r * pieces;
     const int src = ids ? ids[seg.row0 + r] : seg.row0 + r;
     cp_async16(xs + size_t(r) * (K + kXPad) + v * 8, x + size_t(src) * size_t(K) + v * 8);
   }
-}
-__device__ __forceinline__ void stage_x(const bf16* __restrict__ x, int K,
-                                        const int32_t* __restrict__ ids, const Segment& seg,
-                                        bf16* xs) {
-  stage_x_issue(x, K, ids, seg, xs);
   cp_async_wait_all();
   __syncthreads();
 }
 
-// Loads the groups [GS set, GS set + GS) ∩ [0, G) of each of the NT tiles into w (kEarly: volatile
-// loads, issued where written: ahead of the x staging's wait).
-template <int BITS, int NT, int GS, bool kEarly = false>
-__device__ __forceinline__ void load_set(qtile::QSet<BITS, NT, GS>& w,
-                                         const uint32_t* const (&codes)[NT],
-                                         const uint32_t* const (&sb)[NT], int G, int set) {
-  const int grp0 = set * GS;
-  qtile::load_qset<BITS, NT, GS, kEarly>(w, codes, sb, grp0, min(GS, G - grp0));
-}
-
-// Adds to y[nt][0..3] (rows g, g + 8 of tile nt x tokens 2t, 2t + 1) the dot products of the loaded
-// set w (groups [GS set, GS set + GS) ∩ [0, G)), as q_set_dot_tokens (the kernel lab's
+// Adds to y[nt][0..3] (rows g, g + 8 of tile nt x tokens 2t, 2t + 1) the dot products over the
+// groups [GS set, GS set + GS) ∩ [0, G), as q_set_dot_tokens (the kernel lab's
 // bench/lab/q_gemv_rows/v1_set_dot_tokens.cu) did, with the tokens' x in shared memory (xs: rows of
 // `stride` 32-bit words; rows >= count read as zeros).
 template <int BITS, int NT, int GS>
-__device__ __forceinline__ void set_dot_loaded(const qtile::QSet<BITS, NT, GS>& w, int G, int set,
+__device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT],
+                                               const uint32_t* const (&sb)[NT], int G, int set,
                                                const uint32_t* xs, int stride, int count,
                                                float (&y)[NT][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int grp0 = set * GS;
   const int ng = min(GS, G - grp0);
+  qtile::QSet<BITS, NT, GS> w;
+  qtile::load_qset(w, codes, sb, grp0, ng);
   const bool has = g < count;
   const uint32_t* xr = xs + g * stride + grp0 * 32;
 #pragma unroll
@@ -178,9 +163,7 @@ size_t staged_x_bytes(int K) {
   return size_t(kPassTokens) * size_t(K + kXPad) * sizeof(bf16);
 }
 
-// kEarly: a pass's first weight set is requested before its x staging is waited for, so the two
-// round trips (x from L2, the weights from DRAM) overlap instead of running in series.
-template <int BITS, bool kEarly>
+template <int BITS>
 __global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
     q_moe_small_gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
                                QMatrix shared_gate_up, int Is, Tiles tiles,
@@ -196,33 +179,23 @@ __global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
   Segment seg;
   for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
     const bool shared = it.e == E;
+    stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
     const uint32_t* const wc = shared ? shared_gate_up.codes : gate_up.codes;
     const uint32_t* const ws = shared ? shared_gate_up.sb : gate_up.sb;
     const int n = shared ? Is : I;  // outputs per token
     const int P = n / kQTileRows;   // output tiles
     const int p = blockIdx.y * kWarps + warp;
-    const bool valid = p < P;  // warp-uniform
-    const int gate_tile = (shared ? 0 : it.e * 2 * P) + (valid ? p : 0);
-    const uint32_t* const codes[2] = {wc + size_t(gate_tile) * G * PL * kQBlockWords,
-                                      wc + size_t(gate_tile + P) * G * PL * kQBlockWords};
-    const uint32_t* const sb[2] = {ws + size_t(gate_tile) * G * kQSbWords,
-                                   ws + size_t(gate_tile + P) * G * kQSbWords};
-    qtile::QSet<BITS, 2, kGateUpSet> w;
-    if constexpr (kEarly) {
-      stage_x_issue(x, H, shared ? nullptr : sorted_token, seg, xs);
-      if (valid) load_set<BITS, 2, kGateUpSet, true>(w, codes, sb, G, 0);
-      cp_async_wait_all();
-      __syncthreads();
-    } else {
-      stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
-    }
-    if (valid) {
+    if (p < P) {  // warp-uniform
+      const int gate_tile = (shared ? 0 : it.e * 2 * P) + p;
+      const uint32_t* const codes[2] = {wc + size_t(gate_tile) * G * PL * kQBlockWords,
+                                        wc + size_t(gate_tile + P) * G * PL * kQBlockWords};
+      const uint32_t* const sb[2] = {ws + size_t(gate_tile) * G * kQSbWords,
+                                     ws + size_t(gate_tile + P) * G * kQSbWords};
       float y[2][4] = {};
-      for (int set = 0; set * kGateUpSet < G; ++set) {
-        if (!kEarly || set > 0) load_set(w, codes, sb, G, set);
-        set_dot_loaded(w, G, set, reinterpret_cast<const uint32_t*>(xs), (H + kXPad) / 2, seg.count,
-                       y);
-      }
+      for (int set = 0; set * kGateUpSet < G; ++set)
+        set_dot_staged<BITS, 2, kGateUpSet>(codes, sb, G, set,
+                                            reinterpret_cast<const uint32_t*>(xs), (H + kXPad) / 2,
+                                            seg.count, y);
       bf16* out = shared ? shared_act : act;
       const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -237,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
   }
 }
 
-template <int BITS, bool kEarly>
+template <int BITS>
 __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
     q_moe_small_down_kernel(const bf16* __restrict__ act, int I,
                             const bf16* __restrict__ shared_act, int Is, QMatrix down,
@@ -250,34 +223,23 @@ __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
   const int TH = H / kQTileRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int th = blockIdx.y * kWarps + warp;
-  const bool valid = th < TH;  // warp-uniform
   constexpr int PL = BITS / 4;
   Segment seg;
   for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
     const bool shared = it.e == E;
     const int K = shared ? Is : I;
-    const uint32_t* const wc = shared ? shared_down.codes : down.codes;
-    const uint32_t* const ws = shared ? shared_down.sb : down.sb;
-    const int G = K / kQGroup;
-    const int tile = (shared ? 0 : it.e * TH) + (valid ? th : 0);
-    const uint32_t* const codes[1] = {wc + size_t(tile) * G * PL * kQBlockWords};
-    const uint32_t* const sb[1] = {ws + size_t(tile) * G * kQSbWords};
-    qtile::QSet<BITS, 1, kDownSet> w;
-    if constexpr (kEarly) {
-      stage_x_issue(shared ? shared_act : act, K, nullptr, seg, xs);
-      if (valid) load_set<BITS, 1, kDownSet, true>(w, codes, sb, G, 0);
-      cp_async_wait_all();
-      __syncthreads();
-    } else {
-      stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
-    }
-    if (valid) {
+    stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
+    if (th < TH) {  // warp-uniform
+      const uint32_t* const wc = shared ? shared_down.codes : down.codes;
+      const uint32_t* const ws = shared ? shared_down.sb : down.sb;
+      const int G = K / kQGroup;
+      const int tile = (shared ? 0 : it.e * TH) + th;
+      const uint32_t* const codes[1] = {wc + size_t(tile) * G * PL * kQBlockWords};
+      const uint32_t* const sb[1] = {ws + size_t(tile) * G * kQSbWords};
       float acc[1][4] = {};
-      for (int set = 0; set * kDownSet < G; ++set) {
-        if (!kEarly || set > 0) load_set(w, codes, sb, G, set);
-        set_dot_loaded(w, G, set, reinterpret_cast<const uint32_t*>(xs), (K + kXPad) / 2, seg.count,
-                       acc);
-      }
+      for (int set = 0; set * kDownSet < G; ++set)
+        set_dot_staged<BITS, 1, kDownSet>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
+                                          (K + kXPad) / 2, seg.count, acc);
       float* out = shared ? shared_out : y;
       const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -382,7 +344,7 @@ __device__ __forceinline__ void stream_issue(const StreamPass& sp, const Segment
 }
 
 // A consumer warp: adds the stage's ng groups of its NT tiles against every chunk of the pass's
-// tokens to y[c] (rows g, g + 8 of tile j x tokens 8 c + 2t, + 1), as set_dot_loaded does.
+// tokens to y[c] (rows g, g + 8 of tile j x tokens 8 c + 2t, + 1), as set_dot_staged does.
 template <class Cfg, int BITS>
 __device__ __forceinline__ void stream_consume(const unsigned char* slot, int ng, int count,
                                                float (&y)[Cfg::C][Cfg::NT][4]) {
@@ -656,22 +618,6 @@ bool use_streamed(MoeSmallKernel kernel, int bits, int T) {
   return T > kStreamDecodeMaxT && q_moe_small_streamed_available(bits);
 }
 
-// The registers kernels' first weight set before the x staging's wait (kEarly) or after it:
-// LILAC_MOE_EARLY_WEIGHTS=0 takes the latter (an A/B switch for the kernel lab and the bench).
-bool early_weights() {
-  static const bool on = [] {
-    const char* v = std::getenv("LILAC_MOE_EARLY_WEIGHTS");
-    return !(v && std::string_view(v) == "0");
-  }();
-  return on;
-}
-
-template <class Kernel>
-Kernel pick(int bits, Kernel early4, Kernel late4, Kernel early8, Kernel late8) {
-  const bool early = early_weights();
-  return bits == 4 ? (early ? early4 : late4) : (early ? early8 : late8);
-}
-
 }  // namespace
 
 bool q_moe_small_streamed_available(int bits) {
@@ -707,13 +653,13 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(std::max(I, Is) / kQTileRows, kWarps)),
                   unsigned(Z));
   const size_t smem = staged_x_bytes(H);
+  if (bits == 4) allow_smem(q_moe_small_gate_up_kernel<4>, smem);
+  if (bits == 8) allow_smem(q_moe_small_gate_up_kernel<8>, smem);
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_gate_up: {} bits", bits);
-  const auto fn = pick<decltype(&q_moe_small_gate_up_kernel<4, true>)>(
-      bits, q_moe_small_gate_up_kernel<4, true>, q_moe_small_gate_up_kernel<4, false>,
-      q_moe_small_gate_up_kernel<8, true>, q_moe_small_gate_up_kernel<8, false>);
-  allow_smem(fn, smem);
-  launch_kernel(moe_pdl_enabled(), fn, grid, dim3(kThreads), smem, stream, x, H, gate_up, I,
-                shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
+  launch_kernel(moe_pdl_enabled(),
+                bits == 4 ? q_moe_small_gate_up_kernel<4> : q_moe_small_gate_up_kernel<8>, grid,
+                dim3(kThreads), smem, stream, x, H, gate_up, I, shared_gate_up, Is, tiles_of(r),
+                r.sorted_token, r.E, T, act, shared_act);
 }
 
 void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, const QMatrix& down,
@@ -736,13 +682,13 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   const int Z = grid_passes(r.T, r.E, r.k);
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps)), unsigned(Z));
   const size_t smem = staged_x_bytes(std::max(I, Is));
+  if (bits == 4) allow_smem(q_moe_small_down_kernel<4>, smem);
+  if (bits == 8) allow_smem(q_moe_small_down_kernel<8>, smem);
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_down: {} bits", bits);
-  const auto fn = pick<decltype(&q_moe_small_down_kernel<4, true>)>(
-      bits, q_moe_small_down_kernel<4, true>, q_moe_small_down_kernel<4, false>,
-      q_moe_small_down_kernel<8, true>, q_moe_small_down_kernel<8, false>);
-  allow_smem(fn, smem);
-  launch_kernel(moe_pdl_enabled(), fn, grid, dim3(kThreads), smem, stream, act, I, shared_act, Is,
-                down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
+  launch_kernel(moe_pdl_enabled(),
+                bits == 4 ? q_moe_small_down_kernel<4> : q_moe_small_down_kernel<8>, grid,
+                dim3(kThreads), smem, stream, act, I, shared_act, Is, down, shared_down, H,
+                tiles_of(r), r.E, r.T, y, shared_out);
 }
 
 }  // namespace lilac::cuda

@@ -226,9 +226,8 @@ struct QSet {
 };
 
 // Loads the set's groups [grp0, grp0 + ng) of each tile (codes[nt] / sb[nt]: the tile's block at
-// group 0, plane 0): NT * GS * P 16-byte loads per lane in flight at once. kEarly: volatile loads,
-// issued where written (ahead of a barrier or a copy's wait), not sunk towards their first use.
-template <int BITS, int NT, int GS, bool kEarly = false>
+// group 0, plane 0): NT * GS * P 16-byte loads per lane in flight at once.
+template <int BITS, int NT, int GS>
 __device__ __forceinline__ void load_qset(QSet<BITS, NT, GS>& w, const uint32_t* const (&codes)[NT],
                                           const uint32_t* const (&sb)[NT], int grp0, int ng) {
   constexpr int P = BITS / 4;
@@ -241,24 +240,15 @@ __device__ __forceinline__ void load_qset(QSet<BITS, NT, GS>& w, const uint32_t*
       for (int p = 0; p < P; ++p)
         // Addresses are clamped to a valid group so a speculated load cannot fault.
         w.cw[nt][m][p] =
-            m < ng ? ld_weights<kEarly>(codes[nt] +
-                                        (size_t(grp0 + (m < ng ? m : 0)) * P + p) * kQBlockWords +
-                                        lane * 4)
+            m < ng ? ld_w16(codes[nt] + (size_t(grp0 + (m < ng ? m : 0)) * P + p) * kQBlockWords +
+                            lane * 4)
                    : make_uint4(0, 0, 0, 0);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int m = 0; m < GS; ++m) {
-      const uint32_t* q = sb[nt] + size_t(grp0 + (m < ng ? m : 0)) * kQSbWords + 2 * g;
-      if constexpr (kEarly) {
-        uint2 v = make_uint2(0, 0);
-        if (m < ng)
-          asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(q));
-        w.sbv[nt][m] = v;
-      } else {
-        w.sbv[nt][m] = m < ng ? ld_ro8(q) : make_uint2(0, 0);
-      }
-    }
+    for (int m = 0; m < GS; ++m)
+      w.sbv[nt][m] = m < ng ? ld_ro8(sb[nt] + size_t(grp0 + (m < ng ? m : 0)) * kQSbWords + 2 * g)
+                            : make_uint2(0, 0);
 }
 
 // Group m of a loaded set against 8 tokens' B fragments X (elements 16 kb + 2t (+1), 16 kb + 2t + 8
