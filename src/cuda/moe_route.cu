@@ -25,6 +25,8 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/common.cuh"
 #include "cuda/moe_prefill.h"
@@ -92,6 +94,8 @@ template <int PER>
 __global__ void __launch_bounds__(256)
     moe_topk_kernel(const float* __restrict__ logits, int stride, int T, int E, int k,
                     int32_t* __restrict__ idx, float* __restrict__ w) {
+  pdl_launch_dependents();  // PDL (moe_pdl_enabled): the logits are the previous kernel's
+  pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * 8 + warp;
   if (t >= T) return;
@@ -232,7 +236,10 @@ __global__ void __launch_bounds__(256)
 constexpr int kBlockPairs = 1024;
 constexpr int kBlockExperts = 256;
 
-template <int PER>
+// kTopkGiven: the top-k is already in r.topk_idx / r.topk_weight (moe_topk_kernel, one warp per
+// token over many blocks: batches of 33-128 rows, where a warp here would take 2-4 tokens in
+// series); the block ranks, scans and scatters them (logits unused).
+template <int PER, bool kTopkGiven>
 __global__ void __launch_bounds__(kBlockPairs)
     moe_route_block_kernel(const float* __restrict__ logits, int stride, int T, int E, int k,
                            int BM, MoeRouting r) {
@@ -247,15 +254,22 @@ __global__ void __launch_bounds__(kBlockPairs)
   const int P = T * k;
   for (int i = tid; i < 32 * kBlockExperts; i += kBlockPairs)
     cnt[i / kBlockExperts][i % kBlockExperts] = 0;
-  for (int t = warp; t < T; t += kBlockPairs / 32) {
-    int my_idx;
-    const float my_w = topk_of_token<PER>(logits + size_t(t) * size_t(stride), E, k, my_idx);
-    if (lane < k) {
-      const int p = t * k + lane;
-      pair_e[p] = my_idx;
-      pair_w[p] = my_w;
-      r.topk_idx[p] = my_idx;
-      r.topk_weight[p] = my_w;
+  if constexpr (kTopkGiven) {
+    if (tid < P) {
+      pair_e[tid] = r.topk_idx[tid];
+      pair_w[tid] = r.topk_weight[tid];
+    }
+  } else {
+    for (int t = warp; t < T; t += kBlockPairs / 32) {
+      int my_idx;
+      const float my_w = topk_of_token<PER>(logits + size_t(t) * size_t(stride), E, k, my_idx);
+      if (lane < k) {
+        const int p = t * k + lane;
+        pair_e[p] = my_idx;
+        pair_w[p] = my_w;
+        r.topk_idx[p] = my_idx;
+        r.topk_weight[p] = my_w;
+      }
     }
   }
   __syncthreads();
@@ -321,6 +335,16 @@ void check_routing(const MoeRouting& r, const char* what) {
   if (!r.topk_idx || r.T < 1) fail("{}: routing workspace not laid out", what);
 }
 
+// Batches of 33-128 rows (P <= 1,024 pairs): the top-k kernel then the block's rank, scan and
+// scatter (two launches) rather than four kernels; LILAC_MOE_ROUTE_BLOCK=0 keeps the four (A/B).
+bool route_block_after_topk() {
+  static const bool on = [] {
+    const char* v = std::getenv("LILAC_MOE_ROUTE_BLOCK");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
 }  // namespace
 
 size_t moe_routing_workspace_bytes(int T, int E, int k) {
@@ -369,26 +393,32 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
   if (E > 512 || k > 32 || stride < E)
     fail("moe_route: E {} (<= 512), k {} (<= 32), stride {}", E, k, stride);
   const int P = T * k;
-  if (T <= kBlockPairs / 32 && P <= kBlockPairs && E <= kBlockExperts) {
+  const bool block = P <= kBlockPairs && E <= kBlockExperts;
+  if (block && T <= kBlockPairs / 32) {  // one launch: a warp per token for the top-k
     if (E <= 128)
-      launch_kernel(moe_pdl_enabled(), moe_route_block_kernel<4>, dim3(1), dim3(kBlockPairs), 0,
-                    stream, logits, stride, T, E, k, int(kMoeTileRows), r);
+      launch_kernel(moe_pdl_enabled(), moe_route_block_kernel<4, false>, dim3(1), dim3(kBlockPairs),
+                    0, stream, logits, stride, T, E, k, int(kMoeTileRows), r);
     else
-      launch_kernel(moe_pdl_enabled(), moe_route_block_kernel<8>, dim3(1), dim3(kBlockPairs), 0,
-                    stream, logits, stride, T, E, k, int(kMoeTileRows), r);
+      launch_kernel(moe_pdl_enabled(), moe_route_block_kernel<8, false>, dim3(1), dim3(kBlockPairs),
+                    0, stream, logits, stride, T, E, k, int(kMoeTileRows), r);
     return;
   }
   const unsigned topk_blocks = unsigned(ceil_div(T, 8));
+  const bool pdl = moe_pdl_enabled();
   if (E <= 128)
-    moe_topk_kernel<4>
-        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+    launch_kernel(pdl, moe_topk_kernel<4>, dim3(topk_blocks), dim3(256), 0, stream, logits, stride,
+                  T, E, k, r.topk_idx, r.topk_weight);
   else if (E <= 256)
-    moe_topk_kernel<8>
-        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
+    launch_kernel(pdl, moe_topk_kernel<8>, dim3(topk_blocks), dim3(256), 0, stream, logits, stride,
+                  T, E, k, r.topk_idx, r.topk_weight);
   else
-    moe_topk_kernel<16>
-        <<<topk_blocks, 256, 0, stream>>>(logits, stride, T, E, k, r.topk_idx, r.topk_weight);
-  LILAC_CUDA_LAUNCHED();
+    launch_kernel(pdl, moe_topk_kernel<16>, dim3(topk_blocks), dim3(256), 0, stream, logits, stride,
+                  T, E, k, r.topk_idx, r.topk_weight);
+  if (block && route_block_after_topk()) {  // two launches: the top-k over T / 8 blocks, the rest
+    launch_kernel(pdl, moe_route_block_kernel<8, true>, dim3(1), dim3(kBlockPairs), 0, stream,
+                  logits, stride, T, E, k, int(kMoeTileRows), r);
+    return;
+  }
   moe_rank_kernel<<<unsigned(r.num_chunks), kChunkWarps * 32, size_t(kChunkWarps) * E * 4,
                     stream>>>(r.topk_idx, P, E, r.chunk_rank, r.chunk_base);
   LILAC_CUDA_LAUNCHED();

@@ -6,11 +6,13 @@
 //     replay, token readback and bookkeeping included (median of 10 calls);
 //   * step() x B: B sequences advanced one after another through step() (the path before batching).
 // Run: lilac_cuda_tests --gtest_also_run_disabled_tests --gtest_filter='BatchBench.*'
+#include <cuda_profiler_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
@@ -117,6 +119,43 @@ TEST(BatchBench, DISABLED_DecodeStepTimesQ4) {
 TEST(BatchBench, DISABLED_DecodeStepTimesQ4Bf16State) {
   LILAC_REQUIRE_GPU();
   bench("q4", GdnStateFormat::bf16);
+}
+
+// One graph replay of the 4-bit batched pass (bf16 state) inside cudaProfilerStart / Stop, for
+// Nsight Compute's per-kernel durations of the production graph's nodes (the graph is captured and
+// warmed up before the profiled range):
+//   LILAC_PROFILE_ROWS=16 ncu --profile-from-start off --metrics gpu__time_duration.sum \
+//     --cache-control none --clock-control none lilac_cuda_tests \
+//     --gtest_also_run_disabled_tests --gtest_filter='BatchBench.DISABLED_PassUnderProfiler'
+TEST(BatchBench, DISABLED_PassUnderProfiler) {
+  LILAC_REQUIRE_GPU();
+  const char* rows = std::getenv("LILAC_PROFILE_ROWS");
+  const int B = rows ? std::atoi(rows) : 16;
+  ASSERT_GE(B, 1);
+  ASSERT_LE(B, 64);
+  cuda::CudaOptions options;
+  options.gdn_state = GdnStateFormat::bf16;
+  auto b = cuda::make_synthetic_backend("q4", 1, SyntheticRouter::Uniform, options);
+  const int kCtx = 1024;
+  const int32_t nv = b->sampling_vocab();
+  std::vector<std::unique_ptr<SequenceState>> seqs;
+  std::vector<SequenceState*> st;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  for (int i = 0; i < B; ++i) {
+    std::vector<int32_t> prompt(static_cast<size_t>(kCtx));
+    for (int t = 0; t < kCtx; ++t)
+      prompt[size_t(t)] = int32_t((uint64_t(i * 7919 + t) * 2654435761ull) % uint64_t(nv));
+    seqs.push_back(b->new_sequence(kCtx + 16));
+    b->begin_sampling(*seqs.back(), prompt, greedy);
+    b->forward(*seqs.back(), prompt, {}, false);
+    st.push_back(seqs.back().get());
+  }
+  const double warm_ms = b->time_batched_pass(st, 3);  // capture, warm-up, timing
+  ASSERT_EQ(cudaProfilerStart(), cudaSuccess);
+  const double ms = b->time_batched_pass(st, 1);  // two replays
+  ASSERT_EQ(cudaProfilerStop(), cudaSuccess);
+  std::printf("B=%d graph replay %.3f ms (%.3f ms under the profiler)\n", B, warm_ms, ms);
 }
 
 }  // namespace
