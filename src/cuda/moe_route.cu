@@ -65,25 +65,34 @@ __device__ __forceinline__ float topk_of_token(const float* __restrict__ L, int 
     if (j * 32 + lane < E) sum += expf(v[j] - mx);
   sum = warp_sum(sum);
 
+  // k rounds of a warp arg-max over (logit desc, index asc). A logit's order key: a uint32 that
+  // orders as the float does (-0 folded into +0, so the two tie as floats do; NaN lowest of the
+  // real keys), 0 for "no candidate". A round is the lane's own best (strict >, j ascending: the
+  // lowest index among its ties), the warp's largest key (redux.max) and, among the lanes holding
+  // it, the lowest index (redux.min): two reductions instead of five shuffle-and-compare levels.
+  uint32_t key[PER];
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const uint32_t u = __float_as_uint(__fadd_rn(v[j], 0.f));  // -0 -> +0
+    const uint32_t o = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    key[j] = j * 32 + lane >= E ? 0u : (v[j] != v[j] ? 1u : max(o, 2u));
+  }
   uint32_t taken = 0;
   float my_val = -INFINITY;
   my_idx = 0;
   for (int s = 0; s < k; ++s) {
-    float bv = -INFINITY;
-    int bi = INT_MAX;  // INT_MAX: no candidate
+    uint32_t bk = 0;
+    float bv = 0.f;
+    int bj = 0;
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int e = j * 32 + lane;
-      if (e < E && !((taken >> j) & 1u) && (bi == INT_MAX || v[j] > bv)) bv = v[j], bi = e;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-    }
-    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);  // k <= E, so bi is a real expert
-    if (lane == s) my_val = bv, my_idx = bi;
+    for (int j = 0; j < PER; ++j)
+      if (!((taken >> j) & 1u) && key[j] > bk) bk = key[j], bv = v[j], bj = j;
+    const uint32_t top = __reduce_max_sync(0xffffffffu, bk);  // > 0: k <= E real candidates
+    const uint32_t bi =
+        __reduce_min_sync(0xffffffffu, bk == top ? uint32_t(bj * 32 + lane) : 0xffffffffu);
+    const float val = __shfl_sync(0xffffffffu, bv, int(bi & 31));
+    if (int(bi & 31) == lane) taken |= 1u << (bi >> 5);
+    if (lane == s) my_val = val, my_idx = int(bi);
   }
   const float p = lane < k ? expf(my_val - mx) / sum : 0.f;
   const float top = warp_sum(p);
@@ -336,13 +345,17 @@ void check_routing(const MoeRouting& r, const char* what) {
 }
 
 // Batches of 33-128 rows (P <= 1,024 pairs): the top-k kernel then the block's rank, scan and
-// scatter (two launches) rather than four kernels; LILAC_MOE_ROUTE_BLOCK=0 keeps the four (A/B).
-bool route_block_after_topk() {
-  static const bool on = [] {
+// scatter (two launches) rather than four kernels. LILAC_MOE_ROUTE_BLOCK (A/B): 0 keeps the four
+// kernels there, 2 takes the two launches at <= 32 rows too (instead of the one block).
+int route_block_mode() {
+  static const int mode = [] {
     const char* v = std::getenv("LILAC_MOE_ROUTE_BLOCK");
-    return !(v && std::string_view(v) == "0");
+    if (!v) return 1;
+    const std::string_view s(v);
+    if (s == "0" || s == "1" || s == "2") return int(s[0] - '0');
+    fail("LILAC_MOE_ROUTE_BLOCK={}: expected 0, 1 or 2", s);
   }();
-  return on;
+  return mode;
 }
 
 }  // namespace
@@ -394,7 +407,7 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
     fail("moe_route: E {} (<= 512), k {} (<= 32), stride {}", E, k, stride);
   const int P = T * k;
   const bool block = P <= kBlockPairs && E <= kBlockExperts;
-  if (block && T <= kBlockPairs / 32) {  // one launch: a warp per token for the top-k
+  if (block && T <= kBlockPairs / 32 && route_block_mode() != 2) {  // one launch: a warp per token
     if (E <= 128)
       launch_kernel(moe_pdl_enabled(), moe_route_block_kernel<4, false>, dim3(1), dim3(kBlockPairs),
                     0, stream, logits, stride, T, E, k, int(kMoeTileRows), r);
@@ -414,7 +427,7 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
   else
     launch_kernel(pdl, moe_topk_kernel<16>, dim3(topk_blocks), dim3(256), 0, stream, logits, stride,
                   T, E, k, r.topk_idx, r.topk_weight);
-  if (block && route_block_after_topk()) {  // two launches: the top-k over T / 8 blocks, the rest
+  if (block && route_block_mode() != 0) {  // two launches: the top-k over T / 8 blocks, the rest
     launch_kernel(pdl, moe_route_block_kernel<8, true>, dim3(1), dim3(kBlockPairs), 0, stream,
                   logits, stride, T, E, k, int(kMoeTileRows), r);
     return;

@@ -147,6 +147,11 @@ std::vector<float> synthetic_logits(int T, int E, int k, int stride, bool skew, 
       if (t % 5 == 1) l[order[size_t(k)]] = l[order[size_t(k - 1)]];
       if (t % 7 == 2) l[order[1]] = l[order[0]];
     }
+    if (E >= 3 && t % 11 == 3) {  // a tie of -0 (lower index) and +0 at the top: -0 first
+      for (int e = 0; e < E; ++e) l[e] -= 20.f;
+      l[1] = -0.f;
+      l[E - 1] = 0.f;
+    }
   }
   return L;
 }
