@@ -13,20 +13,21 @@
 //     memory; then per-expert prefix over the 8 warps -> rank of p within its chunk (stable: in
 //     pair order, hence token order) and the chunk's per-expert counts.
 //  3. moe_scan_kernel (one block, a thread per expert): prefix over chunks per expert (chunk
-//  bases),
-//     then block-wide exclusive scans of the expert totals (-> expert_offsets) and of their tile
-//     counts ceil(n_e / 128) (-> the tile table in expert order, num_tiles).
+//     bases), then block-wide exclusive scans of the expert totals (-> expert_offsets) and of their
+//     tile counts ceil(n_e / 128) (-> the tile table in expert order, num_tiles).
 //  4. moe_scatter_kernel: pos = offsets[e] + chunk_base[c][e] + rank -> sorted_token,
 //     sorted_weight, pair_position. Deterministic: no atomics anywhere.
-// Small batches (T <= 32 tokens, T k <= 1024 pairs, E <= 256) take all four steps in one block
-// instead (moe_route_block_kernel below): one launch instead of four. (s8 run 8 tried the block up
-// to 1,024 pairs, its warps looping over the tokens: at 64 rows it was slower than the four
-// launches, 19 -> 26 us per layer, and was taken back.)
+//
+// Batches (T k <= 1024 pairs, E <= 256) take steps 2-4 in one block (moe_route_block_kernel below),
+// and up to 8 rows step 1 as well: two launches (one up to 8 rows) instead of four. (s8 run 8 tried
+// the block's own top-k up to 1,024 pairs, its warps looping over the tokens: at 64 rows slower
+// than the four launches, 19 -> 26 us per layer; s17 split the top-k out instead: kOneBlockMaxT.)
+// The warp arg-max of step 1 is two redux reductions per round (s17: the one-block kernel at 16
+// rows 9.4 -> 7.0 us, the top-k kernel at 64 rows 5.8 -> 4.0 us, ncu durations of one graph
+// replay).
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <cstdlib>
-#include <string_view>
 
 #include "cuda/common.cuh"
 #include "cuda/moe_prefill.h"
@@ -231,17 +232,16 @@ __global__ void __launch_bounds__(256)
   pair_position[p] = pos;
 }
 
-// ---- one block for a small batch (T <= 32, P = T k <= kBlockPairs, E <= kBlockExperts)
+// ---- one block for a batch (P = T k <= kBlockPairs, E <= kBlockExperts)
 //
-// The four kernels above in one launch of 1024 threads, for batched decode steps of up to 32 rows
-// where each of them is a few microseconds of launch and ramp for little work (run 1 of
-// 2026-12-02, per 40 layers: 16 rows 0.7 -> 0.48 ms; at 64 rows, two tokens per warp, the top-k
-// made it slower than the four kernels, 0.76 -> 1.04 ms, hence T <= 32: one token per warp):
-// warps take tokens for the top-k (topk_of_token), then thread p ranks pair p as moe_rank_kernel
-// does within one chunk of 32 warps (stable: pair order), a thread per expert sums its count over
-// the warps and the block scans the counts (offsets, tile table), and thread p scatters its pair.
-// The same tables as the multi-kernel path, bit for bit (the scratch arrays chunk_rank and
-// chunk_base are not written).
+// The rank, scan and scatter kernels above in one launch of 1024 threads (and up to
+// kOneBlockMaxT rows the top-k too), for batched decode steps where each of them is a few
+// microseconds of launch and ramp for little work (run 1 of 2026-12-02, per 40 layers: 16 rows 0.7
+// -> 0.48 ms): the top-k by warps taking a token each (topk_of_token) or from moe_topk_kernel
+// (kTopkGiven), then thread p ranks pair p as moe_rank_kernel does within one chunk of 32 warps
+// (stable: pair order), a thread per expert sums its count over the warps and the block scans the
+// counts (offsets, tile table), and thread p scatters its pair. The same tables as the
+// multi-kernel path, bit for bit (the scratch arrays chunk_rank and chunk_base are not written).
 constexpr int kBlockPairs = 1024;
 constexpr int kBlockExperts = 256;
 
@@ -344,19 +344,13 @@ void check_routing(const MoeRouting& r, const char* what) {
   if (!r.topk_idx || r.T < 1) fail("{}: routing workspace not laid out", what);
 }
 
-// Batches of 33-128 rows (P <= 1,024 pairs): the top-k kernel then the block's rank, scan and
-// scatter (two launches) rather than four kernels. LILAC_MOE_ROUTE_BLOCK (A/B): 0 keeps the four
-// kernels there, 2 takes the two launches at <= 32 rows too (instead of the one block).
-int route_block_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("LILAC_MOE_ROUTE_BLOCK");
-    if (!v) return 1;
-    const std::string_view s(v);
-    if (s == "0" || s == "1" || s == "2") return int(s[0] - '0');
-    fail("LILAC_MOE_ROUTE_BLOCK={}: expected 0, 1 or 2", s);
-  }();
-  return mode;
-}
+// Up to 8 rows the routing is one block (its warps take a token each for the top-k); from 9 rows
+// while the pairs fit the block (P <= 1,024) the top-k kernel (a warp per token over T / 8 blocks)
+// then the block's rank, scan and scatter (kTopkGiven): two PDL launches. s17 runs 2 and 4 (4-bit,
+// bf16 state, engine A/B): 64 rows four kernels -> two 10.04-10.11 -> 9.89-9.93 ms per step, 32
+// rows one block -> two 4,221-4,234 -> 4,293-4,305 tok/s, 16 rows +0.3%, 2-8 rows no better
+// (-0.1 to -0.5%). Above 1,024 pairs (prompts) the four kernels.
+constexpr int kOneBlockMaxT = 8;
 
 }  // namespace
 
@@ -407,7 +401,7 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
     fail("moe_route: E {} (<= 512), k {} (<= 32), stride {}", E, k, stride);
   const int P = T * k;
   const bool block = P <= kBlockPairs && E <= kBlockExperts;
-  if (block && T <= kBlockPairs / 32 && route_block_mode() != 2) {  // one launch: a warp per token
+  if (block && T <= kOneBlockMaxT) {  // one launch: a warp per token
     if (E <= 128)
       launch_kernel(moe_pdl_enabled(), moe_route_block_kernel<4, false>, dim3(1), dim3(kBlockPairs),
                     0, stream, logits, stride, T, E, k, int(kMoeTileRows), r);
@@ -427,7 +421,7 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
   else
     launch_kernel(pdl, moe_topk_kernel<16>, dim3(topk_blocks), dim3(256), 0, stream, logits, stride,
                   T, E, k, r.topk_idx, r.topk_weight);
-  if (block && route_block_mode() != 0) {  // two launches: the top-k over T / 8 blocks, the rest
+  if (block) {  // two launches: the top-k over T / 8 blocks, then the rest in one block
     launch_kernel(pdl, moe_route_block_kernel<8, true>, dim3(1), dim3(kBlockPairs), 0, stream,
                   logits, stride, T, E, k, int(kMoeTileRows), r);
     return;

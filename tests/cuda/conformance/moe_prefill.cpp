@@ -570,7 +570,10 @@ LILAC_CONFORMANCE_CASES(moe_prefill) {
       {777, 100, 6, 103, false},
       {513, 512, 32, 513, true},
       {64, 8, 1, 9, false},
-      // The one-block path (T <= 32, T k <= 1024, E <= 256) at batched decode sizes, its edges.
+      // The one-block path (T <= 8, E <= 256: {1, 5} above and 8 here), the top-k kernel then
+      // the block (9-128 rows, T k <= 1024), and the four kernels past 1,024 pairs (129).
+      {8, 256, 8, 257, true},
+      {9, 256, 8, 257, false},
       {16, 256, 8, 257, false},
       {32, 256, 8, 257, true},
       {33, 256, 8, 257, true},
