@@ -32,6 +32,8 @@
 // which the launchers take for prompt chunks (T > 64). The kernel lab times both
 // (bench/lab/q_moe_small).
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
@@ -210,7 +212,10 @@ __global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
   }
 }
 
-template <int BITS>
+// J: output tiles per warp, one after another (no loads across them: the registers stay at one
+// set), tile (y J + j) kWarps + warp for j < J, so that a block's start (the routing tables, the x
+// staging) is paid once per J kWarps tiles.
+template <int BITS, int J>
 __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
     q_moe_small_down_kernel(const bf16* __restrict__ act, int I,
                             const bf16* __restrict__ shared_act, int Is, QMatrix down,
@@ -222,14 +227,16 @@ __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
   bf16* xs = reinterpret_cast<bf16*>(smem);
   const int TH = H / kQTileRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int th = blockIdx.y * kWarps + warp;
   constexpr int PL = BITS / 4;
   Segment seg;
   for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
     const bool shared = it.e == E;
     const int K = shared ? Is : I;
     stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
-    if (th < TH) {  // warp-uniform
+#pragma unroll 1
+    for (int j = 0; j < J; ++j) {
+      const int th = (int(blockIdx.y) * J + j) * kWarps + warp;
+      if (th >= TH) break;  // warp-uniform
       const uint32_t* const wc = shared ? shared_down.codes : down.codes;
       const uint32_t* const ws = shared ? shared_down.sb : down.sb;
       const int G = K / kQGroup;
@@ -618,6 +625,18 @@ bool use_streamed(MoeSmallKernel kernel, int bits, int T) {
   return T > kStreamDecodeMaxT && q_moe_small_streamed_available(bits);
 }
 
+// Output tiles per warp of the register down kernel: LILAC_MOE_DOWN_TILES=1|2|4 (A/B; default 1).
+int down_tiles_per_warp() {
+  static const int j = [] {
+    const char* v = std::getenv("LILAC_MOE_DOWN_TILES");
+    if (!v) return 1;
+    const std::string_view s(v);
+    if (s == "1" || s == "2" || s == "4") return int(s[0] - '0');
+    fail("LILAC_MOE_DOWN_TILES={}: expected 1, 2 or 4", s);
+  }();
+  return j;
+}
+
 }  // namespace
 
 bool q_moe_small_streamed_available(int bits) {
@@ -679,16 +698,21 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
       launch_stream_down<4>(act, I, shared_act, Is, down, shared_down, H, r, y, shared_out, stream);
     return;
   }
+  const int J = down_tiles_per_warp();
   const int Z = grid_passes(r.T, r.E, r.k);
-  const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps)), unsigned(Z));
+  const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps * J)), unsigned(Z));
   const size_t smem = staged_x_bytes(std::max(I, Is));
-  if (bits == 4) allow_smem(q_moe_small_down_kernel<4>, smem);
-  if (bits == 8) allow_smem(q_moe_small_down_kernel<8>, smem);
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_down: {} bits", bits);
-  launch_kernel(moe_pdl_enabled(),
-                bits == 4 ? q_moe_small_down_kernel<4> : q_moe_small_down_kernel<8>, grid,
-                dim3(kThreads), smem, stream, act, I, shared_act, Is, down, shared_down, H,
-                tiles_of(r), r.E, r.T, y, shared_out);
+  auto fn = q_moe_small_down_kernel<4, 1>;
+  if (bits == 4)
+    fn = J == 1 ? fn : J == 2 ? q_moe_small_down_kernel<4, 2> : q_moe_small_down_kernel<4, 4>;
+  if (bits == 8)
+    fn = J == 1   ? q_moe_small_down_kernel<8, 1>
+         : J == 2 ? q_moe_small_down_kernel<8, 2>
+                  : q_moe_small_down_kernel<8, 4>;
+  allow_smem(fn, smem);
+  launch_kernel(moe_pdl_enabled(), fn, grid, dim3(kThreads), smem, stream, act, I, shared_act, Is,
+                down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
 }
 
 }  // namespace lilac::cuda
