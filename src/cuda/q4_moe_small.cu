@@ -214,7 +214,9 @@ __global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
 
 // J: output tiles per warp, one after another (no loads across them: the registers stay at one
 // set), tile (y J + j) kWarps + warp for j < J, so that a block's start (the routing tables, the x
-// staging) is paid once per J kWarps tiles.
+// staging, its first round trip) is paid once per J kWarps tiles (down_tiles_per_warp). s14's
+// version with the next tile's weights requested during the current one's MMAs (128 registers, 4
+// blocks per SM) lost; here the registers and the 5 blocks per SM stay as at J = 1.
 template <int BITS, int J>
 __global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
     q_moe_small_down_kernel(const bf16* __restrict__ act, int I,
@@ -625,16 +627,20 @@ bool use_streamed(MoeSmallKernel kernel, int bits, int T) {
   return T > kStreamDecodeMaxT && q_moe_small_streamed_available(bits);
 }
 
-// Output tiles per warp of the register down kernel: LILAC_MOE_DOWN_TILES=1|2|4 (A/B; default 1).
-int down_tiles_per_warp() {
-  static const int j = [] {
+// Output tiles per warp of the register down kernel (J): 2 up to 16 rows, 4 above. Measured (s17
+// run 5, 4-bit, bf16 state; engine tok/s at c = 16 / 32 / 64, two runs each): J = 1 3,150-3,157 /
+// 4,292-4,300 / 6,454-6,519; J = 2 3,164-3,166 / 4,334-4,343 / 6,642-6,658; J = 4 3,103-3,108 /
+// 4,368-4,376 / 6,724-6,750. Lab (down alone, us per layer at T = 16 / 64): 22.88 / 55.03, 22.50 /
+// 48.51, 23.85 / 45.83. LILAC_MOE_DOWN_TILES=1|2|4|8 overrides it (A/B).
+int down_tiles_per_warp(int T) {
+  static const int forced = [] {
     const char* v = std::getenv("LILAC_MOE_DOWN_TILES");
-    if (!v) return 1;
+    if (!v) return 0;
     const std::string_view s(v);
-    if (s == "1" || s == "2" || s == "4") return int(s[0] - '0');
-    fail("LILAC_MOE_DOWN_TILES={}: expected 1, 2 or 4", s);
+    if (s == "1" || s == "2" || s == "4" || s == "8") return int(s[0] - '0');
+    fail("LILAC_MOE_DOWN_TILES={}: expected 1, 2, 4 or 8", s);
   }();
-  return j;
+  return forced ? forced : T <= 16 ? 2 : 4;
 }
 
 }  // namespace
@@ -698,18 +704,25 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
       launch_stream_down<4>(act, I, shared_act, Is, down, shared_down, H, r, y, shared_out, stream);
     return;
   }
-  const int J = down_tiles_per_warp();
+  const int J = down_tiles_per_warp(r.T);
   const int Z = grid_passes(r.T, r.E, r.k);
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps * J)), unsigned(Z));
   const size_t smem = staged_x_bytes(std::max(I, Is));
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_down: {} bits", bits);
   auto fn = q_moe_small_down_kernel<4, 1>;
-  if (bits == 4)
-    fn = J == 1 ? fn : J == 2 ? q_moe_small_down_kernel<4, 2> : q_moe_small_down_kernel<4, 4>;
-  if (bits == 8)
-    fn = J == 1   ? q_moe_small_down_kernel<8, 1>
-         : J == 2 ? q_moe_small_down_kernel<8, 2>
-                  : q_moe_small_down_kernel<8, 4>;
+  switch (J) {
+    case 1:
+      fn = bits == 4 ? q_moe_small_down_kernel<4, 1> : q_moe_small_down_kernel<8, 1>;
+      break;
+    case 2:
+      fn = bits == 4 ? q_moe_small_down_kernel<4, 2> : q_moe_small_down_kernel<8, 2>;
+      break;
+    case 4:
+      fn = bits == 4 ? q_moe_small_down_kernel<4, 4> : q_moe_small_down_kernel<8, 4>;
+      break;
+    default:
+      fn = bits == 4 ? q_moe_small_down_kernel<4, 8> : q_moe_small_down_kernel<8, 8>;
+  }
   allow_smem(fn, smem);
   launch_kernel(moe_pdl_enabled(), fn, grid, dim3(kThreads), smem, stream, act, I, shared_act, Is,
                 down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
