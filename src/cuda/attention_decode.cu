@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     attn_decode_split_kernel(const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                              const int32_t* __restrict__ d_pos0, int heads, int kv_heads,
                              int max_ctx, float* __restrict__ part_o, float* __restrict__ part_ml,
-                             FusedQkv fz, BatchArgs ba, bf16* __restrict__ out) {
+                             FusedQkv fz, BatchArgs ba) {
   constexpr int EPL = HD / 32;
   const int group = heads / kv_heads;
   constexpr int RC = HD / 8;   // 16-byte chunks per K/V row
@@ -231,7 +231,6 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     fz.qkv += size_t(b) * ba.qkv_stride;
     part_o += size_t(b) * ba.part_stride;
     part_ml += size_t(b) * ba.part_stride;
-    out += size_t(b) * heads * HD;
   } else {
     n = *d_pos0 + 1;
   }
@@ -421,34 +420,6 @@ __global__ void __launch_bounds__(kDecThreads, 1)
         make_float2(o[j][0] * f, o[j][1] * f);
   __syncthreads();
   const size_t head0 = size_t(split) * heads + size_t(kvh) * group;
-  if (S == 1) {
-    // One split (batches of 34 or more rows on 132 SMs): the combine's result here, the same
-    // arithmetic (its split weight 2^(M - M) = 1 and sums over one split are exact), so no combine
-    // launch: out[h, d] = bf16(O / L * sigmoid(gate)).
-    float* sL = so + kDecWarps * 8 * OS;  // [group]
-    if (tid < group) {
-      float Mg = -INFINITY, L = 0.f;
-#pragma unroll
-      for (int w = 0; w < kDecWarps; ++w) Mg = fmaxf(Mg, sml[(w * 8 + tid) * 2]);
-#pragma unroll
-      for (int w = 0; w < kDecWarps; ++w) {
-        const float mw = sml[(w * 8 + tid) * 2];
-        if (mw != -INFINITY) L += sml[(w * 8 + tid) * 2 + 1] * exp2f(mw - Mg);
-      }
-      sL[tid] = L;
-    }
-    __syncthreads();
-    for (int idx = tid; idx < group * HD; idx += kDecThreads) {
-      const int gg = idx / HD, d = idx % HD;
-      float acc = 0.f;
-#pragma unroll
-      for (int w = 0; w < kDecWarps; ++w) acc += so[(w * 8 + gg) * OS + d];
-      const int h = kvh * group + gg;
-      const float gv = __bfloat162float(__float2bfloat16_rn(fz.qkv[size_t(h) * 2 * HD + HD + d]));
-      out[size_t(h) * HD + d] = __float2bfloat16_rn(acc / sL[gg] * sigmoid(gv));
-    }
-    return;
-  }
   for (int idx = tid; idx < group * HD; idx += kDecThreads) {
     const int gg = idx / HD, d = idx % HD;
     float acc = 0.f;
@@ -553,8 +524,7 @@ void launch_decode(const int32_t* d_pos0, int heads, int kv_heads, int max_ctx, 
   (void)attr_set;
   launch_kernel(true, attn_decode_split_kernel<HD>, dim3(S, kv_heads, B), dim3(kDecThreads),
                 size_t(smem), stream, fz.k_cache, fz.v_cache, d_pos0, heads, kv_heads, max_ctx,
-                part_o, part_ml, fz, ba, out);
-  if (S == 1) return;  // the split kernel wrote out
+                part_o, part_ml, fz, ba);
   launch_kernel(true, attn_decode_combine_kernel<HD>, dim3(heads, HD / 64, B),
                 dim3(kCombineThreads), 0, stream, part_o, part_ml, fz.qkv, d_pos0, S, heads, out,
                 ba);
