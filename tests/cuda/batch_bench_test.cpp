@@ -27,23 +27,32 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// n sequences with room for ctx + extra tokens, each prefilled with its own ctx-token prompt of
+// hashed ids (greedy sampling state begun).
+std::vector<std::unique_ptr<SequenceState>> prefilled_sequences(cuda::CudaBackend& b, int n,
+                                                                int ctx, int extra) {
+  const int32_t nv = b.sampling_vocab();
+  std::vector<std::unique_ptr<SequenceState>> seqs;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> prompt(static_cast<size_t>(ctx));
+    for (int t = 0; t < ctx; ++t)
+      prompt[size_t(t)] = int32_t((uint64_t(i * 7919 + t) * 2654435761ull) % uint64_t(nv));
+    seqs.push_back(b.new_sequence(ctx + extra));
+    b.begin_sampling(*seqs.back(), prompt, greedy);
+    b.forward(*seqs.back(), prompt, {}, false);
+  }
+  return seqs;
+}
+
 void bench(const std::string& weights, GdnStateFormat state = GdnStateFormat::f32) {
   cuda::CudaOptions options;
   options.gdn_state = state;
   auto b = cuda::make_synthetic_backend(weights, 1, SyntheticRouter::Uniform, options);
   const int kMax = 64, kCtx = 1024, kReps = 10;
   const int32_t nv = b->sampling_vocab();
-  std::vector<std::unique_ptr<SequenceState>> seqs;
-  SamplingParams greedy;
-  greedy.temperature = 0;
-  for (int i = 0; i < kMax; ++i) {
-    std::vector<int32_t> prompt(static_cast<size_t>(kCtx));
-    for (int t = 0; t < kCtx; ++t)
-      prompt[size_t(t)] = int32_t((uint64_t(i * 7919 + t) * 2654435761ull) % uint64_t(nv));
-    seqs.push_back(b->new_sequence(kCtx + 400));
-    b->begin_sampling(*seqs.back(), prompt, greedy);
-    b->forward(*seqs.back(), prompt, {}, false);
-  }
+  const auto seqs = prefilled_sequences(*b, kMax, kCtx, 400);
   std::printf(
       "%s, context %d: B, graph ms, tok/s (graph), step_batch ms, tok/s, per-stream tok/s, "
       "step() x B ms\n",
@@ -136,21 +145,9 @@ TEST(BatchBench, DISABLED_PassUnderProfiler) {
   cuda::CudaOptions options;
   options.gdn_state = GdnStateFormat::bf16;
   auto b = cuda::make_synthetic_backend("q4", 1, SyntheticRouter::Uniform, options);
-  const int kCtx = 1024;
-  const int32_t nv = b->sampling_vocab();
-  std::vector<std::unique_ptr<SequenceState>> seqs;
+  const auto seqs = prefilled_sequences(*b, B, 1024, 16);
   std::vector<SequenceState*> st;
-  SamplingParams greedy;
-  greedy.temperature = 0;
-  for (int i = 0; i < B; ++i) {
-    std::vector<int32_t> prompt(static_cast<size_t>(kCtx));
-    for (int t = 0; t < kCtx; ++t)
-      prompt[size_t(t)] = int32_t((uint64_t(i * 7919 + t) * 2654435761ull) % uint64_t(nv));
-    seqs.push_back(b->new_sequence(kCtx + 16));
-    b->begin_sampling(*seqs.back(), prompt, greedy);
-    b->forward(*seqs.back(), prompt, {}, false);
-    st.push_back(seqs.back().get());
-  }
+  for (const auto& q : seqs) st.push_back(q.get());
   const double warm_ms = b->time_batched_pass(st, 3);  // capture, warm-up, timing
   ASSERT_EQ(cudaProfilerStart(), cudaSuccess);
   const double ms = b->time_batched_pass(st, 1);  // two replays
