@@ -26,7 +26,6 @@
 // rows 9.4 -> 7.0 us, the top-k kernel at 64 rows 5.8 -> 4.0 us, ncu durations of one graph
 // replay).
 #include <algorithm>
-#include <climits>
 #include <cmath>
 
 #include "cuda/common.cuh"
@@ -246,8 +245,8 @@ constexpr int kBlockPairs = 1024;
 constexpr int kBlockExperts = 256;
 
 // kTopkGiven: the top-k is already in r.topk_idx / r.topk_weight (moe_topk_kernel, one warp per
-// token over many blocks: batches of 33-128 rows, where a warp here would take 2-4 tokens in
-// series); the block ranks, scans and scatters them (logits unused).
+// token over many blocks: batches of 9-128 rows, kOneBlockMaxT); the block ranks, scans and
+// scatters them (logits and PER unused).
 template <int PER, bool kTopkGiven>
 __global__ void __launch_bounds__(kBlockPairs)
     moe_route_block_kernel(const float* __restrict__ logits, int stride, int T, int E, int k,
