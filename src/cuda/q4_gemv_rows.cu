@@ -39,7 +39,11 @@
 // rank's range and the ranks in rank order (only where the f32 sums split differs).
 // More than 64 tokens (prompt chunks through an 8-bit matrix, e.g. the router at <= 256 tokens):
 // grid z = ceil(T / 64) slabs of 64 tokens side by side, each block as above on its slab (since s7;
-// the backend looped over the slabs, one launch each: ~10 us apiece for the router).
+// the backend looped over the slabs, one launch each: ~10 us apiece for the router). Since s17 a
+// matrix whose 64-token slabs would not fill a wave even at 8 ranks (the router: 3 row blocks)
+// takes slabs of 16 tokens (NCH = 2) from 17 tokens on: at 64 rows 4 x 24 blocks with 2-chunk
+// loops instead of 24 blocks with 8-chunk loops (ncu, s17 run 3: the router 10.2 us per call at
+// 64 rows against 6.4 at 16).
 #include <algorithm>
 
 #include "cuda/cluster.cuh"
@@ -125,10 +129,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint32_t kOnes[4] = {qtile::kBf16x2One, qtile::kBf16x2One, qtile::kBf16x2One,
                              qtile::kBf16x2One};
   pdl_launch_dependents();  // PDL (launch.h): x is the previous kernel's output
-  if constexpr (kSlabs) {   // slab z: tokens [64 z, 64 z + 64) of x and y
-    x += size_t(blockIdx.z) * kQGemvRowsMax * size_t(W.cols);
-    y += size_t(blockIdx.z) * kQGemvRowsMax * size_t(W.rows);
-    T = min(T - int(blockIdx.z) * kQGemvRowsMax, kQGemvRowsMax);
+  if constexpr (kSlabs) {   // slab z: tokens [R z, R z + R) of x and y
+    x += size_t(blockIdx.z) * R * size_t(W.cols);
+    y += size_t(blockIdx.z) * R * size_t(W.rows);
+    T = min(T - int(blockIdx.z) * R, R);
   }
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
   const int G = W.groups(), tiles = W.tiles();
@@ -356,6 +360,7 @@ void launch_nch(int nch, const QMatrix& W, const bf16* x, int T, float* y, int S
     case 1:
       return launch<BITS, 1, kAdd>(W, x, T, y, S, NG, grid, Z, stream);
     case 2:
+      if (Z > 1) return launch<BITS, 2, kAdd, true>(W, x, T, y, S, NG, grid, Z, stream);
       return launch<BITS, 2, kAdd>(W, x, T, y, S, NG, grid, Z, stream);
     case 4:
       return launch<BITS, 4, kAdd>(W, x, T, y, S, NG, grid, Z, stream);
@@ -381,8 +386,14 @@ void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0)
     fail("cuda::q_gemv_rows: x must be 16-byte aligned");
   if (!q_gemv_rows_available()) fail("cuda::q_gemv_rows: needs thread-block clusters (sm_90)");
-  const int Z = ceil_div(T, kQGemvRowsMax);  // 64-token slabs
-  const int chunks = (std::min(T, kQGemvRowsMax) + kTok - 1) / kTok;
+  // Slabs of 64 tokens; or of 16 where even 8 ranks of 64-token slabs leave the GPU mostly idle
+  // (the router: 3 row blocks, 24 blocks at 64 rows), so that the slabs run side by side and each
+  // block's chunk loop is 2 long instead of 8 (its weights then come from L2 for all but one slab).
+  const int blocks64 = ceil_div(W.tiles(), kWarps) * ceil_div(T, kQGemvRowsMax) * kMaxRanks;
+  const bool narrow = T > 2 * kTok && blocks64 < 2 * sm_count();
+  const int slab = narrow ? 2 * kTok : kQGemvRowsMax;
+  const int Z = ceil_div(T, slab);
+  const int chunks = (std::min(T, slab) + kTok - 1) / kTok;
   const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
   // Ranks: the smallest power of two S (at most 8 and the number of register sets) for which the
   // grid x S x Z blocks reach ~0.7 of a wave of 2 blocks per SM; each rank takes NG groups, whole

@@ -38,7 +38,8 @@ void q_gemv_rms_staged(const QMatrix& W, const float* h, const float* norm_scale
 // Same arithmetic as q_gemv per (row, group); the f32 sums over groups run in another order, so
 // a row's result equals q_gemv's up to f32 rounding. T >= 1: up to kQGemvRowsMax tokens share each
 // weight read; more run as slabs of kQGemvRowsMax side by side in one launch (each slab reads the
-// weights again: for prompt chunks through small 8-bit matrices). x 16-byte aligned; needs
+// weights again: for prompt chunks through small 8-bit matrices), and a matrix of few row blocks
+// (the router) takes slabs of 16 tokens from 17 tokens on. x 16-byte aligned; needs
 // thread-block clusters (sm_90: the K-slices of a row block meet in distributed shared memory,
 // deterministically).
 constexpr int kQGemvRowsMax = 64;
