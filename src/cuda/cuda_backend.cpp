@@ -58,6 +58,8 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* f = std::getenv("LILAC_MOE_PDL")) o.moe_pdl = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_GEMV_ROWS_STAGED"))
     o.gemv_rows_staged = std::string(f) != "0";
+  if (const char* m = std::getenv("LILAC_Q4_WGMMA_MIN"))
+    o.q4_wgmma_min_rows = std::max(1, std::atoi(m));
   if (const char* g = std::getenv("LILAC_GDN_STATE")) o.gdn_state = parse_gdn_state_format(g);
   if (const char* k = std::getenv("LILAC_GDN_BATCH_KERNEL")) {
     const std::string v(k);
@@ -109,9 +111,11 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
   }
   // q_gemm_wgmma picks its split of K from occupancy queries it caches: ask them now, outside any
   // graph capture (the batched step's capture may be its first call).
-  if (q_gemm_wgmma_available())
+  if (q_gemm_wgmma_available()) {
     for (int bt : {128, 256})
       for (int splits : {1, 2, 4}) (void)q_gemm_wgmma_max_clusters(bt, splits);
+    for (int splits : {1, 2, 4, 8}) (void)q_gemm_wgmma_max_clusters(64, splits);
+  }
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const int H = int(c.hidden);
   Workspace& w = *ws_;

@@ -78,6 +78,10 @@ struct CudaOptions {
   // gemv_rows (BF16 batched projections) in its staged form where it applies: x in shared memory,
   // a cluster per 8 row tiles (gemv_rows.h). LILAC_GEMV_ROWS_STAGED=0: the other form (A/B).
   bool gemv_rows_staged = true;
+  // The batched pass's 4-bit projections take q_gemm_wgmma (its small-M form up to 64 rows) from
+  // this many rows on, q_gemv_rows below (cuda_backend_batch.cpp rows_proj).
+  // LILAC_Q4_WGMMA_MIN=n (A/B runs).
+  int q4_wgmma_min_rows = 33;
   // How sequences keep the Gated DeltaNet recurrent state (model/state_format.h): f32, or bf16
   // (half the bytes the batched decode step moves for it). Fixed when the backend is made:
   // set_options refuses to change it (every sequence and captured graph has one format).

@@ -32,9 +32,10 @@ namespace {
 constexpr int kSortedMoeMinRows = 32;
 
 // A dense projection over the B rows, each weight read once, the tokens as the MMA's n
-// dimension: 4-bit weights through q_gemv_rows up to 32 rows, from 33 rows on Hopper through
-// q_gemm_wgmma's narrow form (wgmma n = 64, K split over a cluster when the row blocks are few;
-// s7: q_gemv_rows' eight 8-token chunks per MMA row made in_proj 38 us at 64 rows); 8-bit weights
+// dimension: 4-bit weights through q_gemv_rows below options.q4_wgmma_min_rows rows, from there on
+// Hopper through q_gemm_wgmma's small-M form (64-token blocks, 2 per SM, K split over a cluster of
+// up to 8 when the row blocks are few; s7: q_gemv_rows' eight 8-token chunks per MMA row made
+// in_proj 38 us at 64 rows; s18: the small-M form); 8-bit weights
 // through q_gemv_rows; BF16 through gemv_rows up to 32 rows and for the layers' matrices; the GEMM
 // for the lm_head (its tiles fill the GPU at any M) and from 33 rows (gemv_rows' per-chunk MMAs
 // then cost more than the GEMM's tiles: run 6, docs/performance.md), except for the matrices of
@@ -44,9 +45,9 @@ constexpr int kSortedMoeMinRows = 32;
 // the bf16-rounded weights (prefill's numerics) where q_gemv_rows has the decode kernels' exact
 // ones: both within the batch tests' tolerance of the single-sequence step.
 void rows_proj(const bf16* x, int B, int K, const DeviceMatrix& w, int N, float* y, bool accumulate,
-               cudaStream_t s) {
+               int q4_wgmma_min_rows, cudaStream_t s) {
   const GemvOut mode = accumulate ? GemvOut::Accumulate : GemvOut::Store;
-  if (w.affine() && w.q.bits == 4 && B > 32 && q_gemm_wgmma_available())
+  if (w.affine() && w.q.bits == 4 && B >= q4_wgmma_min_rows && q_gemm_wgmma_available())
     q_gemm_wgmma(x, B, w.q, y, accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32, s);
   else if (w.affine())
     q_gemv_rows(w.q, x, B, y, mode, s);
@@ -118,8 +119,10 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
     timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), B, H, eps, s); });
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    timed(timer, "proj.gdn_in_proj",
-          [&] { rows_proj(w.x.get(), B, H, L.in_proj, cols, w.proj.get(), false, s); });
+    timed(timer, "proj.gdn_in_proj", [&] {
+      rows_proj(w.x.get(), B, H, L.in_proj, cols, w.proj.get(), false, options_.q4_wgmma_min_rows,
+                s);
+    });
     timed(timer, "gdn_decode_batch", [&] {
       gdn_decode_batch(w.proj.get(), B, rows, slot, L.conv, L.neg_exp_A, L.dt_bias, L.gdn_norm,
                        int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
@@ -127,26 +130,32 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
                        w.mix.get(), s, options_.gdn_state, options_.gdn_batch_kernel);
     });
     timed(timer, "proj.gdn_out_proj", [&] {
-      rows_proj(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, H, w.h.get(), true, s);
+      rows_proj(w.mix.get(), B, int(c.gdn_v_channels()), L.out_proj, H, w.h.get(), true,
+                options_.q4_wgmma_min_rows, s);
     });
   } else {
     const int cols = int(c.q_proj_rows() + 2 * c.kv_dim());
-    timed(timer, "proj.attn_qkv",
-          [&] { rows_proj(w.x.get(), B, H, L.qkv_proj, cols, w.proj.get(), false, s); });
+    timed(timer, "proj.attn_qkv", [&] {
+      rows_proj(w.x.get(), B, H, L.qkv_proj, cols, w.proj.get(), false, options_.q4_wgmma_min_rows,
+                s);
+    });
     timed(timer, "attention_decode_batch", [&] {
       attention_decode_qkv_batch(w.proj.get(), B, rows, slot, L.q_norm, L.k_norm, model_->inv_freq,
                                  int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim),
                                  eps, bw.attn_partial.get(), w.mix.get(), s);
     });
     timed(timer, "proj.attn_o_proj", [&] {
-      rows_proj(w.mix.get(), B, int(c.heads * c.head_dim), L.o_proj, H, w.h.get(), true, s);
+      rows_proj(w.mix.get(), B, int(c.heads * c.head_dim), L.o_proj, H, w.h.get(), true,
+                options_.q4_wgmma_min_rows, s);
     });
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), B, H, eps, s); });
-  timed(timer, "proj.router",
-        [&] { rows_proj(w.x.get(), B, H, L.router, E + 1, w.router.get(), false, s); });
+  timed(timer, "proj.router", [&] {
+    rows_proj(w.x.get(), B, H, L.router, E + 1, w.router.get(), false, options_.q4_wgmma_min_rows,
+              s);
+  });
   if (grouped_moe) {  // as prefill: tokens grouped by expert, each touched expert read once
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
     timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
@@ -207,8 +216,10 @@ void CudaBackend::batch_launches(int B, bool grouped_moe, Timer* timer) {
   if (!normed)
     timed(timer, "rms_norm",
           [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), B, H, c.rms_eps, stream_); });
-  timed(timer, "proj.lm_head",
-        [&] { rows_proj(w.x.get(), B, H, model_->lm_head, V, w.logits.get(), false, stream_); });
+  timed(timer, "proj.lm_head", [&] {
+    rows_proj(w.x.get(), B, H, model_->lm_head, V, w.logits.get(), false,
+              options_.q4_wgmma_min_rows, stream_);
+  });
   timed(timer, "argmax_batch", [&] {
     argmax_batch(w.logits.get(), sampling_vocab(), size_t(V), B, bw.argmax_ws.get(),
                  bw.tokens.get(), stream_);

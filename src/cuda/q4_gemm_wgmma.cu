@@ -86,6 +86,7 @@ constexpr int stage_bytes() {
 }
 static_assert(stage_bytes<Cfg256>() + 1024 <= Cfg256::SMEM_BYTES, "staged tile fits (BT 256)");
 static_assert(stage_bytes<Cfg128>() + 1024 <= Cfg128::SMEM_BYTES, "staged tile fits (BT 128)");
+static_assert(stage_bytes<Cfg64>() + 1024 <= Cfg64::SMEM_BYTES, "staged tile fits (BT 64)");
 
 // 16 bytes of rank `rank`'s staged tile at this block's shared address `a` (S = 1: this block).
 template <int S>
@@ -112,7 +113,7 @@ __device__ __forceinline__ float4 ld_part(uint32_t a, int rank) {
 // NW: the wgmma n, the tokens the main loop computes (C::BT; 64 for the narrow form at M <= 64,
 // whose accumulators past token 64 stay 0 and are not stored).
 template <class C, int S, GemmOut MODE, int NW = C::BT>
-__global__ void __launch_bounds__(C::THREADS, 1)
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     q_gemm_wgmma_kernel(const bf16* __restrict__ A, int M, int K, QMatrix W, void* __restrict__ out,
                         int tiles_m, int tiles_n, bool vec) {
 #if defined(LILAC_SM90A)
@@ -307,22 +308,42 @@ void dispatch_splits(const bf16* A, int M, const QMatrix& W, void* out, GemmOut 
       return dispatch_mode<C, 2, NW>(A, M, W, out, mode, vec, s);
     case 4:
       return dispatch_mode<C, 4, NW>(A, M, W, out, mode, vec, s);
+    case 8:
+      // Only the small-M form: its blocks (2 per SM) make clusters of 8 that fit a GPC.
+      if constexpr (C::BT == 64) return dispatch_mode<C, 8, NW>(A, M, W, out, mode, vec, s);
+      [[fallthrough]];
     default:
-      fail("q_gemm_wgmma: splits {} (1, 2 or 4)", S);
+      fail("q_gemm_wgmma: splits {} (1, 2 or 4; 8 with 64 tokens per block)", S);
   }
 }
 
-// Clusters of S blocks resident at once (one block per SM: 1 thread block of ~200 KB / 256
-// threads x 216 registers). S = 1: the SM count; else the runtime's answer (the GPCs decide: a
-// cluster's blocks share one), 0 if it has none.
+// The small-M form's wgmma n: the tokens rounded up to 16, 32 or 64.
+void dispatch_small(const bf16* A, int M, const QMatrix& W, void* out, GemmOut mode, bool vec,
+                    int S, cudaStream_t s) {
+  if (M <= 16) return dispatch_splits<Cfg64, 16>(A, M, W, out, mode, vec, S, s);
+  if (M <= 32) return dispatch_splits<Cfg64, 32>(A, M, W, out, mode, vec, S, s);
+  return dispatch_splits<Cfg64, 64>(A, M, W, out, mode, vec, S, s);
+}
+
+// Clusters of S blocks resident at once (Cfg256 / Cfg128: one block per SM, ~200 KB / 256 threads
+// x 216 registers; Cfg64: two). S = 1: the occupancy query's blocks per SM x the SM count; else the
+// runtime's answer (the GPCs decide: a cluster's blocks share one), 0 if it has none.
 template <class C, int S>
 int max_clusters() {
   static const int n = [] {
-    if (S == 1) return sm_count();
     set_smem<C, S, GemmOut::StoreF32>();
+    int c = 0;
+    if (S == 1) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+              &c, q_gemm_wgmma_kernel<C, S, GemmOut::StoreF32>, C::THREADS, C::SMEM_BYTES) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();
+        c = 0;
+      }
+      return c * sm_count();
+    }
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg = cluster_config<C>(S, int64_t(S) * 64, nullptr, attr);
-    int c = 0;
     if (cudaOccupancyMaxActiveClusters(&c, q_gemm_wgmma_kernel<C, S, GemmOut::StoreF32>, &cfg) !=
         cudaSuccess) {
       (void)cudaGetLastError();  // clear it: treated as "cannot run"
@@ -334,6 +355,12 @@ int max_clusters() {
 }
 
 int max_clusters_of(int bt, int S) {
+  if (bt == 64)
+    return S == 1   ? max_clusters<Cfg64, 1>()
+           : S == 2 ? max_clusters<Cfg64, 2>()
+           : S == 4 ? max_clusters<Cfg64, 4>()
+           : S == 8 ? max_clusters<Cfg64, 8>()
+                    : 0;
   if (bt == 256)
     return S == 1   ? max_clusters<Cfg256, 1>()
            : S == 2 ? max_clusters<Cfg256, 2>()
@@ -352,27 +379,39 @@ int max_clusters_of(int bt, int S) {
 // as 0.9 us at 256 tokens and 0.6 us at 128: the lab's v2 per-block rates (in_proj at M = 4096:
 // 1552 blocks of 256 tokens, 12 waves of 32 k-tiles in 354 us, 0.92 us each with the C stores; at M
 // = 512: 388 blocks of 128, 3 waves in 62.6 us, 0.65 us). Candidates in order of preference on a
-// tie (smaller clusters first). M <= 64 (the narrow form, n = 64): 128-token tiles only, a k-tile
-// taken as 0.4 us (a guess: about half the MMAs of the 128-token tile, the dequantisation the same;
-// s7).
+// tie (smaller clusters first). M <= 64: the small-M form (64-token blocks, 2 per SM) at S = 1, 2,
+// 4 or 8, a k-tile taken as 0.5 us (s17 ncu: the 128-token narrow form's in_proj at 64 rows, 16.6
+// us for 32 k-tiles) and the fixed part as 3 us + 1 us per doubling of the cluster (the reduce
+// reads S partial tiles).
 void pick(int M, int N, int KT, int& bt, int& S) {
-  constexpr int kCand[][2] = {{256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}, {128, 4}};
-  const bool narrow = M <= 64;
   int64_t best = INT64_MAX;
-  bt = narrow ? 128 : 256;
+  const int64_t row_blocks = ceil_div(N, 128);
+  if (M <= 64) {
+    bt = 64;
+    S = 1;
+    for (int s = 1, lg = 0; s <= 8; s *= 2, ++lg) {
+      if (KT % s != 0) continue;
+      const int64_t maxc = max_clusters_of(64, s);
+      if (maxc <= 0) continue;
+      const int64_t cost = ceil_div(row_blocks, maxc) * (int64_t(KT / s) * 5 + 30 + 10 * lg);
+      if (cost < best) {
+        best = cost;
+        S = s;
+      }
+    }
+    return;
+  }
+  constexpr int kCand[][2] = {{256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}};
+  bt = 256;
   S = 1;
   for (const auto& c : kCand) {
     const int b = c[0], s = c[1];
-    if (narrow ? b != 128 : b == 128 && s == 4) continue;  // (128, 4): only for the narrow form
     if (KT % s != 0) continue;
     const int64_t maxc = max_clusters_of(b, s);
     if (maxc <= 0) continue;
-    const int64_t tiles = int64_t(ceil_div(M, b)) * ceil_div(N, 128);
+    const int64_t tiles = int64_t(ceil_div(M, b)) * row_blocks;
     const int64_t waves = ceil_div(tiles, maxc);
-    const int64_t cost = waves * (int64_t(KT / s) * (narrow     ? 4
-                                                     : b == 256 ? 9
-                                                                : 6) +
-                                  (s > 1 ? 40 : 30));
+    const int64_t cost = waves * (int64_t(KT / s) * (b == 256 ? 9 : 6) + (s > 1 ? 40 : 30));
     if (cost < best) {
       best = cost;
       bt = b;
@@ -412,12 +451,14 @@ void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
   if (KT % S != 0) fail("q_gemm_wgmma: {} k-tiles do not split {} ways", KT, S);
   if (bt == 256)
     qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg256>(A, M, W, C, mode, vec, S, stream);
-  else if (bt == 128 && M <= 64)  // the narrow form: wgmma n = 64
+  else if (bt == 128 && M <= 64)  // s7's narrow form: wgmma n = 64 (kept for the lab's A/B)
     qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128, 64>(A, M, W, C, mode, vec, S, stream);
   else if (bt == 128)
     qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128>(A, M, W, C, mode, vec, S, stream);
+  else if (bt == 64 && M <= 64)
+    qgemm_wgmma::dispatch_small(A, M, W, C, mode, vec, S, stream);
   else
-    fail("q_gemm_wgmma: tokens_per_block {} (256, 128 or 0)", bt);
+    fail("q_gemm_wgmma: tokens_per_block {} (256, 128, 64 up to 64 tokens, or 0)", bt);
 }
 
 }  // namespace lilac::cuda

@@ -1,6 +1,6 @@
 // The device code of q_gemm_wgmma (q4_gemm_wgmma.cu; the file comment there explains the design),
 // shared with the grouped expert GEMMs of prefill (q4_moe_prefill_wgmma.cu): the block
-// configuration, the register-sourced wgmma wrappers (n = 256 .. 32), one pipeline stage's copies,
+// configuration, the register-sourced wgmma wrappers (n = 256 .. 16), one pipeline stage's copies,
 // the dequantisation of a k-tile into A fragments, one k-tile of the main loop and the loop, the
 // raster and the scalar store.
 #pragma once
@@ -17,11 +17,13 @@ namespace lilac::cuda {
 // body is empty and nvcc would warn about every unused internal function and member.
 namespace qgemm_wgmma {
 
-template <int BT_, int STAGES_>
+// MIN_BLOCKS_: blocks per SM the launch bounds ask for (registers <= 65536 / (256 MIN_BLOCKS)).
+template <int BT_, int STAGES_, int MIN_BLOCKS_ = 1>
 struct QGemmV2Cfg {
   static constexpr int BR = 128;  // weight rows per block: 8 row tiles, warp w owns tile w
   static constexpr int BT = BT_;  // tokens per block: the wgmma n
   static constexpr int STAGES = STAGES_, INFLIGHT = 1, PREFETCH = STAGES - 1 - INFLIGHT;
+  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
   static constexpr int THREADS = 256;
   static constexpr int ROW_STEP = THREADS / 8;  // token rows per pass (tile::load_operand)
   static constexpr int X_LOADS = BT / ROW_STEP;
@@ -30,14 +32,22 @@ struct QGemmV2Cfg {
   static constexpr int W_STAGE = C_BYTES + 8 * kQSbWords * 4;             // + scale/bias: 4608
   static constexpr int SMEM_BYTES = STAGES * (X_STAGE + W_STAGE) + 1024;  // + alignment slack
   static constexpr int NACC = BT / 2;
-  static_assert(BT == 128 || BT == 256, "wgmma n");
+  static_assert(BT == 64 || BT == 128 || BT == 256, "wgmma n");
   static_assert(PREFETCH >= 1, "at least one k-tile of prefetch");
   static_assert(X_STAGE % 1024 == 0, "X stages stay 1024-byte aligned (128B swizzle atoms)");
   static_assert(SMEM_BYTES <= 232448, "227 KB of dynamic shared memory per block");
+  // Blocks per SM by shared memory (228 KB per SM, 1 KB of it reserved per block).
+  static_assert(MIN_BLOCKS * (SMEM_BYTES + 1024) <= 233472, "MIN_BLOCKS blocks fit in an SM");
 };
 
 using Cfg256 = QGemmV2Cfg<256, 6>;  // 219 KB + 1 KB
 using Cfg128 = QGemmV2Cfg<128, 8>;  // 168 KB + 1 KB
+// The small-M form (M <= 64, the batched decode step's projections; s18): 64 tokens per block
+// (the wgmma n is 16, 32 or 64 by M), 8 stages of 12.5 KB = 101 KB + 1 KB, so 2 blocks per SM
+// (<= 128 registers) and K split up to 8 ways: twice the warps per SM of the 128-token narrow form
+// and a fraction of its k-tiles per block (its blocks are latency-bound: s17 ncu, in_proj at 64
+// rows 16.6 us for 32 k-tiles per block).
+using Cfg64 = QGemmV2Cfg<64, 8, 2>;
 
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
@@ -189,7 +199,30 @@ __device__ __forceinline__ void wgmma_rs_m64n32k16(float (&d)[NA], const uint32_
 #endif
 }
 
-// wgmma m64nNk16 (N = 256, 128, 64 or 32) into the first N / 2 of NA accumulators.
+template <int NA>
+__device__ __forceinline__ void wgmma_rs_m64n16k16(float (&d)[NA], const uint32_t (&a)[4],
+                                                   uint64_t desc_b) {
+  static_assert(NA >= 8, "8 accumulators");
+#if defined(LILAC_SM90A)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+#endif
+}
+
+// wgmma m64nNk16 (N = 256, 128, 64, 32 or 16) into the first N / 2 of NA accumulators.
 template <int N, int NA>
 __device__ __forceinline__ void wgmma_rs(float (&d)[NA], const uint32_t (&a)[4], uint64_t desc_b) {
   static_assert(2 * NA >= N, "N / 2 accumulators");
@@ -199,8 +232,10 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NA], const uint32_t (&a)[4],
     wgmma_rs_m64n128k16(d, a, desc_b);
   else if constexpr (N == 64)
     wgmma_rs_m64n64k16(d, a, desc_b);
-  else
+  else if constexpr (N == 32)
     wgmma_rs_m64n32k16(d, a, desc_b);
+  else
+    wgmma_rs_m64n16k16(d, a, desc_b);
 }
 
 // This thread's share of one stage's weight copies: codes chunk (tid & 31) of row tile tid >> 5
