@@ -23,6 +23,7 @@
 #include "../lab.h"
 #include "cuda/gemm.h"
 #include "cuda/q4_gemm.h"
+#include "cuda/q4_linear.h"
 #include "q_gemm_lab.h"
 #include "twins/gemm_twin.h"
 #include "twins/q4_twin.h"
@@ -39,12 +40,17 @@ struct Shape {
   const char* name;
   int rows, cols;   // N, K
   bool accumulate;  // GemmOut::AccumulateF32 (out_proj / o_proj add into the residual h)
+  bool small_only;  // only in version 4 (the batched decode step's shapes)
 };
-const Shape kShapes[] = {{"gdn_in_proj", 12352, 2048, false},
-                         {"gdn_out_proj (+= h)", 2048, 4096, true},
-                         {"attn_qkv", 9216, 2048, false},
-                         {"attn_o_proj (+= h)", 2048, 4096, true}};
+const Shape kShapes[] = {{"gdn_in_proj", 12352, 2048, false, false},
+                         {"gdn_out_proj (+= h)", 2048, 4096, true, false},
+                         {"attn_qkv", 9216, 2048, false, false},
+                         {"attn_o_proj (+= h)", 2048, 4096, true, false},
+                         {"lm_head", 248320, 2048, false, true}};
 const int kTokens[] = {4096, 512, 1000};
+// Version 4: the batched decode step's row counts (and one row, awkward 17 and 33 checked only).
+const int kSmallTokens[] = {16, 32, 64};
+const int kSmallChecked[] = {1, 17, 33};
 constexpr double kPeak = 790.0;  // TFLOP/s: the bf16 dense rate the GEMM comments use (gemm.cu)
 
 using Launch = std::function<void(const bf16*, int, const QMatrix&, void*, GemmOut, cudaStream_t)>;
@@ -72,6 +78,33 @@ std::vector<std::pair<std::string, Launch>> launches(int version) {
             cuda::q_gemm_wgmma(A, M, W, C, m, s, bt, sp);
           });
     }
+    return ls;
+  }
+  if (version == 4) {
+    // Auto (production: the small-M form at M <= 64), each fixed split of the small-M form, s7's
+    // narrow form (128-token blocks, wgmma n = 64) at each split, and q_gemv_rows (the batched
+    // step's path up to 32 rows before s18) for reference.
+    std::vector<std::pair<std::string, Launch>> ls;
+    const std::pair<int, int> kinds[] = {{0, 0},  {64, 1},  {64, 2},  {64, 4},
+                                         {64, 8}, {128, 1}, {128, 2}, {128, 4}};
+    for (const auto& [bt, sp] : kinds) {
+      if (bt != 0 && cuda::q_gemm_wgmma_max_clusters(bt, sp) <= 0) {
+        std::printf("  v4 [bt%d s%d]: no cluster of %d such blocks fits on this device; skipped\n",
+                    bt, sp, sp);
+        continue;
+      }
+      ls.emplace_back(
+          bt == 0 ? std::string() : " [bt" + std::to_string(bt) + " s" + std::to_string(sp) + "]",
+          [bt, sp](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m, cudaStream_t s) {
+            cuda::q_gemm_wgmma(A, M, W, C, m, s, bt, sp);
+          });
+    }
+    ls.emplace_back(" [q_gemv_rows]", [](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m,
+                                         cudaStream_t s) {
+      cuda::q_gemv_rows(
+          W, A, M, static_cast<float*>(C),
+          m == GemmOut::AccumulateF32 ? cuda::GemvOut::Accumulate : cuda::GemvOut::Store, s);
+    });
     return ls;
   }
   auto fixed = [](int bt) {
@@ -250,11 +283,23 @@ bool run(const Options& opt, const Version& v) {
   }
   const auto ls = launches(v.number);
   bool ok = true;
+  const bool small = v.number == 4;
+  std::vector<int> checked, timed;
+  if (small) {
+    checked.assign(std::begin(kSmallTokens), std::end(kSmallTokens));
+    checked.insert(checked.end(), std::begin(kSmallChecked), std::end(kSmallChecked));
+    timed.assign(std::begin(kSmallTokens), std::end(kSmallTokens));
+  } else {
+    checked.assign(std::begin(kTokens), std::end(kTokens));
+    timed = checked;
+  }
   for (int i = 0; i < int(std::size(kShapes)); ++i)
-    for (int M : kTokens)
-      for (const auto& [tag, launch] : ls) ok = check(launch, tag, i, M) && ok;
+    if (small || !kShapes[i].small_only)
+      for (int M : checked)
+        for (const auto& [tag, launch] : ls) ok = check(launch, tag, i, M) && ok;
   for (int i = 0; i < int(std::size(kShapes)); ++i)
-    for (int M : kTokens) time_case(opt, ls, i, M);
+    if (small || !kShapes[i].small_only)
+      for (int M : timed) time_case(opt, ls, i, M);
   return ok;
 }
 
@@ -264,7 +309,8 @@ Op q_gemm_op() {
   return Op{
       "q_gemm",
       "4-bit dense prefill GEMM C (=|+=) A W^T: in_proj 12352x2048, out_proj 2048x4096 (+=), qkv "
-      "9216x2048, o_proj 2048x4096 (+=); M 4096, 512, 1000",
+      "9216x2048, o_proj 2048x4096 (+=); M 4096, 512, 1000 (v4: M 16, 32, 64 and lm_head "
+      "248320x2048)",
       {{1, "mma_sync",
         "mma.sync m16n8k16, W as the A operand dequantised in registers from the tiled layout, 256 "
         "rows x 128 tokens per block (production for 8-bit weights; for 4-bit until s6)",
@@ -279,6 +325,11 @@ Op q_gemm_op() {
         "reducing through distributed shared memory in rank order; epilogue through shared "
         "memory (16-byte coalesced rows, residual loads batched); production for 4-bit weights "
         "since s7",
+        false},
+       {4, "small_m",
+        "the batched decode step's M = 16 .. 64 (and lm_head): v3 with 64-token blocks (wgmma n "
+        "16 / 32 / 64 by M), 8 stages of 12.5 KB, 2 blocks per SM, K split up to 8 ways; against "
+        "s7's 128-token narrow form and q_gemv_rows; production from s18",
         true}},
       run};
 }
