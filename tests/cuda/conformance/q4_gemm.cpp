@@ -121,7 +121,7 @@ LILAC_CONFORMANCE_CASES(q4_gemm) {
   add("router_", {300, 257, 2048, 8, cuda::GemmOut::StoreF32}, 3);
   add("shared_down_", {129, 2048, 512, 4, cuda::GemmOut::StoreF32}, 4);
   add("shared_gate_up_", {64, 1024, 2048, 4, cuda::GemmOut::StoreBF16}, 5);
-  // Batched decode rows (33-64) through q_gemm_wgmma's narrow form (wgmma n = 64).
+  // Batched decode rows (up to 64) through q_gemm_wgmma's small-M form (the dispatch's pick).
   add("rows_in_proj_", {64, 12352, 2048, 4, cuda::GemmOut::StoreF32}, 6);
   add("rows_out_proj_", {48, 2048, 4096, 4, cuda::GemmOut::AccumulateF32}, 7);
   // M = 1, 17, 3, 200; N not a multiple of 16 or of the 256-row block; K of one group.
@@ -141,6 +141,14 @@ LILAC_CONFORMANCE_CASES(q4_gemm) {
     add("wgmma_out_proj_", {257, 2048, 4096, 4, O::AccumulateF32, bt, sp}, seed++);
     add("wgmma_awkward_", {33, 17, 256, 4, O::AccumulateF32, bt, sp}, seed++);
     add("wgmma_bf16_", {200, 300, 512, 4, O::StoreBF16, bt, sp}, seed++);
+  }
+  // The small-M form (64-token blocks, wgmma n = 16 / 32 / 64 by M) at each split of K, up to 8:
+  // out_proj +=, 17 rows (element stores) with one k-tile per rank at 8, bf16 output, n = 16.
+  for (int sp : {1, 2, 4, 8}) {
+    add("wgmma_small_out_proj_", {16, 2048, 4096, 4, O::AccumulateF32, 64, sp}, seed++);
+    add("wgmma_small_awkward_", {33, 17, 512, 4, O::AccumulateF32, 64, sp}, seed++);
+    add("wgmma_small_bf16_", {64, 300, 512, 4, O::StoreBF16, 64, sp}, seed++);
+    add("wgmma_small_n16_", {5, 392, 1024, 4, O::StoreF32, 64, sp}, seed++);
   }
   return cases;
 }
