@@ -171,6 +171,12 @@ constexpr int dec_fused_smem_bytes() {
   return dec_smem_bytes<HD>() + kDecWarps * HD * 4 + 8 * HD * 2 + 2 * HD * 2;
 }
 
+// The one-split form's gates after that: [8][HD] f32.
+template <int HD>
+constexpr int dec_one_split_smem_bytes() {
+  return dec_fused_smem_bytes<HD>() + 8 * HD * 4;
+}
+
 // What attention_decode_qkv adds: the projection row and the norm / RoPE parameters; the kernel
 // writes the new key and value into the caches.
 struct FusedQkv {
@@ -203,12 +209,17 @@ __device__ __forceinline__ int dec_keys_per_split(int n, int S) {
 // n - 1) computes that key and value, stores them in the caches and patches them into its last tile
 // (that row is not read from the cache: zero-filled, then overwritten after the tile has landed).
 // (Version 1 read q and gate written by a qk_norm_rope_store launch before it: bench/lab.)
-template <int HD>
+// kOneSplit (launched with one split, gridDim.x == 1: batches of 34 or more rows on 132 SMs): the
+// block also does the combine's work, out[h, d] = bf16(O / L * sigmoid(gate)) with the same
+// arithmetic (the combine's split weight is 2^(M - M) = 1 and its sums over one split are exact,
+// so the same bits), and no combine is launched. An instantiation of its own, so that the split
+// form's code is unchanged (in the common body the epilogue made ptxas spill in every form; s17).
+template <int HD, bool kOneSplit>
 __global__ void __launch_bounds__(kDecThreads, 1)
     attn_decode_split_kernel(const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                              const int32_t* __restrict__ d_pos0, int heads, int kv_heads,
                              int max_ctx, float* __restrict__ part_o, float* __restrict__ part_ml,
-                             FusedQkv fz, BatchArgs ba) {
+                             FusedQkv fz, BatchArgs ba, bf16* __restrict__ out) {
   constexpr int EPL = HD / 32;
   const int group = heads / kv_heads;
   constexpr int RC = HD / 8;   // 16-byte chunks per K/V row
@@ -278,6 +289,15 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     }
   }
 
+  // kOneSplit: the gates of the group's heads (group <= 8), [group][HD] f32 after the prologue's
+  // scratch (dec_one_split_smem_bytes), copied with the first tile: read only by the epilogue.
+  if constexpr (kOneSplit) {
+    const uint32_t sG = smem_addr(smem + dec_fused_smem_bytes<HD>());
+    for (int c = tid; c < group * HD / 4; c += kDecThreads) {
+      const int gg = c / (HD / 4), d4 = c % (HD / 4);
+      cp_async16(sG + 16 * c, fz.qkv + size_t(kvh * group + gg) * 2 * HD + HD + 4 * d4, 16);
+    }
+  }
   // The first tiles' copies, in flight during the prologue.
 #pragma unroll
   for (int s = 0; s < kDecStages - 1; ++s) {
@@ -418,6 +438,39 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   for (int j = 0; j < NT; ++j)
     *reinterpret_cast<float2*>(so + (warp * 8 + g) * OS + 8 * j + 2 * tq) =
         make_float2(o[j][0] * f, o[j][1] * f);
+  if constexpr (kOneSplit) {
+    float* sL = so + kDecWarps * 8 * OS;  // [group]: L of each head
+    const float* sG = reinterpret_cast<const float*>(smem + dec_fused_smem_bytes<HD>());
+    if (tid < group) {
+      float Mg = -INFINITY, L = 0.f;
+#pragma unroll
+      for (int w = 0; w < kDecWarps; ++w) Mg = fmaxf(Mg, sml[(w * 8 + tid) * 2]);
+#pragma unroll
+      for (int w = 0; w < kDecWarps; ++w) {
+        const float mw = sml[(w * 8 + tid) * 2];
+        if (mw != -INFINITY) L += sml[(w * 8 + tid) * 2 + 1] * exp2f(mw - Mg);
+      }
+      sL[tid] = L;
+    }
+    // The batched row's output (formed here: a pointer kept across the main loop cost spills).
+    if (ba.rows) out += size_t(blockIdx.z) * heads * HD;
+    cp_async_wait<0>();
+    __syncthreads();  // so, sL and the gates
+    constexpr int kGateIters = 8 * HD / kDecThreads;
+#pragma unroll
+    for (int i = 0; i < kGateIters; ++i) {
+      const int idx = tid + i * kDecThreads;
+      if (idx < group * HD) {
+        const int gg = idx / HD, d = idx % HD;
+        float acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < kDecWarps; ++w) acc += so[(w * 8 + gg) * OS + d];
+        const float gv = __bfloat162float(__float2bfloat16_rn(sG[idx]));
+        out[size_t(kvh * group + gg) * HD + d] = __float2bfloat16_rn(acc / sL[gg] * sigmoid(gv));
+      }
+    }
+    return;
+  }
   __syncthreads();
   const size_t head0 = size_t(split) * heads + size_t(kvh) * group;
   for (int idx = tid; idx < group * HD; idx += kDecThreads) {
@@ -517,14 +570,23 @@ void launch_decode(const int32_t* d_pos0, int heads, int kv_heads, int max_ctx, 
                    int B = 1) {
   constexpr int smem = dec_fused_smem_bytes<HD>();
   static const bool attr_set = [] {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel<HD>,
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel<HD, false>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel<HD, true>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          dec_one_split_smem_bytes<HD>()));
     return true;
   }();
   (void)attr_set;
-  launch_kernel(true, attn_decode_split_kernel<HD>, dim3(S, kv_heads, B), dim3(kDecThreads),
+  if (S == 1) {  // the split kernel writes out: no combine
+    launch_kernel(true, attn_decode_split_kernel<HD, true>, dim3(1, kv_heads, B), dim3(kDecThreads),
+                  size_t(smem), stream, fz.k_cache, fz.v_cache, d_pos0, heads, kv_heads, max_ctx,
+                  part_o, part_ml, fz, ba, out);
+    return;
+  }
+  launch_kernel(true, attn_decode_split_kernel<HD, false>, dim3(S, kv_heads, B), dim3(kDecThreads),
                 size_t(smem), stream, fz.k_cache, fz.v_cache, d_pos0, heads, kv_heads, max_ctx,
-                part_o, part_ml, fz, ba);
+                part_o, part_ml, fz, ba, out);
   launch_kernel(true, attn_decode_combine_kernel<HD>, dim3(heads, HD / 64, B),
                 dim3(kCombineThreads), 0, stream, part_o, part_ml, fz.qkv, d_pos0, S, heads, out,
                 ba);
