@@ -81,7 +81,7 @@ struct CudaOptions {
   // The batched pass's 4-bit projections take q_gemm_wgmma (its small-M form up to 64 rows) from
   // this many rows on, q_gemv_rows below (cuda_backend_batch.cpp rows_proj).
   // LILAC_Q4_WGMMA_MIN=n (A/B runs).
-  int q4_wgmma_min_rows = 33;
+  int q4_wgmma_min_rows = 9;
   // How sequences keep the Gated DeltaNet recurrent state (model/state_format.h): f32, or bf16
   // (half the bytes the batched decode step moves for it). Fixed when the backend is made:
   // set_options refuses to change it (every sequence and captured graph has one format).

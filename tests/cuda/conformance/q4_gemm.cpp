@@ -171,7 +171,10 @@ TEST(Q4Gemm, BadArgumentsThrow) {
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 128, 4), Error);   // 2 k-tiles / 4
   q.cols = 192;
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 128, 3), Error);  // splits 3
-  EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 64, 1), Error);   // 64-token tile
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 32, 1), Error);   // 32-token tile
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 65, q, c, f32, nullptr, 64, 1), Error);  // 64: M <= 64 only
+  q.cols = 512;
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 128, 8), Error);  // 8: 64 only
 }
 
 }  // namespace
