@@ -439,6 +439,8 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     *reinterpret_cast<float2*>(so + (warp * 8 + g) * OS + 8 * j + 2 * tq) =
         make_float2(o[j][0] * f, o[j][1] * f);
   if constexpr (kOneSplit) {
+    static_assert((kDecWarps * 16 + kDecWarps * 8 * OS + 8) * 4 <= dec_smem_bytes<HD>(),
+                  "the merge buffers and L fit in the stages");
     float* sL = so + kDecWarps * 8 * OS;  // [group]: L of each head
     const float* sG = reinterpret_cast<const float*>(smem + dec_fused_smem_bytes<HD>());
     if (tid < group) {
@@ -580,8 +582,8 @@ void launch_decode(const int32_t* d_pos0, int heads, int kv_heads, int max_ctx, 
   (void)attr_set;
   if (S == 1) {  // the split kernel writes out: no combine
     launch_kernel(true, attn_decode_split_kernel<HD, true>, dim3(1, kv_heads, B), dim3(kDecThreads),
-                  size_t(smem), stream, fz.k_cache, fz.v_cache, d_pos0, heads, kv_heads, max_ctx,
-                  part_o, part_ml, fz, ba, out);
+                  size_t(dec_one_split_smem_bytes<HD>()), stream, fz.k_cache, fz.v_cache, d_pos0,
+                  heads, kv_heads, max_ctx, part_o, part_ml, fz, ba, out);
     return;
   }
   launch_kernel(true, attn_decode_split_kernel<HD, false>, dim3(S, kv_heads, B), dim3(kDecThreads),
