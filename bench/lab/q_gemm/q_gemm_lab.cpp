@@ -55,6 +55,10 @@ constexpr double kPeak = 790.0;  // TFLOP/s: the bf16 dense rate the GEMM commen
 
 using Launch = std::function<void(const bf16*, int, const QMatrix&, void*, GemmOut, cudaStream_t)>;
 
+// Version 4's reference launch (the batched step's path below 9 rows), checked with a bound of
+// its own (check()).
+const std::string kGemvRowsTag = " [q_gemv_rows]";
+
 // The launches a version is checked and timed with: (label, launch); v2 also at each fixed tile.
 std::vector<std::pair<std::string, Launch>> launches(int version) {
   if (version == 1)
@@ -99,8 +103,8 @@ std::vector<std::pair<std::string, Launch>> launches(int version) {
             cuda::q_gemm_wgmma(A, M, W, C, m, s, bt, sp);
           });
     }
-    ls.emplace_back(" [q_gemv_rows]", [](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m,
-                                         cudaStream_t s) {
+    ls.emplace_back(kGemvRowsTag, [](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m,
+                                     cudaStream_t s) {
       cuda::q_gemv_rows(
           W, A, M, static_cast<float*>(C),
           m == GemmOut::AccumulateF32 ? cuda::GemvOut::Accumulate : cuda::GemvOut::Store, s);
@@ -217,6 +221,10 @@ const Twin& get_twin(int i, int M) {
 }
 
 bool check(const Launch& launch, const std::string& tag, int i, int M) {
+  // q_gemv_rows multiplies the exact dequantised weights (f32 scale q + bias), not their bf16
+  // rounding that the twin and the wgmma kernels use: |w - bf16(w)| <= 2^-8 |w| per element, so
+  // its outputs may also differ from the twin by up to 2^-8 sum |w_k a_k| <= 2^-8 ||w_r|| ||a_t||.
+  const double weight_rounding = tag == kGemvRowsTag ? 1.0 / 256 : 0.0;
   const Shape& s = kShapes[i];
   const Weights& w = get_weights(i);
   const Acts& x = get_acts(s.cols, M);
@@ -240,7 +248,8 @@ bool check(const Launch& launch, const std::string& tag, int i, int M) {
     for (size_t r = 0; r < N; ++r) {
       const double err = std::fabs(double(got[size_t(tw.toks[j]) * N + r]) - tw.want[j * N + r]);
       e.max_abs = std::max(e.max_abs, std::isfinite(err) ? err : INFINITY);
-      e.worst = std::max(e.worst, std::isfinite(err) ? err / tw.tol[j * N + r] : INFINITY);
+      const double tol = tw.tol[j * N + r] + weight_rounding * w.wn[r] * x.an[size_t(tw.toks[j])];
+      e.worst = std::max(e.worst, std::isfinite(err) ? err / tol : INFINITY);
     }
   return report_check(
       label(s, M) + tag + ", " + std::to_string(tw.toks.size()) + " tokens, all finite", e);
