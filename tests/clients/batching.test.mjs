@@ -103,6 +103,7 @@ test('ignore_eos gives exactly max_tokens; the serving benchmark runs', { timeou
   assert.equal(report.errors, 0, JSON.stringify(report.error_samples));
   assert.equal(report.completed, 8);
   assert.equal(report.output_tokens, 8 * 16);
+  assert.equal(report.warmup_requests, 1);
   assert.ok(report.output_tok_s > 0);
   for (const k of ['ttft_ms', 'itl_ms', 'tpot_ms']) assert.ok(report[k].p50 > 0 && report[k].p99 >= report[k].p50, k);
 });
