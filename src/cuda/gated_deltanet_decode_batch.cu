@@ -20,9 +20,6 @@
 // v [Hv Dv], z [Hv Dv] (a copy of the gate), beta [Hv], decay = e^g [Hv], f32
 // (gdn_decode_batch_workspace_floats: B rows of 2 Hk Dk + 2 Hv Dv + 2 Hv floats rounded up to 4:
 // 12,352 floats = 48 KiB per row at the real shapes; 0.8 MiB at 16 rows, 3 MiB at 64, L2-resident).
-// A thread's q/k channel and first v channel load their conv state rows together, before either
-// is stored (s19: one DRAM round trip per block instead of two; 60 -> 64 registers, still 4 blocks
-// of 256 threads per SM: one wave at 16 rows, two at 64).
 //
 // Kernel 2, state: grid (Dv/32, Hv, B), 2 Dk threads; thread (rg, cq) holds S rows 4rg..4rg+3 x
 // columns 4cq..4cq+3 of the block's 32 (as v2), but
@@ -58,7 +55,6 @@ namespace lilac::cuda {
 namespace {
 
 using gdn::conv_silu;
-using gdn::conv_silu_loaded;
 using gdn::kCols;               // value columns per state block
 constexpr int kMaxCluster = 8;  // portable cluster size (Dv <= 256)
 // The head kernel's block: at most 256 threads, two 16-row groups per thread at the real shapes
@@ -114,42 +110,24 @@ __global__ void __launch_bounds__(2 * DK)
   // Everything below reads proj (the previous kernel's output) or writes: after the wait.
   pdl_wait();
 
-  // q/k channel j = tid of key head kh, and the thread's first v channel (l = tid below: the
-  // key head's value heads are contiguous, value heads kh*ratio ..): the conv state rows of both
-  // are loaded before either channel's state is stored, so that the step pays one DRAM round trip
-  // rather than two (a load of conv_state cannot be moved past a store to it).
+  // q/k channel j = tid of key head kh.
   const int j = tid;
   const int ch = j < DK ? kh * DK + j : Hk * DK + kh * DK + (j - DK);
-  const bool v_first = tid < ratio * Dv;
-  const int vc0 = kh * ratio * Dv + tid;  // index into v [Hv Dv]
-  const int chv0 = 2 * Hk * DK + vc0;
-  float qk_rows[KC - 1], v_rows[KC - 1];
-#pragma unroll
-  for (int r = 0; r < KC - 1; ++r) {
-    qk_rows[r] = conv_state[size_t(r) * C + ch];
-    v_rows[r] = v_first ? conv_state[size_t(r) * C + chv0] : 0.f;
-  }
   float nxt[KC - 1];
-  const float qk = conv_silu_loaded<KC>(qk_rows, taps, proj[ch], ch, nxt);
+  const float qk = conv_silu<KC>(conv_state, taps, proj[ch], ch, C, nxt);
 #pragma unroll
   for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + ch] = nxt[r];
   const float ss = warp_sum(qk * qk);
   if (lane == 0) ss_part[warp] = ss;
 
-  // The v channels and their gates.
-  if (v_first) {
-    float nv[KC - 1];
-    ws_v[vc0] = conv_silu_loaded<KC>(v_rows, taps, proj[chv0], chv0, nv);
-    ws_z[vc0] = proj[C + vc0];  // the gate z of the same column (see the state kernel's step 2)
-#pragma unroll
-    for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + chv0] = nv[r];
-  }
-  for (int l = tid + NTH; l < ratio * Dv; l += NTH) {
-    const int vc = kh * ratio * Dv + l;
+  // The v channels of the key head's value heads (contiguous: value heads kh*ratio ..), and their
+  // gates.
+  for (int l = tid; l < ratio * Dv; l += NTH) {
+    const int vc = kh * ratio * Dv + l;  // index into v [Hv Dv]
     const int chv = 2 * Hk * DK + vc;
     float nv[KC - 1];
     ws_v[vc] = conv_silu<KC>(conv_state, taps, proj[chv], chv, C, nv);
-    ws_z[vc] = proj[C + vc];
+    ws_z[vc] = proj[C + vc];  // the gate z of the same column (see the state kernel's step 2)
 #pragma unroll
     for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + chv] = nv[r];
   }

@@ -81,24 +81,6 @@ __device__ __forceinline__ float conv_silu(const float* __restrict__ conv_state,
   return silu(acc);
 }
 
-// The same with the channel's state rows already loaded (state[j] = conv_state row j): callers
-// that issue the loads of several channels before any of their stores (the compiler cannot move
-// a load of conv_state past a store to it). The same operations in the same order.
-template <int KC>
-__device__ __forceinline__ float conv_silu_loaded(const float (&state)[KC - 1],
-                                                  const float* __restrict__ taps, float x, int ch,
-                                                  float (&next)[KC - 1]) {
-  float acc = 0.f;
-#pragma unroll
-  for (int j = 0; j < KC - 1; ++j) {
-    acc += taps[size_t(ch) * KC + j] * state[j];
-    if (j >= 1) next[j - 1] = state[j];
-  }
-  acc += taps[size_t(ch) * KC + KC - 1] * x;
-  next[KC - 2] = x;
-  return silu(acc);
-}
-
 // A thread's 4 column partials summed over the warp's 4 row groups (lanes cq + 8m) and parked in
 // red[warp][4 cq..4 cq + 3] by lanes 0..7; the caller's block barrier makes them visible.
 __device__ __forceinline__ void warp_columns_to_smem(float (&a)[4], float (*red)[kCols], int warp,
