@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <utility>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/launch.h"
+#include "util/error.h"
 
 namespace lilac::test {
 namespace {
@@ -46,6 +48,48 @@ TEST(CudaOptions, FromEnvironmentReadsTheSwitches) {
   EXPECT_TRUE(cuda::CudaOptions{}.use_graphs);
   EXPECT_TRUE(cuda::CudaOptions{}.pdl);
   EXPECT_EQ(cuda::CudaOptions{}.small_moe_max_tokens, defaults.small_moe_max_tokens);
+}
+
+// The A/B switches that pick a kernel or a threshold: each spelling they accept, the clamp of a
+// row threshold, and a clear error for a value they do not know (rather than a silent default).
+TEST(CudaOptions, FromEnvironmentReadsTheKernelChoices) {
+  const cuda::CudaOptions defaults;
+  EXPECT_EQ(defaults.q4_wgmma_min_rows, 9);
+  EXPECT_EQ(defaults.gdn_batch_kernel, cuda::GdnBatchKernel::automatic);
+  EXPECT_EQ(defaults.small_moe_kernel, cuda::MoeSmallKernel::automatic);
+  {
+    ScopedEnv min("LILAC_Q4_WGMMA_MIN", "17");
+    EXPECT_EQ(cuda::CudaOptions::from_environment().q4_wgmma_min_rows, 17);
+  }
+  {
+    ScopedEnv min("LILAC_Q4_WGMMA_MIN", "0");  // at least one row
+    EXPECT_EQ(cuda::CudaOptions::from_environment().q4_wgmma_min_rows, 1);
+  }
+  const std::pair<const char*, cuda::GdnBatchKernel> gdn[] = {
+      {"split", cuda::GdnBatchKernel::split},
+      {"head", cuda::GdnBatchKernel::head},
+      {"auto", cuda::GdnBatchKernel::automatic},
+      {"automatic", cuda::GdnBatchKernel::automatic}};
+  for (const auto& [v, want] : gdn) {
+    ScopedEnv k("LILAC_GDN_BATCH_KERNEL", v);
+    EXPECT_EQ(cuda::CudaOptions::from_environment().gdn_batch_kernel, want) << v;
+  }
+  const std::pair<const char*, cuda::MoeSmallKernel> moe[] = {
+      {"registers", cuda::MoeSmallKernel::registers},
+      {"streamed", cuda::MoeSmallKernel::streamed},
+      {"auto", cuda::MoeSmallKernel::automatic}};
+  for (const auto& [v, want] : moe) {
+    ScopedEnv k("LILAC_SMALL_MOE_KERNEL", v);
+    EXPECT_EQ(cuda::CudaOptions::from_environment().small_moe_kernel, want) << v;
+  }
+  {
+    ScopedEnv k("LILAC_GDN_BATCH_KERNEL", "cluster");
+    EXPECT_THROW(cuda::CudaOptions::from_environment(), Error);
+  }
+  {
+    ScopedEnv k("LILAC_SMALL_MOE_KERNEL", "Registers");
+    EXPECT_THROW(cuda::CudaOptions::from_environment(), Error);
+  }
 }
 
 TEST(CudaOptions, PdlOffSpellings) {
