@@ -12,8 +12,9 @@
 // -> output), the waves start in lockstep, and DRAM idles while a wave sits in its barriers. Split
 // as below: 26.7 / 96.2 us per layer (2.7 / 3.0 TB/s), outputs and states bit-identical to it.
 //
-// Kernel 1, prep: grid (Hk, B), 2 Dk threads. Block (kh, b): thread j convolves q/k channel j of
-// key head kh (j < Dk: q, else k), shifts its conv state, the warps' sums of squares give the
+// Kernel 1, prep: grid (Hk, B), 2 Dk threads (Dk threads of two channels each when the grid would
+// not fit one wave: gdn_batch_prep_kernel's CPT). Block (kh, b): thread j convolves q/k channel j
+// of key head kh (j < Dk: q, else k), shifts its conv state, the warps' sums of squares give the
 // l2norm (as v2: per 32-channel slice, slices summed in order); then the Hv/Hk x Dv v channels of
 // the key head's value heads (conv + SiLU, conv state shifted) and their gates. It writes row b's
 // workspace row: q * (sum q^2 + 1e-6)^-1/2 Dk^-1/2 [Hk Dk], k * (sum k^2 + 1e-6)^-1/2 [Hk Dk],
@@ -36,8 +37,10 @@
 // (tests/cuda/batch_kernels_test.cpp). The rows[] pointers are read before the PDL wait (uploaded
 // by the host before the step, written by no kernel).
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -80,18 +83,25 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 // ---- kernel 1, prep: conv, l2norm, gates -> workspace
 
-template <int DK, int KC>
-__global__ void __launch_bounds__(2 * DK)
+// CPT: q/k channels per thread. 1: 2 DK threads, thread j < DK convolves q channel j, thread DK + j
+// k channel j. 2: DK threads, thread j both (q_j, then k_j): half the threads, asked to fit 64
+// registers (8 blocks of 128 per SM at the real shapes), so that a batch of 64 rows (1,024
+// blocks) is one wave instead of the CPT = 1 form's two (60 registers x 256 threads: 4 blocks per
+// SM; s19 run 2: 8.6 us per call at 64 rows, 4.8 at 16). The same operations per channel, the same
+// 32-channel slices summed in the same order: the same bits either way.
+template <int DK, int KC, int CPT>
+__global__ void __launch_bounds__(2 * DK / CPT, CPT == 2 ? 8 : 1)
     gdn_batch_prep_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
                           float* __restrict__ conv_state, const float* __restrict__ neg_exp_A,
                           const float* __restrict__ dt_bias, int Hk, int Hv, int Dv,
                           float* __restrict__ ws, int ws_row,
                           const DecodeBatchRow* __restrict__ rows, int slot, int proj_stride) {
-  constexpr int NTH = 2 * DK, NW = NTH / 32;
-  __shared__ float ss_part[NW];  // sum of squares per 32-channel slice: q slices, then k slices
+  static_assert(CPT == 1 || CPT == 2, "q/k channels per thread: 1 or 2");
+  constexpr int NTH = 2 * DK / CPT;
+  __shared__ float ss_part[2 * DK / 32];  // sum of squares per 32-channel slice: q, then k slices
 
   const int kh = blockIdx.x, b = blockIdx.y;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
   const int ratio = Hv / Hk;
   const int C = 2 * Hk * DK + Hv * Dv;
   if (rows) {  // host-uploaded before the step: no wait needed
@@ -110,15 +120,19 @@ __global__ void __launch_bounds__(2 * DK)
   // Everything below reads proj (the previous kernel's output) or writes: after the wait.
   pdl_wait();
 
-  // q/k channel j = tid of key head kh.
-  const int j = tid;
-  const int ch = j < DK ? kh * DK + j : Hk * DK + kh * DK + (j - DK);
-  float nxt[KC - 1];
-  const float qk = conv_silu<KC>(conv_state, taps, proj[ch], ch, C, nxt);
+  // q/k channel j = tid + c DK of key head kh (j < DK: q channel j, else k channel j - DK).
+  float qk[CPT];
 #pragma unroll
-  for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + ch] = nxt[r];
-  const float ss = warp_sum(qk * qk);
-  if (lane == 0) ss_part[warp] = ss;
+  for (int c = 0; c < CPT; ++c) {
+    const int j = tid + c * DK;
+    const int ch = j < DK ? kh * DK + j : Hk * DK + kh * DK + (j - DK);
+    float nxt[KC - 1];
+    qk[c] = conv_silu<KC>(conv_state, taps, proj[ch], ch, C, nxt);
+#pragma unroll
+    for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + ch] = nxt[r];
+    const float ss = warp_sum(qk[c] * qk[c]);
+    if (lane == 0) ss_part[j / 32] = ss;  // (j / 32 = warp + c DK / 32)
+  }
 
   // The v channels of the key head's value heads (contiguous: value heads kh*ratio ..), and their
   // gates.
@@ -144,12 +158,16 @@ __global__ void __launch_bounds__(2 * DK)
   float ssq = 0.f, ssk = 0.f;
 #pragma unroll
   for (int w = 0; w < DK / 32; ++w) ssq += ss_part[w], ssk += ss_part[DK / 32 + w];
-  if (j < DK) {
-    const float rq = rsqrtf(ssq + 1e-6f) * rsqrtf(float(DK));
-    ws_q[kh * DK + j] = qk * rq;
-  } else {
-    const float rk = rsqrtf(ssk + 1e-6f);
-    ws_k[kh * DK + (j - DK)] = qk * rk;
+#pragma unroll
+  for (int c = 0; c < CPT; ++c) {
+    const int j = tid + c * DK;
+    if (j < DK) {
+      const float rq = rsqrtf(ssq + 1e-6f) * rsqrtf(float(DK));
+      ws_q[kh * DK + j] = qk[c] * rq;
+    } else {
+      const float rk = rsqrtf(ssk + 1e-6f);
+      ws_k[kh * DK + (j - DK)] = qk[c] * rk;
+    }
   }
 }
 
@@ -514,12 +532,46 @@ void launch_head(const BatchArgs& a, int ws_row, cudaStream_t stream) {
                 a.slot, items, L.stages);
 }
 
+// The prep kernel's q/k channels per thread: 1 while its Hk x B blocks fit in one wave of the
+// 1-channel form, else 2 (see gdn_batch_prep_kernel). LILAC_GDN_PREP_CHANNELS=1|2 forces one (A/B).
+template <int DK, int KC>
+int prep_channels_per_thread(int blocks) {
+  static const int forced = [] {
+    const char* v = std::getenv("LILAC_GDN_PREP_CHANNELS");
+    if (!v) return 0;
+    const std::string s(v);
+    if (s == "1" || s == "2") return s[0] - '0';
+    fail("LILAC_GDN_PREP_CHANNELS={}: expected 1 or 2", s);
+  }();
+  if (forced) return forced;
+  static std::mutex mu;
+  static std::map<int, int> resident;  // device -> blocks of the 1-channel form at once
+  int device = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = resident.find(device);
+  if (it == resident.end()) {
+    int per_sm = 0, sms = 0;
+    LILAC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, gdn_batch_prep_kernel<DK, KC, 1>, 2 * DK, 0));
+    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    it = resident.emplace(device, per_sm * sms).first;
+  }
+  return blocks > it->second ? 2 : 1;
+}
+
 template <int DK, int KC>
 void launch_batch(const BatchArgs& a, bool prep_only, cudaStream_t stream) {
   const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
-  launch_kernel(true, gdn_batch_prep_kernel<DK, KC>, dim3(unsigned(a.Hk), unsigned(a.B)),
-                dim3(2 * DK), 0, stream, a.proj, a.taps, a.conv_state, a.neg_exp_A, a.dt_bias, a.Hk,
-                a.Hv, a.Dv, a.ws, ws_row, a.rows, a.slot, a.proj_stride);
+  const dim3 prep_grid(unsigned(a.Hk), unsigned(a.B));
+  if (prep_channels_per_thread<DK, KC>(a.Hk * a.B) == 2)
+    launch_kernel(true, gdn_batch_prep_kernel<DK, KC, 2>, prep_grid, dim3(DK), 0, stream, a.proj,
+                  a.taps, a.conv_state, a.neg_exp_A, a.dt_bias, a.Hk, a.Hv, a.Dv, a.ws, ws_row,
+                  a.rows, a.slot, a.proj_stride);
+  else
+    launch_kernel(true, gdn_batch_prep_kernel<DK, KC, 1>, prep_grid, dim3(2 * DK), 0, stream,
+                  a.proj, a.taps, a.conv_state, a.neg_exp_A, a.dt_bias, a.Hk, a.Hv, a.Dv, a.ws,
+                  ws_row, a.rows, a.slot, a.proj_stride);
   if (prep_only) return;
   if (a.head) {
     if (a.state_format == GdnStateFormat::bf16)
