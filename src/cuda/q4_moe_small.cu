@@ -165,8 +165,10 @@ size_t staged_x_bytes(int K) {
   return size_t(kPassTokens) * size_t(K + kXPad) * sizeof(bf16);
 }
 
-template <int BITS>
-__global__ void __launch_bounds__(kThreads, kGateUpMinBlocks<BITS>)
+// MINB: resident blocks per SM asked of ptxas (LILAC_MOE_GATE_UP_BLOCKS=5 to A/B the 4-bit kernel
+// at 5: 96 registers, 8 bytes of spills, against 4 at 118).
+template <int BITS, int MINB = kGateUpMinBlocks<BITS>>
+__global__ void __launch_bounds__(kThreads, MINB)
     q_moe_small_gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
                                QMatrix shared_gate_up, int Is, Tiles tiles,
                                const int32_t* __restrict__ sorted_token, int E, int T,
@@ -678,13 +680,20 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(std::max(I, Is) / kQTileRows, kWarps)),
                   unsigned(Z));
   const size_t smem = staged_x_bytes(H);
-  if (bits == 4) allow_smem(q_moe_small_gate_up_kernel<4>, smem);
-  if (bits == 8) allow_smem(q_moe_small_gate_up_kernel<8>, smem);
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_gate_up: {} bits", bits);
-  launch_kernel(moe_pdl_enabled(),
-                bits == 4 ? q_moe_small_gate_up_kernel<4> : q_moe_small_gate_up_kernel<8>, grid,
-                dim3(kThreads), smem, stream, x, H, gate_up, I, shared_gate_up, Is, tiles_of(r),
-                r.sorted_token, r.E, T, act, shared_act);
+  static const bool five = [] {
+    const char* v = std::getenv("LILAC_MOE_GATE_UP_BLOCKS");
+    if (!v) return false;
+    const std::string_view s(v);
+    if (s == "4" || s == "5") return s == "5";
+    fail("LILAC_MOE_GATE_UP_BLOCKS={}: expected 4 or 5", s);
+  }();
+  auto fn = bits == 8 ? q_moe_small_gate_up_kernel<8>
+            : five    ? q_moe_small_gate_up_kernel<4, 5>
+                      : q_moe_small_gate_up_kernel<4>;
+  allow_smem(fn, smem);
+  launch_kernel(moe_pdl_enabled(), fn, grid, dim3(kThreads), smem, stream, x, H, gate_up, I,
+                shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
 }
 
 void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, const QMatrix& down,
