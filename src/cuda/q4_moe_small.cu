@@ -165,8 +165,12 @@ size_t staged_x_bytes(int K) {
   return size_t(kPassTokens) * size_t(K + kXPad) * sizeof(bf16);
 }
 
-// MINB: resident blocks per SM asked of ptxas (LILAC_MOE_GATE_UP_BLOCKS=5 to A/B the 4-bit kernel
-// at 5: 96 registers, 8 bytes of spills, against 4 at 118).
+// MINB: resident blocks per SM asked of ptxas. The 4-bit kernel runs at 4 (118 registers) up to 32
+// rows and at 5 (96 registers, 8 bytes of spills) above: more warps in flight at 64 rows (~2.3
+// tokens per touched expert), more register pressure per warp at 16. s19 run 5 (engine, bf16 state,
+// two runs each, ms per step at c = 16 / 32 / 64): 4 blocks 4.900-4.906 / 6.679-6.689 /
+// 9.144-9.183, 5 blocks 4.965-4.966 / 6.687-6.693 / 9.041-9.065. LILAC_MOE_GATE_UP_BLOCKS=4|5
+// forces one (A/B).
 template <int BITS, int MINB = kGateUpMinBlocks<BITS>>
 __global__ void __launch_bounds__(kThreads, MINB)
     q_moe_small_gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
@@ -681,13 +685,14 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
                   unsigned(Z));
   const size_t smem = staged_x_bytes(H);
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_gate_up: {} bits", bits);
-  static const bool five = [] {
+  static const int forced = [] {
     const char* v = std::getenv("LILAC_MOE_GATE_UP_BLOCKS");
-    if (!v) return false;
+    if (!v) return 0;
     const std::string_view s(v);
-    if (s == "4" || s == "5") return s == "5";
+    if (s == "4" || s == "5") return int(s[0] - '0');
     fail("LILAC_MOE_GATE_UP_BLOCKS={}: expected 4 or 5", s);
   }();
+  const bool five = forced ? forced == 5 : T > 32;
   auto fn = bits == 8 ? q_moe_small_gate_up_kernel<8>
             : five    ? q_moe_small_gate_up_kernel<4, 5>
                       : q_moe_small_gate_up_kernel<4>;
