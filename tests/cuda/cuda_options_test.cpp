@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <utility>
 
 #include "cuda/cuda_backend.h"
@@ -50,6 +51,19 @@ TEST(CudaOptions, FromEnvironmentReadsTheSwitches) {
   EXPECT_EQ(cuda::CudaOptions{}.small_moe_max_tokens, defaults.small_moe_max_tokens);
 }
 
+// Sets the switch `name` to each spelling in `ok` and checks the field it sets, then to `bad`,
+// which from_environment must refuse.
+template <class T>
+void expect_spellings(const char* name, T cuda::CudaOptions::*field,
+                      std::initializer_list<std::pair<const char*, T>> ok, const char* bad) {
+  for (const auto& [v, want] : ok) {
+    ScopedEnv env(name, v);
+    EXPECT_EQ(cuda::CudaOptions::from_environment().*field, want) << name << "=" << v;
+  }
+  ScopedEnv env(name, bad);
+  EXPECT_THROW(cuda::CudaOptions::from_environment(), Error) << name << "=" << bad;
+}
+
 // The A/B switches that pick a kernel or a threshold: each spelling they accept, the clamp of a
 // row threshold, and a clear error for a value they do not know (rather than a silent default).
 TEST(CudaOptions, FromEnvironmentReadsTheKernelChoices) {
@@ -65,31 +79,17 @@ TEST(CudaOptions, FromEnvironmentReadsTheKernelChoices) {
     ScopedEnv min("LILAC_Q4_WGMMA_MIN", "0");  // at least one row
     EXPECT_EQ(cuda::CudaOptions::from_environment().q4_wgmma_min_rows, 1);
   }
-  const std::pair<const char*, cuda::GdnBatchKernel> gdn[] = {
-      {"split", cuda::GdnBatchKernel::split},
-      {"head", cuda::GdnBatchKernel::head},
-      {"auto", cuda::GdnBatchKernel::automatic},
-      {"automatic", cuda::GdnBatchKernel::automatic}};
-  for (const auto& [v, want] : gdn) {
-    ScopedEnv k("LILAC_GDN_BATCH_KERNEL", v);
-    EXPECT_EQ(cuda::CudaOptions::from_environment().gdn_batch_kernel, want) << v;
-  }
-  const std::pair<const char*, cuda::MoeSmallKernel> moe[] = {
-      {"registers", cuda::MoeSmallKernel::registers},
-      {"streamed", cuda::MoeSmallKernel::streamed},
-      {"auto", cuda::MoeSmallKernel::automatic}};
-  for (const auto& [v, want] : moe) {
-    ScopedEnv k("LILAC_SMALL_MOE_KERNEL", v);
-    EXPECT_EQ(cuda::CudaOptions::from_environment().small_moe_kernel, want) << v;
-  }
-  {
-    ScopedEnv k("LILAC_GDN_BATCH_KERNEL", "cluster");
-    EXPECT_THROW(cuda::CudaOptions::from_environment(), Error);
-  }
-  {
-    ScopedEnv k("LILAC_SMALL_MOE_KERNEL", "Registers");
-    EXPECT_THROW(cuda::CudaOptions::from_environment(), Error);
-  }
+  expect_spellings("LILAC_GDN_BATCH_KERNEL", &cuda::CudaOptions::gdn_batch_kernel,
+                   {{"split", cuda::GdnBatchKernel::split},
+                    {"head", cuda::GdnBatchKernel::head},
+                    {"auto", cuda::GdnBatchKernel::automatic},
+                    {"automatic", cuda::GdnBatchKernel::automatic}},
+                   "cluster");
+  expect_spellings("LILAC_SMALL_MOE_KERNEL", &cuda::CudaOptions::small_moe_kernel,
+                   {{"registers", cuda::MoeSmallKernel::registers},
+                    {"streamed", cuda::MoeSmallKernel::streamed},
+                    {"auto", cuda::MoeSmallKernel::automatic}},
+                   "Registers");
 }
 
 TEST(CudaOptions, PdlOffSpellings) {
