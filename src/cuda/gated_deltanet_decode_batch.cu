@@ -86,9 +86,10 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // CPT: q/k channels per thread. 1: 2 DK threads, thread j < DK convolves q channel j, thread DK + j
 // k channel j. 2: DK threads, thread j both (q_j, then k_j): half the threads, asked to fit 64
 // registers (8 blocks of 128 per SM at the real shapes), so that a batch of 64 rows (1,024
-// blocks) is one wave instead of the CPT = 1 form's two (60 registers x 256 threads: 4 blocks per
-// SM; s19 run 2: 8.6 us per call at 64 rows, 4.8 at 16). The same operations per channel, the same
-// 32-channel slices summed in the same order: the same bits either way.
+// blocks) is one wave instead of the CPT = 1 form's two (64 registers x 256 threads: 4 blocks per
+// SM; s19 run 2: 8.6 us per call at 64 rows, 4.8 at 16; run 4, CPT = 2 at 64 rows: 7.8 us). The
+// same operations per channel, the same 32-channel slices summed in the same order: the same bits
+// either way.
 template <int DK, int KC, int CPT>
 __global__ void __launch_bounds__(2 * DK / CPT, CPT == 2 ? 8 : 1)
     gdn_batch_prep_kernel(const float* __restrict__ proj, const float* __restrict__ taps,
