@@ -37,10 +37,8 @@
 // (tests/cuda/batch_kernels_test.cpp). The rows[] pointers are read before the PDL wait (uploaded
 // by the host before the step, written by no kernel).
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -52,6 +50,7 @@
 #include "cuda/gated_deltanet_step.cuh"
 #include "cuda/launch.h"
 #include "cuda/vec_util.cuh"
+#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -537,13 +536,7 @@ void launch_head(const BatchArgs& a, int ws_row, cudaStream_t stream) {
 // 1-channel form, else 2 (see gdn_batch_prep_kernel). LILAC_GDN_PREP_CHANNELS=1|2 forces one (A/B).
 template <int DK, int KC>
 int prep_channels_per_thread(int blocks) {
-  static const int forced = [] {
-    const char* v = std::getenv("LILAC_GDN_PREP_CHANNELS");
-    if (!v) return 0;
-    const std::string s(v);
-    if (s == "1" || s == "2") return s[0] - '0';
-    fail("LILAC_GDN_PREP_CHANNELS={}: expected 1 or 2", s);
-  }();
+  static const int forced = env_choice("LILAC_GDN_PREP_CHANNELS", {1, 2});
   if (forced) return forced;
   static std::mutex mu;
   static std::map<int, int> resident;  // device -> blocks of the 1-channel form at once

@@ -32,8 +32,6 @@
 // which the launchers take for prompt chunks (T > 64). The kernel lab times both
 // (bench/lab/q_moe_small).
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
@@ -42,6 +40,7 @@
 #include "cuda/q4_moe.h"
 #include "cuda/q4_tile.cuh"
 #include "cuda/vec_util.cuh"
+#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -639,13 +638,7 @@ bool use_streamed(MoeSmallKernel kernel, int bits, int T) {
 // 4,368-4,376 / 6,724-6,750. Lab (down alone, us per layer at T = 16 / 64): 22.88 / 55.03, 22.50 /
 // 48.51, 23.85 / 45.83. LILAC_MOE_DOWN_TILES=1|2|4|8 overrides it (A/B).
 int down_tiles_per_warp(int T) {
-  static const int forced = [] {
-    const char* v = std::getenv("LILAC_MOE_DOWN_TILES");
-    if (!v) return 0;
-    const std::string_view s(v);
-    if (s == "1" || s == "2" || s == "4" || s == "8") return int(s[0] - '0');
-    fail("LILAC_MOE_DOWN_TILES={}: expected 1, 2, 4 or 8", s);
-  }();
+  static const int forced = env_choice("LILAC_MOE_DOWN_TILES", {1, 2, 4, 8});
   return forced ? forced : T <= 16 ? 2 : 4;
 }
 
@@ -685,13 +678,7 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
                   unsigned(Z));
   const size_t smem = staged_x_bytes(H);
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_gate_up: {} bits", bits);
-  static const int forced = [] {
-    const char* v = std::getenv("LILAC_MOE_GATE_UP_BLOCKS");
-    if (!v) return 0;
-    const std::string_view s(v);
-    if (s == "4" || s == "5") return int(s[0] - '0');
-    fail("LILAC_MOE_GATE_UP_BLOCKS={}: expected 4 or 5", s);
-  }();
+  static const int forced = env_choice("LILAC_MOE_GATE_UP_BLOCKS", {4, 5});
   const bool five = forced ? forced == 5 : T > 32;
   auto fn = bits == 8 ? q_moe_small_gate_up_kernel<8>
             : five    ? q_moe_small_gate_up_kernel<4, 5>
