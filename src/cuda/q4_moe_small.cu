@@ -222,8 +222,14 @@ __global__ void __launch_bounds__(kThreads, MINB)
 // staging, its first round trip) is paid once per J kWarps tiles (down_tiles_per_warp). s14's
 // version with the next tile's weights requested during the current one's MMAs (128 registers, 4
 // blocks per SM) lost; here the registers and the 5 blocks per SM stay as at J = 1.
-template <int BITS, int J>
-__global__ void __launch_bounds__(kThreads, kDownMinBlocks<BITS>)
+// MINB: resident blocks per SM asked of ptxas, as for the gate_up kernel (kDownMinBlocks: 4-bit 5,
+// 8-bit 4). At 5 the 4-bit kernel gets 96 registers and, at J = 2 and 4, spills (ptxas, sm_90a:
+// 36 bytes stored, 28 loaded; none at J = 1). For J = 2 and 4 it is also built at MINB = 4 (110
+// registers, no spills) and 6 (80 registers, 32 bytes stored and loaded), picked by
+// LILAC_MOE_DOWN_BLOCKS=4|5|6 (unset: 5; q_moe_small_down): to A/B 4 blocks without spills against
+// 5 and 6 (not measured yet).
+template <int BITS, int J, int MINB = kDownMinBlocks<BITS>>
+__global__ void __launch_bounds__(kThreads, MINB)
     q_moe_small_down_kernel(const bf16* __restrict__ act, int I,
                             const bf16* __restrict__ shared_act, int Is, QMatrix down,
                             QMatrix shared_down, int H, Tiles tiles, int E, int T,
@@ -706,20 +712,33 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
     return;
   }
   const int J = down_tiles_per_warp(r.T);
+  // The 4-bit kernel's blocks per SM at J = 2 and 4 (q_moe_small_down_kernel's MINB): 5 unless
+  // LILAC_MOE_DOWN_BLOCKS=4|5|6 says otherwise (A/B). The 8-bit kernel keeps its 4.
+  static const int forced_blocks = env_choice("LILAC_MOE_DOWN_BLOCKS", {4, 5, 6});
+  const int minb = forced_blocks ? forced_blocks : kDownMinBlocks<4>;
   const int Z = grid_passes(r.T, r.E, r.k);
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps * J)), unsigned(Z));
   const size_t smem = staged_x_bytes(std::max(I, Is));
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_down: {} bits", bits);
+  if (bits == 4 && minb != kDownMinBlocks<4> && J != 2 && J != 4)
+    fail("LILAC_MOE_DOWN_BLOCKS={}: built for J = 2 and 4 only, not J = {} (LILAC_MOE_DOWN_TILES)",
+         minb, J);
   auto fn = q_moe_small_down_kernel<4, 1>;
   switch (J) {
     case 1:
       fn = bits == 4 ? q_moe_small_down_kernel<4, 1> : q_moe_small_down_kernel<8, 1>;
       break;
     case 2:
-      fn = bits == 4 ? q_moe_small_down_kernel<4, 2> : q_moe_small_down_kernel<8, 2>;
+      fn = bits == 8   ? q_moe_small_down_kernel<8, 2>
+           : minb == 4 ? q_moe_small_down_kernel<4, 2, 4>
+           : minb == 6 ? q_moe_small_down_kernel<4, 2, 6>
+                       : q_moe_small_down_kernel<4, 2>;
       break;
     case 4:
-      fn = bits == 4 ? q_moe_small_down_kernel<4, 4> : q_moe_small_down_kernel<8, 4>;
+      fn = bits == 8   ? q_moe_small_down_kernel<8, 4>
+           : minb == 4 ? q_moe_small_down_kernel<4, 4, 4>
+           : minb == 6 ? q_moe_small_down_kernel<4, 4, 6>
+                       : q_moe_small_down_kernel<4, 4>;
       break;
     default:
       fn = bits == 4 ? q_moe_small_down_kernel<4, 8> : q_moe_small_down_kernel<8, 8>;
