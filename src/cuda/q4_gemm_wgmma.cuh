@@ -32,7 +32,7 @@ struct QGemmV2Cfg {
   static constexpr int W_STAGE = C_BYTES + 8 * kQSbWords * 4;             // + scale/bias: 4608
   static constexpr int SMEM_BYTES = STAGES * (X_STAGE + W_STAGE) + 1024;  // + alignment slack
   static constexpr int NACC = BT / 2;
-  static_assert(BT == 64 || BT == 128 || BT == 256, "wgmma n");
+  static_assert(BT == 32 || BT == 64 || BT == 128 || BT == 256, "wgmma n");
   static_assert(PREFETCH >= 1, "at least one k-tile of prefetch");
   static_assert(X_STAGE % 1024 == 0, "X stages stay 1024-byte aligned (128B swizzle atoms)");
   static_assert(SMEM_BYTES <= 232448, "227 KB of dynamic shared memory per block");

@@ -37,15 +37,27 @@ void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int3
 // its weights from L2 after the first; the results are those of the unsorted launch. From 32
 // tokens the down kernel's grid is token-major (the B tokens of an output tile are neighbours).
 
+// The token tile of a block of the 4-bit wgmma expert kernels (below):
+//  * fixed128: 128 token rows, wgmma n 128 (the kernel lab's version 2);
+//  * adaptive: 128 token rows, the wgmma n the smallest of 32, 64, 128 covering the tile's rows
+//    (the default; 1 block per SM);
+//  * rows64 / rows32: a routing tile's rows in passes of 64 / 32 (wgmma n 16 up to that), 2 / 3
+//    blocks per SM: for prompts of a few hundred tokens, where an expert sees ~8-30 rows.
+// Every form runs the same K-long chain of wgmmas per output; only n and the rows per pass differ.
+enum class QMoeWgmmaTile { fixed128, adaptive, rows64, rows32 };
+
 // Prefill, grouped by expert through moe_route's tables (moe_prefill.h). The weights are
 // dequantised to bf16 (w = RNE_bf16(s q + b), dequantize_row_bf16) and multiplied on tensor
 // cores with f32 accumulation. act [T*k, I] bf16, sorted rows. 4-bit weights on a compute
 // capability 9.x GPU take the wgmma kernels, the rest the mma.sync ones (below).
+// tile: the wgmma kernels' token tile when they run (QMoeWgmmaTile, above).
 void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
-                           bf16* act, cudaStream_t stream);
+                           bf16* act, cudaStream_t stream,
+                           QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive);
 // y [T*k, H] f32, sorted rows = act . down_e^T.
 void q_moe_grouped_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
-                        float* y, cudaStream_t stream);
+                        float* y, cudaStream_t stream,
+                        QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive);
 // The mma.sync kernels (q4_moe_prefill.cu: 256 weight rows x one routing tile per block, q_gemm's
 // mma.sync engine): the path for 8-bit weights and off Hopper (4-bit too until s7: the kernel
 // lab's q_moe_grouped version 1). Same contracts.
@@ -55,24 +67,39 @@ void q_moe_grouped_down_mma(const bf16* act, int I, const QMatrix& down, int H, 
                             float* y, cudaStream_t stream);
 // The wgmma kernels (q4_moe_prefill_wgmma.cu: 128 weight rows x one routing tile per block, the
 // main loop of q_gemm_wgmma): 4-bit weights on compute capability 9.x only
-// (q_moe_grouped_wgmma_available), 16-byte aligned x / act. adapt_n: the wgmma n per block is the
-// smallest of 32, 64, 128 covering the tile's rows (false: always 128, the lab's version 2).
+// (q_moe_grouped_wgmma_available), 16-byte aligned x / act; the block's token tile as `tile` says.
+// With `shared`, the same launches also compute the shared expert over all r.T tokens (its blocks
+// after the routed ones, dense tiles of the form's rows): shared->act [T, Is] bf16 =
+// silu(x sg^T) * (x su^T) (as q_moe_shared_gate_up_wgmma with the same tile, bit for bit) and
+// shared->out [T, H] f32 = shared->act . shared_down^T; gate_up [2 Is, H], down [H, Is] 4-bit,
+// Is a multiple of 64 (it may differ from I). Saves the shared expert's two launches of its own.
+struct QMoeSharedPart {
+  QMatrix gate_up;
+  QMatrix down;
+  bf16* act = nullptr;
+  float* out = nullptr;
+};
 bool q_moe_grouped_wgmma_available();
 void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, int I,
                                  const MoeRouting& r, bf16* act, cudaStream_t stream,
-                                 bool adapt_n = true);
+                                 QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive,
+                                 const QMoeSharedPart* shared = nullptr);
 void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H,
                               const MoeRouting& r, float* y, cudaStream_t stream,
-                              bool adapt_n = true);
+                              QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive,
+                              const QMoeSharedPart* shared = nullptr);
 // The shared expert's gate_up (q_moe_shared_gate_up's contract) on the same wgmma kernel over T
-// dense rows in 128-row tiles (since s7; 4-bit on compute capability 9.x), and on the mma.sync one.
+// dense rows in tiles of 128 (fixed128 / adaptive: the adaptive kernel), 64 or 32 rows (since s7;
+// 4-bit on compute capability 9.x), and on the mma.sync one.
 void q_moe_shared_gate_up_wgmma(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
-                                bf16* act, cudaStream_t stream);
+                                bf16* act, cudaStream_t stream,
+                                QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive);
 void q_moe_shared_gate_up_mma(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
                               bf16* act, cudaStream_t stream);
 // The shared expert's act [T, Is] bf16 (the same kernel over dense rows).
 void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
-                          bf16* act, cudaStream_t stream);
+                          bf16* act, cudaStream_t stream,
+                          QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive);
 
 // Small M (tokens per expert few: batched decode, short prompts; q4_moe_small.cu). The same
 // results as the grouped kernels above plus the shared expert's, in two launches that read every

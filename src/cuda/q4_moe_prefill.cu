@@ -222,17 +222,17 @@ GroupArgs group_args(const MoeRouting& r) {
 }  // namespace
 
 void q_moe_grouped_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
-                           bf16* act, cudaStream_t stream) {
+                           bf16* act, cudaStream_t stream, QMoeWgmmaTile tile) {
   if (gate_up.bits == 4 && q_moe_grouped_wgmma_available())
-    q_moe_grouped_gate_up_wgmma(x, H, gate_up, I, r, act, stream);
+    q_moe_grouped_gate_up_wgmma(x, H, gate_up, I, r, act, stream, tile);
   else
     q_moe_grouped_gate_up_mma(x, H, gate_up, I, r, act, stream);
 }
 
 void q_moe_grouped_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
-                        float* y, cudaStream_t stream) {
+                        float* y, cudaStream_t stream, QMoeWgmmaTile tile) {
   if (down.bits == 4 && q_moe_grouped_wgmma_available())
-    q_moe_grouped_down_wgmma(act, I, down, H, r, y, stream);
+    q_moe_grouped_down_wgmma(act, I, down, H, r, y, stream, tile);
   else
     q_moe_grouped_down_mma(act, I, down, H, r, y, stream);
 }
@@ -250,9 +250,9 @@ void q_moe_grouped_gate_up_mma(const bf16* x, int H, const QMatrix& gate_up, int
 }
 
 void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
-                          bf16* act, cudaStream_t stream) {
+                          bf16* act, cudaStream_t stream, QMoeWgmmaTile tile) {
   if (shared_gate_up.bits == 4 && q_moe_grouped_wgmma_available())
-    q_moe_shared_gate_up_wgmma(x, T, H, shared_gate_up, Is, act, stream);
+    q_moe_shared_gate_up_wgmma(x, T, H, shared_gate_up, Is, act, stream, tile);
   else
     q_moe_shared_gate_up_mma(x, T, H, shared_gate_up, Is, act, stream);
 }

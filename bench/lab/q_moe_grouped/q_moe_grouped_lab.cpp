@@ -4,7 +4,7 @@
 // I 512, E 256, k 8), on the conformance case q_moe_prefill's inputs and twin
 // (tests/cuda/twins/q4_moe_twin.h: the expert stacks quantized by the CPU quantizer, seed 77;
 // router logits uniform in +-3; x uniform in +-1 as bf16; per act / y element the f64 dot products
-// on dequantize_row_bf16's weights and the conformance bounds). Cases: T = 4096 and 512 with
+// on dequantize_row_bf16's weights and the conformance bounds). Cases: T = 4096, 512 and 256 with
 // moe_route's routing of the random logits, and T = 1000 skewed (tokens 0..299 all pick expert
 // 0: ~320 rows, three tiles, the last partial). Checked per version and case: every act and y
 // element finite (outputs start poisoned with NaN; the 16 elements past y stay NaN) and at ~50
@@ -45,7 +45,8 @@ struct Case {
   int T;
   int skew;  // tokens [0, skew) get expert 0 first (logit + 20)
 };
-const Case kCases[] = {{"uniform", 4096, 0}, {"uniform", 512, 0}, {"skewed", 1000, 300}};
+const Case kCases[] = {
+    {"uniform", 4096, 0}, {"uniform", 512, 0}, {"uniform", 256, 0}, {"skewed", 1000, 300}};
 
 struct Impl {
   std::function<void(const bf16*, const QMatrix&, const MoeRouting&, bf16*, cudaStream_t)> gate_up;
@@ -60,15 +61,18 @@ Impl impl(int version) {
             [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
               cuda::q_moe_grouped_down_mma(act, kI, W, kH, r, y, s);
             }};
-  // Version 2 is version 3 with the wgmma n fixed at 128.
-  const bool adapt = version >= 3;
-  return {
-      [adapt](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
-        cuda::q_moe_grouped_gate_up_wgmma(x, kH, W, kI, r, act, s, adapt);
-      },
-      [adapt](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
-        cuda::q_moe_grouped_down_wgmma(act, kI, W, kH, r, y, s, adapt);
-      }};
+  // Version 2 is version 3 with the wgmma n fixed at 128; versions 4 and 5 the short-tile forms.
+  using Tile = cuda::QMoeWgmmaTile;
+  const Tile tile = version == 2   ? Tile::fixed128
+                    : version == 3 ? Tile::adaptive
+                    : version == 4 ? Tile::rows64
+                                   : Tile::rows32;
+  return {[tile](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
+            cuda::q_moe_grouped_gate_up_wgmma(x, kH, W, kI, r, act, s, tile);
+          },
+          [tile](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
+            cuda::q_moe_grouped_down_wgmma(act, kI, W, kH, r, y, s, tile);
+          }};
 }
 
 const test::QMoeExperts& experts() {
@@ -250,7 +254,8 @@ Op q_moe_grouped_op() {
   return Op{
       "q_moe_grouped",
       "4-bit grouped MoE prefill GEMMs on moe_route's tiles: gate_up [256 x 1024, 2048] -> act "
-      "silu(g) u, down [256 x 2048, 512] -> y f32; T 4096, 512 (uniform router), 1000 (skewed)",
+      "silu(g) u, down [256 x 2048, 512] -> y f32; T 4096, 512, 256 (uniform router), 1000 "
+      "(skewed)",
       {{1, "mma_sync",
         "q_moe_grouped_gate_up_mma / _down_mma: q_gemm's mma.sync engine, 256 weight rows x "
         "one 128-row routing tile per block, weights dequantised in registers (production for "
@@ -266,7 +271,16 @@ Op q_moe_grouped_op() {
         "v2 with the wgmma n per block the smallest of 32, 64, 128 covering the tile's rows (an "
         "expert's short second tile costs ~1/4 - 1/2 of a full one); production for 4-bit on "
         "Hopper since s7 (q_moe_grouped_gate_up_wgmma / _down_wgmma)",
-        true}},
+        true},
+       {4, "wgmma_rows64",
+        "v3's loop over a routing tile's rows in passes of 64 (QGemmV2Cfg<64, 8, 2>: 8 stages of "
+        "12.5 KB, 2 blocks per SM, wgmma n 16 / 32 / 64): twice the weight bytes in flight per SM "
+        "for the ~8-30-row tiles of short prompts (QMoeWgmmaTile::rows64)",
+        false},
+       {5, "wgmma_rows32",
+        "the same in passes of 32 rows (QGemmV2Cfg<32, 8, 3>: 8 stages of 8.5 KB, 3 blocks per "
+        "SM, <= 85 registers, wgmma n 16 / 32; QMoeWgmmaTile::rows32)",
+        false}},
       run};
 }
 

@@ -139,12 +139,24 @@ void check_decode(Shape s, uint64_t seed) {
 
 // ---- prefill ------------------------------------------------------------------------------------
 
-// mma: the mma.sync kernels (q_moe_grouped_*_mma) instead of the dispatch (the wgmma kernels for
-// 4-bit weights on Hopper).
-void check_prefill(Shape s, int T, uint64_t seed, bool mma) {
+// Which kernels: the dispatch (the wgmma kernels for 4-bit weights on Hopper), the mma.sync ones
+// (q_moe_grouped_*_mma), or the wgmma kernels' short-tile forms (passes of 64 / 32 rows).
+enum class Form { dispatch, mma, rows64, rows32 };
+
+void check_prefill(Shape s, int T, uint64_t seed, Form form) {
+  const bool mma = form == Form::mma;
+  const bool rows_form = form == Form::rows64 || form == Form::rows32;
+  const cuda::QMoeWgmmaTile tile =
+      form == Form::rows32 ? cuda::QMoeWgmmaTile::rows32 : cuda::QMoeWgmmaTile::rows64;
   const std::string what = "T " + std::to_string(T) + " E " + std::to_string(s.E) + " bits " +
-                           std::to_string(s.bits) + (mma ? " mma.sync" : "");
+                           std::to_string(s.bits) +
+                           (mma                    ? " mma.sync"
+                            : form == Form::rows64 ? " rows64"
+                            : form == Form::rows32 ? " rows32"
+                                                   : "");
   SCOPED_TRACE(what);
+  if (rows_form && !cuda::q_moe_grouped_wgmma_available())
+    GTEST_SKIP() << "the wgmma expert kernels need a compute capability 9.x GPU";
   QMoe m(s, seed);
   const int k = s.k, P = T * k;
   const auto gub = m.gu.dequant_bf16(), dnb = m.dn.dequant_bf16(), sgub = m.sgu.dequant_bf16();
@@ -159,18 +171,34 @@ void check_prefill(Shape s, int T, uint64_t seed, bool mma) {
   const auto x = widen(xb.data(), xb.size());
   auto dx = upload_bf16(xb);
 
+  // The short-tile forms run the shared expert inside the grouped launches (QMoeSharedPart):
+  // its act and out are checked below, act as the shared kernel's would be.
+  cuda::DeviceBuffer<cuda::bf16> shared_act(static_cast<size_t>(T) * s.Is + 16);
+  cuda::DeviceBuffer<float> shared_out(static_cast<size_t>(T) * s.H + 16);
+  poison(shared_act);
+  poison(shared_out);
+  const cuda::QMoeSharedPart part{m.sgu.q(), m.sdn.q(), shared_act.get(), shared_out.get()};
+
   // gate_up (grouped) and the shared expert's
   for (int pass = 0; pass < 2; ++pass) {
     const bool shared = pass == 1;
     const int rows = shared ? T : P, I = shared ? s.Is : s.I;
     cuda::DeviceBuffer<cuda::bf16> act(static_cast<size_t>(rows) * I + 16);
     poison(act);
-    if (shared)
-      (mma ? cuda::q_moe_shared_gate_up_mma : cuda::q_moe_shared_gate_up)(
-          dx.get(), T, s.H, m.sgu.q(), s.Is, act.get(), nullptr);
+    if (shared && rows_form)
+      LILAC_CUDA_CHECK(
+          cudaMemcpy(act.get(), shared_act.get(), size_t(T) * s.Is * 2, cudaMemcpyDeviceToDevice));
+    else if (shared && mma)
+      cuda::q_moe_shared_gate_up_mma(dx.get(), T, s.H, m.sgu.q(), s.Is, act.get(), nullptr);
+    else if (shared)
+      cuda::q_moe_shared_gate_up(dx.get(), T, s.H, m.sgu.q(), s.Is, act.get(), nullptr);
+    else if (rows_form)
+      cuda::q_moe_grouped_gate_up_wgmma(dx.get(), s.H, m.gu.q(), s.I, r, act.get(), nullptr, tile,
+                                        &part);
+    else if (mma)
+      cuda::q_moe_grouped_gate_up_mma(dx.get(), s.H, m.gu.q(), s.I, r, act.get(), nullptr);
     else
-      (mma ? cuda::q_moe_grouped_gate_up_mma : cuda::q_moe_grouped_gate_up)(
-          dx.get(), s.H, m.gu.q(), s.I, r, act.get(), nullptr);
+      cuda::q_moe_grouped_gate_up(dx.get(), s.H, m.gu.q(), s.I, r, act.get(), nullptr);
     const auto got = download_bf16_as_f32(act);
     std::vector<double> want(static_cast<size_t>(rows) * I), tol(size_t(rows) * I);
     ThreadPool::global().parallel_for(size_t(rows), [&](size_t b0, size_t e0) {
@@ -201,8 +229,13 @@ void check_prefill(Shape s, int T, uint64_t seed, bool mma) {
     std::vector<float> actf(got.begin(), got.begin() + ptrdiff_t(rows) * I);
     cuda::DeviceBuffer<float> y(static_cast<size_t>(P) * s.H + 16);
     poison(y);
-    (mma ? cuda::q_moe_grouped_down_mma : cuda::q_moe_grouped_down)(act.get(), s.I, m.dn.q(), s.H,
-                                                                    r, y.get(), nullptr);
+    if (rows_form)
+      cuda::q_moe_grouped_down_wgmma(act.get(), s.I, m.dn.q(), s.H, r, y.get(), nullptr, tile,
+                                     &part);
+    else if (mma)
+      cuda::q_moe_grouped_down_mma(act.get(), s.I, m.dn.q(), s.H, r, y.get(), nullptr);
+    else
+      cuda::q_moe_grouped_down(act.get(), s.I, m.dn.q(), s.H, r, y.get(), nullptr);
     const auto yg = download(y);
     EXPECT_TRUE(guard_untouched(yg, size_t(P) * s.H, what + " grouped down"));
     std::vector<double> yw(static_cast<size_t>(P) * s.H), yt(size_t(P) * s.H);
@@ -226,6 +259,33 @@ void check_prefill(Shape s, int T, uint64_t seed, bool mma) {
                  std::to_string(i % size_t(s.H));
         },
         what + " grouped down"));
+    if (!rows_form) continue;
+
+    // The shared expert's out from the GPU's shared act (its act is checked in pass 1).
+    const auto sa = download_bf16_as_f32(shared_act);
+    const auto so = download(shared_out);
+    EXPECT_TRUE(guard_untouched(so, size_t(T) * s.H, what + " shared down"));
+    const auto sdnb = m.sdn.dequant_bf16();
+    std::vector<double> sw(static_cast<size_t>(T) * s.H), st(size_t(T) * s.H);
+    ThreadPool::global().parallel_for(size_t(T), [&](size_t b0, size_t e0) {
+      for (size_t t = b0; t < e0; ++t) {
+        const float* a = &sa[t * size_t(s.Is)];
+        const double an = std::sqrt(std::inner_product(a, a + s.Is, a, 0.0));
+        for (int c = 0; c < s.H; ++c) {
+          const TwinValue v = moe_down_twin(&sdnb[size_t(c) * s.Is], a, s.Is, an);
+          sw[t * s.H + size_t(c)] = v.want;
+          st[t * s.H + size_t(c)] = v.tol;
+        }
+      }
+    });
+    EXPECT_TRUE(within(
+        size_t(T) * s.H, [&](size_t i) { return so[i]; }, [&](size_t i) { return sw[i]; },
+        [&](size_t i) { return st[i]; },
+        [&](size_t i) {
+          return "token " + std::to_string(i / size_t(s.H)) + ", col " +
+                 std::to_string(i % size_t(s.H));
+        },
+        what + " shared down"));
   }
 }
 
@@ -246,10 +306,14 @@ LILAC_CONFORMANCE_CASES(q4_moe) {
   decode(Shape{128, 16, 4, 64, 64, 8}, 2100);
   decode(Shape{192, 9, 3, 128, 64, 4}, 2200);  // I != Is, 3 groups of H
   decode(Shape{2048, 32, 8, 512, 512, 8}, 2300);
-  auto prefill = [&](Shape s, int T, uint64_t seed, bool mma = false) {
-    cases.push_back({"q_moe_prefill", dims(s) + "_T" + std::to_string(T) + (mma ? "_mma" : ""),
+  auto prefill = [&](Shape s, int T, uint64_t seed, Form form = Form::dispatch) {
+    const char* suffix = form == Form::mma      ? "_mma"
+                         : form == Form::rows64 ? "_rows64"
+                         : form == Form::rows32 ? "_rows32"
+                                                : "";
+    cases.push_back({"q_moe_prefill", dims(s) + "_T" + std::to_string(T) + suffix,
                      s.bits == 4 ? "q4" : "q8", "dequantize_row_bf16 + f64 dot products",
-                     [s, T, seed, mma] { check_prefill(s, T, seed, mma); }});
+                     [s, T, seed, form] { check_prefill(s, T, seed, form); }});
   };
   for (int bits : {4, 8})
     for (int T : {1, 37, 300})
@@ -260,8 +324,18 @@ LILAC_CONFORMANCE_CASES(q4_moe) {
   prefill(Shape{192, 9, 3, 128, 64, 4}, 500, 41);  // H 192: a part-filled column block of down
   prefill(Shape{2048, 256, 8, 512, 512, 4}, 300, 77);
   prefill(Shape{2048, 256, 8, 512, 512, 4}, 1200, 78);
-  for (int T : {37, 600}) prefill(Shape{128, 16, 4, 64, 64, 4}, T, 44 + uint64_t(T), true);
-  prefill(Shape{2048, 256, 8, 512, 512, 4}, 300, 77, true);
+  for (int T : {37, 600}) prefill(Shape{128, 16, 4, 64, 64, 4}, T, 44 + uint64_t(T), Form::mma);
+  prefill(Shape{2048, 256, 8, 512, 512, 4}, 300, 77, Form::mma);
+  // The short-tile forms (passes of 64 / 32 rows, wgmma n from 16): rows per expert of ~2-10
+  // (T = 37), ~75 and ~150 (T = 300 / 600 at E 16: two to five passes, a second routing tile),
+  // H 192 (a part-filled column block of down), the real shape at 256 tokens (~8 rows per expert)
+  // and skew-free 1,200 (~38: two passes of 32).
+  for (Form f : {Form::rows64, Form::rows32}) {
+    for (int T : {37, 300, 600}) prefill(Shape{128, 16, 4, 64, 64, 4}, T, 50 + uint64_t(T), f);
+    prefill(Shape{192, 9, 3, 128, 64, 4}, 500, 42, f);
+    prefill(Shape{2048, 256, 8, 512, 512, 4}, 256, 79, f);
+    prefill(Shape{2048, 256, 8, 512, 512, 4}, 1200, 78, f);
+  }
   return cases;
 }
 
