@@ -79,6 +79,19 @@ CudaOptions CudaOptions::from_environment() {
     else if (v != "auto" && v != "automatic")
       fail("LILAC_SMALL_MOE_KERNEL={}: expected registers, streamed or auto", v);
   }
+  if (const char* k = std::getenv("LILAC_PROMPT_MOE")) {
+    const std::string v(k);
+    if (v == "small")
+      o.prompt_moe = PromptMoe::small;
+    else if (v == "tile128")
+      o.prompt_moe = PromptMoe::tile128;
+    else if (v == "rows64")
+      o.prompt_moe = PromptMoe::rows64;
+    else if (v == "rows32")
+      o.prompt_moe = PromptMoe::rows32;
+    else if (v != "auto" && v != "automatic")
+      fail("LILAC_PROMPT_MOE={}: expected small, tile128, rows64, rows32 or auto", v);
+  }
   return o;
 }
 

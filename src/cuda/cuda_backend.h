@@ -22,6 +22,12 @@ namespace lilac::cuda {
 // the kernel lab, bench/lab, with no switch here); what remains are choices that depend on the
 // workload or are A/B checks of the launch machinery. Only the runtime reads them from the
 // environment (from_environment, the one place that reads LILAC_* switches for the backend).
+// How the 4-bit experts of a prompt chunk run (CudaOptions::prompt_moe).
+enum class PromptMoe { automatic, small, tile128, rows64, rows32 };
+// The form a chunk of T >= 64 prompt tokens takes: `forced` unless it is automatic (small past
+// small_max_tokens: tile128); automatic: the measured rule (cuda_backend_layers.cpp).
+PromptMoe prompt_moe_form(PromptMoe forced, int T, int small_max_tokens);
+
 struct CudaOptions {
   int64_t prefill_chunk = 4096;  // tokens per prefill launch sequence (workspace sized for it)
   bool use_graphs = true;        // decode steps as CUDA graph replays; LILAC_CUDA_GRAPHS=0
@@ -55,6 +61,11 @@ struct CudaOptions {
   // into shared memory) for 4-bit prompt chunks on Hopper, else registers.
   // LILAC_SMALL_MOE_KERNEL=registers|streamed|auto (A/B runs).
   MoeSmallKernel small_moe_kernel = MoeSmallKernel::automatic;
+  // The 4-bit experts of a prompt chunk of at least 64 tokens on Hopper (q4_moe.h): the small-M
+  // kernels (up to small_moe_prefill_max_tokens), or the grouped wgmma kernels with 128-row
+  // token tiles (tile128) or in passes of 64 / 32 rows (rows64 / rows32). automatic: by T
+  // (prompt_moe_form, cuda_backend_layers.cpp). LILAC_PROMPT_MOE=small|tile128|rows64|rows32|auto.
+  PromptMoe prompt_moe = PromptMoe::automatic;
   // The batched pass's Gated DeltaNet state kernel (gated_deltanet.h): automatic = head
   // (version 6) but split (version 3) for an f32 state at <= 16 rows.
   // LILAC_GDN_BATCH_KERNEL=split|head|auto (A/B runs).
@@ -65,9 +76,10 @@ struct CudaOptions {
   // stream; staging out_proj and the router as well did not gain (docs/kernels.md, "Tenth
   // session"). LILAC_Q_GEMV_STAGED=0: rms_norm + q_gemv (A/B).
   bool staged_first_projection = true;
-  // BF16 grouped MoE passes (batched decode from 16 rows, prefill chunks): the shared expert's
-  // tiles run inside the routed experts' grouped gate_up and down launches (moe_prefill.h,
-  // MoeSharedPart) instead of launches of its own. LILAC_MOE_SHARED_FUSED=0: separate (A/B).
+  // BF16 grouped MoE passes (batched decode from 16 rows, prefill chunks) and 4-bit ones on the
+  // wgmma kernels (prompt chunks on Hopper, since s20): the shared expert's tiles run inside the
+  // routed experts' grouped gate_up and down launches (moe_prefill.h MoeSharedPart, q4_moe.h
+  // QMoeSharedPart) instead of launches of its own. LILAC_MOE_SHARED_FUSED=0: separate (A/B).
   bool fused_shared_expert = true;
   // Grouped batched passes: the MoE combine also writes the next layer's input norm (or the
   // final norm) in its blocks, bit for bit rms_norm's. LILAC_COMBINE_NORM=0: rms_norm (A/B).

@@ -15,6 +15,20 @@ namespace lilac::cuda {
 
 // ---- one layer ------------------------------------------------------------------------------
 
+// The form of a prompt chunk's 4-bit experts (T >= 64 tokens, Hopper): `forced` unless automatic.
+// automatic (s20 run 3, prefill tok/s, the shared expert inside the grouped launches; small /
+// rows32 / rows64 / tile128): 256 tokens 16,034-16,111 / 16,315-16,356 / 14,717-14,725 /
+// 10,926-10,940; 512 21,651-21,811 / 23,785-23,795 / 22,201-22,209 / 17,683-17,737; 1024
+// (small is tile128 there, unfused) 27,521-27,540 / 31,247-31,287 / 32,312-32,417 /
+// 27,521-27,554; 4096 41,836-41,894 / 38,668-38,753 / 42,445-42,677 / 41,891-41,924. So rows32
+// from 256 to 512 tokens, rows64 above; below 256 (not measured) the small-M kernels as before.
+PromptMoe prompt_moe_form(PromptMoe forced, int T, int small_max) {
+  if (forced == PromptMoe::small) return T <= small_max ? PromptMoe::small : PromptMoe::tile128;
+  if (forced != PromptMoe::automatic) return forced;
+  if (T < 256 && T <= small_max) return PromptMoe::small;
+  return T <= 512 ? PromptMoe::rows32 : PromptMoe::rows64;
+}
+
 // The mixers (Gated DeltaNet, attention) run once per segment on its rows and its own state; the
 // rest (norms, projections, router, experts) over all T rows at once.
 void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li, int T,
@@ -117,9 +131,17 @@ void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
   // (256 tokens 7,160 -> 8,252 tok/s in run 7 of the third session; 512 tokens 12,222 -> 14,263
   // in s5 run 2, once their blocks loop over passes); shorter ones keep the tile kernels, whose
   // bf16-weight numerics the CPU twin of the prefill tests follows.
-  const int small_max = T >= 64 ? options_.small_moe_prefill_max_tokens : 0;
+  // 4-bit experts on Hopper: the form options_.prompt_moe (or the rule by T) names.
+  int small_max = T >= 64 ? options_.small_moe_prefill_max_tokens : 0;
+  QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive;
+  if (T >= 64 && L.gate_up.affine() && L.gate_up.q.bits == 4 && q_moe_grouped_wgmma_available()) {
+    const PromptMoe form = prompt_moe_form(options_.prompt_moe, T, small_max);
+    if (form != PromptMoe::small) small_max = 0;
+    if (form == PromptMoe::rows64) tile = QMoeWgmmaTile::rows64;
+    if (form == PromptMoe::rows32) tile = QMoeWgmmaTile::rows32;
+  }
   moe_experts(L, c, w, T, r, small_max, options_.small_moe_kernel, options_.fused_shared_expert,
-              timer, s);
+              timer, s, tile);
   timed(timer, "moe_combine", [&] {
     moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
   });

@@ -292,26 +292,30 @@ inline void moe_down_decode(const DeviceLayer& L, const int32_t* idx, const floa
     moe_down_gemv(L.down.dense, L.shared_down.dense, idx, wt, shared_logit, act, k, H, I, Is, h, s);
 }
 
+// tile: the 4-bit wgmma kernels' token tile (q4_moe.h) where they run.
 inline void moe_gate_up_prefill(const DeviceLayer& L, const bf16* x, int H, int I,
-                                const MoeRouting& r, bf16* act, cudaStream_t s) {
+                                const MoeRouting& r, bf16* act, cudaStream_t s,
+                                QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive) {
   if (L.gate_up.affine())
-    q_moe_grouped_gate_up(x, H, L.gate_up.q, I, r, act, s);
+    q_moe_grouped_gate_up(x, H, L.gate_up.q, I, r, act, s, tile);
   else
     moe_grouped_gate_up(x, H, L.gate_up.dense, I, r, act, s);
 }
 
 inline void moe_down_prefill(const DeviceLayer& L, const bf16* act, int I, int H,
-                             const MoeRouting& r, float* y, cudaStream_t s) {
+                             const MoeRouting& r, float* y, cudaStream_t s,
+                             QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive) {
   if (L.down.affine())
-    q_moe_grouped_down(act, I, L.down.q, H, r, y, s);
+    q_moe_grouped_down(act, I, L.down.q, H, r, y, s, tile);
   else
     moe_grouped_down(act, I, L.down.dense, H, r, y, s);
 }
 
 inline void moe_shared_gate_up_prefill(const DeviceLayer& L, const bf16* x, int T, int H, int Is,
-                                       bf16* act, cudaStream_t s) {
+                                       bf16* act, cudaStream_t s,
+                                       QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive) {
   if (L.shared_gate_up.affine())
-    q_moe_shared_gate_up(x, T, H, L.shared_gate_up.q, Is, act, s);
+    q_moe_shared_gate_up(x, T, H, L.shared_gate_up.q, Is, act, s, tile);
   else
     moe_shared_gate_up(x, T, H, L.shared_gate_up.dense, Is, act, s);
 }
@@ -328,10 +332,11 @@ inline bool small_moe(const DeviceLayer& L, int T, int max_tokens) {
 // shared expert's shared_act and shared_out (w's buffers). The small-M kernels when they take the
 // pass (two launches); BF16 experts with `fused_shared` the 128-token-tile grouped kernels with
 // the shared expert's tiles inside them (two launches); else those kernels, then the shared
-// expert on its own (gemv_rows or a GEMM).
+// expert on its own (gemv_rows or a GEMM). tile: the 4-bit grouped wgmma kernels' token tile.
 inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w, int T,
                         const MoeRouting& r, int small_max_tokens, MoeSmallKernel small_kernel,
-                        bool fused_shared, CudaBackend::Timer* timer, cudaStream_t s) {
+                        bool fused_shared, CudaBackend::Timer* timer, cudaStream_t s,
+                        QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive) {
   const int H = int(c.hidden), I = int(c.expert_intermediate), Is = int(c.shared_intermediate);
   if (small_moe(L, T, small_max_tokens)) {
     timed(timer, "moe_small_gate_up", [&] {
@@ -341,6 +346,21 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
     timed(timer, "moe_small_down", [&] {
       q_moe_small_down(w.act.get(), I, w.shared_act.get(), Is, L.down.q, L.shared_down.q, H, r,
                        w.y.get(), w.shared_out.get(), s, small_kernel);
+    });
+    return;
+  }
+  if (fused_shared && L.gate_up.affine() && L.down.affine() && L.shared_gate_up.affine() &&
+      L.shared_down.affine() && L.gate_up.q.bits == 4 && L.down.q.bits == 4 &&
+      L.shared_gate_up.q.bits == 4 && L.shared_down.q.bits == 4 &&
+      q_moe_grouped_wgmma_available()) {
+    // 4-bit on Hopper: the shared expert's blocks inside the grouped wgmma launches (s20).
+    const QMoeSharedPart shared{L.shared_gate_up.q, L.shared_down.q, w.shared_act.get(),
+                                w.shared_out.get()};
+    timed(timer, "moe_grouped_gate_up+shared", [&] {
+      q_moe_grouped_gate_up_wgmma(w.x.get(), H, L.gate_up.q, I, r, w.act.get(), s, tile, &shared);
+    });
+    timed(timer, "moe_grouped_down+shared", [&] {
+      q_moe_grouped_down_wgmma(w.act.get(), I, L.down.q, H, r, w.y.get(), s, tile, &shared);
     });
     return;
   }
@@ -357,9 +377,9 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
     return;
   }
   timed(timer, "moe_grouped_gate_up",
-        [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s); });
+        [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s, tile); });
   timed(timer, "moe_grouped_down",
-        [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s); });
+        [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s, tile); });
   if (!L.shared_gate_up.affine() && !L.shared_down.affine() && T <= kGemvRowsMax && H % 64 == 0 &&
       Is % 64 == 0 && 2 * Is <= H) {
     // Few tokens, BF16 (a batched decode step): the shared expert as two plain products, gate|up
@@ -389,7 +409,7 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
     return;
   }
   timed(timer, "moe_shared_gate_up",
-        [&] { moe_shared_gate_up_prefill(L, w.x.get(), T, H, Is, w.shared_act.get(), s); });
+        [&] { moe_shared_gate_up_prefill(L, w.x.get(), T, H, Is, w.shared_act.get(), s, tile); });
   timed(timer, "gemm.shared_down", [&] {
     proj_gemm(w.shared_act.get(), T, Is, L.shared_down, H, w.shared_out.get(), GemmOut::StoreF32,
               s);

@@ -90,6 +90,32 @@ TEST(CudaOptions, FromEnvironmentReadsTheKernelChoices) {
                     {"streamed", cuda::MoeSmallKernel::streamed},
                     {"auto", cuda::MoeSmallKernel::automatic}},
                    "Registers");
+  EXPECT_EQ(defaults.prompt_moe, cuda::PromptMoe::automatic);
+  expect_spellings("LILAC_PROMPT_MOE", &cuda::CudaOptions::prompt_moe,
+                   {{"small", cuda::PromptMoe::small},
+                    {"tile128", cuda::PromptMoe::tile128},
+                    {"rows64", cuda::PromptMoe::rows64},
+                    {"rows32", cuda::PromptMoe::rows32},
+                    {"auto", cuda::PromptMoe::automatic}},
+                   "rows16");
+}
+
+// The form of a prompt chunk's 4-bit experts: the measured rule by T (s20 run 3), and a forced
+// form wherever it exists (small only up to the small-M kernels' bound).
+TEST(CudaOptions, PromptMoeForm) {
+  using cuda::PromptMoe;
+  const PromptMoe a = PromptMoe::automatic;
+  EXPECT_EQ(cuda::prompt_moe_form(a, 64, 512), PromptMoe::small);
+  EXPECT_EQ(cuda::prompt_moe_form(a, 255, 512), PromptMoe::small);
+  EXPECT_EQ(cuda::prompt_moe_form(a, 256, 512), PromptMoe::rows32);
+  EXPECT_EQ(cuda::prompt_moe_form(a, 512, 512), PromptMoe::rows32);
+  EXPECT_EQ(cuda::prompt_moe_form(a, 513, 512), PromptMoe::rows64);
+  EXPECT_EQ(cuda::prompt_moe_form(a, 4096, 512), PromptMoe::rows64);
+  EXPECT_EQ(cuda::prompt_moe_form(a, 100, 0), PromptMoe::rows32);  // small-M kernels off
+  EXPECT_EQ(cuda::prompt_moe_form(PromptMoe::small, 300, 512), PromptMoe::small);
+  EXPECT_EQ(cuda::prompt_moe_form(PromptMoe::small, 600, 512), PromptMoe::tile128);
+  EXPECT_EQ(cuda::prompt_moe_form(PromptMoe::tile128, 300, 512), PromptMoe::tile128);
+  EXPECT_EQ(cuda::prompt_moe_form(PromptMoe::rows64, 100, 512), PromptMoe::rows64);
 }
 
 TEST(CudaOptions, PdlOffSpellings) {
