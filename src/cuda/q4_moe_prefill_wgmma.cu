@@ -29,6 +29,14 @@
 // H200, T = 4096 uniform): gate_up 486 us + down 255 us per layer (278 TFLOP/s on the real MACs;
 // the mma.sync kernels: 690 + 399); T = 512: 386 us (446); skewed T = 1000: 413 us (525).
 // Resources (sm_90a): gate_up 150 registers, down 141, no spills.
+//
+// Since s20 the kernels are templated on the block's configuration (QMoeWgmmaTile, q4_moe.h): the
+// above is Cfg128 (`adaptive`; `fixed128` keeps N = 128). The short forms Cfg64 / Cfg32 (2 / 3
+// blocks per SM, 12.5 / 8.5 KB stages) take a routing tile's rows in passes of 64 / 32 (N from 16),
+// each pass a full main loop: the weight bytes in flight per SM are 2-3x Cfg128's, which is what
+// a short prompt's ~8-30-row tiles lack (lab, T = 512: 396 -> 212 us per layer for Cfg32; T = 4096:
+// 754 -> 724 for Cfg64). With a QMoeSharedPart the grid also has the shared expert's blocks after
+// the routed ones (dense tiles of the form's rows over its own matrices and buffers; job_of).
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
