@@ -127,11 +127,12 @@ void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
       std::copy_n(&logits[size_t(t) * size_t(E + 1)], E, &router[size_t(t) * size_t(E)]);
     trace_(tp + "moe.router_logits", router.data(), {T, E});
   }
-  // Prompt chunks of 64 to small_moe_prefill_max_tokens (512) tokens take the small-M kernels
+  // Prompt chunks of 64 to small_moe_prefill_max_tokens (512) tokens may take the small-M kernels
   // (256 tokens 7,160 -> 8,252 tok/s in run 7 of the third session; 512 tokens 12,222 -> 14,263
   // in s5 run 2, once their blocks loop over passes); shorter ones keep the tile kernels, whose
-  // bf16-weight numerics the CPU twin of the prefill tests follows.
-  // 4-bit experts on Hopper: the form options_.prompt_moe (or the rule by T) names.
+  // bf16-weight numerics the CPU twin of the prefill tests follows. 4-bit experts on Hopper: the
+  // form options_.prompt_moe (or prompt_moe_form's rule by T) names: since s20 the small-M kernels
+  // only below 256 tokens, the grouped wgmma kernels in passes of 32 / 64 rows above.
   int small_max = T >= 64 ? options_.small_moe_prefill_max_tokens : 0;
   QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive;
   if (T >= 64 && L.gate_up.affine() && L.gate_up.q.bits == 4 && q_moe_grouped_wgmma_available()) {
