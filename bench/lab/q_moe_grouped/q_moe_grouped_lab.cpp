@@ -27,6 +27,7 @@
 #include "../lab.h"
 #include "cuda/moe_prefill.h"
 #include "cuda/q4_moe.h"
+#include "q_moe_grouped_lab.h"
 #include "twins/q4_moe_twin.h"
 
 namespace lilac::lab {
@@ -60,6 +61,20 @@ Impl impl(int version) {
             },
             [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
               cuda::q_moe_grouped_down_mma(act, kI, W, kH, r, y, s);
+            }};
+  if (version == 6)
+    return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
+              q_moe_grouped_gate_up_v6(x, kH, W, kI, r, act, s);
+            },
+            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
+              q_moe_grouped_down_v6(act, kI, W, kH, r, y, s);
+            }};
+  if (version == 7)
+    return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
+              q_moe_grouped_gate_up_v7(x, kH, W, kI, r, act, s);
+            },
+            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
+              q_moe_grouped_down_v7(act, kI, W, kH, r, y, s);
             }};
   // Version 2 is version 3 with the wgmma n fixed at 128; versions 4 and 5 the short-tile forms.
   using Tile = cuda::QMoeWgmmaTile;
@@ -280,6 +295,15 @@ Op q_moe_grouped_op() {
        {5, "wgmma_rows32",
         "the same in passes of 32 rows (QGemmV2Cfg<32, 8, 3>: 8 stages of 8.5 KB, 3 blocks per "
         "SM, <= 85 registers, wgmma n 16 / 32; QMoeWgmmaTile::rows32)",
+        false},
+       {6, "wgmma_rows32_deep",
+        "v5 at 12 stages and 2 blocks per SM (QGemmV2Cfg<32, 12, 2>: 10 k-tiles of prefetch per "
+        "block, 16 warps per SM): deeper per block (v6_rows32_configs.cu)",
+        false},
+       {7, "wgmma_rows32_wide",
+        "v5 at 6 stages and 4 blocks per SM (QGemmV2Cfg<32, 6, 4>: 4 k-tiles per block, 32 warps "
+        "per SM, 63 registers): more blocks overlapping their k-tile latency "
+        "(v6_rows32_configs.cu)",
         false}},
       run};
 }
