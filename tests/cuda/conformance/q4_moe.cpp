@@ -369,6 +369,38 @@ TEST(Q4Moe, BadArgumentsThrow) {
   cuda::QMatrix dn{q.codes, q.sb, 256 * 2048, 512, 4};
   EXPECT_THROW(cuda::q_moe_grouped_down_wgmma(a, 512, dn, 2048, empty, y, nullptr),
                Error);  // routing not laid out
+  // The shared expert inside the launches (QMoeSharedPart): its matrices 4-bit, [2 Is, H] and
+  // [H, Is] with Is a multiple of 64, its buffers given; refused before any launch.
+  using cuda::QMoeWgmmaTile;
+  const cuda::QMatrix sgu{q.codes, q.sb, 1024, 2048, 4}, sdn{q.codes, q.sb, 2048, 512, 4};
+  auto* sact = reinterpret_cast<cuda::bf16*>(uintptr_t(256));
+  const cuda::QMoeSharedPart ok{sgu, sdn, sact, y};
+  for (QMoeWgmmaTile t : {QMoeWgmmaTile::adaptive, QMoeWgmmaTile::rows64, QMoeWgmmaTile::rows32}) {
+    cuda::QMoeSharedPart bad = ok;
+    bad.gate_up.bits = 8;
+    EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(x, 2048, gu, 512, r, a, nullptr, t, &bad),
+                 Error);  // 8 bits
+    bad = ok;
+    bad.gate_up.rows = 1000;  // Is 500
+    EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(x, 2048, gu, 512, r, a, nullptr, t, &bad),
+                 Error);  // Is % 64
+    bad = ok;
+    bad.gate_up.cols = 1024;
+    EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(x, 2048, gu, 512, r, a, nullptr, t, &bad),
+                 Error);  // not [2 Is, H]
+    bad = ok;
+    bad.act = nullptr;
+    EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(x, 2048, gu, 512, r, a, nullptr, t, &bad),
+                 Error);  // no shared act
+    bad = ok;
+    bad.down.rows = 1024;
+    EXPECT_THROW(cuda::q_moe_grouped_down_wgmma(a, 512, dn, 2048, r, y, nullptr, t, &bad),
+                 Error);  // not [H, Is]
+    bad = ok;
+    bad.out = nullptr;
+    EXPECT_THROW(cuda::q_moe_grouped_down_wgmma(a, 512, dn, 2048, r, y, nullptr, t, &bad),
+                 Error);  // no shared out
+  }
 }
 
 }  // namespace
