@@ -28,6 +28,7 @@
 #include "cuda/q4_moe.h"
 #include "cuda/sampling.h"
 #include "model/qwen36.h"
+#include "util/env_choice.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -61,37 +62,23 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* m = std::getenv("LILAC_Q4_WGMMA_MIN"))
     o.q4_wgmma_min_rows = std::max(1, std::atoi(m));
   if (const char* g = std::getenv("LILAC_GDN_STATE")) o.gdn_state = parse_gdn_state_format(g);
-  if (const char* k = std::getenv("LILAC_GDN_BATCH_KERNEL")) {
-    const std::string v(k);
-    if (v == "split")
-      o.gdn_batch_kernel = GdnBatchKernel::split;
-    else if (v == "head")
-      o.gdn_batch_kernel = GdnBatchKernel::head;
-    else if (v != "auto" && v != "automatic")
-      fail("LILAC_GDN_BATCH_KERNEL={}: expected split, head or auto", v);
-  }
-  if (const char* k = std::getenv("LILAC_SMALL_MOE_KERNEL")) {
-    const std::string v(k);
-    if (v == "registers")
-      o.small_moe_kernel = MoeSmallKernel::registers;
-    else if (v == "streamed")
-      o.small_moe_kernel = MoeSmallKernel::streamed;
-    else if (v != "auto" && v != "automatic")
-      fail("LILAC_SMALL_MOE_KERNEL={}: expected registers, streamed or auto", v);
-  }
-  if (const char* k = std::getenv("LILAC_PROMPT_MOE")) {
-    const std::string v(k);
-    if (v == "small")
-      o.prompt_moe = PromptMoe::small;
-    else if (v == "tile128")
-      o.prompt_moe = PromptMoe::tile128;
-    else if (v == "rows64")
-      o.prompt_moe = PromptMoe::rows64;
-    else if (v == "rows32")
-      o.prompt_moe = PromptMoe::rows32;
-    else if (v != "auto" && v != "automatic")
-      fail("LILAC_PROMPT_MOE={}: expected small, tile128, rows64, rows32 or auto", v);
-  }
+  o.gdn_batch_kernel = env_enum("LILAC_GDN_BATCH_KERNEL", o.gdn_batch_kernel,
+                                {{"split", GdnBatchKernel::split},
+                                 {"head", GdnBatchKernel::head},
+                                 {"auto", GdnBatchKernel::automatic},
+                                 {"automatic", GdnBatchKernel::automatic}});
+  o.small_moe_kernel = env_enum("LILAC_SMALL_MOE_KERNEL", o.small_moe_kernel,
+                                {{"registers", MoeSmallKernel::registers},
+                                 {"streamed", MoeSmallKernel::streamed},
+                                 {"auto", MoeSmallKernel::automatic},
+                                 {"automatic", MoeSmallKernel::automatic}});
+  o.prompt_moe = env_enum("LILAC_PROMPT_MOE", o.prompt_moe,
+                          {{"small", PromptMoe::small},
+                           {"tile128", PromptMoe::tile128},
+                           {"rows64", PromptMoe::rows64},
+                           {"rows32", PromptMoe::rows32},
+                           {"auto", PromptMoe::automatic},
+                           {"automatic", PromptMoe::automatic}});
   return o;
 }
 

@@ -22,4 +22,17 @@ int env_choice(const char* name, std::initializer_list<int> allowed) {
   fail("{}={}: expected {}", name, s, expected);
 }
 
+int env_spelling(const char* name, const char* const* names, size_t n) {
+  const char* v = std::getenv(name);
+  if (!v) return -1;
+  const std::string s(v);
+  std::string expected;  // "split, head, auto or automatic"
+  for (size_t i = 0; i < n; ++i) {
+    if (s == names[i]) return int(i);
+    if (i > 0) expected += i + 1 == n ? " or " : ", ";
+    expected += names[i];
+  }
+  fail("{}={}: expected {}", name, s, expected);
+}
+
 }  // namespace lilac

@@ -77,5 +77,43 @@ TEST(EnvChoice, OtherValuesFailNamingTheSwitch) {
   }
 }
 
+enum class Pick { none, split, head, automatic };
+
+Pick pick() {
+  return env_enum(kName, Pick::none,
+                  {{"split", Pick::split},
+                   {"head", Pick::head},
+                   {"auto", Pick::automatic},
+                   {"automatic", Pick::automatic}});
+}
+
+TEST(EnvEnum, SpellingsMapToTheirValues) {
+  {
+    ScopedChoice env(nullptr);
+    EXPECT_EQ(pick(), Pick::none);
+  }
+  const std::pair<const char*, Pick> cases[] = {{"split", Pick::split},
+                                                {"head", Pick::head},
+                                                {"auto", Pick::automatic},
+                                                {"automatic", Pick::automatic}};
+  for (const auto& [v, want] : cases) {
+    ScopedChoice env(v);
+    EXPECT_EQ(pick(), want) << v;
+  }
+}
+
+TEST(EnvEnum, OtherSpellingsFailNamingTheSwitch) {
+  for (const char* bad : {"", "Split", "head ", "cluster", "0"}) {
+    ScopedChoice env(bad);
+    try {
+      pick();
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string(kName) + "=" + bad + ": expected split, head, auto or automatic");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lilac::test
