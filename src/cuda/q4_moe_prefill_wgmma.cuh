@@ -23,25 +23,37 @@ namespace qmoe_wgmma {
 
 using qgemm_wgmma::WSrc;
 
+// The main loop the kernels run: q_gemm_wgmma's (one k-tile per block barrier). The kernel lab
+// passes other loops with the same contract (Loop::run<C, N>: acc = W_rows . X^T over [0, K),
+// tokens [0, N) of the pass; no wgmma or cp.async left in flight).
+struct KtileLoop {
+  template <class C, int N>
+  static __device__ __forceinline__ void run(float (&acc)[C::NACC],
+                                             const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
+                                             int K, uint32_t sX, uint32_t sW) {
+    qgemm_wgmma::mainloop<C, N>(acc, xr, w, K, sX, sW);
+  }
+};
+
 // The main loop at the smallest wgmma n that covers the pass's `rows` token rows (uniform over
 // the block): 32, 64 or 128 for Cfg128 (ADAPT false: always 128, the kernel lab's version 2);
 // 16 up to C::BT for the short forms.
-template <class C, bool ADAPT>
+template <class C, bool ADAPT, class Loop>
 __device__ __forceinline__ void mainloop_rows(float (&acc)[C::NACC],
                                               const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
                                               int K, uint32_t sX, uint32_t sW, int rows) {
   if constexpr (ADAPT) {
     if constexpr (C::BT <= 64) {
-      if (rows <= 16) return qgemm_wgmma::mainloop<C, 16>(acc, xr, w, K, sX, sW);
+      if (rows <= 16) return Loop::template run<C, 16>(acc, xr, w, K, sX, sW);
     }
     if constexpr (C::BT > 32) {
-      if (rows <= 32) return qgemm_wgmma::mainloop<C, 32>(acc, xr, w, K, sX, sW);
+      if (rows <= 32) return Loop::template run<C, 32>(acc, xr, w, K, sX, sW);
     }
     if constexpr (C::BT > 64) {
-      if (rows <= 64) return qgemm_wgmma::mainloop<C, 64>(acc, xr, w, K, sX, sW);
+      if (rows <= 64) return Loop::template run<C, 64>(acc, xr, w, K, sX, sW);
     }
   }
-  qgemm_wgmma::mainloop<C, C::BT>(acc, xr, w, K, sX, sW);
+  Loop::template run<C, C::BT>(acc, xr, w, K, sX, sW);
 }
 
 // A launch's blocks: first the routed experts' (moe_route's tile table x column blocks; blocks
@@ -135,7 +147,7 @@ __device__ __forceinline__ int passes(int row0, int row_end) {
   return (row_end - row0 + C::BT - 1) / C::BT;
 }
 
-template <class C, bool ADAPT>
+template <class C, bool ADAPT, class Loop = KtileLoop>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix W, int I, Routed rt,
                    bf16* __restrict__ act, Shared sh) {
@@ -161,7 +173,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     const int p0 = j.row0 + pass * C::BT, p1 = min(p0 + C::BT, j.row_end);
     const tile::RowSet<C::X_LOADS> xr = token_rows<C>(x, H, j.gather, p0, p1);
     float acc[C::NACC];
-    mainloop_rows<C, ADAPT>(acc, xr, w, H, sX, sW, p1 - p0);
+    mainloop_rows<C, ADAPT, Loop>(acc, xr, w, H, sX, sW, p1 - p0);
 
     // Warpgroup 1 (up) -> shared memory -> warpgroup 0 (gate). The stages are free once every
     // warp is past its main loop (its last wgmma retired, its copies landed).
@@ -197,7 +209,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #endif
 }
 
-template <class C, bool ADAPT>
+template <class C, bool ADAPT, class Loop = KtileLoop>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     down_kernel(const bf16* __restrict__ act, int I, QMatrix W, int H, Routed rt,
                 float* __restrict__ y, Shared sh) {
@@ -228,7 +240,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     if (pass > 0) __syncthreads();
     const tile::RowSet<C::X_LOADS> xr = token_rows<C>(j.in, j.I, nullptr, p0, p1);
     float acc[C::NACC];
-    mainloop_rows<C, ADAPT>(acc, xr, w, j.I, sX, sW, p1 - p0);
+    mainloop_rows<C, ADAPT, Loop>(acc, xr, w, j.I, sX, sW, p1 - p0);
 
     // acc[4 j + q]: y column 128 cb + 16 warp + g + 8 (q >> 1), token 8 j + 2 t + (q & 1).
     const int s0 = p0 + 2 * (lane & 3);
@@ -287,13 +299,13 @@ inline Shared shared_of(const char* what, const QMoeSharedPart* part, bool gate_
   return Shared{m, Is, T, part->act, gate_up ? static_cast<void*>(part->act) : part->out};
 }
 
-template <class C, bool ADAPT>
+template <class C, bool ADAPT, class Loop = KtileLoop>
 void launch_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
                     bf16* act, const QMoeSharedPart* shared, cudaStream_t stream) {
   const char* what = "q_moe_grouped_gate_up (wgmma)";
   check(what, &r, gate_up, 2 * I, H, H, I, x, act);
   const Shared sh = shared_of(what, shared, true, r.T, H);
-  auto kernel = gate_up_kernel<C, ADAPT>;
+  auto kernel = gate_up_kernel<C, ADAPT, Loop>;
   static std::once_flag once;
   prepare<C>(kernel, once);
   const int64_t blocks =
@@ -304,13 +316,13 @@ void launch_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const M
   LILAC_CUDA_LAUNCHED();
 }
 
-template <class C, bool ADAPT>
+template <class C, bool ADAPT, class Loop = KtileLoop>
 void launch_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r, float* y,
                  const QMoeSharedPart* shared, cudaStream_t stream) {
   const char* what = "q_moe_grouped_down (wgmma)";
   check(what, &r, down, H, I, H, I, act, y);
   const Shared sh = shared_of(what, shared, false, r.T, H);
-  auto kernel = down_kernel<C, ADAPT>;
+  auto kernel = down_kernel<C, ADAPT, Loop>;
   static std::once_flag once;
   prepare<C>(kernel, once);
   const int64_t n_cb = (H + C::BR - 1) / C::BR;

@@ -24,4 +24,18 @@ void q_moe_grouped_gate_up_v7(const cuda::bf16* x, int H, const cuda::QMatrix& g
 void q_moe_grouped_down_v7(const cuda::bf16* act, int I, const cuda::QMatrix& down, int H,
                            const cuda::MoeRouting& r, float* y, cudaStream_t stream);
 
+// Version 8 (v8_pair_loop.cu, s20, not run yet): v6's configuration with a main loop over pairs of
+// k-tiles (one wait and one block barrier per two k-tiles).
+void q_moe_grouped_gate_up_v8(const cuda::bf16* x, int H, const cuda::QMatrix& gate_up, int I,
+                              const cuda::MoeRouting& r, cuda::bf16* act, cudaStream_t stream);
+void q_moe_grouped_down_v8(const cuda::bf16* act, int I, const cuda::QMatrix& down, int H,
+                           const cuda::MoeRouting& r, float* y, cudaStream_t stream);
+
+// Version 9 (v6_rows32_configs.cu, s20, not run yet): production's rows32 pipeline (8 stages) at 2
+// blocks per SM, where ptxas does not serialise the wgmmas (C7512 at 3 blocks).
+void q_moe_grouped_gate_up_v9(const cuda::bf16* x, int H, const cuda::QMatrix& gate_up, int I,
+                              const cuda::MoeRouting& r, cuda::bf16* act, cudaStream_t stream);
+void q_moe_grouped_down_v9(const cuda::bf16* act, int I, const cuda::QMatrix& down, int H,
+                           const cuda::MoeRouting& r, float* y, cudaStream_t stream);
+
 }  // namespace lilac::lab
