@@ -330,8 +330,9 @@ inline bool small_moe(const DeviceLayer& L, int T, int max_tokens) {
 
 // The experts of a grouped MoE pass over T tokens routed in r: act and y in sorted rows, the
 // shared expert's shared_act and shared_out (w's buffers). The small-M kernels when they take the
-// pass (two launches); BF16 experts with `fused_shared` the 128-token-tile grouped kernels with
-// the shared expert's tiles inside them (two launches); else those kernels, then the shared
+// pass (two launches); with `fused_shared`, 4-bit experts on Hopper the grouped wgmma kernels
+// (token tile `tile`) and BF16 ones the 128-token-tile grouped kernels, each with the shared
+// expert's tiles inside them (two launches); else those kernels, then the shared
 // expert on its own (gemv_rows or a GEMM). tile: the 4-bit grouped wgmma kernels' token tile.
 inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w, int T,
                         const MoeRouting& r, int small_max_tokens, MoeSmallKernel small_kernel,
