@@ -90,6 +90,13 @@ Impl impl(int version) {
             [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
               q_moe_grouped_down_v9(act, kI, W, kH, r, y, s);
             }};
+  if (version == 10)
+    return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
+              q_moe_grouped_gate_up_v10(x, kH, W, kI, r, act, s);
+            },
+            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
+              q_moe_grouped_down_v10(act, kI, W, kH, r, y, s);
+            }};
   // Version 2 is version 3 with the wgmma n fixed at 128; versions 4 and 5 the short-tile forms.
   using Tile = cuda::QMoeWgmmaTile;
   const Tile tile = version == 2   ? Tile::fixed128
@@ -326,6 +333,10 @@ Op q_moe_grouped_op() {
        {9, "wgmma_rows32_two",
         "v5's 8 stages at 2 blocks per SM (QGemmV2Cfg<32, 8, 2>, 128 registers): ptxas serialises "
         "v5's wgmmas (C7512 at <= 85 registers), not these (v6_rows32_configs.cu)",
+        false},
+       {10, "wgmma_rows64_one",
+        "v4's pipeline at 1 block per SM (QGemmV2Cfg<64, 8, 1>, ~196 registers): v4's wgmmas are "
+        "serialised (C7512), these not; for the prompts above 512 tokens (v6_rows32_configs.cu)",
         false}},
       run};
 }

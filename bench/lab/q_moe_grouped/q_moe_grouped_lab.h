@@ -38,4 +38,11 @@ void q_moe_grouped_gate_up_v9(const cuda::bf16* x, int H, const cuda::QMatrix& g
 void q_moe_grouped_down_v9(const cuda::bf16* act, int I, const cuda::QMatrix& down, int H,
                            const cuda::MoeRouting& r, float* y, cudaStream_t stream);
 
+// Version 10 (v6_rows32_configs.cu, s20, not run yet): production's rows64 pipeline at 1 block per
+// SM (not serialised; rows64 at 2 blocks is: C7512).
+void q_moe_grouped_gate_up_v10(const cuda::bf16* x, int H, const cuda::QMatrix& gate_up, int I,
+                               const cuda::MoeRouting& r, cuda::bf16* act, cudaStream_t stream);
+void q_moe_grouped_down_v10(const cuda::bf16* act, int I, const cuda::QMatrix& down, int H,
+                            const cuda::MoeRouting& r, float* y, cudaStream_t stream);
+
 }  // namespace lilac::lab

@@ -1,13 +1,14 @@
-// The kernel lab's q_moe_grouped versions 6, 7 and 9 (s20; README.md here): production's grouped
-// wgmma expert kernels (src/cuda/q4_moe_prefill_wgmma.cuh) in passes of 32 token rows at block
-// configurations production does not use, to tell what bounds its rows32 form (8 stages, 3 blocks
-// per SM: ~2.3 TB/s at T = 256 in s20 run 2): the k-tiles in flight per block (v6: 12 stages, 2
-// blocks per SM, 10 k-tiles of prefetch each: 20 per SM against rows32's 18, with 16 warps), the
-// blocks per SM that overlap each other's k-tile latency (v7: 6 stages, 4 blocks per SM, 4 k-tiles
-// each: 16 per SM, 32 warps), or ptxas serialising the wgmmas: at <= 85 registers (3 blocks per
-// SM) it reports C7512 ("wgmma.mma_async instructions are serialized due to insufficient register
-// resources") for production's rows32 and rows64 kernels and for v7, not at 128 (v6, v9: 8 stages
-// at 2 blocks per SM, rows32's pipeline without the serialisation).
+// The kernel lab's q_moe_grouped versions 6, 7, 9 and 10 (s20; README.md here): production's
+// grouped wgmma expert kernels (src/cuda/q4_moe_prefill_wgmma.cuh) in passes of 32 token rows at
+// block configurations production does not use, to tell what bounds its rows32 form (8 stages, 3
+// blocks per SM: ~2.3 TB/s at T = 256 in s20 run 2): the k-tiles in flight per block (v6: 12
+// stages, 2 blocks per SM, 10 k-tiles of prefetch each: 20 per SM against rows32's 18, with 16
+// warps), the blocks per SM that overlap each other's k-tile latency (v7: 6 stages, 4 blocks per
+// SM, 4 k-tiles each: 16 per SM, 32 warps), or ptxas serialising the wgmmas: at <= 85 registers (3
+// blocks per SM) it reports C7512 ("wgmma.mma_async instructions are serialized due to insufficient
+// register resources") for production's rows32 and rows64 kernels and for v7, not at 128 (v6, v9: 8
+// stages at 2 blocks per SM, rows32's pipeline without the serialisation), nor for rows64's
+// pipeline at 1 block per SM (v10, for the prompts above 512 tokens that rows64 takes).
 #include "cuda/q4_moe_prefill_wgmma.cuh"
 #include "q_moe_grouped_lab.h"
 
@@ -18,6 +19,7 @@ namespace qmoe_lab {
 using Deep32 = qgemm_wgmma::QGemmV2Cfg<32, 12, 2>;  // 12 x 8.5 KB = 103 KB + 1 KB
 using Wide32 = qgemm_wgmma::QGemmV2Cfg<32, 6, 4>;   // 6 x 8.5 KB = 52 KB + 1 KB, <= 64 registers
 using Two32 = qgemm_wgmma::QGemmV2Cfg<32, 8, 2>;    // rows32's stages at 2 blocks: 128 registers
+using One64 = qgemm_wgmma::QGemmV2Cfg<64, 8, 1>;    // rows64's stages at 1 block: ~196 registers
 }  // namespace qmoe_lab
 
 void q_moe_grouped_gate_up_v6(const bf16* x, int H, const QMatrix& gate_up, int I,
@@ -43,6 +45,14 @@ void q_moe_grouped_gate_up_v9(const bf16* x, int H, const QMatrix& gate_up, int 
 void q_moe_grouped_down_v9(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
                            float* y, cudaStream_t stream) {
   qmoe_wgmma::launch_down<qmoe_lab::Two32, true>(act, I, down, H, r, y, nullptr, stream);
+}
+void q_moe_grouped_gate_up_v10(const bf16* x, int H, const QMatrix& gate_up, int I,
+                               const MoeRouting& r, bf16* act, cudaStream_t stream) {
+  qmoe_wgmma::launch_gate_up<qmoe_lab::One64, true>(x, H, gate_up, I, r, act, nullptr, stream);
+}
+void q_moe_grouped_down_v10(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
+                            float* y, cudaStream_t stream) {
+  qmoe_wgmma::launch_down<qmoe_lab::One64, true>(act, I, down, H, r, y, nullptr, stream);
 }
 
 }  // namespace lilac::lab
