@@ -62,41 +62,13 @@ Impl impl(int version) {
             [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
               cuda::q_moe_grouped_down_mma(act, kI, W, kH, r, y, s);
             }};
-  if (version == 6)
-    return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
-              q_moe_grouped_gate_up_v6(x, kH, W, kI, r, act, s);
-            },
-            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
-              q_moe_grouped_down_v6(act, kI, W, kH, r, y, s);
-            }};
-  if (version == 7)
-    return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
-              q_moe_grouped_gate_up_v7(x, kH, W, kI, r, act, s);
-            },
-            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
-              q_moe_grouped_down_v7(act, kI, W, kH, r, y, s);
-            }};
-  if (version == 8)
-    return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
-              q_moe_grouped_gate_up_v8(x, kH, W, kI, r, act, s);
-            },
-            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
-              q_moe_grouped_down_v8(act, kI, W, kH, r, y, s);
-            }};
-  if (version == 9)
-    return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
-              q_moe_grouped_gate_up_v9(x, kH, W, kI, r, act, s);
-            },
-            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
-              q_moe_grouped_down_v9(act, kI, W, kH, r, y, s);
-            }};
-  if (version == 10)
-    return {[](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
-              q_moe_grouped_gate_up_v10(x, kH, W, kI, r, act, s);
-            },
-            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
-              q_moe_grouped_down_v10(act, kI, W, kH, r, y, s);
-            }};
+  if (version >= 6)  // v6_rows32_configs.cu
+    return {
+        [version](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
+          q_moe_grouped_gate_up_lab(version, x, kH, W, kI, r, act, s);
+        },
+        [version](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y,
+                  cudaStream_t s) { q_moe_grouped_down_lab(version, act, kI, W, kH, r, y, s); }};
   // Version 2 is version 3 with the wgmma n fixed at 128; versions 4 and 5 the short-tile forms.
   using Tile = cuda::QMoeWgmmaTile;
   const Tile tile = version == 2   ? Tile::fixed128
@@ -328,7 +300,7 @@ Op q_moe_grouped_op() {
         false},
        {8, "wgmma_rows32_pairs",
         "v6's configuration with the k-tiles two at a time: one wait and one block barrier per "
-        "pair, 8 wgmmas per group, 8 k-tiles in flight per block (v8_pair_loop.cu)",
+        "pair, 8 wgmmas per group, 10 k-tiles in flight per block (pair_loop.cuh)",
         false},
        {9, "wgmma_rows32_two",
         "v5's 8 stages at 2 blocks per SM (QGemmV2Cfg<32, 8, 2>, 128 registers): ptxas serialises "

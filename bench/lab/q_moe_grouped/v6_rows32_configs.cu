@@ -9,50 +9,70 @@
 // register resources") for production's rows32 and rows64 kernels and for v7, not at 128 (v6, v9: 8
 // stages at 2 blocks per SM, rows32's pipeline without the serialisation), nor for rows64's
 // pipeline at 1 block per SM (v10, for the prompts above 512 tokens that rows64 takes).
+// Version 8 is v6 with pair_loop.cuh's main loop (one block barrier per two k-tiles).
+#include <cstdint>
+
 #include "cuda/q4_moe_prefill_wgmma.cuh"
+#include "pair_loop.cuh"
 #include "q_moe_grouped_lab.h"
+#include "util/error.h"
 
 namespace lilac::lab {
 using namespace cuda;
 
 namespace qmoe_lab {
+
 using Deep32 = qgemm_wgmma::QGemmV2Cfg<32, 12, 2>;  // 12 x 8.5 KB = 103 KB + 1 KB
 using Wide32 = qgemm_wgmma::QGemmV2Cfg<32, 6, 4>;   // 6 x 8.5 KB = 52 KB + 1 KB, <= 64 registers
 using Two32 = qgemm_wgmma::QGemmV2Cfg<32, 8, 2>;    // rows32's stages at 2 blocks: 128 registers
 using One64 = qgemm_wgmma::QGemmV2Cfg<64, 8, 1>;    // rows64's stages at 1 block: ~196 registers
+
+// A version's kernels: production's at block configuration C with main loop Loop.
+template <class C, class Loop = qmoe_wgmma::KtileLoop>
+struct Form {
+  static void gate_up(const bf16* x, int H, const QMatrix& W, int I, const MoeRouting& r, bf16* act,
+                      cudaStream_t s) {
+    qmoe_wgmma::launch_gate_up<C, true, Loop>(x, H, W, I, r, act, nullptr, s);
+  }
+  static void down(const bf16* act, int I, const QMatrix& W, int H, const MoeRouting& r, float* y,
+                   cudaStream_t s) {
+    qmoe_wgmma::launch_down<C, true, Loop>(act, I, W, H, r, y, nullptr, s);
+  }
+};
+
+// Calls run(Form<...>{}) for the version's form.
+template <class Run>
+void with_form(int version, Run run) {
+  switch (version) {
+    case 6:
+      return run(Form<Deep32>{});
+    case 7:
+      return run(Form<Wide32>{});
+    case 8:
+      return run(Form<Deep32, PairLoop>{});
+    case 9:
+      return run(Form<Two32>{});
+    case 10:
+      return run(Form<One64>{});
+  }
+  fail("q_moe_grouped lab: no version {} here (6-10)", version);
+}
+
 }  // namespace qmoe_lab
 
-void q_moe_grouped_gate_up_v6(const bf16* x, int H, const QMatrix& gate_up, int I,
-                              const MoeRouting& r, bf16* act, cudaStream_t stream) {
-  qmoe_wgmma::launch_gate_up<qmoe_lab::Deep32, true>(x, H, gate_up, I, r, act, nullptr, stream);
-}
-void q_moe_grouped_down_v6(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
-                           float* y, cudaStream_t stream) {
-  qmoe_wgmma::launch_down<qmoe_lab::Deep32, true>(act, I, down, H, r, y, nullptr, stream);
-}
-void q_moe_grouped_gate_up_v7(const bf16* x, int H, const QMatrix& gate_up, int I,
-                              const MoeRouting& r, bf16* act, cudaStream_t stream) {
-  qmoe_wgmma::launch_gate_up<qmoe_lab::Wide32, true>(x, H, gate_up, I, r, act, nullptr, stream);
-}
-void q_moe_grouped_down_v7(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
-                           float* y, cudaStream_t stream) {
-  qmoe_wgmma::launch_down<qmoe_lab::Wide32, true>(act, I, down, H, r, y, nullptr, stream);
-}
-void q_moe_grouped_gate_up_v9(const bf16* x, int H, const QMatrix& gate_up, int I,
-                              const MoeRouting& r, bf16* act, cudaStream_t stream) {
-  qmoe_wgmma::launch_gate_up<qmoe_lab::Two32, true>(x, H, gate_up, I, r, act, nullptr, stream);
-}
-void q_moe_grouped_down_v9(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
-                           float* y, cudaStream_t stream) {
-  qmoe_wgmma::launch_down<qmoe_lab::Two32, true>(act, I, down, H, r, y, nullptr, stream);
-}
-void q_moe_grouped_gate_up_v10(const bf16* x, int H, const QMatrix& gate_up, int I,
+void q_moe_grouped_gate_up_lab(int version, const bf16* x, int H, const QMatrix& gate_up, int I,
                                const MoeRouting& r, bf16* act, cudaStream_t stream) {
-  qmoe_wgmma::launch_gate_up<qmoe_lab::One64, true>(x, H, gate_up, I, r, act, nullptr, stream);
+  // Version 8's loop takes the k-tiles in pairs: K (= H) a multiple of 128.
+  if (version == 8 && H % 128 != 0) fail("q_moe_grouped lab v8: H {} not a multiple of 128", H);
+  qmoe_lab::with_form(
+      version, [&](auto form) { decltype(form)::gate_up(x, H, gate_up, I, r, act, stream); });
 }
-void q_moe_grouped_down_v10(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
-                            float* y, cudaStream_t stream) {
-  qmoe_wgmma::launch_down<qmoe_lab::One64, true>(act, I, down, H, r, y, nullptr, stream);
+
+void q_moe_grouped_down_lab(int version, const bf16* act, int I, const QMatrix& down, int H,
+                            const MoeRouting& r, float* y, cudaStream_t stream) {
+  if (version == 8 && I % 128 != 0) fail("q_moe_grouped lab v8: I {} not a multiple of 128", I);
+  qmoe_lab::with_form(version,
+                      [&](auto form) { decltype(form)::down(act, I, down, H, r, y, stream); });
 }
 
 }  // namespace lilac::lab

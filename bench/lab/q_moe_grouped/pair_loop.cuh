@@ -1,6 +1,6 @@
-// The kernel lab's q_moe_grouped version 8 (s20; README.md here): production's grouped wgmma
-// expert kernels (src/cuda/q4_moe_prefill_wgmma.cuh) in passes of 32 token rows at v6's block
-// configuration (QGemmV2Cfg<32, 12, 2>), with a main loop that takes the k-tiles two at a time:
+// The main loop of the kernel lab's q_moe_grouped version 8 (s20; README.md here; run by
+// v6_rows32_configs.cu with production's grouped wgmma expert kernels at v6's block configuration,
+// QGemmV2Cfg<32, 12, 2>, passes of 32 token rows): the k-tiles two at a time:
 // one cp.async wait and one block barrier per pair instead of per k-tile, both tiles' copies
 // issued together, 8 wgmmas (n 16 / 32) committed as one group and waited for before the next
 // pair (ptxas serialises the wgmmas, C7512, when a pair's group stays in flight across the
@@ -14,16 +14,15 @@
 // computed. Iteration p waits for pair p, passes the barrier, refills slot (p + 5) % 6 = the slot
 // of pair p - 1 (its codes read and its wgmma group retired in iteration p - 1, before this
 // barrier), dequantises both k-tiles, issues the 8 wgmmas and waits for them. K must be a multiple
-// of 128 (an even k-tile count; the real shapes' 2048 and 512 are: the launchers refuse others).
+// of 128 (an even k-tile count; the real shapes' 2048 and 512 are: q_moe_grouped_*_lab refuse
+// others).
+#pragma once
+
 #include "cuda/q4_moe_prefill_wgmma.cuh"
-#include "q_moe_grouped_lab.h"
 
-namespace lilac::lab {
+namespace lilac::lab::qmoe_lab {
+
 using namespace cuda;
-
-namespace qmoe_lab {
-
-using Pair32 = qgemm_wgmma::QGemmV2Cfg<32, 12, 2>;
 
 struct PairLoop {
   template <class C>
@@ -80,7 +79,7 @@ struct PairLoop {
                                              uint32_t sW) {
     static_assert(C::STAGES % 2 == 0 && C::STAGES >= 4, "pair slots, >= 1 pair in flight ahead");
     const int KT = K / tile::kBK;
-    if (KT % 2 != 0) __trap();  // the launchers below check K % 128 first
+    if (KT % 2 != 0) __trap();  // q_moe_grouped_*_lab check K % 128 first
     constexpr int PP = C::STAGES / 2 - 1;
 #pragma unroll
     for (int i = 0; i < C::NACC; ++i) acc[i] = 0.f;
@@ -93,19 +92,4 @@ struct PairLoop {
   }
 };
 
-}  // namespace qmoe_lab
-
-void q_moe_grouped_gate_up_v8(const bf16* x, int H, const QMatrix& gate_up, int I,
-                              const MoeRouting& r, bf16* act, cudaStream_t stream) {
-  if (H % 128 != 0) fail("q_moe_grouped_gate_up v8: H {} is not a multiple of 128", H);
-  qmoe_wgmma::launch_gate_up<qmoe_lab::Pair32, true, qmoe_lab::PairLoop>(x, H, gate_up, I, r, act,
-                                                                         nullptr, stream);
-}
-void q_moe_grouped_down_v8(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
-                           float* y, cudaStream_t stream) {
-  if (I % 128 != 0) fail("q_moe_grouped_down v8: I {} is not a multiple of 128", I);
-  qmoe_wgmma::launch_down<qmoe_lab::Pair32, true, qmoe_lab::PairLoop>(act, I, down, H, r, y,
-                                                                      nullptr, stream);
-}
-
-}  // namespace lilac::lab
+}  // namespace lilac::lab::qmoe_lab
