@@ -35,8 +35,11 @@
 // blocks per SM, 12.5 / 8.5 KB stages) take a routing tile's rows in passes of 64 / 32 (N from 16),
 // each pass a full main loop: the weight bytes in flight per SM are 2-3x Cfg128's, which is what
 // a short prompt's ~8-30-row tiles lack (lab, T = 512: 396 -> 212 us per layer for Cfg32; T = 4096:
-// 754 -> 724 for Cfg64). With a QMoeSharedPart the grid also has the shared expert's blocks after
-// the routed ones (dense tiles of the form's rows over its own matrices and buffers; job_of).
+// 754 -> 724 for Cfg64). Since s21 they run the k-tiles in pairs (PairLoop in the .cuh: these
+// blocks are issue-bound, and a pair pays the per-k-tile bookkeeping once): T = 256 204 -> 180 us
+// (Cfg32), T = 4096 715 -> 664 (Cfg64). With a QMoeSharedPart the grid also has the shared expert's
+// blocks after the routed ones (dense tiles of the form's rows over its own matrices and buffers;
+// job_of).
 #include "cuda/q4_gemm.h"
 #include "cuda/q4_gemm_wgmma.cuh"
 #include "cuda/q4_moe.h"
@@ -75,9 +78,9 @@ void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, i
     case QMoeWgmmaTile::adaptive:
       return launch_gate_up<Cfg128, true>(x, H, gate_up, I, r, act, shared, stream);
     case QMoeWgmmaTile::rows64:
-      return launch_gate_up<Cfg64, true>(x, H, gate_up, I, r, act, shared, stream);
+      return launch_gate_up<Cfg64, true, PairLoop>(x, H, gate_up, I, r, act, shared, stream);
     case QMoeWgmmaTile::rows32:
-      return launch_gate_up<Cfg32, true>(x, H, gate_up, I, r, act, shared, stream);
+      return launch_gate_up<Cfg32, true, PairLoop>(x, H, gate_up, I, r, act, shared, stream);
   }
   fail("q_moe_grouped_gate_up_wgmma: unknown tile form {}", int(tile));
 }
@@ -90,9 +93,9 @@ void q_moe_shared_gate_up_wgmma(const bf16* x, int T, int H, const QMatrix& shar
     case QMoeWgmmaTile::adaptive:
       return launch_shared_gate_up<Cfg128>(x, T, H, shared_gate_up, Is, act, stream);
     case QMoeWgmmaTile::rows64:
-      return launch_shared_gate_up<Cfg64>(x, T, H, shared_gate_up, Is, act, stream);
+      return launch_shared_gate_up<Cfg64, PairLoop>(x, T, H, shared_gate_up, Is, act, stream);
     case QMoeWgmmaTile::rows32:
-      return launch_shared_gate_up<Cfg32>(x, T, H, shared_gate_up, Is, act, stream);
+      return launch_shared_gate_up<Cfg32, PairLoop>(x, T, H, shared_gate_up, Is, act, stream);
   }
   fail("q_moe_shared_gate_up_wgmma: unknown tile form {}", int(tile));
 }
@@ -107,9 +110,9 @@ void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H
     case QMoeWgmmaTile::adaptive:
       return launch_down<Cfg128, true>(act, I, down, H, r, y, shared, stream);
     case QMoeWgmmaTile::rows64:
-      return launch_down<Cfg64, true>(act, I, down, H, r, y, shared, stream);
+      return launch_down<Cfg64, true, PairLoop>(act, I, down, H, r, y, shared, stream);
     case QMoeWgmmaTile::rows32:
-      return launch_down<Cfg32, true>(act, I, down, H, r, y, shared, stream);
+      return launch_down<Cfg32, true, PairLoop>(act, I, down, H, r, y, shared, stream);
   }
   fail("q_moe_grouped_down_wgmma: unknown tile form {}", int(tile));
 }

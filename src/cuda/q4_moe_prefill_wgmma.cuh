@@ -23,15 +23,98 @@ namespace qmoe_wgmma {
 
 using qgemm_wgmma::WSrc;
 
-// The main loop the kernels run: q_gemm_wgmma's (one k-tile per block barrier). The kernel lab
-// passes other loops with the same contract (Loop::run<C, N>: acc = W_rows . X^T over [0, K),
-// tokens [0, N) of the pass; no wgmma or cp.async left in flight).
+// The Cfg128 kernels' main loop: q_gemm_wgmma's (one k-tile per block barrier). The short forms
+// run PairLoop (below); the kernel lab passes other loops with the same contract (Loop::run<C, N>:
+// acc = W_rows . X^T over [0, K), tokens [0, N) of the pass; no wgmma or cp.async left in flight).
 struct KtileLoop {
   template <class C, int N>
   static __device__ __forceinline__ void run(float (&acc)[C::NACC],
                                              const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
                                              int K, uint32_t sX, uint32_t sW) {
     qgemm_wgmma::mainloop<C, N>(acc, xr, w, K, sX, sW);
+  }
+};
+
+// The short forms' main loop (s21; kernel lab q_moe_grouped v8, v11, v12): the k-tiles two at a
+// time. ncu (s21 run 2, T = 256) found the short-tile kernels issue-bound, not waiting on DRAM:
+// ~152 instructions per warp and k-tile (63 of them the dequantisation), IPC 2.85, 68% of the
+// issue slots, DRAM at 37%; the rest is per k-tile bookkeeping (the cp.async wait, fence and block
+// barrier, the copies' addresses, the wgmma group's fence / commit / wait), which a pair of
+// k-tiles pays once: lab, gate_up + down per layer, rows32 T = 256 203.7 -> 180.1 us, T = 512
+// 218.7 -> 198.4; rows64 T = 4096 714.7 -> 663.8 (s21 run 4).
+// Pipeline: the STAGES stages are STAGES / 2 pair slots; pair p (k-tiles 2p, 2p + 1) lives in slot
+// p % (STAGES / 2), committed as one cp.async group, with STAGES / 2 - 1 pairs in flight ahead of
+// the one computed. Step p waits for pair p, passes the barrier, refills the slot of pair p - 1
+// (its codes read and its wgmma group retired in step p - 1, before this barrier), dequantises
+// both k-tiles into two A register sets, issues the 8 wgmmas as one group and waits for it (a
+// group left in flight across the barrier makes ptxas serialise the wgmmas: C7512). An odd K / 64
+// ends with a half pair.
+struct PairLoop {
+  template <class C>
+  static __device__ __forceinline__ void load_pair(const tile::RowSet<C::X_LOADS>& xr,
+                                                   const WSrc& w, uint32_t sX, uint32_t sW,
+                                                   int pair, int KT, int K) {
+    constexpr int SP = C::STAGES / 2;
+    const int s0 = 2 * (pair % SP);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (2 * pair + h < KT)
+        qgemm_wgmma::load_stage<C>(xr, w, sX + uint32_t((s0 + h) * C::X_STAGE),
+                                   sW + uint32_t((s0 + h) * C::W_STAGE), 2 * pair + h, K);
+    tile::cp_async_commit();
+  }
+
+  // Pair `pair`'s HALVES k-tiles (2, or 1 for an odd K's last).
+  template <class C, int N, int HALVES>
+  static __device__ __forceinline__ void pair_step(float (&acc)[C::NACC], uint32_t (&a)[2][4][4],
+                                                   int pair, int KT, int K, uint32_t sX,
+                                                   uint32_t sW, const tile::RowSet<C::X_LOADS>& xr,
+                                                   const WSrc& w) {
+    constexpr int SP = C::STAGES / 2, PP = SP - 1;
+    tile::cp_async_wait<PP - 1>();  // PP + pair groups committed: pair `pair` landed
+    tile::fence_proxy_async_smem();
+    __syncthreads();
+    load_pair<C>(xr, w, sX, sW, pair + PP, KT, K);
+    const int s0 = 2 * (pair % SP);
+#pragma unroll
+    for (int h = 0; h < HALVES; ++h)
+      qgemm_wgmma::dequant_ktile(sW + uint32_t((s0 + h) * C::W_STAGE), a[h]);
+      // Pin the A registers (q4_gemm_wgmma.cuh ktile_step: no dequantisation between the wgmmas).
+#pragma unroll
+    for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[h][kk][i])::"memory");
+    tile::wgmma_fence();
+#pragma unroll
+    for (int h = 0; h < HALVES; ++h) {
+      const uint64_t db = tile::sw128_desc(sX + uint32_t((s0 + h) * C::X_STAGE));
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) qgemm_wgmma::wgmma_rs<N>(acc, a[h][kk], db + uint64_t(2 * kk));
+    }
+    tile::wgmma_commit();
+    tile::wgmma_wait<0>();
+    tile::fence_operands(acc);
+  }
+
+  template <class C, int N>
+  static __device__ __forceinline__ void run(float (&acc)[C::NACC],
+                                             const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
+                                             int K, uint32_t sX, uint32_t sW) {
+    static_assert(C::STAGES % 2 == 0 && C::STAGES >= 4, "pair slots, >= 1 pair in flight ahead");
+    constexpr int PP = C::STAGES / 2 - 1;
+    const int KT = K / tile::kBK;
+#pragma unroll
+    for (int i = 0; i < C::NACC; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int p = 0; p < PP; ++p) load_pair<C>(xr, w, sX, sW, p, KT, K);
+    tile::fence_operands(acc);
+    uint32_t a[2][4][4];  // the pair's A registers (its group is retired before the next pair)
+    int p = 0;
+    for (; 2 * p + 1 < KT; ++p) pair_step<C, N, 2>(acc, a, p, KT, K, sX, sW, xr, w);
+    if (2 * p < KT) pair_step<C, N, 1>(acc, a, p, KT, K, sX, sW, xr, w);
+    tile::cp_async_wait<0>();
   }
 };
 
@@ -333,14 +416,14 @@ void launch_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRo
   LILAC_CUDA_LAUNCHED();
 }
 
-template <class C>
+template <class C, class Loop = KtileLoop>
 void launch_shared_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, int Is, bf16* act,
                            cudaStream_t stream) {
   const char* what = "q_moe_shared_gate_up (wgmma)";
   check(what, nullptr, gate_up, 2 * Is, H, H, Is, x, act);
   if (gate_up.rows != 2 * Is || T < 1)
     fail("{}: {} rows for Is {}, T {}", what, gate_up.rows, Is, T);
-  auto kernel = gate_up_kernel<C, true>;
+  auto kernel = gate_up_kernel<C, true, Loop>;
   static std::once_flag once;
   prepare<C>(kernel, once);
   const int64_t blocks = int64_t(ceil_div(T, C::BT)) * (Is / 64);

@@ -62,19 +62,20 @@ Impl impl(int version) {
             [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
               cuda::q_moe_grouped_down_mma(act, kI, W, kH, r, y, s);
             }};
-  if (version >= 6)  // v6_rows32_configs.cu
+  if (version >= 4 && version <= 10)  // v6_rows32_configs.cu
     return {
         [version](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
           q_moe_grouped_gate_up_lab(version, x, kH, W, kI, r, act, s);
         },
         [version](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y,
                   cudaStream_t s) { q_moe_grouped_down_lab(version, act, kI, W, kH, r, y, s); }};
-  // Version 2 is version 3 with the wgmma n fixed at 128; versions 4 and 5 the short-tile forms.
+  // Version 2 is version 3 with the wgmma n fixed at 128; versions 11 and 12 production's
+  // short-tile forms since s21 (s20's, versions 4 and 5, run from v6_rows32_configs.cu).
   using Tile = cuda::QMoeWgmmaTile;
-  const Tile tile = version == 2   ? Tile::fixed128
-                    : version == 3 ? Tile::adaptive
-                    : version == 4 ? Tile::rows64
-                                   : Tile::rows32;
+  const Tile tile = version == 2    ? Tile::fixed128
+                    : version == 3  ? Tile::adaptive
+                    : version == 12 ? Tile::rows64
+                                    : Tile::rows32;
   return {[tile](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
             cuda::q_moe_grouped_gate_up_wgmma(x, kH, W, kI, r, act, s, tile);
           },
@@ -283,11 +284,12 @@ Op q_moe_grouped_op() {
        {4, "wgmma_rows64",
         "v3's loop over a routing tile's rows in passes of 64 (QGemmV2Cfg<64, 8, 2>: 8 stages of "
         "12.5 KB, 2 blocks per SM, wgmma n 16 / 32 / 64): twice the weight bytes in flight per SM "
-        "for the ~8-30-row tiles of short prompts (QMoeWgmmaTile::rows64)",
+        "for the ~8-30-row tiles of short prompts (QMoeWgmmaTile::rows64 in s20; "
+        "v6_rows32_configs.cu)",
         false},
        {5, "wgmma_rows32",
         "the same in passes of 32 rows (QGemmV2Cfg<32, 8, 3>: 8 stages of 8.5 KB, 3 blocks per "
-        "SM, <= 85 registers, wgmma n 16 / 32; QMoeWgmmaTile::rows32)",
+        "SM, <= 85 registers, wgmma n 16 / 32; QMoeWgmmaTile::rows32 in s20; v6_rows32_configs.cu)",
         false},
        {6, "wgmma_rows32_deep",
         "v5 at 12 stages and 2 blocks per SM (QGemmV2Cfg<32, 12, 2>: 10 k-tiles of prefetch per "
@@ -309,6 +311,16 @@ Op q_moe_grouped_op() {
        {10, "wgmma_rows64_one",
         "v4's pipeline at 1 block per SM (QGemmV2Cfg<64, 8, 1>, ~196 registers): v4's wgmmas are "
         "serialised (C7512), these not; for the prompts above 512 tokens (v6_rows32_configs.cu)",
+        false},
+       {11, "wgmma_rows32_pairs3",
+        "v8's loop over pairs of k-tiles at rows32's configuration (QGemmV2Cfg<32, 8, 3>: 4 pair "
+        "slots, 3 pairs in flight ahead, 3 blocks per SM): the per-k-tile overhead halved without "
+        "giving up a block per SM (s21: the short-tile kernels issue-bound, ncu); production "
+        "QMoeWgmmaTile::rows32 since s21",
+        false},
+       {12, "wgmma_rows64_pairs",
+        "v8's loop over pairs of k-tiles at rows64's configuration (QGemmV2Cfg<64, 8, 2>): for the "
+        "prompts above 512 tokens; production QMoeWgmmaTile::rows64 since s21",
         false}},
       run};
 }

@@ -11,14 +11,17 @@
 
 namespace lilac::lab {
 
-// Versions 6-10 (v6_rows32_configs.cu, s20, not run yet), 4-bit, compute capability 9.x:
+// Versions 4-10 (v6_rows32_configs.cu; s20), 4-bit, compute capability 9.x, all with
+// one k-tile per block barrier except v8:
+//  4, 5: s20's rows64 (8 stages, 2 blocks per SM) and rows32 (8 stages, 3 blocks per SM);
 //  6: passes of 32 rows at 12 stages and 2 blocks per SM (10 k-tiles of prefetch per block);
 //  7: 6 stages at 4 blocks per SM (4 k-tiles per block, 32 warps per SM);
-//  8: v6 with pair_loop.cuh's main loop (one wait and one block barrier per two k-tiles);
-//  9: production's rows32 pipeline (8 stages) at 2 blocks per SM, where ptxas does not serialise
-//     the wgmmas (C7512 at 3 blocks);
-//  10: production's rows64 pipeline at 1 block per SM (not serialised; at 2 blocks it is).
-// Production's rows32 is 8 stages at 3 blocks per SM, rows64 8 stages at 2. Other versions fail.
+//  8: v6 with production's PairLoop since s21 (one wait and one block barrier per two k-tiles);
+//  9: rows32's pipeline (8 stages) at 2 blocks per SM, where ptxas does not serialise the wgmmas
+//     (C7512 at 3 blocks);
+//  10: rows64's pipeline at 1 block per SM (not serialised; at 2 blocks it is).
+// Production's rows32 / rows64 since s21 (versions 11 / 12) are v5 / v4 with PairLoop. Other
+// versions fail.
 void q_moe_grouped_gate_up_lab(int version, const cuda::bf16* x, int H,
                                const cuda::QMatrix& gate_up, int I, const cuda::MoeRouting& r,
                                cuda::bf16* act, cudaStream_t stream);

@@ -9,11 +9,14 @@
 // register resources") for production's rows32 and rows64 kernels and for v7, not at 128 (v6, v9: 8
 // stages at 2 blocks per SM, rows32's pipeline without the serialisation), nor for rows64's
 // pipeline at 1 block per SM (v10, for the prompts above 512 tokens that rows64 takes).
-// Version 8 is v6 with pair_loop.cuh's main loop (one block barrier per two k-tiles).
+// Version 8 is v6 with the main loop over pairs of k-tiles (one block barrier per two k-tiles; the
+// lab's pair_loop.cuh in s20, production's qmoe_wgmma::PairLoop since s21); versions 11 and 12
+// (s21) that loop at rows32's and rows64's configurations, production since s21 (run through
+// q_moe_grouped_*_wgmma); versions 4 and 5 (s20's rows64 / rows32, one k-tile per barrier) run
+// from here since then.
 #include <cstdint>
 
 #include "cuda/q4_moe_prefill_wgmma.cuh"
-#include "pair_loop.cuh"
 #include "q_moe_grouped_lab.h"
 #include "util/error.h"
 
@@ -26,6 +29,8 @@ using Deep32 = qgemm_wgmma::QGemmV2Cfg<32, 12, 2>;  // 12 x 8.5 KB = 103 KB + 1 
 using Wide32 = qgemm_wgmma::QGemmV2Cfg<32, 6, 4>;   // 6 x 8.5 KB = 52 KB + 1 KB, <= 64 registers
 using Two32 = qgemm_wgmma::QGemmV2Cfg<32, 8, 2>;    // rows32's stages at 2 blocks: 128 registers
 using One64 = qgemm_wgmma::QGemmV2Cfg<64, 8, 1>;    // rows64's stages at 1 block: ~196 registers
+using Rows32 = qgemm_wgmma::QGemmV2Cfg<32, 8, 3>;   // rows32 (q4_moe_prefill_wgmma.cu)
+using Rows64 = qgemm_wgmma::QGemmV2Cfg<64, 8, 2>;   // rows64
 
 // A version's kernels: production's at block configuration C with main loop Loop.
 template <class C, class Loop = qmoe_wgmma::KtileLoop>
@@ -44,33 +49,34 @@ struct Form {
 template <class Run>
 void with_form(int version, Run run) {
   switch (version) {
+    case 4:
+      return run(Form<Rows64>{});
+    case 5:
+      return run(Form<Rows32>{});
     case 6:
       return run(Form<Deep32>{});
     case 7:
       return run(Form<Wide32>{});
     case 8:
-      return run(Form<Deep32, PairLoop>{});
+      return run(Form<Deep32, qmoe_wgmma::PairLoop>{});
     case 9:
       return run(Form<Two32>{});
     case 10:
       return run(Form<One64>{});
   }
-  fail("q_moe_grouped lab: no version {} here (6-10)", version);
+  fail("q_moe_grouped lab: no version {} here (4-10)", version);
 }
 
 }  // namespace qmoe_lab
 
 void q_moe_grouped_gate_up_lab(int version, const bf16* x, int H, const QMatrix& gate_up, int I,
                                const MoeRouting& r, bf16* act, cudaStream_t stream) {
-  // Version 8's loop takes the k-tiles in pairs: K (= H) a multiple of 128.
-  if (version == 8 && H % 128 != 0) fail("q_moe_grouped lab v8: H {} not a multiple of 128", H);
   qmoe_lab::with_form(
       version, [&](auto form) { decltype(form)::gate_up(x, H, gate_up, I, r, act, stream); });
 }
 
 void q_moe_grouped_down_lab(int version, const bf16* act, int I, const QMatrix& down, int H,
                             const MoeRouting& r, float* y, cudaStream_t stream) {
-  if (version == 8 && I % 128 != 0) fail("q_moe_grouped lab v8: I {} not a multiple of 128", I);
   qmoe_lab::with_form(version,
                       [&](auto form) { decltype(form)::down(act, I, down, H, r, y, stream); });
 }
