@@ -358,12 +358,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the four diagonal inverses L_ii^{-1} by substitution on CUDA cores (a thread per column:
     // 16 rows, 120 FMAs), the products on tensor cores in 3xTF32 (f32-level accuracy, as the
     // rest of the state path). Columns are independent: warp w owns the 8-column tiles w, w + 8,
-    // ... of Xs and walks its tiles through the four row blocks with only warp barriers.
-    for (int e = tid; e < 64 * ncol; e += kThreads) {
-      const int r = e / ncol, col = e % ncol;
-      Xs[r * xp + col] = col < DK ? BG[r] * Ks[r * KP + col]
-                         : r < n  ? Bs[r] * vb[(size_t(t0 + r) * Hv + v) * Dv + (col - DK)]
-                                  : 0.f;
+    // ... of Xs and walks them through the four row blocks with only warp barriers.
+    // R into Xs, a column per thread: the V rows are global loads, issued 32 at a time (a loop
+    // of one load per iteration waited ~64 DRAM round trips: 76 us a block at T = 256, s21 run 7).
+    for (int col = tid; col < ncol; col += kThreads) {
+      if (col < DK) {
+#pragma unroll 16
+        for (int r = 0; r < 64; ++r) Xs[r * xp + col] = BG[r] * Ks[r * KP + col];
+      } else {
+        const float* vcol = vb + (size_t(t0) * Hv + v) * Dv + (col - DK);
+        for (int h = 0; h < 64; h += 32) {
+          float x[32];
+#pragma unroll
+          for (int u = 0; u < 32; ++u)
+            x[u] = h + u < n ? Bs[h + u] * vcol[size_t(h + u) * Hv * Dv] : 0.f;
+#pragma unroll
+          for (int u = 0; u < 32; ++u) Xs[(h + u) * xp + col] = x[u];
+        }
+      }
     }
     if (tid < 64) {  // column c of L_bb^{-1}: x_r = [r == c] - sum_{s<r} A[r][s] x_s
       const int b = tid >> 4, c = tid & 15;
@@ -381,12 +393,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     {
-      const int warp = tid >> 5, g = lane >> 2, t = lane & 3;
-      for (int nt = warp; nt < ncol / 8; nt += kThreads / 32) {
-        float* xc = Xs + 8 * nt;  // this tile's columns
+      // Warp w takes the column tiles w, w + 8, w + 16, w + 24 together (four independent mma
+      // chains), then w + 32, ... if there are more.
+      const int warp = tid >> 5, g = lane >> 2, t = lane & 3, NT = ncol / 8;
+      for (int base = warp; base < NT; base += 4 * (kThreads / 32)) {
+        bool ok[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) ok[q] = base + 8 * q < NT;
         for (int i = 0; i < 4; ++i) {
           // acc = sum_{j<i} A_ij X_j over k = 0 .. 16 i (rows of the blocks above).
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+          float acc[4][4] = {};
           for (int k0 = 0; k0 < 16 * i; k0 += 8) {
             const float* ar = As + (16 * i + g) * AP + k0 + t;
             uint32_t ah[4], al[4];
@@ -394,18 +410,27 @@ __global__ void __launch_bounds__(kThreads, 1)
             split_tf32(ar[8 * AP], ah[1], al[1]);
             split_tf32(ar[4], ah[2], al[2]);
             split_tf32(ar[8 * AP + 4], ah[3], al[3]);
-            mma3(acc, ah, al, xc[(k0 + t) * xp + g], xc[(k0 + t + 4) * xp + g]);
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              if (ok[q]) {
+                const float* xc = Xs + 8 * (base + 8 * q);
+                mma3(acc[q], ah, al, xc[(k0 + t) * xp + g], xc[(k0 + t + 4) * xp + g]);
+              }
           }
-          // Y_i = R_i - acc over Xs's block rows (each lane its own four elements).
-          float* y0 = xc + (16 * i + g) * xp + 2 * t;
-          float* y1 = y0 + 8 * xp;
-          y0[0] -= acc[0];
-          y0[1] -= acc[1];
-          y1[0] -= acc[2];
-          y1[1] -= acc[3];
+          // Y_i = R_i - acc over Xs's block rows (each lane its own four elements per tile).
+          const int y0 = (16 * i + g) * xp + 2 * t, y1 = y0 + 8 * xp;
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            if (ok[q]) {
+              float* xc = Xs + 8 * (base + 8 * q);
+              xc[y0] -= acc[q][0];
+              xc[y0 + 1] -= acc[q][1];
+              xc[y1] -= acc[q][2];
+              xc[y1 + 1] -= acc[q][3];
+            }
           __syncwarp();
           // X_i = L_ii^{-1} Y_i (k over the block's 16 rows).
-          float xo[4] = {0.f, 0.f, 0.f, 0.f};
+          float xo[4][4] = {};
 #pragma unroll
           for (int kk = 0; kk < 16; kk += 8) {
             const float* lr = Ls + (16 * i + g) * LP + kk + t;
@@ -414,25 +439,34 @@ __global__ void __launch_bounds__(kThreads, 1)
             split_tf32(lr[8 * LP], ah[1], al[1]);
             split_tf32(lr[4], ah[2], al[2]);
             split_tf32(lr[8 * LP + 4], ah[3], al[3]);
-            mma3(xo, ah, al, xc[(16 * i + kk + t) * xp + g], xc[(16 * i + kk + t + 4) * xp + g]);
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              if (ok[q]) {
+                const float* xc = Xs + 8 * (base + 8 * q);
+                mma3(xo[q], ah, al, xc[(16 * i + kk + t) * xp + g],
+                     xc[(16 * i + kk + t + 4) * xp + g]);
+              }
           }
           __syncwarp();  // every lane has read Y_i
-          y0[0] = xo[0];
-          y0[1] = xo[1];
-          y1[0] = xo[2];
-          y1[1] = xo[3];
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            if (ok[q]) {
+              float* xc = Xs + 8 * (base + 8 * q);
+              xc[y0] = xo[q][0];
+              xc[y0 + 1] = xo[q][1];
+              xc[y1] = xo[q][2];
+              xc[y1 + 1] = xo[q][3];
+            }
           __syncwarp();
         }
       }
     }
     __syncthreads();
-    for (int e = tid; e < n * ncol; e += kThreads) {
-      const int r = e / ncol, col = e % ncol;
-      const size_t row = size_t(t0 + r) * Hv + v;
-      if (col < DK)
-        Wb[row * DK + col] = Xs[r * xp + col];
-      else
-        vb[row * Dv + (col - DK)] = Xs[r * xp + col];
+    for (int col = tid; col < ncol; col += kThreads) {
+      float* dst = col < DK ? Wb + (size_t(t0) * Hv + v) * DK + col
+                            : vb + (size_t(t0) * Hv + v) * Dv + (col - DK);
+      const size_t stride = size_t(Hv) * (col < DK ? DK : Dv);
+      for (int r = 0; r < n; ++r) dst[r * stride] = Xs[r * xp + col];
     }
   }
 }
