@@ -25,9 +25,8 @@
 //  2. gdn_chunk (grid chunks x Hk, or chunks x Hv when those blocks fit one per SM; 256
 //     threads): K K^T and Q K^T of the key head (mma.sync, 3xTF32), then per value head (of
 //     that key head, or the block's one): G by a scan, A and P (P to the workspace), and W and U~
-//     by block forward substitution (four 16-row blocks: the diagonal blocks' inverses on CUDA
-//     cores, the products on tensor cores in 3xTF32; s21, until then one 64-row substitution per
-//     column on CUDA cores); U~ overwrites v in place.
+//     by forward substitution on CUDA cores, one column per thread, 64 rows unrolled in registers
+//     (U~ overwrites v in place). ~20 ns/token.
 //  3. gdn_state (grid Dv/32 x Hv = 128 blocks, 256 threads, ~197 KiB smem): the only sequential
 //     part. A block keeps S[:, 32 columns] in registers (mma accumulators) and walks the chunks:
 //     [W; Q] S, U = U~ - W S, O = e^G Q S + P U (written over U~), S = e^{G_L} S + K~^T U, all on
@@ -222,16 +221,9 @@ void launch_prep(const float* proj, const float* taps, const float* conv_state,
 }
 
 // ---- 2. per chunk: K K^T, Q K^T, then per value head G, A, P, W, U~
-// Floats of gdn_chunk's shared memory: K, Q / A, K K^T, Q K^T, G, beta, beta e^G, a scan total,
-// L_ii^{-1} [64][kLP], and X [64][Dk + Dv + 8].
-constexpr int kLP = 20;  // L_ii^{-1} rows: A fragment loads (row g, col t) conflict-free
 template <int DK>
-constexpr int chunk_smem_floats_fixed() {
-  return 64 * (DK + 4) + 64 * std::max(DK + 4, 68) + 2 * 64 * 65 + 3 * 64 + 32 + 64 * kLP;
-}
-template <int DK>
-size_t chunk_smem_bytes(int Dv) {
-  return (size_t(chunk_smem_floats_fixed<DK>()) + size_t(64) * size_t(DK + Dv + 8)) * sizeof(float);
+constexpr int chunk_smem_floats() {
+  return 64 * (DK + 4) + 64 * std::max(DK + 4, 68) + 2 * 64 * 65 + 3 * 64 + 32;
 }
 
 template <int DK>
@@ -253,10 +245,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* Bs = Gs + 64;                     // [64] beta
   float* BG = Bs + 64;                     // [64] beta e^G
   float* wtot = BG + 64;                   // [32]
-  float* Ls = wtot + 32;                   // [64][kLP]: L_ii^{-1}, block i in rows 16 i ..
-  float* Xs = Ls + 64 * kLP;               // [64][xp]: R, then X = [W | U~]
-  constexpr int LP = kLP;
-  const int ncol = DK + Dv, xp = ncol + 8;  // xp % 32 == 8: B loads (row t, col g) conflict-free
 
   // Block (c, y): chunk c; y a key head (all its value heads; grid y = Hk) or one value head
   // (grid y = Hv: the key head's K K^T and Q K^T computed once per value head, for more blocks
@@ -350,123 +338,46 @@ __global__ void __launch_bounds__(kThreads, 1)
       Pc[e] = d * QK[r * XP + s];
     }
     __syncthreads();
-    // W and U~: X = (I + A)^{-1} R, R = [diag(beta e^G) K | diag(beta) V] (64 x NCOL, NCOL = Dk
-    // + Dv), by block forward substitution over four 16-row blocks (s21; until s20 a 64-row
-    // substitution per column on CUDA cores, one column per thread: ncu, T = 256, 41 us a block
-    // at 29% of the issue slots, latency-bound): with L = I + A cut into 16 x 16 blocks,
-    //   X_i = L_ii^{-1} (R_i - sum_{j<i} A_ij X_j),   i = 0..3,
-    // the four diagonal inverses L_ii^{-1} by substitution on CUDA cores (a thread per column:
-    // 16 rows, 120 FMAs), the products on tensor cores in 3xTF32 (f32-level accuracy, as the
-    // rest of the state path). Columns are independent: warp w owns the 8-column tiles w, w + 8,
-    // ... of Xs and walks them through the four row blocks with only warp barriers.
-    // R into Xs, a column per thread: the V rows are global loads, issued 32 at a time (a loop
-    // of one load per iteration waited ~64 DRAM round trips: 76 us a block at T = 256, s21 run 7).
-    for (int col = tid; col < ncol; col += kThreads) {
+    // Forward substitution, one column of [diag(beta e^G) K | diag(beta) V] per thread:
+    // x_r = rhs_r - sum_{s<r} A[r][s] x_s, in place, rows unrolled.
+    for (int col = tid; col < DK + Dv; col += kThreads) {
+      float x[kBT];
+      float* vcol = vb + (size_t(t0) * Hv + v) * Dv + (col - DK);
       if (col < DK) {
-#pragma unroll 16
-        for (int r = 0; r < 64; ++r) Xs[r * xp + col] = BG[r] * Ks[r * KP + col];
+#pragma unroll
+        for (int r = 0; r < kBT; ++r) x[r] = BG[r] * Ks[r * KP + col];
       } else {
-        const float* vcol = vb + (size_t(t0) * Hv + v) * Dv + (col - DK);
-        for (int h = 0; h < 64; h += 32) {
-          float x[32];
 #pragma unroll
-          for (int u = 0; u < 32; ++u)
-            x[u] = h + u < n ? Bs[h + u] * vcol[size_t(h + u) * Hv * Dv] : 0.f;
+        for (int r = 0; r < kBT; ++r) x[r] = r < n ? Bs[r] * vcol[size_t(r) * Hv * Dv] : 0.f;
+      }
+      // Two accumulators per row (groups of 4 alternate): the dependent chain of a row halves.
 #pragma unroll
-          for (int u = 0; u < 32; ++u) Xs[(h + u) * xp + col] = x[u];
+      for (int r = 1; r < kBT; ++r) {
+        float acc[2] = {x[r], 0.f};
+        const float* a = As + r * AP;
+#pragma unroll
+        for (int s = 0; s < (r & ~3); s += 4) {
+          const float4 a4 = *reinterpret_cast<const float4*>(a + s);
+          float& c = acc[(s >> 2) & 1];
+          c -= a4.x * x[s];
+          c -= a4.y * x[s + 1];
+          c -= a4.z * x[s + 2];
+          c -= a4.w * x[s + 3];
         }
+#pragma unroll
+        for (int s = r & ~3; s < r; ++s) acc[0] -= a[s] * x[s];
+        x[r] = acc[0] + acc[1];
       }
-    }
-    if (tid < 64) {  // column c of L_bb^{-1}: x_r = [r == c] - sum_{s<r} A[r][s] x_s
-      const int b = tid >> 4, c = tid & 15;
-      const float* a = As + (16 * b) * AP + 16 * b;
-      float x[16];
+      if (col < DK) {
+        float* wcol = Wb + (size_t(t0) * Hv + v) * DK + col;
 #pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        float acc = r == c ? 1.f : 0.f;
+        for (int r = 0; r < kBT; ++r)
+          if (r < n) wcol[size_t(r) * Hv * DK] = x[r];
+      } else {
 #pragma unroll
-        for (int s2 = 0; s2 < r; ++s2) acc -= a[r * AP + s2] * x[s2];
-        x[r] = acc;
+        for (int r = 0; r < kBT; ++r)
+          if (r < n) vcol[size_t(r) * Hv * Dv] = x[r];
       }
-#pragma unroll
-      for (int r = 0; r < 16; ++r) Ls[(b * 16 + r) * LP + c] = x[r];
-    }
-    __syncthreads();
-    {
-      // Warp w takes the column tiles w, w + 8, w + 16, w + 24 together (four independent mma
-      // chains), then w + 32, ... if there are more.
-      const int warp = tid >> 5, g = lane >> 2, t = lane & 3, NT = ncol / 8;
-      for (int base = warp; base < NT; base += 4 * (kThreads / 32)) {
-        bool ok[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) ok[q] = base + 8 * q < NT;
-        for (int i = 0; i < 4; ++i) {
-          // acc = sum_{j<i} A_ij X_j over k = 0 .. 16 i (rows of the blocks above).
-          float acc[4][4] = {};
-          for (int k0 = 0; k0 < 16 * i; k0 += 8) {
-            const float* ar = As + (16 * i + g) * AP + k0 + t;
-            uint32_t ah[4], al[4];
-            split_tf32(ar[0], ah[0], al[0]);
-            split_tf32(ar[8 * AP], ah[1], al[1]);
-            split_tf32(ar[4], ah[2], al[2]);
-            split_tf32(ar[8 * AP + 4], ah[3], al[3]);
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-              if (ok[q]) {
-                const float* xc = Xs + 8 * (base + 8 * q);
-                mma3(acc[q], ah, al, xc[(k0 + t) * xp + g], xc[(k0 + t + 4) * xp + g]);
-              }
-          }
-          // Y_i = R_i - acc over Xs's block rows (each lane its own four elements per tile).
-          const int y0 = (16 * i + g) * xp + 2 * t, y1 = y0 + 8 * xp;
-#pragma unroll
-          for (int q = 0; q < 4; ++q)
-            if (ok[q]) {
-              float* xc = Xs + 8 * (base + 8 * q);
-              xc[y0] -= acc[q][0];
-              xc[y0 + 1] -= acc[q][1];
-              xc[y1] -= acc[q][2];
-              xc[y1 + 1] -= acc[q][3];
-            }
-          __syncwarp();
-          // X_i = L_ii^{-1} Y_i (k over the block's 16 rows).
-          float xo[4][4] = {};
-#pragma unroll
-          for (int kk = 0; kk < 16; kk += 8) {
-            const float* lr = Ls + (16 * i + g) * LP + kk + t;
-            uint32_t ah[4], al[4];
-            split_tf32(lr[0], ah[0], al[0]);
-            split_tf32(lr[8 * LP], ah[1], al[1]);
-            split_tf32(lr[4], ah[2], al[2]);
-            split_tf32(lr[8 * LP + 4], ah[3], al[3]);
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-              if (ok[q]) {
-                const float* xc = Xs + 8 * (base + 8 * q);
-                mma3(xo[q], ah, al, xc[(16 * i + kk + t) * xp + g],
-                     xc[(16 * i + kk + t + 4) * xp + g]);
-              }
-          }
-          __syncwarp();  // every lane has read Y_i
-#pragma unroll
-          for (int q = 0; q < 4; ++q)
-            if (ok[q]) {
-              float* xc = Xs + 8 * (base + 8 * q);
-              xc[y0] = xo[q][0];
-              xc[y0 + 1] = xo[q][1];
-              xc[y1] = xo[q][2];
-              xc[y1 + 1] = xo[q][3];
-            }
-          __syncwarp();
-        }
-      }
-    }
-    __syncthreads();
-    for (int col = tid; col < ncol; col += kThreads) {
-      float* dst = col < DK ? Wb + (size_t(t0) * Hv + v) * DK + col
-                            : vb + (size_t(t0) * Hv + v) * Dv + (col - DK);
-      const size_t stride = size_t(Hv) * (col < DK ? DK : Dv);
-      for (int r = 0; r < n; ++r) dst[r * stride] = Xs[r * xp + col];
     }
   }
 }
@@ -747,14 +658,11 @@ __global__ void __launch_bounds__(kThreads)
 template <int DK, class ST, class Mark>
 void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state,
                     cudaStream_t stream, const Mark& mark) {
-  constexpr size_t smemB = StateSmem<DK>::kFloats * sizeof(float);
-  const size_t smemA = chunk_smem_bytes<DK>(Dv);
-  if (smemA > 232448)
-    fail("gdn_prefill: Dk {} + Dv {} need {} bytes of shared memory per chunk block (227 KB)", DK,
-         Dv, smemA);
+  constexpr size_t smemA = chunk_smem_floats<DK>() * sizeof(float),
+                   smemB = StateSmem<DK>::kFloats * sizeof(float);
   static const bool attr_set = [] {
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_kernel<DK>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemA)));
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<DK, ST>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemB)));
     return true;
