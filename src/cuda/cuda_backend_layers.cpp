@@ -16,17 +16,18 @@ namespace lilac::cuda {
 // ---- one layer ------------------------------------------------------------------------------
 
 // The form of a prompt chunk's 4-bit experts (T >= 64 tokens, Hopper): `forced` unless automatic.
-// automatic (s20 run 3, prefill tok/s, the shared expert inside the grouped launches; small /
-// rows32 / rows64 / tile128): 256 tokens 16,034-16,111 / 16,315-16,356 / 14,717-14,725 /
-// 10,926-10,940; 512 21,651-21,811 / 23,785-23,795 / 22,201-22,209 / 17,683-17,737; 1024
-// (small is tile128 there, unfused) 27,521-27,540 / 31,247-31,287 / 32,312-32,417 /
-// 27,521-27,554; 4096 41,836-41,894 / 38,668-38,753 / 42,445-42,677 / 41,891-41,924. So rows32
-// from 256 to 512 tokens, rows64 above; below 256 (not measured) the small-M kernels as before.
+// automatic (s21 runs 9-10, rows32 / rows64 on PairLoop, the shared expert inside the grouped
+// launches; prefill tok/s small / rows32 / rows64, 3 rounds): 128 tokens 9,953-9,976 / 9,892 /
+// 8,913; 144 10,298 / 10,363 / 9,350; 192 13,040-13,097 / 13,408-13,511 / 12,182-12,211; 512
+// 21,686 / 24,596 / 23,077; 768 (small is tile128 there) 22,511 / 28,625 / 27,855; 832 - / 29,928 /
+// 29,439; 896 - / 30,984 / 30,928; 960 - / 31,626 / 31,999; 1024 27,435 / 32,344 / 33,437. So the
+// small-M kernels below 144 tokens, rows32 up to 896, rows64 above (s20's rule, measured before
+// the pairs: small below 256, rows32 to 512).
 PromptMoe prompt_moe_form(PromptMoe forced, int T, int small_max) {
   if (forced == PromptMoe::small) return T <= small_max ? PromptMoe::small : PromptMoe::tile128;
   if (forced != PromptMoe::automatic) return forced;
-  if (T < 256 && T <= small_max) return PromptMoe::small;
-  return T <= 512 ? PromptMoe::rows32 : PromptMoe::rows64;
+  if (T < 144 && T <= small_max) return PromptMoe::small;
+  return T <= 896 ? PromptMoe::rows32 : PromptMoe::rows64;
 }
 
 // The mixers (Gated DeltaNet, attention) run once per segment on its rows and its own state; the
@@ -131,8 +132,8 @@ void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
   // (256 tokens 7,160 -> 8,252 tok/s in run 7 of the third session; 512 tokens 12,222 -> 14,263
   // in s5 run 2, once their blocks loop over passes); shorter ones keep the tile kernels, whose
   // bf16-weight numerics the CPU twin of the prefill tests follows. 4-bit experts on Hopper: the
-  // form options_.prompt_moe (or prompt_moe_form's rule by T) names: since s20 the small-M kernels
-  // only below 256 tokens, the grouped wgmma kernels in passes of 32 / 64 rows above.
+  // form options_.prompt_moe (or prompt_moe_form's rule by T) names: since s21 the small-M kernels
+  // only below 144 tokens, the grouped wgmma kernels in passes of 32 / 64 rows above.
   int small_max = T >= 64 ? options_.small_moe_prefill_max_tokens : 0;
   QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive;
   if (T >= 64 && L.gate_up.affine() && L.gate_up.q.bits == 4 && q_moe_grouped_wgmma_available()) {

@@ -100,16 +100,17 @@ TEST(CudaOptions, FromEnvironmentReadsTheKernelChoices) {
                    "rows16");
 }
 
-// The form of a prompt chunk's 4-bit experts: the measured rule by T (s20 run 3), and a forced
+// The form of a prompt chunk's 4-bit experts: the measured rule by T (s21 runs 9-10), and a forced
 // form wherever it exists (small only up to the small-M kernels' bound).
 TEST(CudaOptions, PromptMoeForm) {
   using cuda::PromptMoe;
   const PromptMoe a = PromptMoe::automatic;
   EXPECT_EQ(cuda::prompt_moe_form(a, 64, 512), PromptMoe::small);
-  EXPECT_EQ(cuda::prompt_moe_form(a, 255, 512), PromptMoe::small);
-  EXPECT_EQ(cuda::prompt_moe_form(a, 256, 512), PromptMoe::rows32);
+  EXPECT_EQ(cuda::prompt_moe_form(a, 143, 512), PromptMoe::small);
+  EXPECT_EQ(cuda::prompt_moe_form(a, 144, 512), PromptMoe::rows32);
   EXPECT_EQ(cuda::prompt_moe_form(a, 512, 512), PromptMoe::rows32);
-  EXPECT_EQ(cuda::prompt_moe_form(a, 513, 512), PromptMoe::rows64);
+  EXPECT_EQ(cuda::prompt_moe_form(a, 896, 512), PromptMoe::rows32);
+  EXPECT_EQ(cuda::prompt_moe_form(a, 897, 512), PromptMoe::rows64);
   EXPECT_EQ(cuda::prompt_moe_form(a, 4096, 512), PromptMoe::rows64);
   EXPECT_EQ(cuda::prompt_moe_form(a, 100, 0), PromptMoe::rows32);  // small-M kernels off
   EXPECT_EQ(cuda::prompt_moe_form(PromptMoe::small, 300, 512), PromptMoe::small);
