@@ -62,7 +62,7 @@ Impl impl(int version) {
             [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
               cuda::q_moe_grouped_down_mma(act, kI, W, kH, r, y, s);
             }};
-  if (version >= 4 && version <= 10)  // v6_rows32_configs.cu
+  if (version >= 4 && version != 11 && version != 12)  // v6_rows32_configs.cu
     return {
         [version](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
           q_moe_grouped_gate_up_lab(version, x, kH, W, kI, r, act, s);
@@ -321,6 +321,15 @@ Op q_moe_grouped_op() {
        {12, "wgmma_rows64_pairs",
         "v8's loop over pairs of k-tiles at rows64's configuration (QGemmV2Cfg<64, 8, 2>): for the "
         "prompts above 512 tokens; production QMoeWgmmaTile::rows64 since s21",
+        false},
+       {13, "wgmma_rows32_groups4",
+        "v6's configuration (QGemmV2Cfg<32, 12, 2>: 3 group slots, 2 groups = 8 k-tiles ahead) "
+        "with 4 k-tiles per block barrier and wgmma wait (GroupLoop<4>, 128 registers): the "
+        "issue-bound short tiles' bookkeeping a quarter per k-tile (v6_rows32_configs.cu)",
+        false},
+       {14, "wgmma_rows32_groups3",
+        "the same with 3 k-tiles per barrier (GroupLoop<3>: 4 slots, 9 k-tiles ahead, 122 "
+        "registers; 32 k-tiles end with a group of 2) (v6_rows32_configs.cu)",
         false}},
       run};
 }

@@ -11,7 +11,7 @@
 
 namespace lilac::lab {
 
-// Versions 4-10 (v6_rows32_configs.cu; s20), 4-bit, compute capability 9.x, all with
+// Versions 4-10, 13, 14 (v6_rows32_configs.cu; s20, s21), 4-bit, compute capability 9.x, all with
 // one k-tile per block barrier except v8:
 //  4, 5: s20's rows64 (8 stages, 2 blocks per SM) and rows32 (8 stages, 3 blocks per SM);
 //  6: passes of 32 rows at 12 stages and 2 blocks per SM (10 k-tiles of prefetch per block);
@@ -20,6 +20,7 @@ namespace lilac::lab {
 //  9: rows32's pipeline (8 stages) at 2 blocks per SM, where ptxas does not serialise the wgmmas
 //     (C7512 at 3 blocks);
 //  10: rows64's pipeline at 1 block per SM (not serialised; at 2 blocks it is).
+//  13, 14 (s21): v6's configuration with 4 / 3 k-tiles per block barrier (GroupLoop<4> / <3>).
 // Production's rows32 / rows64 since s21 (versions 11 / 12) are v5 / v4 with PairLoop. Other
 // versions fail.
 void q_moe_grouped_gate_up_lab(int version, const cuda::bf16* x, int H,

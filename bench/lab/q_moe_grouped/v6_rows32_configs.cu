@@ -13,7 +13,9 @@
 // lab's pair_loop.cuh in s20, production's qmoe_wgmma::PairLoop since s21); versions 11 and 12
 // (s21) that loop at rows32's and rows64's configurations, production since s21 (run through
 // q_moe_grouped_*_wgmma); versions 4 and 5 (s20's rows64 / rows32, one k-tile per barrier) run
-// from here since then.
+// from here since then. Versions 13 and 14 (s21, not run yet): v6's configuration with groups of 4
+// and 3 k-tiles per barrier (qmoe_wgmma::GroupLoop; 128 / 122 registers, no spills but 4 bytes in
+// v13's down kernel; at rows64's configuration groups of 4 spill 250-400 bytes: not tried).
 #include <cstdint>
 
 #include "cuda/q4_moe_prefill_wgmma.cuh"
@@ -63,8 +65,12 @@ void with_form(int version, Run run) {
       return run(Form<Two32>{});
     case 10:
       return run(Form<One64>{});
+    case 13:
+      return run(Form<Deep32, qmoe_wgmma::GroupLoop<4>>{});
+    case 14:
+      return run(Form<Deep32, qmoe_wgmma::GroupLoop<3>>{});
   }
-  fail("q_moe_grouped lab: no version {} here (4-10)", version);
+  fail("q_moe_grouped lab: no version {} here (4-10, 13, 14)", version);
 }
 
 }  // namespace qmoe_lab
