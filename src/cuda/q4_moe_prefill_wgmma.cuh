@@ -23,6 +23,17 @@ namespace qmoe_wgmma {
 
 using qgemm_wgmma::WSrc;
 
+// The block's token tile. Cfg128: one routing tile per block (128 token rows, 8 stages: 165 KB,
+// 1 block per SM). The short forms (s20) take a routing tile's rows in passes of 64 or 32 rows,
+// for prompts of a few hundred tokens where an expert sees ~8-30 rows: Cfg128's blocks there
+// spend ~0.5 us per k-tile whatever n (kernel lab, T = 512), with 6 k-tiles (28 KB of weights)
+// in flight per SM; these keep 2 (Cfg64: 8 stages of 12.5 KB) or 3 (Cfg32: 8 stages of 8.5 KB)
+// blocks per SM, i.e. 2-3x the weight bytes in flight and the warps to issue them.
+using Cfg128 = qgemm_wgmma::Cfg128;
+using Cfg64 = qgemm_wgmma::Cfg64;
+using Cfg32 = qgemm_wgmma::QGemmV2Cfg<32, 8, 3>;
+static_assert(Cfg128::BT == kMoeTileRows, "one routing tile per Cfg128 block");
+
 // The Cfg128 kernels' main loop: q_gemm_wgmma's (one k-tile per block barrier). The short forms
 // run PairLoop (below); the kernel lab passes other loops with the same contract (Loop::run<C, N>:
 // acc = W_rows . X^T over [0, K), tokens [0, N) of the pass; no wgmma or cp.async left in flight).

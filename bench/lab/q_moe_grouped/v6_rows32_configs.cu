@@ -31,8 +31,6 @@ using Deep32 = qgemm_wgmma::QGemmV2Cfg<32, 12, 2>;  // 12 x 8.5 KB = 103 KB + 1 
 using Wide32 = qgemm_wgmma::QGemmV2Cfg<32, 6, 4>;   // 6 x 8.5 KB = 52 KB + 1 KB, <= 64 registers
 using Two32 = qgemm_wgmma::QGemmV2Cfg<32, 8, 2>;    // rows32's stages at 2 blocks: 128 registers
 using One64 = qgemm_wgmma::QGemmV2Cfg<64, 8, 1>;    // rows64's stages at 1 block: ~196 registers
-using Rows32 = qgemm_wgmma::QGemmV2Cfg<32, 8, 3>;   // rows32 (q4_moe_prefill_wgmma.cu)
-using Rows64 = qgemm_wgmma::QGemmV2Cfg<64, 8, 2>;   // rows64
 
 // A version's kernels: production's at block configuration C with main loop Loop.
 template <class C, class Loop = qmoe_wgmma::KtileLoop>
@@ -52,9 +50,9 @@ template <class Run>
 void with_form(int version, Run run) {
   switch (version) {
     case 4:
-      return run(Form<Rows64>{});
+      return run(Form<qmoe_wgmma::Cfg64>{});
     case 5:
-      return run(Form<Rows32>{});
+      return run(Form<qmoe_wgmma::Cfg32>{});
     case 6:
       return run(Form<Deep32>{});
     case 7:
