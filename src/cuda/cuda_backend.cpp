@@ -114,7 +114,8 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
   if (q_gemm_wgmma_available()) {
     for (int bt : {128, 256})
       for (int splits : {1, 2, 4}) (void)q_gemm_wgmma_max_clusters(bt, splits);
-    for (int splits : {1, 2, 4, 8}) (void)q_gemm_wgmma_max_clusters(64, splits);
+    for (int bt : {64, 32, 16})
+      for (int splits : {1, 2, 4, 8}) (void)q_gemm_wgmma_max_clusters(bt, splits);
   }
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const int H = int(c.hidden);

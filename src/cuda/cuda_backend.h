@@ -91,9 +91,10 @@ struct CudaOptions {
   // a cluster per 8 row tiles (gemv_rows.h). LILAC_GEMV_ROWS_STAGED=0: the other form (A/B).
   bool gemv_rows_staged = true;
   // The batched pass's 4-bit projections take q_gemm_wgmma (its small-M form up to 64 rows) from
-  // this many rows on, q_gemv_rows below (cuda_backend_batch.cpp rows_proj).
-  // LILAC_Q4_WGMMA_MIN=n (A/B runs).
-  int q4_wgmma_min_rows = 9;
+  // this many rows on, q_gemv_rows below (cuda_backend_batch.cpp rows_proj). 9 until s22; the
+  // 16-token form made 2-8 rows faster on it too (s22 run 3: c = 2 / 4 / 8 2.51 / 3.16 / 3.58 ->
+  // 2.42 / 3.05 / 3.45 ms per step). LILAC_Q4_WGMMA_MIN=n (A/B runs).
+  int q4_wgmma_min_rows = 2;
   // How sequences keep the Gated DeltaNet recurrent state (model/state_format.h): f32, or bf16
   // (half the bytes the batched decode step moves for it). Fixed when the backend is made:
   // set_options refuses to change it (every sequence and captured graph has one format).

@@ -25,12 +25,13 @@ void q_gemm_mma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, c
 
 // The wgmma kernel (q4_gemm_wgmma.cu; the weights dequantised in registers as wgmma's A operand,
 // 128 rows x 256 or 128 tokens per block, K split over a cluster of 1, 2 or 4 blocks; up to 64
-// tokens, 64 per block, 2 blocks per SM, K split up to 8 ways): q_gemm's path for 4-bit weights on
-// compute capability 9.x (q_gemm_wgmma_available), and the batched decode step's 4-bit projections.
-// q_gemm's contract restricted to 4 bits. tokens_per_block 256, 128 (at M <= 64: s7's narrow form)
-// or 64 (M <= 64 only) and splits 1, 2 or 4 (8 with 64) ((K / 64) % splits == 0); both 0 picks by
-// estimated time (the kernel lab times every choice); one 0: 256 tokens, 1 split. The split sums
-// are added in rank order (deterministic).
+// tokens, 64 per block, 2 blocks per SM, K split up to 8 ways; up to 16 / 32 tokens, that many per
+// block, 3 per SM): q_gemm's path for 4-bit weights on compute capability 9.x
+// (q_gemm_wgmma_available), and the batched decode step's 4-bit projections. q_gemm's contract
+// restricted to 4 bits. tokens_per_block 256, 128 (at M <= 64: s7's narrow form), 64, 32 or 16
+// (M <= that only) and splits 1, 2 or 4 (8 with 64 / 32 / 16) ((K / 64) % splits == 0); both 0
+// picks by estimated time (the kernel lab times every choice); one 0: 256 tokens, 1 split. The
+// split sums are added in rank order (deterministic).
 void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
                   cudaStream_t stream, int tokens_per_block = 0, int splits = 0);
 bool q_gemm_wgmma_available();

@@ -62,6 +62,7 @@
 // 1 KB) reused for the staged tile (BT x 132 x 4 = 132 KB / 66 KB).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 
 #include "cuda/cluster.cuh"
@@ -87,6 +88,8 @@ constexpr int stage_bytes() {
 static_assert(stage_bytes<Cfg256>() + 1024 <= Cfg256::SMEM_BYTES, "staged tile fits (BT 256)");
 static_assert(stage_bytes<Cfg128>() + 1024 <= Cfg128::SMEM_BYTES, "staged tile fits (BT 128)");
 static_assert(stage_bytes<Cfg64>() + 1024 <= Cfg64::SMEM_BYTES, "staged tile fits (BT 64)");
+static_assert(stage_bytes<Cfg32>() + 1024 <= Cfg32::SMEM_BYTES, "staged tile fits (BT 32)");
+static_assert(stage_bytes<Cfg16>() + 1024 <= Cfg16::SMEM_BYTES, "staged tile fits (BT 16)");
 
 // 16 bytes of rank `rank`'s staged tile at this block's shared address `a` (S = 1: this block).
 template <int S>
@@ -175,9 +178,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   // Rank r writes tokens [r TPR, (r + 1) TPR) of the tile: warp `warp` token 8 p + warp of pass p,
   // lane `lane` rows 4 lane .. 4 lane + 3: one 16-byte access when `vec` (N % 4 == 0: all four in
   // or all out; C 16-byte aligned), else element by element.
+  // Fewer than 8 tokens per rank (16 / 32-token blocks split 4-8 ways): warps >= TPR idle.
   constexpr int kBatch = 8;  // passes whose residual loads are issued together
-  constexpr int TPR = C::BT / S, PASSES = TPR / 8, BATCH = PASSES < kBatch ? PASSES : kBatch;
-  static_assert(TPR % 8 == 0 && PASSES % BATCH == 0, "whole passes");
+  constexpr int TPR = C::BT / S, PASSES = TPR >= 8 ? TPR / 8 : 1;
+  constexpr int BATCH = PASSES < kBatch ? PASSES : kBatch;
+  static_assert(C::BT % S == 0 && (TPR % 8 == 0 || TPR < 8) && PASSES % BATCH == 0, "whole passes");
+  const bool warp_ok = TPR >= 8 || warp < TPR;
   const int N = W.rows;
   const int row = t0 * kQTileRows + 4 * lane;
   const bool row_ok = row < N;
@@ -189,7 +195,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #pragma unroll
       for (int i = 0; i < BATCH; ++i) {
         const int tok = m0 + rank * TPR + 8 * (b + i) + warp;
-        old[i] = vec && row_ok && tok < M
+        old[i] = vec && row_ok && warp_ok && tok < M
                      ? *reinterpret_cast<const float4*>(static_cast<const float*>(out) +
                                                         (size_t(tok) * size_t(N) + size_t(row)))
                      : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -197,6 +203,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     }
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
+      if (!warp_ok) continue;
       const int tl = rank * TPR + 8 * (b + i) + warp, tok = m0 + tl;
       const uint32_t a = pbase + uint32_t(tl * kPad * 4);
       float4 v = ld_part<S>(a, 0);
@@ -309,17 +316,20 @@ void dispatch_splits(const bf16* A, int M, const QMatrix& W, void* out, GemmOut 
     case 4:
       return dispatch_mode<C, 4, NW>(A, M, W, out, mode, vec, s);
     case 8:
-      // Only the small-M form: its blocks (2 per SM) make clusters of 8 that fit a GPC.
-      if constexpr (C::BT == 64) return dispatch_mode<C, 8, NW>(A, M, W, out, mode, vec, s);
+      // Only the small-M forms: their blocks (2-3 per SM) make clusters of 8 that fit a GPC.
+      if constexpr (C::BT <= 64) return dispatch_mode<C, 8, NW>(A, M, W, out, mode, vec, s);
       [[fallthrough]];
     default:
-      fail("q_gemm_wgmma: splits {} (1, 2 or 4; 8 with 64 tokens per block)", S);
+      fail("q_gemm_wgmma: splits {} (1, 2 or 4; 8 with 16-64 tokens per block)", S);
   }
 }
 
-// The small-M form's wgmma n: the tokens rounded up to 16, 32 or 64.
+// The small-M forms (M <= 64). bt 64: s18's 64-token stages, the wgmma n the tokens rounded up to
+// 16, 32 or 64; bt 16 / 32: stages of exactly that many tokens (M <= bt).
 void dispatch_small(const bf16* A, int M, const QMatrix& W, void* out, GemmOut mode, bool vec,
-                    int S, cudaStream_t s) {
+                    int bt, int S, cudaStream_t s) {
+  if (bt == 16) return dispatch_splits<Cfg16>(A, M, W, out, mode, vec, S, s);
+  if (bt == 32) return dispatch_splits<Cfg32>(A, M, W, out, mode, vec, S, s);
   if (M <= 16) return dispatch_splits<Cfg64, 16>(A, M, W, out, mode, vec, S, s);
   if (M <= 32) return dispatch_splits<Cfg64, 32>(A, M, W, out, mode, vec, S, s);
   return dispatch_splits<Cfg64, 64>(A, M, W, out, mode, vec, S, s);
@@ -355,6 +365,18 @@ int max_clusters() {
 }
 
 int max_clusters_of(int bt, int S) {
+  if (bt == 16)
+    return S == 1   ? max_clusters<Cfg16, 1>()
+           : S == 2 ? max_clusters<Cfg16, 2>()
+           : S == 4 ? max_clusters<Cfg16, 4>()
+           : S == 8 ? max_clusters<Cfg16, 8>()
+                    : 0;
+  if (bt == 32)
+    return S == 1   ? max_clusters<Cfg32, 1>()
+           : S == 2 ? max_clusters<Cfg32, 2>()
+           : S == 4 ? max_clusters<Cfg32, 4>()
+           : S == 8 ? max_clusters<Cfg32, 8>()
+                    : 0;
   if (bt == 64)
     return S == 1   ? max_clusters<Cfg64, 1>()
            : S == 2 ? max_clusters<Cfg64, 2>()
@@ -382,16 +404,25 @@ int max_clusters_of(int bt, int S) {
 // tie (smaller clusters first). M <= 64: the small-M form (64-token blocks, 2 per SM) at S = 1, 2,
 // 4 or 8, a k-tile taken as 0.5 us (s17 ncu: the 128-token narrow form's in_proj at 64 rows, 16.6
 // us for 32 k-tiles) and the fixed part as 3 us + 1 us per doubling of the cluster (the reduce
-// reads S partial tiles).
+// reads S partial tiles). M <= 16 / <= 32 take the narrow-stage forms (16 / 32-token blocks, 3 per
+// SM) with the same estimate; LILAC_Q4_SMALL_TOKENS=64 keeps them on the 64-token form (A/B).
+bool narrow_stages() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILAC_Q4_SMALL_TOKENS");
+    return !(e && std::atoi(e) == 64);
+  }();
+  return on;
+}
+
 void pick(int M, int N, int KT, int& bt, int& S) {
   int64_t best = INT64_MAX;
   const int64_t row_blocks = ceil_div(N, 128);
   if (M <= 64) {
-    bt = 64;
+    bt = M <= 16 && narrow_stages() ? 16 : M <= 32 && narrow_stages() ? 32 : 64;
     S = 1;
     for (int s = 1, lg = 0; s <= 8; s *= 2, ++lg) {
       if (KT % s != 0) continue;
-      const int64_t maxc = max_clusters_of(64, s);
+      const int64_t maxc = max_clusters_of(bt, s);
       if (maxc <= 0) continue;
       const int64_t cost = ceil_div(row_blocks, maxc) * (int64_t(KT / s) * 5 + 30 + 10 * lg);
       if (cost < best) {
@@ -455,10 +486,11 @@ void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
     qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128, 64>(A, M, W, C, mode, vec, S, stream);
   else if (bt == 128)
     qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128>(A, M, W, C, mode, vec, S, stream);
-  else if (bt == 64 && M <= 64)
-    qgemm_wgmma::dispatch_small(A, M, W, C, mode, vec, S, stream);
+  else if ((bt == 64 && M <= 64) || (bt == 32 && M <= 32) || (bt == 16 && M <= 16))
+    qgemm_wgmma::dispatch_small(A, M, W, C, mode, vec, bt, S, stream);
   else
-    fail("q_gemm_wgmma: tokens_per_block {} (256, 128, 64 up to 64 tokens, or 0)", bt);
+    fail("q_gemm_wgmma: tokens_per_block {} (256, 128; 64 / 32 / 16 up to that many tokens; or 0)",
+         bt);
 }
 
 }  // namespace lilac::cuda

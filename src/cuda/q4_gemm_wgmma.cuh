@@ -26,13 +26,15 @@ struct QGemmV2Cfg {
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
   static constexpr int THREADS = 256;
   static constexpr int ROW_STEP = THREADS / 8;  // token rows per pass (tile::load_operand)
-  static constexpr int X_LOADS = BT / ROW_STEP;
+  // BT < ROW_STEP (16 tokens): one pass, and only the threads of rows < BT copy (X_PARTIAL).
+  static constexpr bool X_PARTIAL = BT < ROW_STEP;
+  static constexpr int X_LOADS = X_PARTIAL ? 1 : BT / ROW_STEP;
   static constexpr int X_STAGE = BT * 128;                                // bytes: [BT][64] bf16
   static constexpr int C_BYTES = 8 * kQBlockWords * 4;                    // codes of 8 tiles: 4096
   static constexpr int W_STAGE = C_BYTES + 8 * kQSbWords * 4;             // + scale/bias: 4608
   static constexpr int SMEM_BYTES = STAGES * (X_STAGE + W_STAGE) + 1024;  // + alignment slack
   static constexpr int NACC = BT / 2;
-  static_assert(BT == 32 || BT == 64 || BT == 128 || BT == 256, "wgmma n");
+  static_assert(BT == 16 || BT == 32 || BT == 64 || BT == 128 || BT == 256, "wgmma n");
   static_assert(PREFETCH >= 1, "at least one k-tile of prefetch");
   static_assert(X_STAGE % 1024 == 0, "X stages stay 1024-byte aligned (128B swizzle atoms)");
   static_assert(SMEM_BYTES <= 232448, "227 KB of dynamic shared memory per block");
@@ -48,6 +50,14 @@ using Cfg128 = QGemmV2Cfg<128, 8>;  // 168 KB + 1 KB
 // and a fraction of its k-tiles per block (its blocks are latency-bound: s17 ncu, in_proj at 64
 // rows 16.6 us for 32 k-tiles per block).
 using Cfg64 = QGemmV2Cfg<64, 8, 2>;
+// The narrow-stage forms (s22) for M <= 16 / <= 32: a stage holds only the tokens the wgmma reads
+// (16 x 128 B / 32 x 128 B of x instead of 64 x 128 B), 8 stages of 6.5 / 8.5 KB = 53 / 69 KB, so
+// three blocks per SM (<= 85 registers): 24 warps per SM instead of 16, and the K split one step
+// finer at the same waves (in_proj at 16 rows: 388 blocks of 8 k-tiles in one wave of 3 per SM,
+// instead of 194 of 16 k-tiles on 62 SMs x 2 + 70 SMs x 1; s22 ncu of the 64-token form: the SMs
+// with two blocks issue-limited, 12 warps per SM on average).
+using Cfg16 = QGemmV2Cfg<16, 8, 3>;
+using Cfg32 = QGemmV2Cfg<32, 8, 3>;
 
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
@@ -250,7 +260,8 @@ struct WSrc {
 template <class C>
 __device__ __forceinline__ void load_stage(const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
                                            uint32_t sx, uint32_t sw, int kt, int K) {
-  tile::load_operand<C>(xr, sx, kt, K);
+  // X_PARTIAL: threads of rows >= BT would copy into the next stage; they skip (not zero-fill).
+  if (!C::X_PARTIAL || tile::load_row0() < C::BT) tile::load_operand<C>(xr, sx, kt, K);
   const int tid = threadIdx.x;
   tile::cp_async_16(sw + uint32_t(tid * 16), w.codes + size_t(kt) * kQBlockWords, w.codes_ok);
   if (tid < 32)

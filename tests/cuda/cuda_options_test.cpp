@@ -68,7 +68,7 @@ void expect_spellings(const char* name, T cuda::CudaOptions::*field,
 // row threshold, and a clear error for a value they do not know (rather than a silent default).
 TEST(CudaOptions, FromEnvironmentReadsTheKernelChoices) {
   const cuda::CudaOptions defaults;
-  EXPECT_EQ(defaults.q4_wgmma_min_rows, 9);
+  EXPECT_EQ(defaults.q4_wgmma_min_rows, 2);
   EXPECT_EQ(defaults.gdn_batch_kernel, cuda::GdnBatchKernel::automatic);
   EXPECT_EQ(defaults.small_moe_kernel, cuda::MoeSmallKernel::automatic);
   {

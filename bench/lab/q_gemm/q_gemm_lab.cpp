@@ -89,8 +89,9 @@ std::vector<std::pair<std::string, Launch>> launches(int version) {
     // narrow form (128-token blocks, wgmma n = 64) at each split, and q_gemv_rows (the batched
     // step's path up to 32 rows before s18) for reference.
     std::vector<std::pair<std::string, Launch>> ls;
-    const std::pair<int, int> kinds[] = {{0, 0},  {64, 1},  {64, 2},  {64, 4},
-                                         {64, 8}, {128, 1}, {128, 2}, {128, 4}};
+    const std::pair<int, int> kinds[] = {{0, 0},  {64, 1},  {64, 2},  {64, 4}, {64, 8}, {32, 1},
+                                         {32, 2}, {32, 4},  {32, 8},  {16, 1}, {16, 2}, {16, 4},
+                                         {16, 8}, {128, 1}, {128, 2}, {128, 4}};
     for (const auto& [bt, sp] : kinds) {
       if (bt != 0 && cuda::q_gemm_wgmma_max_clusters(bt, sp) <= 0) {
         std::printf("  v4 [bt%d s%d]: no cluster of %d such blocks fits on this device; skipped\n",
@@ -220,6 +221,13 @@ const Twin& get_twin(int i, int M) {
   return cache.emplace(std::make_pair(i, M), std::move(tw)).first->second;
 }
 
+// The narrow-stage forms ([bt16 ..] / [bt32 ..]) take at most that many tokens.
+bool runs_at(const std::string& tag, int M) {
+  if (tag.rfind(" [bt16 ", 0) == 0) return M <= 16;
+  if (tag.rfind(" [bt32 ", 0) == 0) return M <= 32;
+  return true;
+}
+
 bool check(const Launch& launch, const std::string& tag, int i, int M) {
   // q_gemv_rows multiplies the exact dequantised weights (f32 scale q + bias), not their bf16
   // rounding that the twin and the wgmma kernels use: |w - bf16(w)| <= 2^-8 |w| per element, so
@@ -278,8 +286,9 @@ void time_case(const Options& opt, const std::vector<std::pair<std::string, Laun
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   const GemmOut mode = s.accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32;
   for (const auto& [tag, launch] : ls)
-    time_one(opt, label(s, M) + tag, M, s,
-             [&](cudaStream_t st) { launch(x.d_a.get(), M, w.q->q(), c.get(), mode, st); });
+    if (runs_at(tag, M))
+      time_one(opt, label(s, M) + tag, M, s,
+               [&](cudaStream_t st) { launch(x.d_a.get(), M, w.q->q(), c.get(), mode, st); });
   time_one(opt, label(s, M) + " [bf16 gemm ref]", M, s, [&](cudaStream_t st) {
     cuda::gemm(x.d_a.get(), M, s.cols, w.d_wb.get(), s.rows, c.get(), mode, st);
   });
@@ -305,7 +314,8 @@ bool run(const Options& opt, const Version& v) {
   for (int i = 0; i < int(std::size(kShapes)); ++i)
     if (small || !kShapes[i].small_only)
       for (int M : checked)
-        for (const auto& [tag, launch] : ls) ok = check(launch, tag, i, M) && ok;
+        for (const auto& [tag, launch] : ls)
+          if (runs_at(tag, M)) ok = check(launch, tag, i, M) && ok;
   for (int i = 0; i < int(std::size(kShapes)); ++i)
     if (small || !kShapes[i].small_only)
       for (int M : timed) time_case(opt, ls, i, M);
@@ -338,7 +348,8 @@ Op q_gemm_op() {
        {4, "small_m",
         "the batched decode step's M = 16 .. 64 (and lm_head): v3 with 64-token blocks (wgmma n "
         "16 / 32 / 64 by M), 8 stages of 12.5 KB, 2 blocks per SM, K split up to 8 ways; against "
-        "s7's 128-token narrow form and q_gemv_rows; production from s18",
+        "s7's 128-token narrow form and q_gemv_rows; production from s18 (from s22 the M <= 16 / "
+        "<= 32 forms with stages of 16 / 32 tokens, 3 blocks per SM: [bt16 sS] / [bt32 sS])",
         true}},
       run};
 }

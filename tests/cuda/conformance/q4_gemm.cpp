@@ -150,6 +150,17 @@ LILAC_CONFORMANCE_CASES(q4_gemm) {
     add("wgmma_small_bf16_", {64, 300, 512, 4, O::StoreBF16, 64, sp}, seed++);
     add("wgmma_small_n16_", {5, 392, 1024, 4, O::StoreF32, 64, sp}, seed++);
   }
+  // The narrow-stage forms (16 / 32-token blocks, M <= that) at each split of K: the batched
+  // step's in_proj and out_proj +=, 17 rows (element stores) at one k-tile per rank at 8, bf16
+  // output, and one token.
+  for (int bt : {16, 32})
+    for (int sp : {1, 2, 4, 8}) {
+      add("wgmma_narrow_in_proj_", {bt, 12352, 2048, 4, O::StoreF32, bt, sp}, seed++);
+      add("wgmma_narrow_out_proj_", {bt - 3, 2048, 4096, 4, O::AccumulateF32, bt, sp}, seed++);
+      add("wgmma_narrow_awkward_", {bt / 2 + 1, 17, 512, 4, O::AccumulateF32, bt, sp}, seed++);
+      add("wgmma_narrow_bf16_", {bt, 300, 512, 4, O::StoreBF16, bt, sp}, seed++);
+      add("wgmma_narrow_one_", {1, 392, 1024, 4, O::StoreF32, bt, sp}, seed++);
+    }
   return cases;
 }
 
@@ -171,8 +182,10 @@ TEST(Q4Gemm, BadArgumentsThrow) {
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 128, 4), Error);   // 2 k-tiles / 4
   q.cols = 192;
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 128, 3), Error);  // splits 3
-  EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 32, 1), Error);   // 32-token tile
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 48, 1), Error);   // 48-token tile
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 65, q, c, f32, nullptr, 64, 1), Error);  // 64: M <= 64 only
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 33, q, c, f32, nullptr, 32, 1), Error);  // 32: M <= 32 only
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 17, q, c, f32, nullptr, 16, 1), Error);  // 16: M <= 16 only
   q.cols = 512;
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 128, 8), Error);  // 8: 64 only
 }
