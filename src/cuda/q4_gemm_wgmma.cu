@@ -154,7 +154,13 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   const uint32_t sX = (tile::smem_u32(smem) + 1023u) & ~1023u;
   const uint32_t sW = sX + uint32_t(C::STAGES * C::X_STAGE);
   float acc[C::NACC];
-  mainloop<C, NW>(acc, xr, w, Kl, sX, sW);
+  // The small-M forms (wgmma n <= 64: the tensor work per k-tile is small, the per k-tile
+  // bookkeeping is not; s22 ncu, in_proj at 16 rows: ~132 instructions per warp and k-tile, 60
+  // of them the dequantisation) pay the barrier and the wgmma wait once per pair of k-tiles.
+  if constexpr (C::BT <= 64)
+    GroupLoop<2>::run<C, NW>(acc, xr, w, Kl, sX, sW);
+  else
+    mainloop<C, NW>(acc, xr, w, Kl, sX, sW);
   __syncthreads();  // both warpgroups' wgmmas retired, every copy landed: the stages are free
 
   // Stage the partial tile, [BT tokens][kPad] f32 at sX. acc[4 j + q]: row 16 warp + g + 8 (q >>

@@ -358,6 +358,122 @@ __device__ __forceinline__ void mainloop(float (&acc)[C::NACC], const tile::RowS
   tile::cp_async_wait<0>();
 }
 
+// The main loops as types with one contract (Loop::run<C, N>: acc = W_rows . X^T over [0, K),
+// tokens [0, N); no wgmma or cp.async left in flight), for the kernels and the kernel lab to pass
+// around. KtileLoop: mainloop above, one k-tile per block barrier (the wide forms: its wgmma group
+// kt stays in flight while k-tile kt + 1 is dequantised, which a large n needs).
+struct KtileLoop {
+  template <class C, int N>
+  static __device__ __forceinline__ void run(float (&acc)[C::NACC],
+                                             const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
+                                             int K, uint32_t sX, uint32_t sW) {
+    mainloop<C, N>(acc, xr, w, K, sX, sW);
+  }
+};
+
+// GroupLoop<G>: G k-tiles per block barrier and wgmma wait (s21: the grouped expert kernels' short
+// forms at G = 2, kernel lab q_moe_grouped v8, v11, v12; s22: q_gemm_wgmma's small-M forms). ncu
+// (s21 run 2, T = 256) found the short-tile kernels issue-bound, not waiting on DRAM: ~152
+// instructions per warp and k-tile (63 of them the dequantisation), IPC 2.85, 68% of the issue
+// slots, DRAM at 37%; the rest is per k-tile bookkeeping (the cp.async wait, fence and block
+// barrier, the copies' addresses, the wgmma group's fence / commit / wait), which a group of G
+// k-tiles pays once: lab, gate_up + down per layer, rows32 T = 256 203.7 -> 180.1 us, T = 512 218.7
+// -> 198.4; rows64 T = 4096 714.7 -> 663.8 (s21 run 4). G = 3 and 4 lost there (s22 run 1: rows32 T
+// = 256 183.6 -> 190.4 / 192.2 us, the down kernel slower). Pipeline: the STAGES stages are STAGES
+// / G group slots; group p (k-tiles G p .. G p + G - 1) lives in slot p % (STAGES / G), committed
+// as one cp.async group, with STAGES / G - 1 groups in flight ahead of the one computed. Step p
+// waits for group p, passes the barrier, refills the slot of group p - 1 (its codes read and its
+// wgmma group retired in step p - 1, before this barrier), dequantises its k-tiles into G A
+// register sets, issues their 4 G wgmmas as one group and waits for it (a group left in flight
+// across the barrier makes ptxas serialise the wgmmas: C7512). When G does not divide K / 64 the
+// last group is partial.
+template <int G>
+struct GroupLoop {
+  static_assert(G >= 2, "one k-tile per barrier is KtileLoop");
+
+  template <class C>
+  static __device__ __forceinline__ void load_group(const tile::RowSet<C::X_LOADS>& xr,
+                                                    const WSrc& w, uint32_t sX, uint32_t sW,
+                                                    int group, int KT, int K) {
+    constexpr int SG = C::STAGES / G;
+    const int s0 = G * (group % SG);
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+      if (G * group + h < KT)
+        load_stage<C>(xr, w, sX + uint32_t((s0 + h) * C::X_STAGE),
+                      sW + uint32_t((s0 + h) * C::W_STAGE), G * group + h, K);
+    tile::cp_async_commit();
+  }
+
+  // Group `group`'s first PARTS k-tiles (G, or fewer for the last group of a K / 64 that G does
+  // not divide).
+  template <class C, int N, int PARTS>
+  static __device__ __forceinline__ void group_step(float (&acc)[C::NACC], uint32_t (&a)[G][4][4],
+                                                    int group, int KT, int K, uint32_t sX,
+                                                    uint32_t sW, const tile::RowSet<C::X_LOADS>& xr,
+                                                    const WSrc& w) {
+    constexpr int SG = C::STAGES / G, PG = SG - 1;
+    tile::cp_async_wait<PG - 1>();  // PG + group groups committed: group `group` landed
+    tile::fence_proxy_async_smem();
+    __syncthreads();
+    load_group<C>(xr, w, sX, sW, group + PG, KT, K);
+    const int s0 = G * (group % SG);
+#pragma unroll
+    for (int h = 0; h < PARTS; ++h) dequant_ktile(sW + uint32_t((s0 + h) * C::W_STAGE), a[h]);
+      // Pin the A registers (q4_gemm_wgmma.cuh ktile_step: no dequantisation between the wgmmas).
+#pragma unroll
+    for (int h = 0; h < PARTS; ++h)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[h][kk][i])::"memory");
+    tile::wgmma_fence();
+#pragma unroll
+    for (int h = 0; h < PARTS; ++h) {
+      const uint64_t db = tile::sw128_desc(sX + uint32_t((s0 + h) * C::X_STAGE));
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs<N>(acc, a[h][kk], db + uint64_t(2 * kk));
+    }
+    tile::wgmma_commit();
+    tile::wgmma_wait<0>();
+    tile::fence_operands(acc);
+  }
+
+  // The last, partial group: `left` (1 .. G - 1) k-tiles, PARTS tried from 1 up (the last
+  // candidate, G - 1, without a test).
+  template <class C, int N, int PARTS = 1>
+  static __device__ __forceinline__ void tail(float (&acc)[C::NACC], uint32_t (&a)[G][4][4],
+                                              int group, int left, int KT, int K, uint32_t sX,
+                                              uint32_t sW, const tile::RowSet<C::X_LOADS>& xr,
+                                              const WSrc& w) {
+    if constexpr (PARTS + 1 == G) {
+      group_step<C, N, PARTS>(acc, a, group, KT, K, sX, sW, xr, w);
+    } else {
+      if (left == PARTS) return group_step<C, N, PARTS>(acc, a, group, KT, K, sX, sW, xr, w);
+      tail<C, N, PARTS + 1>(acc, a, group, left, KT, K, sX, sW, xr, w);
+    }
+  }
+
+  template <class C, int N>
+  static __device__ __forceinline__ void run(float (&acc)[C::NACC],
+                                             const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
+                                             int K, uint32_t sX, uint32_t sW) {
+    static_assert(C::STAGES % G == 0 && C::STAGES >= 2 * G, "group slots, >= 1 group ahead");
+    constexpr int PG = C::STAGES / G - 1;
+    const int KT = K / tile::kBK;
+#pragma unroll
+    for (int i = 0; i < C::NACC; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int p = 0; p < PG; ++p) load_group<C>(xr, w, sX, sW, p, KT, K);
+    tile::fence_operands(acc);
+    uint32_t a[G][4][4];  // the group's A registers (its wgmmas retire before the next group)
+    int p = 0;
+    for (; G * p + G - 1 < KT; ++p) group_step<C, N, G>(acc, a, p, KT, K, sX, sW, xr, w);
+    if (G * p < KT) tail<C, N>(acc, a, p, KT - G * p, KT, K, sX, sW, xr, w);
+    tile::cp_async_wait<0>();
+  }
+};
+
 using qtile::raster;
 using qtile::store_one;
 
