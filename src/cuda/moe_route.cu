@@ -18,8 +18,9 @@
 //  4. moe_scatter_kernel: pos = offsets[e] + chunk_base[c][e] + rank -> sorted_token,
 //     sorted_weight, pair_position. Deterministic: no atomics anywhere.
 //
-// Batches (T k <= 1024 pairs, E <= 256) take steps 2-4 in one block (moe_route_block_kernel below),
-// and up to 8 rows step 1 as well: two launches (one up to 8 rows) instead of four. (s8 run 8 tried
+// Batches and short prompts (T k <= 2,048 pairs, E <= 256) take steps 2-4 in one block
+// (moe_route_block_kernel below, 1-2 pairs per thread), and up to 8 rows step 1 as well: two
+// launches (one up to 8 rows) instead of four. (s8 run 8 tried
 // the block's own top-k up to 1,024 pairs, its warps looping over the tokens: at 64 rows slower
 // than the four launches, 19 -> 26 us per layer; s17 split the top-k out instead: kOneBlockMaxT.)
 // The warp arg-max of step 1 is two redux reductions per round (s17: the one-block kernel at 16
@@ -27,6 +28,8 @@
 // replay).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <mutex>
 
 #include "cuda/common.cuh"
 #include "cuda/moe_prefill.h"
@@ -231,41 +234,56 @@ __global__ void __launch_bounds__(256)
   pair_position[p] = pos;
 }
 
-// ---- one block for a batch (P = T k <= kBlockPairs, E <= kBlockExperts)
+// ---- one block for a batch or a short prompt (P = T k <= kBlockPairs PPT, E <= kBlockExperts)
 //
 // The rank, scan and scatter kernels above in one launch of 1024 threads (and up to
 // kOneBlockMaxT rows the top-k too), for batched decode steps where each of them is a few
 // microseconds of launch and ramp for little work (run 1 of 2026-12-02, per 40 layers: 16 rows 0.7
 // -> 0.48 ms): the top-k by warps taking a token each (topk_of_token) or from moe_topk_kernel
-// (kTopkGiven), then thread p ranks pair p as moe_rank_kernel does within one chunk of 32 warps
-// (stable: pair order), a thread per expert sums its count over the warps and the block scans the
-// counts (offsets, tile table), and thread p scatters its pair. The same tables as the
-// multi-kernel path, bit for bit (the scratch arrays chunk_rank and chunk_base are not written).
+// (kTopkGiven), then thread t ranks pairs p = 1024 q + t (q < PPT) as moe_rank_kernel does within
+// one chunk, a count row per 32 pairs in pair order (row 32 q + warp: stable), a thread per expert
+// sums its count over the rows and the block scans the counts (offsets, tile table), and each
+// thread scatters its pairs. PPT = 2 (s22): prompt chunks of 129-256 tokens (up to 2,048 pairs),
+// which took the four kernels: a 256-token chunk's routing 732 -> 618 us over 40 layers (s22 run 8,
+// per-kernel events), prefill at 256 tokens 17,462 -> 17,547-17,617 tok/s. PPT = 4 (4,096 pairs,
+// 512 tokens) was slower than the four kernels there (25,068 -> 24,778-24,836 tok/s): not kept.
+// The same tables as the multi-kernel path, bit for bit (the scratch arrays chunk_rank and
+// chunk_base are not written). Shared memory (dynamic): the count rows 32 PPT x kBlockExperts, the
+// pairs' experts and weights, the offsets: 41 / 81 KB.
 constexpr int kBlockPairs = 1024;
 constexpr int kBlockExperts = 256;
 
+template <int PPT>
+constexpr size_t block_smem_bytes() {
+  return (size_t(32 * PPT) * kBlockExperts + 2 * size_t(kBlockPairs) * PPT + kBlockExperts) * 4;
+}
+
 // kTopkGiven: the top-k is already in r.topk_idx / r.topk_weight (moe_topk_kernel, one warp per
-// token over many blocks: batches of 9-128 rows, kOneBlockMaxT); the block ranks, scans and
+// token over many blocks: batches of 9-256 rows, kOneBlockMaxT); the block ranks, scans and
 // scatters them (logits and PER unused).
-template <int PER, bool kTopkGiven>
+template <int PER, bool kTopkGiven, int PPT>
 __global__ void __launch_bounds__(kBlockPairs)
     moe_route_block_kernel(const float* __restrict__ logits, int stride, int T, int E, int k,
                            int BM, MoeRouting r) {
-  __shared__ int32_t cnt[32][kBlockExperts];  // per warp and expert: count, then base
-  __shared__ int32_t pair_e[kBlockPairs];
-  __shared__ float pair_w[kBlockPairs];
-  __shared__ int32_t off_s[kBlockExperts];
+  extern __shared__ int32_t smem[];
+  int32_t* cnt = smem;  // [32 PPT][kBlockExperts] per count row and expert: count, then base
+  int32_t* pair_e = cnt + 32 * PPT * kBlockExperts;                         // [kBlockPairs PPT]
+  float* pair_w = reinterpret_cast<float*>(pair_e + kBlockPairs * PPT);     // [kBlockPairs PPT]
+  int32_t* off_s = reinterpret_cast<int32_t*>(pair_w + kBlockPairs * PPT);  // [kBlockExperts]
   __shared__ int sh[32];
   pdl_launch_dependents();  // PDL (moe_pdl_enabled): the logits are the previous kernel's
   pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int P = T * k;
-  for (int i = tid; i < 32 * kBlockExperts; i += kBlockPairs)
-    cnt[i / kBlockExperts][i % kBlockExperts] = 0;
+  for (int i = tid; i < 32 * PPT * kBlockExperts; i += kBlockPairs) cnt[i] = 0;
   if constexpr (kTopkGiven) {
-    if (tid < P) {
-      pair_e[tid] = r.topk_idx[tid];
-      pair_w[tid] = r.topk_weight[tid];
+#pragma unroll
+    for (int q = 0; q < PPT; ++q) {
+      const int p = q * kBlockPairs + tid;
+      if (p < P) {
+        pair_e[p] = r.topk_idx[p];
+        pair_w[p] = r.topk_weight[p];
+      }
     }
   } else {
     for (int t = warp; t < T; t += kBlockPairs / 32) {
@@ -281,16 +299,22 @@ __global__ void __launch_bounds__(kBlockPairs)
     }
   }
   __syncthreads();
-  const int e = tid < P ? pair_e[tid] : -1;
-  const uint32_t peers = __match_any_sync(0xffffffffu, e);
-  const int rank = __popc(peers & ((1u << lane) - 1u));
-  if (e >= 0 && rank == __popc(peers) - 1) cnt[warp][e] = rank + 1;
+  int e[PPT], rank[PPT];
+#pragma unroll
+  for (int q = 0; q < PPT; ++q) {
+    const int p = q * kBlockPairs + tid;
+    e[q] = p < P ? pair_e[p] : -1;
+    const uint32_t peers = __match_any_sync(0xffffffffu, e[q]);
+    rank[q] = __popc(peers & ((1u << lane) - 1u));
+    if (e[q] >= 0 && rank[q] == __popc(peers) - 1)
+      cnt[(32 * q + warp) * kBlockExperts + e[q]] = rank[q] + 1;
+  }
   __syncthreads();
   int n = 0;
   if (tid < E)
-    for (int w = 0; w < 32; ++w) {
-      const int c = cnt[w][tid];
-      cnt[w][tid] = n;
+    for (int row = 0; row < 32 * PPT; ++row) {
+      const int c = cnt[row * kBlockExperts + tid];
+      cnt[row * kBlockExperts + tid] = n;
       n += c;
     }
   const int tiles = (n + BM - 1) / BM;
@@ -310,12 +334,32 @@ __global__ void __launch_bounds__(kBlockPairs)
     *r.num_tiles = tiles_total;
   }
   __syncthreads();
-  if (e >= 0) {
-    const int pos = off_s[e] + cnt[warp][e] + rank;
-    r.sorted_token[pos] = tid / k;
-    r.sorted_weight[pos] = pair_w[tid];
-    r.pair_position[tid] = pos;
+#pragma unroll
+  for (int q = 0; q < PPT; ++q) {
+    if (e[q] < 0) continue;
+    const int p = q * kBlockPairs + tid;
+    const int pos = off_s[e[q]] + cnt[(32 * q + warp) * kBlockExperts + e[q]] + rank[q];
+    r.sorted_token[pos] = p / k;
+    r.sorted_weight[pos] = pair_w[p];
+    r.pair_position[p] = pos;
   }
+}
+
+// Launches the block kernel with its dynamic shared memory (above 48 KB: the attribute, once).
+template <int PER, bool kTopkGiven, int PPT>
+void launch_block(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
+                  cudaStream_t stream) {
+  auto kernel = moe_route_block_kernel<PER, kTopkGiven, PPT>;
+  constexpr size_t smem = block_smem_bytes<PPT>();
+  if constexpr (smem > 48 * 1024) {
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      LILAC_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    });
+  }
+  launch_kernel(moe_pdl_enabled(), kernel, dim3(1), dim3(kBlockPairs), smem, stream, logits, stride,
+                T, E, k, int(kMoeTileRows), r);
 }
 
 // ---- host
@@ -348,8 +392,18 @@ void check_routing(const MoeRouting& r, const char* what) {
 // then the block's rank, scan and scatter (kTopkGiven): two PDL launches. s17 runs 2 and 4 (4-bit,
 // bf16 state, engine A/B): 64 rows four kernels -> two 10.04-10.11 -> 9.89-9.93 ms per step, 32
 // rows one block -> two 4,221-4,234 -> 4,293-4,305 tok/s, 16 rows +0.3%, 2-8 rows no better
-// (-0.1 to -0.5%). Above 1,024 pairs (prompts) the four kernels.
+// (-0.1 to -0.5%). s22: up to 2,048 pairs (prompt chunks up to 256 tokens) the block takes 2
+// pairs per thread; above, the four kernels. LILAC_MOE_ROUTE_PPT=1 keeps the block at 1,024 pairs
+// (A/B).
 constexpr int kOneBlockMaxT = 8;
+
+int max_pairs_per_thread() {
+  static const int n = [] {
+    const char* e = std::getenv("LILAC_MOE_ROUTE_PPT");
+    return e && std::atoi(e) == 1 ? 1 : 2;
+  }();
+  return n;
+}
 
 }  // namespace
 
@@ -399,14 +453,16 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
   if (E > 512 || k > 32 || stride < E)
     fail("moe_route: E {} (<= 512), k {} (<= 32), stride {}", E, k, stride);
   const int P = T * k;
-  const bool block = P <= kBlockPairs && E <= kBlockExperts;
-  if (block && T <= kOneBlockMaxT) {  // one launch: a warp per token
+  // Pairs per thread of the one-block kernel (0: the four kernels).
+  const int ppt = E > kBlockExperts                                     ? 0
+                  : P <= kBlockPairs                                    ? 1
+                  : P <= 2 * kBlockPairs && max_pairs_per_thread() == 2 ? 2
+                                                                        : 0;
+  if (ppt == 1 && T <= kOneBlockMaxT) {  // one launch: a warp per token
     if (E <= 128)
-      launch_kernel(moe_pdl_enabled(), moe_route_block_kernel<4, false>, dim3(1), dim3(kBlockPairs),
-                    0, stream, logits, stride, T, E, k, int(kMoeTileRows), r);
+      launch_block<4, false, 1>(logits, stride, T, E, k, r, stream);
     else
-      launch_kernel(moe_pdl_enabled(), moe_route_block_kernel<8, false>, dim3(1), dim3(kBlockPairs),
-                    0, stream, logits, stride, T, E, k, int(kMoeTileRows), r);
+      launch_block<8, false, 1>(logits, stride, T, E, k, r, stream);
     return;
   }
   const unsigned topk_blocks = unsigned(ceil_div(T, 8));
@@ -420,11 +476,9 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
   else
     launch_kernel(pdl, moe_topk_kernel<16>, dim3(topk_blocks), dim3(256), 0, stream, logits, stride,
                   T, E, k, r.topk_idx, r.topk_weight);
-  if (block) {  // two launches: the top-k over T / 8 blocks, then the rest in one block
-    launch_kernel(pdl, moe_route_block_kernel<8, true>, dim3(1), dim3(kBlockPairs), 0, stream,
-                  logits, stride, T, E, k, int(kMoeTileRows), r);
-    return;
-  }
+  // Two launches: the top-k over T / 8 blocks, then the rest in one block.
+  if (ppt == 1) return launch_block<8, true, 1>(logits, stride, T, E, k, r, stream);
+  if (ppt == 2) return launch_block<8, true, 2>(logits, stride, T, E, k, r, stream);
   moe_rank_kernel<<<unsigned(r.num_chunks), kChunkWarps * 32, size_t(kChunkWarps) * E * 4,
                     stream>>>(r.topk_idx, P, E, r.chunk_rank, r.chunk_base);
   LILAC_CUDA_LAUNCHED();

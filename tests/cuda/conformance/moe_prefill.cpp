@@ -571,7 +571,8 @@ LILAC_CONFORMANCE_CASES(moe_prefill) {
       {513, 512, 32, 513, true},
       {64, 8, 1, 9, false},
       // The one-block path (T <= 8, E <= 256: {1, 5} above and 8 here), the top-k kernel then
-      // the block (9-128 rows, T k <= 1024), and the four kernels past 1,024 pairs (129).
+      // the block (9-128 rows, T k <= 1024; 2 pairs per thread up to 2,048 pairs: 129, 256), and
+      // the four kernels past 2,048 pairs (300, 1000, 777, 2048 above; 512, 513).
       {8, 256, 8, 257, true},
       {9, 256, 8, 257, false},
       {16, 256, 8, 257, false},
@@ -582,7 +583,12 @@ LILAC_CONFORMANCE_CASES(moe_prefill) {
       {64, 256, 8, 257, false},
       {128, 256, 8, 257, false},
       {129, 256, 8, 257, false},
-      {200, 100, 5, 103, true}};
+      {200, 100, 5, 103, true},
+      {256, 256, 8, 257, false},
+      {256, 256, 8, 257, true},
+      {512, 256, 8, 257, false},
+      {512, 256, 8, 257, true},
+      {513, 256, 8, 257, true}};
   uint64_t seed = 7;
   for (const RouteCase& c : routes) {
     cases.push_back({"moe_route",
