@@ -101,7 +101,7 @@ __device__ __forceinline__ void stage_x(const bf16* __restrict__ x, int K,
   __syncthreads();
 }
 
-inline size_t staged_x_bytes(int K) {
+__host__ __device__ inline size_t staged_x_bytes(int K) {
   return size_t(kPassTokens) * size_t(K + kXPad) * sizeof(bf16);
 }
 

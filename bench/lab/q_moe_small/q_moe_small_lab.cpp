@@ -25,6 +25,7 @@
 #include "../lab.h"
 #include "cuda/moe_prefill.h"
 #include "cuda/q4_moe.h"
+#include "q_moe_small_lab.h"
 #include "twins/q4_moe_twin.h"
 #include "twins/q4_twin.h"
 
@@ -124,7 +125,26 @@ struct Outputs {
   std::vector<float> act, shared_act, y, shared_out;
 };
 
-Outputs run_once(MoeSmallKernel kernel, const Inputs& in) {
+// A version's launches: its gate_up (production's by MoeSmallKernel, or the lab's slots form of
+// version 3 / 4) and production's down.
+struct Kernels {
+  MoeSmallKernel kernel;
+  int slots;  // 0: production's gate_up; 2 / 3: lab version 3 / 4
+  void gate_up(const Inputs& in, bf16* act, bf16* sact, cudaStream_t st) const;
+};
+
+void Kernels::gate_up(const Inputs& in, bf16* act, bf16* sact, cudaStream_t st) const {
+  const test::QMoeExperts& m = experts();
+  const Shared& s = shared();
+  if (slots)
+    q_moe_small_gate_up_slots(slots, in.d_x.get(), in.T, kH, m.gu.q(), kI, s.gu.q(), kI, in.r, act,
+                              sact, st);
+  else
+    cuda::q_moe_small_gate_up(in.d_x.get(), in.T, kH, m.gu.q(), kI, s.gu.q(), kI, in.r, act, sact,
+                              st, kernel);
+}
+
+Outputs run_once(const Kernels& kernel, const Inputs& in) {
   const test::QMoeExperts& m = experts();
   const Shared& s = shared();
   const size_t P = size_t(in.P), T = size_t(in.T);
@@ -134,10 +154,9 @@ Outputs run_once(MoeSmallKernel kernel, const Inputs& in) {
   test::poison(sact);
   test::poison(y);
   test::poison(sout);
-  cuda::q_moe_small_gate_up(in.d_x.get(), in.T, kH, m.gu.q(), kI, s.gu.q(), kI, in.r, act.get(),
-                            sact.get(), nullptr, kernel);
+  kernel.gate_up(in, act.get(), sact.get(), nullptr);
   cuda::q_moe_small_down(act.get(), kI, sact.get(), kI, m.dn.q(), s.dn.q(), kH, in.r, y.get(),
-                         sout.get(), nullptr, kernel);
+                         sout.get(), nullptr, kernel.kernel);
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   return {download_bf16_as_f32(act), download_bf16_as_f32(sact), download(y), download(sout)};
 }
@@ -170,7 +189,7 @@ void check_row(const test::HostQ& Wgu, int64_t g0, const test::HostQ& Wdn, int64
   }
 }
 
-bool check(MoeSmallKernel kernel, int T) {
+bool check(const Kernels& kernel, int T) {
   const test::QMoeExperts& m = experts();
   const Shared& s = shared();
   const Inputs& in = get_inputs(T);
@@ -202,7 +221,7 @@ bool check(MoeSmallKernel kernel, int T) {
   return ok_a && ok_y;
 }
 
-void time_case(const Options& opt, MoeSmallKernel kernel, int T) {
+void time_case(const Options& opt, const Kernels& kernel, int T) {
   const test::QMoeExperts& m = experts();
   const Shared& s = shared();
   const Inputs& in = get_inputs(T);
@@ -214,13 +233,11 @@ void time_case(const Options& opt, MoeSmallKernel kernel, int T) {
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   cudaStream_t st;
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const double gu_us = graph_us(st, opt.runs, 16, [&](int) {
-    cuda::q_moe_small_gate_up(in.d_x.get(), T, kH, m.gu.q(), kI, s.gu.q(), kI, in.r, act.get(),
-                              sact.get(), st, kernel);
-  });
+  const double gu_us =
+      graph_us(st, opt.runs, 16, [&](int) { kernel.gate_up(in, act.get(), sact.get(), st); });
   const double dn_us = graph_us(st, opt.runs, 16, [&](int) {
     cuda::q_moe_small_down(act.get(), kI, sact.get(), kI, m.dn.q(), s.dn.q(), kH, in.r, y.get(),
-                           sout.get(), st, kernel);
+                           sout.get(), st, kernel.kernel);
   });
   LILAC_CUDA_CHECK(cudaStreamDestroy(st));
   const double gb_gu = weight_bytes(in, true) / gu_us * 1e-3;
@@ -233,9 +250,12 @@ void time_case(const Options& opt, MoeSmallKernel kernel, int T) {
 }
 
 bool run(const Options& opt, const Version& v) {
-  const MoeSmallKernel kernel =
-      v.number == 1 ? MoeSmallKernel::registers : MoeSmallKernel::streamed;
-  if (kernel == MoeSmallKernel::streamed && !cuda::q_moe_small_streamed_available(4)) {
+  // Versions 3 / 4: the slots form of gate_up (2 / 3 slots per warp), production's register down.
+  const Kernels kernel{v.number == 2 ? MoeSmallKernel::streamed : MoeSmallKernel::registers,
+                       v.number == 3   ? 2
+                       : v.number == 4 ? 3
+                                       : 0};
+  if (kernel.kernel == MoeSmallKernel::streamed && !cuda::q_moe_small_streamed_available(4)) {
     std::printf("  not available here (the bulk copy engine: a compute capability 9.x GPU)\n");
     return true;
   }
@@ -261,7 +281,14 @@ Op q_moe_small_op() {
               "a producer warp per block streams the weight tiles and x slices into a ring of "
               "shared-memory slots with cp.async.bulk; passes of 16 / 32 tokens for prompts "
               "(production for prompts, T > 64, 4-bit on Hopper)",
-              true}},
+              true},
+             {3, "slots2",
+              "version 1's gate_up with each warp's next set of weights copied by cp.async into a "
+              "private shared-memory slot (2 slots: 1 set in flight) while it computes the "
+              "current one, 3 blocks per SM; production's register down (s22)",
+              true},
+             {4, "slots3",
+              "version 3 with 3 slots per warp (2 sets in flight), 2 blocks per SM (s22)", true}},
             run};
 }
 
