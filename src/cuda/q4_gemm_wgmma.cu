@@ -370,36 +370,39 @@ int max_clusters() {
   return n;
 }
 
+// max_clusters at a runtime split (1, 2, 4; 8 for the small-M forms only), 0 for any other.
+template <class C>
+int max_clusters_at(int S) {
+  switch (S) {
+    case 1:
+      return max_clusters<C, 1>();
+    case 2:
+      return max_clusters<C, 2>();
+    case 4:
+      return max_clusters<C, 4>();
+    case 8:
+      if constexpr (C::BT <= 64) return max_clusters<C, 8>();
+      return 0;
+    default:
+      return 0;
+  }
+}
+
 int max_clusters_of(int bt, int S) {
-  if (bt == 16)
-    return S == 1   ? max_clusters<Cfg16, 1>()
-           : S == 2 ? max_clusters<Cfg16, 2>()
-           : S == 4 ? max_clusters<Cfg16, 4>()
-           : S == 8 ? max_clusters<Cfg16, 8>()
-                    : 0;
-  if (bt == 32)
-    return S == 1   ? max_clusters<Cfg32, 1>()
-           : S == 2 ? max_clusters<Cfg32, 2>()
-           : S == 4 ? max_clusters<Cfg32, 4>()
-           : S == 8 ? max_clusters<Cfg32, 8>()
-                    : 0;
-  if (bt == 64)
-    return S == 1   ? max_clusters<Cfg64, 1>()
-           : S == 2 ? max_clusters<Cfg64, 2>()
-           : S == 4 ? max_clusters<Cfg64, 4>()
-           : S == 8 ? max_clusters<Cfg64, 8>()
-                    : 0;
-  if (bt == 256)
-    return S == 1   ? max_clusters<Cfg256, 1>()
-           : S == 2 ? max_clusters<Cfg256, 2>()
-           : S == 4 ? max_clusters<Cfg256, 4>()
-                    : 0;
-  if (bt == 128)
-    return S == 1   ? max_clusters<Cfg128, 1>()
-           : S == 2 ? max_clusters<Cfg128, 2>()
-           : S == 4 ? max_clusters<Cfg128, 4>()
-                    : 0;
-  return 0;
+  switch (bt) {
+    case 16:
+      return max_clusters_at<Cfg16>(S);
+    case 32:
+      return max_clusters_at<Cfg32>(S);
+    case 64:
+      return max_clusters_at<Cfg64>(S);
+    case 128:
+      return max_clusters_at<Cfg128>(S);
+    case 256:
+      return max_clusters_at<Cfg256>(S);
+    default:
+      return 0;
+  }
 }
 
 // (BT, S) of the least estimated time, in 0.1 us: waves x (k-tiles per block x the cost of one +
