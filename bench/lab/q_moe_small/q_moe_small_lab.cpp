@@ -129,8 +129,11 @@ struct Outputs {
 // version 3 / 4) and production's down.
 struct Kernels {
   MoeSmallKernel kernel;
-  int slots;  // 0: production's gate_up; 2 / 3: lab version 3 / 4
+  int slots;        // 0: production's gate_up; 2 / 3: lab version 3 (and 5) / 4
+  bool down_slots;  // the lab's down of version 5
   void gate_up(const Inputs& in, bf16* act, bf16* sact, cudaStream_t st) const;
+  void down(const Inputs& in, const bf16* act, const bf16* sact, float* y, float* sout,
+            cudaStream_t st) const;
 };
 
 void Kernels::gate_up(const Inputs& in, bf16* act, bf16* sact, cudaStream_t st) const {
@@ -144,9 +147,17 @@ void Kernels::gate_up(const Inputs& in, bf16* act, bf16* sact, cudaStream_t st) 
                               st, kernel);
 }
 
-Outputs run_once(const Kernels& kernel, const Inputs& in) {
+void Kernels::down(const Inputs& in, const bf16* act, const bf16* sact, float* y, float* sout,
+                   cudaStream_t st) const {
   const test::QMoeExperts& m = experts();
   const Shared& s = shared();
+  if (down_slots)
+    q_moe_small_down_slots(act, kI, sact, kI, m.dn.q(), s.dn.q(), kH, in.r, y, sout, st);
+  else
+    cuda::q_moe_small_down(act, kI, sact, kI, m.dn.q(), s.dn.q(), kH, in.r, y, sout, st, kernel);
+}
+
+Outputs run_once(const Kernels& kernel, const Inputs& in) {
   const size_t P = size_t(in.P), T = size_t(in.T);
   DeviceBuffer<bf16> act(P * kI), sact(T * kI);
   DeviceBuffer<float> y(P * kH), sout(T * kH);
@@ -155,8 +166,7 @@ Outputs run_once(const Kernels& kernel, const Inputs& in) {
   test::poison(y);
   test::poison(sout);
   kernel.gate_up(in, act.get(), sact.get(), nullptr);
-  cuda::q_moe_small_down(act.get(), kI, sact.get(), kI, m.dn.q(), s.dn.q(), kH, in.r, y.get(),
-                         sout.get(), nullptr, kernel.kernel);
+  kernel.down(in, act.get(), sact.get(), y.get(), sout.get(), nullptr);
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   return {download_bf16_as_f32(act), download_bf16_as_f32(sact), download(y), download(sout)};
 }
@@ -222,8 +232,6 @@ bool check(const Kernels& kernel, int T) {
 }
 
 void time_case(const Options& opt, const Kernels& kernel, int T) {
-  const test::QMoeExperts& m = experts();
-  const Shared& s = shared();
   const Inputs& in = get_inputs(T);
   const size_t P = size_t(in.P), Tz = size_t(T);
   DeviceBuffer<bf16> act(P * kI), sact(Tz * kI);
@@ -236,8 +244,7 @@ void time_case(const Options& opt, const Kernels& kernel, int T) {
   const double gu_us =
       graph_us(st, opt.runs, 16, [&](int) { kernel.gate_up(in, act.get(), sact.get(), st); });
   const double dn_us = graph_us(st, opt.runs, 16, [&](int) {
-    cuda::q_moe_small_down(act.get(), kI, sact.get(), kI, m.dn.q(), s.dn.q(), kH, in.r, y.get(),
-                           sout.get(), st, kernel.kernel);
+    kernel.down(in, act.get(), sact.get(), y.get(), sout.get(), st);
   });
   LILAC_CUDA_CHECK(cudaStreamDestroy(st));
   const double gb_gu = weight_bytes(in, true) / gu_us * 1e-3;
@@ -250,11 +257,11 @@ void time_case(const Options& opt, const Kernels& kernel, int T) {
 }
 
 bool run(const Options& opt, const Version& v) {
-  // Versions 3 / 4: the slots form of gate_up (2 / 3 slots per warp), production's register down.
-  const Kernels kernel{v.number == 2 ? MoeSmallKernel::streamed : MoeSmallKernel::registers,
-                       v.number == 3   ? 2
-                       : v.number == 4 ? 3
-                                       : 0};
+  // Versions 3 / 4: the slots form of gate_up (2 / 3 slots per warp), production's register down;
+  // version 5: version 3's gate_up and the slots form of down.
+  const int slots = v.number == 3 || v.number == 5 ? 2 : v.number == 4 ? 3 : 0;
+  const Kernels kernel{v.number == 2 ? MoeSmallKernel::streamed : MoeSmallKernel::registers, slots,
+                       v.number == 5};
   if (kernel.kernel == MoeSmallKernel::streamed && !cuda::q_moe_small_streamed_available(4)) {
     std::printf("  not available here (the bulk copy engine: a compute capability 9.x GPU)\n");
     return true;
@@ -288,7 +295,11 @@ Op q_moe_small_op() {
               "current one, 3 blocks per SM; production's register down (s22)",
               true},
              {4, "slots3",
-              "version 3 with 3 slots per warp (2 sets in flight), 2 blocks per SM (s22)", true}},
+              "version 3 with 3 slots per warp (2 sets in flight), 2 blocks per SM (s22)", true},
+             {5, "slots2_down",
+              "version 3 and a down with J = 4 tiles per warp, tile j + 1's weights copied into "
+              "the warp's second slot while tile j is computed (s22)",
+              true}},
             run};
 }
 

@@ -19,4 +19,12 @@ void q_moe_small_gate_up_slots(int slots, const cuda::bf16* x, int T, int H,
                                const cuda::MoeRouting& r, cuda::bf16* act, cuda::bf16* shared_act,
                                cudaStream_t stream);
 
+// Version 5 (s22, v3_slots.cu), 4-bit only, K <= 512: production's register down kernel with
+// J = 4 output tiles per warp, tile j + 1's weights copied by cp.async into the warp's second
+// shared-memory slot while tile j is computed (4 blocks per SM).
+void q_moe_small_down_slots(const cuda::bf16* act, int I, const cuda::bf16* shared_act, int Is,
+                            const cuda::QMatrix& down, const cuda::QMatrix& shared_down, int H,
+                            const cuda::MoeRouting& r, float* y, float* shared_out,
+                            cudaStream_t stream);
+
 }  // namespace lilac::lab

@@ -170,6 +170,103 @@ void launch(const bf16* x, int T, int H, const QMatrix& gate_up, int I,
   LILAC_CUDA_LAUNCHED();
 }
 
+// Version 5's down kernel: production's register down kernel (J output tiles per warp, one
+// after another; K = 512: a tile's 8 groups are one set) with tile j + SLOTS - 1's weights copied
+// into the warp's slot while tile j is computed. Slot layout: codes [group m < 8][512], then
+// scale/bias [m][64].
+constexpr int kDownGroups = 8;
+static_assert(kDownGroups * (512 + 64) == kSlotBytes, "a down tile fills one slot");
+
+__device__ __forceinline__ void issue_tile(unsigned char* slot, const uint32_t* codes,
+                                           const uint32_t* sb, int G) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 0; m < kDownGroups; ++m)
+    if (m < G) cp16(slot + m * 512 + lane * 16, codes + size_t(m) * cuda::kQBlockWords + lane * 4);
+  const int m = lane >> 2, piece = lane & 3;
+  if (m < G)
+    cp16(slot + kCodeBytes + m * 64 + piece * 16, sb + size_t(m) * cuda::kQSbWords + piece * 4);
+}
+
+template <int SLOTS, int J, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
+    down_slots_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ shared_act,
+                      int Is, QMatrix down, QMatrix shared_down, int H, Tiles tiles, int E, int T,
+                      float* __restrict__ y, float* __restrict__ shared_out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int TH = H / cuda::kQTileRows;
+  bf16* xs = reinterpret_cast<bf16*>(smem);
+  unsigned char* slots = smem + staged_x_bytes(max(I, Is)) + size_t(warp) * SLOTS * kSlotBytes;
+  Segment seg;
+  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
+    const bool shared = it.e == E;
+    const int K = shared ? Is : I, G = K / cuda::kQGroup;
+    const uint32_t* const wc = shared ? shared_down.codes : down.codes;
+    const uint32_t* const ws = shared ? shared_down.sb : down.sb;
+    const int base = shared ? 0 : it.e * TH;
+    auto th_of = [&](int j) { return (int(blockIdx.y) * J + j) * kWarps + warp; };
+    auto issue = [&](int j) {
+      const int tile = base + th_of(j);
+      issue_tile(slots + (j % SLOTS) * kSlotBytes, wc + size_t(tile) * G * cuda::kQBlockWords,
+                 ws + size_t(tile) * G * cuda::kQSbWords, G);
+    };
+    issue_x(shared ? shared_act : act, K, nullptr, seg, xs);
+    commit();
+#pragma unroll
+    for (int s = 0; s + 1 < SLOTS; ++s) {
+      if (s < J && th_of(s) < TH) issue(s);
+      commit();
+    }
+    wait_groups<SLOTS - 1>();
+    __syncthreads();  // the staged x visible to every warp
+    const int stride = (K + kXPad) / 2;
+    const uint32_t* xr = reinterpret_cast<const uint32_t*>(xs) + g * stride;
+    const bool has = g < seg.count;
+#pragma unroll 1
+    for (int j = 0; j < J; ++j) {
+      const int th = th_of(j);
+      if (th >= TH) break;  // warp-uniform
+      __syncwarp();         // every lane is done reading the slot refilled next (tile j - 1's)
+      if (j + SLOTS - 1 < J && th_of(j + SLOTS - 1) < TH) issue(j + SLOTS - 1);
+      commit();
+      wait_groups<SLOTS - 1>();  // this lane's copies of tile j landed
+      __syncwarp();              // ... and every lane's
+      const unsigned char* slot = slots + (j % SLOTS) * kSlotBytes;
+      cuda::qtile::QSet<4, 1, kDownGroups> w;
+#pragma unroll
+      for (int m = 0; m < kDownGroups; ++m) {
+        w.cw[0][m][0] = m < G ? *reinterpret_cast<const uint4*>(slot + m * 512 + lane * 16)
+                              : make_uint4(0, 0, 0, 0);
+        w.sbv[0][m] = m < G ? *reinterpret_cast<const uint2*>(slot + kCodeBytes + m * 64 + g * 8)
+                            : make_uint2(0, 0);
+      }
+      float acc[1][4] = {};
+#pragma unroll
+      for (int m = 0; m < kDownGroups; ++m) {
+        if (m >= G) continue;  // warp-uniform
+        uint32_t X[4][2];
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+          X[kb][0] = has ? xr[m * 32 + 8 * kb + t] : 0u;
+          X[kb][1] = has ? xr[m * 32 + 8 * kb + t + 4] : 0u;
+        }
+        cuda::qtile::q_group_dot(w, m, X, acc);
+      }
+      float* out = shared ? shared_out : y;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int tok = 2 * t + (q & 1);
+        if (tok >= seg.count) continue;
+        const int c = th * cuda::kQTileRows + g + (q < 2 ? 0 : 8);
+        out[size_t(seg.row0 + tok) * size_t(H) + c] = acc[0][q];
+      }
+    }
+    wait_groups<0>();
+    __syncthreads();  // the staged x and the slots are re-used by the next pass
+  }
+}
+
 }  // namespace
 
 void q_moe_small_gate_up_slots(int slots, const bf16* x, int T, int H, const QMatrix& gate_up,
@@ -183,6 +280,26 @@ void q_moe_small_gate_up_slots(int slots, const bf16* x, int T, int H, const QMa
   if (slots == 3)
     return launch<3, 2>(x, T, H, gate_up, I, shared_gate_up, Is, r, act, shared_act, stream);
   fail("lab q_moe_small v3: {} slots (2 or 3)", slots);
+}
+
+void q_moe_small_down_slots(const bf16* act, int I, const bf16* shared_act, int Is,
+                            const QMatrix& down, const QMatrix& shared_down, int H,
+                            const cuda::MoeRouting& r, float* y, float* shared_out,
+                            cudaStream_t stream) {
+  if (down.bits != 4 || shared_down.bits != 4 || I > 512 || Is > 512 || I % cuda::kQGroup ||
+      Is % cuda::kQGroup)
+    fail("lab q_moe_small v5: 4-bit weights, I and Is multiples of 64 up to 512");
+  constexpr int J = 4;
+  auto fn = down_slots_kernel<2, J, 4>;
+  const size_t smem = staged_x_bytes(std::max(I, Is)) + size_t(kWarps) * 2 * kSlotBytes;
+  LILAC_CUDA_CHECK(
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int Z = grid_passes(r.T, r.E, r.k);
+  const dim3 grid(grid_x(r, Z), unsigned(cuda::ceil_div(H / cuda::kQTileRows, kWarps * J)),
+                  unsigned(Z));
+  fn<<<grid, kThreads, smem, stream>>>(act, I, shared_act, Is, down, shared_down, H, tiles_of(r),
+                                       r.E, r.T, y, shared_out);
+  LILAC_CUDA_LAUNCHED();
 }
 
 }  // namespace lilac::lab
