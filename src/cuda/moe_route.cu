@@ -28,12 +28,12 @@
 // replay).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <mutex>
 
 #include "cuda/common.cuh"
 #include "cuda/moe_prefill.h"
 #include "cuda/vec_util.cuh"
+#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -394,15 +394,12 @@ void check_routing(const MoeRouting& r, const char* what) {
 // rows one block -> two 4,221-4,234 -> 4,293-4,305 tok/s, 16 rows +0.3%, 2-8 rows no better
 // (-0.1 to -0.5%). s22: up to 2,048 pairs (prompt chunks up to 256 tokens) the block takes 2
 // pairs per thread; above, the four kernels. LILAC_MOE_ROUTE_PPT=1 keeps the block at 1,024 pairs
-// (A/B).
+// (A/B; 2 is the default).
 constexpr int kOneBlockMaxT = 8;
 
 int max_pairs_per_thread() {
-  static const int n = [] {
-    const char* e = std::getenv("LILAC_MOE_ROUTE_PPT");
-    return e && std::atoi(e) == 1 ? 1 : 2;
-  }();
-  return n;
+  static const int forced = env_choice("LILAC_MOE_ROUTE_PPT", {1, 2});
+  return forced ? forced : 2;
 }
 
 }  // namespace

@@ -62,7 +62,6 @@
 // 1 KB) reused for the staged tile (BT x 132 x 4 = 132 KB / 66 KB).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 
 #include "cuda/cluster.cuh"
@@ -71,6 +70,7 @@
 #include "cuda/q4_gemm_wgmma.cuh"
 #include "cuda/q4_tile.cuh"
 #include "cuda/vec_util.cuh"
+#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -416,10 +416,7 @@ int max_clusters_of(int bt, int S) {
 // reads S partial tiles). M <= 16 / <= 32 take the narrow-stage forms (16 / 32-token blocks, 3 per
 // SM) with the same estimate; LILAC_Q4_SMALL_TOKENS=64 keeps them on the 64-token form (A/B).
 bool narrow_stages() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILAC_Q4_SMALL_TOKENS");
-    return !(e && std::atoi(e) == 64);
-  }();
+  static const bool on = env_choice("LILAC_Q4_SMALL_TOKENS", {64}) != 64;
   return on;
 }
 
