@@ -63,6 +63,54 @@ __device__ __forceinline__ void issue_set(unsigned char* slot, const uint32_t* c
          sb[nt] + size_t(grp0 + m) * cuda::kQSbWords + piece * 4);
 }
 
+// The dot products of one slot (NT tiles x GS groups: codes [nt GS + m][512], then scale/bias
+// [nt GS + m][64]; groups grp0 + m, m < ng) against the staged x row of this lane's token g (xr:
+// 32-bit words; zeros when !has): the QSet version 1 loads into registers, read from the slot, and
+// the same q_group_dot calls.
+template <int NT, int GS>
+__device__ __forceinline__ void slot_dot(const unsigned char* slot, int grp0, int ng,
+                                         const uint32_t* xr, bool has, float (&y)[NT][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+  cuda::qtile::QSet<4, NT, GS> w;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int m = 0; m < GS; ++m) {
+      const int i = nt * GS + m;
+      w.cw[nt][m][0] = m < ng ? *reinterpret_cast<const uint4*>(slot + i * 512 + lane * 16)
+                              : make_uint4(0, 0, 0, 0);
+      w.sbv[nt][m] = m < ng ? *reinterpret_cast<const uint2*>(slot + kCodeBytes + i * 64 + g * 8)
+                            : make_uint2(0, 0);
+    }
+  // The dots as set_dot_staged (q4_moe_small.cu) does them after its load_qset; a copy, so that
+  // production's compiled code stays what the GPU tests ran (a shared helper moved its address
+  // arithmetic in the PTX).
+  const int t = lane & 3;
+#pragma unroll
+  for (int m = 0; m < GS; ++m) {
+    if (m >= ng) continue;  // warp-uniform
+    uint32_t X[4][2];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      X[kb][0] = has ? xr[(grp0 + m) * 32 + 8 * kb + t] : 0u;
+      X[kb][1] = has ? xr[(grp0 + m) * 32 + 8 * kb + t + 4] : 0u;
+    }
+    cuda::qtile::q_group_dot(w, m, X, y);
+  }
+}
+
+// Sets the kernel's shared memory and launches it on production's grid (x: routed tiles and the
+// shared expert's blocks, y: grid_y, z: passes).
+template <class Kernel, class... Args>
+void launch_on_grid(Kernel fn, size_t smem, unsigned grid_y, const cuda::MoeRouting& r,
+                    cudaStream_t stream, Args... args) {
+  LILAC_CUDA_CHECK(
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int Z = grid_passes(r.T, r.E, r.k);
+  fn<<<dim3(grid_x(r, Z), grid_y, unsigned(Z)), kThreads, smem, stream>>>(args...);
+  LILAC_CUDA_LAUNCHED();
+}
+
 template <int SLOTS, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB)
     gate_up_slots_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
@@ -112,31 +160,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
         commit();
         wait_groups<SLOTS - 1>();  // this lane's copies of set `set` landed
         __syncwarp();              // ... and every lane's (scale/bias pieces are read across lanes)
-        const unsigned char* slot = slots + (set % SLOTS) * kSlotBytes;
-        const int grp0 = set * kSetGroups, ng = min(kSetGroups, G - grp0);
-        cuda::qtile::QSet<4, 2, kSetGroups> w;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int m = 0; m < kSetGroups; ++m) {
-            const int i = nt * kSetGroups + m;
-            w.cw[nt][m][0] = m < ng ? *reinterpret_cast<const uint4*>(slot + i * 512 + lane * 16)
-                                    : make_uint4(0, 0, 0, 0);
-            w.sbv[nt][m] = m < ng
-                               ? *reinterpret_cast<const uint2*>(slot + kCodeBytes + i * 64 + g * 8)
-                               : make_uint2(0, 0);
-          }
-#pragma unroll
-        for (int m = 0; m < kSetGroups; ++m) {
-          if (m >= ng) continue;  // warp-uniform
-          uint32_t X[4][2];
-#pragma unroll
-          for (int kb = 0; kb < 4; ++kb) {
-            X[kb][0] = has ? xr[(grp0 + m) * 32 + 8 * kb + t] : 0u;
-            X[kb][1] = has ? xr[(grp0 + m) * 32 + 8 * kb + t + 4] : 0u;
-          }
-          cuda::qtile::q_group_dot(w, m, X, y);
-        }
+        const int grp0 = set * kSetGroups;
+        slot_dot<2, kSetGroups>(slots + (set % SLOTS) * kSlotBytes, grp0, min(kSetGroups, G - grp0),
+                                xr, has, y);
       }
       bf16* out = shared ? shared_act : act;
 #pragma unroll
@@ -157,17 +183,10 @@ template <int SLOTS, int MINB>
 void launch(const bf16* x, int T, int H, const QMatrix& gate_up, int I,
             const QMatrix& shared_gate_up, int Is, const cuda::MoeRouting& r, bf16* act,
             bf16* shared_act, cudaStream_t stream) {
-  auto fn = gate_up_slots_kernel<SLOTS, MINB>;
-  const size_t smem = staged_x_bytes(H) + size_t(kWarps) * SLOTS * kSlotBytes;
-  LILAC_CUDA_CHECK(
-      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const int Z = grid_passes(T, r.E, r.k);
-  const dim3 grid(grid_x(r, Z),
-                  unsigned(cuda::ceil_div(std::max(I, Is) / cuda::kQTileRows, kWarps)),
-                  unsigned(Z));
-  fn<<<grid, kThreads, smem, stream>>>(x, H, gate_up, I, shared_gate_up, Is, tiles_of(r),
-                                       r.sorted_token, r.E, T, act, shared_act);
-  LILAC_CUDA_LAUNCHED();
+  launch_on_grid(
+      gate_up_slots_kernel<SLOTS, MINB>, staged_x_bytes(H) + size_t(kWarps) * SLOTS * kSlotBytes,
+      unsigned(cuda::ceil_div(std::max(I, Is) / cuda::kQTileRows, kWarps)), r, stream, x, H,
+      gate_up, I, shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
 }
 
 // Version 5's down kernel: production's register down kernel (J output tiles per warp, one
@@ -232,27 +251,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
       commit();
       wait_groups<SLOTS - 1>();  // this lane's copies of tile j landed
       __syncwarp();              // ... and every lane's
-      const unsigned char* slot = slots + (j % SLOTS) * kSlotBytes;
-      cuda::qtile::QSet<4, 1, kDownGroups> w;
-#pragma unroll
-      for (int m = 0; m < kDownGroups; ++m) {
-        w.cw[0][m][0] = m < G ? *reinterpret_cast<const uint4*>(slot + m * 512 + lane * 16)
-                              : make_uint4(0, 0, 0, 0);
-        w.sbv[0][m] = m < G ? *reinterpret_cast<const uint2*>(slot + kCodeBytes + m * 64 + g * 8)
-                            : make_uint2(0, 0);
-      }
       float acc[1][4] = {};
-#pragma unroll
-      for (int m = 0; m < kDownGroups; ++m) {
-        if (m >= G) continue;  // warp-uniform
-        uint32_t X[4][2];
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-          X[kb][0] = has ? xr[m * 32 + 8 * kb + t] : 0u;
-          X[kb][1] = has ? xr[m * 32 + 8 * kb + t + 4] : 0u;
-        }
-        cuda::qtile::q_group_dot(w, m, X, acc);
-      }
+      slot_dot<1, kDownGroups>(slots + (j % SLOTS) * kSlotBytes, 0, G, xr, has, acc);
       float* out = shared ? shared_out : y;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -290,16 +290,10 @@ void q_moe_small_down_slots(const bf16* act, int I, const bf16* shared_act, int 
       Is % cuda::kQGroup)
     fail("lab q_moe_small v5: 4-bit weights, I and Is multiples of 64 up to 512");
   constexpr int J = 4;
-  auto fn = down_slots_kernel<2, J, 4>;
-  const size_t smem = staged_x_bytes(std::max(I, Is)) + size_t(kWarps) * 2 * kSlotBytes;
-  LILAC_CUDA_CHECK(
-      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const int Z = grid_passes(r.T, r.E, r.k);
-  const dim3 grid(grid_x(r, Z), unsigned(cuda::ceil_div(H / cuda::kQTileRows, kWarps * J)),
-                  unsigned(Z));
-  fn<<<grid, kThreads, smem, stream>>>(act, I, shared_act, Is, down, shared_down, H, tiles_of(r),
-                                       r.E, r.T, y, shared_out);
-  LILAC_CUDA_LAUNCHED();
+  launch_on_grid(down_slots_kernel<2, J, 4>,
+                 staged_x_bytes(std::max(I, Is)) + size_t(kWarps) * 2 * kSlotBytes,
+                 unsigned(cuda::ceil_div(H / cuda::kQTileRows, kWarps * J)), r, stream, act, I,
+                 shared_act, Is, down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
 }
 
 }  // namespace lilac::lab
