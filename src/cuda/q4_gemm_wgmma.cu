@@ -157,10 +157,14 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   // The small-M forms (wgmma n <= 64: the tensor work per k-tile is small, the per k-tile
   // bookkeeping is not; s22 ncu, in_proj at 16 rows: ~132 instructions per warp and k-tile, 60
   // of them the dequantisation) pay the barrier and the wgmma wait once per pair of k-tiles.
-  if constexpr (C::BT <= 64)
-    GroupLoop<2>::run<C, NW>(acc, xr, w, Kl, sX, sW);
-  else
+  // The small-M forms run under PDL (q4_gemm_pdl below): the prologue's weight copies are issued
+  // before the wait, and the next kernel may start scheduling once the main loop is done.
+  if constexpr (C::BT <= 64) {
+    GroupLoop<2>::run<C, NW, true>(acc, xr, w, Kl, sX, sW);
+    pdl_launch_dependents();
+  } else {
     mainloop<C, NW>(acc, xr, w, Kl, sX, sW);
+  }
   __syncthreads();  // both warpgroups' wgmmas retired, every copy landed: the stages are free
 
   // Stage the partial tile, [BT tokens][kPad] f32 at sX. acc[4 j + q]: row 16 warp + g + 8 (q >>
@@ -285,17 +289,26 @@ cudaLaunchConfig_t cluster_config(int S, int64_t blocks, cudaStream_t stream,
   return cfg;
 }
 
+// Programmatic dependent launch for the small-M forms (the batched decode step's projections,
+// ~80 launches per step): their blocks may become resident while the previous kernel finishes and
+// start their weight copies before griddepcontrol.wait (GroupLoop's PDL_WAIT prologue). On with
+// the process-wide PDL setting (launch.h); LILAC_Q4_GEMM_PDL=off launches them as before (A/B).
+// The wide forms (prefill: one launch per tens of microseconds) do not wait and never use it.
+bool q4_gemm_pdl() {
+  static const bool on = env_enum<bool>("LILAC_Q4_GEMM_PDL", true, {{"on", true}, {"off", false}});
+  return on;
+}
+
 template <class C, int S, GemmOut MODE, int NW>
 void launch(const bf16* A, int M, const QMatrix& W, void* out, bool vec, cudaStream_t stream) {
   set_smem<C, S, MODE, NW>();
   const int tiles_m = ceil_div(M, C::BT), tiles_n = ceil_div(W.rows, C::BR);
   const int64_t blocks = int64_t(tiles_m) * tiles_n * S;
   if (blocks > 0x7fffffff) fail("q_gemm_wgmma: {} x {} needs {} blocks", M, W.rows, blocks);
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = cluster_config<C>(S, blocks, stream, attr);
-  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, q_gemm_wgmma_kernel<C, S, MODE, NW>, A, M, W.cols, W,
-                                      out, tiles_m, tiles_n, vec));
-  LILAC_CUDA_LAUNCHED();
+  const dim3 cluster(unsigned(S), 1, 1);
+  launch_with(S > 1 ? &cluster : nullptr, C::BT <= 64 && q4_gemm_pdl(),
+              q_gemm_wgmma_kernel<C, S, MODE, NW>, dim3(unsigned(blocks)), dim3(C::THREADS),
+              size_t(C::SMEM_BYTES), stream, A, M, W.cols, W, out, tiles_m, tiles_n, vec);
 }
 
 template <class C, int S, int NW>

@@ -10,6 +10,7 @@
 #include "cuda/gemm_tile.cuh"
 #include "cuda/q4_gemm.h"
 #include "cuda/q4_tile.cuh"
+#include "cuda/vec_util.cuh"
 
 namespace lilac::cuda {
 
@@ -263,9 +264,9 @@ struct WSrc {
 // test, and an invalid row's pointer is row 0's (a valid address: the callers clamp it), so the
 // source needs no select either; s22: ~10 fewer instructions per thread and k-tile.
 template <class C>
-__device__ __forceinline__ void load_stage(const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
-                                           uint32_t sx, uint32_t sw, int kt) {
-  const int tid = threadIdx.x, c = tile::load_chunk(), r0 = tile::load_row0();
+__device__ __forceinline__ void load_stage_x(const tile::RowSet<C::X_LOADS>& xr, uint32_t sx,
+                                             int kt) {
+  const int c = tile::load_chunk(), r0 = tile::load_row0();
   // X_PARTIAL: threads of rows >= BT would copy into the next stage; they skip (not zero-fill).
   if (!C::X_PARTIAL || r0 < C::BT) {
     const uint32_t dst0 = sx + uint32_t(r0 * 128 + ((c ^ (r0 & 7)) << 4));
@@ -275,9 +276,19 @@ __device__ __forceinline__ void load_stage(const tile::RowSet<C::X_LOADS>& xr, c
       tile::cp_async_16(dst0 + uint32_t(i * C::ROW_STEP * 128), xr.ptr[i] + k,
                         (xr.valid >> i) & 1u);
   }
+}
+template <class C>
+__device__ __forceinline__ void load_stage_w(const WSrc& w, uint32_t sw, int kt) {
+  const int tid = threadIdx.x;
   tile::cp_async_16(sw + uint32_t(tid * 16), w.codes + size_t(kt) * kQBlockWords, w.codes_ok);
   if (tid < 32)
     tile::cp_async_16(sw + uint32_t(C::C_BYTES + tid * 16), w.sb + size_t(kt) * kQSbWords, w.sb_ok);
+}
+template <class C>
+__device__ __forceinline__ void load_stage(const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
+                                           uint32_t sx, uint32_t sw, int kt) {
+  load_stage_x<C>(xr, sx, kt);
+  load_stage_w<C>(w, sw, kt);
 }
 
 // The 4 k16 A fragments of this warp's row tile for one k-tile, from the stage's codes and
@@ -464,7 +475,9 @@ struct GroupLoop {
     }
   }
 
-  template <class C, int N>
+  // PDL_WAIT: the kernel may run under programmatic dependent launch (x is the previous
+  // kernel's output): the prologue waits for it between the weights' copies and x's.
+  template <class C, int N, bool PDL_WAIT = false>
   static __device__ __forceinline__ void run(float (&acc)[C::NACC],
                                              const tile::RowSet<C::X_LOADS>& xr, const WSrc& w,
                                              int K, uint32_t sX, uint32_t sW) {
@@ -473,8 +486,31 @@ struct GroupLoop {
     const int KT = K / tile::kBK;
 #pragma unroll
     for (int i = 0; i < C::NACC; ++i) acc[i] = 0.f;
+    if constexpr (PDL_WAIT) {
+      // The weights' copies of the PG groups first (no kernel writes them), then wait for the
+      // previous kernel (griddepcontrol.wait: a no-op when this kernel was launched without PDL),
+      // then the x copies, one commit per group. Group 0 also holds the later groups' weights:
+      // waiting for it waits for more than it needs, never less.
 #pragma unroll
-    for (int p = 0; p < PG; ++p) load_group<C>(xr, w, sX, sW, p, KT);
+      for (int p = 0; p < PG; ++p) {
+        const int s0 = G * (p % (PG + 1));
+#pragma unroll
+        for (int h = 0; h < G; ++h)
+          if (G * p + h < KT) load_stage_w<C>(w, sW + uint32_t((s0 + h) * C::W_STAGE), G * p + h);
+      }
+      pdl_wait();
+#pragma unroll
+      for (int p = 0; p < PG; ++p) {
+        const int s0 = G * (p % (PG + 1));
+#pragma unroll
+        for (int h = 0; h < G; ++h)
+          if (G * p + h < KT) load_stage_x<C>(xr, sX + uint32_t((s0 + h) * C::X_STAGE), G * p + h);
+        tile::cp_async_commit();
+      }
+    } else {
+#pragma unroll
+      for (int p = 0; p < PG; ++p) load_group<C>(xr, w, sX, sW, p, KT);
+    }
     tile::fence_operands(acc);
     uint32_t a[G][4][4];  // the group's A registers (its wgmmas retire before the next group)
     int p = 0;
