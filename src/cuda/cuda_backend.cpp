@@ -65,7 +65,6 @@ CudaOptions CudaOptions::from_environment() {
   o.gdn_batch_kernel = env_enum("LILAC_GDN_BATCH_KERNEL", o.gdn_batch_kernel,
                                 {{"split", GdnBatchKernel::split},
                                  {"head", GdnBatchKernel::head},
-                                 {"fused", GdnBatchKernel::fused},
                                  {"auto", GdnBatchKernel::automatic},
                                  {"automatic", GdnBatchKernel::automatic}});
   o.small_moe_kernel = env_enum("LILAC_SMALL_MOE_KERNEL", o.small_moe_kernel,

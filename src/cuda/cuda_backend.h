@@ -68,7 +68,7 @@ struct CudaOptions {
   PromptMoe prompt_moe = PromptMoe::automatic;
   // The batched pass's Gated DeltaNet state kernel (gated_deltanet.h): automatic = head
   // (version 6) but split (version 3) for an f32 state at <= 16 rows.
-  // LILAC_GDN_BATCH_KERNEL=split|head|fused|auto (A/B runs).
+  // LILAC_GDN_BATCH_KERNEL=split|head|auto (A/B runs).
   GdnBatchKernel gdn_batch_kernel = GdnBatchKernel::automatic;
   // One-row decode: the layer's first 4/8-bit projection (in_proj, qkv) runs q_gemv_rms_staged
   // (its input norm fused, its weights requested before it waits for the previous kernel;

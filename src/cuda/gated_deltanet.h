@@ -48,10 +48,9 @@ void gdn_decode(const float* proj, const float* conv_taps, float* conv_state,
 // kernel: the state pass's implementation. split = version 3 (a head's Dv/32 column blocks in a
 // cluster, each thread's 4 x 4 state slice in registers); head = version 6 (persistent blocks over
 // whole (row, head) items, the next items' states copied into shared memory by the bulk copy
-// engine); fused = head with the prep in the same kernel (s23: one launch per layer, no
-// workspace); automatic = head, but split for an f32 state at 16 rows or fewer (measured no better
-// there). All give the same bits (docs/kernels.md, "Sixteenth session", "Twenty-third session").
-enum class GdnBatchKernel { automatic, split, head, fused };
+// engine); automatic = head, but split for an f32 state at 16 rows or fewer (measured no better
+// there). Both give the same bits (docs/kernels.md, "Sixteenth session").
+enum class GdnBatchKernel { automatic, split, head };
 struct DecodeBatchRow;
 size_t gdn_decode_batch_workspace_floats(int B, int Hk, int Hv, int Dk, int Dv);
 void gdn_decode_batch(const float* proj, int B, const DecodeBatchRow* rows, int slot,

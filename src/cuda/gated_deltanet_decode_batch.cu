@@ -82,18 +82,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 // ---- kernel 1, prep: conv, l2norm, gates -> workspace
 
-// Value head v's gates from its inputs ba = b [Hv], then a [Hv]: beta = sigmoid(b), decay =
-// e^g = exp(-e^A softplus(a + dt_bias)) (the prep kernel and the fused head kernel: one expression,
-// the same bits).
-__device__ __forceinline__ void gates_of(const float* __restrict__ ba, int Hv, int v,
-                                         const float* __restrict__ neg_exp_A,
-                                         const float* __restrict__ dt_bias, float& beta,
-                                         float& decay) {
-  beta = sigmoid(ba[v]);
-  const float x = ba[Hv + v] + dt_bias[v];
-  decay = expf(neg_exp_A[v] * (x > 20.f ? x : log1pf(expf(x))));
-}
-
 // CPT: q/k channels per thread. 1: 2 DK threads, thread j < DK convolves q channel j, thread DK + j
 // k channel j. 2: DK threads, thread j both (q_j, then k_j): half the threads, asked to fit 64
 // registers (8 blocks of 128 per SM at the real shapes), so that a batch of 64 rows (1,024
@@ -159,7 +147,10 @@ __global__ void __launch_bounds__(2 * DK / CPT, CPT == 2 ? 8 : 1)
   }
   if (tid < ratio) {
     const int v = kh * ratio + tid;
-    gates_of(proj + C + size_t(Hv) * Dv, Hv, v, neg_exp_A, dt_bias, ws_beta[v], ws_decay[v]);
+    const float* ba = proj + C + size_t(Hv) * Dv;  // b [Hv], then a [Hv]
+    ws_beta[v] = sigmoid(ba[v]);
+    const float x = ba[Hv + v] + dt_bias[v];
+    ws_decay[v] = expf(neg_exp_A[v] * (x > 20.f ? x : log1pf(expf(x))));
   }
   __syncthreads();
 
@@ -299,29 +290,17 @@ __global__ void __launch_bounds__(2 * DK, kMinBlocks<ST>)
 template <int DK, class ST>
 struct HeadLayout {
   int Dv, stages;
-  int ratio = 0;  // the fused form (prep in the kernel): Hv / Hk; 0 for the two-kernel form
-  __host__ __device__ bool fused() const { return ratio > 0; }
   __host__ __device__ size_t state_bytes() const { return size_t(DK) * Dv * sizeof(ST); }
-  // The fused form's slots hold only the state (q, k, v, z are in the unit area).
   __host__ __device__ size_t slot_bytes() const {
-    return state_bytes() + (fused() ? 0 : size_t(2 * DK + 2 * Dv) * sizeof(float));
+    return state_bytes() + size_t(2 * DK + 2 * Dv) * sizeof(float);
   }
   __host__ __device__ size_t red_offset() const { return size_t(stages) * slot_bytes(); }
   __host__ __device__ size_t ss_offset() const {
     return red_offset() + 2 * size_t(DK / 16) * Dv * sizeof(float);
   }
-  // The fused form's unit area (one (row, key head) unit's prep output): q [Dk], k [Dk], v [ratio
-  // Dv], z [ratio Dv], beta [ratio], decay [ratio], the q/k sums of squares per 32-channel slice
-  // [2 Dk / 32]; 16-byte multiple.
-  __host__ __device__ size_t unit_offset() const {
+  __host__ __device__ size_t bar_offset() const {
     return ss_offset() + kMaxCluster * sizeof(float);
   }
-  __host__ __device__ size_t unit_bytes() const {
-    if (!fused()) return 0;
-    const size_t n = size_t(2 * DK) + 2 * size_t(ratio) * Dv + 2 * size_t(ratio) + 2 * DK / 32;
-    return (n * sizeof(float) + 15) & ~size_t(15);
-  }
-  __host__ __device__ size_t bar_offset() const { return unit_offset() + unit_bytes(); }
   __host__ __device__ size_t bytes() const { return bar_offset() + size_t(stages) * 8; }
 };
 
@@ -364,122 +343,26 @@ __device__ __forceinline__ float2 group_dot(int w, Row row) {
                      (t[0][1] + t[1][1]) + (t[2][1] + t[3][1]));
 }
 
-// ---- the fused form (s23): the prep inside the head kernel
-//
-// The two-kernel form's prep is a launch of its own whose output the head kernel waits for (in the
-// 16-row step, s22 ncu: prep 5.3 us + head 12.7 us per GDN layer). The fused form's blocks take
-// units (row b, key head kh): the unit's prep (its q / k channels, the v channels and z of its
-// ratio = Hv / Hk value heads, their gates; conv states shifted) into a shared-memory unit area,
-// then its value heads kh ratio .. kh ratio + ratio - 1 as the head kernel's items, in order. A
-// unit's q / k conv state is shifted once, by the one block that owns both value heads. The
-// states of the next items are in flight (the ring) while the prep runs. The prep's operations
-// are gdn_batch_prep_kernel's channel for channel: the same conv_silu, the same 32-channel slice
-// sums (a warp holds 32 consecutive channels per round: the block size is a multiple of 32), summed
-// in the same order, the same gates (gates_of): the same bits.
-struct FusedPrep {
-  const float* proj;  // [B][proj_stride]: conv inputs q, k, v, then z [Hv Dv], b [Hv], a [Hv]
-  const float* taps;
-  const float* neg_exp_A;
-  const float* dt_bias;
-  int proj_stride;
-};
-
-// Pointers into the unit area (HeadLayout::unit_bytes).
-struct UnitArea {
-  float *q, *k, *v, *z, *beta, *decay, *ss;
-  __device__ UnitArea(float* u, int ratio, int Dk, int Dv) {
-    q = u, k = q + Dk, v = k + Dk, z = v + ratio * Dv, beta = z + ratio * Dv;
-    decay = beta + ratio, ss = decay + ratio;
-  }
-};
-
-// Unit (b, kh)'s prep, first half: conv + SiLU of every channel (conv states shifted), q and k
-// unnormalised, their 32-channel slice sums of squares, z, the gates. The caller's barrier, then
-// unit_normalise. proj: row b's; conv_state: row b's at the layer's slot.
-template <int DK, int KC>
-__device__ __forceinline__ void unit_prep(const FusedPrep& fp, const float* __restrict__ proj,
-                                          float* __restrict__ conv_state, int Hk, int Hv, int Dv,
-                                          int kh, const UnitArea& u) {
-  const int tid = threadIdx.x, lane = tid & 31, nth = int(blockDim.x);
-  const int ratio = Hv / Hk, C = 2 * Hk * DK + Hv * Dv;
-  for (int j = tid; j < 2 * DK; j += nth) {  // (every lane of a warp takes the same rounds)
-    const int ch = j < DK ? kh * DK + j : Hk * DK + kh * DK + (j - DK);
-    float nxt[KC - 1];
-    const float x = conv_silu<KC>(conv_state, fp.taps, proj[ch], ch, C, nxt);
-#pragma unroll
-    for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + ch] = nxt[r];
-    const float ss = warp_sum(x * x);
-    if (lane == 0) u.ss[j / 32] = ss;
-    if (j < DK)
-      u.q[j] = x;
-    else
-      u.k[j - DK] = x;
-  }
-  for (int l = tid; l < ratio * Dv; l += nth) {
-    const int vc = kh * ratio * Dv + l, chv = 2 * Hk * DK + vc;
-    float nv[KC - 1];
-    u.v[l] = conv_silu<KC>(conv_state, fp.taps, proj[chv], chv, C, nv);
-    u.z[l] = proj[C + vc];
-#pragma unroll
-    for (int r = 0; r < KC - 1; ++r) conv_state[size_t(r) * C + chv] = nv[r];
-  }
-  if (tid < ratio)
-    gates_of(proj + C + size_t(Hv) * Dv, Hv, kh * ratio + tid, fp.neg_exp_A, fp.dt_bias,
-             u.beta[tid], u.decay[tid]);
-}
-
-// Second half: the l2norm as the prep kernel's (q by (sum q^2 + 1e-6)^-1/2 Dk^-1/2, k by (sum k^2
-// + 1e-6)^-1/2, the slice sums added in slice order).
-template <int DK>
-__device__ __forceinline__ void unit_normalise(const UnitArea& u) {
-  float ssq = 0.f, ssk = 0.f;
-#pragma unroll
-  for (int w = 0; w < DK / 32; ++w) ssq += u.ss[w], ssk += u.ss[DK / 32 + w];
-  for (int j = int(threadIdx.x); j < 2 * DK; j += int(blockDim.x)) {
-    if (j < DK) {
-      const float rq = rsqrtf(ssq + 1e-6f) * rsqrtf(float(DK));
-      u.q[j] = u.q[j] * rq;
-    } else {
-      const float rk = rsqrtf(ssk + 1e-6f);
-      u.k[j - DK] = u.k[j - DK] * rk;
-    }
-  }
-}
-
-// KC = 0: the head kernel of the two-kernel form (q, k, v, z, beta, decay from the prep kernel's
-// workspace); KC > 0: the fused form above (conv width KC; ws unused, fp the prep's inputs).
-template <int DK, class ST, int KC>
+template <int DK, class ST>
 __global__ void __launch_bounds__(kHeadMaxThreads)
     gdn_batch_head_kernel(const float* __restrict__ ws, int ws_row,
                           const float* __restrict__ norm_w, int Hk, int Hv, int Dv, float eps,
                           bf16* __restrict__ out, const DecodeBatchRow* __restrict__ rows, int slot,
-                          int items, int stages, FusedPrep fp) {
+                          int items, int stages) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kFused = KC > 0;
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int NG = DK / 16;           // 16-row groups
   constexpr size_t kCopyBytes = 16384;  // a state is copied in pieces of at most 16 KiB
-  const int ratio = Hv / Hk;
-  const HeadLayout<DK, ST> L{Dv, stages, kFused ? ratio : 0};
+  const HeadLayout<DK, ST> L{Dv, stages};
   float* red = reinterpret_cast<float*>(smem + L.red_offset());  // [NG][Dv]: S^T k partials
   float* red2 = red + NG * Dv;                                   // [NG][Dv]: S'^T q partials
   float* ss_part = reinterpret_cast<float*>(smem + L.ss_offset());
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bar_offset());
-  const UnitArea unit(reinterpret_cast<float*>(smem + L.unit_offset()), ratio, DK, Dv);
   const int tid = threadIdx.x, lane = tid & 31;
   const int nc2 = Dv / 2, cp = tid % nc2, rs = tid / nc2;
   const int gpt = NG / (int(blockDim.x) / nc2);  // groups per thread
+  const int ratio = Hv / Hk;
   const int step = int(gridDim.x);
-  // The block's it-th item (items or more: none): the two-kernel form deals items round robin;
-  // the fused form units (b, kh) round robin, each unit's ratio items in a row.
-  auto item_at = [&](int it) {
-    if constexpr (kFused) {
-      const int unit_index = int(blockIdx.x) + (it / ratio) * step;
-      return unit_index < items / ratio ? unit_index * ratio + it % ratio : items;
-    } else {
-      return int(blockIdx.x) + it * step;
-    }
-  };
 
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) bulk::init(&full[s], 1);
@@ -488,59 +371,42 @@ __global__ void __launch_bounds__(kHeadMaxThreads)
   const float w_l = tid < Dv ? norm_w[tid] : 0.f;  // no kernel of the step writes it
   __syncthreads();
   pdl_launch_dependents();
-  pdl_wait();  // the workspace is the prep kernel's output (fused: proj is in_proj's)
+  pdl_wait();  // the workspace is the prep kernel's output
 
-  // Thread 0 issues item `item` into slot s: its state, then (two-kernel form) q, k, v, z from
-  // the workspace row.
+  // Thread 0 issues item `item` into slot s: its state, then q, k, v, z from the workspace row.
   auto issue = [&](int item, int s) {
     const int b = item / Hv, v = item - b * Hv, kh = v / ratio;
     unsigned char* d = smem + size_t(s) * L.slot_bytes();
     const ST* src = gdn::row_state<ST>(rows[b]) + (size_t(slot) * Hv + v) * DK * Dv;
+    const float* wsr = ws + size_t(b) * ws_row;
     bulk::arrive_expect_tx(&full[s], unsigned(L.slot_bytes()));
     for (size_t off = 0; off < L.state_bytes(); off += kCopyBytes)  // copies of <= 16 KiB
       bulk::copy(d + off, reinterpret_cast<const unsigned char*>(src) + off,
                  unsigned(L.state_bytes() - off < kCopyBytes ? L.state_bytes() - off : kCopyBytes),
                  &full[s]);
-    if constexpr (!kFused) {
-      const float* wsr = ws + size_t(b) * ws_row;
-      float* f = reinterpret_cast<float*>(d + L.state_bytes());
-      bulk::copy(f, wsr + kh * DK, DK * 4, &full[s]);
-      bulk::copy(f + DK, wsr + Hk * DK + kh * DK, DK * 4, &full[s]);
-      bulk::copy(f + 2 * DK, wsr + 2 * Hk * DK + v * Dv, unsigned(Dv) * 4, &full[s]);
-      bulk::copy(f + 2 * DK + Dv, wsr + 2 * Hk * DK + Hv * Dv + v * Dv, unsigned(Dv) * 4, &full[s]);
-    }
+    float* f = reinterpret_cast<float*>(d + L.state_bytes());
+    bulk::copy(f, wsr + kh * DK, DK * 4, &full[s]);
+    bulk::copy(f + DK, wsr + Hk * DK + kh * DK, DK * 4, &full[s]);
+    bulk::copy(f + 2 * DK, wsr + 2 * Hk * DK + v * Dv, unsigned(Dv) * 4, &full[s]);
+    bulk::copy(f + 2 * DK + Dv, wsr + 2 * Hk * DK + Hv * Dv + v * Dv, unsigned(Dv) * 4, &full[s]);
   };
   if (tid == 0)
-    for (int s = 0; s < stages && item_at(s) < items; ++s) issue(item_at(s), s);
+    for (int s = 0; s < stages && int(blockIdx.x) + s * step < items; ++s)
+      issue(int(blockIdx.x) + s * step, s);
 
-  for (int it = 0, item = item_at(0); item < items; item = item_at(++it)) {
+  for (int it = 0, item = int(blockIdx.x); item < items; ++it, item += step) {
     const int s = it % stages;
     const int b = item / Hv, v = item - b * Hv;
-    float beta, decay;
-    const float *qs, *ks, *vs, *zs;
-    if constexpr (kFused) {
-      const int r = v % ratio;
-      if (r == 0) {  // the unit's first item: its prep (the previous unit's reads are done)
-        const int C = 2 * Hk * DK + Hv * Dv;
-        unit_prep<DK, KC>(fp, fp.proj + size_t(b) * fp.proj_stride,
-                          rows[b].conv + size_t(slot) * (KC - 1) * C, Hk, Hv, Dv, v / ratio, unit);
-        __syncthreads();
-        unit_normalise<DK>(unit);
-        __syncthreads();
-      }
-      beta = unit.beta[r], decay = unit.decay[r];
-      qs = unit.q, ks = unit.k, vs = unit.v + r * Dv, zs = unit.z + r * Dv;
-      bulk::wait(&full[s], unsigned(it / stages) & 1u);
-    } else {
-      const float* wsr = ws + size_t(b) * ws_row;
-      beta = wsr[2 * Hk * DK + 2 * Hv * Dv + v];
-      decay = wsr[2 * Hk * DK + 2 * Hv * Dv + Hv + v];
-      bulk::wait(&full[s], unsigned(it / stages) & 1u);
-      qs = reinterpret_cast<const float*>(smem + size_t(s) * L.slot_bytes() + L.state_bytes());
-      ks = qs + DK, vs = ks + DK, zs = vs + Dv;
-    }
-    const ST* S = reinterpret_cast<const ST*>(smem + size_t(s) * L.slot_bytes());
-    const float z_l = tid < Dv ? zs[tid] : 0.f;
+    const float* wsr = ws + size_t(b) * ws_row;
+    const float beta = wsr[2 * Hk * DK + 2 * Hv * Dv + v];
+    const float decay = wsr[2 * Hk * DK + 2 * Hv * Dv + Hv + v];
+    bulk::wait(&full[s], unsigned(it / stages) & 1u);
+    const unsigned char* d = smem + size_t(s) * L.slot_bytes();
+    const ST* S = reinterpret_cast<const ST*>(d);
+    const float* qs = reinterpret_cast<const float*>(d + L.state_bytes());
+    const float* ks = qs + DK;
+    const float* vs = ks + DK;
+    const float z_l = tid < Dv ? vs[Dv + tid] : 0.f;
 
     // 1. S^T k: the groups' partials of columns 2cp, 2cp + 1 into red.
     for (int j = 0; j < gpt; ++j) {
@@ -575,9 +441,8 @@ __global__ void __launch_bounds__(kHeadMaxThreads)
         return sv;
       });
     }
-    __syncthreads();  // red2 complete; slot s (and the unit area) read no more (z is in z_l)
-    const int next = item_at(it + stages);
-    if (tid == 0 && next < items) issue(next, s);
+    __syncthreads();  // red2 complete; slot s is read no more (z is in z_l)
+    if (tid == 0 && item + stages * step < items) issue(item + stages * step, s);
 
     // 4. Gated RMS norm over the head: thread c < Dv takes column c.
     float ov = 0.f;
@@ -610,7 +475,7 @@ struct BatchArgs {
   float* ws;
   const DecodeBatchRow* rows;
   int B, slot, proj_stride;
-  GdnBatchKernel kernel;  // split, head or fused (automatic resolved: pick_kernel)
+  bool head;  // the state pass on gdn_batch_head_kernel (else gdn_batch_state_kernel)
 };
 
 // The head kernel's shape: (Dv / 2) column pairs x row slices, each slice whole 16-row groups (a
@@ -624,21 +489,19 @@ int head_threads(int Dk, int Dv) {
 }
 
 // Ring slots: 3 where they fit in 227 KB (the real shapes: 3 x 34 KB in bf16, two blocks per SM;
-// 3 x 66 KB in f32, one), else 2. ratio > 0: the fused form's layout (its unit area).
+// 3 x 66 KB in f32, one), else 2.
 template <int DK, class ST>
-HeadLayout<DK, ST> head_layout(int Dv, int ratio) {
-  HeadLayout<DK, ST> L{Dv, 3, ratio};
+HeadLayout<DK, ST> head_layout(int Dv) {
+  HeadLayout<DK, ST> L{Dv, 3};
   if (L.bytes() > 227 * 1024) L.stages = 2;
   return L;
 }
 
-// Persistent grid: the blocks resident at once (occupancy at this shape), at most one per item
-// (fused, KC > 0: per unit of Hv / Hk items).
-template <int DK, class ST, int KC>
+// Persistent grid: the blocks resident at once (occupancy at this shape), at most one per item.
+template <int DK, class ST>
 void launch_head(const BatchArgs& a, int ws_row, cudaStream_t stream) {
-  const auto kernel = gdn_batch_head_kernel<DK, ST, KC>;
-  const int ratio = a.Hv / a.Hk;
-  const HeadLayout<DK, ST> L = head_layout<DK, ST>(a.Dv, KC > 0 ? ratio : 0);
+  const auto kernel = gdn_batch_head_kernel<DK, ST>;
+  const HeadLayout<DK, ST> L = head_layout<DK, ST>(a.Dv);
   const int threads = head_threads(DK, a.Dv);
   if (L.bytes() > 227 * 1024) fail("gdn_decode_batch: Dv {} too wide for the head kernel", a.Dv);
   static std::mutex mu;
@@ -646,11 +509,9 @@ void launch_head(const BatchArgs& a, int ws_row, cudaStream_t stream) {
   int device = 0;
   LILAC_CUDA_CHECK(cudaGetDevice(&device));
   int blocks = 0;
-  // (The fused form's unit area grows with Hv / Hk: its key holds Dv + 65536 ratio.)
-  const int key = a.Dv + (KC > 0 ? 65536 * ratio : 0);
   {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = resident.find({device, key});
+    auto it = resident.find({device, a.Dv});
     if (it == resident.end()) {
       // The attribute is the kernel's, whatever Dv: allow every size this kernel may take (a
       // narrower head's smaller value set later would refuse a wider head's launches).
@@ -661,15 +522,14 @@ void launch_head(const BatchArgs& a, int ws_row, cudaStream_t stream) {
           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, L.bytes()));
       LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
       if (per_sm < 1) fail("gdn_decode_batch: the head kernel does not fit an SM (Dv {})", a.Dv);
-      it = resident.emplace(std::make_pair(device, key), per_sm * sms).first;
+      it = resident.emplace(std::make_pair(device, a.Dv), per_sm * sms).first;
     }
     blocks = it->second;
   }
-  const int items = a.B * a.Hv, work = KC > 0 ? items / ratio : items;
-  const FusedPrep fp{a.proj, a.taps, a.neg_exp_A, a.dt_bias, a.proj_stride};
-  launch_kernel(true, kernel, dim3(unsigned(std::min(work, blocks))), dim3(unsigned(threads)),
+  const int items = a.B * a.Hv;
+  launch_kernel(true, kernel, dim3(unsigned(std::min(items, blocks))), dim3(unsigned(threads)),
                 L.bytes(), stream, a.ws, ws_row, a.norm_w, a.Hk, a.Hv, a.Dv, a.eps, a.out, a.rows,
-                a.slot, items, L.stages, fp);
+                a.slot, items, L.stages);
 }
 
 // The prep kernel's q/k channels per thread: 1 while its Hk x B blocks fit in one wave of the
@@ -697,13 +557,6 @@ int prep_channels_per_thread(int blocks) {
 template <int DK, int KC>
 void launch_batch(const BatchArgs& a, bool prep_only, cudaStream_t stream) {
   const int ws_row = ws_row_floats(a.Hk, a.Hv, DK, a.Dv);
-  if (a.kernel == GdnBatchKernel::fused && !prep_only) {  // one launch: no workspace
-    if (a.state_format == GdnStateFormat::bf16)
-      launch_head<DK, bf16, KC>(a, ws_row, stream);
-    else
-      launch_head<DK, float, KC>(a, ws_row, stream);
-    return;
-  }
   const dim3 prep_grid(unsigned(a.Hk), unsigned(a.B));
   if (prep_channels_per_thread<DK, KC>(a.Hk * a.B) == 2)
     launch_kernel(true, gdn_batch_prep_kernel<DK, KC, 2>, prep_grid, dim3(DK), 0, stream, a.proj,
@@ -714,11 +567,11 @@ void launch_batch(const BatchArgs& a, bool prep_only, cudaStream_t stream) {
                   a.proj, a.taps, a.conv_state, a.neg_exp_A, a.dt_bias, a.Hk, a.Hv, a.Dv, a.ws,
                   ws_row, a.rows, a.slot, a.proj_stride);
   if (prep_only) return;
-  if (a.kernel == GdnBatchKernel::head) {
+  if (a.head) {
     if (a.state_format == GdnStateFormat::bf16)
-      launch_head<DK, bf16, 0>(a, ws_row, stream);
+      launch_head<DK, bf16>(a, ws_row, stream);
     else
-      launch_head<DK, float, 0>(a, ws_row, stream);
+      launch_head<DK, float>(a, ws_row, stream);
     return;
   }
   // Clusters of a head's column blocks.
@@ -787,10 +640,9 @@ namespace {
 // automatic: the head kernel, but for an f32 state at 16 rows or fewer (one 206 KB block per SM,
 // ~4 items each), where it measured no better than the split kernel (s16 run 4, BF16 weights,
 // c=16: 1,399-1,400 against 1,409-1,415 tok/s; 4-bit: 2,952 against 2,910).
-GdnBatchKernel pick_kernel(GdnBatchKernel kernel, GdnStateFormat state_format, int B) {
-  if (kernel != GdnBatchKernel::automatic) return kernel;
-  return state_format == GdnStateFormat::bf16 || B > 16 ? GdnBatchKernel::head
-                                                        : GdnBatchKernel::split;
+bool use_head_kernel(GdnBatchKernel kernel, GdnStateFormat state_format, int B) {
+  if (kernel != GdnBatchKernel::automatic) return kernel == GdnBatchKernel::head;
+  return state_format == GdnStateFormat::bf16 || B > 16;
 }
 
 void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows, int slot,
@@ -818,7 +670,7 @@ void gdn_decode_batch_impl(const float* proj, int B, const DecodeBatchRow* rows,
                     B,
                     slot,
                     2 * Hk * Dk + 2 * Hv * Dv + 2 * Hv,
-                    pick_kernel(kernel, state_format, B)};
+                    use_head_kernel(kernel, state_format, B)};
   launch_batch_dk(Dk, K, a, prep_only, stream);
 }
 

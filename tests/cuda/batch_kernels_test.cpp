@@ -127,13 +127,8 @@ void check_gdn_batch_rows(int Hk, int Hv, int Dk, int Dv, int K, std::initialize
   }
 }
 
-constexpr cuda::GdnBatchKernel kGdnBatchKernels[] = {
-    cuda::GdnBatchKernel::split, cuda::GdnBatchKernel::head, cuda::GdnBatchKernel::fused};
-const char* kernel_name(cuda::GdnBatchKernel k) {
-  return k == cuda::GdnBatchKernel::head    ? "head kernel"
-         : k == cuda::GdnBatchKernel::fused ? "fused kernel (prep inside)"
-                                            : "split kernel";
-}
+constexpr cuda::GdnBatchKernel kGdnBatchKernels[] = {cuda::GdnBatchKernel::split,
+                                                     cuda::GdnBatchKernel::head};
 
 TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
   LILAC_REQUIRE_GPU();
@@ -143,7 +138,7 @@ TEST(BatchKernels, GdnDecodeBatchEqualsSingleRows) {
   // rows deals 2,048 items over its resident blocks (several rounds of its ring), at 517 rows of
   // tiny-a's shape 2,068.
   for (const auto kernel : kGdnBatchKernels) {
-    SCOPED_TRACE(kernel_name(kernel));
+    SCOPED_TRACE(kernel == cuda::GdnBatchKernel::head ? "head kernel" : "split kernel");
     check_gdn_batch_rows<float>(16, 32, 128, 128, 4, {1, 3, 7, 16, 40, 64}, kernel);
     check_gdn_batch_rows<float>(2, 8, 128, 64, 3, {1, 5, 123}, kernel);
     check_gdn_batch_rows<float>(4, 4, 64, 64, 2, {2, 211}, kernel);
@@ -159,7 +154,7 @@ TEST(BatchKernels, GdnDecodeBatchEqualsSingleRowsBf16State) {
   LILAC_REQUIRE_GPU();
   if (!cuda::gdn_decode_uses_cluster(16, 32, 128, 128)) GTEST_SKIP() << "needs an sm_90 GPU";
   for (const auto kernel : kGdnBatchKernels) {
-    SCOPED_TRACE(kernel_name(kernel));
+    SCOPED_TRACE(kernel == cuda::GdnBatchKernel::head ? "head kernel" : "split kernel");
     check_gdn_batch_rows<bf16>(16, 32, 128, 128, 4, {1, 7, 16, 64}, kernel);
     check_gdn_batch_rows<bf16>(2, 8, 128, 64, 3, {5, 123}, kernel);
     check_gdn_batch_rows<bf16>(2, 4, 32, 32, 4, {3, 517}, kernel);

@@ -82,7 +82,6 @@ TEST(CudaOptions, FromEnvironmentReadsTheKernelChoices) {
   expect_spellings("LILAC_GDN_BATCH_KERNEL", &cuda::CudaOptions::gdn_batch_kernel,
                    {{"split", cuda::GdnBatchKernel::split},
                     {"head", cuda::GdnBatchKernel::head},
-                    {"fused", cuda::GdnBatchKernel::fused},
                     {"auto", cuda::GdnBatchKernel::automatic},
                     {"automatic", cuda::GdnBatchKernel::automatic}},
                    "cluster");

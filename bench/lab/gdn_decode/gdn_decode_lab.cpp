@@ -70,13 +70,6 @@ void v6_head_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
                          GdnStateFormat::f32, cuda::GdnBatchKernel::head);
 }
 
-// Version 7 is the fused form (GdnBatchKernel::fused, s23): the prep inside the head kernel.
-void v7_fused_batch(const GdnDecodeBatchArgs& a, cudaStream_t s) {
-  cuda::gdn_decode_batch(a.proj, a.B, a.rows, a.slot, a.taps, a.neg_exp_A, a.dt_bias, a.norm_w,
-                         a.Hk, a.Hv, a.Dk, a.Dv, a.K, a.eps, a.workspace, a.out, s,
-                         GdnStateFormat::f32, cuda::GdnBatchKernel::fused);
-}
-
 // Version 1 has no batched form.
 BatchLaunch batch_launcher(int version) {
   return version == 2   ? v2_cluster_batch
@@ -84,7 +77,6 @@ BatchLaunch batch_launcher(int version) {
          : version == 4 ? gdn_decode_v4_pipelined
          : version == 5 ? gdn_decode_v5_persistent
          : version == 6 ? v6_head_batch
-         : version == 7 ? v7_fused_batch
                         : nullptr;
 }
 
@@ -443,7 +435,7 @@ bool run(const Options& opt, const Version& v) {
 Op gdn_decode_op() {
   return Op{
       "gdn_decode",
-      "Gated DeltaNet decode, one token (v1, v2) and batched at B 3, 16, 64 (v2 to v7): real Hk "
+      "Gated DeltaNet decode, one token (v1, v2) and batched at B 3, 16, 64 (v2 to v6): real Hk "
       "16 "
       "Hv "
       "32 Dk = Dv = 128 K 4",
@@ -473,11 +465,6 @@ Op gdn_decode_op() {
         "cluster: the block has the head's columns), the next items' states and workspace values "
         "streamed into a shared-memory ring by the bulk copy engine (production's "
         "GdnBatchKernel::head, s16)",
-        true},
-       {7, "fused",
-        "batched only: v6 with the prep in the same kernel, its blocks over (row, key head) units "
-        "(the unit's prep into shared memory, then its value heads), one launch (production's "
-        "GdnBatchKernel::fused, s23)",
         true}},
       run};
 }
