@@ -1,12 +1,17 @@
 # tools/check_layers.py: the layering check over src/'s includes (docs/architecture.md); its own
-# tests (check_layers_test.py) plant violations in temporary trees and expect it to fail.
+# tests (check_layers_test.py) plant violations in temporary trees and expect it to fail. And the
+# tests of tools/nsys_steps.py.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)
   add_test(NAME check_layers COMMAND Python3::Interpreter ${CMAKE_SOURCE_DIR}/tools/check_layers.py
                                      ${CMAKE_SOURCE_DIR}/src)
   add_test(NAME check_layers_test
            COMMAND Python3::Interpreter ${CMAKE_CURRENT_LIST_DIR}/check_layers_test.py)
-  set_tests_properties(check_layers check_layers_test PROPERTIES LABELS cpu)
+  # tools/nsys_steps.py (a decode step's per-kernel exposed time from an Nsight Systems export)
+  # on small exports built by the test.
+  add_test(NAME nsys_steps_test
+           COMMAND Python3::Interpreter ${CMAKE_CURRENT_LIST_DIR}/nsys_steps_test.py)
+  set_tests_properties(check_layers check_layers_test nsys_steps_test PROPERTIES LABELS cpu)
 else()
   add_test(NAME check_layers COMMAND ${CMAKE_COMMAND} -E echo
            "check_layers needs python3 (not found at configure time)")

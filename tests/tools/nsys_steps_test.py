@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Tests of tools/nsys_steps.py on small Nsight Systems exports built here (the two tables it
+reads, as `nsys export --type sqlite` lays them out): a step's exposed times and idle gaps add up
+to its wall time, overlapped kernels count only their uncovered part, warm-up steps and steps of
+another size are left out, and an export without kernels fails."""
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import unittest
+
+TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                    "nsys_steps.py")
+US = 1000  # the export's times are nanoseconds
+
+
+def export(path, kernels):
+    """kernels: (start_us, end_us, demangled name)."""
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT NOT NULL, end INT NOT NULL, "
+                "deviceId INT NOT NULL, demangledName INT NOT NULL, shortName INT NOT NULL)")
+    ids = {}
+    for start, end, name in kernels:
+        if name not in ids:
+            ids[name] = len(ids) + 1
+            con.execute("INSERT INTO StringIds VALUES (?, ?)", (ids[name], name))
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, ?, ?)",
+                    (start * US, end * US, ids[name], ids[name]))
+    con.commit()
+    con.close()
+
+
+def run(kernels, *args):
+    with tempfile.TemporaryDirectory() as d:
+        db = os.path.join(d, "p.sqlite")
+        export(db, kernels)
+        p = subprocess.run([sys.executable, TOOL, db, *args], capture_output=True, text=True)
+        return p.returncode, p.stdout + p.stderr
+
+
+def step(t0, gap=5):
+    # embed [0, 10); gemm [8, 20): 2 us under embed; idle gap; moe [20 + gap, 40 + gap).
+    return [(t0, t0 + 10, "void (anonymous namespace)::q_embed_kernel(int const*)"),
+            (t0 + 8, t0 + 20, "void qgemm::q_gemm_kernel<qgemm::Cfg<16, 8, 3>, 2>(float*)"),
+            (t0 + 20 + gap, t0 + 40 + gap, "void (anonymous namespace)::moe_kernel<4>(int)")]
+
+
+class NsysStepsTest(unittest.TestCase):
+    def test_exposed_times_and_gaps_add_up(self):
+        rc, out = run(step(0) + step(100) + step(200), "--skip", "1")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("2 steps of 3 kernels", out)
+        self.assertIn("step wall 45.0 us, idle gaps 5.0 us, kernel durations sum 42.0 us", out)
+        rows = {l.split()[0]: l.split() for l in out.splitlines()[3:]}
+        self.assertEqual(rows["q_embed_kernel"][3], "10.0")
+        self.assertEqual(rows["q_gemm_kernel"][2], "12.00")  # its whole duration
+        self.assertEqual(rows["q_gemm_kernel"][3], "10.0")   # less the 2 us under the embed
+        self.assertEqual(rows["moe_kernel"][3], "20.0")
+
+    def test_other_step_sizes_are_left_out(self):
+        odd = step(300) + [(345, 350, "void rms_norm_kernel<1>(float*)")]
+        rc, out = run(step(0) + step(100) + step(200) + odd, "--skip", "0")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("3 steps of 3 kernels (of 4 steps", out)
+
+    def test_kernel_inside_another_adds_nothing(self):
+        inner = [(0, 10, "q_embed_kernel"), (2, 5, "tiny_kernel"), (10, 12, "tail_kernel")]
+        rc, out = run(inner, "--skip", "0")
+        self.assertEqual(rc, 0, out)
+        rows = {l.split()[0]: l.split() for l in out.splitlines()[3:]}
+        self.assertEqual(rows["tiny_kernel"][3], "0.0")
+        self.assertIn("step wall 12.0 us, idle gaps 0.0 us", out)
+
+    def test_no_kernels_fails(self):
+        rc, out = run([], "--skip", "0")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("no kernels", out)
+
+    def test_no_step_start_fails(self):
+        rc, out = run([(0, 5, "gemm_kernel")], "--skip", "0")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("no step starts", out)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Where a decode step's time goes on the GPU's own timeline: reads an Nsight Systems export
+(`nsys profile -t cuda --cuda-graph-trace=node ...`, then `nsys export --type sqlite`) and splits
+each step (a run of kernels from an embedding kernel to the next) into per-kernel *exposed* time.
+
+ncu times each kernel alone, serialised, with its launch ramp; inside a CUDA graph under PDL the
+next kernel's blocks start while the previous one drains, so the durations add up to more than
+the step. Here a kernel's exposed time is the part of its [start, end) that no earlier kernel of
+the step covers: the exposed times plus the idle gaps add up to the step's wall time exactly.
+
+    tools/nsys_steps.py PROFILE.sqlite [--first-kernel embed] [--skip 5] [--top 30]
+
+Prints, over the steps after the first --skip (warm-up), the mean step wall time, its idle gaps,
+and per kernel name (template arguments dropped): calls per step, mean duration, mean exposed
+time per step. Only steps whose kernel count is the most common one are used (one batch size).
+"""
+import argparse
+import collections
+import re
+import sqlite3
+import sys
+
+
+def short(name):
+    name = name.replace("(anonymous namespace)::", "")
+    name = re.sub(r"\(.*", "", name)  # parameters
+    name = re.sub(r"<.*>", "", name)  # template arguments
+    return name.split("::")[-1].split()[-1]  # no namespace, no return type
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("db")
+    ap.add_argument("--first-kernel", default="embed", help="substring of a step's first kernel")
+    ap.add_argument("--skip", type=int, default=5, help="warm-up steps left out")
+    ap.add_argument("--top", type=int, default=30)
+    a = ap.parse_args()
+
+    con = sqlite3.connect(a.db)
+    rows = con.execute(
+        "SELECT k.start, k.end, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+        "JOIN StringIds s ON s.id = COALESCE(k.demangledName, k.shortName) ORDER BY k.start"
+    ).fetchall()
+    if not rows:
+        sys.exit("no kernels in " + a.db)
+
+    steps, cur = [], None
+    for start, end, name in rows:
+        n = short(name)
+        if a.first_kernel in n:
+            cur = []
+            steps.append(cur)
+        if cur is not None:
+            cur.append((start, end, n))
+    sizes = collections.Counter(len(s) for s in steps)
+    if not sizes:
+        sys.exit("no step starts with a kernel named like '%s'" % a.first_kernel)
+    size = sizes.most_common(1)[0][0]
+    use = [s for s in steps if len(s) == size][a.skip:]
+    if not use:
+        sys.exit("too few steps of %d kernels after --skip %d" % (size, a.skip))
+
+    calls = collections.Counter()
+    dur = collections.Counter()
+    exposed = collections.Counter()
+    wall = gaps = 0
+    for s in use:
+        covered = s[0][0]
+        for start, end, n in s:
+            calls[n] += 1
+            dur[n] += end - start
+            if start > covered:
+                gaps += start - covered
+            exposed[n] += max(0, end - max(start, covered))
+            covered = max(covered, end)
+        wall += covered - s[0][0]
+    k = len(use)
+    print("%d steps of %d kernels (of %d steps; sizes %s)" % (k, size, len(steps), dict(sizes)))
+    print("step wall %.1f us, idle gaps %.1f us, kernel durations sum %.1f us" %
+          (wall / k / 1e3, gaps / k / 1e3, sum(dur.values()) / k / 1e3))
+    print("%-40s %7s %10s %12s %7s" % ("kernel", "calls", "mean us", "exposed us", "share"))
+    for n, e in exposed.most_common(a.top):
+        print("%-40s %7.1f %10.2f %12.1f %6.1f%%" %
+              (n[:40], calls[n] / k, dur[n] / calls[n] / 1e3, e / k / 1e3, 100.0 * e / wall))
+
+
+if __name__ == "__main__":
+    main()
