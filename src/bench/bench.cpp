@@ -33,6 +33,7 @@ std::string fnv1a(const std::vector<int32_t>& ids) {
 
 struct RoundResult {
   double prefill_s, decode_s, sampled_s = 0;
+  double first_step_s = 0;  // the first decode step alone (inside decode_s)
   std::vector<int32_t> ids, sampled_ids;
 };
 
@@ -58,11 +59,14 @@ RoundResult one_round(Backend& backend, const std::vector<int32_t>& prompt, cons
   }
   auto t1 = clock::now();
   int32_t tok = first.token;
+  auto t_first = t1;
   for (int i = 0; i < o.decode_steps; ++i) {
     r.ids.push_back(tok);
     tok = backend.step(*seq, std::span<const int32_t>(&tok, 1), uint64_t(i + 1)).token;
+    if (i == 0) t_first = clock::now();
   }
   auto t2 = clock::now();
+  r.first_step_s = std::chrono::duration<double>(t_first - t1).count();
   r.prefill_s = std::chrono::duration<double>(t1 - t0).count();
   r.decode_s = std::chrono::duration<double>(t2 - t1).count();
   if (o.sampled) {
@@ -100,14 +104,16 @@ std::vector<BenchRow> run_bench(Backend& backend, const BenchOptions& o) {
       if (r < 0) continue;
       row.prefill_s.push_back(res.prefill_s);
       row.decode_s.push_back(res.decode_s);
+      row.decode_first_step_s.push_back(res.first_step_s);
       if (o.sampled) {
         row.sampled_decode_s.push_back(res.sampled_s);
         row.sampled_digest = fnv1a(res.sampled_ids);
       }
       if (o.progress)
         o.progress(
-            fmt::format("context {:>6}  round {}  prefill {:.3f} s  decode {:.3f} s  digest {}{}",
-                        L, r, res.prefill_s, res.decode_s, d,
+            fmt::format("context {:>6}  round {}  prefill {:.3f} s  decode {:.3f} s (first step "
+                        "{:.2f} ms)  digest {}{}",
+                        L, r, res.prefill_s, res.decode_s, 1e3 * res.first_step_s, d,
                         o.sampled ? fmt::format("  sampled decode {:.3f} s", res.sampled_s) : ""));
     }
     row.digest = first_digest;
@@ -115,6 +121,12 @@ std::vector<BenchRow> run_bench(Backend& backend, const BenchOptions& o) {
     row.prefill_tok_s = double(L) / median(row.prefill_s);
     double step_s = median(row.decode_s) / o.decode_steps;
     row.decode_tok_s = 1.0 / step_s;
+    if (o.decode_steps > 1) {
+      std::vector<double> rest;
+      for (size_t i = 0; i < row.decode_s.size(); ++i)
+        rest.push_back(row.decode_s[i] - row.decode_first_step_s[i]);
+      row.decode_rest_tok_s = (o.decode_steps - 1) / median(rest);
+    }
     // The decode steps run at contexts L .. L+steps; use the middle one for the byte count.
     row.decode_bw_fraction =
         decode_bytes(cfg, L + o.decode_steps / 2, o.bytes_per_weight, o.state_bytes_per_value) /
@@ -163,6 +175,8 @@ nlohmann::json bench_json(const std::vector<BenchRow>& rows, const nlohmann::jso
                             {"decode_tok_s", r.decode_tok_s},
                             {"prefill_s_rounds", r.prefill_s},
                             {"decode_s_rounds", r.decode_s},
+                            {"decode_first_step_s_rounds", r.decode_first_step_s},
+                            {"decode_rest_tok_s", r.decode_rest_tok_s},
                             {"decode_bw_fraction", r.decode_bw_fraction},
                             {"prefill_tflops", r.prefill_tflops},
                             {"digest", r.digest},

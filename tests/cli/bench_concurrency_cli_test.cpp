@@ -102,6 +102,37 @@ TEST(CliBench, SampledDecodeBesideGreedy) {
   EXPECT_THAT(bad.output, HasSubstr("--sampling maybe: default or off"));
 }
 
+// The first decode step of each round kept apart (a fresh sequence's one-off costs, e.g. the CUDA
+// backend's graph capture) and the other steps' rate, beside the protocol's decode_tok_s.
+TEST(CliBench, FirstDecodeStepApart) {
+  TempDir dir;
+  const std::string out = dir.str("bench.json");
+  auto r =
+      run_lilac("bench --model " + demo() +
+                " --device cpu --lengths 32 --rounds 1 --decode 4 --sampling off --json " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(first step "));
+  std::ifstream in(out);
+  nlohmann::json j = nlohmann::json::parse(in);
+  const auto& row = j["results"].at(0);
+  ASSERT_EQ(row["decode_first_step_s_rounds"].size(), 1u);
+  const double first = row["decode_first_step_s_rounds"][0].get<double>();
+  const double all = row["decode_s_rounds"][0].get<double>();
+  EXPECT_GT(first, 0);
+  EXPECT_LT(first, all);
+  EXPECT_NEAR(row["decode_rest_tok_s"].get<double>(), 3.0 / (all - first),
+              1e-9 * 3.0 / (all - first));
+  EXPECT_NEAR(row["decode_tok_s"].get<double>(), 4.0 / all, 1e-9 * 4.0 / all);
+
+  auto one =
+      run_lilac("bench --model " + demo() +
+                " --device cpu --lengths 32 --rounds 1 --decode 1 --sampling off --json " + out);
+  ASSERT_EQ(one.status, 0) << one.output;
+  std::ifstream in2(out);
+  nlohmann::json k = nlohmann::json::parse(in2);
+  EXPECT_EQ(k["results"][0]["decode_rest_tok_s"].get<double>(), 0.0) << "no other steps";
+}
+
 TEST(CliServe, ParallelAndSyntheticRefusals) {
   auto r = run_lilac("serve --model " + demo() + " --device cpu --port 0 --parallel=-2");
   EXPECT_NE(r.status, 0);
