@@ -87,12 +87,11 @@ size_t CpuBackend::state_bytes(const SequenceState& state) const {
   return n;
 }
 
-void CpuBackend::full_attention(int64_t layer, const float* x, int64_t R,
+void CpuBackend::full_attention(const FullAttentionWeights& a, int64_t slot,
+                                const std::string& name, const float* x, int64_t R,
                                 std::span<const Segment> segs, float* out) {
-  const auto& a = w_.layers[size_t(layer)].attn;
   const int64_t H = cfg_.hidden, nh = cfg_.heads, kvh = cfg_.kv_heads, hd = cfg_.head_dim;
-  const int64_t slot = cfg_.slot_of_layer(layer);
-  const std::string p = fmt::format("layer{}.attn.", layer);
+  const std::string p = name + ".attn.";
 
   // The projections and norms act on every row alike; rope, the cache and the attention itself
   // per sequence.
@@ -210,18 +209,98 @@ void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids,
   const int64_t n_out = all_logits ? T : 1;
   if (!logits.empty() && int64_t(logits.size()) < n_out * V)
     fail("forward: logits buffer holds {} floats, needs {}", logits.size(), n_out * V);
+  std::vector<float> h;
+  trunk(st, ids, h);
+  if (logits.empty()) return;
+  forward_head(&h[size_t((T - n_out) * H)], n_out, logits.data());
+}
+
+void CpuBackend::trunk(CpuSequenceState& st, std::span<const int32_t> ids, std::vector<float>& h) {
+  const int64_t T = int64_t(ids.size()), H = cfg_.hidden, V = cfg_.vocab;
   for (int32_t id : ids)
     if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
-
-  std::vector<float> h(size_t(T * H));
+  h.assign(size_t(T * H), 0.f);
   for (int64_t t = 0; t < T; ++t)
     widen_row(w_.embed, ids[size_t(t)], &h[size_t(t * H)]);  // dequantises one row when quantized
   emit("hidden.0", h.data(), {T, H});
   const Segment seg{&st, 0, T};
   for (int64_t i = 0; i < cfg_.layers; ++i) layer(i, h.data(), T, std::span(&seg, 1));
   st.advance(T);
-  if (logits.empty()) return;
-  forward_head(&h[size_t((T - n_out) * H)], n_out, logits.data());
+}
+
+void CpuBackend::forward_normed(SequenceState& state, std::span<const int32_t> ids, float* normed,
+                                float* logits) {
+  auto& st = static_cast<CpuSequenceState&>(state);
+  const int64_t T = int64_t(ids.size()), H = cfg_.hidden, V = cfg_.vocab;
+  if (T == 0) return;
+  if (st.position() + T > st.max_context)
+    fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(), T,
+         st.max_context);
+  std::vector<float> h;
+  trunk(st, ids, h);
+  final_norm(h.data(), T, normed);
+  if (logits) {
+    matmul(w_.lm_head, normed, T, H, logits, V, pool_);
+    emit("logits", logits, {T, V});
+  }
+}
+
+std::unique_ptr<SequenceState> CpuBackend::new_mtp_sequence(int64_t max_context) {
+  if (!has_mtp()) fail("this checkpoint has no MTP head");
+  auto st = std::make_unique<CpuSequenceState>();
+  st->max_context = max_context;
+  const size_t n = w_.mtp->layers.size(), kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
+  st->k_cache.resize(n);
+  st->v_cache.resize(n);
+  check_kv_fits(max_context, kv_row * 2 * n);
+  for (auto* cache : {&st->k_cache, &st->v_cache})
+    for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
+  return st;
+}
+
+void CpuBackend::mtp_forward(SequenceState& state, const float* hidden,
+                             std::span<const int32_t> next_ids, float* out, float* logits) {
+  if (!has_mtp()) fail("this checkpoint has no MTP head");
+  auto& st = static_cast<CpuSequenceState&>(state);
+  const MtpWeights& m = *w_.mtp;
+  const int64_t T = int64_t(next_ids.size()), H = cfg_.hidden, V = cfg_.vocab;
+  if (T == 0) return;
+  if (st.k_cache.size() != m.layers.size() || !st.conv_state.empty())
+    fail("mtp_forward: the state is not an MTP head's (new_mtp_sequence)");
+  if (st.position() + T > st.max_context)
+    fail("context overflow: {} positions in the MTP head + {} new > context size {}", st.position(),
+         T, st.max_context);
+  for (int32_t id : next_ids)
+    if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
+  // x = fc . concat(Norm(embed[next id]), Norm(hidden)): the embedding half first.
+  std::vector<float> cat(size_t(T * 2 * H)), e(static_cast<size_t>(H));
+  for (int64_t t = 0; t < T; ++t) {
+    widen_row(w_.embed, next_ids[size_t(t)], e.data());
+    float* row = &cat[size_t(t * 2 * H)];
+    rms_norm(e.data(), m.pre_fc_norm_embedding_scale.data(), H, cfg_.rms_eps, row);
+    rms_norm(hidden + t * H, m.pre_fc_norm_hidden_scale.data(), H, cfg_.rms_eps, row + H);
+  }
+  round_bf16(cat.data(), cat.size());
+  std::vector<float> h(size_t(T * H));
+  matmul(m.fc, cat.data(), T, 2 * H, h.data(), H, pool_);
+  emit("mtp.fc", h.data(), {T, H});
+  // The head's layers at RoPE positions p (each its own KV cache slot), then mtp.norm.
+  const Segment seg{&st, 0, T};
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    if (m.layers[l].type != LayerType::FullAttention)
+      fail("MTP layer {} is not a full-attention layer", l);
+    decoder_layer(m.layers[l], int64_t(l), -1, fmt::format("mtp.layer{}", l), h.data(), T,
+                  std::span(&seg, 1));
+  }
+  st.advance(T);
+  for (int64_t t = 0; t < T; ++t)
+    rms_norm(&h[size_t(t * H)], m.final_norm_scale.data(), H, cfg_.rms_eps, out + t * H);
+  round_bf16(out, size_t(T * H));
+  emit("mtp.norm", out, {T, H});
+  if (logits) {
+    matmul(w_.lm_head, out, T, H, logits, V, pool_);
+    emit("mtp.logits", logits, {T, V});
+  }
 }
 
 void CpuBackend::forward_layer(int64_t i, float* h, int64_t T, SequenceState& state) {
@@ -230,26 +309,32 @@ void CpuBackend::forward_layer(int64_t i, float* h, int64_t T, SequenceState& st
 }
 
 void CpuBackend::layer(int64_t i, float* h, int64_t T, std::span<const Segment> segs) {
-  const int64_t H = cfg_.hidden;
   const LayerWeights& L = w_.layers[size_t(i)];
+  decoder_layer(L, cfg_.slot_of_layer(i), i, fmt::format("layer{}", i), h, T, segs);
+  emit(fmt::format("hidden.{}", i + 1), h, {T, cfg_.hidden});
+}
+
+void CpuBackend::decoder_layer(const LayerWeights& L, int64_t slot, int64_t gdn_layer,
+                               const std::string& name, float* h, int64_t T,
+                               std::span<const Segment> segs) {
+  const int64_t H = cfg_.hidden;
   std::vector<float> xn(size_t(T * H)), mix(size_t(T * H));
   for (int64_t t = 0; t < T; ++t)
     rms_norm(h + t * H, L.input_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
   round_bf16(xn.data(), xn.size());
   if (L.type == LayerType::FullAttention)
-    full_attention(i, xn.data(), T, segs, mix.data());
+    full_attention(L.attn, slot, name, xn.data(), T, segs, mix.data());
   else
-    gated_deltanet(i, xn.data(), T, segs, mix.data());
-  emit(fmt::format("layer{}.mixer_out", i), mix.data(), {T, H});
+    gated_deltanet(gdn_layer, xn.data(), T, segs, mix.data());
+  emit(name + ".mixer_out", mix.data(), {T, H});
   for (size_t j = 0; j < mix.size(); ++j) h[j] += mix[j];
   for (int64_t t = 0; t < T; ++t)
     rms_norm(h + t * H, L.post_attention_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
   round_bf16(xn.data(), xn.size());
   moe_forward(L.moe, cfg_, xn.data(), T, mix.data(), pool_, trace_ ? &trace_ : nullptr,
-              fmt::format("layer{}.moe", i), bf16_activations_);
-  emit(fmt::format("layer{}.moe_out", i), mix.data(), {T, H});
+              name + ".moe", bf16_activations_);
+  emit(name + ".moe_out", mix.data(), {T, H});
   for (size_t j = 0; j < mix.size(); ++j) h[j] += mix[j];
-  emit(fmt::format("hidden.{}", i + 1), h, {T, H});
 }
 
 std::vector<StepResult> CpuBackend::step_batch(std::span<const BatchItem> items) {
@@ -313,12 +398,17 @@ std::vector<StepResult> CpuBackend::step_batch(std::span<const BatchItem> items)
 void CpuBackend::forward_head(const float* h, int64_t rows, float* logits) {
   const int64_t H = cfg_.hidden, V = cfg_.vocab;
   std::vector<float> xn(size_t(rows * H));
-  for (int64_t t = 0; t < rows; ++t)
-    rms_norm(h + t * H, w_.final_norm_scale.data(), H, cfg_.rms_eps, &xn[size_t(t * H)]);
-  round_bf16(xn.data(), xn.size());
-  emit("final_norm", xn.data(), {rows, H});
+  final_norm(h, rows, xn.data());
   matmul(w_.lm_head, xn.data(), rows, H, logits, V, pool_);
   emit("logits", logits, {rows, V});
+}
+
+void CpuBackend::final_norm(const float* h, int64_t rows, float* xn) {
+  const int64_t H = cfg_.hidden;
+  for (int64_t t = 0; t < rows; ++t)
+    rms_norm(h + t * H, w_.final_norm_scale.data(), H, cfg_.rms_eps, xn + t * H);
+  round_bf16(xn, size_t(rows * H));
+  emit("final_norm", xn, {rows, H});
 }
 
 }  // namespace lilac::cpu

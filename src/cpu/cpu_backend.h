@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/backend.h"
@@ -69,7 +70,28 @@ class CpuBackend : public Backend {
   void forward_layer(int64_t layer, float* h, int64_t T, SequenceState& state);
   void forward_head(const float* h, int64_t rows, float* logits);
 
+  // forward() that also hands out every row's hidden state after the final norm (the MTP head's
+  // input): normed [T, H]; logits [T, V] for every row when not null.
+  void forward_normed(SequenceState& state, std::span<const int32_t> ids, float* normed,
+                      float* logits);
+
+  // The multi-token-prediction head (docs/model.md section 8), for checkpoints that carry one.
+  // Its state is a sequence of its own (new_mtp_sequence: the head's layers' KV caches, no
+  // recurrent state) whose position is the next trunk position the head takes. mtp_forward runs
+  // the head on T consecutive positions p = position() .. + T - 1: hidden [T, H] is the trunk's
+  // hidden after its final norm at p (or, chaining drafts, the head's own `out` of the previous
+  // position), next_ids [T] the token at p + 1; it writes out [T, H] (after mtp.norm) and, when not
+  // null, logits [T, V]: the head's prediction of the token at p + 2. The position advances by T.
+  bool has_mtp() const { return w_.mtp.has_value() && !w_.mtp->layers.empty(); }
+  std::unique_ptr<SequenceState> new_mtp_sequence(int64_t max_context);
+  void mtp_forward(SequenceState& mtp, const float* hidden, std::span<const int32_t> next_ids,
+                   float* out, float* logits);
+
  private:
+  // Embeds ids and runs every layer on them (the state's position advanced): h [T, H].
+  void trunk(CpuSequenceState& st, std::span<const int32_t> ids, std::vector<float>& h);
+  // The final norm of `rows` rows of h into xn [rows, H] (bf16-rounded when asked).
+  void final_norm(const float* h, int64_t rows, float* xn);
   // Rows [row0, row0 + T) of a pass are one sequence's next T tokens (from its position on).
   struct Segment {
     CpuSequenceState* st;
@@ -77,8 +99,13 @@ class CpuBackend : public Backend {
   };
   // Layer i on the R rows of h [R, H], the rows split into sequences by `segs`.
   void layer(int64_t i, float* h, int64_t R, std::span<const Segment> segs);
-  void full_attention(int64_t layer, const float* x, int64_t R, std::span<const Segment> segs,
-                      float* out);
+  // A decoder layer's body (norm, mixer, residual, norm, MoE, residual) with weights L: a
+  // full-attention layer uses KV cache `slot` of each segment's state, a Gated DeltaNet one is
+  // trunk layer gdn_layer; `name` prefixes its trace names ("layer3", "mtp.layer0").
+  void decoder_layer(const LayerWeights& L, int64_t slot, int64_t gdn_layer,
+                     const std::string& name, float* h, int64_t R, std::span<const Segment> segs);
+  void full_attention(const FullAttentionWeights& a, int64_t slot, const std::string& name,
+                      const float* x, int64_t R, std::span<const Segment> segs, float* out);
   void gated_deltanet(int64_t layer, const float* x, int64_t R, std::span<const Segment> segs,
                       float* out);
   void emit(const std::string& name, const float* data, std::vector<int64_t> shape) const {
