@@ -203,9 +203,6 @@ void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids,
   auto& st = static_cast<CpuSequenceState&>(state);
   const int64_t T = int64_t(ids.size()), H = cfg_.hidden, V = cfg_.vocab;
   if (T == 0) return;
-  if (st.position() + T > st.max_context)
-    fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(), T,
-         st.max_context);
   const int64_t n_out = all_logits ? T : 1;
   if (!logits.empty() && int64_t(logits.size()) < n_out * V)
     fail("forward: logits buffer holds {} floats, needs {}", logits.size(), n_out * V);
@@ -217,6 +214,9 @@ void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids,
 
 void CpuBackend::trunk(CpuSequenceState& st, std::span<const int32_t> ids, std::vector<float>& h) {
   const int64_t T = int64_t(ids.size()), H = cfg_.hidden, V = cfg_.vocab;
+  if (st.position() + T > st.max_context)
+    fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(), T,
+         st.max_context);
   for (int32_t id : ids)
     if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
   h.assign(size_t(T * H), 0.f);
@@ -233,9 +233,6 @@ void CpuBackend::forward_normed(SequenceState& state, std::span<const int32_t> i
   auto& st = static_cast<CpuSequenceState&>(state);
   const int64_t T = int64_t(ids.size()), H = cfg_.hidden, V = cfg_.vocab;
   if (T == 0) return;
-  if (st.position() + T > st.max_context)
-    fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(), T,
-         st.max_context);
   std::vector<float> h;
   trunk(st, ids, h);
   final_norm(h.data(), T, normed);

@@ -88,7 +88,8 @@ class CpuBackend : public Backend {
                    float* out, float* logits);
 
  private:
-  // Embeds ids and runs every layer on them (the state's position advanced): h [T, H].
+  // Checks the ids and the context, embeds the ids and runs every layer on them (the state's
+  // position advanced): h [T, H].
   void trunk(CpuSequenceState& st, std::span<const int32_t> ids, std::vector<float>& h);
   // The final norm of `rows` rows of h into xn [rows, H] (bf16-rounded when asked).
   void final_norm(const float* h, int64_t rows, float* xn);

@@ -18,16 +18,27 @@ std::string demo() {
   return data_root() + "/../../models/demo";
 }
 
-TEST(CliBench, ConcurrencySweepWritesConcurrencyResults) {
+// `lilac bench` on the demo model on the CPU with `args`, its JSON written to a temporary file:
+// the run (status and output) and the document (null when the run failed).
+struct BenchRun {
+  CommandResult run;
+  nlohmann::json json;
+};
+BenchRun bench_demo(const std::string& args) {
   TempDir dir;
   const std::string out = dir.str("bench.json");
-  auto r =
-      run_lilac("bench --model " + demo() +
-                " --device cpu --concurrency 1,2,4 --prompt-tokens 48 --decode 6 --json " + out);
+  BenchRun b{run_lilac("bench --model " + demo() + " --device cpu " + args + " --json " + out), {}};
+  if (b.run.status == 0) {
+    std::ifstream in(out);
+    b.json = nlohmann::json::parse(in);
+  }
+  return b;
+}
+
+TEST(CliBench, ConcurrencySweepWritesConcurrencyResults) {
+  auto [r, j] = bench_demo("--concurrency 1,2,4 --prompt-tokens 48 --decode 6");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("per stream tok/s"));
-  std::ifstream in(out);
-  nlohmann::json j = nlohmann::json::parse(in);
   for (const char* key : {"engine", "commit", "gpu", "device", "weights", "model", "decode_steps"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["prompt_tokens"], 48);
@@ -49,15 +60,9 @@ TEST(CliBench, ConcurrencySweepWritesConcurrencyResults) {
 }
 
 TEST(CliBench, ConcurrencyAndLengthsTogether) {
-  TempDir dir;
-  const std::string out = dir.str("bench.json");
-  auto r = run_lilac("bench --model " + demo() +
-                     " --device cpu --lengths 32 --rounds 1 --concurrency 2 --prompt-tokens 16 "
-                     "--decode 4 --json " +
-                     out);
+  const auto [r, j] =
+      bench_demo("--lengths 32 --rounds 1 --concurrency 2 --prompt-tokens 16 --decode 4");
   ASSERT_EQ(r.status, 0) << r.output;
-  std::ifstream in(out);
-  nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j["results"].size(), 1u);
   EXPECT_EQ(j["concurrency_results"].size(), 1u);
   auto bad = run_lilac("bench --model " + demo() + " --device cpu --concurrency 2,x");
@@ -68,15 +73,10 @@ TEST(CliBench, ConcurrencyAndLengthsTogether) {
 // Sampled decode beside greedy: the demo's generation_config.json sets no sampling, so the
 // defaults (temperature 1) apply; the sampled tokens are seeded, so every round draws the same.
 TEST(CliBench, SampledDecodeBesideGreedy) {
-  TempDir dir;
-  const std::string out = dir.str("bench.json");
-  auto r = run_lilac("bench --model " + demo() +
-                     " --device cpu --lengths 32,48 --rounds 2 --decode 5 --json " + out);
+  auto [r, j] = bench_demo("--lengths 32,48 --rounds 2 --decode 5");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("sampled tok/s"));
   EXPECT_THAT(r.output, HasSubstr("sampled decode: temperature 1.00"));
-  std::ifstream in(out);
-  nlohmann::json j = nlohmann::json::parse(in);
   ASSERT_TRUE(j.contains("sampling"));
   EXPECT_EQ(j["sampling"]["temperature"], 1.0);
   EXPECT_THAT(j["sampling"]["source"].get<std::string>(), HasSubstr("generation_config.json"));
@@ -89,12 +89,8 @@ TEST(CliBench, SampledDecodeBesideGreedy) {
   }
   EXPECT_GT(j["mean_sampled_decode_tok_s"].get<double>(), 0);
 
-  auto off =
-      run_lilac("bench --model " + demo() +
-                " --device cpu --lengths 32 --rounds 1 --decode 3 --sampling off --json " + out);
+  auto [off, k] = bench_demo("--lengths 32 --rounds 1 --decode 3 --sampling off");
   ASSERT_EQ(off.status, 0) << off.output;
-  std::ifstream in2(out);
-  nlohmann::json k = nlohmann::json::parse(in2);
   EXPECT_FALSE(k.contains("sampling"));
   EXPECT_FALSE(k["results"][0].contains("sampled_decode_tok_s"));
   auto bad = run_lilac("bench --model " + demo() + " --device cpu --sampling maybe");
@@ -105,15 +101,9 @@ TEST(CliBench, SampledDecodeBesideGreedy) {
 // The first decode step of each round kept apart (a fresh sequence's one-off costs, e.g. the CUDA
 // backend's graph capture) and the other steps' rate, beside the protocol's decode_tok_s.
 TEST(CliBench, FirstDecodeStepApart) {
-  TempDir dir;
-  const std::string out = dir.str("bench.json");
-  auto r =
-      run_lilac("bench --model " + demo() +
-                " --device cpu --lengths 32 --rounds 1 --decode 4 --sampling off --json " + out);
+  auto [r, j] = bench_demo("--lengths 32 --rounds 1 --decode 4 --sampling off");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("(first step "));
-  std::ifstream in(out);
-  nlohmann::json j = nlohmann::json::parse(in);
   const auto& row = j["results"].at(0);
   ASSERT_EQ(row["decode_first_step_s_rounds"].size(), 1u);
   const double first = row["decode_first_step_s_rounds"][0].get<double>();
@@ -124,12 +114,8 @@ TEST(CliBench, FirstDecodeStepApart) {
               1e-9 * 3.0 / (all - first));
   EXPECT_NEAR(row["decode_tok_s"].get<double>(), 4.0 / all, 1e-9 * 4.0 / all);
 
-  auto one =
-      run_lilac("bench --model " + demo() +
-                " --device cpu --lengths 32 --rounds 1 --decode 1 --sampling off --json " + out);
+  auto [one, k] = bench_demo("--lengths 32 --rounds 1 --decode 1 --sampling off");
   ASSERT_EQ(one.status, 0) << one.output;
-  std::ifstream in2(out);
-  nlohmann::json k = nlohmann::json::parse(in2);
   EXPECT_EQ(k["results"][0]["decode_rest_tok_s"].get<double>(), 0.0) << "no other steps";
 }
 
