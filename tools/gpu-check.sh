@@ -18,6 +18,8 @@
 #   batch       the batched decode step: its GPU tests, then its bench (BatchBench.*, disabled in
 #               the plain test run: B = 1..64 at 1024 context, BF16 and 4-bit, per-kernel split)
 #   concurrency `lilac bench --synthetic --concurrency 1,2,4,8,16,32,64`, BF16 and 4-bit (JSON each)
+#   steps       the batched decode step on the GPU's timeline at c = 16 and 64 (tools/gpu-steps.sh:
+#               nsys, per-kernel exposed time; 4-bit, bf16 GDN state)
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -117,6 +119,7 @@ for s in $steps; do
         run "concurrency-$w" 240 "$B/lilac" bench --synthetic --weights "$w" \
           --concurrency 1,2,4,8,16,32,64 --json "$OUT/concurrency-$w.json"
       done ;;
+    steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;
     serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;
     serve-bf16) serve_bench bf16 "${SERVE_CONCURRENCY:-16}" ;;
     grammar)
