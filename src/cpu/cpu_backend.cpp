@@ -156,9 +156,12 @@ void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T,
 
   // The convolution and the recurrence run per sequence (its own states), the rest per row.
   std::vector<float> conv(size_t(T * C));
-  for (const Segment& s : segs)
-    causal_conv_silu(&qkv[size_t(s.row0 * C)], s.T, C, K, g.conv.data(),
-                     s.st->conv_state[size_t(slot)].data(), &conv[size_t(s.row0 * C)]);
+  for (const Segment& s : segs) {
+    std::vector<float>& cs = s.st->conv_state[size_t(slot)];
+    if (s.st->checkpointing) checkpoint_conv(*s.st, slot, cs, &qkv[size_t(s.row0 * C)], s.T);
+    causal_conv_silu(&qkv[size_t(s.row0 * C)], s.T, C, K, g.conv.data(), cs.data(),
+                     &conv[size_t(s.row0 * C)]);
+  }
   emit(p + "conv", conv.data(), {T, C});
 
   std::vector<float> q(size_t(T * Hk * Dk)), k(size_t(T * Hk * Dk)), v(size_t(T * Hv * Dv));
@@ -180,11 +183,23 @@ void CpuBackend::gated_deltanet(int64_t layer, const float* x, int64_t T,
   emit(p + "beta", beta.data(), {T, Hv});
 
   std::vector<float> core(size_t(T * Hv * Dv));
-  for (const Segment& s : segs)
-    gdn_recurrence(&q[size_t(s.row0 * Hk * Dk)], &k[size_t(s.row0 * Hk * Dk)],
-                   &v[size_t(s.row0 * Hv * Dv)], &gl[size_t(s.row0 * Hv)],
-                   &beta[size_t(s.row0 * Hv)], s.T, Hk, Hv, Dk, Dv,
-                   s.st->recurrent[size_t(slot)].data(), &core[size_t(s.row0 * Hv * Dv)], pool_);
+  for (const Segment& s : segs) {
+    // A checkpointing pass runs its rows one by one (the recurrence is a per-row loop: the same
+    // bits as one call) and keeps the state after each.
+    const int64_t step = s.st->checkpointing ? 1 : s.T;
+    for (int64_t r = 0; r < s.T; r += step) {
+      const int64_t row = s.row0 + r;
+      std::vector<float>& rec = s.st->recurrent[size_t(slot)];
+      gdn_recurrence(&q[size_t(row * Hk * Dk)], &k[size_t(row * Hk * Dk)],
+                     &v[size_t(row * Hv * Dv)], &gl[size_t(row * Hv)], &beta[size_t(row * Hv)],
+                     step, Hk, Hv, Dk, Dv, rec.data(), &core[size_t(row * Hv * Dv)], pool_);
+      if (s.st->checkpointing) {
+        float* kept = &s.st->checkpoints.rec[size_t(slot)][size_t(r) * rec.size()];
+        for (size_t i = 0; i < rec.size(); ++i)
+          kept[i] = gdn_state_ == GdnStateFormat::bf16 ? round_to_bf16(rec[i]) : rec[i];
+      }
+    }
+  }
   // The state is stored: in bf16 precision when asked (the tokens of this call carried it in f32).
   if (gdn_state_ == GdnStateFormat::bf16)
     for (const Segment& s : segs)
@@ -219,6 +234,19 @@ void CpuBackend::trunk(CpuSequenceState& st, std::span<const int32_t> ids, std::
          st.max_context);
   for (int32_t id : ids)
     if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
+  if (st.checkpointing) {  // room for the states after each row
+    auto& c = st.checkpoints;
+    c.pos0 = st.position();
+    c.rows = T;
+    c.conv.resize(st.conv_state.size());
+    c.rec.resize(st.recurrent.size());
+    for (size_t i = 0; i < st.conv_state.size(); ++i) {
+      c.conv[i].assign(size_t(T) * st.conv_state[i].size(), 0.f);
+      c.rec[i].assign(size_t(T) * st.recurrent[i].size(), 0.f);
+    }
+  } else {
+    st.checkpoints = {};
+  }
   h.assign(size_t(T * H), 0.f);
   for (int64_t t = 0; t < T; ++t)
     widen_row(w_.embed, ids[size_t(t)], &h[size_t(t * H)]);  // dequantises one row when quantized
@@ -233,13 +261,62 @@ void CpuBackend::forward_normed(SequenceState& state, std::span<const int32_t> i
   auto& st = static_cast<CpuSequenceState&>(state);
   const int64_t T = int64_t(ids.size()), H = cfg_.hidden, V = cfg_.vocab;
   if (T == 0) return;
-  std::vector<float> h;
+  std::vector<float> h, own;
   trunk(st, ids, h);
-  final_norm(h.data(), T, normed);
+  if (!normed && logits) {
+    own.resize(size_t(T * H));
+    normed = own.data();
+  }
+  if (normed) final_norm(h.data(), T, normed);
   if (logits) {
     matmul(w_.lm_head, normed, T, H, logits, V, pool_);
     emit("logits", logits, {T, V});
   }
+}
+
+void CpuBackend::forward_checkpointed(SequenceState& state, std::span<const int32_t> ids,
+                                      float* normed, float* logits) {
+  auto& st = static_cast<CpuSequenceState&>(state);
+  st.checkpointing = true;
+  try {
+    forward_normed(st, ids, normed, logits);
+  } catch (...) {
+    st.checkpointing = false;
+    st.checkpoints = {};
+    throw;
+  }
+  st.checkpointing = false;
+}
+
+// The conv state after each of a checkpointing pass's T rows: after row r, the last K - 1 rows of
+// [state before the pass (K - 1 rows); qkv rows 0..r] (causal_conv_silu's new state).
+void CpuBackend::checkpoint_conv(CpuSequenceState& st, int64_t slot,
+                                 const std::vector<float>& state, const float* qkv, int64_t T) {
+  const int64_t C = cfg_.gdn_conv_channels(), K = cfg_.gdn_conv_kernel;
+  auto row = [&](int64_t r) { return r < K - 1 ? state.data() + r * C : qkv + (r - (K - 1)) * C; };
+  float* kept = st.checkpoints.conv[size_t(slot)].data();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < K - 1; ++r)
+      std::memcpy(kept + (t * (K - 1) + r) * C, row(t + 1 + r), size_t(C) * 4);
+}
+
+void CpuBackend::rollback(SequenceState& state, int64_t n) {
+  auto& st = static_cast<CpuSequenceState&>(state);
+  const auto& c = st.checkpoints;
+  if (c.rows == 0) fail("rollback: no verify pass to roll back (forward_checkpointed)");
+  if (st.position() != c.pos0 + c.rows) fail("rollback: the sequence moved since its verify pass");
+  if (n < 1 || n > c.rows)
+    fail("rollback: keep {} of the pass's {} rows (1..{})", n, c.rows, c.rows);
+  const size_t kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
+  for (auto* cache : {&st.k_cache, &st.v_cache})
+    for (auto& v : *cache) v.resize(size_t(c.pos0 + n) * kv_row);
+  for (size_t i = 0; i < st.conv_state.size(); ++i) {
+    const size_t cn = st.conv_state[i].size(), rn = st.recurrent[i].size();
+    std::memcpy(st.conv_state[i].data(), &c.conv[i][size_t(n - 1) * cn], cn * 4);
+    std::memcpy(st.recurrent[i].data(), &c.rec[i][size_t(n - 1) * rn], rn * 4);
+  }
+  st.set_position(c.pos0 + n);
+  st.checkpoints = {};
 }
 
 std::unique_ptr<SequenceState> CpuBackend::new_mtp_sequence(int64_t max_context) {

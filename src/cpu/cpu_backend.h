@@ -21,8 +21,18 @@ struct CpuSequenceState : SequenceState {
   std::vector<std::vector<float>> k_cache, v_cache;
   // Per Gated DeltaNet layer (by slot): conv state [K-1, C] and recurrent state [Hv, Dk, Dv].
   std::vector<std::vector<float>> conv_state, recurrent;
+  // The checkpoints of the last verify pass (CpuBackend::forward_checkpointed): it started at
+  // position pos0 and ran `rows` rows; conv[slot] / rec[slot] hold each Gated DeltaNet layer's
+  // states after every row ([rows][state size], as a call ending at that row would store them).
+  // Empty (rows 0) otherwise; any other forward drops them.
+  struct Checkpoints {
+    int64_t pos0 = 0, rows = 0;
+    std::vector<std::vector<float>> conv, rec;
+  } checkpoints;
+  bool checkpointing = false;  // set by forward_checkpointed for its pass
 
   void advance(int64_t n) { position_ += n; }
+  void set_position(int64_t p) { position_ = p; }
 };
 
 class CpuBackend : public Backend {
@@ -71,9 +81,19 @@ class CpuBackend : public Backend {
   void forward_head(const float* h, int64_t rows, float* logits);
 
   // forward() that also hands out every row's hidden state after the final norm (the MTP head's
-  // input): normed [T, H]; logits [T, V] for every row when not null.
+  // input): normed [T, H] and logits [T, V] for every row, each when not null.
   void forward_normed(SequenceState& state, std::span<const int32_t> ids, float* normed,
                       float* logits);
+
+  // A speculative verify pass (docs/speculative.md): forward_normed over T rows that also keeps
+  // every Gated DeltaNet layer's states after each row; rollback(state, n) then leaves the
+  // sequence exactly as if only its first n rows (1 <= n <= T) had been forwarded (positions, KV
+  // rows and states bit for bit), until the next forward, which drops the checkpoints. The
+  // recurrence and convolution run row by row either way, so the checkpoints are what a call
+  // ending at that row would store (bf16-rounded with the bf16 state format).
+  void forward_checkpointed(SequenceState& state, std::span<const int32_t> ids, float* normed,
+                            float* logits);
+  void rollback(SequenceState& state, int64_t n);
 
   // The multi-token-prediction head (docs/model.md section 8), for checkpoints that carry one.
   // Its state is a sequence of its own (new_mtp_sequence: the head's layers' KV caches, no
@@ -91,6 +111,9 @@ class CpuBackend : public Backend {
   // Checks the ids and the context, embeds the ids and runs every layer on them (the state's
   // position advanced): h [T, H].
   void trunk(CpuSequenceState& st, std::span<const int32_t> ids, std::vector<float>& h);
+  // A checkpointing pass's conv states after each of its T rows of qkv, from the state before it.
+  void checkpoint_conv(CpuSequenceState& st, int64_t slot, const std::vector<float>& state,
+                       const float* qkv, int64_t T);
   // The final norm of `rows` rows of h into xn [rows, H] (bf16-rounded when asked).
   void final_norm(const float* h, int64_t rows, float* xn);
   // Rows [row0, row0 + T) of a pass are one sequence's next T tokens (from its position on).

@@ -1,8 +1,8 @@
 // The CPU backend's multi-token-prediction head against HF transformers (the tiny-a-mtp fixture:
 // tiny-a's architecture with its own trunk and the head the real checkpoint ships; docs/model.md
 // section 8): the head per position from the trunk's normed hidden states, three chained drafts,
-// and greedy speculative decoding with one draft per step, whose emitted tokens are the trunk's
-// own greedy tokens.
+// and greedy speculative decoding with one draft per step (the trunk's verify pass rolled back
+// on rejection), whose emitted tokens are the trunk's own greedy tokens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -132,10 +132,10 @@ TEST_F(Mtp, ChainedDraftsMatchHF) {
 }
 
 // Greedy speculative decoding, one draft per step: the trunk verifies [last token, draft] in one
-// pass; on agreement both the draft and the trunk's next token are emitted, else the trunk's own
-// token, and the trunk's state goes back to the last accepted token (here: a copy taken before the
-// pass, then the last token again). The head then takes the new positions. The drafts, their
-// logits and acceptance are HF's, and the emitted tokens are plain greedy decoding's.
+// checkpointed pass; on agreement both the draft and the trunk's next token are emitted, else the
+// trunk's own token, and the trunk rolls back to the last accepted token (rollback: its first
+// row). The head then takes the new positions. The drafts, their logits and acceptance are HF's,
+// and the emitted tokens are plain greedy decoding's.
 TEST_F(Mtp, SpeculativeGreedyMatchesHF) {
   const auto& r = ref();
   const int64_t T = int64_t(r.prompt.size()), steps = int64_t(r.draft_ids.size());
@@ -157,10 +157,9 @@ TEST_F(Mtp, SpeculativeGreedyMatchesHF) {
     EXPECT_LT(max_abs_diff(draft_row.data(), &r.draft_logits[size_t(s * V)], size_t(V)), kLogitTol);
     const int32_t draft = argmax(draft_row.data(), V);
     ASSERT_EQ(draft, r.draft_ids[size_t(s)]);
-    auto before = backend->clone(*seq);
     const int32_t pair[2] = {last, draft};
     std::vector<float> vn(size_t(2 * H)), vl(size_t(2 * V));
-    backend->forward_normed(*seq, pair, vn.data(), vl.data());
+    backend->forward_checkpointed(*seq, pair, vn.data(), vl.data());
     const int32_t t0 = argmax(vl.data(), V);
     const bool accept = t0 == draft;
     EXPECT_EQ(int(accept), r.accepted[size_t(s)]);
@@ -172,8 +171,7 @@ TEST_F(Mtp, SpeculativeGreedyMatchesHF) {
       head_next = {draft, bonus};
       last = bonus;
     } else {
-      seq = std::move(before);  // back to the last accepted token, then that token again
-      backend->forward_normed(*seq, std::span(&last, 1), vn.data(), nullptr);
+      backend->rollback(*seq, 1);  // keep `last`'s row: its hidden state is vn's first row
       emitted.push_back(t0);
       head_next = {t0};
       last = t0;
