@@ -37,20 +37,34 @@ static void check_kv_fits(int64_t max_context, size_t floats_per_token) {
         max_context, bytes / (1 << 20), ram / (1 << 20));
 }
 
+// The state's KV rows reserved for max_context tokens in each of its caches (address space; pages
+// are touched as the cache fills), so state_bytes() reports what the sequence may grow to and an
+// impossible size fails here, at start-up for the engine's slots, not in the middle of a request.
+static void reserve_kv(CpuSequenceState& st, int64_t max_context, size_t kv_row) {
+  st.max_context = max_context;
+  check_kv_fits(max_context, kv_row * (st.k_cache.size() + st.v_cache.size()));
+  for (auto* cache : {&st.k_cache, &st.v_cache})
+    for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
+}
+
+// Before any state changes: `T` more tokens fit the state's context and every id is in the vocab.
+static void check_step(const CpuSequenceState& st, std::span<const int32_t> ids, int64_t V,
+                       const char* what) {
+  const int64_t T = int64_t(ids.size());
+  if (st.position() + T > st.max_context)
+    fail("context overflow: {} {} + {} new > context size {}", st.position(), what, T,
+         st.max_context);
+  for (int32_t id : ids)
+    if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
+}
+
 std::unique_ptr<SequenceState> CpuBackend::new_sequence(int64_t max_context) {
   auto st = std::make_unique<CpuSequenceState>();
-  st->max_context = max_context;
   const int64_t n_attn = cfg_.count_layers(LayerType::FullAttention);
   const int64_t n_gdn = cfg_.count_layers(LayerType::GatedDeltaNet);
   st->k_cache.resize(static_cast<size_t>(n_attn));
   st->v_cache.resize(static_cast<size_t>(n_attn));
-  // The KV rows are reserved up front (address space; pages are touched as the cache fills), so
-  // state_bytes() reports what the sequence may grow to and an impossible size fails here, at
-  // start-up for the engine's slots, not in the middle of a request.
-  const size_t kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
-  check_kv_fits(max_context, kv_row * (st->k_cache.size() + st->v_cache.size()));
-  for (auto* cache : {&st->k_cache, &st->v_cache})
-    for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
+  reserve_kv(*st, max_context, size_t(cfg_.kv_heads * cfg_.head_dim));
   st->conv_state.assign(
       size_t(n_gdn),
       std::vector<float>(size_t((cfg_.gdn_conv_kernel - 1) * cfg_.gdn_conv_channels()), 0.f));
@@ -71,11 +85,7 @@ std::unique_ptr<SequenceState> CpuBackend::clone_with_capacity(const SequenceSta
   if (max_context < src.position())
     fail("clone: capacity {} is below the sequence's {} tokens", max_context, src.position());
   auto st = std::make_unique<CpuSequenceState>(src);  // vector copies: capacity = size
-  st->max_context = max_context;
-  const size_t kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
-  check_kv_fits(max_context, kv_row * (st->k_cache.size() + st->v_cache.size()));
-  for (auto* cache : {&st->k_cache, &st->v_cache})
-    for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
+  reserve_kv(*st, max_context, size_t(cfg_.kv_heads * cfg_.head_dim));
   return st;
 }
 
@@ -228,12 +238,8 @@ void CpuBackend::forward(SequenceState& state, std::span<const int32_t> ids,
 }
 
 void CpuBackend::trunk(CpuSequenceState& st, std::span<const int32_t> ids, std::vector<float>& h) {
-  const int64_t T = int64_t(ids.size()), H = cfg_.hidden, V = cfg_.vocab;
-  if (st.position() + T > st.max_context)
-    fail("context overflow: {} tokens in the sequence + {} new > context size {}", st.position(), T,
-         st.max_context);
-  for (int32_t id : ids)
-    if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
+  const int64_t T = int64_t(ids.size()), H = cfg_.hidden;
+  check_step(st, ids, cfg_.vocab, "tokens in the sequence");
   if (st.checkpointing) {  // room for the states after each row
     auto& c = st.checkpoints;
     c.pos0 = st.position();
@@ -322,13 +328,9 @@ void CpuBackend::rollback(SequenceState& state, int64_t n) {
 std::unique_ptr<SequenceState> CpuBackend::new_mtp_sequence(int64_t max_context) {
   if (!has_mtp()) fail("this checkpoint has no MTP head");
   auto st = std::make_unique<CpuSequenceState>();
-  st->max_context = max_context;
-  const size_t n = w_.mtp->layers.size(), kv_row = size_t(cfg_.kv_heads * cfg_.head_dim);
-  st->k_cache.resize(n);
-  st->v_cache.resize(n);
-  check_kv_fits(max_context, kv_row * 2 * n);
-  for (auto* cache : {&st->k_cache, &st->v_cache})
-    for (auto& v : *cache) v.reserve(size_t(max_context) * kv_row);
+  st->k_cache.resize(w_.mtp->layers.size());
+  st->v_cache.resize(w_.mtp->layers.size());
+  reserve_kv(*st, max_context, size_t(cfg_.kv_heads * cfg_.head_dim));
   return st;
 }
 
@@ -341,11 +343,7 @@ void CpuBackend::mtp_forward(SequenceState& state, const float* hidden,
   if (T == 0) return;
   if (st.k_cache.size() != m.layers.size() || !st.conv_state.empty())
     fail("mtp_forward: the state is not an MTP head's (new_mtp_sequence)");
-  if (st.position() + T > st.max_context)
-    fail("context overflow: {} positions in the MTP head + {} new > context size {}", st.position(),
-         T, st.max_context);
-  for (int32_t id : next_ids)
-    if (id < 0 || id >= V) fail("token id {} out of range [0, {})", id, V);
+  check_step(st, next_ids, V, "positions in the MTP head");
   // x = fc . concat(Norm(embed[next id]), Norm(hidden)): the embedding half first.
   std::vector<float> cat(size_t(T * 2 * H)), e(static_cast<size_t>(H));
   for (int64_t t = 0; t < T; ++t) {

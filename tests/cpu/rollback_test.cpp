@@ -51,6 +51,11 @@ TEST_P(Rollback, EqualsForwardingTheKeptRows) {
     // The pass's first n rows are the plain pass's (the same arithmetic).
     EXPECT_EQ(std::vector<float>(normed.begin(), normed.begin() + n * H), pn);
     EXPECT_EQ(std::vector<float>(logits.begin(), logits.begin() + n * V), pl);
+    // Logits without the normed rows asked for: the same logits.
+    auto bare = prefilled();
+    std::vector<float> bl(size_t(n * V));
+    backend->forward_normed(*bare, std::span(rows).first(size_t(n)), nullptr, bl.data());
+    EXPECT_EQ(bl, pl);
 
     const auto &a = cpu(*verified), &b = cpu(*plain);
     EXPECT_EQ(a.position(), b.position());
