@@ -1,21 +1,44 @@
 #!/usr/bin/env bash
 # Runs ON THE GPU MACHINE (after tools/gpu-build.sh, like gpu-check.sh): the batched decode step on
-# the GPU's own timeline. Nsight Systems traces the bench's CUDA graphs node by node (so PDL's
+# the GPU's own timeline, every kernel of the bench's CUDA graphs with its start and end (so PDL's
 # overlaps are seen as they happen, which ncu's serialised per-kernel times cannot show), and
-# tools/nsys_steps.py splits each step into per-kernel exposed time and idle gaps.
-# Usage: tools/gpu-steps.sh [concurrency ...]   (default 16 64; 4-bit weights, bf16 GDN state)
-#   -> $OUT/steps<c>.txt, $OUT/nsys<c>.log
+# tools/nsys_steps.py splits each step into per-kernel exposed time and idle gaps. The timeline
+# comes from Nsight Systems when the machine has it, else from tools/cupti_trace.cpp (a CUPTI
+# injection library built here against the machine's CUPTI).
+# Usage: tools/gpu-steps.sh [concurrency ...]   (default 16 64; 4-bit weights, bf16 GDN state;
+#   concurrency 1 is the single-stream step)   -> $OUT/steps<c>.txt, $OUT/trace<c>.log
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
-NSYS=$(command -v nsys || ls -d /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys \
-  /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
-[ -n "$NSYS" ] || { echo "nsys not found"; exit 1; }
+TOOLS="$PWD/tools"
 [ $# -gt 0 ] || set -- 16 64
+NSYS=$(command -v nsys || ls -d /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys \
+  /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/nsight-systems*/bin/nsys 2>/dev/null |
+  head -1)
+CUPTI_LIB=/tmp/libcupti_trace.so
+if [ -z "$NSYS" ]; then  # build the CUPTI tracer
+  INC=$(dirname "$(find /usr/local /opt /usr/include /usr/lib -name cupti.h 2>/dev/null | head -1)")
+  [ -f "$INC/cupti.h" ] || { echo "neither nsys nor CUPTI's headers found"; exit 1; }
+  LIBDIR=$(dirname "$(find "$INC/.." "$INC/../.." -name 'libcupti.so*' 2>/dev/null | head -1)")
+  LIBCUPTI=$(ls "$LIBDIR"/libcupti.so* | head -1)
+  RECORD=$(grep -ho 'CUpti_ActivityKernel[0-9]\+' "$INC"/cupti_activity*.h | sort -Vu | tail -1)
+  echo "CUPTI: $INC, $LIBCUPTI, $RECORD"
+  g++ -O2 -shared -fPIC -I"$INC" -DKERNEL_RECORD="$RECORD" "$TOOLS/cupti_trace.cpp" "$LIBCUPTI" \
+    -Wl,-rpath,"$LIBDIR" -o "$CUPTI_LIB" || exit 1
+fi
 for c in "$@"; do
-  timeout 150 "$NSYS" profile -t cuda --cuda-graph-trace=node -o "/tmp/steps$c" -f true \
-    "$B/lilac" bench --synthetic --weights q4 --gdn-state bf16 --concurrency "$c" >"$OUT/nsys$c.log" 2>&1
-  echo "profile c=$c rc=$?"
-  timeout 120 "$NSYS" export --type sqlite -o "/tmp/steps$c.sqlite" -f true "/tmp/steps$c.nsys-rep" \
-    >>"$OUT/nsys$c.log" 2>&1
-  python3 "$(dirname "$0")/nsys_steps.py" "/tmp/steps$c.sqlite" --top 40 | tee "$OUT/steps$c.txt"
+  run_bench=("$B/lilac" bench --synthetic --weights q4 --gdn-state bf16 --concurrency "$c")
+  if [ -n "$NSYS" ]; then
+    timeout 150 "$NSYS" profile -t cuda --cuda-graph-trace=node -o "/tmp/steps$c" -f true \
+      "${run_bench[@]}" >"$OUT/trace$c.log" 2>&1
+    echo "nsys profile c=$c rc=$?"
+    timeout 120 "$NSYS" export --type sqlite -o "/tmp/steps$c.sqlite" -f true \
+      "/tmp/steps$c.nsys-rep" >>"$OUT/trace$c.log" 2>&1
+    TRACE=/tmp/steps$c.sqlite
+  else
+    TRACE=/tmp/steps$c.tsv
+    CUDA_INJECTION64_PATH=$CUPTI_LIB LILAC_CUPTI_OUT=$TRACE timeout 150 "${run_bench[@]}" \
+      >"$OUT/trace$c.log" 2>&1
+    echo "cupti trace c=$c rc=$? ($(wc -l <"$TRACE") kernels)"
+  fi
+  python3 "$TOOLS/nsys_steps.py" "$TRACE" --top 40 | tee "$OUT/steps$c.txt"
 done

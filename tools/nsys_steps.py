@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Where a decode step's time goes on the GPU's own timeline: reads an Nsight Systems export
-(`nsys profile -t cuda --cuda-graph-trace=node ...`, then `nsys export --type sqlite`) and splits
-each step (a run of kernels from an embedding kernel to the next) into per-kernel *exposed* time.
+(`nsys profile -t cuda --cuda-graph-trace=node ...`, then `nsys export --type sqlite`) or the
+kernel list of tools/cupti_trace.cpp (a .tsv: start_ns, end_ns, demangled name) and splits each
+step (a run of kernels from an embedding kernel to the next) into per-kernel *exposed* time.
 
 ncu times each kernel alone, serialised, with its launch ramp; inside a CUDA graph under PDL the
 next kernel's blocks start while the previous one drains, so the durations add up to more than
 the step. Here a kernel's exposed time is the part of its [start, end) that no earlier kernel of
 the step covers: the exposed times plus the idle gaps add up to the step's wall time exactly.
 
-    tools/nsys_steps.py PROFILE.sqlite [--first-kernel embed] [--skip 5] [--top 30]
+    tools/nsys_steps.py PROFILE.sqlite|KERNELS.tsv [--first-kernel embed] [--skip 5] [--top 30]
 
 Prints, over the steps after the first --skip (warm-up), the mean step wall time, its idle gaps,
 and per kernel name (template arguments dropped): calls per step, mean duration, mean exposed
@@ -22,10 +23,41 @@ import sys
 
 
 def short(name):
+    """A kernel's name without namespaces, return type or parameters; template arguments kept
+    (without spaces), so that the instances of one template (q_gemm_wgmma's forms) stay apart."""
     name = name.replace("(anonymous namespace)::", "")
-    name = re.sub(r"\(.*", "", name)  # parameters
-    name = re.sub(r"<.*>", "", name)  # template arguments
-    return name.split("::")[-1].split()[-1]  # no namespace, no return type
+    if name.endswith(")"):  # drop the parameter list: the parentheses that close at the end
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
+                break
+    name = re.sub(r"[A-Za-z_][A-Za-z_0-9]*::", "", name)  # namespaces, here and in the arguments
+    depth, last_space = 0, -1
+    for i, ch in enumerate(name):  # the return type ends at the last space outside the brackets
+        depth += {"<": 1, ">": -1}.get(ch, 0)
+        if ch == " " and depth == 0:
+            last_space = i
+    return name[last_space + 1:].replace(" ", "")
+
+
+def read_sqlite(path):
+    con = sqlite3.connect(path)
+    return con.execute(
+        "SELECT k.start, k.end, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+        "JOIN StringIds s ON s.id = COALESCE(k.demangledName, k.shortName) ORDER BY k.start"
+    ).fetchall()
+
+
+def read_tsv(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t", 2)
+            if len(parts) == 3:
+                rows.append((int(parts[0]), int(parts[1]), parts[2]))
+    return sorted(rows)
 
 
 def main():
@@ -36,11 +68,7 @@ def main():
     ap.add_argument("--top", type=int, default=30)
     a = ap.parse_args()
 
-    con = sqlite3.connect(a.db)
-    rows = con.execute(
-        "SELECT k.start, k.end, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-        "JOIN StringIds s ON s.id = COALESCE(k.demangledName, k.shortName) ORDER BY k.start"
-    ).fetchall()
+    rows = read_tsv(a.db) if a.db.endswith(".tsv") else read_sqlite(a.db)
     if not rows:
         sys.exit("no kernels in " + a.db)
 
@@ -78,10 +106,10 @@ def main():
     print("%d steps of %d kernels (of %d steps; sizes %s)" % (k, size, len(steps), dict(sizes)))
     print("step wall %.1f us, idle gaps %.1f us, kernel durations sum %.1f us" %
           (wall / k / 1e3, gaps / k / 1e3, sum(dur.values()) / k / 1e3))
-    print("%-40s %7s %10s %12s %7s" % ("kernel", "calls", "mean us", "exposed us", "share"))
+    print("%-48s %7s %10s %12s %7s" % ("kernel", "calls", "mean us", "exposed us", "share"))
     for n, e in exposed.most_common(a.top):
-        print("%-40s %7.1f %10.2f %12.1f %6.1f%%" %
-              (n[:40], calls[n] / k, dur[n] / calls[n] / 1e3, e / k / 1e3, 100.0 * e / wall))
+        print("%-48s %7.1f %10.2f %12.1f %6.1f%%" %
+              (n[:48], calls[n] / k, dur[n] / calls[n] / 1e3, e / k / 1e3, 100.0 * e / wall))
 
 
 if __name__ == "__main__":

@@ -32,10 +32,17 @@ def export(path, kernels):
     con.close()
 
 
-def run(kernels, *args):
+def tsv(path, kernels):
+    """tools/cupti_trace.cpp's format, written out of start order (the tool sorts)."""
+    with open(path, "w") as f:
+        for start, end, name in reversed(kernels):
+            f.write("%d\t%d\t%s\n" % (start * US, end * US, name))
+
+
+def run(kernels, *args, fmt="sqlite"):
     with tempfile.TemporaryDirectory() as d:
-        db = os.path.join(d, "p.sqlite")
-        export(db, kernels)
+        db = os.path.join(d, "p." + fmt)
+        (export if fmt == "sqlite" else tsv)(db, kernels)
         p = subprocess.run([sys.executable, TOOL, db, *args], capture_output=True, text=True)
         return p.returncode, p.stdout + p.stderr
 
@@ -55,9 +62,19 @@ class NsysStepsTest(unittest.TestCase):
         self.assertIn("step wall 45.0 us, idle gaps 5.0 us, kernel durations sum 42.0 us", out)
         rows = {l.split()[0]: l.split() for l in out.splitlines()[3:]}
         self.assertEqual(rows["q_embed_kernel"][3], "10.0")
-        self.assertEqual(rows["q_gemm_kernel"][2], "12.00")  # its whole duration
-        self.assertEqual(rows["q_gemm_kernel"][3], "10.0")   # less the 2 us under the embed
-        self.assertEqual(rows["moe_kernel"][3], "20.0")
+        self.assertEqual(rows["q_gemm_kernel<Cfg<16,8,3>,2>"][2], "12.00")  # its whole duration
+        self.assertEqual(rows["q_gemm_kernel<Cfg<16,8,3>,2>"][3], "10.0")   # less the 2 us under the embed
+        self.assertEqual(rows["moe_kernel<4>"][3], "20.0")
+
+    def test_cupti_trace_tsv_reads_like_the_export(self):
+        kernels = step(0) + step(100) + step(200)
+        rc, out = run(kernels, "--skip", "1", fmt="tsv")
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out, run(kernels, "--skip", "1")[1])
+        self.assertIn("step wall 45.0 us, idle gaps 5.0 us", out)
+        rc, out = run([], "--skip", "0", fmt="tsv")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("no kernels", out)
 
     def test_other_step_sizes_are_left_out(self):
         odd = step(300) + [(345, 350, "void rms_norm_kernel<1>(float*)")]
