@@ -79,15 +79,6 @@ CudaOptions CudaOptions::from_environment() {
                            {"rows32", PromptMoe::rows32},
                            {"auto", PromptMoe::automatic},
                            {"automatic", PromptMoe::automatic}});
-  o.l2_ahead = env_enum("LILAC_L2_AHEAD", o.l2_ahead,
-                        {{"off", L2Ahead::off},
-                         {"0", L2Ahead::off},
-                         {"on", L2Ahead::normal},
-                         {"1", L2Ahead::normal},
-                         {"last", L2Ahead::evict_last}});
-  o.l2_ahead_at = env_enum(
-      "LILAC_L2_AHEAD_AT", o.l2_ahead_at,
-      {{"mixer", L2AheadAt::mixer}, {"router", L2AheadAt::router}, {"down", L2AheadAt::down}});
   return o;
 }
 
@@ -127,9 +118,6 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
       for (int splits : {1, 2, 4, 8}) (void)q_gemm_wgmma_max_clusters(bt, splits);
   }
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
-  LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));
-  LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming));
   const int H = int(c.hidden);
   Workspace& w = *ws_;
   w.max_T = int(std::max<int64_t>(1, options_.prefill_chunk));
@@ -179,9 +167,6 @@ void CudaBackend::set_options(const CudaOptions& o) {
 
 CudaBackend::~CudaBackend() {
   batch_.reset();  // its graphs and buffers first
-  if (fork_event_) cudaEventDestroy(fork_event_);
-  if (join_event_) cudaEventDestroy(join_event_);
-  if (side_stream_) cudaStreamDestroy(side_stream_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 

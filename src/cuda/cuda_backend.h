@@ -24,10 +24,6 @@ namespace lilac::cuda {
 // environment (from_environment, the one place that reads LILAC_* switches for the backend).
 // How the 4-bit experts of a prompt chunk run (CudaOptions::prompt_moe).
 enum class PromptMoe { automatic, small, tile128, rows64, rows32 };
-// The next layer's weights requested into L2 during a decode step (CudaOptions::l2_ahead): off,
-// with the default priority, or marked evict-last; and at which point of the layer.
-enum class L2Ahead { off, normal, evict_last };
-enum class L2AheadAt { mixer, router, down };
 // The form a chunk of T >= 64 prompt tokens takes: `forced` unless it is automatic (small past
 // small_max_tokens: tile128); automatic: the measured rule (cuda_backend_layers.cpp).
 PromptMoe prompt_moe_form(PromptMoe forced, int T, int small_max_tokens);
@@ -104,15 +100,6 @@ struct CudaOptions {
   // set_options refuses to change it (every sequence and captured graph has one format).
   // LILAC_GDN_STATE=f32|bf16; the CLI's --gdn-state.
   GdnStateFormat gdn_state = GdnStateFormat::f32;
-  // Decode steps (one stream and batched): the next layer's 4/8-bit dense weights (its first
-  // projection, out_proj or o_proj, the router, the shared expert: ~21 MB at 4 bits) requested
-  // into L2 (l2_prefetch.h) from a side stream forked at `l2_ahead_at` of this layer: after its
-  // first projection (mixer), before its router (router) or between its experts' gate_up and down
-  // (down), so that the next layer's latency-bound projections read L2 instead of DRAM. Off until
-  // measured (docs/kernels.md, "Twenty-fourth session"). LILAC_L2_AHEAD=off|on|last,
-  // LILAC_L2_AHEAD_AT=mixer|router|down.
-  L2Ahead l2_ahead = L2Ahead::off;
-  L2AheadAt l2_ahead_at = L2AheadAt::router;
   static CudaOptions from_environment();
 };
 
@@ -232,12 +219,6 @@ class CudaBackend : public Backend {
                      std::span<StepResult> out);
   void layer_decode(CudaSequenceState& st, int64_t layer, Timer* timer);
   void sample_launches(CudaSequenceState& st, Timer* timer);
-  // CudaOptions::l2_ahead: at point `at` of layer li, forks the side stream and launches
-  // l2_prefetch of layer li + 1's dense weights on it (nothing when off, at another point, or for
-  // the last layer); join_prefetch, after the last layer, makes the stream wait for the side
-  // stream (a captured graph must end joined).
-  void prefetch_next_layer(int64_t li, L2AheadAt at);
-  void join_prefetch();
   // The batched decode pass (cuda_backend_batch.cpp).
   bool batch_layer(int64_t layer, int B, bool grouped_moe, bool normed, Timer* timer);
   void batch_launches(int B, bool grouped_moe, Timer* timer);
@@ -254,9 +235,6 @@ class CudaBackend : public Backend {
   CudaOptions options_;
   std::unique_ptr<Workspace> ws_;
   cudaStream_t stream_ = nullptr;
-  cudaStream_t side_stream_ = nullptr;  // l2_prefetch launches (prefetch_next_layer)
-  cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
-  bool side_forked_ = false;  // since the last join_prefetch
   int64_t last_context_ = 0;
   std::unique_ptr<BatchWorkspace> batch_;
   int64_t batched_passes_ = 0;

@@ -123,7 +123,6 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
       rows_proj(w.x.get(), B, H, L.in_proj, cols, w.proj.get(), false, options_.q4_wgmma_min_rows,
                 s);
     });
-    prefetch_next_layer(li, L2AheadAt::mixer);
     timed(timer, "gdn_decode_batch", [&] {
       gdn_decode_batch(w.proj.get(), B, rows, slot, L.conv, L.neg_exp_A, L.dt_bias, L.gdn_norm,
                        int(c.gdn_key_heads), int(c.gdn_value_heads), int(c.gdn_key_dim),
@@ -140,7 +139,6 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
       rows_proj(w.x.get(), B, H, L.qkv_proj, cols, w.proj.get(), false, options_.q4_wgmma_min_rows,
                 s);
     });
-    prefetch_next_layer(li, L2AheadAt::mixer);
     timed(timer, "attention_decode_batch", [&] {
       attention_decode_qkv_batch(w.proj.get(), B, rows, slot, L.q_norm, L.k_norm, model_->inv_freq,
                                  int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim),
@@ -153,7 +151,6 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
-  prefetch_next_layer(li, L2AheadAt::router);
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), B, H, eps, s); });
   timed(timer, "proj.router", [&] {
     rows_proj(w.x.get(), B, H, L.router, E + 1, w.router.get(), false, options_.q4_wgmma_min_rows,
@@ -163,8 +160,7 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
     timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
     moe_experts(L, c, w, B, r, options_.small_moe_max_tokens, options_.small_moe_kernel,
-                options_.fused_shared_expert, timer, s, QMoeWgmmaTile::adaptive,
-                [&] { prefetch_next_layer(li, L2AheadAt::down); });
+                options_.fused_shared_expert, timer, s);
     // The next norm (the next layer's input norm, or the final one) in the combine's blocks.
     const float* next_norm =
         li + 1 < c.layers ? model_->layers[size_t(li) + 1].input_norm : model_->final_norm;
@@ -195,7 +191,6 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
       moe_gate_up_gemv(L.gate_up.dense, L.shared_gate_up.dense, bw.topk_idx.get(), k, w.x.get(), H,
                        I, Is, bw.act.get(), s, B);
     });
-  prefetch_next_layer(li, L2AheadAt::down);
   if (L.down.affine())
     timed(timer, "moe_down_rows", [&] {
       q_moe_down_gemv(L.down.q, L.shared_down.q, bw.topk_idx.get(), bw.topk_w.get(),
@@ -218,7 +213,6 @@ void CudaBackend::batch_launches(int B, bool grouped_moe, Timer* timer) {
         [&] { embed_rows(ids_of(bw.upload.get()), *model_, w.h.get(), B, H, stream_); });
   bool normed = false;
   for (int64_t i = 0; i < c.layers; ++i) normed = batch_layer(i, B, grouped_moe, normed, timer);
-  join_prefetch();
   if (!normed)
     timed(timer, "rms_norm",
           [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), B, H, c.rms_eps, stream_); });
@@ -256,7 +250,6 @@ cudaGraphExec_t CudaBackend::batch_graph(int B) {
     try {
       batch_launches(B, grouped, nullptr);
     } catch (...) {
-      side_forked_ = false;
       cudaStreamEndCapture(stream_, &graph);
       bw.graphs.erase({B, grouped});
       throw;

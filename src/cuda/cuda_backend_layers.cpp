@@ -8,7 +8,6 @@
 #include "cuda/attention.h"
 #include "cuda/cuda_backend_state.h"
 #include "cuda/gated_deltanet.h"
-#include "cuda/l2_prefetch.h"
 #include "cuda/launch.h"
 #include "cuda/position.h"
 
@@ -151,41 +150,6 @@ void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
   if (trace_) trace_delta(tp + "moe_out");
 }
 
-void CudaBackend::prefetch_next_layer(int64_t li, L2AheadAt at) {
-  if (options_.l2_ahead == L2Ahead::off || at != options_.l2_ahead_at) return;
-  if (li + 1 >= model_->config.layers) return;
-  const DeviceLayer& next = model_->layers[size_t(li) + 1];
-  L2Ranges r;
-  auto add = [&](const DeviceMatrix& m) {  // BF16 matrices are not prefetched
-    if (!m.affine()) return;
-    r.add(m.q.codes, m.q.code_words() * sizeof(uint32_t));
-    r.add(m.q.sb, m.q.sb_words() * sizeof(uint32_t));
-  };
-  if (next.type == LayerType::GatedDeltaNet) {
-    add(next.in_proj);
-    add(next.out_proj);
-  } else {
-    add(next.qkv_proj);
-    add(next.o_proj);
-  }
-  add(next.router);
-  add(next.shared_gate_up);
-  add(next.shared_down);
-  if (r.n == 0) return;
-  LILAC_CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
-  LILAC_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_event_, 0));
-  l2_prefetch(r, options_.l2_ahead == L2Ahead::evict_last ? L2Hint::evict_last : L2Hint::normal,
-              side_stream_);
-  side_forked_ = true;
-}
-
-void CudaBackend::join_prefetch() {
-  if (!side_forked_) return;
-  side_forked_ = false;
-  LILAC_CUDA_CHECK(cudaEventRecord(join_event_, side_stream_));
-  LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
-}
-
 void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) {
   const ModelConfig& c = model_->config;
   const DeviceLayer& L = model_->layers[size_t(li)];
@@ -215,7 +179,6 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   if (L.type == LayerType::GatedDeltaNet) {
     const int rows = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
     first_projection("gemv_rms.gdn_in_proj", L.in_proj, rows);
-    prefetch_next_layer(li, L2AheadAt::mixer);
     timed(timer, "gdn_decode", [&] {
       st.with_rec_state(c, slot, [&](auto* rec) {
         gdn_decode(w.proj.get(), L.conv, st.conv_state(c, slot), L.neg_exp_A, L.dt_bias, L.gdn_norm,
@@ -230,7 +193,6 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   } else {
     const int rows = int(c.q_proj_rows() + 2 * c.kv_dim());
     first_projection("gemv_rms.attn_qkv", L.qkv_proj, rows);
-    prefetch_next_layer(li, L2AheadAt::mixer);
     timed(timer, "attention_decode", [&] {  // qk norm + RoPE + cache store fused in
       attention_decode_qkv(w.proj.get(), st.d_pos(), L.q_norm, L.k_norm, model_->inv_freq,
                            int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps,
@@ -244,7 +206,6 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
-  prefetch_next_layer(li, L2AheadAt::router);
   if (L.router.format == DeviceFormat::Bf16) {
     // A BF16 router: the post norm, the router GEMV (E + 1 rows: the shared gate logit last) and
     // the top-k in one launch (moe_router); it also leaves the normalised x for the experts'
@@ -270,7 +231,6 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   }
   timed(timer, "moe_gate_up_gemv",
         [&] { moe_gate_up_decode(L, w.topk_idx.get(), k, w.x.get(), H, I, Is, w.act.get(), s); });
-  prefetch_next_layer(li, L2AheadAt::down);
   timed(timer, "moe_down_gemv", [&] {
     moe_down_decode(L, w.topk_idx.get(), w.topk_w.get(), w.router.get() + E, w.act.get(), k, H, I,
                     Is, w.h.get(), s);
@@ -317,7 +277,6 @@ void CudaBackend::decode_launches(CudaSequenceState& st, bool sample, Timer* tim
     }
     layer_decode(st, i, timer);
   }
-  join_prefetch();
   if (trace_) {
     auto h = download_f32(w.h.get(), size_t(H), stream_);
     trace_(fmt::format("decode.hidden.{}", c.layers), h.data(), {1, H});
@@ -357,7 +316,6 @@ void CudaBackend::run_decode(CudaSequenceState& st, bool sample) {
     try {
       decode_launches(st, sample, nullptr);
     } catch (...) {
-      side_forked_ = false;
       cudaStreamEndCapture(stream_, &graph);
       throw;
     }

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -335,23 +334,16 @@ inline bool small_moe(const DeviceLayer& L, int T, int max_tokens) {
 // (token tile `tile`) and BF16 ones the 128-token-tile grouped kernels, each with the shared
 // expert's tiles inside them (two launches); else those kernels, then the shared
 // expert on its own (gemv_rows or a GEMM). tile: the 4-bit grouped wgmma kernels' token tile.
-// before_down (if any) runs between the gate_up and the down launches (the batched step's L2
-// prefetch fork point, CudaOptions::l2_ahead_at).
 inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w, int T,
                         const MoeRouting& r, int small_max_tokens, MoeSmallKernel small_kernel,
                         bool fused_shared, CudaBackend::Timer* timer, cudaStream_t s,
-                        QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive,
-                        const std::function<void()>& before_down = {}) {
+                        QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive) {
   const int H = int(c.hidden), I = int(c.expert_intermediate), Is = int(c.shared_intermediate);
-  auto down_point = [&] {
-    if (before_down) before_down();
-  };
   if (small_moe(L, T, small_max_tokens)) {
     timed(timer, "moe_small_gate_up", [&] {
       q_moe_small_gate_up(w.x.get(), T, H, L.gate_up.q, I, L.shared_gate_up.q, Is, r, w.act.get(),
                           w.shared_act.get(), s, small_kernel);
     });
-    down_point();
     timed(timer, "moe_small_down", [&] {
       q_moe_small_down(w.act.get(), I, w.shared_act.get(), Is, L.down.q, L.shared_down.q, H, r,
                        w.y.get(), w.shared_out.get(), s, small_kernel);
@@ -368,7 +360,6 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
     timed(timer, "moe_grouped_gate_up+shared", [&] {
       q_moe_grouped_gate_up_wgmma(w.x.get(), H, L.gate_up.q, I, r, w.act.get(), s, tile, &shared);
     });
-    down_point();
     timed(timer, "moe_grouped_down+shared", [&] {
       q_moe_grouped_down_wgmma(w.act.get(), I, L.down.q, H, r, w.y.get(), s, tile, &shared);
     });
@@ -381,7 +372,6 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
     timed(timer, "moe_grouped_gate_up+shared", [&] {
       moe_grouped_gate_up(w.x.get(), H, L.gate_up.dense, I, r, w.act.get(), s, true, &shared);
     });
-    down_point();
     timed(timer, "moe_grouped_down+shared", [&] {
       moe_grouped_down(w.act.get(), I, L.down.dense, H, r, w.y.get(), s, true, &shared);
     });
@@ -389,7 +379,6 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
   }
   timed(timer, "moe_grouped_gate_up",
         [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s, tile); });
-  down_point();
   timed(timer, "moe_grouped_down",
         [&] { moe_down_prefill(L, w.act.get(), I, H, r, w.y.get(), s, tile); });
   if (!L.shared_gate_up.affine() && !L.shared_down.affine() && T <= kGemvRowsMax && H % 64 == 0 &&

@@ -98,20 +98,6 @@ TEST(CudaOptions, FromEnvironmentReadsTheKernelChoices) {
                     {"rows32", cuda::PromptMoe::rows32},
                     {"auto", cuda::PromptMoe::automatic}},
                    "rows16");
-  EXPECT_EQ(defaults.l2_ahead, cuda::L2Ahead::off);
-  EXPECT_EQ(defaults.l2_ahead_at, cuda::L2AheadAt::router);
-  expect_spellings("LILAC_L2_AHEAD", &cuda::CudaOptions::l2_ahead,
-                   {{"off", cuda::L2Ahead::off},
-                    {"0", cuda::L2Ahead::off},
-                    {"on", cuda::L2Ahead::normal},
-                    {"1", cuda::L2Ahead::normal},
-                    {"last", cuda::L2Ahead::evict_last}},
-                   "evict_last");
-  expect_spellings("LILAC_L2_AHEAD_AT", &cuda::CudaOptions::l2_ahead_at,
-                   {{"mixer", cuda::L2AheadAt::mixer},
-                    {"router", cuda::L2AheadAt::router},
-                    {"down", cuda::L2AheadAt::down}},
-                   "experts");
 }
 
 // The form of a prompt chunk's 4-bit experts: the measured rule by T (s21 runs 9-10), and a forced
