@@ -475,6 +475,20 @@ struct GroupLoop {
     }
   }
 
+  // The prologue's k-tiles kt = G p + h < KT of groups p < PG, each into slot G (p % (PG + 1)) + h
+  // (load(slot, kt)), with group_end() after each group's.
+  template <int PG, class Load, class GroupEnd>
+  static __device__ __forceinline__ void prologue(int KT, Load load, GroupEnd group_end) {
+#pragma unroll
+    for (int p = 0; p < PG; ++p) {
+      const int s0 = G * (p % (PG + 1));
+#pragma unroll
+      for (int h = 0; h < G; ++h)
+        if (G * p + h < KT) load(s0 + h, G * p + h);
+      group_end();
+    }
+  }
+
   // PDL_WAIT: the kernel may run under programmatic dependent launch (x is the previous
   // kernel's output): the prologue waits for it between the weights' copies and x's.
   template <class C, int N, bool PDL_WAIT = false>
@@ -491,22 +505,13 @@ struct GroupLoop {
       // previous kernel (griddepcontrol.wait: a no-op when this kernel was launched without PDL),
       // then the x copies, one commit per group. Group 0 also holds the later groups' weights:
       // waiting for it waits for more than it needs, never less.
-#pragma unroll
-      for (int p = 0; p < PG; ++p) {
-        const int s0 = G * (p % (PG + 1));
-#pragma unroll
-        for (int h = 0; h < G; ++h)
-          if (G * p + h < KT) load_stage_w<C>(w, sW + uint32_t((s0 + h) * C::W_STAGE), G * p + h);
-      }
+      prologue<PG>(
+          KT, [&](int slot, int kt) { load_stage_w<C>(w, sW + uint32_t(slot * C::W_STAGE), kt); },
+          [] {});
       pdl_wait();
-#pragma unroll
-      for (int p = 0; p < PG; ++p) {
-        const int s0 = G * (p % (PG + 1));
-#pragma unroll
-        for (int h = 0; h < G; ++h)
-          if (G * p + h < KT) load_stage_x<C>(xr, sX + uint32_t((s0 + h) * C::X_STAGE), G * p + h);
-        tile::cp_async_commit();
-      }
+      prologue<PG>(
+          KT, [&](int slot, int kt) { load_stage_x<C>(xr, sX + uint32_t(slot * C::X_STAGE), kt); },
+          [] { tile::cp_async_commit(); });
     } else {
 #pragma unroll
       for (int p = 0; p < PG; ++p) load_group<C>(xr, w, sX, sW, p, KT);
