@@ -5,8 +5,10 @@
 # tools/nsys_steps.py splits each step into per-kernel exposed time and idle gaps. The timeline
 # comes from Nsight Systems when the machine has it, else from tools/cupti_trace.cpp (a CUPTI
 # injection library built here against the machine's CUPTI).
-# Usage: tools/gpu-steps.sh [concurrency ...]   (default 16 64; 4-bit weights, bf16 GDN state;
-#   concurrency 1 is the single-stream step)   -> $OUT/steps<c>.txt, $OUT/trace<c>.log
+# Usage: tools/gpu-steps.sh [item ...]   (default 16 64; 4-bit weights, bf16 GDN state)
+#   an item is a concurrency (the batched decode step; 1 is the single-stream step) or p<N>, a
+#   prompt chunk of N tokens (the prefill bench at that length, its chunks' timeline)
+#   -> $OUT/steps<item>.txt, $OUT/trace<item>.log
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 TOOLS="$PWD/tools"
@@ -26,7 +28,14 @@ if [ -z "$NSYS" ]; then  # build the CUPTI tracer
     -Wl,-rpath,"$LIBDIR" -o "$CUPTI_LIB" || exit 1
 fi
 for c in "$@"; do
-  run_bench=("$B/lilac" bench --synthetic --weights q4 --gdn-state bf16 --concurrency "$c")
+  pick=()
+  if [[ $c == p* ]]; then
+    run_bench=("$B/lilac" bench --synthetic --weights q4 --gdn-state bf16 --lengths "${c#p}"
+      --rounds 8 --decode 1 --sampling off)
+    pick=(--largest --skip 2)
+  else
+    run_bench=("$B/lilac" bench --synthetic --weights q4 --gdn-state bf16 --concurrency "$c")
+  fi
   if [ -n "$NSYS" ]; then
     timeout 150 "$NSYS" profile -t cuda --cuda-graph-trace=node -o "/tmp/steps$c" -f true \
       "${run_bench[@]}" >"$OUT/trace$c.log" 2>&1
@@ -40,5 +49,5 @@ for c in "$@"; do
       >"$OUT/trace$c.log" 2>&1
     echo "cupti trace c=$c rc=$? ($(wc -l <"$TRACE") kernels)"
   fi
-  python3 "$TOOLS/nsys_steps.py" "$TRACE" --top 40 | tee "$OUT/steps$c.txt"
+  python3 "$TOOLS/nsys_steps.py" "$TRACE" --top 40 "${pick[@]}" | tee "$OUT/steps$c.txt"
 done

@@ -12,8 +12,9 @@ the step covers: the exposed times plus the idle gaps add up to the step's wall 
     tools/nsys_steps.py PROFILE.sqlite|KERNELS.tsv [--first-kernel embed] [--skip 5] [--top 30]
 
 Prints, over the steps after the first --skip (warm-up), the mean step wall time, its idle gaps,
-and per kernel name (template arguments dropped): calls per step, mean duration, mean exposed
-time per step. Only steps whose kernel count is the most common one are used (one batch size).
+and per kernel name (template arguments kept): calls per step, mean duration, mean exposed
+time per step. Only steps whose kernel count is the most common one are used (one batch size),
+or with --largest the largest count seen at least 3 times (a prompt chunk of a prefill bench).
 """
 import argparse
 import collections
@@ -66,6 +67,9 @@ def main():
     ap.add_argument("--first-kernel", default="embed", help="substring of a step's first kernel")
     ap.add_argument("--skip", type=int, default=5, help="warm-up steps left out")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--largest", action="store_true",
+                    help="the largest step size seen at least 3 times (a prompt chunk) instead of "
+                    "the most common one (a decode step)")
     a = ap.parse_args()
 
     rows = read_tsv(a.db) if a.db.endswith(".tsv") else read_sqlite(a.db)
@@ -84,6 +88,8 @@ def main():
     if not sizes:
         sys.exit("no step starts with a kernel named like '%s'" % a.first_kernel)
     size = sizes.most_common(1)[0][0]
+    if a.largest:
+        size = max([n for n, count in sizes.items() if count >= 3] or [size])
     use = [s for s in steps if len(s) == size][a.skip:]
     if not use:
         sys.exit("too few steps of %d kernels after --skip %d" % (size, a.skip))

@@ -76,6 +76,18 @@ class NsysStepsTest(unittest.TestCase):
         self.assertNotEqual(rc, 0)
         self.assertIn("no kernels", out)
 
+    def test_largest_picks_the_prompt_chunks(self):
+        chunk = lambda t0: step(t0) + [(t0 + 50, t0 + 90, "gdn_prefill_kernel")]
+        five = lambda t0: step(t0) + [(t0 + 45, t0 + 46, "x"), (t0 + 46, t0 + 47, "y")]
+        kernels = (chunk(0) + chunk(100) + chunk(200) + step(300) + step(400) + step(500) +
+                   step(600) + five(700) + five(800))
+        rc, out = run(kernels, "--skip", "0", "--largest")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("3 steps of 4 kernels", out)  # not the 5-kernel steps, seen twice
+        self.assertIn("gdn_prefill_kernel", out)
+        rc, out = run(kernels, "--skip", "0")
+        self.assertIn("4 steps of 3 kernels", out)
+
     def test_other_step_sizes_are_left_out(self):
         odd = step(300) + [(345, 350, "void rms_norm_kernel<1>(float*)")]
         rc, out = run(step(0) + step(100) + step(200) + odd, "--skip", "0")
