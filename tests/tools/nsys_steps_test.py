@@ -33,7 +33,7 @@ def export(path, kernels):
 
 
 def tsv(path, kernels):
-    """tools/cupti_trace.cpp's format, written out of start order (the tool sorts)."""
+    """tools/cupti/cupti_trace.cpp's format, written out of start order (the tool sorts)."""
     with open(path, "w") as f:
         for start, end, name in reversed(kernels):
             f.write("%d\t%d\t%s\n" % (start * US, end * US, name))

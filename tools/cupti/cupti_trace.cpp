@@ -7,7 +7,7 @@
 // reads that file like an nsys export. The GPU machine has CUPTI (this machine and CI do not), so
 // tools/gpu-steps.sh builds it there when nsys is absent:
 //     g++ -O2 -shared -fPIC -I<cupti>/include -DKERNEL_RECORD=CUpti_ActivityKernelN
-//         tools/cupti_trace.cpp -L<cupti>/lib64 -lcupti -o libcupti_trace.so
+//         tools/cupti/cupti_trace.cpp -L<cupti>/lib64 -lcupti -o libcupti_trace.so
 // KERNEL_RECORD names the newest kernel record of the installed CUPTI (the one it emits); the
 // fields used here (start, end, name) are in every version.
 #include <cupti.h>
