@@ -19,7 +19,7 @@
 #               the plain test run: B = 1..64 at 1024 context, BF16 and 4-bit, per-kernel split)
 #   concurrency `lilac bench --synthetic --concurrency 1,2,4,8,16,32,64`, BF16 and 4-bit (JSON each)
 #   steps       the batched decode step on the GPU's timeline at c = 16 and 64 (tools/gpu-steps.sh:
-#               nsys, per-kernel exposed time; 4-bit, bf16 GDN state)
+#               nsys or the CUPTI tracer, per-kernel exposed time; 4-bit, bf16 GDN state)
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
