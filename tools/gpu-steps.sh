@@ -3,8 +3,8 @@
 # the GPU's own timeline, every kernel of the bench's CUDA graphs with its start and end (so PDL's
 # overlaps are seen as they happen, which ncu's serialised per-kernel times cannot show), and
 # tools/nsys_steps.py splits each step into per-kernel exposed time and idle gaps. The timeline
-# comes from Nsight Systems when the machine has it, else from tools/cupti/cupti_trace.cpp (a CUPTI
-# injection library built here against the machine's CUPTI).
+# comes from Nsight Systems when the machine has it, else from tools/cupti/cupti_trace.cpp (a
+# CUPTI injection library built here against the machine's CUPTI).
 # Usage: tools/gpu-steps.sh [item ...]   (default 16 64; 4-bit weights, bf16 GDN state)
 #   an item is a concurrency (the batched decode step; 1 is the single-stream step) or p<N>, a
 #   prompt chunk of N tokens (the prefill bench at that length, its chunks' timeline)
@@ -24,7 +24,8 @@ if [ -z "$NSYS" ]; then  # build the CUPTI tracer
   LIBCUPTI=$(ls "$LIBDIR"/libcupti.so* | head -1)
   RECORD=$(grep -ho 'CUpti_ActivityKernel[0-9]\+' "$INC"/cupti_activity*.h | sort -Vu | tail -1)
   echo "CUPTI: $INC, $LIBCUPTI, $RECORD"
-  g++ -O2 -shared -fPIC -I"$INC" -DKERNEL_RECORD="$RECORD" "$TOOLS/cupti/cupti_trace.cpp" "$LIBCUPTI" \
+  g++ -O2 -shared -fPIC -I"$INC" -DKERNEL_RECORD="$RECORD" "$TOOLS/cupti/cupti_trace.cpp" \
+    "$LIBCUPTI" \
     -Wl,-rpath,"$LIBDIR" -o "$CUPTI_LIB" || exit 1
 fi
 for c in "$@"; do

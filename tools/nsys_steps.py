@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where a decode step's time goes on the GPU's own timeline: reads an Nsight Systems export
 (`nsys profile -t cuda --cuda-graph-trace=node ...`, then `nsys export --type sqlite`) or the
-kernel list of tools/cupti/cupti_trace.cpp (a .tsv: start_ns, end_ns, demangled name) and splits each
-step (a run of kernels from an embedding kernel to the next) into per-kernel *exposed* time.
+kernel list of tools/cupti/cupti_trace.cpp (a .tsv: start_ns, end_ns, demangled name) and splits
+each step (a run of kernels from an embedding kernel to the next) into per-kernel *exposed* time.
 
 ncu times each kernel alone, serialised, with its launch ramp; inside a CUDA graph under PDL the
 next kernel's blocks start while the previous one drains, so the durations add up to more than

@@ -63,7 +63,8 @@ class NsysStepsTest(unittest.TestCase):
         rows = {l.split()[0]: l.split() for l in out.splitlines()[3:]}
         self.assertEqual(rows["q_embed_kernel"][3], "10.0")
         self.assertEqual(rows["q_gemm_kernel<Cfg<16,8,3>,2>"][2], "12.00")  # its whole duration
-        self.assertEqual(rows["q_gemm_kernel<Cfg<16,8,3>,2>"][3], "10.0")   # less the 2 us under the embed
+        # less the 2 us under the embed
+        self.assertEqual(rows["q_gemm_kernel<Cfg<16,8,3>,2>"][3], "10.0")
         self.assertEqual(rows["moe_kernel<4>"][3], "20.0")
 
     def test_cupti_trace_tsv_reads_like_the_export(self):
