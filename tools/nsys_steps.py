@@ -13,7 +13,9 @@ the step covers: the exposed times plus the idle gaps add up to the step's wall 
 
 Prints, over the steps after the first --skip (warm-up), the mean step wall time, its idle gaps,
 and per kernel name (template arguments kept): calls per step, mean duration, mean exposed
-time per step. Only steps whose kernel count is the most common one are used (one batch size),
+time per step, and "early": per call, how long the kernel ran before the kernels started ahead
+of it had all ended (under PDL: its blocks resident, mostly waiting, in the previous kernel's
+tail; a window for work that does not depend on that kernel). Only steps whose kernel count is the most common one are used (one batch size),
 or with --largest the largest count seen at least 3 times (a prompt chunk of a prefill bench).
 """
 import argparse
@@ -97,6 +99,7 @@ def main():
     calls = collections.Counter()
     dur = collections.Counter()
     exposed = collections.Counter()
+    early = collections.Counter()
     wall = gaps = 0
     for s in use:
         covered = s[0][0]
@@ -106,16 +109,19 @@ def main():
             if start > covered:
                 gaps += start - covered
             exposed[n] += max(0, end - max(start, covered))
+            early[n] += max(0, min(covered, end) - start)
             covered = max(covered, end)
         wall += covered - s[0][0]
     k = len(use)
     print("%d steps of %d kernels (of %d steps; sizes %s)" % (k, size, len(steps), dict(sizes)))
     print("step wall %.1f us, idle gaps %.1f us, kernel durations sum %.1f us" %
           (wall / k / 1e3, gaps / k / 1e3, sum(dur.values()) / k / 1e3))
-    print("%-48s %7s %10s %12s %7s" % ("kernel", "calls", "mean us", "exposed us", "share"))
+    print("%-48s %7s %10s %12s %7s %9s" %
+          ("kernel", "calls", "mean us", "exposed us", "share", "early us"))
     for n, e in exposed.most_common(a.top):
-        print("%-48s %7.1f %10.2f %12.1f %6.1f%%" %
-              (n[:48], calls[n] / k, dur[n] / calls[n] / 1e3, e / k / 1e3, 100.0 * e / wall))
+        print("%-48s %7.1f %10.2f %12.1f %6.1f%% %9.2f" %
+              (n[:48], calls[n] / k, dur[n] / calls[n] / 1e3, e / k / 1e3, 100.0 * e / wall,
+               early[n] / calls[n] / 1e3))
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ class NsysStepsTest(unittest.TestCase):
         # less the 2 us under the embed
         self.assertEqual(rows["q_gemm_kernel<Cfg<16,8,3>,2>"][3], "10.0")
         self.assertEqual(rows["moe_kernel<4>"][3], "20.0")
+        # early: the gemm started 2 us before the embed ended; the moe after an idle gap
+        self.assertEqual(rows["q_gemm_kernel<Cfg<16,8,3>,2>"][5], "2.00")
+        self.assertEqual(rows["moe_kernel<4>"][5], "0.00")
 
     def test_cupti_trace_tsv_reads_like_the_export(self):
         kernels = step(0) + step(100) + step(200)
@@ -101,6 +104,7 @@ class NsysStepsTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         rows = {l.split()[0]: l.split() for l in out.splitlines()[3:]}
         self.assertEqual(rows["tiny_kernel"][3], "0.0")
+        self.assertEqual(rows["tiny_kernel"][5], "3.00")  # wholly inside the embed
         self.assertIn("step wall 12.0 us, idle gaps 0.0 us", out)
 
     def test_no_kernels_fails(self):
