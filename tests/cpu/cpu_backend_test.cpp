@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 #include <cstring>
+#include "../max_abs_diff.h"
 #include "../test_data.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
@@ -32,17 +33,6 @@ struct Reference {
 const Reference& ref() {
   static Reference r;
   return r;
-}
-
-// Max |a - b| over n values, with the index of the worst one for the failure message.
-std::pair<double, size_t> max_abs_diff(const float* a, const float* b, size_t n) {
-  double worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < n; ++i) {
-    double d = std::fabs(double(a[i]) - double(b[i]));
-    if (!(d <= worst)) worst = d, at = i;  // NaN counts as worst
-  }
-  return {worst, at};
 }
 
 class CpuBackendFixture : public ::testing::TestWithParam<const char*> {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "../max_abs_diff.h"
 #include "../test_data.h"
 #include "cpu/cpu_backend.h"
 #include "io/checkpoint.h"
@@ -79,15 +80,6 @@ std::pair<size_t, size_t> not_bf16_and_nonzero(const std::vector<std::vector<flo
   return {off, nonzero};
 }
 
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::fabs(double(a[i]) - double(b[i]));
-    if (!(d <= worst)) worst = d;  // NaN counts as worst
-  }
-  return worst;
-}
-
 // The default is f32, and setting f32 (also after bf16) changes nothing, bit for bit: the logits
 // of the prompt and of every decode step, and the recurrent states.
 TEST(CpuGdnState, F32IsTheBackendAsItWasBitForBit) {
@@ -147,7 +139,9 @@ TEST(CpuGdnState, Bf16StoresBf16ValuesAndStaysCloseToF32) {
   double worst = 0;
   bool differs = false;
   for (size_t i = 1; i < a.logits.size(); ++i) {
-    worst = std::max(worst, max_abs_diff(a.logits[i], b.logits[i]));
+    ASSERT_EQ(a.logits[i].size(), b.logits[i].size());
+    worst = std::max(
+        worst, max_abs_diff(a.logits[i].data(), b.logits[i].data(), a.logits[i].size()).first);
     differs = differs || !bit_equal(a.logits[i], b.logits[i]);
     const auto argmax = [V](const std::vector<float>& v) {
       return std::max_element(v.begin(), v.begin() + long(V)) - v.begin();

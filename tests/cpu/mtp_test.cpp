@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../max_abs_diff.h"
 #include "../test_data.h"
 #include "cpu/cpu_backend.h"
 #include "io/checkpoint.h"
@@ -43,16 +44,6 @@ const MtpReference& ref() {
   return r;
 }
 
-// Max |a - b| over n values.
-double max_abs_diff(const float* a, const float* b, size_t n) {
-  double worst = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = std::fabs(double(a[i]) - double(b[i]));
-    if (!(d <= worst)) worst = d;  // NaN counts as worst
-  }
-  return worst;
-}
-
 int32_t argmax(const float* row, int64_t n) {
   return int32_t(std::max_element(row, row + n) - row);
 }
@@ -85,7 +76,7 @@ TEST_F(Mtp, HeadPerPositionMatchesHF) {
   auto seq = backend->new_sequence(T + 1);
   std::vector<float> normed(size_t(T * H)), trunk_logits(size_t(T * V));
   backend->forward_normed(*seq, r.prompt, normed.data(), trunk_logits.data());
-  EXPECT_LT(max_abs_diff(normed.data(), r.input_hidden.data(), normed.size()), kHiddenTol);
+  EXPECT_LT(max_abs_diff(normed.data(), r.input_hidden.data(), normed.size()).first, kHiddenTol);
   // The last input id is the trunk's greedy next token.
   EXPECT_EQ(argmax(&trunk_logits[size_t((T - 1) * V)], V), r.input_ids.back());
 
@@ -93,8 +84,8 @@ TEST_F(Mtp, HeadPerPositionMatchesHF) {
   std::vector<float> out(size_t(T * H)), logits(size_t(T * V));
   backend->mtp_forward(*mtp, r.input_hidden.data(), r.input_ids, out.data(), logits.data());
   EXPECT_EQ(mtp->position(), T);
-  EXPECT_LT(max_abs_diff(out.data(), r.hidden.data(), out.size()), kHiddenTol);
-  EXPECT_LT(max_abs_diff(logits.data(), r.logits.data(), logits.size()), kLogitTol);
+  EXPECT_LT(max_abs_diff(out.data(), r.hidden.data(), out.size()).first, kHiddenTol);
+  EXPECT_LT(max_abs_diff(logits.data(), r.logits.data(), logits.size()).first, kLogitTol);
   for (int64_t t = 0; t < T; ++t)
     EXPECT_EQ(argmax(&logits[size_t(t * V)], V), argmax(&r.logits[size_t(t * V)], V)) << t;
 
@@ -107,7 +98,7 @@ TEST_F(Mtp, HeadPerPositionMatchesHF) {
   backend->mtp_forward(*split, &r.input_hidden[size_t(a * H)],
                        std::span(r.input_ids).subspan(size_t(a)), &out2[size_t(a * H)],
                        &logits2[size_t(a * V)]);
-  EXPECT_LT(max_abs_diff(logits2.data(), logits.data(), logits.size()), 1e-5);
+  EXPECT_LT(max_abs_diff(logits2.data(), logits.data(), logits.size()).first, 1e-5);
 }
 
 // Three drafts chained from the end of the prompt: each call takes the head's own output as the
@@ -121,7 +112,7 @@ TEST_F(Mtp, ChainedDraftsMatchHF) {
   std::vector<float> h(out.end() - H, out.end()), row(logits.end() - V, logits.end());
   for (size_t i = 0; i < r.chain_ids.size(); ++i) {
     SCOPED_TRACE("draft " + std::to_string(i));
-    EXPECT_LT(max_abs_diff(row.data(), &r.chain_logits[i * size_t(V)], size_t(V)), kLogitTol);
+    EXPECT_LT(max_abs_diff(row.data(), &r.chain_logits[i * size_t(V)], size_t(V)).first, kLogitTol);
     const int32_t d = argmax(row.data(), V);
     ASSERT_EQ(d, r.chain_ids[i]);
     std::vector<float> next_h(static_cast<size_t>(H));
@@ -154,7 +145,8 @@ TEST_F(Mtp, SpeculativeGreedyMatchesHF) {
 
   for (int64_t s = 0; s < steps; ++s) {
     SCOPED_TRACE("step " + std::to_string(s));
-    EXPECT_LT(max_abs_diff(draft_row.data(), &r.draft_logits[size_t(s * V)], size_t(V)), kLogitTol);
+    EXPECT_LT(max_abs_diff(draft_row.data(), &r.draft_logits[size_t(s * V)], size_t(V)).first,
+              kLogitTol);
     const int32_t draft = argmax(draft_row.data(), V);
     ASSERT_EQ(draft, r.draft_ids[size_t(s)]);
     const int32_t pair[2] = {last, draft};
