@@ -25,8 +25,7 @@ if [ -z "$NSYS" ]; then  # build the CUPTI tracer
   RECORD=$(grep -ho 'CUpti_ActivityKernel[0-9]\+' "$INC"/cupti_activity*.h | sort -Vu | tail -1)
   echo "CUPTI: $INC, $LIBCUPTI, $RECORD"
   g++ -O2 -shared -fPIC -I"$INC" -DKERNEL_RECORD="$RECORD" "$TOOLS/cupti/cupti_trace.cpp" \
-    "$LIBCUPTI" \
-    -Wl,-rpath,"$LIBDIR" -o "$CUPTI_LIB" || exit 1
+    "$LIBCUPTI" -Wl,-rpath,"$LIBDIR" -o "$CUPTI_LIB" || exit 1
 fi
 for c in "$@"; do
   pick=()
