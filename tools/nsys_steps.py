@@ -15,8 +15,9 @@ Prints, over the steps after the first --skip (warm-up), the mean step wall time
 and per kernel name (template arguments kept): calls per step, mean duration, mean exposed
 time per step, and "early": per call, how long the kernel ran before the kernels started ahead
 of it had all ended (under PDL: its blocks resident, mostly waiting, in the previous kernel's
-tail; a window for work that does not depend on that kernel). Only steps whose kernel count is the most common one are used (one batch size),
-or with --largest the largest count seen at least 3 times (a prompt chunk of a prefill bench).
+tail; a window for work that does not depend on that kernel). Only steps whose kernel count is
+the most common one are used (one batch size), or with --largest the largest count seen at
+least 3 times (a prompt chunk of a prefill bench). A malformed .tsv line is named and refused.
 """
 import argparse
 import collections
@@ -56,10 +57,12 @@ def read_sqlite(path):
 def read_tsv(path):
     rows = []
     with open(path) as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             parts = line.rstrip("\n").split("\t", 2)
-            if len(parts) == 3:
-                rows.append((int(parts[0]), int(parts[1]), parts[2]))
+            if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+                sys.exit("%s:%d: not 'start_ns<TAB>end_ns<TAB>name': %r" %
+                         (path, number, line[:80]))
+            rows.append((int(parts[0]), int(parts[1]), parts[2]))
     return sorted(rows)
 
 

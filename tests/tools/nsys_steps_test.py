@@ -92,6 +92,16 @@ class NsysStepsTest(unittest.TestCase):
         rc, out = run(kernels, "--skip", "0")
         self.assertIn("4 steps of 3 kernels", out)
 
+    def test_malformed_tsv_line_is_named(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "k.tsv")
+            with open(path, "w") as f:
+                f.write("100\t200\tq_embed_kernel\n12x\t300\tmoe_kernel\n")
+            p = subprocess.run([sys.executable, TOOL, path], capture_output=True, text=True)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("k.tsv:2: not 'start_ns<TAB>end_ns<TAB>name'", p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+
     def test_other_step_sizes_are_left_out(self):
         odd = step(300) + [(345, 350, "void rms_norm_kernel<1>(float*)")]
         rc, out = run(step(0) + step(100) + step(200) + odd, "--skip", "0")
