@@ -1,0 +1,42 @@
+// `lilac schedule`: the persistent decode schedule's checks and predicted step for the full-size
+// config and for a checkpoint's config; bad values are refused naming the flag.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "../test_data.h"
+#include "cli_util.h"
+
+namespace lilac::test {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(CliSchedule, FullSizeIsCheckedAndPredicted) {
+  auto r = run_lilac("schedule --rows 1,16 --gdn-state bf16");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("hidden 2048, 40 layers"));
+  EXPECT_THAT(r.output, HasSubstr("rows   1: "));
+  EXPECT_THAT(r.output, HasSubstr("rows  16: "));
+  EXPECT_THAT(r.output, HasSubstr("102 active slots"));  // 256 (1 - (1 - 8/256)^16), rounded
+  EXPECT_THAT(r.output, Not(HasSubstr("problem")));
+}
+
+TEST(CliSchedule, ACheckpointsConfigAndTodaysPath) {
+  auto r = run_lilac("schedule --model " + demo_model_dir() + " --rows 3 --kernel-per-op");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("hidden 128"));
+  EXPECT_THAT(r.output, HasSubstr("(kernel per op)"));
+}
+
+TEST(CliSchedule, BadValuesAreRefused) {
+  auto r = run_lilac("schedule --weights q3");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.output, HasSubstr("--weights"));
+  r = run_lilac("schedule --blocks 0");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.output, HasSubstr("--blocks"));
+}
+
+}  // namespace
+}  // namespace lilac::test

@@ -1,0 +1,154 @@
+// The persistent decode step's schedule (model/decode_schedule.h): built for the real model and
+// the small test configs at several batch sizes, it covers every weight row once and passes the
+// deadlock and race checks; the checks find the faults planted in it; the timing model
+// (model/decode_schedule_model.h) reduces to the byte floor when latencies are zero.
+#include "model/decode_schedule.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "model/cost.h"
+#include "model/decode_schedule_model.h"
+#include "model/qwen36.h"
+#include "test_data.h"
+
+namespace lilac::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += x + "\n";
+  return s;
+}
+
+DecodeSchedule build(const ModelConfig& c, int rows, int blocks = 132) {
+  ScheduleOptions o;
+  o.rows = rows;
+  o.blocks = blocks;
+  return build_decode_schedule(c, o);
+}
+
+TEST(DecodeSchedule, FullSizeIsSafeAtEveryBatchSize) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  for (int rows : {1, 3, 16, 64}) {
+    const DecodeSchedule s = build(c, rows);
+    EXPECT_EQ(s.slots, std::min<int>(int(c.experts), 8 * rows));
+    EXPECT_EQ(joined(check_decode_schedule(c, s)), "") << rows << " rows";
+  }
+}
+
+TEST(DecodeSchedule, SmallConfigsAndOddBlockCountsAreSafe) {
+  const ModelConfig demo = load_model_config(demo_model_dir());
+  const ModelConfig tiny = load_model_config(data_path("tiny-a"));
+  for (const ModelConfig* c : {&demo, &tiny})
+    for (int blocks : {1, 7, 132})
+      for (int rows : {1, 5}) {
+        const DecodeSchedule s = build(*c, rows, blocks);
+        EXPECT_EQ(joined(check_decode_schedule(*c, s)), "") << rows << " rows, " << blocks;
+      }
+  ScheduleOptions o;
+  o.in_proj_by_key_head = false;  // one in_proj counter per layer
+  o.proj_tile_rows = 5;           // tiles that do not divide the rows
+  o.gate_up_parts = 7;
+  o.shared_tile = 3;
+  o.down_tile_rows = 9;
+  o.attn_split_tokens = 3;
+  EXPECT_EQ(joined(check_decode_schedule(tiny, build_decode_schedule(tiny, o))), "");
+}
+
+TEST(DecodeSchedule, GdnHeadsWaitOnTheirKeyHeadOnly) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  const DecodeSchedule s = build(c, 1);
+  int heads = 0;
+  for (const DecodeTask& t : s.tasks) {
+    if (t.op != TaskOp::GdnHead) continue;
+    ASSERT_EQ(t.wait_count, 1u);
+    const CounterWait& w = s.waits[t.wait_begin];
+    const int64_t per = c.gdn_value_heads / c.gdn_key_heads;
+    EXPECT_THAT(s.counters[size_t(w.counter)].name,
+                HasSubstr(fmt::format("in_proj group {}", t.begin / per)));
+    // 2 Dk + per (2 Dv + 2) = 772 rows per key head, in 132 / 16 = 8 parts of 97 rows, rounded
+    // up to 104: 8 tiles per key head.
+    EXPECT_EQ(w.count, 8);
+    ++heads;
+  }
+  EXPECT_EQ(heads, 30 * 32);
+}
+
+TEST(DecodeSchedule, ChecksFindPlantedFaults) {
+  const ModelConfig c = load_model_config(data_path("tiny-a"));
+  const DecodeSchedule good = build(c, 2, 5);
+  ASSERT_EQ(joined(check_decode_schedule(c, good)), "");
+  auto first = [&](const DecodeSchedule& s, TaskOp op) {
+    for (size_t i = 0; i < s.tasks.size(); ++i)
+      if (s.tasks[i].op == op) return i;
+    return size_t(0);
+  };
+  {  // out_proj no longer waits for the mixer: it writes h while in_proj may still read it
+    DecodeSchedule s = good;
+    for (DecodeTask& t : s.tasks)
+      if (t.op == TaskOp::OutProj && t.layer == 1) t.wait_count = 0;
+    EXPECT_THAT(joined(check_decode_schedule(c, s)), HasSubstr("race on h"));
+  }
+  {  // a task waits on a counter whose producers come later
+    DecodeSchedule s = good;
+    const size_t i = first(s, TaskOp::InProj);
+    s.waits[s.tasks[i].wait_begin].counter = s.tasks[first(s, TaskOp::LmHead)].signal;
+    EXPECT_THAT(joined(check_decode_schedule(c, s)), HasSubstr("waits on 'lm_head'"));
+  }
+  {  // a wait for fewer than all producers
+    DecodeSchedule s = good;
+    s.waits[s.tasks[first(s, TaskOp::TopK)].wait_begin].count -= 1;
+    EXPECT_THAT(joined(check_decode_schedule(c, s)), HasSubstr("waits on 'layer 0 router'"));
+  }
+  {  // a block's list out of the global order
+    DecodeSchedule s = good;
+    std::swap(s.block_tasks[0][0], s.block_tasks[0][1]);
+    EXPECT_THAT(joined(check_decode_schedule(c, s)), HasSubstr("block 0: task"));
+  }
+  {  // a weight tile lost
+    DecodeSchedule s = good;
+    s.tasks[first(s, TaskOp::ExpertDown)].end -= 1;
+    EXPECT_THAT(joined(check_decode_schedule(c, s)), HasSubstr("expert_down of layer 0"));
+  }
+}
+
+TEST(DecodeScheduleModel, BytesAreTheCostModelsDecodeBytes) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  ScheduleOptions o;
+  o.router_bytes_per_value = o.weight_bytes_per_value;  // the cost model's one width
+  o.context = 1024;
+  const DecodeSchedule s = build_decode_schedule(c, o);
+  const SchedulePrediction p = predict_decode_step(c, s, ScheduleTiming{});
+  // decode_bytes reads `context` KV rows; the step attends over its own row too.
+  const double kv_row = double(c.count_layers(LayerType::FullAttention) * 2 * c.kv_dim() * 2);
+  EXPECT_NEAR(p.dram_bytes, decode_bytes(c, 1024, 0.5625, 4.0) + kv_row, 1e-4 * p.dram_bytes);
+  EXPECT_EQ(p.active_slots, 8);
+}
+
+TEST(DecodeScheduleModel, WithoutLatenciesTheStepIsItsBytes) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  ScheduleTiming ideal;
+  ideal.sync_us = ideal.task_us = ideal.epilogue_us = 0;
+  ideal.ring_bytes = 1e12;
+  ideal.flops_per_us = 1e12;
+  for (int rows : {1, 16, 64}) {
+    const DecodeSchedule s = build(c, rows);
+    const SchedulePrediction p = predict_decode_step(c, s, ideal);
+    // The busiest block's bytes at its share, and those spread evenly over the blocks.
+    EXPECT_GE(p.step_us, p.floor_us * 0.999) << p.summary();
+    EXPECT_LE(p.step_us, p.busiest_block_us * 1.001) << p.summary();
+    EXPECT_LE(p.busiest_block_us, p.floor_us * 1.10) << p.summary();
+    // More latency never makes it faster.
+    ScheduleTiming slow = ideal;
+    slow.sync_us = 1.0;
+    EXPECT_GT(predict_decode_step(c, s, slow).step_us, p.step_us);
+  }
+}
+
+}  // namespace
+}  // namespace lilac::test
