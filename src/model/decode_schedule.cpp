@@ -95,6 +95,19 @@ class Builder {
     return s_.tasks.back();
   }
 
+  // Adds a buffer range to task i (its ranges must be the last ones added: they stay contiguous).
+  void also(size_t i, BufferRange r) {
+    DecodeTask& t = s_.tasks[i];
+    if (t.range_begin + t.range_count != s_.ranges.size()) {  // move its ranges to the end
+      const std::vector<BufferRange> mine(s_.ranges.begin() + t.range_begin,
+                                          s_.ranges.begin() + t.range_begin + t.range_count);
+      t.range_begin = uint32_t(s_.ranges.size());
+      s_.ranges.insert(s_.ranges.end(), mine.begin(), mine.end());
+    }
+    s_.ranges.push_back(r);
+    ++t.range_count;
+  }
+
   // Places every task added since the last call (their bytes are final by now). The ops are
   // separated by waits, so each op's tasks are spread evenly by themselves: a task goes to the
   // block with the least work of its op so far, then the least work overall, then the lowest
@@ -170,10 +183,10 @@ DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions
     return std::clamp((t + round - 1) / round * round, int64_t(1), n);
   };
   auto proj_tile = [&](int64_t n) { return auto_tile(o.proj_tile_rows, n, 1, 16); };
+  Builder b(s, expected_active_slots(c, o.rows));
   const int64_t gate_up_parts = o.gate_up_parts > 0 ? o.gate_up_parts : o.blocks;
   const int64_t shared_tile = auto_tile(o.shared_tile, Is, 1);
   const int64_t down_tile = auto_tile(o.down_tile_rows, H, 1);
-  Builder b(s, expected_active_slots(c, o.rows));
   // A range of all rows, or of rows [r0, r1).
   auto R = [&](Buffer buf, int64_t b0, int64_t b1, int64_t r0 = 0, int64_t r1 = -1) {
     return BufferRange{buf, b0, b1, false, int32_t(r0), int32_t(r1 < 0 ? B : r1)};
@@ -184,6 +197,17 @@ DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions
   // Batch rows per GDN head task and per attention split: about one task per block.
   auto rows_per_task = [&](int64_t tasks_per_row) {
     return std::clamp((B * tasks_per_row + o.blocks - 1) / o.blocks, int64_t(1), B);
+  };
+  // A projection's tasks: rows [0, n) of a weight [n, cols] at `bpv` bytes per weight in tiles
+  // of `tile`, each reading `in` [0, cols) and writing its rows of `out` (columns c0 + rows).
+  auto projection = [&](TaskOp op, int32_t l, int64_t n, int64_t tile, int64_t cols, double bpv,
+                        int32_t signal, Buffer in, Buffer out, int64_t c0 = 0) {
+    tiles(n, tile, [&](int64_t r0, int64_t r1) {
+      DecodeTask& t =
+          b.add(op, l, c0 + r0, c0 + r1, signal, {R(in, 0, cols), W(out, c0 + r0, c0 + r1)});
+      t.ahead_bytes = bytes_of(r1 - r0, cols, bpv);
+      t.flops = 2.0 * double(B * (r1 - r0) * cols);
+    });
   };
 
   // in_proj rows by key head: q, k of the key head, then v, z, b, a of each of its value heads.
@@ -226,14 +250,8 @@ DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions
       b.waits({h_ready});
       for (int64_t g = 0; g < groups; ++g) {
         group_ready.push_back(b.counter(at + fmt::format("in_proj group {}", g)));
-        tiles(group_cols, auto_tile(o.proj_tile_rows, group_cols, groups),
-              [&](int64_t r0, int64_t r1) {
-                const int64_t c0 = g * group_cols + r0, c1 = g * group_cols + r1;
-                DecodeTask& t = b.add(TaskOp::InProj, l, c0, c1, group_ready.back(),
-                                      {R(Buffer::H, 0, H), W(Buffer::Proj, c0, c1)});
-                t.ahead_bytes = bytes_of(r1 - r0, H, wb);
-                t.flops = 2.0 * double(B * (r1 - r0) * H);
-              });
+        projection(TaskOp::InProj, l, group_cols, auto_tile(o.proj_tile_rows, group_cols, groups),
+                   H, wb, group_ready.back(), Buffer::H, Buffer::Proj, g * group_cols);
       }
       mixed = b.counter(at + "gdn heads");
       mix_cols = Hv * Dv;
@@ -260,12 +278,8 @@ DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions
       if (G < 1 || c.heads % G != 0) fail("decode schedule: heads {} by KV heads {}", c.heads, G);
       const int32_t qkv_ready = b.counter(at + "qkv");
       b.waits({h_ready});
-      tiles(qkv, proj_tile(qkv), [&](int64_t r0, int64_t r1) {
-        DecodeTask& t = b.add(TaskOp::QkvProj, l, r0, r1, qkv_ready,
-                              {R(Buffer::H, 0, H), W(Buffer::Proj, r0, r1)});
-        t.ahead_bytes = bytes_of(r1 - r0, H, wb);
-        t.flops = 2.0 * double(B * (r1 - r0) * H);
-      });
+      projection(TaskOp::QkvProj, l, qkv, proj_tile(qkv), H, wb, qkv_ready, Buffer::H,
+                 Buffer::Proj);
       // The context this step attends over (its own row included), in slices per KV head.
       const int64_t tokens = o.context + 1;
       const int64_t S = (tokens + o.attn_split_tokens - 1) / o.attn_split_tokens;
@@ -301,26 +315,17 @@ DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions
     // out_proj / o_proj: h rows += W mix.
     const int32_t out_ready = b.counter(at + "out_proj");
     b.waits({mixed});
-    tiles(H, proj_tile(H), [&](int64_t r0, int64_t r1) {
-      DecodeTask& t = b.add(TaskOp::OutProj, l, r0, r1, out_ready,
-                            {R(Buffer::Mix, 0, mix_cols), W(Buffer::H, r0, r1)});
-      t.ahead_bytes = bytes_of(r1 - r0, mix_cols, wb);
-      t.flops = 2.0 * double(B * (r1 - r0) * mix_cols);
-    });
+    projection(TaskOp::OutProj, l, H, proj_tile(H), mix_cols, wb, out_ready, Buffer::Mix,
+               Buffer::H);
     b.place();
 
     // The MoE: router (E rows + the shared expert gate), top-k, experts, down into h.
     const int32_t routed = b.counter(at + "router");
     b.waits({out_ready});
-    tiles(E + 1, proj_tile(E + 1), [&](int64_t r0, int64_t r1) {
-      DecodeTask& t =
-          r0 == 0 ? b.add(TaskOp::Router, l, r0, r1, routed,
-                          {R(Buffer::H, 0, H), W(Buffer::RouterLogits, r0, r1), W(Buffer::X, 0, H)})
-                  : b.add(TaskOp::Router, l, r0, r1, routed,
-                          {R(Buffer::H, 0, H), W(Buffer::RouterLogits, r0, r1)});
-      t.ahead_bytes = bytes_of(r1 - r0, H, rb);
-      t.flops = 2.0 * double(B * (r1 - r0) * H);
-    });
+    const size_t first_router_task = s.tasks.size();
+    projection(TaskOp::Router, l, E + 1, proj_tile(E + 1), H, rb, routed, Buffer::H,
+               Buffer::RouterLogits);
+    b.also(first_router_task, W(Buffer::X, 0, H));  // the task holding row 0 stores x
     const int32_t topk = b.counter(at + "top_k");
     b.waits({routed});
     b.add(TaskOp::TopK, l, 0, B, topk,
@@ -363,12 +368,8 @@ DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions
 
   const int32_t logits = b.counter("lm_head");
   b.waits({h_ready});
-  tiles(c.vocab, auto_tile(o.lm_head_tile_rows, c.vocab, 1, 16), [&](int64_t r0, int64_t r1) {
-    DecodeTask& t =
-        b.add(TaskOp::LmHead, -1, r0, r1, logits, {R(Buffer::H, 0, H), W(Buffer::Logits, r0, r1)});
-    t.ahead_bytes = bytes_of(r1 - r0, H, wb);
-    t.flops = 2.0 * double(B * (r1 - r0) * H);
-  });
+  projection(TaskOp::LmHead, -1, c.vocab, auto_tile(o.lm_head_tile_rows, c.vocab, 1, 16), H, wb,
+             logits, Buffer::H, Buffer::Logits);
   const int32_t sampled = b.counter("sample");
   b.waits({logits});
   b.add(TaskOp::Sample, -1, 0, B, sampled, {R(Buffer::Logits, 0, c.vocab), W(Buffer::Token, 0, B)});
