@@ -1,5 +1,6 @@
-// Unicode Character Database extracts for NFC (generated into unicode_tables.cpp by
-// tools/gen_unicode_tables.py; see docs/tokenizer.md for how to regenerate).
+// Unicode Character Database extracts for NFC (generated into unicode_tables.cpp and
+// unicode_compositions.cpp by tools/gen_unicode_tables.py; see docs/tokenizer.md for how to
+// regenerate).
 #pragma once
 
 #include <cstdint>
