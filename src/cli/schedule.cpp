@@ -1,7 +1,7 @@
 // `lilac schedule [--model DIR] [--rows 1,16,64] [--blocks N] [--context N] [--weights q4|bf16]
-// [--gdn-state f32|bf16] [--sync-us X] [--task-us X] [--ring-kb N] [--kernel-per-op]`: the
-// persistent decode step's static schedule (model/decode_schedule.h) for the config (the full-size
-// Qwen3.6-35B-A3B unless
+// [--gdn-state f32|bf16] [--tbps X] [--sync-us X] [--task-us X] [--ring-kb N] [--kernel-per-op]`:
+// the persistent decode step's static schedule (model/decode_schedule.h) for the config (the
+// full-size Qwen3.6-35B-A3B unless
 // --model), its checks (coverage, no deadlock, no race: exit 1 on a problem) and the step time
 // its timing model predicts (model/decode_schedule_model.h) with the stated parameters. No GPU:
 // a plan's numbers, for docs/persistent-decode.md.
@@ -24,7 +24,7 @@ struct ScheduleArgs {
   int blocks = 132;
   int64_t context = 1024;
   ScheduleTiming timing;
-  double ring_kb = 160;
+  double ring_kb = 160, tbps = 4.3;
   bool kernel_per_op = false;
 };
 
@@ -33,6 +33,7 @@ int run_schedule(ScheduleArgs a) {
   if (a.weights != "q4" && a.weights != "bf16") fail("--weights: q4 or bf16, not '{}'", a.weights);
   if (a.state != "f32" && a.state != "bf16") fail("--gdn-state: f32 or bf16, not '{}'", a.state);
   a.timing.ring_bytes = a.ring_kb * 1024;
+  a.timing.dram_bytes_per_us = a.tbps * 1e6;
   a.timing.stream_ahead = !a.kernel_per_op;
   std::printf("model %s\n", c.summary().c_str());
   std::printf(
@@ -72,6 +73,8 @@ const Command kSchedule{
       app.add_option("--context", a->context, "Context tokens")->check(CLI::Range(0, 1 << 24));
       app.add_option("--weights", a->weights, "q4 or bf16");
       app.add_option("--gdn-state", a->state, "f32 or bf16");
+      app.add_option("--tbps", a->tbps, "DRAM bandwidth the streams reach, TB/s")
+          ->check(CLI::Range(0.01, 100.0));
       app.add_option("--sync-us", a->timing.sync_us, "Counter release to acquire")
           ->check(CLI::Range(0.0, 1e3));
       app.add_option("--task-us", a->timing.task_us, "A task's own chain")
