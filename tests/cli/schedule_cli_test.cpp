@@ -36,6 +36,9 @@ TEST(CliSchedule, BadValuesAreRefused) {
   r = run_lilac("schedule --blocks 0");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.output, HasSubstr("--blocks"));
+  r = run_lilac("schedule --tbps 0");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.output, HasSubstr("--tbps"));
 }
 
 }  // namespace
