@@ -68,7 +68,8 @@ const Command kSchedule{
       auto a = std::make_shared<ScheduleArgs>();
       app.add_option("--model", a->model, "Model directory (its config.json); default: full size");
       app.add_option("--rows", a->rows, "Rows per step (sequences, or verify rows)")
-          ->delimiter(',');
+          ->delimiter(',')
+          ->check(CLI::Range(1, 4096));
       app.add_option("--blocks", a->blocks, "Resident blocks (SMs)")->check(CLI::Range(1, 4096));
       app.add_option("--context", a->context, "Context tokens")->check(CLI::Range(0, 1 << 24));
       app.add_option("--weights", a->weights, "q4 or bf16");

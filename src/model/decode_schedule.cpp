@@ -59,6 +59,8 @@ namespace {
 // block (place()): deterministic, and every block's list follows the global order.
 class Builder {
  public:
+  static constexpr size_t kMaxTasks = 4'000'000;  // ~0.5 GB of tasks and ranges
+
   Builder(DecodeSchedule& s, int active)
       : s_(s), load_(size_t(s.options.blocks), 0.0), op_load_(load_), active_(active) {
     s_.block_tasks.assign(size_t(s.options.blocks), {});
@@ -76,6 +78,11 @@ class Builder {
 
   DecodeTask& add(TaskOp op, int32_t layer, int64_t begin, int64_t end, int32_t signal,
                   std::initializer_list<BufferRange> ranges) {
+    if (s_.tasks.size() >= kMaxTasks)
+      fail(
+          "decode schedule: more than {} tasks ({} rows, context {}): fewer rows, a shorter "
+          "context or longer attention slices",
+          kMaxTasks, s_.options.rows, s_.options.context);
     DecodeTask t{};
     t.op = op;
     t.layer = layer;
@@ -285,6 +292,14 @@ DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions
       const int64_t S = (tokens + o.attn_split_tokens - 1) / o.attn_split_tokens;
       const int64_t qpg = c.heads / G, D = c.head_dim;
       const int64_t attn_rows = rows_per_task(G * S);
+      // The one op whose task count grows with the context: refused before it is built.
+      const double attn_tasks = double(c.count_layers(LayerType::FullAttention)) * double(G * S) *
+                                double((B + attn_rows - 1) / attn_rows);
+      if (attn_tasks > double(Builder::kMaxTasks))
+        fail(
+            "decode schedule: more than {} tasks ({} rows, context {}): fewer rows, a shorter "
+            "context or longer attention slices",
+            Builder::kMaxTasks, B, o.context);
       std::vector<int32_t> split_ready;
       b.waits({qkv_ready});
       for (int64_t g = 0; g < G; ++g) {

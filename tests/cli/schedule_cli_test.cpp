@@ -39,6 +39,15 @@ TEST(CliSchedule, BadValuesAreRefused) {
   r = run_lilac("schedule --tbps 0");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.output, HasSubstr("--tbps"));
+  r = run_lilac("schedule --rows 0");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.output, HasSubstr("--rows"));
+  r = run_lilac("schedule --model /nonexistent");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.output, HasSubstr("/nonexistent"));
+  r = run_lilac("schedule --context -1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.output, HasSubstr("--context"));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "model/decode_schedule_model.h"
 #include "model/qwen36.h"
 #include "test_data.h"
+#include "util/error.h"
 
 namespace lilac::test {
 namespace {
@@ -58,6 +59,19 @@ TEST(DecodeSchedule, SmallConfigsAndOddBlockCountsAreSafe) {
   o.down_tile_rows = 9;
   o.attn_split_tokens = 3;
   EXPECT_EQ(joined(check_decode_schedule(tiny, build_decode_schedule(tiny, o))), "");
+}
+
+TEST(DecodeSchedule, SizesItCannotHonourAreRefused) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  ScheduleOptions o;
+  o.rows = 0;
+  EXPECT_THAT([&] { build_decode_schedule(c, o); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("bad options")));
+  o.rows = 1;
+  o.context = 1'000'000;  // a slice per token: millions of tasks, refused before they are made
+  o.attn_split_tokens = 1;
+  EXPECT_THAT([&] { build_decode_schedule(c, o); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("more than 4000000 tasks")));
 }
 
 TEST(DecodeSchedule, GdnHeadsWaitOnTheirKeyHeadOnly) {
