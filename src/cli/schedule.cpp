@@ -1,10 +1,10 @@
-// `lilac schedule [--model DIR] [--rows 1,16,64] [--blocks N] [--context N] [--weights q4|bf16]
-// [--gdn-state f32|bf16] [--tbps X] [--sync-us X] [--task-us X] [--ring-kb N] [--kernel-per-op]`:
-// the persistent decode step's static schedule (model/decode_schedule.h) for the config (the
-// full-size Qwen3.6-35B-A3B unless
-// --model), its checks (coverage, no deadlock, no race: exit 1 on a problem) and the step time
-// its timing model predicts (model/decode_schedule_model.h) with the stated parameters. No GPU:
-// a plan's numbers, for docs/persistent-decode.md.
+// `lilac schedule [--model DIR] [--rows 1,16,64] [--drafts K] [--blocks N] [--context N]
+// [--weights q4|bf16] [--gdn-state f32|bf16] [--tbps X] [--sync-us X] [--task-us X] [--ring-kb N]
+// [--kernel-per-op]`: the persistent decode step's static schedule (model/decode_schedule.h) for
+// the config (the full-size Qwen3.6-35B-A3B unless --model), its checks (coverage, no deadlock,
+// no race: exit 1 on a problem) and the step time its timing model predicts
+// (model/decode_schedule_model.h) with the stated parameters. --drafts K: each of --rows is a
+// speculative verify pass of K + 1 rows. No GPU: a plan's numbers, for docs/persistent-decode.md.
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -21,7 +21,7 @@ namespace {
 struct ScheduleArgs {
   std::string model, weights = "q4", state = "f32";
   std::vector<int> rows{1, 16, 64};
-  int blocks = 132;
+  int blocks = 132, drafts = 0;
   int64_t context = 1024;
   ScheduleTiming timing;
   double ring_kb = 160, tbps = 4.3;
@@ -45,7 +45,8 @@ int run_schedule(ScheduleArgs a) {
   int status = 0;
   for (int rows : a.rows) {
     ScheduleOptions o;
-    o.rows = rows;
+    o.rows_per_sequence = a.drafts + 1;
+    o.rows = rows * o.rows_per_sequence;
     o.blocks = a.blocks;
     o.context = a.context;
     if (a.weights == "bf16") o.weight_bytes_per_value = o.router_bytes_per_value = 2.0;
@@ -53,8 +54,13 @@ int run_schedule(ScheduleArgs a) {
     const DecodeSchedule s = build_decode_schedule(c, o);
     const std::vector<std::string> problems = check_decode_schedule(c, s);
     const SchedulePrediction p = predict_decode_step(c, s, a.timing);
-    std::printf("rows %3d: %zu tasks, %zu counters; %s; %.0f tok/s\n", rows, s.tasks.size(),
-                s.counters.size(), p.summary().c_str(), double(rows) * 1e6 / p.step_us);
+    if (a.drafts == 0)
+      std::printf("rows %3d: %zu tasks, %zu counters; %s; %.0f tok/s\n", rows, s.tasks.size(),
+                  s.counters.size(), p.summary().c_str(), double(rows) * 1e6 / p.step_us);
+    else  // a verify step emits 1 to drafts + 1 tokens per sequence
+      std::printf("verify passes %3d x %d rows: %zu tasks, %zu counters; %s; %.0f steps/s\n", rows,
+                  o.rows_per_sequence, s.tasks.size(), s.counters.size(), p.summary().c_str(),
+                  1e6 / p.step_us);
     std::printf("  critical path (us): %s\n", p.critical_path().c_str());
     for (const std::string& problem : problems) std::printf("  problem: %s\n", problem.c_str());
     if (!problems.empty()) status = 1;
@@ -70,6 +76,10 @@ const Command kSchedule{
       app.add_option("--rows", a->rows, "Rows per step (sequences, or verify rows)")
           ->delimiter(',')
           ->check(CLI::Range(1, 4096));
+      app.add_option("--drafts", a->drafts,
+                     "Speculative drafts per sequence: each of --rows is a verify pass of "
+                     "drafts + 1 rows")
+          ->check(CLI::Range(0, 16));
       app.add_option("--blocks", a->blocks, "Resident blocks (SMs)")->check(CLI::Range(1, 4096));
       app.add_option("--context", a->context, "Context tokens")->check(CLI::Range(0, 1 << 24));
       app.add_option("--weights", a->weights, "q4 or bf16");

@@ -165,14 +165,15 @@ int expected_active_slots(const ModelConfig& c, int rows) {
 }
 
 DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions& o) {
-  if (o.rows < 1 || o.blocks < 1 || o.context < 0 || o.proj_tile_rows < 0 ||
-      o.lm_head_tile_rows < 0 || o.gate_up_parts < 0 || o.shared_tile < 0 || o.down_tile_rows < 0 ||
-      o.attn_split_tokens < 1)
+  if (o.rows < 1 || o.rows_per_sequence < 1 || o.rows % o.rows_per_sequence != 0 || o.blocks < 1 ||
+      o.context < 0 || o.proj_tile_rows < 0 || o.lm_head_tile_rows < 0 || o.gate_up_parts < 0 ||
+      o.shared_tile < 0 || o.down_tile_rows < 0 || o.attn_split_tokens < 1)
     fail(
-        "decode schedule: bad options (rows {}, blocks {}, context {}, tiles {} / {} / {} / {} / "
-        "{} / {})",
-        o.rows, o.blocks, o.context, o.proj_tile_rows, o.lm_head_tile_rows, o.gate_up_parts,
-        o.shared_tile, o.down_tile_rows, o.attn_split_tokens);
+        "decode schedule: bad options (rows {} in sequences of {}, blocks {}, context {}, tiles {} "
+        "/ "
+        "{} / {} / {} / {} / {})",
+        o.rows, o.rows_per_sequence, o.blocks, o.context, o.proj_tile_rows, o.lm_head_tile_rows,
+        o.gate_up_parts, o.shared_tile, o.down_tile_rows, o.attn_split_tokens);
   if (c.hidden < 1 || c.layers != int64_t(c.layer_types.size()) || c.experts < 1 ||
       c.experts_per_token < 1 || c.experts_per_token > c.experts)
     fail("decode schedule: config not usable ({})", c.summary());
@@ -201,10 +202,14 @@ DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions
   auto W = [&](Buffer buf, int64_t b0, int64_t b1, int64_t r0 = 0, int64_t r1 = -1) {
     return BufferRange{buf, b0, b1, true, int32_t(r0), int32_t(r1 < 0 ? B : r1)};
   };
-  // Batch rows per GDN head task and per attention split: about one task per block.
+  // Batch rows per GDN head task and per attention split: about one task per block, whole
+  // sequences (a verify pass's rows run the recurrence in order: one task takes all of them).
+  const int64_t Q = o.rows_per_sequence;
   auto rows_per_task = [&](int64_t tasks_per_row) {
-    return std::clamp((B * tasks_per_row + o.blocks - 1) / o.blocks, int64_t(1), B);
+    const int64_t r = std::clamp((B * tasks_per_row + o.blocks - 1) / o.blocks, int64_t(1), B);
+    return (r + Q - 1) / Q * Q;
   };
+  auto sequence_start = [&](int64_t row) { return row / Q * Q; };
   // A projection's tasks: rows [0, n) of a weight [n, cols] at `bpv` bytes per weight in tiles
   // of `tile`, each reading `in` [0, cols) and writing its rows of `out` (columns c0 + rows).
   auto projection = [&](TaskOp op, int32_t l, int64_t n, int64_t tile, int64_t cols, double bpv,
@@ -273,9 +278,9 @@ DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions
                                  W(Buffer::Mix, hv * Dv, (hv + 1) * Dv, r0, r1)});
           t.row_begin = int32_t(r0);
           t.row_end = int32_t(r1);
-          // The head's recurrent state per row, read and written back (both in the block's
-          // DRAM share).
-          t.ahead_bytes = bytes_of(2 * (r1 - r0), Dk * Dv, o.state_bytes_per_value);
+          // The head's recurrent state, read once per sequence and written after every row (a
+          // verify pass keeps each row's state for the rollback): both in the block's DRAM share.
+          t.ahead_bytes = bytes_of((r1 - r0) / Q + (r1 - r0), Dk * Dv, o.state_bytes_per_value);
           t.flops =
               2.0 * double(r1 - r0) * 4.0 * double(Dk * Dv);  // decay, k^T S, S += k u^T, q^T S
         });
@@ -310,10 +315,14 @@ DecodeSchedule build_decode_schedule(const ModelConfig& c, const ScheduleOptions
           tiles(B, attn_rows, [&](int64_t r0, int64_t r1) {
             DecodeTask& t = b.add(
                 TaskOp::AttnSplit, l, g, sl, split_ready.back(),
-                {R(Buffer::Proj, 0, qkv, r0, r1), W(Buffer::AttnPartial, part, part + 1, r0, r1)});
+                // Row r attends over the context and its sequence's rows up to r (their k, v).
+                {R(Buffer::Proj, 0, qkv, sequence_start(r0), r1),
+                 W(Buffer::AttnPartial, part, part + 1, r0, r1)});
             t.row_begin = int32_t(r0);
             t.row_end = int32_t(r1);
-            t.ahead_bytes = bytes_of((r1 - r0) * n, 2 * D, 2.0);  // K and V rows, bf16
+            // The slice's K and V rows (bf16), read once per sequence: a verify pass's rows share
+            // them (the bound of the last ones is the pass's own rows, in L2).
+            t.ahead_bytes = bytes_of((r1 - sequence_start(r0) + Q - 1) / Q * n, 2 * D, 2.0);
             t.flops = 2.0 * 2.0 * double((r1 - r0) * qpg * n * D);
           });
         }

@@ -19,10 +19,11 @@
 // wait names exactly the set of tasks it follows). Counters are per step; a kernel that never
 // resets them compares with step * count.
 //
-// Rows of B sequences (a batched step, or the k + 1 rows of a speculative verify pass) share
-// every task: a projection tile multiplies its rows for all B; a GDN or attention task runs its
-// head (or a few rows of it) for all B; routed experts come as `slots`, up to min(E, k B)
-// distinct experts per step, filled on the device from the step's top-k.
+// Rows of B sequences (a batched step), or the k + 1 rows of each of B / (k + 1) speculative
+// verify passes (rows_per_sequence; docs/speculative.md), share every task: a projection tile
+// multiplies its rows for all B; a GDN or attention task runs its head (or a few rows of it) for
+// all B; routed experts come as `slots`, up to min(E, k B) distinct experts per step, filled on the
+// device from the step's top-k.
 #pragma once
 
 #include <cstdint>
@@ -107,9 +108,11 @@ struct ScheduleCounter {
 };
 
 struct ScheduleOptions {
-  int rows = 1;            // B: sequences (or verify rows) per step
-  int blocks = 132;        // resident blocks (one per SM of an H200)
-  int64_t context = 1024;  // tokens of context (attention reads)
+  int rows = 1;               // B: rows per step
+  int rows_per_sequence = 1;  // 1: B sequences; k + 1: B / (k + 1) speculative verify passes of
+                              // k drafts (a GDN task takes a sequence's rows, in order)
+  int blocks = 132;           // resident blocks (one per SM of an H200)
+  int64_t context = 1024;     // tokens of context (attention reads)
   // Weight rows per projection task (in_proj, qkv, out_proj / o_proj, router) and per lm_head
   // task; 0: about one task per block, rounded up to 16.
   int64_t proj_tile_rows = 0;

@@ -29,6 +29,13 @@ TEST(CliSchedule, ACheckpointsConfigAndTodaysPath) {
   EXPECT_THAT(r.output, HasSubstr("(kernel per op)"));
 }
 
+TEST(CliSchedule, AVerifyPass) {
+  auto r = run_lilac("schedule --rows 1 --drafts 3");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("verify passes   1 x 4 rows"));
+  EXPECT_THAT(r.output, Not(HasSubstr("problem")));
+}
+
 TEST(CliSchedule, BadValuesAreRefused) {
   auto r = run_lilac("schedule --weights q3");
   EXPECT_NE(r.status, 0);

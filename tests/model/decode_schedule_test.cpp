@@ -74,6 +74,35 @@ TEST(DecodeSchedule, SizesItCannotHonourAreRefused) {
               ::testing::ThrowsMessage<Error>(HasSubstr("more than 4000000 tasks")));
 }
 
+TEST(DecodeSchedule, AVerifyPassKeepsASequencesRowsTogether) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  for (int sequences : {1, 2, 16})
+    for (int drafts : {1, 3}) {
+      ScheduleOptions o;
+      o.rows_per_sequence = drafts + 1;
+      o.rows = sequences * o.rows_per_sequence;
+      const DecodeSchedule s = build_decode_schedule(c, o);
+      EXPECT_EQ(joined(check_decode_schedule(c, s)), "") << sequences << " x " << drafts + 1;
+      for (const DecodeTask& t : s.tasks) {
+        if (t.op != TaskOp::GdnHead && t.op != TaskOp::AttnSplit) continue;
+        // The recurrence runs a sequence's rows in order in one task.
+        if (t.op == TaskOp::GdnHead) {
+          EXPECT_EQ(t.row_begin % o.rows_per_sequence, 0);
+          EXPECT_EQ(t.row_end % o.rows_per_sequence, 0);
+        }
+        // A split reads the k and v of its sequence's rows before its own.
+        const BufferRange& proj = s.ranges[t.range_begin];
+        ASSERT_EQ(proj.buffer, Buffer::Proj);
+        EXPECT_EQ(proj.row_begin % o.rows_per_sequence, 0);
+      }
+    }
+  ScheduleOptions bad;
+  bad.rows = 5;
+  bad.rows_per_sequence = 2;
+  EXPECT_THAT([&] { build_decode_schedule(c, bad); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("rows 5 in sequences of 2")));
+}
+
 TEST(DecodeSchedule, GdnHeadsWaitOnTheirKeyHeadOnly) {
   const ModelConfig c = qwen36_35b_a3b_config();
   const DecodeSchedule s = build(c, 1);
