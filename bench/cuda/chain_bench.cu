@@ -31,6 +31,7 @@
 #include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/common.h"
+#include "cuda/persistent.cuh"
 #include "cuda/vec_util.cuh"
 #include "util/error.h"
 
@@ -39,21 +40,13 @@ using lilac::cuda::launch_kernel;
 using lilac::cuda::pdl_launch_dependents;
 using lilac::cuda::pdl_wait;
 namespace bulk = lilac::cuda::bulk;
+namespace persistent = lilac::cuda::persistent;
 
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kErrorSlot = 255;  // counters[255]: set by a wait that gave up (ops < 255)
 constexpr int kWarps = kThreads / 32;
-
-__device__ __forceinline__ void release_add(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ unsigned acquire_load(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 // Rows [row0, row0 + R) of y = W x for one block: w the block's R x K weights in shared memory,
 // xs x in shared memory (K bf16). Warp w takes rows w, w + 8, ...; lane l the bf16 pairs l, l + 32,
@@ -116,11 +109,12 @@ __global__ void __launch_bounds__(kThreads)
 // The whole chain in one kernel: op i's rows, then this block's release add on counter i; op
 // i + 1 waits until counter i counts every block. Buffers: two weight buffers (op i in i % 2),
 // x. kPrefetch: op i + 1's copy is issued before op i's wait (else after op i + 1's own wait:
-// the counter alone against the kernel boundary). Counters must be zero at launch.
+// the counter alone against the kernel boundary). Counters must be zero at launch; the waits are
+// cuda/persistent.cuh's (a wait that gives up sets *error and the kernel returns).
 template <bool kPrefetch>
 __global__ void __launch_bounds__(kThreads)
     persistent_kernel(const __nv_bfloat16* __restrict__ W, __nv_bfloat16* xs_all, int K, int R,
-                      int ops, unsigned* counters) {
+                      int ops, unsigned* counters, unsigned* error) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ uint64_t bar[2];
   const size_t wbytes = size_t(R) * K * 2;
@@ -145,24 +139,17 @@ __global__ void __launch_bounds__(kThreads)
         bulk::arrive_expect_tx(&bar[buf ^ 1], unsigned(wbytes));
         bulk::copy(buf ? w0 : w1, weights(i + 1), unsigned(wbytes), &bar[buf ^ 1]);
       }
-      if (i > 0)
-        while (acquire_load(counters + i - 1) < gridDim.x) {
-        }
-      if (!kPrefetch && i > 0) {  // this op's weights, after its wait
-        bulk::arrive_expect_tx(&bar[buf], unsigned(wbytes));
-        bulk::copy(w, weights(i), unsigned(wbytes), &bar[buf]);
-      }
     }
-    __syncthreads();
+    if (i > 0 && !persistent::wait(counters + i - 1, gridDim.x, error)) return;
+    if (!kPrefetch && i > 0 && threadIdx.x == 0) {  // this op's weights, after its wait
+      bulk::arrive_expect_tx(&bar[buf], unsigned(wbytes));
+      bulk::copy(w, weights(i), unsigned(wbytes), &bar[buf]);
+    }
     load_x(xs_all + size_t(i) * K, K, xs);
     __syncthreads();
     bulk::wait(&bar[buf], unsigned(i >> 1) & 1u);
     block_rows(w, xs, R, K, int(blockIdx.x) * R, xs_all + size_t(i + 1) * K);
-    __syncthreads();  // every row of this block stored (and w, xs free again)
-    if (threadIdx.x == 0) {
-      __threadfence();
-      release_add(counters + i, 1u);
-    }
+    persistent::signal(counters + i);  // every row of this block stored (and w, xs free again)
   }
 }
 
@@ -207,10 +194,12 @@ double time_chain(Variant v, const Case& c, int blocks, const __nv_bfloat16* W,
     LILAC_CUDA_CHECK(cudaMemsetAsync(counters, 0, size_t(c.ops) * sizeof(unsigned), s));
     if (v == kPersistent)
       launch_kernel(false, persistent_kernel<true>, dim3(unsigned(blocks)), dim3(kThreads),
-                    2 * wbytes + xbytes, s, W, xs_all, c.K, R, c.ops, counters);
+                    2 * wbytes + xbytes, s, W, xs_all, c.K, R, c.ops, counters,
+                    counters + kErrorSlot);
     else
       launch_kernel(false, persistent_kernel<false>, dim3(unsigned(blocks)), dim3(kThreads),
-                    2 * wbytes + xbytes, s, W, xs_all, c.K, R, c.ops, counters);
+                    2 * wbytes + xbytes, s, W, xs_all, c.K, R, c.ops, counters,
+                    counters + kErrorSlot);
   } else {
     for (int i = 0; i < c.ops; ++i) {
       const __nv_bfloat16* Wi = W + size_t(i) * c.M * c.K;
@@ -238,6 +227,9 @@ double time_chain(Variant v, const Case& c, int blocks, const __nv_bfloat16* W,
   LILAC_CUDA_CHECK(cudaEventSynchronize(e1));
   float ms = 0;
   LILAC_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  unsigned gave_up = 0;
+  LILAC_CUDA_CHECK(cudaMemcpy(&gave_up, counters + kErrorSlot, 4, cudaMemcpyDeviceToHost));
+  if (gave_up) lilac::fail("chain_bench: {}: a counter wait gave up", kVariantName[v]);
   final_x.resize(size_t(c.K));
   LILAC_CUDA_CHECK(
       cudaMemcpy(final_x.data(), xs_all + size_t(c.ops) * c.K, xbytes, cudaMemcpyDeviceToHost));
@@ -283,6 +275,7 @@ int main() {
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
   DeviceBuffer<__nv_bfloat16> W(max_w), xs(max_x);
   DeviceBuffer<unsigned> counters(256);
+  LILAC_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
   cudaStream_t s;
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::printf("%d blocks x %d threads, graph replays (warm), us per link (mean of 20 chains)\n",
