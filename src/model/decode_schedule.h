@@ -13,7 +13,7 @@
 // weight ring (decode_schedule_model.h). No kernel runs it yet.
 //
 // Tasks and counters. A task is a tile of one op of one layer (a row range of a projection, a
-// head of the GDN or of attention, an intermediate range of one routed expert slot, ...). When
+// head of the GDN or of attention, a part of the routed experts' columns, ...). When
 // its stores are done it adds 1 to its counter (`signal`); a task that needs another op's output
 // waits until that op's counter reaches its producer count (`waits`: always the full count, so a
 // wait names exactly the set of tasks it follows). Counters are per step; a kernel that never
@@ -86,10 +86,9 @@ struct CounterWait {
 
 struct DecodeTask {
   TaskOp op;
-  int32_t layer;               // -1: Embed, LmHead, Sample
-  int64_t begin;               // the op's units [begin, end): rows, heads, intermediate columns, a
-  int64_t end;                 // KV head (AttnSplit: begin = KV head, end = context slice index)
-  int32_t slot;                // ExpertGateUp: the routed slot; -1 otherwise
+  int32_t layer;  // -1: Embed, LmHead, Sample
+  int64_t begin;  // the op's units [begin, end): weight rows, heads, intermediate columns, parts
+  int64_t end;    // (ExpertGateUp); AttnSplit: begin = KV head, end = context slice index
   int32_t row_begin, row_end;  // the batch rows it computes: all B, except GdnHead and AttnSplit
   int32_t signal;              // the counter this task adds 1 to
   // Bytes streamed from DRAM that do not depend on this step's activations: weights, the GDN
