@@ -1,10 +1,9 @@
-// The decode step's static schedule (decode_schedule.h): the builder and its checks.
+// The decode step's static schedule (decode_schedule.h): the builder (its checks are in
+// decode_schedule_check.cpp, its timing model in decode_schedule_model.cpp).
 #include "model/decode_schedule.h"
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <tuple>
 
 #include <fmt/format.h>
 
