@@ -193,5 +193,33 @@ TEST(DecodeScheduleModel, WithoutLatenciesTheStepIsItsBytes) {
   }
 }
 
+TEST(DecodeScheduleModel, OneRowIsAChainOfDependentTasks) {
+  // At one row the step is latency: its critical path runs through every op of every layer, and
+  // each microsecond more per dependency costs about one per link (7 per GDN layer: in_proj, GDN
+  // head, out_proj, router, top-k, gate_up, down; 8 per attention layer; lm_head, sample).
+  const ModelConfig c = qwen36_35b_a3b_config();
+  const DecodeSchedule s = build(c, 1);
+  ScheduleTiming t;
+  const SchedulePrediction p = predict_decode_step(c, s, t);
+  for (TaskOp op : {TaskOp::InProj, TaskOp::GdnHead, TaskOp::QkvProj, TaskOp::AttnSplit,
+                    TaskOp::AttnCombine, TaskOp::OutProj, TaskOp::Router, TaskOp::TopK,
+                    TaskOp::ExpertGateUp, TaskOp::ExpertDown, TaskOp::LmHead, TaskOp::Sample})
+    EXPECT_GT(p.critical_us[size_t(op)], 0.0) << task_op_name(op) << ": " << p.critical_path();
+  double sum = 0;
+  for (double v : p.critical_us) sum += v;
+  EXPECT_NEAR(sum, p.step_us, 1e-6 * p.step_us);
+  // Today's path (no bytes before the waits): every link pays the extra microsecond.
+  ScheduleTiming kernels = t;
+  kernels.stream_ahead = false;
+  const double base = predict_decode_step(c, s, kernels).step_us;
+  kernels.sync_us += 1.0;
+  const double links = predict_decode_step(c, s, kernels).step_us - base;
+  EXPECT_GT(links, 30 * 7 + 10 * 8 - 10) << p.critical_path();
+  EXPECT_LT(links, 30 * 7 + 10 * 8 + 10) << p.critical_path();
+  // Streaming ahead, some links are bound by their bytes instead: it costs no more.
+  t.sync_us += 1.0;
+  EXPECT_LE(predict_decode_step(c, s, t).step_us - p.step_us, links);
+}
+
 }  // namespace
 }  // namespace lilac::test
