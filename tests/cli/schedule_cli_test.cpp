@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+
 #include "../test_data.h"
 #include "cli_util.h"
 
@@ -37,24 +40,18 @@ TEST(CliSchedule, AVerifyPass) {
 }
 
 TEST(CliSchedule, BadValuesAreRefused) {
-  auto r = run_lilac("schedule --weights q3");
-  EXPECT_NE(r.status, 0);
-  EXPECT_THAT(r.output, HasSubstr("--weights"));
-  r = run_lilac("schedule --blocks 0");
-  EXPECT_NE(r.status, 0);
-  EXPECT_THAT(r.output, HasSubstr("--blocks"));
-  r = run_lilac("schedule --tbps 0");
-  EXPECT_NE(r.status, 0);
-  EXPECT_THAT(r.output, HasSubstr("--tbps"));
-  r = run_lilac("schedule --rows 0");
-  EXPECT_NE(r.status, 0);
-  EXPECT_THAT(r.output, HasSubstr("--rows"));
-  r = run_lilac("schedule --model /nonexistent");
-  EXPECT_NE(r.status, 0);
-  EXPECT_THAT(r.output, HasSubstr("/nonexistent"));
-  r = run_lilac("schedule --context -1");
-  EXPECT_NE(r.status, 0);
-  EXPECT_THAT(r.output, HasSubstr("--context"));
+  // Each refused with a non-zero status and the flag (or the path) named.
+  const std::pair<const char*, const char*> cases[] = {
+      {"--weights q3", "--weights"}, {"--gdn-state f16", "--gdn-state"},
+      {"--blocks 0", "--blocks"},    {"--tbps 0", "--tbps"},
+      {"--rows 0", "--rows"},        {"--drafts 17", "--drafts"},
+      {"--context -1", "--context"}, {"--model /nonexistent", "/nonexistent"},
+  };
+  for (const auto& [args, named] : cases) {
+    const auto r = run_lilac(std::string("schedule ") + args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_THAT(r.output, HasSubstr(named)) << args;
+  }
 }
 
 }  // namespace
