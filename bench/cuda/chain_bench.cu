@@ -17,6 +17,10 @@
 //                          each block's thread 0), then copies its weights
 //   persistent:            the same, with op i + 1's weights copied into the block's second
 //                          buffer before it waits for op i's counter
+// and four variants of the persistent form's dependency (s26: the counter cost 0.4 us more
+// per link than the staged kernel's boundary): its signal without the __threadfence before the
+// release add; its wait polling without the back-off sleep; both; one flag per producer block (a
+// release store each, the waiter's first warp reading them all) instead of one atomic counter.
 // Each chain is graph-captured and replayed (warm); per link = time / ops. The bytes' time at
 // 4.3 TB/s and the case with K = 64 (almost no bytes: the dependency alone) are printed beside.
 #include <cuda_runtime.h>
@@ -45,7 +49,10 @@ namespace persistent = lilac::cuda::persistent;
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kErrorSlot = 255;  // counters[255]: set by a wait that gave up (ops < 255)
+constexpr int kMaxOps = 64, kMaxBlocks = 128;
+// counters[0 .. ops): the counters; [0 .. ops x blocks): the flags (one form at a time);
+// counters[kErrorSlot]: set by a wait that gave up.
+constexpr int kErrorSlot = kMaxOps * kMaxBlocks;
 constexpr int kWarps = kThreads / 32;
 
 // Rows [row0, row0 + R) of y = W x for one block: w the block's R x K weights in shared memory,
@@ -111,7 +118,11 @@ __global__ void __launch_bounds__(kThreads)
 // x. kPrefetch: op i + 1's copy is issued before op i's wait (else after op i + 1's own wait:
 // the counter alone against the kernel boundary). Counters must be zero at launch; the waits are
 // cuda/persistent.cuh's (a wait that gives up sets *error and the kernel returns).
-template <bool kPrefetch>
+// The dependency's form (persistent.cuh): counter with fence, counter without, counter polled
+// without the back-off, both (lean), a flag per producer (flags: ops x gridDim.x).
+enum SyncForm { kCounterFence, kCounterNoFence, kCounterNoSleep, kCounterLean, kFlags };
+
+template <bool kPrefetch, SyncForm kSync = kCounterFence>
 __global__ void __launch_bounds__(kThreads)
     persistent_kernel(const __nv_bfloat16* __restrict__ W, __nv_bfloat16* xs_all, int K, int R,
                       int ops, unsigned* counters, unsigned* error) {
@@ -140,7 +151,16 @@ __global__ void __launch_bounds__(kThreads)
         bulk::copy(buf ? w0 : w1, weights(i + 1), unsigned(wbytes), &bar[buf ^ 1]);
       }
     }
-    if (i > 0 && !persistent::wait(counters + i - 1, gridDim.x, error)) return;
+    if (i > 0) {
+      const bool ok =
+          kSync == kFlags
+              ? persistent::wait_flags(counters + size_t(i - 1) * gridDim.x, int(gridDim.x), 1u,
+                                       error)
+              : persistent::wait(
+                    counters + i - 1, gridDim.x, error, 1u << 26,
+                    kSync == kCounterNoSleep || kSync == kCounterLean ? 0xffffffffu : 64u);
+      if (!ok) return;
+    }
     if (!kPrefetch && i > 0 && threadIdx.x == 0) {  // this op's weights, after its wait
       bulk::arrive_expect_tx(&bar[buf], unsigned(wbytes));
       bulk::copy(w, weights(i), unsigned(wbytes), &bar[buf]);
@@ -149,7 +169,13 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     bulk::wait(&bar[buf], unsigned(i >> 1) & 1u);
     block_rows(w, xs, R, K, int(blockIdx.x) * R, xs_all + size_t(i + 1) * K);
-    persistent::signal(counters + i);  // every row of this block stored (and w, xs free again)
+    // every row of this block stored (and w, xs free again)
+    if (kSync == kFlags)
+      persistent::signal_flag(counters + size_t(i) * gridDim.x, 1u);
+    else if (kSync == kCounterNoFence || kSync == kCounterLean)
+      persistent::signal<false>(counters + i);
+    else
+      persistent::signal(counters + i);
   }
 }
 
@@ -169,10 +195,40 @@ struct Case {
   int M, K, ops;
 };
 
-enum Variant { kWaitFirst, kStagedKernel, kPersistentWaitFirst, kPersistent };
-const char* const kVariantName[] = {"kernel, wait first", "kernel, staged",
-                                    "persistent, wait first", "persistent"};
-constexpr int kVariants = 4;
+enum Variant {
+  kWaitFirst,
+  kStagedKernel,
+  kPersistentWaitFirst,
+  kPersistent,
+  kPersistentNoFence,
+  kPersistentNoSleep,
+  kPersistentLean,
+  kPersistentFlags
+};
+const char* const kVariantName[] = {
+    "kernel, wait first",   "kernel, staged",       "persistent, wait first", "persistent",
+    "persistent, no fence", "persistent, no sleep", "persistent, neither",    "persistent, flags"};
+constexpr int kVariants = 8;
+
+// The persistent kernel of a variant (>= kPersistentWaitFirst).
+using PersistentFn = void (*)(const __nv_bfloat16*, __nv_bfloat16*, int, int, int, unsigned*,
+                              unsigned*);
+PersistentFn persistent_fn(Variant v) {
+  switch (v) {
+    case kPersistentWaitFirst:
+      return persistent_kernel<false>;
+    case kPersistentNoFence:
+      return persistent_kernel<true, kCounterNoFence>;
+    case kPersistentNoSleep:
+      return persistent_kernel<true, kCounterNoSleep>;
+    case kPersistentLean:
+      return persistent_kernel<true, kCounterLean>;
+    case kPersistentFlags:
+      return persistent_kernel<true, kFlags>;
+    default:
+      return persistent_kernel<true>;
+  }
+}
 
 // Captures one chain of the variant into a graph, replays it (2 warm-up, `reps` timed), returns
 // us per link and leaves the final x in `final_x`.
@@ -183,7 +239,7 @@ double time_chain(Variant v, const Case& c, int blocks, const __nv_bfloat16* W,
   const size_t wbytes = size_t(R) * c.K * 2, xbytes = size_t(c.K) * 2;
   cudaGraph_t graph;
   LILAC_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  if (v == kPersistent || v == kPersistentWaitFirst) {
+  if (v >= kPersistentWaitFirst) {
     // Every block must be resident at once, or a block spins on a counter that a block waiting
     // for its SM would add to: check before launching.
     int per_sm = 0, sms = 0;
@@ -191,15 +247,11 @@ double time_chain(Variant v, const Case& c, int blocks, const __nv_bfloat16* W,
     LILAC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel<true>,
                                                                    kThreads, 2 * wbytes + xbytes));
     if (per_sm * sms < blocks) lilac::fail("chain_bench: {} blocks do not fit at once", blocks);
-    LILAC_CUDA_CHECK(cudaMemsetAsync(counters, 0, size_t(c.ops) * sizeof(unsigned), s));
-    if (v == kPersistent)
-      launch_kernel(false, persistent_kernel<true>, dim3(unsigned(blocks)), dim3(kThreads),
-                    2 * wbytes + xbytes, s, W, xs_all, c.K, R, c.ops, counters,
-                    counters + kErrorSlot);
-    else
-      launch_kernel(false, persistent_kernel<false>, dim3(unsigned(blocks)), dim3(kThreads),
-                    2 * wbytes + xbytes, s, W, xs_all, c.K, R, c.ops, counters,
-                    counters + kErrorSlot);
+    LILAC_CUDA_CHECK(
+        cudaMemsetAsync(counters, 0, size_t(c.ops) * size_t(blocks) * sizeof(unsigned), s));
+    launch_kernel(false, persistent_fn(v), dim3(unsigned(blocks)), dim3(kThreads),
+                  2 * wbytes + xbytes, s, W, xs_all, c.K, R, c.ops, counters,
+                  counters + kErrorSlot);
   } else {
     for (int i = 0; i < c.ops; ++i) {
       const __nv_bfloat16* Wi = W + size_t(i) * c.M * c.K;
@@ -249,7 +301,7 @@ int main() {
   }
   int sms = 0;
   LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int blocks = 128;  // one per SM, all resident (the persistent kernel relies on it)
+  const int blocks = kMaxBlocks;  // one per SM, all resident (the persistent kernel relies on it)
   if (sms < blocks) {
     std::printf("needs %d SMs, this GPU has %d\n", blocks, sms);
     return 1;
@@ -260,6 +312,9 @@ int main() {
       {256, 2048, 64},   // 1 MB per op (the router's size), 2 rows per block
       {2048, 64, 64},    // 0.25 MB per op: the dependency alone
   };
+  static_assert(sizeof(cases) / sizeof(cases[0]) > 0);
+  for (const Case& c : cases)
+    if (c.ops > kMaxOps) lilac::fail("chain_bench: {} ops (at most {})", c.ops, kMaxOps);
   size_t max_w = 0, max_x = 0;
   int max_smem = 0;
   for (const Case& c : cases) {
@@ -267,21 +322,28 @@ int main() {
     max_x = std::max(max_x, size_t(c.ops + 1) * c.K);
     max_smem = std::max(max_smem, int(2 * size_t(c.M / blocks) * c.K * 2 + size_t(c.K) * 2));
   }
-  for (const void* k : {reinterpret_cast<const void*>(op_kernel<false>),
-                        reinterpret_cast<const void*>(op_kernel<true>),
-                        reinterpret_cast<const void*>(persistent_kernel<false>),
-                        reinterpret_cast<const void*>(persistent_kernel<true>)})
+  std::vector<const void*> kernels = {reinterpret_cast<const void*>(op_kernel<false>),
+                                      reinterpret_cast<const void*>(op_kernel<true>)};
+  for (int v = kPersistentWaitFirst; v < kVariants; ++v)
+    kernels.push_back(reinterpret_cast<const void*>(persistent_fn(Variant(v))));
+  for (const void* k : kernels)
     LILAC_CUDA_CHECK(
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
   DeviceBuffer<__nv_bfloat16> W(max_w), xs(max_x);
-  DeviceBuffer<unsigned> counters(256);
+  DeviceBuffer<unsigned> counters(size_t(kErrorSlot) + 1);
   LILAC_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
   cudaStream_t s;
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::printf("%d blocks x %d threads, graph replays (warm), us per link (mean of 20 chains)\n",
               blocks, kThreads);
-  std::printf("%-22s %8s %10s %14s %14s %16s %14s %10s\n", "case (M x K, ops)", "MB/op", "bytes us",
-              "kernel wait", "kernel staged", "persist. wait", "persistent", "final x");
+  std::printf(
+      "kernel: a kernel per op (PDL), weights after / before the wait; persistent: one\n"
+      "kernel, a counter per op (fenced release add), weights after the wait / the next\n"
+      "op's ahead; then the ahead form with the add unfenced, the poll without back-off,\n"
+      "both, a flag per producer block instead of the counter\n");
+  std::printf("%-20s %6s %6s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n", "case (M x K, ops)", "MB/op",
+              "bytes", "k.wait", "k.staged", "p.wait", "p.ahead", "p.nofnc", "p.nosl", "p.lean",
+              "p.flags", "final x");
   bool all_same = true;
   for (const Case& c : cases) {
     fill_kernel<<<256, 256, 0, s>>>(W.get(), size_t(c.ops) * c.M * c.K, 1.f / std::sqrt(float(c.K)),
@@ -303,8 +365,9 @@ int main() {
     const double mb = double(c.M) * c.K * 2 / 1e6;
     char name[64];
     std::snprintf(name, sizeof name, "%d x %d, %d", c.M, c.K, c.ops);
-    std::printf("%-22s %8.2f %10.2f %14.2f %14.2f %16.2f %14.2f %10s\n", name, mb, mb / 4.3, us[0],
-                us[1], us[2], us[3], all_same ? "identical" : "DIFFER");
+    std::printf("%-20s %6.2f %6.2f", name, mb, mb / 4.3);
+    for (int v = 0; v < kVariants; ++v) std::printf(" %7.2f", us[v]);
+    std::printf(" %7s\n", all_same ? "same" : "DIFFER");
     std::fflush(stdout);
   }
   LILAC_CUDA_CHECK(cudaStreamDestroy(s));

@@ -31,11 +31,19 @@ __device__ __forceinline__ unsigned acquire_load(const unsigned* p) {
   return v;
 }
 
-// Called by every thread of the block once its stores for the task are issued.
+__device__ __forceinline__ void release_store(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Called by every thread of the block once its stores for the task are issued. kFence: a
+// __threadfence before the release add (what cooperative groups' grid sync does); without it the
+// release alone orders the block's stores (cumulative through the barrier: the PTX memory model's
+// causality order). The chain bench (bench/cuda/chain_bench.cu) times both.
+template <bool kFence = true>
 __device__ __forceinline__ void signal(unsigned* counter) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
+    if (kFence) __threadfence();
     release_add(counter, 1u);
   }
 }
@@ -44,8 +52,9 @@ __device__ __forceinline__ void signal(unsigned* counter) {
 // true; or, after spin_limit polls, false for every thread, with *error set to 1. The polls
 // back off (a short sleep) after the first 64, so that waiting blocks leave the L2 to the ones
 // working.
+// sleep_after: polls before the back-off starts (the chain bench times it without).
 __device__ __forceinline__ bool wait(const unsigned* counter, unsigned target, unsigned* error,
-                                     unsigned spin_limit = 1u << 26) {
+                                     unsigned spin_limit = 1u << 26, unsigned sleep_after = 64) {
   int failed = 0;
   if (threadIdx.x == 0) {
     unsigned polls = 0;
@@ -53,6 +62,37 @@ __device__ __forceinline__ bool wait(const unsigned* counter, unsigned target, u
       if (++polls >= spin_limit) {
         failed = 1;
         atomicExch(error, 1u);
+        break;
+      }
+      if (polls > sleep_after) __nanosleep(32);
+    }
+  }
+  return __syncthreads_or(failed) == 0;
+}
+
+// The same dependency as one flag per producer instead of one counter: no atomics, so the
+// producers' signals do not queue on one L2 address. Producer block b stores `epoch` into
+// flags[b] (a release store after the block barrier); a waiter's first warp reads all
+// `producers` flags (lane l: flags l, l + 32, ...) with acquire loads until every one has reached
+// `target`. One flag array per op; epochs count up as the counters do.
+__device__ __forceinline__ void signal_flag(unsigned* flags, unsigned epoch) {
+  __syncthreads();
+  if (threadIdx.x == 0) release_store(flags + blockIdx.x, epoch);
+}
+
+__device__ __forceinline__ bool wait_flags(const unsigned* flags, int producers, unsigned target,
+                                           unsigned* error, unsigned spin_limit = 1u << 26) {
+  int failed = 0;
+  if (threadIdx.x < 32) {
+    unsigned polls = 0;
+    for (;;) {
+      bool ready = true;
+      for (int p = int(threadIdx.x); p < producers; p += 32)
+        ready = ready && int(acquire_load(flags + p) - target) >= 0;
+      if (__all_sync(0xffffffffu, ready)) break;
+      if (++polls >= spin_limit) {
+        failed = 1;
+        if (threadIdx.x == 0) atomicExch(error, 1u);
         break;
       }
       if (polls > 64) __nanosleep(32);
