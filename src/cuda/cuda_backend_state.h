@@ -27,6 +27,7 @@
 #include "cuda/q4_moe.h"
 #include "cuda/sampling.h"
 #include "cuda/token_mask.h"
+#include "util/env_choice.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -253,12 +254,28 @@ inline void proj_gemv(const DeviceMatrix& w, int rows, int cols, const bf16* x, 
 // 4-bit weights on Hopper take q_gemm_wgmma at every M: it splits K over a cluster when the tiles
 // are few (out_proj at 512 tokens 20.9 us; the slabs took ~78 us at 256); the slabs stay for
 // 8-bit weights (the router) and other GPUs, since s7 in one launch (grid z over the slabs).
-constexpr int kSlabMaxRows = 4096, kSlabMaxTokens = 256;
+// Up to s25 the slabs stopped at 256 tokens, and above it the 8-bit router went to q_gemm, whose
+// 256-row x 128-token tiles give its 257 rows 8 blocks at 512 tokens (s26's chunk timeline: 58 us
+// per layer, 2.3 ms of a 20.5 ms chunk; at most 64 blocks below 4,096 tokens) where the slabs
+// took 11 us at 256. s26 run C (H200, 4-bit, prefill tok/s at 512 / 768 / 1,024 / 2,048 / 4,096
+// tokens, two runs): limit 256 25,020 / 29,194 / 33,844 / 40,486 / 43,652; 2,048 27,278 / 30,998
+// / 35,493 / 41,262 / 43,738; 4,096 and above the same within the runs' spread.
+// The 8-bit limit only: 4-bit matrices take the slabs on GPUs without wgmma, not measured there
+// above 256. LILAC_SLAB_MAX_TOKENS (A/B) moves the 8-bit limit.
+constexpr int kSlabMaxRows = 4096, kSlabMaxTokens4 = 256, kSlabMaxTokens8 = 2048;
+
+inline int slab_max_tokens(int bits) {
+  if (bits != 8) return kSlabMaxTokens4;
+  static const int v =
+      env_choice("LILAC_SLAB_MAX_TOKENS", {256, 512, 1024, 2048, 4096, 8192, 16384, 65536});
+  return v ? v : kSlabMaxTokens8;
+}
 
 inline void proj_gemm(const bf16* A, int M, int K, const DeviceMatrix& w, int N, void* C,
                       GemmOut mode, cudaStream_t s) {
-  if (w.affine() && mode != GemmOut::StoreBF16 && N <= kSlabMaxRows && M <= kSlabMaxTokens &&
-      !(w.q.bits == 4 && q_gemm_wgmma_available()) && q_gemv_rows_available()) {
+  if (w.affine() && mode != GemmOut::StoreBF16 && N <= kSlabMaxRows &&
+      M <= slab_max_tokens(w.q.bits) && !(w.q.bits == 4 && q_gemm_wgmma_available()) &&
+      q_gemv_rows_available()) {
     const GemvOut out = mode == GemmOut::AccumulateF32 ? GemvOut::Accumulate : GemvOut::Store;
     q_gemv_rows(w.q, A, M, static_cast<float*>(C), out, s);  // 64-token slabs in one launch
   } else if (w.affine())
