@@ -25,10 +25,14 @@ namespace lilac {
 
 struct ScheduleTiming {
   double dram_bytes_per_us = 4.3e6;  // the whole GPU (H200: ~4.3 TB/s), shared evenly by the blocks
-  double sync_us = 1.0;              // a counter's release to a waiter's acquire that sees it
-  double task_us = 1.5;              // a task's own chain with its weights there: activations
-                                     // from L2, the reduction, the stores
-  double epilogue_us = 0.3;          // after a task's last weight byte: the last MMAs, the stores
+  // A counter's release to a waiter's acquire that sees it. Measured (s26, H200, the chain
+  // bench): a link of dependent GEMVs with almost no bytes costs 1.57-1.88 us through a counter,
+  // 1.43 us through a PDL kernel boundary, the task's own chain included; with the calibration's
+  // 3 us boundaries and 2.5 us tasks a counter is ~3.15 us (docs/persistent-decode.md).
+  double sync_us = 1.0;
+  double task_us = 1.5;      // a task's own chain with its weights there: activations from L2, the
+                             // reduction, the stores
+  double epilogue_us = 0.3;  // after a task's last weight byte: the last MMAs, the stores
   double ring_bytes = 160.0 * 1024;  // per block: shared memory for weights streamed ahead
   double flops_per_us = 1.5e6;       // per block (H200 bf16 tensor cores ~790 TFLOP/s over 132
                                      // SMs is 6e6; 4-bit dequantisation in the loop: a quarter)
