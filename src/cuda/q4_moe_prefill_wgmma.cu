@@ -44,9 +44,34 @@
 #include "cuda/q4_gemm_wgmma.cuh"
 #include "cuda/q4_moe.h"
 #include "cuda/q4_moe_prefill_wgmma.cuh"
+#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
+namespace {
+
+// rows32's block configuration and main loop. The gate_up kernels (routed and shared): 12
+// stages at 2 blocks per SM with 4 k-tiles per block barrier (the lab's q_moe_grouped v13: gate_up
+// at T = 256 / 512 118.9 / 132.2 -> 113.7 / 124.0 us per layer; engine, s26 run F, three runs:
+// 192-768 tokens +0.7-1.4%). The down kernel: Cfg32 (3 blocks per SM) in pairs of k-tiles: v13's
+// form cost it 68.2 -> 75.4 us (16-row tiles need the third block's warps). A/B:
+// LILAC_ROWS32_GATE_UP_GROUPS=2|3|4 (2: Cfg32 in pairs, s21-s25's form) and LILAC_ROWS32_GROUPS
+// for down (3 / 4: at the 12-stage configuration); s26 run E measured all three kernels at 3 / 4:
+// -1.5% to -2.7%.
+using Deep32 = qgemm_wgmma::QGemmV2Cfg<32, 12, 2>;
+
+template <class Run>
+void with_rows32(Run run, bool gate_up) {
+  using namespace qmoe_wgmma;
+  static const int gu = env_choice("LILAC_ROWS32_GATE_UP_GROUPS", {2, 3, 4});
+  static const int dn = env_choice("LILAC_ROWS32_GROUPS", {2, 3, 4});
+  const int groups = gate_up ? (gu ? gu : 4) : (dn ? dn : 2);
+  if (groups == 4) return run(Deep32{}, GroupLoop<4>{});
+  if (groups == 3) return run(Deep32{}, GroupLoop<3>{});
+  return run(Cfg32{}, PairLoop{});
+}
+
+}  // namespace
 
 bool q_moe_grouped_wgmma_available() {
   return q_gemm_wgmma_available();
@@ -64,7 +89,12 @@ void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, i
     case QMoeWgmmaTile::rows64:
       return launch_gate_up<Cfg64, true, PairLoop>(x, H, gate_up, I, r, act, shared, stream);
     case QMoeWgmmaTile::rows32:
-      return launch_gate_up<Cfg32, true, PairLoop>(x, H, gate_up, I, r, act, shared, stream);
+      return with_rows32(
+          [&](auto cfg, auto loop) {
+            launch_gate_up<decltype(cfg), true, decltype(loop)>(x, H, gate_up, I, r, act, shared,
+                                                                stream);
+          },
+          true);
   }
   fail("q_moe_grouped_gate_up_wgmma: unknown tile form {}", int(tile));
 }
@@ -79,7 +109,12 @@ void q_moe_shared_gate_up_wgmma(const bf16* x, int T, int H, const QMatrix& shar
     case QMoeWgmmaTile::rows64:
       return launch_shared_gate_up<Cfg64, PairLoop>(x, T, H, shared_gate_up, Is, act, stream);
     case QMoeWgmmaTile::rows32:
-      return launch_shared_gate_up<Cfg32, PairLoop>(x, T, H, shared_gate_up, Is, act, stream);
+      return with_rows32(
+          [&](auto cfg, auto loop) {
+            launch_shared_gate_up<decltype(cfg), decltype(loop)>(x, T, H, shared_gate_up, Is, act,
+                                                                 stream);
+          },
+          true);
   }
   fail("q_moe_shared_gate_up_wgmma: unknown tile form {}", int(tile));
 }
@@ -96,7 +131,11 @@ void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H
     case QMoeWgmmaTile::rows64:
       return launch_down<Cfg64, true, PairLoop>(act, I, down, H, r, y, shared, stream);
     case QMoeWgmmaTile::rows32:
-      return launch_down<Cfg32, true, PairLoop>(act, I, down, H, r, y, shared, stream);
+      return with_rows32(
+          [&](auto cfg, auto loop) {
+            launch_down<decltype(cfg), true, decltype(loop)>(act, I, down, H, r, y, shared, stream);
+          },
+          false);
   }
   fail("q_moe_grouped_down_wgmma: unknown tile form {}", int(tile));
 }
