@@ -13,9 +13,10 @@
 // lab's pair_loop.cuh in s20, production's qmoe_wgmma::PairLoop since s21); versions 11 and 12
 // (s21) that loop at rows32's and rows64's configurations, production since s21 (run through
 // q_moe_grouped_*_wgmma); versions 4 and 5 (s20's rows64 / rows32, one k-tile per barrier) run
-// from here since then. Versions 13 and 14 (s21, not run yet): v6's configuration with groups of 4
-// and 3 k-tiles per barrier (qmoe_wgmma::GroupLoop; 128 / 122 registers, no spills but 4 bytes in
-// v13's down kernel; at rows64's configuration groups of 4 spill 250-400 bytes: not tried).
+// from here since then. Versions 13 and 14 (s21; run in s22 and s26): v6's configuration with
+// groups of 4 and 3 k-tiles per barrier (qmoe_wgmma::GroupLoop; 128 / 122 registers; at rows64's
+// configuration groups of 4 spill 250-400 bytes: not tried). v13's gate_up is production's rows32
+// gate_up since s26 (its down kernel lost: README.md).
 #include <cstdint>
 
 #include "cuda/q4_moe_prefill_wgmma.cuh"
