@@ -42,7 +42,8 @@ void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int3
 //  * adaptive: 128 token rows, the wgmma n the smallest of 32, 64, 128 covering the tile's rows
 //    (the default; 1 block per SM);
 //  * rows64 / rows32: a routing tile's rows in passes of 64 / 32 (wgmma n 16 up to that), 2 / 3
-//    blocks per SM: for prompts of a few hundred tokens, where an expert sees ~8-30 rows.
+//    blocks per SM (rows32's gate_up: 2, with deeper stages; q4_moe_prefill_wgmma.cu): for
+//    prompts of a few hundred tokens, where an expert sees ~8-30 rows.
 // Every form runs the same K-long chain of wgmmas per output; only n and the rows per pass differ.
 enum class QMoeWgmmaTile { fixed128, adaptive, rows64, rows32 };
 

@@ -37,9 +37,10 @@
 // a short prompt's ~8-30-row tiles lack (lab, T = 512: 396 -> 212 us per layer for Cfg32; T = 4096:
 // 754 -> 724 for Cfg64). Since s21 they run the k-tiles in pairs (PairLoop in the .cuh: these
 // blocks are issue-bound, and a pair pays the per-k-tile bookkeeping once): T = 256 204 -> 180 us
-// (Cfg32), T = 4096 715 -> 664 (Cfg64). With a QMoeSharedPart the grid also has the shared expert's
-// blocks after the routed ones (dense tiles of the form's rows over its own matrices and buffers;
-// job_of).
+// (Cfg32), T = 4096 715 -> 664 (Cfg64); since s26 rows32's gate_up kernels take 4 k-tiles per
+// barrier at 12 stages and 2 blocks per SM (with_rows32 below). With a QMoeSharedPart the grid
+// also has the shared expert's blocks after the routed ones (dense tiles of the form's rows over
+// its own matrices and buffers; job_of).
 #include "cuda/q4_gemm.h"
 #include "cuda/q4_gemm_wgmma.cuh"
 #include "cuda/q4_moe.h"
