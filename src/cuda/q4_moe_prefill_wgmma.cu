@@ -56,16 +56,16 @@ namespace {
 // at T = 256 / 512 118.9 / 132.2 -> 113.7 / 124.0 us per layer; engine, s26 run F, three runs:
 // 192-768 tokens +0.7-1.4%). The down kernel: Cfg32 (3 blocks per SM) in pairs of k-tiles: v13's
 // form cost it 68.2 -> 75.4 us (16-row tiles need the third block's warps). A/B:
-// LILAC_ROWS32_GATE_UP_GROUPS=2|3|4 (2: Cfg32 in pairs, s21-s25's form) and LILAC_ROWS32_GROUPS
-// for down (3 / 4: at the 12-stage configuration); s26 run E measured all three kernels at 3 / 4:
-// -1.5% to -2.7%.
+// LILAC_ROWS32_GATE_UP_GROUPS=2|3|4 (2: Cfg32 in pairs, s21-s25's form) and
+// LILAC_ROWS32_DOWN_GROUPS=2|3|4 (3 / 4: at the 12-stage configuration); s26 run E measured all
+// three kernels at 3 / 4 (then one switch): -1.5% to -2.7%.
 using Deep32 = qgemm_wgmma::QGemmV2Cfg<32, 12, 2>;
 
 template <class Run>
 void with_rows32(Run run, bool gate_up) {
   using namespace qmoe_wgmma;
   static const int gu = env_choice("LILAC_ROWS32_GATE_UP_GROUPS", {2, 3, 4});
-  static const int dn = env_choice("LILAC_ROWS32_GROUPS", {2, 3, 4});
+  static const int dn = env_choice("LILAC_ROWS32_DOWN_GROUPS", {2, 3, 4});
   const int groups = gate_up ? (gu ? gu : 4) : (dn ? dn : 2);
   if (groups == 4) return run(Deep32{}, GroupLoop<4>{});
   if (groups == 3) return run(Deep32{}, GroupLoop<3>{});
