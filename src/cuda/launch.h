@@ -8,7 +8,10 @@
 // Only kernels that wait before touching any memory another kernel writes may be launched this
 // way: the launchers of the four families above do so for their own kernels (each kernel calls
 // pdl_wait() from vec_util.cuh before its first dependent load or any global store). Kernels of
-// other families are launched normally and wait for full completion as usual.
+// other families are launched normally and wait for full completion as usual. Of a prompt chunk's
+// own kernels only the grouped wgmma expert kernels use it (s27: prefill +0.7-1.0% at 256-512
+// tokens); the GDN and attention prefill kernels measured slower or even under PDL (their early
+// blocks hold shared memory the kernel before them still needs; docs/kernels.md, s27).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -40,7 +40,8 @@
 // (Cfg32), T = 4096 715 -> 664 (Cfg64); since s26 rows32's gate_up kernels take 4 k-tiles per
 // barrier at 12 stages and 2 blocks per SM (with_rows32 below). With a QMoeSharedPart the grid
 // also has the shared expert's blocks after the routed ones (dense tiles of the form's rows over
-// its own matrices and buffers; job_of).
+// its own matrices and buffers; job_of). Since s27 the three kernels launch with PDL (launch.h),
+// each waiting at its top before any read: the next one's blocks start under this one's tail.
 #include "cuda/q4_gemm.h"
 #include "cuda/q4_gemm_wgmma.cuh"
 #include "cuda/q4_moe.h"

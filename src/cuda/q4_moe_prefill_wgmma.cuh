@@ -9,6 +9,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/gemm_tile.cuh"
+#include "cuda/launch.h"
 #include "cuda/moe_prefill.h"
 #include "cuda/q4_gemm.h"
 #include "cuda/q4_gemm_wgmma.cuh"
@@ -160,6 +161,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
                    bf16* __restrict__ act, Shared sh) {
   static_assert(C::NACC * 128 * 4 <= C::STAGES * C::X_STAGE, "the gate/up exchange fits");
   static_assert(C::BT >= kMoeTileRows || kMoeTileRows % C::BT == 0, "whole passes");
+  pdl_launch_dependents();  // PDL (launch.h): the routing tables and x after the wait
+  pdl_wait();
 #if defined(LILAC_SM90A)
   extern __shared__ __align__(1024) unsigned char smem[];
   Job j;
@@ -220,6 +223,8 @@ template <class C, bool ADAPT, class Loop = KtileLoop>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     down_kernel(const bf16* __restrict__ act, int I, QMatrix W, int H, Routed rt,
                 float* __restrict__ y, Shared sh) {
+  pdl_launch_dependents();  // PDL (launch.h): the routing tables and act after the wait
+  pdl_wait();
 #if defined(LILAC_SM90A)
   extern __shared__ __align__(1024) unsigned char smem[];
   const int n_cb = (H + C::BR - 1) / C::BR;
@@ -318,9 +323,8 @@ void launch_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const M
   const int64_t blocks =
       int64_t(r.max_tiles) * (I / 64) + int64_t(ceil_div(sh.T, C::BT)) * (sh.I / 64);
   if (blocks < 1 || blocks > 0x7fffffff) fail("{}: {} blocks", what, blocks);
-  kernel<<<unsigned(blocks), C::THREADS, C::SMEM_BYTES, stream>>>(x, H, gate_up, I, routed_of(r),
-                                                                  act, sh);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(pdl_enabled(), kernel, dim3(unsigned(blocks)), dim3(C::THREADS), C::SMEM_BYTES,
+                stream, x, H, gate_up, I, routed_of(r), act, sh);
 }
 
 template <class C, bool ADAPT, class Loop = KtileLoop>
@@ -335,9 +339,8 @@ void launch_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRo
   const int64_t n_cb = (H + C::BR - 1) / C::BR;
   const int64_t blocks = (int64_t(r.max_tiles) + ceil_div(sh.T, C::BT)) * n_cb;
   if (blocks < 1 || blocks > 0x7fffffff) fail("{}: {} blocks", what, blocks);
-  kernel<<<unsigned(blocks), C::THREADS, C::SMEM_BYTES, stream>>>(act, I, down, H, routed_of(r), y,
-                                                                  sh);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(pdl_enabled(), kernel, dim3(unsigned(blocks)), dim3(C::THREADS), C::SMEM_BYTES,
+                stream, act, I, down, H, routed_of(r), y, sh);
 }
 
 template <class C, class Loop = KtileLoop>
@@ -354,8 +357,8 @@ void launch_shared_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, 
   if (blocks > 0x7fffffff) fail("{}: {} blocks", what, blocks);
   const Routed none{nullptr, nullptr, nullptr, nullptr, nullptr, 0};
   const Shared sh{gate_up, Is, T, nullptr, act};
-  kernel<<<unsigned(blocks), C::THREADS, C::SMEM_BYTES, stream>>>(x, H, gate_up, Is, none, act, sh);
-  LILAC_CUDA_LAUNCHED();
+  launch_kernel(pdl_enabled(), kernel, dim3(unsigned(blocks)), dim3(C::THREADS), C::SMEM_BYTES,
+                stream, x, H, gate_up, Is, none, act, sh);
 }
 
 }  // namespace qmoe_wgmma
