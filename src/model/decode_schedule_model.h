@@ -28,7 +28,9 @@ struct ScheduleTiming {
   // A counter's release to a waiter's acquire that sees it. Measured (s26, H200, the chain
   // bench): a link of dependent GEMVs with almost no bytes costs 1.57-1.88 us through a counter,
   // 1.43 us through a PDL kernel boundary, the task's own chain included; with the calibration's
-  // 3 us boundaries and 2.5 us tasks a counter is ~3.15 us (docs/persistent-decode.md).
+  // 3 us boundaries and 2.5 us tasks a counter is ~3.15 us (docs/persistent-decode.md). The
+  // default stays s25's assumption, which that document's first table was computed with;
+  // `lilac schedule --sync-us` takes the measured cost.
   double sync_us = 1.0;
   double task_us = 1.5;      // a task's own chain with its weights there: activations from L2, the
                              // reduction, the stores
