@@ -20,6 +20,9 @@
 #   concurrency `lilac bench --synthetic --concurrency 1,2,4,8,16,32,64`, BF16 and 4-bit (JSON each)
 #   steps       the batched decode step on the GPU's timeline at c = 16 and 64 (tools/gpu-steps.sh:
 #               nsys or the CUPTI tracer, per-kernel exposed time; 4-bit, bf16 GDN state)
+#   gdn-state   the prefill's GDN state pass in both forms (LILAC_GDN_STATE_PASS): their GPU
+#               tests, lilac_cuda_bench_seq (per-stage times of each), then the 4-bit prefill bench
+#               at 256 / 512 / 1,024 / 4,096 tokens, three interleaved rounds of each form
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -118,6 +121,16 @@ for s in $steps; do
       for w in bf16 q4; do
         run "concurrency-$w" 240 "$B/lilac" bench --synthetic --weights "$w" \
           --concurrency 1,2,4,8,16,32,64 --json "$OUT/concurrency-$w.json"
+      done ;;
+    gdn-state)
+      run gdn-state-tests 120 "$B/lilac_cuda_tests" --gtest_filter='*gdn_prefill*:*gdn_chain*'
+      run gdn-state-seq 120 "$B/lilac_cuda_bench_seq"
+      for round in 1 2 3; do
+        for pass in one_pass overlapped; do
+          run "gdn-state-prefill-$pass-$round" 120 env LILAC_GDN_STATE_PASS=$pass "$B/lilac" bench \
+            --synthetic --weights q4 --lengths 256,512,1024,4096 --rounds 1 --decode 1 \
+            --sampling off
+        done
       done ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;
     serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;

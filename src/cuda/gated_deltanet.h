@@ -78,6 +78,14 @@ void gdn_decode_batch_cluster(const float* proj, int B, const DecodeBatchRow* ro
 // Prefill workspace for T tokens (no initialisation needed).
 size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv);
 
+// The prefill's state pass (the third launch): one_pass = every product of a chunk step in the
+// sequential loop (gated_deltanet_prefill.cu); overlapped = the loop on half of each block's warps
+// and the chunk outputs (Q S, P U) on the others, a chunk behind
+// (gated_deltanet_prefill_overlap.cu). The same results to rounding. automatic =
+// LILAC_GDN_STATE_PASS (one_pass or overlapped), else one_pass (the overlapped form has not been
+// timed on a GPU yet: docs/kernels.md, "Twenty-eighth session").
+enum class GdnPrefillStatePass { automatic, one_pass, overlapped };
+
 // T >= 1 tokens, proj [T, C + Hv*Dv + 2*Hv]: causal conv over T continuing conv_state (updated to
 // the last K-1 pre-conv rows), the chunked delta rule (chunks of 64) continuing `state` (updated to
 // the state after token T-1), the gated norm; out [T, Hv*Dv] bf16. Four launches. With
@@ -86,10 +94,12 @@ size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv);
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events = nullptr);
+                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events = nullptr,
+                 GdnPrefillStatePass state_pass = GdnPrefillStatePass::automatic);
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
                  int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                 cudaStream_t stream, const cudaEvent_t* stage_events = nullptr);
+                 cudaStream_t stream, const cudaEvent_t* stage_events = nullptr,
+                 GdnPrefillStatePass state_pass = GdnPrefillStatePass::automatic);
 
 }  // namespace lilac::cuda

@@ -32,6 +32,9 @@
 //     [W; Q] S, U = U~ - W S, O = e^G Q S + P U (written over U~), S = e^{G_L} S + K~^T U, all on
 //     tensor cores in 3xTF32, the next chunk's operands prefetched by cp.async. 2.75 M MAC per
 //     block per chunk: ~3 us per chunk step -> T = 4096 ~0.19 ms per layer, the dominant term.
+//     Or the overlapped form (gated_deltanet_prefill_overlap.cu, GdnPrefillStatePass): the
+//     loop without Q S and P U on 8 warps, the chunk outputs on 4 more warps of the same block, a
+//     chunk behind, S and U handed over in shared memory.
 //  4. gdn_out (grid T + C/256): gated RMS norm per (token, value head) into bf16 out; the blocks
 //     past T shift conv_state to the last K-1 pre-conv rows (after step 1 has read it), a thread
 //     per channel.
@@ -42,8 +45,10 @@
 #include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
 #include "cuda/gated_deltanet.h"
+#include "cuda/gated_deltanet_prefill.cuh"
 #include "cuda/gated_deltanet_step.cuh"
 #include "cuda/vec_util.cuh"
+#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -53,10 +58,13 @@ using attn::cp_async16;
 using attn::cp_async_commit;
 using attn::cp_async_wait;
 using attn::smem_addr;
+using gdn_chunked::a_from_acc;
+using gdn_chunked::kBT;
+using gdn_chunked::kColsB;
+using gdn_chunked::mma3;
+using gdn_chunked::split_tf32;
 
-constexpr int kBT = 64;        // chunk length
 constexpr int kThreads = 256;  // chunk, state and out kernels
-constexpr int kColsB = 32;     // value columns per gdn_state block
 
 size_t round4(size_t n) {
   return (n + 3) / 4 * 4;
@@ -78,42 +86,6 @@ PrefillWs carve(float* ws, int T, int Hk, int Hv, int Dk, int Dv) {
   p.Gc = p.bb + round4(size_t(T) * Hv);
   p.P = p.Gc + size_t(Hv) * NC * kBT;
   return p;
-}
-
-// ---- tensor-core helpers (mma.sync m16n8k8 tf32, 3xTF32; layouts in section 3's comment)
-__device__ __forceinline__ uint32_t tf32_bits(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = tf32_bits(x);
-  lo = tf32_bits(x - __uint_as_float(hi));
-}
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// A operand (hi, lo) from an accumulator tile c[4] under the permutation above.
-__device__ __forceinline__ void a_from_acc(const float (&c)[4], uint32_t (&hi)[4],
-                                           uint32_t (&lo)[4]) {
-  split_tf32(c[0], hi[0], lo[0]);
-  split_tf32(c[2], hi[1], lo[1]);
-  split_tf32(c[1], hi[2], lo[2]);
-  split_tf32(c[3], hi[3], lo[3]);
-}
-// d += A B in 3xTF32, B given as its two f32 values.
-__device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
-                                     const uint32_t (&al)[4], float b0, float b1) {
-  uint32_t bh0, bl0, bh1, bl1;
-  split_tf32(b0, bh0, bl0);
-  split_tf32(b1, bh1, bl1);
-  mma_tf32(d, al, bh0, bh1);
-  mma_tf32(d, ah, bl0, bl1);
-  mma_tf32(d, ah, bh0, bh1);
 }
 
 // ---- 1. conv + SiLU + l2norm + gates
@@ -384,18 +356,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- 3. the state through the chunks, on tensor cores (3xTF32)
 //
-// mma.sync m16n8k8 tf32 (f32 accumulation). Every product runs as 3xTF32: x = hi + lo with
-// hi = tf32(x), lo = tf32(x - hi), and A B ~ A_lo B_hi + A_hi B_lo + A_hi B_hi (the dropped
-// lo*lo term is ~2^-22 relative): f32-level accuracy, which the state needs (it is carried through
-// the whole sequence; the tests hold it to 1e-4 of its scale against the token recurrence).
-// Fragments (lane = 4 g + t):  A (16x8): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4],
-// a3 = A[g+8][t+4];  B (8x8): b0 = B[t][g], b1 = B[t+4][g];  C (16x8): c0 = C[g][2t],
-// c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1].
-// The reduction index of a product may be permuted freely if A and B agree. Taking logical k = t
-// to be physical 2t and k = t + 4 to be 2t + 1 (within each group of 8), an accumulator tile
-// (c0, c2, c1, c3) IS an A operand tile over its column index: S^T and U^T stay in registers as
-// accumulators and feed the next products with no shared-memory round trip (B then reads physical
-// rows/columns 2t and 2t + 1: one float2).
+// The fragment layouts, 3xTF32 and the accumulator-as-A-operand permutation: the comment at the
+// top of gated_deltanet_prefill.cuh.
 template <int DK>
 struct StateSmem {
   static constexpr int KPW = DK + 8;  // W/Q rows: float2 B loads at (row g, col 2t) conflict-free
@@ -657,7 +619,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int DK, class ST, class Mark>
 void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state,
-                    cudaStream_t stream, const Mark& mark) {
+                    GdnPrefillStatePass pass, cudaStream_t stream, const Mark& mark) {
   constexpr size_t smemA = chunk_smem_floats<DK>() * sizeof(float),
                    smemB = StateSmem<DK>::kFloats * sizeof(float);
   static const bool attr_set = [] {
@@ -677,9 +639,14 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state
                                                                      Hv, Dv, w.vb, w.W, w.Gc, w.P);
   LILAC_CUDA_LAUNCHED();
   mark(2);
-  gdn_state_kernel<DK, ST><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
-      w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, Dv);
-  LILAC_CUDA_LAUNCHED();
+  if (pass == GdnPrefillStatePass::overlapped) {
+    gdn_chunked::launch_state_overlapped(w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, DK, Dv,
+                                         stream);
+  } else {
+    gdn_state_kernel<DK, ST><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
+        w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, Dv);
+    LILAC_CUDA_LAUNCHED();
+  }
   mark(3);
 }
 
@@ -698,13 +665,21 @@ template <class ST>
 void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* conv_state,
                       const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                       ST* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                      bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events) {
+                      bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events,
+                      GdnPrefillStatePass pass) {
   if (Hk <= 0 || Hv % Hk != 0)
     fail("gdn_prefill: {} value heads not a multiple of {} key heads", Hv, Hk);
   if (Dv <= 0 || Dv % kColsB != 0) fail("gdn_prefill: Dv {} not a multiple of {}", Dv, kColsB);
   if (Dk != 32 && Dk != 64 && Dk != 128) fail("gdn_prefill: Dk {} not supported (32, 64, 128)", Dk);
   if (K < 1 || K > 8) fail("gdn_prefill: conv kernel {} not supported (1..8)", K);
   if (T <= 0) return;
+  if (pass == GdnPrefillStatePass::automatic) {
+    static const GdnPrefillStatePass from_env =
+        env_enum("LILAC_GDN_STATE_PASS", GdnPrefillStatePass::one_pass,
+                 {{"one_pass", GdnPrefillStatePass::one_pass},
+                  {"overlapped", GdnPrefillStatePass::overlapped}});
+    pass = from_env;
+  }
   const PrefillWs w = carve(workspace, T, Hk, Hv, Dk, Dv);
   auto mark = [&](int i) {
     if (stage_events) LILAC_CUDA_CHECK(cudaEventRecord(stage_events[i], stream));
@@ -731,13 +706,13 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
   mark(1);
   switch (Dk) {
     case 32:
-      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
+      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, pass, stream, mark);
       break;
     case 64:
-      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
+      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, pass, stream, mark);
       break;
     default:
-      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
+      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, pass, stream, mark);
       break;
   }
   const int C = 2 * Hk * Dk + Hv * Dv;
@@ -752,17 +727,19 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events) {
+                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events,
+                 GdnPrefillStatePass state_pass) {
   gdn_prefill_impl(proj, T, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv,
-                   Dk, Dv, K, eps, workspace, out, stream, stage_events);
+                   Dk, Dv, K, eps, workspace, out, stream, stage_events, state_pass);
 }
 
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
                  int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                 cudaStream_t stream, const cudaEvent_t* stage_events) {
+                 cudaStream_t stream, const cudaEvent_t* stage_events,
+                 GdnPrefillStatePass state_pass) {
   gdn_prefill_impl(proj, T, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv,
-                   Dk, Dv, K, eps, workspace, out, stream, stage_events);
+                   Dk, Dv, K, eps, workspace, out, stream, stage_events, state_pass);
 }
 
 }  // namespace lilac::cuda

@@ -66,7 +66,9 @@ struct GpuGdn {
     return download_bf16_as_f32(out);
   }
 
-  std::vector<float> prefill(const std::vector<float>& proj, int T) {
+  std::vector<float> prefill(
+      const std::vector<float>& proj, int T,
+      cuda::GdnPrefillStatePass pass = cuda::GdnPrefillStatePass::automatic) {
     auto d_proj = upload(proj);
     cuda::DeviceBuffer<float> ws(cuda::gdn_prefill_workspace_floats(T, d.Hk, d.Hv, d.Dk, d.Dv));
     poison(ws);  // nothing read from the workspace may come from before the launch
@@ -75,11 +77,11 @@ struct GpuGdn {
     if (bf16_state())
       cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
                         dt_bias.get(), norm_w.get(), state16.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
-                        kGdnEps, ws.get(), out.get(), nullptr);
+                        kGdnEps, ws.get(), out.get(), nullptr, nullptr, pass);
     else
       cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
                         dt_bias.get(), norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
-                        kGdnEps, ws.get(), out.get(), nullptr);
+                        kGdnEps, ws.get(), out.get(), nullptr, nullptr, pass);
     return download_bf16_as_f32(out);
   }
 };
@@ -173,7 +175,14 @@ struct PrefillCase {
   bool zero_start;
 };
 
-void check_gdn_prefill(const PrefillCase& c, bool bf16_state = false) {
+using Pass = cuda::GdnPrefillStatePass;
+
+// The prefill's state pass in each form (gated_deltanet.h): automatic is what the engine runs.
+const char* pass_suffix(Pass p) {
+  return p == Pass::overlapped ? "_overlapped" : p == Pass::one_pass ? "_one_pass" : "";
+}
+
+void check_gdn_prefill(const PrefillCase& c, bool bf16_state = false, Pass pass = Pass::automatic) {
   const auto [d, T, decay, zero_start] = c;
   const uint32_t seed = uint32_t(T * 101 + d.Dk + int(decay * 100));
   const GdnParams w = make_gdn_params(d, decay, seed);
@@ -181,9 +190,9 @@ void check_gdn_prefill(const PrefillCase& c, bool bf16_state = false) {
   if (bf16_state) cpu.state = bf16_round(cpu.state);
   GpuGdn gpu(d, w, cpu.conv, cpu.state, bf16_state);
   const std::vector<float> proj = random_floats(size_t(T) * d.P(), 1.f, seed + 20);
-  const auto out = gpu.prefill(proj, T);
+  const auto out = gpu.prefill(proj, T, pass);
   const auto want = cpu_gdn(proj, T, d, w, cpu.conv, cpu.state);
-  const std::string l = tag(d, "prefill T", T, decay);
+  const std::string l = tag(d, "prefill T", T, decay) + pass_suffix(pass);
   EXPECT_TRUE(out_close(out, want, l));
   if (bf16_state)
     EXPECT_TRUE(state16_close(gpu.download_state(), bf16_round(cpu.state), l));
@@ -207,7 +216,7 @@ std::vector<PrefillCase> prefill_cases() {
 // ---- prefill in two calls, then decode: the state carried between launchers
 // ----------------------
 
-void check_gdn_chain(const GdnDims& d, bool bf16_state = false) {
+void check_gdn_chain(const GdnDims& d, bool bf16_state = false, Pass pass = Pass::automatic) {
   const uint32_t seed = 777u + uint32_t(d.Dk);
   const GdnParams w = make_gdn_params(d, 1.f, seed);
   GdnStart cpu = random_gdn_start(d, true, seed + 10);
@@ -226,7 +235,7 @@ void check_gdn_chain(const GdnDims& d, bool bf16_state = false) {
     const std::string l = tag(d, "chain at", pos, 1.f) + " T " + std::to_string(T);
     const std::vector<float> proj =
         random_floats(size_t(T) * d.P(), 1.f, seed + 20 + uint32_t(pos));
-    const auto out = T > 1 ? gpu.prefill(proj, T) : gpu.decode(proj);
+    const auto out = T > 1 ? gpu.prefill(proj, T, pass) : gpu.decode(proj);
     const auto want = cpu_gdn(proj, T, d, w, cpu.conv, cpu.state);
     EXPECT_TRUE(out_close(out, want, l));
     check_state(l);
@@ -235,7 +244,7 @@ void check_gdn_chain(const GdnDims& d, bool bf16_state = false) {
   }
   // A one-token prefill is the same function as a decode step.
   const std::vector<float> proj = random_floats(size_t(d.P()), 1.f, seed + 999);
-  const auto out = gpu.prefill(proj, 1);
+  const auto out = gpu.prefill(proj, 1, pass);
   const auto want = cpu_gdn(proj, 1, d, w, cpu.conv, cpu.state);
   EXPECT_TRUE(out_close(out, want, tag(d, "chain prefill T=1 at", pos, 1.f)));
   check_state(tag(d, "chain prefill T=1 at", pos, 1.f));
@@ -282,6 +291,36 @@ LILAC_CONFORMANCE_CASES(gated_deltanet) {
   for (const GdnDims& d : {kGdnReal, kGdnTiny, kGdnWide})
     cases.push_back({"gdn_chain", dims_name(d) + "_T100_37_decode3_prefill1_bf16_state", "f32",
                      twin16, [d] { check_gdn_chain(d, true); }});
+  // Each state-pass form by name (the cases above run the one LILAC_GDN_STATE_PASS picks): every
+  // prefill case in the overlapped form, the one-pass form where the chunk count changes (1, 2, 16
+  // and 33 chunks), and the chains, f32 and bf16 state.
+  for (const PrefillCase& c : prefill_cases())
+    for (const Pass p : {Pass::one_pass, Pass::overlapped}) {
+      if (p == Pass::one_pass && c.T != 64 && c.T != 65 && c.T != 1000 && c.T != 2100) continue;
+      for (const bool b16 : {false, true}) {
+        if (b16 && c.T != 1 && c.T != 65 && c.T != 1000 && !c.zero_start) continue;
+        cases.push_back(
+            {"gdn_prefill",
+             dims_name(c.d) + "_T" + std::to_string(c.T) + (c.decay > 1.f ? "_strong" : "_mild") +
+                 (c.zero_start ? "_fresh" : "") + (b16 ? "_bf16_state" : "") + pass_suffix(p),
+             "f32", b16 ? twin16 : twin, [c, b16, p] { check_gdn_prefill(c, b16, p); }});
+      }
+    }
+  // Awkward prefill-only shapes: Dk 64 (the third width the prefill supports), 3 value heads per
+  // key head, 3 column blocks per head, conv kernel 2; 2 and 5 chunks, the last partial.
+  constexpr GdnDims kDk64{"dk64", 2, 6, 64, 96, 2};
+  for (const int T : {100, 300})
+    for (const Pass p : {Pass::one_pass, Pass::overlapped})
+      cases.push_back({"gdn_prefill", dims_name(kDk64) + "_T" + std::to_string(T) + pass_suffix(p),
+                       "f32", twin, [T, p] {
+                         check_gdn_prefill({kDk64, T, 1.f, false}, false, p);
+                       }});
+  for (const GdnDims& d : {kGdnReal, kGdnTiny, kGdnWide})
+    for (const bool b16 : {false, true})
+      cases.push_back(
+          {"gdn_chain",
+           dims_name(d) + "_T100_37_decode3_prefill1" + (b16 ? "_bf16_state" : "") + "_overlapped",
+           "f32", b16 ? twin16 : twin, [d, b16] { check_gdn_chain(d, b16, Pass::overlapped); }});
   return cases;
 }
 

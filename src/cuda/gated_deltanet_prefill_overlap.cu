@@ -1,0 +1,390 @@
+// The Gated DeltaNet prefill's state pass, overlapped form (docs/kernels.md, "Twenty-eighth
+// session"): the same results as gated_deltanet_prefill.cu's one-pass gdn_state_kernel (to
+// rounding: the sums run in another order), with the chunk outputs taken off the sequential path.
+//
+// Per chunk of 64 tokens and value head (gated_deltanet_prefill.cu's header has the maths), the
+// one-pass block does four products: [W; Q] S, then U = U~ - W S, O = e^G Q S + P U and
+// S' = e^{G_L} S + K~^T U. Only W S and K~^T U feed the next chunk; Q S and P U (57% of the tensor
+// work) only make that chunk's outputs. s27 split them into a second kernel over all (chunk, head)
+// pairs: the loop got faster as predicted (75 -> 52 us per layer at 512 tokens, H200) but the
+// output kernel ran after it at one 152 KiB block per SM, loading before computing, and cost more
+// than the loop saved (docs/kernels.md, "Twenty-seventh session", item 3).
+//
+// Here both run in one block, on different warps, so the outputs of chunk c are computed while
+// the loop runs chunk c + 1:
+//  - warps 0-7 (the loop, 256 threads): S^T [32 columns x Dk] in registers as in the one-pass
+//    kernel; per chunk X^T = S^T W^T (partials over the four Dk quarters, summed in a fixed
+//    order), U^T = U~^T - X^T, S^T = e^{G_L} S^T + (U e^{G_L - G})^T K~. At the start of chunk c
+//    they copy S_c^T into hand-over buffer c % 2, after computing U_c^T they copy that too, and
+//    signal "full".
+//  - warps 8-11 (the output warps, 128 threads): load Q, P and G of chunk c (cp.async, issued
+//    while they wait), wait for "full", compute O^T = e^G (S_c^T Q^T) + U_c^T P^T for the block's
+//    32 columns and 64 rows, signal "empty" (the loop may reuse the buffer for chunk c + 2), and
+//    store O over U~ in vb (the loop read chunk c's U~ before it signalled).
+// The hand-over is in shared memory through named barriers (bar.arrive by the producer, bar.sync
+// by the consumer: the producer's shared-memory writes before its arrive are visible to the
+// consumer after its sync), so nothing goes through global memory but Q, P and O.
+//
+// Budget (sm_90, Dk = Dv = 128): 384 threads, one block per SM (128 blocks), so at most 168
+// registers per thread (65,536 / 384); shared memory 208.5 KiB of the 227 available: the loop's
+// W, K~, U~, G and partials (108.3 KiB), the output warps' Q, P, G (51.3 KiB) and the two
+// hand-over buffers (2 x 24.5 KiB).
+// Work per block and chunk: the loop 2 x 64 x 128 x 32 MAC (the one-pass kernel's 2.75 M less Q S
+// and P U) x 3 for 3xTF32; the output warps 64 x 128 x 32 + ~(36/64) x 64 x 64 x 32 MAC, x 3.
+// Prediction (H200): the state pass at the s27 split loop's time (512 tokens ~52 us per layer,
+// 4,096 ~364) plus the last chunk's outputs (~1-2 us), against the one-pass 75 / 528.
+#include "cuda/attention_mma.cuh"
+#include "cuda/gated_deltanet_prefill.cuh"
+#include "cuda/gated_deltanet_step.cuh"
+#include "util/error.h"
+
+namespace lilac::cuda::gdn_chunked {
+namespace {
+
+using attn::cp_async16;
+using attn::cp_async_commit;
+using attn::cp_async_wait;
+using attn::smem_addr;
+
+constexpr int kLoopThreads = 256;
+constexpr int kOutThreads = 128;
+constexpr int kThreadsAll = kLoopThreads + kOutThreads;
+// Named barriers (0 is __syncthreads', which this kernel never uses: the two roles wait apart).
+constexpr int kBarLoop = 1;   // the loop's 256 threads
+constexpr int kBarOut = 2;    // the output warps' 128
+constexpr int kBarFull = 3;   // + buffer: S_c^T and U_c^T written (loop arrives, output syncs)
+constexpr int kBarEmpty = 5;  // + buffer: the output warps are done reading it (the reverse)
+
+__device__ __forceinline__ void bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+template <int DK>
+struct OverlapSmem {
+  static constexpr int KPW = DK + 8;  // W rows: float2 B loads at (row g, col 2t) conflict-free
+  static constexpr int KPK = DK + 4;  // K rows: scalar B loads at (row 2t, col g)
+  static constexpr int UP = 36;       // U~ rows: scalar loads at (row 2t, col g)
+  static constexpr int QP = DK + 4;   // Q rows: scalar B loads at (row g, col t)
+  static constexpr int PP = 68;       // P rows: scalar B loads at (row g, col t)
+  static constexpr int SP = DK + 4;   // S^T hand-over rows [32 columns][Dk]: A loads at (g, t)
+  static constexpr int HP = 68;       // U^T hand-over rows [32 columns][64]
+  static constexpr int kW = 0, kK = kW + 64 * KPW, kU = kK + 64 * KPK, kG = kU + 64 * UP,
+                       kPart = kG + 64, kQ = kPart + 2 * 4 * 8 * 32 * 4, kP = kQ + 64 * QP,
+                       kGo = kP + 64 * PP, kHS = kGo + 64, kHU = kHS + 2 * kColsB * SP,
+                       kFloats = kHU + 2 * kColsB * HP;
+};
+
+// Grid (Dv/32, Hv) = 128 blocks of 384 threads at the real shapes; block (cb, v) carries
+// S[:, c0 .. c0+31] of value head v. The loop warps' layout is the one-pass kernel's (warp w:
+// m-tile mt = w & 1, Dk quarter dq = w >> 1, S^T tiles s[j] over Dk rows KQ dq + 8 j + (2t,
+// 2t+1), columns colA (c0, c1) and colB (c2, c3)). Output warp ow = w - 8: columns 16 (ow & 1) ..
+// +15 (the A rows), chunk rows 8 i .. 8 i + 7 for i = (ow >> 1) + 2 q, q = 0..3 (interleaved, so
+// that the two row halves share the triangular P U work about evenly).
+template <int DK, class ST>
+__global__ void __launch_bounds__(kThreadsAll, 1)
+    gdn_state_overlap_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
+                             const float* __restrict__ Wb, const float* __restrict__ Pb,
+                             const float* __restrict__ Gc, float* __restrict__ vb,
+                             ST* __restrict__ state, int T, int Hk, int Hv, int Dv) {
+  using L = OverlapSmem<DK>;
+  constexpr int KQ = DK / 4, NJ = KQ / 8;  // Dk quarter per loop warp; its 8-wide tiles
+  extern __shared__ __align__(16) float sm[];
+  float* HS = sm + L::kHS;  // [2][32][SP]  S_c^T (buffer c % 2)
+  float* HU = sm + L::kHU;  // [2][32][HP]  U_c^T
+
+  const int cb = blockIdx.x, v = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int kh = v / (Hv / Hk), c0 = cb * kColsB;
+  const int NC = (T + kBT - 1) / kBT;
+  const size_t rowW = size_t(Hv) * DK, rowQ = size_t(Hk) * DK, rowV = size_t(Hv) * Dv;
+
+  if (warp >= kLoopThreads / 32) {
+    // ---- the output warps
+    float* Qs = sm + L::kQ;   // [64][QP] Q of the chunk
+    float* Ps = sm + L::kP;   // [64][PP] P
+    float* Go = sm + L::kGo;  // [64]    G
+    const int otid = tid - kLoopThreads, ow = warp - kLoopThreads / 32;
+    const int omt = ow & 1, nh = ow >> 1;
+    auto load_qpg = [&](int c) {
+      const int t0 = c * kBT;
+      for (int e = otid; e < 64 * (DK / 4); e += kOutThreads) {
+        const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
+        const bool ok = tt < T;
+        cp_async16(smem_addr(Qs + r * L::QP + 4 * i4),
+                   ok ? qn + size_t(tt) * rowQ + size_t(kh) * DK + 4 * i4 : qn, ok ? 16 : 0);
+      }
+      const float* Pc = Pb + (size_t(v) * NC + c) * kBT * kBT;
+      for (int e = otid; e < 64 * 16; e += kOutThreads) {
+        const int r = e >> 4, i4 = e & 15;
+        cp_async16(smem_addr(Ps + r * L::PP + 4 * i4), Pc + r * 64 + 4 * i4, 16);
+      }
+      if (otid < 16)
+        cp_async16(smem_addr(Go + 4 * otid), Gc + (size_t(v) * NC + c) * kBT + 4 * otid, 16);
+    };
+    load_qpg(0);
+    cp_async_commit();
+    for (int c = 0; c < NC; ++c) {
+      const int b = c & 1, t0 = c * kBT;
+      cp_async_wait<0>();                   // this thread's Q, P, G of chunk c
+      bar_sync(kBarFull + b, kThreadsAll);  // ... and everyone's; S_c^T, U_c^T in buffer b
+      float acc[4][4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
+      // e^G (S^T Q^T): A = S^T rows 16 omt + (g, g+8), B[k][n] = Q[row n][k].
+      const float* hs = HS + (b * kColsB + 16 * omt + g) * L::SP + t;
+#pragma unroll 4
+      for (int ks = 0; ks < DK / 8; ++ks) {
+        uint32_t ah[4], al[4];
+        a_from_smem(hs + 8 * ks, L::SP, ah, al);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float* qb = Qs + (8 * (nh + 2 * q) + g) * L::QP + 8 * ks + t;
+          mma3(acc[q], ah, al, qb[0], qb[4]);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int r = 8 * (nh + 2 * q) + 2 * t;
+        const float e0 = expf(Go[r]), e1 = expf(Go[r + 1]);
+        acc[q][0] *= e0, acc[q][1] *= e1, acc[q][2] *= e0, acc[q][3] *= e1;
+      }
+      // + U^T P^T: B[k = s][n = r] = P[r][s], zero for s > r, so row tile i needs k-steps 0..i.
+      const float* hu = HU + (b * kColsB + 16 * omt + g) * L::HP + t;
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        if (ks > nh + 6) continue;
+        uint32_t ah[4], al[4];
+        a_from_smem(hu + 8 * ks, L::HP, ah, al);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int i = nh + 2 * q;
+          if (ks > i) continue;
+          const float* pb = Ps + (8 * i + g) * L::PP + 8 * ks + t;
+          mma3(acc[q], ah, al, pb[0], pb[4]);
+        }
+      }
+      if (c + 2 < NC) bar_arrive(kBarEmpty + b, kThreadsAll);  // buffer b free for chunk c + 2
+      bar_sync(kBarOut, kOutThreads);  // every output warp is done with Q, P, G of chunk c
+      if (c + 1 < NC) load_qpg(c + 1);
+      cp_async_commit();
+      // O over U~: accumulator (c0, c1, c2, c3) = O rows r, r + 1 of columns 16 omt + g, + 8.
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int r = 8 * (nh + 2 * q) + 2 * t;
+        float* dst = vb + size_t(t0 + r) * rowV + size_t(v) * Dv + c0 + 16 * omt + g;
+        if (t0 + r < T) dst[0] = acc[q][0], dst[8] = acc[q][2];
+        if (t0 + r + 1 < T) dst[rowV] = acc[q][1], dst[rowV + 8] = acc[q][3];
+      }
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- the loop warps
+  float* Ws = sm + L::kW;  // [64][KPW]  W of the chunk
+  float* Ks = sm + L::kK;  // [64][KPK]  K
+  float* Ut = sm + L::kU;  // [64][UP]   U~ (this block's 32 columns)
+  float* Gs = sm + L::kG;  // [64]       G
+  float4* part = reinterpret_cast<float4*>(sm + L::kPart);
+  const int mt = warp & 1, dq = warp >> 1;
+  const int colA = 16 * mt + g, colB = colA + 8;  // this lane's two value columns (of 32)
+
+  float s[NJ][4];
+  {
+    const ST* S0 = state + size_t(v) * DK * Dv + c0;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int r = KQ * dq + 8 * j + 2 * t;
+      s[j][0] = gdn::load_state1(S0 + size_t(r) * Dv + colA);
+      s[j][1] = gdn::load_state1(S0 + size_t(r + 1) * Dv + colA);
+      s[j][2] = gdn::load_state1(S0 + size_t(r) * Dv + colB);
+      s[j][3] = gdn::load_state1(S0 + size_t(r + 1) * Dv + colB);
+    }
+  }
+
+  auto load_w = [&](int c) {  // group A: W rows of chunk c (zeros past T)
+    const int t0 = c * kBT;
+    for (int e = tid; e < 64 * (DK / 4); e += kLoopThreads) {
+      const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
+      const bool ok = tt < T;
+      cp_async16(smem_addr(Ws + r * L::KPW + 4 * i4),
+                 ok ? Wb + size_t(tt) * rowW + size_t(v) * DK + 4 * i4 : Wb, ok ? 16 : 0);
+    }
+  };
+  auto load_rest = [&](int c) {  // group B: K, U~, G of chunk c
+    const int t0 = c * kBT;
+    for (int e = tid; e < 64 * (DK / 4); e += kLoopThreads) {
+      const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
+      const bool ok = tt < T;
+      cp_async16(smem_addr(Ks + r * L::KPK + 4 * i4),
+                 ok ? kn + size_t(tt) * rowQ + size_t(kh) * DK + 4 * i4 : kn, ok ? 16 : 0);
+    }
+    for (int e = tid; e < 64 * 8; e += kLoopThreads) {
+      const int r = e >> 3, i4 = e & 7, tt = t0 + r;
+      const bool ok = tt < T;
+      cp_async16(smem_addr(Ut + r * L::UP + 4 * i4),
+                 ok ? vb + size_t(tt) * rowV + size_t(v) * Dv + c0 + 4 * i4 : vb, ok ? 16 : 0);
+    }
+    if (tid < 16)
+      cp_async16(smem_addr(Gs + 4 * tid), Gc + (size_t(v) * NC + c) * kBT + 4 * tid, 16);
+  };
+
+  load_w(0);
+  cp_async_commit();
+  load_rest(0);
+  cp_async_commit();
+  for (int c = 0; c < NC; ++c) {
+    const int b = c & 1;
+    cp_async_wait<1>();                // W of chunk c
+    bar_sync(kBarLoop, kLoopThreads);  // ... visible to all; chunk c-1's readers of K, U~ done
+    // S_c^T into hand-over buffer b, once the output warps are done with chunk c - 2's.
+    if (c >= 2) bar_sync(kBarEmpty + b, kThreadsAll);
+    {
+      float* hs = HS + b * kColsB * L::SP;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const int r = KQ * dq + 8 * j + 2 * t;
+        *reinterpret_cast<float2*>(hs + colA * L::SP + r) = make_float2(s[j][0], s[j][1]);
+        *reinterpret_cast<float2*>(hs + colB * L::SP + r) = make_float2(s[j][2], s[j][3]);
+      }
+    }
+
+    // 1. X^T partial = S^T W^T over this Dk quarter: x[n] for W rows 8n .. 8n+7.
+    float x[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.f;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      uint32_t ah[4], al[4];
+      a_from_acc(s[j], ah, al);
+      const float* brow = Ws + g * L::KPW + KQ * dq + 8 * j + 2 * t;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const float2 w2 = *reinterpret_cast<const float2*>(brow + 8 * n * L::KPW);
+        mma3(x[n], ah, al, w2.x, w2.y);
+      }
+    }
+    cp_async_wait<0>();  // K, U~, G of chunk c
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+      part[((mt * 4 + dq) * 8 + n) * 32 + lane] = make_float4(x[n][0], x[n][1], x[n][2], x[n][3]);
+    bar_sync(kBarLoop, kLoopThreads);  // partials, K, U~, G visible; every warp is done with W
+    if (c + 1 < NC) load_w(c + 1);
+    cp_async_commit();
+
+    // 2. U^T = U~^T - (W S)^T: tiles u[n] for chunk rows 8n + (2t, 2t+1), columns colA, colB.
+    float u[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      float4 w4 = part[((mt * 4 + 0) * 8 + n) * 32 + lane];
+#pragma unroll
+      for (int q = 1; q < 4; ++q) {
+        const float4 p4 = part[((mt * 4 + q) * 8 + n) * 32 + lane];
+        w4.x += p4.x, w4.y += p4.y, w4.z += p4.z, w4.w += p4.w;
+      }
+      const int r = 8 * n + 2 * t;
+      u[n][0] = Ut[r * L::UP + colA] - w4.x;
+      u[n][1] = Ut[(r + 1) * L::UP + colA] - w4.y;
+      u[n][2] = Ut[r * L::UP + colB] - w4.z;
+      u[n][3] = Ut[(r + 1) * L::UP + colB] - w4.w;
+    }
+    // U_c^T into buffer b: the four warps of an m-tile hold the same U (summed in one order);
+    // warp dq writes chunk rows 16 dq .. 16 dq + 15. Then the buffer is full.
+    {
+      float* hu = HU + b * kColsB * L::HP;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        if ((n >> 1) != dq) continue;
+        const int r = 8 * n + 2 * t;
+        *reinterpret_cast<float2*>(hu + colA * L::HP + r) = make_float2(u[n][0], u[n][1]);
+        *reinterpret_cast<float2*>(hu + colB * L::HP + r) = make_float2(u[n][2], u[n][3]);
+      }
+    }
+    bar_arrive(kBarFull + b, kThreadsAll);
+
+    // 3. S^T = e^{G_L} S^T + (U e^{G_L - G})^T K[:, quarter].
+    const float GL = Gs[kBT - 1];
+    const float eGL = expf(GL);
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= eGL;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      const int r = 8 * ks + 2 * t;
+      const float d0 = expf(GL - Gs[r]), d1 = expf(GL - Gs[r + 1]);
+      const float ud[4] = {u[ks][0] * d0, u[ks][1] * d1, u[ks][2] * d0, u[ks][3] * d1};
+      uint32_t ah[4], al[4];
+      a_from_acc(ud, ah, al);
+      const float* k0 = Ks + r * L::KPK + KQ * dq + g;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) mma3(s[j], ah, al, k0[8 * j], k0[L::KPK + 8 * j]);
+    }
+    bar_sync(kBarLoop, kLoopThreads);  // every loop warp is done with K, U~, G, the partials
+    if (c + 1 < NC) load_rest(c + 1);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  {
+    ST* S0 = state + size_t(v) * DK * Dv + c0;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int r = KQ * dq + 8 * j + 2 * t;
+      gdn::store_state1(S0 + size_t(r) * Dv + colA, s[j][0]);
+      gdn::store_state1(S0 + size_t(r + 1) * Dv + colA, s[j][1]);
+      gdn::store_state1(S0 + size_t(r) * Dv + colB, s[j][2]);
+      gdn::store_state1(S0 + size_t(r + 1) * Dv + colB, s[j][3]);
+    }
+  }
+}
+
+template <int DK, class ST>
+void launch(const float* qn, const float* kn, const float* W, const float* P, const float* Gc,
+            float* vb, ST* state, int T, int Hk, int Hv, int Dv, cudaStream_t stream) {
+  constexpr size_t smem = OverlapSmem<DK>::kFloats * sizeof(float);
+  static const bool attr_set = [] {
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_overlap_kernel<DK, ST>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return true;
+  }();
+  (void)attr_set;
+  gdn_state_overlap_kernel<DK, ST><<<dim3(Dv / kColsB, Hv), kThreadsAll, smem, stream>>>(
+      qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dv);
+  LILAC_CUDA_LAUNCHED();
+}
+
+template <class ST>
+void launch_any(const float* qn, const float* kn, const float* W, const float* P, const float* Gc,
+                float* vb, ST* state, int T, int Hk, int Hv, int Dk, int Dv, cudaStream_t stream) {
+  switch (Dk) {
+    case 32:
+      launch<32>(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dv, stream);
+      break;
+    case 64:
+      launch<64>(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dv, stream);
+      break;
+    case 128:
+      launch<128>(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dv, stream);
+      break;
+    default:
+      fail("gdn_prefill: Dk {} not supported (32, 64, 128)", Dk);
+  }
+}
+
+}  // namespace
+
+void launch_state_overlapped(const float* qn, const float* kn, const float* W, const float* P,
+                             const float* Gc, float* vb, float* state, int T, int Hk, int Hv,
+                             int Dk, int Dv, cudaStream_t stream) {
+  launch_any(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dk, Dv, stream);
+}
+void launch_state_overlapped(const float* qn, const float* kn, const float* W, const float* P,
+                             const float* Gc, float* vb, bf16* state, int T, int Hk, int Hv, int Dk,
+                             int Dv, cudaStream_t stream) {
+  launch_any(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dk, Dv, stream);
+}
+
+}  // namespace lilac::cuda::gdn_chunked
