@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float* a = As + r * AP;
 #pragma unroll
         for (int s = 0; s < (r & ~3); s += 4) {
-          const float4 a4 = *reinterpret_cast<const float4*>(a + s);
+          const float4 a4 = lds_f4(a + s);
           float& c = acc[(s >> 2) & 1];
           c -= a4.x * x[s];
           c -= a4.y * x[s + 1];
