@@ -20,7 +20,7 @@
 #   concurrency `lilac bench --synthetic --concurrency 1,2,4,8,16,32,64`, BF16 and 4-bit (JSON each)
 #   steps       the batched decode step on the GPU's timeline at c = 16 and 64 (tools/gpu-steps.sh:
 #               nsys or the CUPTI tracer, per-kernel exposed time; 4-bit, bf16 GDN state)
-#   gdn-state   the prefill's GDN state pass in both forms (LILAC_GDN_STATE_PASS): their GPU
+#   gdn-state   the prefill's GDN state pass in its three forms (LILAC_GDN_STATE_PASS): their GPU
 #               tests, lilac_cuda_bench_seq (per-stage times of each), then the 4-bit prefill bench
 #               at 256 / 512 / 1,024 / 4,096 tokens, three interleaved rounds of each form
 #   serve-q4, serve-bf16
@@ -126,7 +126,7 @@ for s in $steps; do
       run gdn-state-tests 120 "$B/lilac_cuda_tests" --gtest_filter='*gdn_prefill*:*gdn_chain*'
       run gdn-state-seq 120 "$B/lilac_cuda_bench_seq"
       for round in 1 2 3; do
-        for pass in one_pass overlapped; do
+        for pass in one_pass overlapped overlapped_norm; do
           run "gdn-state-prefill-$pass-$round" 120 env LILAC_GDN_STATE_PASS=$pass "$B/lilac" bench \
             --synthetic --weights q4 --lengths 256,512,1024,4096 --rounds 1 --decode 1 \
             --sampling off

@@ -156,7 +156,8 @@ void bench_gdn() {
   for (auto& e : ev) LILAC_CUDA_CHECK(cudaEventCreate(&e));
   for (int T : {256, 512, 4096, 65536})
     for (const GdnPrefillStatePass pass :
-         {GdnPrefillStatePass::one_pass, GdnPrefillStatePass::overlapped}) {
+         {GdnPrefillStatePass::one_pass, GdnPrefillStatePass::overlapped,
+          GdnPrefillStatePass::overlapped_norm}) {
       DeviceBuffer<float> pp(size_t(T) * kP);
       fill(pp.get(), pp.size(), 0.f, 1.7f);
       DeviceBuffer<float> pws(gdn_prefill_workspace_floats(T, kHk, kHv, kDk, kDv));
@@ -185,8 +186,10 @@ void bench_gdn() {
         med[i] = st[size_t(i)][st[size_t(i)].size() / 2];
       }
       std::printf("%8d %10s %10.3f %14.0f %9.3f %9.3f %9.3f %9.3f\n", T,
-                  pass == GdnPrefillStatePass::overlapped ? "overlapped" : "one_pass", t_us * 1e-3,
-                  T / t_us * 1e6, med[0], med[1], med[2], med[3]);
+                  pass == GdnPrefillStatePass::overlapped        ? "overlapped"
+                  : pass == GdnPrefillStatePass::overlapped_norm ? "ovl_norm"
+                                                                 : "one_pass",
+                  t_us * 1e-3, T / t_us * 1e6, med[0], med[1], med[2], med[3]);
     }
   for (auto& e : ev) LILAC_CUDA_CHECK(cudaEventDestroy(e));
 }

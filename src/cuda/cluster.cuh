@@ -36,6 +36,25 @@ __device__ __forceinline__ float ld_f32(uint32_t a) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
   return v;
 }
+// One arrival on an mbarrier of any block of the cluster (`a`: its shared::cluster address, from
+// map()), releasing at cluster scope what this thread wrote before it (local or remote).
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t a) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(a)
+               : "memory");
+}
+// Spins until the phase of parity `parity` of this block's mbarrier at shared address `a` has
+// completed, acquiring at cluster scope what the arrivals released.
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t a, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(a),
+      "r"(parity)
+      : "memory");
+}
 // Full cluster barrier: shared-memory writes (local or remote) before it are visible after it.
 __device__ __forceinline__ void sync() {
   asm volatile(

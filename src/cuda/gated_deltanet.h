@@ -79,12 +79,17 @@ void gdn_decode_batch_cluster(const float* proj, int B, const DecodeBatchRow* ro
 size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv);
 
 // The prefill's state pass (the third launch): one_pass = every product of a chunk step in the
-// sequential loop (gated_deltanet_prefill.cu); overlapped = the loop on half of each block's warps
-// and the chunk outputs (Q S, P U) on the others, a chunk behind
-// (gated_deltanet_prefill_overlap.cu). The same results to rounding. automatic =
-// LILAC_GDN_STATE_PASS (one_pass or overlapped), else one_pass (the overlapped form has not been
-// timed on a GPU yet: docs/kernels.md, "Twenty-eighth session").
-enum class GdnPrefillStatePass { automatic, one_pass, overlapped };
+// sequential loop (gated_deltanet_prefill.cu); overlapped = the loop on 8 of each block's warps
+// and the chunk outputs (Q S, P U) on 4 more, a chunk behind (gated_deltanet_prefill_overlap.cu);
+// overlapped_norm = that, with the gated RMS norm (the fourth launch's work but the conv state)
+// done by the output warps, a value head's column blocks exchanging their sums of squares as one
+// thread-block cluster (overlapped where that form does not run: before compute capability 9.0,
+// more than 8 column blocks per head). The same results to rounding. automatic =
+// LILAC_GDN_STATE_PASS (one_pass, overlapped or overlapped_norm), else one_pass (the overlapped
+// forms have not been timed on a GPU yet: docs/kernels.md, "Twenty-eighth session").
+enum class GdnPrefillStatePass { automatic, one_pass, overlapped, overlapped_norm };
+// Whether overlapped_norm runs as itself on this device at this shape (else as overlapped).
+bool gdn_prefill_fuses_norm(int Hk, int Hv, int Dk, int Dv);
 
 // T >= 1 tokens, proj [T, C + Hv*Dv + 2*Hv]: causal conv over T continuing conv_state (updated to
 // the last K-1 pre-conv rows), the chunked delta rule (chunks of 64) continuing `state` (updated to

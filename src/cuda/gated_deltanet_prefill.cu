@@ -580,18 +580,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- 4. gated norm, conv state
 __global__ void __launch_bounds__(kThreads)
-    gdn_out_kernel(const float* __restrict__ proj, int T, const float* __restrict__ o_all,
-                   const float* __restrict__ norm_w, int Hk, int Hv, int Dk, int Dv, int K,
-                   float eps, float* __restrict__ conv_state, bf16* __restrict__ out) {
+    gdn_out_kernel(const float* __restrict__ proj, int T, int norm_rows,
+                   const float* __restrict__ o_all, const float* __restrict__ norm_w, int Hk,
+                   int Hv, int Dk, int Dv, int K, float eps, float* __restrict__ conv_state,
+                   bf16* __restrict__ out) {
   const int tid = threadIdx.x;
   const int C = 2 * Hk * Dk + Hv * Dv;
   const size_t P = size_t(C) + size_t(Hv) * Dv + 2 * size_t(Hv);
-  if (int(blockIdx.x) >= T) {
+  if (int(blockIdx.x) >= norm_rows) {
     // New conv state row r = row T + r of [old state (K-1 rows); proj (T rows)], a thread per
-    // channel over the blocks past T (one block did all C channels until s12: 96 dependent
-    // load-store rounds per thread, ~20 us). A channel's K-1 sources are read before any is
-    // written (with T < K-1 some are its own old rows).
-    const int c = (int(blockIdx.x) - T) * kThreads + tid;
+    // channel over the blocks past the norm's rows (T; none when the state pass did the norm) (one
+    // block did all C channels until s12: 96 dependent load-store rounds per thread, ~20 us). A
+    // channel's K-1 sources are read before any is written (with T < K-1 some are its own old
+    // rows).
+    const int c = (int(blockIdx.x) - norm_rows) * kThreads + tid;
     if (c >= C) return;
     float v[7];  // K <= 8
 #pragma unroll
@@ -619,7 +621,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int DK, class ST, class Mark>
 void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state,
-                    GdnPrefillStatePass pass, cudaStream_t stream, const Mark& mark) {
+                    GdnPrefillStatePass pass, const gdn_chunked::OverlapNorm* norm,
+                    cudaStream_t stream, const Mark& mark) {
   constexpr size_t smemA = chunk_smem_floats<DK>() * sizeof(float),
                    smemB = StateSmem<DK>::kFloats * sizeof(float);
   static const bool attr_set = [] {
@@ -639,9 +642,9 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state
                                                                      Hv, Dv, w.vb, w.W, w.Gc, w.P);
   LILAC_CUDA_LAUNCHED();
   mark(2);
-  if (pass == GdnPrefillStatePass::overlapped) {
+  if (pass != GdnPrefillStatePass::one_pass) {
     gdn_chunked::launch_state_overlapped(w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, DK, Dv,
-                                         stream);
+                                         norm, stream);
   } else {
     gdn_state_kernel<DK, ST><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
         w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, Dv);
@@ -651,6 +654,10 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state
 }
 
 }  // namespace
+
+bool gdn_prefill_fuses_norm(int Hk, int Hv, int Dk, int Dv) {
+  return gdn_chunked::overlapped_norm_supported(Hv, Dv, 2 * Hk * Dk + Hv * Dv);
+}
 
 size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv) {
   const size_t NC = size_t(T + kBT - 1) / kBT;
@@ -677,9 +684,17 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
     static const GdnPrefillStatePass from_env =
         env_enum("LILAC_GDN_STATE_PASS", GdnPrefillStatePass::one_pass,
                  {{"one_pass", GdnPrefillStatePass::one_pass},
-                  {"overlapped", GdnPrefillStatePass::overlapped}});
+                  {"overlapped", GdnPrefillStatePass::overlapped},
+                  {"overlapped_norm", GdnPrefillStatePass::overlapped_norm}});
     pass = from_env;
   }
+  const int C = 2 * Hk * Dk + Hv * Dv;
+  if (pass == GdnPrefillStatePass::overlapped_norm &&
+      !gdn_chunked::overlapped_norm_supported(Hv, Dv, C))
+    pass = GdnPrefillStatePass::overlapped;
+  const gdn_chunked::OverlapNorm norm{proj, C, norm_scale, eps, out};
+  const gdn_chunked::OverlapNorm* fused_norm =
+      pass == GdnPrefillStatePass::overlapped_norm ? &norm : nullptr;
   const PrefillWs w = carve(workspace, T, Hk, Hv, Dk, Dv);
   auto mark = [&](int i) {
     if (stage_events) LILAC_CUDA_CHECK(cudaEventRecord(stage_events[i], stream));
@@ -706,19 +721,23 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
   mark(1);
   switch (Dk) {
     case 32:
-      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, pass, stream, mark);
+      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, pass, fused_norm, stream, mark);
       break;
     case 64:
-      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, pass, stream, mark);
+      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, pass, fused_norm, stream, mark);
       break;
     default:
-      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, pass, stream, mark);
+      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, pass, fused_norm, stream, mark);
       break;
   }
-  const int C = 2 * Hk * Dk + Hv * Dv;
-  gdn_out_kernel<<<T + (K > 1 ? (C + kThreads - 1) / kThreads : 0), kThreads, 0, stream>>>(
-      proj, T, w.vb, norm_scale, Hk, Hv, Dk, Dv, K, eps, conv_state, out);
-  LILAC_CUDA_LAUNCHED();
+  // With the norm fused into the state pass, only the conv state's blocks.
+  const int norm_rows = fused_norm ? 0 : T;
+  const int conv_blocks = K > 1 ? (C + kThreads - 1) / kThreads : 0;
+  if (norm_rows + conv_blocks > 0) {
+    gdn_out_kernel<<<norm_rows + conv_blocks, kThreads, 0, stream>>>(
+        proj, T, norm_rows, w.vb, norm_scale, Hk, Hv, Dk, Dv, K, eps, conv_state, out);
+    LILAC_CUDA_LAUNCHED();
+  }
   mark(4);
 }
 

@@ -76,11 +76,24 @@ __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
 // one-pass gdn_state_kernel. Reads q, k [T, Hk, Dk], W [T, Hv, Dk], P [Hv, chunks, 64, 64],
 // G [Hv, 64 * chunks] and U~ in vb [T, Hv, Dv]; writes O over vb and the state after token T-1.
 // Dk in {32, 64, 128}, Dv a multiple of kColsB (the caller checks).
+// With `norm`, it writes gdn_out's gated RMS norm of O instead (bf16 into norm->out [T, Hv Dv],
+// from z = proj[t, C + v Dv + j] and norm_w), and leaves vb as it was (U~): the caller's gdn_out
+// then only shifts the conv state. overlapped_norm_supported says where that form runs (compute
+// capability 9.0, at most 8 column blocks per value head, 16-byte aligned z rows); the launcher
+// throws lilac::Error elsewhere.
+struct OverlapNorm {
+  const float* proj;  // [T, C + Hv Dv + 2 Hv] the in_proj rows
+  int C;              // z's first column
+  const float* norm_w;
+  float eps;
+  bf16* out;
+};
+bool overlapped_norm_supported(int Hv, int Dv, int C);
 void launch_state_overlapped(const float* qn, const float* kn, const float* W, const float* P,
                              const float* Gc, float* vb, float* state, int T, int Hk, int Hv,
-                             int Dk, int Dv, cudaStream_t stream);
+                             int Dk, int Dv, const OverlapNorm* norm, cudaStream_t stream);
 void launch_state_overlapped(const float* qn, const float* kn, const float* W, const float* P,
                              const float* Gc, float* vb, bf16* state, int T, int Hk, int Hv, int Dk,
-                             int Dv, cudaStream_t stream);
+                             int Dv, const OverlapNorm* norm, cudaStream_t stream);
 
 }  // namespace lilac::cuda::gdn_chunked

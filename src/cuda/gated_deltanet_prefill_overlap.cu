@@ -24,6 +24,13 @@
 // The hand-over is in shared memory through named barriers (bar.arrive by the producer, bar.sync
 // by the consumer: the producer's shared-memory writes before its arrive are visible to the
 // consumer after its sync), so nothing goes through global memory but Q, P and O.
+// With the norm fused (kNorm; GdnPrefillStatePass::overlapped_norm) the output warps finish
+// gdn_out's work too: a value head's Dv/32 blocks are one thread-block cluster; per chunk each
+// block sums o^2 over its 32 columns per row, stores the 64 sums into every block's exchange
+// slot (distributed shared memory, each store released by an arrival on that block's mbarrier),
+// waits for its own barrier, adds the cluster's partials in rank order and writes
+// bf16(w o r silu(z)) with z copied in beside Q and P. O then never goes to global memory (at
+// 4,096 tokens 64 MB written and read again per layer) and gdn_out only shifts the conv state.
 //
 // Budget (sm_90, Dk = Dv = 128): 384 threads, one block per SM (128 blocks), so at most 168
 // registers per thread (65,536 / 384); shared memory 208.5 KiB of the 227 available: the loop's
@@ -34,6 +41,8 @@
 // Prediction (H200): the state pass at the s27 split loop's time (512 tokens ~52 us per layer,
 // 4,096 ~364) plus the last chunk's outputs (~1-2 us), against the one-pass 75 / 528.
 #include "cuda/attention_mma.cuh"
+#include "cuda/bulk_copy.cuh"
+#include "cuda/cluster.cuh"
 #include "cuda/gated_deltanet_prefill.cuh"
 #include "cuda/gated_deltanet_step.cuh"
 #include "util/error.h"
@@ -54,12 +63,65 @@ constexpr int kBarLoop = 1;   // the loop's 256 threads
 constexpr int kBarOut = 2;    // the output warps' 128
 constexpr int kBarFull = 3;   // + buffer: S_c^T and U_c^T written (loop arrives, output syncs)
 constexpr int kBarEmpty = 5;  // + buffer: the output warps are done reading it (the reverse)
+// The fused norm: a value head's Dv / 32 blocks form one cluster (at most 8: the portable size).
+constexpr int kMaxNormRanks = 8;
+
+// What the fused gated norm (kNorm) reads and writes: out[t, v Dv + j] = bf16(norm_w[j] o_j r_t
+// silu(z[t, v Dv + j])), r_t = 1 / sqrt(sum_j o_j^2 / Dv + eps) over the head's Dv columns, as
+// gdn_out computes it (the sum in another order: per 16 columns, per block, then over the
+// cluster's blocks in rank order).
+struct NormArgs {
+  const float* z;       // proj + C: row t's z at z + t * P
+  size_t P;             // proj row length (a multiple of 4: 16-byte copies)
+  const float* norm_w;  // [Dv]
+  float eps;
+  bf16* out;  // [T, Hv Dv]
+};
 
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 __device__ __forceinline__ void bar_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// The fused norm's cluster operations (cluster.cuh: sm_90 only; the compute_80 PTX of the fat
+// binary traps there, and the launcher never picks the fused norm below compute capability 9.0).
+__device__ __forceinline__ void norm_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cluster::sync();
+#else
+  __trap();
+#endif
+}
+// v into slot `slot` (this block's shared address) of every block of the cluster, each store
+// released by an arrival on that block's barrier `bar`.
+__device__ __forceinline__ void norm_send(const float* slot, uint64_t* bar, float v, uint32_t n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  for (uint32_t k = 0; k < n; ++k) {
+    cluster::st_f32(cluster::map(smem_addr(slot), k), v);
+    cluster::mbar_arrive_remote(cluster::map(smem_addr(bar), k));
+  }
+#else
+  (void)slot, (void)bar, (void)v, (void)n;
+  __trap();
+#endif
+}
+__device__ __forceinline__ uint32_t norm_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cluster::ctarank();
+#else
+  __trap();
+  return 0;
+#endif
+}
+__device__ __forceinline__ void norm_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cluster::mbar_wait_cluster(smem_addr(bar), parity);
+#else
+  (void)bar, (void)parity;
+  __trap();
+#endif
 }
 
 template <int DK>
@@ -75,6 +137,12 @@ struct OverlapSmem {
                        kPart = kG + 64, kQ = kPart + 2 * 4 * 8 * 32 * 4, kP = kQ + 64 * QP,
                        kGo = kP + 64 * PP, kHS = kGo + 64, kHU = kHS + 2 * kColsB * SP,
                        kFloats = kHU + 2 * kColsB * HP;
+  // The fused norm's (kNorm) after that: z of the chunk's rows for the block's 32 columns
+  // [64][ZP], the cluster's per-row partial sums of squares [2 buffers][8 ranks][64], this
+  // block's two column halves' [2][64], and the two exchange mbarriers (8-byte aligned).
+  static constexpr int ZP = 36;
+  static constexpr int kZ = kFloats, kXss = kZ + 64 * ZP, kRowss = kXss + 2 * kMaxNormRanks * 64,
+                       kXbar = kRowss + 2 * 64, kFloatsNorm = kXbar + 4;
 };
 
 // Grid (Dv/32, Hv) = 128 blocks of 384 threads at the real shapes; block (cb, v) carries
@@ -83,12 +151,16 @@ struct OverlapSmem {
 // 2t+1), columns colA (c0, c1) and colB (c2, c3)). Output warp ow = w - 8: columns 16 (ow & 1) ..
 // +15 (the A rows), chunk rows 8 i .. 8 i + 7 for i = (ow >> 1) + 2 q, q = 0..3 (interleaved, so
 // that the two row halves share the triangular P U work about evenly).
-template <int DK, class ST>
+// kNorm: the output warps also apply gdn_out's gated RMS norm and write bf16 out (NormArgs), the
+// Dv / 32 blocks of a value head being one cluster that exchanges per-row partial sums of squares
+// through distributed shared memory; O is then not written to vb, and gdn_out only shifts the
+// conv state.
+template <int DK, class ST, bool kNorm>
 __global__ void __launch_bounds__(kThreadsAll, 1)
     gdn_state_overlap_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
                              const float* __restrict__ Wb, const float* __restrict__ Pb,
                              const float* __restrict__ Gc, float* __restrict__ vb,
-                             ST* __restrict__ state, int T, int Hk, int Hv, int Dv) {
+                             ST* __restrict__ state, int T, int Hk, int Hv, int Dv, NormArgs na) {
   using L = OverlapSmem<DK>;
   constexpr int KQ = DK / 4, NJ = KQ / 8;  // Dk quarter per loop warp; its 8-wide tiles
   extern __shared__ __align__(16) float sm[];
@@ -100,6 +172,16 @@ __global__ void __launch_bounds__(kThreadsAll, 1)
   const int kh = v / (Hv / Hk), c0 = cb * kColsB;
   const int NC = (T + kBT - 1) / kBT;
   const size_t rowW = size_t(Hv) * DK, rowQ = size_t(Hk) * DK, rowV = size_t(Hv) * Dv;
+  uint64_t* xbar = reinterpret_cast<uint64_t*>(sm + L::kXbar);
+  if constexpr (kNorm) {
+    // Every block's exchange barriers initialised before any block of the cluster arrives on them.
+    if (tid == 0) {
+      bulk::init(&xbar[0], 64u * gridDim.x);
+      bulk::init(&xbar[1], 64u * gridDim.x);
+      bulk::fence_init();
+    }
+    norm_cluster_sync();
+  }
 
   if (warp >= kLoopThreads / 32) {
     // ---- the output warps
@@ -123,7 +205,22 @@ __global__ void __launch_bounds__(kThreadsAll, 1)
       }
       if (otid < 16)
         cp_async16(smem_addr(Go + 4 * otid), Gc + (size_t(v) * NC + c) * kBT + 4 * otid, 16);
+      if constexpr (kNorm) {  // z of the rows, the block's 32 columns (zeros past T)
+        for (int e = otid; e < 64 * 8; e += kOutThreads) {
+          const int r = e >> 3, i4 = e & 7, tt = t0 + r;
+          const bool ok = tt < T;
+          cp_async16(smem_addr(sm + L::kZ + r * L::ZP + 4 * i4),
+                     ok ? na.z + size_t(tt) * na.P + size_t(v) * Dv + c0 + 4 * i4 : na.z,
+                     ok ? 16 : 0);
+        }
+      }
     };
+    // The norm's weights of this lane's two columns.
+    [[maybe_unused]] float nw[2] = {0.f, 0.f};
+    if constexpr (kNorm) {
+      nw[0] = na.norm_w[c0 + 16 * omt + g];
+      nw[1] = na.norm_w[c0 + 16 * omt + g + 8];
+    }
     load_qpg(0);
     cp_async_commit();
     for (int c = 0; c < NC; ++c) {
@@ -167,19 +264,70 @@ __global__ void __launch_bounds__(kThreadsAll, 1)
         }
       }
       if (c + 2 < NC) bar_arrive(kBarEmpty + b, kThreadsAll);  // buffer b free for chunk c + 2
-      bar_sync(kBarOut, kOutThreads);  // every output warp is done with Q, P, G of chunk c
+      // Accumulator (c0, c1, c2, c3) = O rows r, r + 1 of columns 16 omt + g, + 8.
+      [[maybe_unused]] float zv[4][4];
+      if constexpr (kNorm) {
+        // z into registers (the next chunk's copies overwrite it), and the per-row sums of
+        // squares over this warp's 16 columns (the 8 lanes of one t, by shuffles) into rowss.
+        float* rowss = sm + L::kRowss;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int r = 8 * (nh + 2 * q) + 2 * t;
+          const float* zr = sm + L::kZ + r * L::ZP + 16 * omt + g;
+          zv[q][0] = zr[0], zv[q][1] = zr[L::ZP], zv[q][2] = zr[8], zv[q][3] = zr[L::ZP + 8];
+          float s0 = acc[q][0] * acc[q][0] + acc[q][2] * acc[q][2];
+          float s1 = acc[q][1] * acc[q][1] + acc[q][3] * acc[q][3];
+#pragma unroll
+          for (int m = 4; m < 32; m <<= 1) {
+            s0 += __shfl_xor_sync(0xffffffffu, s0, m);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, m);
+          }
+          if (g == 0) rowss[omt * 64 + r] = s0, rowss[omt * 64 + r + 1] = s1;
+        }
+      }
+      bar_sync(kBarOut, kOutThreads);  // every output warp is done with Q, P, G (z) of chunk c
       if (c + 1 < NC) load_qpg(c + 1);
       cp_async_commit();
-      // O over U~: accumulator (c0, c1, c2, c3) = O rows r, r + 1 of columns 16 omt + g, + 8.
+      if constexpr (kNorm) {
+        // The block's partial for row otid, to every block of the cluster (slot: this rank),
+        // each store released by its own arrival on that block's barrier for this buffer.
+        const uint32_t ranks = gridDim.x, me = norm_rank();
+        float* xss = sm + L::kXss + b * kMaxNormRanks * 64;
+        if (otid < 64) {
+          const float* rowss = sm + L::kRowss;
+          norm_send(xss + me * 64 + otid, &xbar[b], rowss[otid] + rowss[64 + otid], ranks);
+        }
+        // Round c >> 1 of buffer b: every block's 64 partials have landed.
+        norm_wait(&xbar[b], uint32_t(c >> 1) & 1u);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int r = 8 * (nh + 2 * q) + 2 * t;
-        float* dst = vb + size_t(t0 + r) * rowV + size_t(v) * Dv + c0 + 16 * omt + g;
-        if (t0 + r < T) dst[0] = acc[q][0], dst[8] = acc[q][2];
-        if (t0 + r + 1 < T) dst[rowV] = acc[q][1], dst[rowV + 8] = acc[q][3];
+        for (int q = 0; q < 4; ++q) {
+          const int r = 8 * (nh + 2 * q) + 2 * t;
+          float ss0 = 0.f, ss1 = 0.f;
+          for (uint32_t k = 0; k < ranks; ++k) ss0 += xss[k * 64 + r], ss1 += xss[k * 64 + r + 1];
+          const float r0 = rsqrtf(ss0 / float(Dv) + na.eps), r1 = rsqrtf(ss1 / float(Dv) + na.eps);
+          bf16* dst = na.out + size_t(t0 + r) * rowV + size_t(v) * Dv + c0 + 16 * omt + g;
+          if (t0 + r < T) {
+            dst[0] = __float2bfloat16_rn(nw[0] * (acc[q][0] * r0) * silu(zv[q][0]));
+            dst[8] = __float2bfloat16_rn(nw[1] * (acc[q][2] * r0) * silu(zv[q][2]));
+          }
+          if (t0 + r + 1 < T) {
+            dst[rowV] = __float2bfloat16_rn(nw[0] * (acc[q][1] * r1) * silu(zv[q][1]));
+            dst[rowV + 8] = __float2bfloat16_rn(nw[1] * (acc[q][3] * r1) * silu(zv[q][3]));
+          }
+        }
+      } else {
+        // O over U~.
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int r = 8 * (nh + 2 * q) + 2 * t;
+          float* dst = vb + size_t(t0 + r) * rowV + size_t(v) * Dv + c0 + 16 * omt + g;
+          if (t0 + r < T) dst[0] = acc[q][0], dst[8] = acc[q][2];
+          if (t0 + r + 1 < T) dst[rowV] = acc[q][1], dst[rowV + 8] = acc[q][3];
+        }
       }
     }
     cp_async_wait<0>();
+    if constexpr (kNorm) norm_cluster_sync();  // no block leaves while the cluster may reach it
     return;
   }
 
@@ -339,52 +487,86 @@ __global__ void __launch_bounds__(kThreadsAll, 1)
       gdn::store_state1(S0 + size_t(r + 1) * Dv + colB, s[j][3]);
     }
   }
+  if constexpr (kNorm) norm_cluster_sync();
 }
 
-template <int DK, class ST>
+template <int DK, class ST, bool kNorm>
 void launch(const float* qn, const float* kn, const float* W, const float* P, const float* Gc,
-            float* vb, ST* state, int T, int Hk, int Hv, int Dv, cudaStream_t stream) {
-  constexpr size_t smem = OverlapSmem<DK>::kFloats * sizeof(float);
+            float* vb, ST* state, int T, int Hk, int Hv, int Dv, const NormArgs& na,
+            cudaStream_t stream) {
+  constexpr size_t smem =
+      (kNorm ? OverlapSmem<DK>::kFloatsNorm : OverlapSmem<DK>::kFloats) * sizeof(float);
   static const bool attr_set = [] {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_overlap_kernel<DK, ST>,
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_overlap_kernel<DK, ST, kNorm>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)attr_set;
-  gdn_state_overlap_kernel<DK, ST><<<dim3(Dv / kColsB, Hv), kThreadsAll, smem, stream>>>(
-      qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dv);
-  LILAC_CUDA_LAUNCHED();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(Dv / kColsB), unsigned(Hv));
+  cfg.blockDim = dim3(kThreadsAll);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;  // a value head's column blocks: one cluster
+  attr.val.clusterDim.x = unsigned(Dv / kColsB);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = kNorm ? 1u : 0u;
+  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_state_overlap_kernel<DK, ST, kNorm>, qn, kn, W, P,
+                                      Gc, vb, state, T, Hk, Hv, Dv, na));
 }
 
 template <class ST>
 void launch_any(const float* qn, const float* kn, const float* W, const float* P, const float* Gc,
-                float* vb, ST* state, int T, int Hk, int Hv, int Dk, int Dv, cudaStream_t stream) {
+                float* vb, ST* state, int T, int Hk, int Hv, int Dk, int Dv,
+                const OverlapNorm* norm, cudaStream_t stream) {
+  NormArgs na{};
+  if (norm) {
+    const int C = norm->C;
+    na.z = norm->proj + C;
+    na.P = size_t(C) + size_t(Hv) * Dv + 2 * size_t(Hv);
+    na.norm_w = norm->norm_w;
+    na.eps = norm->eps;
+    na.out = norm->out;
+    if (!overlapped_norm_supported(Hv, Dv, C))
+      fail("gdn_prefill: the fused norm does not support Hv {} Dv {} C {}", Hv, Dv, C);
+  }
+#define LILAC_GDN_OVERLAP(DK)                                                        \
+  case DK:                                                                           \
+    if (norm)                                                                        \
+      launch<DK, ST, true>(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dv, na, stream);  \
+    else                                                                             \
+      launch<DK, ST, false>(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dv, na, stream); \
+    break;
   switch (Dk) {
-    case 32:
-      launch<32>(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dv, stream);
-      break;
-    case 64:
-      launch<64>(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dv, stream);
-      break;
-    case 128:
-      launch<128>(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dv, stream);
-      break;
+    LILAC_GDN_OVERLAP(32)
+    LILAC_GDN_OVERLAP(64)
+    LILAC_GDN_OVERLAP(128)
     default:
       fail("gdn_prefill: Dk {} not supported (32, 64, 128)", Dk);
   }
+#undef LILAC_GDN_OVERLAP
 }
 
 }  // namespace
 
+bool overlapped_norm_supported(int Hv, int Dv, int C) {
+  const size_t P = size_t(C) + size_t(Hv) * Dv + 2 * size_t(Hv);
+  return device_compute_capability() >= 90 && Dv % kColsB == 0 && Dv / kColsB <= kMaxNormRanks &&
+         P % 4 == 0 && C % 4 == 0;
+}
+
 void launch_state_overlapped(const float* qn, const float* kn, const float* W, const float* P,
                              const float* Gc, float* vb, float* state, int T, int Hk, int Hv,
-                             int Dk, int Dv, cudaStream_t stream) {
-  launch_any(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dk, Dv, stream);
+                             int Dk, int Dv, const OverlapNorm* norm, cudaStream_t stream) {
+  launch_any(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dk, Dv, norm, stream);
 }
 void launch_state_overlapped(const float* qn, const float* kn, const float* W, const float* P,
                              const float* Gc, float* vb, bf16* state, int T, int Hk, int Hv, int Dk,
-                             int Dv, cudaStream_t stream) {
-  launch_any(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dk, Dv, stream);
+                             int Dv, const OverlapNorm* norm, cudaStream_t stream) {
+  launch_any(qn, kn, W, P, Gc, vb, state, T, Hk, Hv, Dk, Dv, norm, stream);
 }
 
 }  // namespace lilac::cuda::gdn_chunked

@@ -74,6 +74,9 @@ struct GpuGdn {
     poison(ws);  // nothing read from the workspace may come from before the launch
     cuda::DeviceBuffer<cuda::bf16> out(size_t(T) * d.Hv * d.Dv);
     poison(out);
+    // A form asked for by name runs as such (no quiet fallback at the shapes tested).
+    if (pass == cuda::GdnPrefillStatePass::overlapped_norm)
+      EXPECT_TRUE(cuda::gdn_prefill_fuses_norm(d.Hk, d.Hv, d.Dk, d.Dv)) << d.name;
     if (bf16_state())
       cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
                         dt_bias.get(), norm_w.get(), state16.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
@@ -179,7 +182,10 @@ using Pass = cuda::GdnPrefillStatePass;
 
 // The prefill's state pass in each form (gated_deltanet.h): automatic is what the engine runs.
 const char* pass_suffix(Pass p) {
-  return p == Pass::overlapped ? "_overlapped" : p == Pass::one_pass ? "_one_pass" : "";
+  return p == Pass::overlapped        ? "_overlapped"
+         : p == Pass::overlapped_norm ? "_overlapped_norm"
+         : p == Pass::one_pass        ? "_one_pass"
+                                      : "";
 }
 
 void check_gdn_prefill(const PrefillCase& c, bool bf16_state = false, Pass pass = Pass::automatic) {
@@ -292,10 +298,10 @@ LILAC_CONFORMANCE_CASES(gated_deltanet) {
     cases.push_back({"gdn_chain", dims_name(d) + "_T100_37_decode3_prefill1_bf16_state", "f32",
                      twin16, [d] { check_gdn_chain(d, true); }});
   // Each state-pass form by name (the cases above run the one LILAC_GDN_STATE_PASS picks): every
-  // prefill case in the overlapped form, the one-pass form where the chunk count changes (1, 2, 16
-  // and 33 chunks), and the chains, f32 and bf16 state.
+  // prefill case in the two overlapped forms, the one-pass form where the chunk count changes (1,
+  // 2, 16 and 33 chunks), and the chains, f32 and bf16 state.
   for (const PrefillCase& c : prefill_cases())
-    for (const Pass p : {Pass::one_pass, Pass::overlapped}) {
+    for (const Pass p : {Pass::one_pass, Pass::overlapped, Pass::overlapped_norm}) {
       if (p == Pass::one_pass && c.T != 64 && c.T != 65 && c.T != 1000 && c.T != 2100) continue;
       for (const bool b16 : {false, true}) {
         if (b16 && c.T != 1 && c.T != 65 && c.T != 1000 && !c.zero_start) continue;
@@ -310,17 +316,18 @@ LILAC_CONFORMANCE_CASES(gated_deltanet) {
   // key head, 3 column blocks per head, conv kernel 2; 2 and 5 chunks, the last partial.
   constexpr GdnDims kDk64{"dk64", 2, 6, 64, 96, 2};
   for (const int T : {100, 300})
-    for (const Pass p : {Pass::one_pass, Pass::overlapped})
+    for (const Pass p : {Pass::one_pass, Pass::overlapped, Pass::overlapped_norm})
       cases.push_back({"gdn_prefill", dims_name(kDk64) + "_T" + std::to_string(T) + pass_suffix(p),
                        "f32", twin, [T, p] {
                          check_gdn_prefill({kDk64, T, 1.f, false}, false, p);
                        }});
   for (const GdnDims& d : {kGdnReal, kGdnTiny, kGdnWide})
     for (const bool b16 : {false, true})
-      cases.push_back(
-          {"gdn_chain",
-           dims_name(d) + "_T100_37_decode3_prefill1" + (b16 ? "_bf16_state" : "") + "_overlapped",
-           "f32", b16 ? twin16 : twin, [d, b16] { check_gdn_chain(d, b16, Pass::overlapped); }});
+      for (const Pass p : {Pass::overlapped, Pass::overlapped_norm})
+        cases.push_back({"gdn_chain",
+                         dims_name(d) + "_T100_37_decode3_prefill1" + (b16 ? "_bf16_state" : "") +
+                             pass_suffix(p),
+                         "f32", b16 ? twin16 : twin, [d, b16, p] { check_gdn_chain(d, b16, p); }});
   return cases;
 }
 
