@@ -690,7 +690,8 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
   }
   const int C = 2 * Hk * Dk + Hv * Dv;
   if (pass == GdnPrefillStatePass::overlapped_norm &&
-      !gdn_chunked::overlapped_norm_supported(Hv, Dv, C))
+      (!gdn_chunked::overlapped_norm_supported(Hv, Dv, C) ||
+       reinterpret_cast<uintptr_t>(proj) % 16 != 0))  // z rows copied 16 bytes at a time
     pass = GdnPrefillStatePass::overlapped;
   const gdn_chunked::OverlapNorm norm{proj, C, norm_scale, eps, out};
   const gdn_chunked::OverlapNorm* fused_norm =
