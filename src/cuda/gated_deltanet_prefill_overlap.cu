@@ -115,9 +115,12 @@ __device__ __forceinline__ uint32_t norm_rank() {
   return 0;
 #endif
 }
+// A wait that cannot hang: a schedule bug (a block that never sends) traps after ~2^26 polls
+// (seconds), so that a test fails with an error instead of stalling the GPU suite.
 __device__ __forceinline__ void norm_wait(uint64_t* bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cluster::mbar_wait_cluster(smem_addr(bar), parity);
+  for (uint32_t n = 0; !cluster::mbar_try_wait_cluster(smem_addr(bar), parity); ++n)
+    if (n == (1u << 26)) __trap();
 #else
   (void)bar, (void)parity;
   __trap();
