@@ -23,6 +23,10 @@
 #   gdn-state   the prefill's GDN state pass in its three forms (LILAC_GDN_STATE_PASS): their GPU
 #               tests, lilac_cuda_bench_seq (per-stage times of each), then the 4-bit prefill bench
 #               at 256 / 512 / 1,024 / 4,096 tokens, three interleaved rounds of each form
+#   down-prefetch
+#               the one-token MoE down kernel's weights prefetched into L2 during gate_up
+#               (LILAC_MOE_DOWN_PREFETCH): its tests, then 4-bit decode at 256 / 4,096 context and
+#               the batched step at 1 / 2 / 4 rows, three interleaved rounds of off and on
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -130,6 +134,16 @@ for s in $steps; do
           run "gdn-state-prefill-$pass-$round" 120 env LILAC_GDN_STATE_PASS=$pass "$B/lilac" bench \
             --synthetic --weights q4 --lengths 256,512,1024,4096 --rounds 1 --decode 1 \
             --sampling off
+        done
+      done ;;
+        down-prefetch)
+      run down-prefetch-tests 120 "$B/lilac_cuda_tests" --gtest_filter='*q_moe_decode*:BatchKernels.*'
+      for round in 1 2 3; do
+        for p in off on; do
+          run "down-prefetch-decode-$p-$round" 120 env LILAC_MOE_DOWN_PREFETCH=$p "$B/lilac" bench \
+            --synthetic --weights q4 --lengths 256,4096 --rounds 1 --sampling off
+          run "down-prefetch-batch-$p-$round" 120 env LILAC_MOE_DOWN_PREFETCH=$p "$B/lilac" bench \
+            --synthetic --weights q4 --concurrency 1,2,4
         done
       done ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;
