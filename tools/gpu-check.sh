@@ -84,7 +84,7 @@ for s in $steps; do
   case $s in
     tests)
       from=$(($(wc -l 2>/dev/null <"$OUT/run.log" || echo 0) + 1))
-      run gpu-tests 240 "$B/lilac_cuda_tests" --gtest_brief=1
+      run gpu-tests 300 "$B/lilac_cuda_tests" --gtest_brief=1
       # Zero skips: a GPU test that skipped (no device, a path this GPU lacks) did not test
       # anything. gtest's summary says "[  SKIPPED ] N tests." (--gtest_brief) or "[  SKIPPED ] N
       # tests, listed below:" when N > 0, nothing when none skipped.
@@ -127,7 +127,7 @@ for s in $steps; do
           --concurrency 1,2,4,8,16,32,64 --json "$OUT/concurrency-$w.json"
       done ;;
     gdn-state)
-      run gdn-state-tests 120 "$B/lilac_cuda_tests" --gtest_filter='*gdn_prefill*:*gdn_chain*'
+      run gdn-state-tests 180 "$B/lilac_cuda_tests" --gtest_filter='*gdn_prefill*:*gdn_chain*'
       run gdn-state-seq 120 "$B/lilac_cuda_bench_seq"
       for round in 1 2 3; do
         for pass in one_pass overlapped overlapped_norm; do
