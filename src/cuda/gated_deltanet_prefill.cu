@@ -61,8 +61,13 @@ using attn::smem_addr;
 using gdn_chunked::a_from_acc;
 using gdn_chunked::kBT;
 using gdn_chunked::kColsB;
+using gdn_chunked::load_k_u_g;
+using gdn_chunked::load_state_tiles;
 using gdn_chunked::mma3;
 using gdn_chunked::split_tf32;
+using gdn_chunked::store_state_tiles;
+using gdn_chunked::u_from_partials;
+using gdn_chunked::update_state;
 
 constexpr int kThreads = 256;  // chunk, state and out kernels
 
@@ -413,17 +418,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // S^T tiles: s[j] covers Dk rows KQ dq + 8 j + (2t, 2t+1), columns colA (c0, c1), colB (c2, c3).
   float s[NJ][4];
-  {
-    const ST* S0 = state + size_t(v) * DK * Dv + c0;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const int r = KQ * dq + 8 * j + 2 * t;
-      s[j][0] = gdn::load_state1(S0 + size_t(r) * Dv + colA);
-      s[j][1] = gdn::load_state1(S0 + size_t(r + 1) * Dv + colA);
-      s[j][2] = gdn::load_state1(S0 + size_t(r) * Dv + colB);
-      s[j][3] = gdn::load_state1(S0 + size_t(r + 1) * Dv + colB);
-    }
-  }
+  load_state_tiles<DK>(state + size_t(v) * DK * Dv + c0, Dv, dq, t, colA, colB, s);
 
   auto load_wq = [&](int c) {  // group A: W and Q rows of chunk c (zeros past T)
     const int t0 = c * kBT;
@@ -437,26 +432,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   auto load_rest = [&](int c) {  // group B: P, K, U~, G of chunk c
-    const int t0 = c * kBT;
     const float* Pc = Pb + (size_t(v) * NC + c) * kBT * kBT;
     for (int e = tid; e < 64 * 16; e += kThreads) {
       const int r = e >> 4, i4 = e & 15;
       cp_async16(smem_addr(Ps + r * L::PP + 4 * i4), Pc + r * 64 + 4 * i4, 16);
     }
-    for (int e = tid; e < 64 * (DK / 4); e += kThreads) {
-      const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
-      const bool ok = tt < T;
-      cp_async16(smem_addr(Ks + r * L::KPK + 4 * i4),
-                 ok ? kn + size_t(tt) * rowQ + size_t(kh) * DK + 4 * i4 : kn, ok ? 16 : 0);
-    }
-    for (int e = tid; e < 64 * 8; e += kThreads) {
-      const int r = e >> 3, i4 = e & 7, tt = t0 + r;
-      const bool ok = tt < T;
-      cp_async16(smem_addr(Ut + r * L::UP + 4 * i4),
-                 ok ? vb + size_t(tt) * rowV + size_t(v) * Dv + c0 + 4 * i4 : vb, ok ? 16 : 0);
-    }
-    if (tid < 16)
-      cp_async16(smem_addr(Gs + 4 * tid), Gc + (size_t(v) * NC + c) * kBT + 4 * tid, 16);
+    load_k_u_g<DK, L::KPK, L::UP>(tid, c, T, NC, kn, rowQ, kh, vb, rowV, v, Dv, c0, Gc, Ks, Ut, Gs);
   };
 
   load_wq(0);
@@ -494,20 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 2. U^T = U~^T - (W S)^T: tiles u[n] for chunk rows 8n + (2t, 2t+1), columns colA, colB.
     const float GL = Gs[kBT - 1];
     float u[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      float4 w4 = part[((mt * 4 + 0) * 16 + n) * 32 + lane];
-#pragma unroll
-      for (int q = 1; q < 4; ++q) {
-        const float4 p4 = part[((mt * 4 + q) * 16 + n) * 32 + lane];
-        w4.x += p4.x, w4.y += p4.y, w4.z += p4.z, w4.w += p4.w;
-      }
-      const int r = 8 * n + 2 * t;
-      u[n][0] = Ut[r * L::UP + colA] - w4.x;
-      u[n][1] = Ut[(r + 1) * L::UP + colA] - w4.y;
-      u[n][2] = Ut[r * L::UP + colB] - w4.z;
-      u[n][3] = Ut[(r + 1) * L::UP + colB] - w4.w;
-    }
+    u_from_partials<16, L::UP>(part, mt, lane, t, Ut, colA, colB, u);
     // O^T for output rows 16 dq + 8 i + (2t, 2t+1): e^G (Q S)^T, then + U^T P^T.
     float o[2][4];
 #pragma unroll
@@ -544,38 +512,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // 3. S^T = e^{G_L} S^T + (U e^{G_L - G})^T K[:, quarter].
-    const float eGL = expf(GL);
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] *= eGL;
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      const int r = 8 * ks + 2 * t;
-      const float d0 = expf(GL - Gs[r]), d1 = expf(GL - Gs[r + 1]);
-      const float ud[4] = {u[ks][0] * d0, u[ks][1] * d1, u[ks][2] * d0, u[ks][3] * d1};
-      uint32_t ah[4], al[4];
-      a_from_acc(ud, ah, al);
-      const float* k0 = Ks + r * L::KPK + KQ * dq + g;
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) mma3(s[j], ah, al, k0[8 * j], k0[L::KPK + 8 * j]);
-    }
+    update_state<DK, L::KPK>(s, u, Gs, Ks, GL, dq, g, t);
     __syncthreads();  // every warp is done with P, K, U~, G and the partials
     if (c + 1 < NC) load_rest(c + 1);
     cp_async_commit();
   }
   cp_async_wait<0>();
-  {
-    ST* S0 = state + size_t(v) * DK * Dv + c0;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const int r = KQ * dq + 8 * j + 2 * t;
-      gdn::store_state1(S0 + size_t(r) * Dv + colA, s[j][0]);
-      gdn::store_state1(S0 + size_t(r + 1) * Dv + colA, s[j][1]);
-      gdn::store_state1(S0 + size_t(r) * Dv + colB, s[j][2]);
-      gdn::store_state1(S0 + size_t(r + 1) * Dv + colB, s[j][3]);
-    }
-  }
+  store_state_tiles<DK>(state + size_t(v) * DK * Dv + c0, Dv, dq, t, colA, colB, s);
 }
 
 // ---- 4. gated norm, conv state

@@ -21,7 +21,9 @@
 
 #include <cstdint>
 
+#include "cuda/attention_mma.cuh"
 #include "cuda/common.h"
+#include "cuda/gated_deltanet_step.cuh"
 
 namespace lilac::cuda::gdn_chunked {
 
@@ -70,6 +72,112 @@ __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
   mma_tf32(d, al, bh0, bh1);
   mma_tf32(d, ah, bl0, bl1);
   mma_tf32(d, ah, bh0, bh1);
+}
+
+// ---- what the two state-pass kernels' sequential loops share (256 loop threads: 8 warps, warp
+// w = m-tile mt = w & 1 (columns 16 mt .. + 15 of the block's 32) x Dk quarter dq = w >> 1).
+// A lane's state tiles s[j], j < Dk / 32: S^T over Dk rows Dk/4 dq + 8 j + (2t, 2t+1), columns
+// colA (s[j][0], s[j][1]) and colB = colA + 8 (s[j][2], s[j][3]); S0 = the block's first column of
+// its value head's state [Dk, Dv].
+template <int DK, class ST>
+__device__ __forceinline__ void load_state_tiles(const ST* S0, int Dv, int dq, int t, int colA,
+                                                 int colB, float (&s)[DK / 32][4]) {
+  constexpr int KQ = DK / 4;
+#pragma unroll
+  for (int j = 0; j < DK / 32; ++j) {
+    const int r = KQ * dq + 8 * j + 2 * t;
+    s[j][0] = gdn::load_state1(S0 + size_t(r) * Dv + colA);
+    s[j][1] = gdn::load_state1(S0 + size_t(r + 1) * Dv + colA);
+    s[j][2] = gdn::load_state1(S0 + size_t(r) * Dv + colB);
+    s[j][3] = gdn::load_state1(S0 + size_t(r + 1) * Dv + colB);
+  }
+}
+template <int DK, class ST>
+__device__ __forceinline__ void store_state_tiles(ST* S0, int Dv, int dq, int t, int colA, int colB,
+                                                  const float (&s)[DK / 32][4]) {
+  constexpr int KQ = DK / 4;
+#pragma unroll
+  for (int j = 0; j < DK / 32; ++j) {
+    const int r = KQ * dq + 8 * j + 2 * t;
+    gdn::store_state1(S0 + size_t(r) * Dv + colA, s[j][0]);
+    gdn::store_state1(S0 + size_t(r + 1) * Dv + colA, s[j][1]);
+    gdn::store_state1(S0 + size_t(r) * Dv + colB, s[j][2]);
+    gdn::store_state1(S0 + size_t(r + 1) * Dv + colB, s[j][3]);
+  }
+}
+
+// The loop's per-chunk copies of K~ (the key head's rows, [64][KPK]), this block's 32 columns of
+// U~ ([64][UP], from vb) and G ([64]) for chunk c, by the 256 loop threads (rows past T: zeros).
+template <int DK, int KPK, int UP>
+__device__ __forceinline__ void load_k_u_g(int tid, int c, int T, int NC, const float* kn,
+                                           size_t rowQ, int kh, const float* vb, size_t rowV, int v,
+                                           int Dv, int c0, const float* Gc, float* Ks, float* Ut,
+                                           float* Gs) {
+  using attn::cp_async16;
+  using attn::smem_addr;
+  const int t0 = c * kBT;
+  for (int e = tid; e < 64 * (DK / 4); e += 256) {
+    const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
+    const bool ok = tt < T;
+    cp_async16(smem_addr(Ks + r * KPK + 4 * i4),
+               ok ? kn + size_t(tt) * rowQ + size_t(kh) * DK + 4 * i4 : kn, ok ? 16 : 0);
+  }
+  for (int e = tid; e < 64 * 8; e += 256) {
+    const int r = e >> 3, i4 = e & 7, tt = t0 + r;
+    const bool ok = tt < T;
+    cp_async16(smem_addr(Ut + r * UP + 4 * i4),
+               ok ? vb + size_t(tt) * rowV + size_t(v) * Dv + c0 + 4 * i4 : vb, ok ? 16 : 0);
+  }
+  if (tid < 16) cp_async16(smem_addr(Gs + 4 * tid), Gc + (size_t(v) * NC + c) * kBT + 4 * tid, 16);
+}
+
+// U^T = U~^T - (W S)^T for this lane: tiles u[n] over chunk rows 8n + (2t, 2t+1), columns colA,
+// colB, from the four Dk quarters' partials of W S (part[((mt * 4 + dq) * NT + n) * 32 + lane],
+// NT partial tiles per warp, the first 8 for W), summed in quarter order (so the four warps of an
+// m-tile get the same bits), and U~ (Ut [64][UP]).
+template <int NT, int UP>
+__device__ __forceinline__ void u_from_partials(const float4* part, int mt, int lane, int t,
+                                                const float* Ut, int colA, int colB,
+                                                float (&u)[8][4]) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    float4 w4 = part[((mt * 4 + 0) * NT + n) * 32 + lane];
+#pragma unroll
+    for (int q = 1; q < 4; ++q) {
+      const float4 p4 = part[((mt * 4 + q) * NT + n) * 32 + lane];
+      w4.x += p4.x, w4.y += p4.y, w4.z += p4.z, w4.w += p4.w;
+    }
+    const int r = 8 * n + 2 * t;
+    u[n][0] = Ut[r * UP + colA] - w4.x;
+    u[n][1] = Ut[(r + 1) * UP + colA] - w4.y;
+    u[n][2] = Ut[r * UP + colB] - w4.z;
+    u[n][3] = Ut[(r + 1) * UP + colB] - w4.w;
+  }
+}
+
+// The chunk's state update, S^T = e^{G_L} S^T + (U e^{G_L - G})^T K~[:, quarter], from this lane's
+// U^T tiles u[n] (chunk rows 8n + (2t, 2t+1), columns colA, colB), G (Gs, GL = G_63) and K~ (Ks).
+template <int DK, int KPK>
+__device__ __forceinline__ void update_state(float (&s)[DK / 32][4], const float (&u)[8][4],
+                                             const float* Gs, const float* Ks, float GL, int dq,
+                                             int g, int t) {
+  constexpr int KQ = DK / 4;
+  const float eGL = expf(GL);
+#pragma unroll
+  for (int j = 0; j < DK / 32; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] *= eGL;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const int r = 8 * ks + 2 * t;
+    const float d0 = expf(GL - Gs[r]), d1 = expf(GL - Gs[r + 1]);
+    const float ud[4] = {u[ks][0] * d0, u[ks][1] * d1, u[ks][2] * d0, u[ks][3] * d1};
+    uint32_t ah[4], al[4];
+    a_from_acc(ud, ah, al);
+    const float* k0 = Ks + r * KPK + KQ * dq + g;
+#pragma unroll
+    for (int j = 0; j < DK / 32; ++j) mma3(s[j], ah, al, k0[8 * j], k0[KPK + 8 * j]);
+  }
 }
 
 // The overlapped state pass (gated_deltanet_prefill_overlap.cu): the same contract as the
