@@ -127,14 +127,15 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // may reach PTX as four scalar loads: after full unrolling, where only the components are used,
 // the compiler splits the vector load and does not merge it again (gdn_chunk's forward
 // substitution: 2,200 ld.shared.f32 and no ld.shared.v4 in its PTX, docs/kernels.md s28 item 2),
-// and on a broadcast read that is four shared-memory wavefronts instead of one. volatile keeps it
-// where it is written (after the barrier that published the data; never hoisted out of a loop
-// whose iterations rewrite it).
+// and on a broadcast read that is four shared-memory wavefronts instead of one. volatile and the
+// memory clobber keep it where it is written (after the barrier that published the data; never
+// hoisted out of a loop whose iterations rewrite it).
 __device__ __forceinline__ float4 lds_f4(const float* p) {
   float4 v;
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p)))
+               : "memory");
   return v;
 }
 
