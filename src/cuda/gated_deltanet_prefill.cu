@@ -65,6 +65,7 @@ using gdn_chunked::load_k_u_g;
 using gdn_chunked::load_state_tiles;
 using gdn_chunked::mma3;
 using gdn_chunked::split_tf32;
+using gdn_chunked::state_partials;
 using gdn_chunked::store_state_tiles;
 using gdn_chunked::u_from_partials;
 using gdn_chunked::update_state;
@@ -451,19 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // 1. X^T partial = S^T [W; Q]^T over this Dk quarter: x[n] for rows 8n .. 8n+7 of [W; Q].
     float x[16][4];
-#pragma unroll
-    for (int n = 0; n < 16; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.f;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      uint32_t ah[4], al[4];
-      a_from_acc(s[j], ah, al);
-      const float* brow = WQ + g * L::KPW + KQ * dq + 8 * j + 2 * t;
-#pragma unroll
-      for (int n = 0; n < 16; ++n) {
-        const float2 b = *reinterpret_cast<const float2*>(brow + 8 * n * L::KPW);
-        mma3(x[n], ah, al, b.x, b.y);
-      }
-    }
+    state_partials<DK, 16, L::KPW>(s, WQ, dq, g, t, x);
     cp_async_wait<0>();  // P, K, U~, G of chunk c
 #pragma unroll
     for (int n = 0; n < 16; ++n)

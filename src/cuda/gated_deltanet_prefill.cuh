@@ -131,6 +131,28 @@ __device__ __forceinline__ void load_k_u_g(int tid, int c, int T, int NC, const 
   if (tid < 16) cp_async16(smem_addr(Gs + 4 * tid), Gc + (size_t(v) * NC + c) * kBT + 4 * tid, 16);
 }
 
+// Step 1 of a chunk: this lane's partial X^T = S^T B^T over its Dk quarter for the NT 8-row
+// tiles of B (the rows of W, then of Q where NT = 16; [8 NT][KPW] in shared memory): x[n] for B
+// rows 8n .. 8n+7, the accumulators of s as A operands (a_from_acc), B read as float2.
+template <int DK, int NT, int KPW>
+__device__ __forceinline__ void state_partials(const float (&s)[DK / 32][4], const float* B, int dq,
+                                               int g, int t, float (&x)[NT][4]) {
+  constexpr int KQ = DK / 4;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.f;
+#pragma unroll
+  for (int j = 0; j < DK / 32; ++j) {
+    uint32_t ah[4], al[4];
+    a_from_acc(s[j], ah, al);
+    const float* brow = B + g * KPW + KQ * dq + 8 * j + 2 * t;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float2 b = *reinterpret_cast<const float2*>(brow + 8 * n * KPW);
+      mma3(x[n], ah, al, b.x, b.y);
+    }
+  }
+}
+
 // U^T = U~^T - (W S)^T for this lane: tiles u[n] over chunk rows 8n + (2t, 2t+1), columns colA,
 // colB, from the four Dk quarters' partials of W S (part[((mt * 4 + dq) * NT + n) * 32 + lane],
 // NT partial tiles per warp, the first 8 for W), summed in quarter order (so the four warps of an

@@ -381,19 +381,7 @@ __global__ void __launch_bounds__(kThreadsAll, 1)
 
     // 1. X^T partial = S^T W^T over this Dk quarter: x[n] for W rows 8n .. 8n+7.
     float x[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.f;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      uint32_t ah[4], al[4];
-      a_from_acc(s[j], ah, al);
-      const float* brow = Ws + g * L::KPW + KQ * dq + 8 * j + 2 * t;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const float2 w2 = *reinterpret_cast<const float2*>(brow + 8 * n * L::KPW);
-        mma3(x[n], ah, al, w2.x, w2.y);
-      }
-    }
+    state_partials<DK, 8, L::KPW>(s, Ws, dq, g, t, x);
     cp_async_wait<0>();  // K, U~, G of chunk c
 #pragma unroll
     for (int n = 0; n < 8; ++n)
