@@ -106,6 +106,21 @@ __device__ __forceinline__ void store_state_tiles(ST* S0, int Dv, int dq, int t,
   }
 }
 
+// One head's Dk-wide rows of the chunk starting at token t0 into shared memory (dst [64][STRIDE]),
+// from src + t * row_stride + head_offset, by NTHREADS threads (this one: tid); rows past T: zeros.
+template <int DK, int STRIDE, int NTHREADS>
+__device__ __forceinline__ void copy_head_rows(float* dst, const float* src, size_t row_stride,
+                                               size_t head_offset, int t0, int T, int tid) {
+  using attn::cp_async16;
+  using attn::smem_addr;
+  for (int e = tid; e < 64 * (DK / 4); e += NTHREADS) {
+    const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
+    const bool ok = tt < T;
+    cp_async16(smem_addr(dst + r * STRIDE + 4 * i4),
+               ok ? src + size_t(tt) * row_stride + head_offset + 4 * i4 : src, ok ? 16 : 0);
+  }
+}
+
 // The loop's per-chunk copies of K~ (the key head's rows, [64][KPK]), this block's 32 columns of
 // U~ ([64][UP], from vb) and G ([64]) for chunk c, by the 256 loop threads (rows past T: zeros).
 template <int DK, int KPK, int UP>
@@ -116,12 +131,7 @@ __device__ __forceinline__ void load_k_u_g(int tid, int c, int T, int NC, const 
   using attn::cp_async16;
   using attn::smem_addr;
   const int t0 = c * kBT;
-  for (int e = tid; e < 64 * (DK / 4); e += 256) {
-    const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
-    const bool ok = tt < T;
-    cp_async16(smem_addr(Ks + r * KPK + 4 * i4),
-               ok ? kn + size_t(tt) * rowQ + size_t(kh) * DK + 4 * i4 : kn, ok ? 16 : 0);
-  }
+  copy_head_rows<DK, KPK, 256>(Ks, kn, rowQ, size_t(kh) * DK, t0, T, tid);
   for (int e = tid; e < 64 * 8; e += 256) {
     const int r = e >> 3, i4 = e & 7, tt = t0 + r;
     const bool ok = tt < T;

@@ -195,12 +195,7 @@ __global__ void __launch_bounds__(kThreadsAll, 1)
     const int omt = ow & 1, nh = ow >> 1;
     auto load_qpg = [&](int c) {
       const int t0 = c * kBT;
-      for (int e = otid; e < 64 * (DK / 4); e += kOutThreads) {
-        const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
-        const bool ok = tt < T;
-        cp_async16(smem_addr(Qs + r * L::QP + 4 * i4),
-                   ok ? qn + size_t(tt) * rowQ + size_t(kh) * DK + 4 * i4 : qn, ok ? 16 : 0);
-      }
+      copy_head_rows<DK, L::QP, kOutThreads>(Qs, qn, rowQ, size_t(kh) * DK, t0, T, otid);
       const float* Pc = Pb + (size_t(v) * NC + c) * kBT * kBT;
       for (int e = otid; e < 64 * 16; e += kOutThreads) {
         const int r = e >> 4, i4 = e & 15;
@@ -347,13 +342,7 @@ __global__ void __launch_bounds__(kThreadsAll, 1)
   load_state_tiles<DK>(state + size_t(v) * DK * Dv + c0, Dv, dq, t, colA, colB, s);
 
   auto load_w = [&](int c) {  // group A: W rows of chunk c (zeros past T)
-    const int t0 = c * kBT;
-    for (int e = tid; e < 64 * (DK / 4); e += kLoopThreads) {
-      const int r = e / (DK / 4), i4 = e % (DK / 4), tt = t0 + r;
-      const bool ok = tt < T;
-      cp_async16(smem_addr(Ws + r * L::KPW + 4 * i4),
-                 ok ? Wb + size_t(tt) * rowW + size_t(v) * DK + 4 * i4 : Wb, ok ? 16 : 0);
-    }
+    copy_head_rows<DK, L::KPW, kLoopThreads>(Ws, Wb, rowW, size_t(v) * DK, c * kBT, T, tid);
   };
   auto load_rest = [&](int c) {  // group B: K, U~, G of chunk c
     load_k_u_g<DK, L::KPK, L::UP>(tid, c, T, NC, kn, rowQ, kh, vb, rowV, v, Dv, c0, Gc, Ks, Ut, Gs);
