@@ -20,9 +20,6 @@
 #   concurrency `lilac bench --synthetic --concurrency 1,2,4,8,16,32,64`, BF16 and 4-bit (JSON each)
 #   steps       the batched decode step on the GPU's timeline at c = 16 and 64 (tools/gpu-steps.sh:
 #               nsys or the CUPTI tracer, per-kernel exposed time; 4-bit, bf16 GDN state)
-#   gdn-state   the prefill's GDN state pass in its three forms (LILAC_GDN_STATE_PASS): their GPU
-#               tests, lilac_cuda_bench_seq (per-stage times of each), then the 4-bit prefill bench
-#               at 256 / 512 / 1,024 / 4,096 tokens, three interleaved rounds of each form
 #   down-prefetch
 #               the one-token MoE down kernel's weights prefetched into L2 during gate_up
 #               (LILAC_MOE_DOWN_PREFETCH): its tests, then 4-bit decode at 256 / 4,096 context and
@@ -125,16 +122,6 @@ for s in $steps; do
       for w in bf16 q4; do
         run "concurrency-$w" 240 "$B/lilac" bench --synthetic --weights "$w" \
           --concurrency 1,2,4,8,16,32,64 --json "$OUT/concurrency-$w.json"
-      done ;;
-    gdn-state)
-      run gdn-state-tests 180 "$B/lilac_cuda_tests" --gtest_filter='*gdn_prefill*:*gdn_chain*'
-      run gdn-state-seq 120 "$B/lilac_cuda_bench_seq"
-      for round in 1 2 3; do
-        for pass in one_pass overlapped overlapped_norm; do
-          run "gdn-state-prefill-$pass-$round" 120 env LILAC_GDN_STATE_PASS=$pass "$B/lilac" bench \
-            --synthetic --weights q4 --lengths 256,512,1024,4096 --rounds 1 --decode 1 \
-            --sampling off
-        done
       done ;;
         down-prefetch)
       run down-prefetch-tests 120 "$B/lilac_cuda_tests" --gtest_filter='*q_moe_decode*:BatchKernels.*'

@@ -149,48 +149,41 @@ void bench_gdn() {
   std::printf("\n== gated deltanet (Hk %d, Hv %d, Dk %d, Dv %d, K %d)\n", kHk, kHv, kDk, kDv, kK);
   std::vector<GdnLayer> layers(1);
   std::printf(
-      "gdn_prefill (stages: median of the per-launch event times; the state pass in each form)\n"
-      "%8s %10s %10s %14s %9s %9s %9s %9s\n",
-      "T", "pass", "ms", "tokens/s/layer", "prep", "chunk", "state", "out");
+      "gdn_prefill (stages: median of the per-launch event times)\n%8s %10s %14s %9s %9s %9s %9s\n",
+      "T", "ms", "tokens/s/layer", "prep", "chunk", "state", "out");
   cudaEvent_t ev[5];
   for (auto& e : ev) LILAC_CUDA_CHECK(cudaEventCreate(&e));
-  for (int T : {256, 512, 4096, 65536})
-    for (const GdnPrefillStatePass pass :
-         {GdnPrefillStatePass::one_pass, GdnPrefillStatePass::overlapped,
-          GdnPrefillStatePass::overlapped_norm}) {
-      DeviceBuffer<float> pp(size_t(T) * kP);
-      fill(pp.get(), pp.size(), 0.f, 1.7f);
-      DeviceBuffer<float> pws(gdn_prefill_workspace_floats(T, kHk, kHv, kDk, kDv));
-      DeviceBuffer<bf16> po(size_t(T) * kHv * kDv);
-      GdnLayer& L = layers[0];
-      const auto launch = [&](cudaStream_t s, const cudaEvent_t* events) {
-        gdn_prefill(pp.get(), T, L.taps.get(), L.conv.get(), L.neg_exp_A.get(), L.dt_bias.get(),
-                    L.norm_w.get(), L.state.get(), kHk, kHv, kDk, kDv, kK, 1e-6f, pws.get(),
-                    po.get(), s, events, pass);
-      };
-      const double t_us = time_us([&](int, cudaStream_t s) { launch(s, nullptr); }, 2, 20);
-      // Stage times: separate runs with events between the launches (median per stage).
-      std::vector<std::vector<float>> st(4);
-      for (int rep = 0; rep < 11; ++rep) {
-        launch(g_stream, ev);
-        LILAC_CUDA_CHECK(cudaEventSynchronize(ev[4]));
-        for (int i = 0; i < 4; ++i) {
-          float ms = 0.f;
-          LILAC_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-          st[size_t(i)].push_back(ms);
-        }
-      }
-      double med[4];
+  for (int T : {256, 512, 4096, 65536}) {
+    DeviceBuffer<float> pp(size_t(T) * kP);
+    fill(pp.get(), pp.size(), 0.f, 1.7f);
+    DeviceBuffer<float> pws(gdn_prefill_workspace_floats(T, kHk, kHv, kDk, kDv));
+    DeviceBuffer<bf16> po(size_t(T) * kHv * kDv);
+    GdnLayer& L = layers[0];
+    const auto launch = [&](cudaStream_t s, const cudaEvent_t* events) {
+      gdn_prefill(pp.get(), T, L.taps.get(), L.conv.get(), L.neg_exp_A.get(), L.dt_bias.get(),
+                  L.norm_w.get(), L.state.get(), kHk, kHv, kDk, kDv, kK, 1e-6f, pws.get(), po.get(),
+                  s, events);
+    };
+    const double t_us = time_us([&](int, cudaStream_t s) { launch(s, nullptr); }, 2, 20);
+    // Stage times: separate runs with events between the launches (median per stage).
+    std::vector<std::vector<float>> st(4);
+    for (int rep = 0; rep < 11; ++rep) {
+      launch(g_stream, ev);
+      LILAC_CUDA_CHECK(cudaEventSynchronize(ev[4]));
       for (int i = 0; i < 4; ++i) {
-        std::sort(st[size_t(i)].begin(), st[size_t(i)].end());
-        med[i] = st[size_t(i)][st[size_t(i)].size() / 2];
+        float ms = 0.f;
+        LILAC_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+        st[size_t(i)].push_back(ms);
       }
-      std::printf("%8d %10s %10.3f %14.0f %9.3f %9.3f %9.3f %9.3f\n", T,
-                  pass == GdnPrefillStatePass::overlapped        ? "overlapped"
-                  : pass == GdnPrefillStatePass::overlapped_norm ? "ovl_norm"
-                                                                 : "one_pass",
-                  t_us * 1e-3, T / t_us * 1e6, med[0], med[1], med[2], med[3]);
     }
+    double med[4];
+    for (int i = 0; i < 4; ++i) {
+      std::sort(st[size_t(i)].begin(), st[size_t(i)].end());
+      med[i] = st[size_t(i)][st[size_t(i)].size() / 2];
+    }
+    std::printf("%8d %10.3f %14.0f %9.3f %9.3f %9.3f %9.3f\n", T, t_us * 1e-3, T / t_us * 1e6,
+                med[0], med[1], med[2], med[3]);
+  }
   for (auto& e : ev) LILAC_CUDA_CHECK(cudaEventDestroy(e));
 }
 

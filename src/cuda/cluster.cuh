@@ -36,28 +36,6 @@ __device__ __forceinline__ float ld_f32(uint32_t a) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
   return v;
 }
-// One arrival on an mbarrier of any block of the cluster (`a`: its shared::cluster address, from
-// map()), releasing at cluster scope what this thread wrote before it (local or remote).
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t a) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(a)
-               : "memory");
-}
-// Whether the phase of parity `parity` of this block's mbarrier at shared address `a` has
-// completed (the instruction itself waits a while before it answers false), acquiring at cluster
-// scope what the arrivals released.
-__device__ __forceinline__ bool mbar_try_wait_cluster(uint32_t a, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(a), "r"(parity)
-      : "memory");
-  return done != 0;
-}
 // Full cluster barrier: shared-memory writes (local or remote) before it are visible after it.
 __device__ __forceinline__ void sync() {
   asm volatile(

@@ -78,19 +78,6 @@ void gdn_decode_batch_cluster(const float* proj, int B, const DecodeBatchRow* ro
 // Prefill workspace for T tokens (no initialisation needed).
 size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv);
 
-// The prefill's state pass (the third launch): one_pass = every product of a chunk step in the
-// sequential loop (gated_deltanet_prefill.cu); overlapped = the loop on 8 of each block's warps
-// and the chunk outputs (Q S, P U) on 4 more, a chunk behind (gated_deltanet_prefill_overlap.cu);
-// overlapped_norm = that, with the gated RMS norm (the fourth launch's work but the conv state)
-// done by the output warps, a value head's column blocks exchanging their sums of squares as one
-// thread-block cluster (overlapped where that form does not run: before compute capability 9.0,
-// more than 8 column blocks per head). The same results to rounding. automatic =
-// LILAC_GDN_STATE_PASS (one_pass, overlapped or overlapped_norm), else one_pass (the overlapped
-// forms have not been timed on a GPU yet: docs/kernels.md, "Twenty-eighth session").
-enum class GdnPrefillStatePass { automatic, one_pass, overlapped, overlapped_norm };
-// Whether overlapped_norm runs as itself on this device at this shape (else as overlapped).
-bool gdn_prefill_fuses_norm(int Hk, int Hv, int Dk, int Dv);
-
 // T >= 1 tokens, proj [T, C + Hv*Dv + 2*Hv]: causal conv over T continuing conv_state (updated to
 // the last K-1 pre-conv rows), the chunked delta rule (chunks of 64) continuing `state` (updated to
 // the state after token T-1), the gated norm; out [T, Hv*Dv] bf16. Four launches. With
@@ -99,12 +86,10 @@ bool gdn_prefill_fuses_norm(int Hk, int Hv, int Dk, int Dv);
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events = nullptr,
-                 GdnPrefillStatePass state_pass = GdnPrefillStatePass::automatic);
+                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events = nullptr);
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
                  int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                 cudaStream_t stream, const cudaEvent_t* stage_events = nullptr,
-                 GdnPrefillStatePass state_pass = GdnPrefillStatePass::automatic);
+                 cudaStream_t stream, const cudaEvent_t* stage_events = nullptr);
 
 }  // namespace lilac::cuda

@@ -32,9 +32,6 @@
 //     [W; Q] S, U = U~ - W S, O = e^G Q S + P U (written over U~), S = e^{G_L} S + K~^T U, all on
 //     tensor cores in 3xTF32, the next chunk's operands prefetched by cp.async. 2.75 M MAC per
 //     block per chunk: ~3 us per chunk step -> T = 4096 ~0.19 ms per layer, the dominant term.
-//     Or the overlapped form (gated_deltanet_prefill_overlap.cu, GdnPrefillStatePass): the
-//     loop without Q S and P U on 8 warps, the chunk outputs on 4 more warps of the same block, a
-//     chunk behind, S and U handed over in shared memory.
 //  4. gdn_out (grid T + C/256): gated RMS norm per (token, value head) into bf16 out; the blocks
 //     past T shift conv_state to the last K-1 pre-conv rows (after step 1 has read it), a thread
 //     per channel.
@@ -48,7 +45,6 @@
 #include "cuda/gated_deltanet_prefill.cuh"
 #include "cuda/gated_deltanet_step.cuh"
 #include "cuda/vec_util.cuh"
-#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -512,20 +508,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- 4. gated norm, conv state
 __global__ void __launch_bounds__(kThreads)
-    gdn_out_kernel(const float* __restrict__ proj, int T, int norm_rows,
-                   const float* __restrict__ o_all, const float* __restrict__ norm_w, int Hk,
-                   int Hv, int Dk, int Dv, int K, float eps, float* __restrict__ conv_state,
-                   bf16* __restrict__ out) {
+    gdn_out_kernel(const float* __restrict__ proj, int T, const float* __restrict__ o_all,
+                   const float* __restrict__ norm_w, int Hk, int Hv, int Dk, int Dv, int K,
+                   float eps, float* __restrict__ conv_state, bf16* __restrict__ out) {
   const int tid = threadIdx.x;
   const int C = 2 * Hk * Dk + Hv * Dv;
   const size_t P = size_t(C) + size_t(Hv) * Dv + 2 * size_t(Hv);
-  if (int(blockIdx.x) >= norm_rows) {
+  if (int(blockIdx.x) >= T) {
     // New conv state row r = row T + r of [old state (K-1 rows); proj (T rows)], a thread per
-    // channel over the blocks past the norm's rows (T; none when the state pass did the norm) (one
-    // block did all C channels until s12: 96 dependent load-store rounds per thread, ~20 us). A
-    // channel's K-1 sources are read before any is written (with T < K-1 some are its own old
-    // rows).
-    const int c = (int(blockIdx.x) - norm_rows) * kThreads + tid;
+    // channel over the blocks past T (one block did all C channels until s12: 96 dependent
+    // load-store rounds per thread, ~20 us). A channel's K-1 sources are read before any is
+    // written (with T < K-1 some are its own old rows).
+    const int c = (int(blockIdx.x) - T) * kThreads + tid;
     if (c >= C) return;
     float v[7];  // K <= 8
 #pragma unroll
@@ -553,7 +547,6 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int DK, class ST, class Mark>
 void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state,
-                    GdnPrefillStatePass pass, const gdn_chunked::OverlapNorm* norm,
                     cudaStream_t stream, const Mark& mark) {
   constexpr size_t smemA = chunk_smem_floats<DK>() * sizeof(float),
                    smemB = StateSmem<DK>::kFloats * sizeof(float);
@@ -574,22 +567,13 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state
                                                                      Hv, Dv, w.vb, w.W, w.Gc, w.P);
   LILAC_CUDA_LAUNCHED();
   mark(2);
-  if (pass != GdnPrefillStatePass::one_pass) {
-    gdn_chunked::launch_state_overlapped(w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, DK, Dv,
-                                         norm, stream);
-  } else {
-    gdn_state_kernel<DK, ST><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
-        w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, Dv);
-    LILAC_CUDA_LAUNCHED();
-  }
+  gdn_state_kernel<DK, ST><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
+      w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, Dv);
+  LILAC_CUDA_LAUNCHED();
   mark(3);
 }
 
 }  // namespace
-
-bool gdn_prefill_fuses_norm(int Hk, int Hv, int Dk, int Dv) {
-  return gdn_chunked::overlapped_norm_supported(Hv, Dv, 2 * Hk * Dk + Hv * Dv);
-}
 
 size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv) {
   const size_t NC = size_t(T + kBT - 1) / kBT;
@@ -604,30 +588,13 @@ template <class ST>
 void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* conv_state,
                       const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                       ST* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                      bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events,
-                      GdnPrefillStatePass pass) {
+                      bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events) {
   if (Hk <= 0 || Hv % Hk != 0)
     fail("gdn_prefill: {} value heads not a multiple of {} key heads", Hv, Hk);
   if (Dv <= 0 || Dv % kColsB != 0) fail("gdn_prefill: Dv {} not a multiple of {}", Dv, kColsB);
   if (Dk != 32 && Dk != 64 && Dk != 128) fail("gdn_prefill: Dk {} not supported (32, 64, 128)", Dk);
   if (K < 1 || K > 8) fail("gdn_prefill: conv kernel {} not supported (1..8)", K);
   if (T <= 0) return;
-  if (pass == GdnPrefillStatePass::automatic) {
-    static const GdnPrefillStatePass from_env =
-        env_enum("LILAC_GDN_STATE_PASS", GdnPrefillStatePass::one_pass,
-                 {{"one_pass", GdnPrefillStatePass::one_pass},
-                  {"overlapped", GdnPrefillStatePass::overlapped},
-                  {"overlapped_norm", GdnPrefillStatePass::overlapped_norm}});
-    pass = from_env;
-  }
-  const int C = 2 * Hk * Dk + Hv * Dv;
-  if (pass == GdnPrefillStatePass::overlapped_norm &&
-      (!gdn_chunked::overlapped_norm_supported(Hv, Dv, C) ||
-       reinterpret_cast<uintptr_t>(proj) % 16 != 0))  // z rows copied 16 bytes at a time
-    pass = GdnPrefillStatePass::overlapped;
-  const gdn_chunked::OverlapNorm norm{proj, C, norm_scale, eps, out};
-  const gdn_chunked::OverlapNorm* fused_norm =
-      pass == GdnPrefillStatePass::overlapped_norm ? &norm : nullptr;
   const PrefillWs w = carve(workspace, T, Hk, Hv, Dk, Dv);
   auto mark = [&](int i) {
     if (stage_events) LILAC_CUDA_CHECK(cudaEventRecord(stage_events[i], stream));
@@ -654,23 +621,19 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
   mark(1);
   switch (Dk) {
     case 32:
-      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, pass, fused_norm, stream, mark);
+      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
       break;
     case 64:
-      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, pass, fused_norm, stream, mark);
+      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
       break;
     default:
-      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, pass, fused_norm, stream, mark);
+      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
       break;
   }
-  // With the norm fused into the state pass, only the conv state's blocks.
-  const int norm_rows = fused_norm ? 0 : T;
-  const int conv_blocks = K > 1 ? (C + kThreads - 1) / kThreads : 0;
-  if (norm_rows + conv_blocks > 0) {
-    gdn_out_kernel<<<norm_rows + conv_blocks, kThreads, 0, stream>>>(
-        proj, T, norm_rows, w.vb, norm_scale, Hk, Hv, Dk, Dv, K, eps, conv_state, out);
-    LILAC_CUDA_LAUNCHED();
-  }
+  const int C = 2 * Hk * Dk + Hv * Dv;
+  gdn_out_kernel<<<T + (K > 1 ? (C + kThreads - 1) / kThreads : 0), kThreads, 0, stream>>>(
+      proj, T, w.vb, norm_scale, Hk, Hv, Dk, Dv, K, eps, conv_state, out);
+  LILAC_CUDA_LAUNCHED();
   mark(4);
 }
 
@@ -679,19 +642,17 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events,
-                 GdnPrefillStatePass state_pass) {
+                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events) {
   gdn_prefill_impl(proj, T, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv,
-                   Dk, Dv, K, eps, workspace, out, stream, stage_events, state_pass);
+                   Dk, Dv, K, eps, workspace, out, stream, stage_events);
 }
 
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
                  int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                 cudaStream_t stream, const cudaEvent_t* stage_events,
-                 GdnPrefillStatePass state_pass) {
+                 cudaStream_t stream, const cudaEvent_t* stage_events) {
   gdn_prefill_impl(proj, T, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv,
-                   Dk, Dv, K, eps, workspace, out, stream, stage_events, state_pass);
+                   Dk, Dv, K, eps, workspace, out, stream, stage_events);
 }
 
 }  // namespace lilac::cuda

@@ -1,7 +1,6 @@
-// What the Gated DeltaNet prefill's two state-pass forms share: the chunk length, the columns a
-// state block carries, the 3xTF32 tensor-core helpers, and the overlapped form's launcher
-// (gated_deltanet_prefill_overlap.cu; the one-pass form and the other three launches live in
-// gated_deltanet_prefill.cu, whose header comment gives the chunked maths).
+// The Gated DeltaNet prefill's state-pass pieces: the chunk length, the columns a state block
+// carries, the 3xTF32 tensor-core helpers and the sequential loop's steps, used by
+// gdn_state_kernel (gated_deltanet_prefill.cu, whose header comment gives the chunked maths).
 //
 // mma.sync m16n8k8 tf32 (f32 accumulation). Every product runs as 3xTF32: x = hi + lo with
 // hi = tf32(x), lo = tf32(x - hi), and A B ~ A_lo B_hi + A_hi B_lo + A_hi B_hi (the dropped
@@ -54,15 +53,6 @@ __device__ __forceinline__ void a_from_acc(const float (&c)[4], uint32_t (&hi)[4
   split_tf32(c[1], hi[2], lo[2]);
   split_tf32(c[3], hi[3], lo[3]);
 }
-// A operand (hi, lo) in the plain layout from a row-major [m][k] array at `a` (this lane's
-// element (g, t) already applied), row stride `stride` floats.
-__device__ __forceinline__ void a_from_smem(const float* a, int stride, uint32_t (&hi)[4],
-                                            uint32_t (&lo)[4]) {
-  split_tf32(a[0], hi[0], lo[0]);
-  split_tf32(a[8 * stride], hi[1], lo[1]);
-  split_tf32(a[4], hi[2], lo[2]);
-  split_tf32(a[8 * stride + 4], hi[3], lo[3]);
-}
 // d += A B in 3xTF32, B given as its two f32 values.
 __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
                                      const uint32_t (&al)[4], float b0, float b1) {
@@ -74,8 +64,8 @@ __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
   mma_tf32(d, ah, bh0, bh1);
 }
 
-// ---- what the two state-pass kernels' sequential loops share (256 loop threads: 8 warps, warp
-// w = m-tile mt = w & 1 (columns 16 mt .. + 15 of the block's 32) x Dk quarter dq = w >> 1).
+// ---- gdn_state_kernel's sequential loop in pieces (256 loop threads: 8 warps, warp w = m-tile
+// mt = w & 1 (columns 16 mt .. + 15 of the block's 32) x Dk quarter dq = w >> 1).
 // A lane's state tiles s[j], j < Dk / 32: S^T over Dk rows Dk/4 dq + 8 j + (2t, 2t+1), columns
 // colA (s[j][0], s[j][1]) and colB = colA + 8 (s[j][2], s[j][3]); S0 = the block's first column of
 // its value head's state [Dk, Dv].
@@ -211,29 +201,5 @@ __device__ __forceinline__ void update_state(float (&s)[DK / 32][4], const float
     for (int j = 0; j < DK / 32; ++j) mma3(s[j], ah, al, k0[8 * j], k0[KPK + 8 * j]);
   }
 }
-
-// The overlapped state pass (gated_deltanet_prefill_overlap.cu): the same contract as the
-// one-pass gdn_state_kernel. Reads q, k [T, Hk, Dk], W [T, Hv, Dk], P [Hv, chunks, 64, 64],
-// G [Hv, 64 * chunks] and U~ in vb [T, Hv, Dv]; writes O over vb and the state after token T-1.
-// Dk in {32, 64, 128}, Dv a multiple of kColsB (the caller checks).
-// With `norm`, it writes gdn_out's gated RMS norm of O instead (bf16 into norm->out [T, Hv Dv],
-// from z = proj[t, C + v Dv + j] and norm_w), and leaves vb as it was (U~): the caller's gdn_out
-// then only shifts the conv state. overlapped_norm_supported says where that form runs (compute
-// capability 9.0, at most 8 column blocks per value head, 16-byte aligned z rows); the launcher
-// throws lilac::Error elsewhere.
-struct OverlapNorm {
-  const float* proj;  // [T, C + Hv Dv + 2 Hv] the in_proj rows
-  int C;              // z's first column
-  const float* norm_w;
-  float eps;
-  bf16* out;
-};
-bool overlapped_norm_supported(int Hv, int Dv, int C);
-void launch_state_overlapped(const float* qn, const float* kn, const float* W, const float* P,
-                             const float* Gc, float* vb, float* state, int T, int Hk, int Hv,
-                             int Dk, int Dv, const OverlapNorm* norm, cudaStream_t stream);
-void launch_state_overlapped(const float* qn, const float* kn, const float* W, const float* P,
-                             const float* Gc, float* vb, bf16* state, int T, int Hk, int Hv, int Dk,
-                             int Dv, const OverlapNorm* norm, cudaStream_t stream);
 
 }  // namespace lilac::cuda::gdn_chunked

@@ -66,25 +66,20 @@ struct GpuGdn {
     return download_bf16_as_f32(out);
   }
 
-  std::vector<float> prefill(
-      const std::vector<float>& proj, int T,
-      cuda::GdnPrefillStatePass pass = cuda::GdnPrefillStatePass::automatic) {
+  std::vector<float> prefill(const std::vector<float>& proj, int T) {
     auto d_proj = upload(proj);
     cuda::DeviceBuffer<float> ws(cuda::gdn_prefill_workspace_floats(T, d.Hk, d.Hv, d.Dk, d.Dv));
     poison(ws);  // nothing read from the workspace may come from before the launch
     cuda::DeviceBuffer<cuda::bf16> out(size_t(T) * d.Hv * d.Dv);
     poison(out);
-    // A form asked for by name runs as such (no quiet fallback at the shapes tested).
-    if (pass == cuda::GdnPrefillStatePass::overlapped_norm)
-      EXPECT_TRUE(cuda::gdn_prefill_fuses_norm(d.Hk, d.Hv, d.Dk, d.Dv)) << d.name;
     if (bf16_state())
       cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
                         dt_bias.get(), norm_w.get(), state16.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
-                        kGdnEps, ws.get(), out.get(), nullptr, nullptr, pass);
+                        kGdnEps, ws.get(), out.get(), nullptr);
     else
       cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
                         dt_bias.get(), norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
-                        kGdnEps, ws.get(), out.get(), nullptr, nullptr, pass);
+                        kGdnEps, ws.get(), out.get(), nullptr);
     return download_bf16_as_f32(out);
   }
 };
@@ -178,17 +173,7 @@ struct PrefillCase {
   bool zero_start;
 };
 
-using Pass = cuda::GdnPrefillStatePass;
-
-// The prefill's state pass in each form (gated_deltanet.h): automatic is what the engine runs.
-const char* pass_suffix(Pass p) {
-  return p == Pass::overlapped        ? "_overlapped"
-         : p == Pass::overlapped_norm ? "_overlapped_norm"
-         : p == Pass::one_pass        ? "_one_pass"
-                                      : "";
-}
-
-void check_gdn_prefill(const PrefillCase& c, bool bf16_state = false, Pass pass = Pass::automatic) {
+void check_gdn_prefill(const PrefillCase& c, bool bf16_state = false) {
   const auto [d, T, decay, zero_start] = c;
   const uint32_t seed = uint32_t(T * 101 + d.Dk + int(decay * 100));
   const GdnParams w = make_gdn_params(d, decay, seed);
@@ -196,9 +181,9 @@ void check_gdn_prefill(const PrefillCase& c, bool bf16_state = false, Pass pass 
   if (bf16_state) cpu.state = bf16_round(cpu.state);
   GpuGdn gpu(d, w, cpu.conv, cpu.state, bf16_state);
   const std::vector<float> proj = random_floats(size_t(T) * d.P(), 1.f, seed + 20);
-  const auto out = gpu.prefill(proj, T, pass);
+  const auto out = gpu.prefill(proj, T);
   const auto want = cpu_gdn(proj, T, d, w, cpu.conv, cpu.state);
-  const std::string l = tag(d, "prefill T", T, decay) + pass_suffix(pass);
+  const std::string l = tag(d, "prefill T", T, decay);
   EXPECT_TRUE(out_close(out, want, l));
   if (bf16_state)
     EXPECT_TRUE(state16_close(gpu.download_state(), bf16_round(cpu.state), l));
@@ -222,7 +207,7 @@ std::vector<PrefillCase> prefill_cases() {
 // ---- prefill in two calls, then decode: the state carried between launchers
 // ----------------------
 
-void check_gdn_chain(const GdnDims& d, bool bf16_state = false, Pass pass = Pass::automatic) {
+void check_gdn_chain(const GdnDims& d, bool bf16_state = false) {
   const uint32_t seed = 777u + uint32_t(d.Dk);
   const GdnParams w = make_gdn_params(d, 1.f, seed);
   GdnStart cpu = random_gdn_start(d, true, seed + 10);
@@ -241,7 +226,7 @@ void check_gdn_chain(const GdnDims& d, bool bf16_state = false, Pass pass = Pass
     const std::string l = tag(d, "chain at", pos, 1.f) + " T " + std::to_string(T);
     const std::vector<float> proj =
         random_floats(size_t(T) * d.P(), 1.f, seed + 20 + uint32_t(pos));
-    const auto out = T > 1 ? gpu.prefill(proj, T, pass) : gpu.decode(proj);
+    const auto out = T > 1 ? gpu.prefill(proj, T) : gpu.decode(proj);
     const auto want = cpu_gdn(proj, T, d, w, cpu.conv, cpu.state);
     EXPECT_TRUE(out_close(out, want, l));
     check_state(l);
@@ -250,7 +235,7 @@ void check_gdn_chain(const GdnDims& d, bool bf16_state = false, Pass pass = Pass
   }
   // A one-token prefill is the same function as a decode step.
   const std::vector<float> proj = random_floats(size_t(d.P()), 1.f, seed + 999);
-  const auto out = gpu.prefill(proj, 1, pass);
+  const auto out = gpu.prefill(proj, 1);
   const auto want = cpu_gdn(proj, 1, d, w, cpu.conv, cpu.state);
   EXPECT_TRUE(out_close(out, want, tag(d, "chain prefill T=1 at", pos, 1.f)));
   check_state(tag(d, "chain prefill T=1 at", pos, 1.f));
@@ -297,40 +282,13 @@ LILAC_CONFORMANCE_CASES(gated_deltanet) {
   for (const GdnDims& d : {kGdnReal, kGdnTiny, kGdnWide})
     cases.push_back({"gdn_chain", dims_name(d) + "_T100_37_decode3_prefill1_bf16_state", "f32",
                      twin16, [d] { check_gdn_chain(d, true); }});
-  // The overlapped state-pass forms by name (the cases above run the one LILAC_GDN_STATE_PASS
-  // picks, one_pass unless set): every prefill case in the overlapped form and, but for the
-  // 2,100-token one, in the overlapped_norm form; the bf16 state where the cases above take it
-  // (overlapped_norm: not at 1,000 tokens, whose CPU twin is the slow part); the chains.
-  for (const PrefillCase& c : prefill_cases())
-    for (const Pass p : {Pass::overlapped, Pass::overlapped_norm}) {
-      const bool norm = p == Pass::overlapped_norm;
-      if (norm && c.T > 1000) continue;
-      for (const bool b16 : {false, true}) {
-        if (b16 && c.T != 1 && c.T != 65 && c.T != 1000 && !c.zero_start) continue;
-        if (b16 && norm && c.T == 1000) continue;
-        cases.push_back(
-            {"gdn_prefill",
-             dims_name(c.d) + "_T" + std::to_string(c.T) + (c.decay > 1.f ? "_strong" : "_mild") +
-                 (c.zero_start ? "_fresh" : "") + (b16 ? "_bf16_state" : "") + pass_suffix(p),
-             "f32", b16 ? twin16 : twin, [c, b16, p] { check_gdn_prefill(c, b16, p); }});
-      }
-    }
   // Awkward prefill-only shapes: Dk 64 (the third width the prefill supports), 3 value heads per
   // key head, 3 column blocks per head, conv kernel 2; 2 and 5 chunks, the last partial.
   constexpr GdnDims kDk64{"dk64", 2, 6, 64, 96, 2};
   for (const int T : {100, 300})
-    for (const Pass p : {Pass::one_pass, Pass::overlapped, Pass::overlapped_norm})
-      cases.push_back({"gdn_prefill", dims_name(kDk64) + "_T" + std::to_string(T) + pass_suffix(p),
-                       "f32", twin, [T, p] {
-                         check_gdn_prefill({kDk64, T, 1.f, false}, false, p);
-                       }});
-  for (const GdnDims& d : {kGdnReal, kGdnTiny, kGdnWide})
-    for (const bool b16 : {false, true})
-      for (const Pass p : {Pass::overlapped, Pass::overlapped_norm})
-        cases.push_back({"gdn_chain",
-                         dims_name(d) + "_T100_37_decode3_prefill1" + (b16 ? "_bf16_state" : "") +
-                             pass_suffix(p),
-                         "f32", b16 ? twin16 : twin, [d, b16, p] { check_gdn_chain(d, b16, p); }});
+    cases.push_back({"gdn_prefill", dims_name(kDk64) + "_T" + std::to_string(T), "f32", twin, [T] {
+                       check_gdn_prefill({kDk64, T, 1.f, false});
+                     }});
   return cases;
 }
 
