@@ -20,10 +20,6 @@
 #   concurrency `lilac bench --synthetic --concurrency 1,2,4,8,16,32,64`, BF16 and 4-bit (JSON each)
 #   steps       the batched decode step on the GPU's timeline at c = 16 and 64 (tools/gpu-steps.sh:
 #               nsys or the CUPTI tracer, per-kernel exposed time; 4-bit, bf16 GDN state)
-#   down-prefetch
-#               the one-token MoE down kernel's weights prefetched into L2 during gate_up
-#               (LILAC_MOE_DOWN_PREFETCH): its tests, then 4-bit decode at 256 / 4,096 context and
-#               the batched step at 1 / 2 / 4 rows, three interleaved rounds of off and on
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -122,16 +118,6 @@ for s in $steps; do
       for w in bf16 q4; do
         run "concurrency-$w" 240 "$B/lilac" bench --synthetic --weights "$w" \
           --concurrency 1,2,4,8,16,32,64 --json "$OUT/concurrency-$w.json"
-      done ;;
-        down-prefetch)
-      run down-prefetch-tests 120 "$B/lilac_cuda_tests" --gtest_filter='*q_moe_decode*:BatchKernels.*'
-      for round in 1 2 3; do
-        for p in off on; do
-          run "down-prefetch-decode-$p-$round" 120 env LILAC_MOE_DOWN_PREFETCH=$p "$B/lilac" bench \
-            --synthetic --weights q4 --lengths 256,4096 --rounds 1 --sampling off
-          run "down-prefetch-batch-$p-$round" 120 env LILAC_MOE_DOWN_PREFETCH=$p "$B/lilac" bench \
-            --synthetic --weights q4 --concurrency 1,2,4
-        done
       done ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;
     serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;

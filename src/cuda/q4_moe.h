@@ -21,27 +21,16 @@ namespace lilac::cuda {
 // Decode (one token). act[j * I + i] = bf16(silu(gate_e[i] . x) * (up_e[i] . x)), e = idx[j],
 // j < k; act[k * I + i] the shared expert's, i < Is. One launch; the grid depends on k, I, Is.
 // Twin: cpu::moe_token_act (dequantised weights), then bf16 rounding.
-// The down kernel's weights into L2 ahead of time (docs/kernels.md, "Twenty-eighth session",
-// item 4): on, q_moe_gate_up_gemv lets its dependent launch start only after its own PDL wait
-// (so that the routing, two kernels back, has ended), and q_moe_down_gemv's blocks, before their
-// PDL wait, read their slots' experts and hand their tiles' weight bytes to the bulk copy
-// engine's L2 prefetch, while the gate_up kernel still runs. Results unchanged (bit for bit).
-// automatic = LILAC_MOE_DOWN_PREFETCH (on or off), else off until measured. Both launchers of a
-// step must get the same choice.
-enum class MoeDownPrefetch { automatic, off, on };
-
 void q_moe_gate_up_gemv(const QMatrix& gate_up, const QMatrix& shared_gate_up, const int32_t* idx,
                         int k, const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream,
-                        int B = 1, const int32_t* order = nullptr,
-                        MoeDownPrefetch prefetch = MoeDownPrefetch::automatic);
+                        int B = 1, const int32_t* order = nullptr);
 
 // h[c] += sum_{j<k} w[j] * (down_{idx[j]}[c] . act_j) + sigmoid(*shared_logit) *
 // (shared_down[c] . act_k), fixed order (j ascending, shared last). One launch of H / 16 blocks of
 // (k + 1) warps. k <= 31. Twin: cpu::moe_token_down.
 void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int32_t* idx,
                      const float* w, const float* shared_logit, const bf16* act, int k, int H,
-                     int I, int Is, float* h, cudaStream_t stream, int B = 1, int logit_stride = 0,
-                     MoeDownPrefetch prefetch = MoeDownPrefetch::automatic);
+                     int I, int Is, float* h, cudaStream_t stream, int B = 1, int logit_stride = 0);
 // B > 1: B tokens at once, as moe_gate_up_gemv / moe_down_gemv (moe_decode.h) describe. With
 // `order` (moe_sort_pairs of idx [B, k]), q_moe_gate_up_gemv walks the B * k (token, slot) pairs
 // in expert order (one grid row): the pairs that share an expert run next to each other and read

@@ -20,7 +20,6 @@
 
 #include "cuda/q4_moe.h"
 #include "cuda/q4_tile.cuh"
-#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -33,18 +32,14 @@ template <int BITS>
 __global__ void __launch_bounds__(kThreads)
     q_moe_gate_up_kernel(QMatrix gate_up, QMatrix shared_gate_up, const int32_t* __restrict__ idx,
                          int k, const bf16* __restrict__ x, int I, int Is, bf16* __restrict__ act,
-                         int S, int sets_per_slice, const int32_t* __restrict__ order, int B,
-                         int late_trigger) {
+                         int S, int sets_per_slice, const int32_t* __restrict__ order, int B) {
   __shared__ float part[kWarps][2][kQTileRows];
   // Batched: token blockIdx.y (its experts, x and act row).
   idx += blockIdx.y * k;
   x += size_t(blockIdx.y) * gate_up.cols;
   act += size_t(blockIdx.y) * (size_t(k) * I + Is);
-  // PDL (launch.h): idx and x come from the previous kernels. late_trigger (MoeDownPrefetch::on):
-  // the down kernel may start only once the routing has ended, so that it can read idx early.
-  if (!late_trigger) pdl_launch_dependents();
+  pdl_launch_dependents();  // PDL (launch.h): idx and x come from the previous kernels
   pdl_wait();
-  if (late_trigger) pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int P = I / kQTileRows, Ps = Is / kQTileRows;
   const int unit = blockIdx.x * (kWarps / S) + warp / S;
@@ -117,7 +112,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32)
     q_moe_down_kernel(QMatrix down, QMatrix shared_down, const int32_t* __restrict__ idx,
                       const float* __restrict__ w, const float* __restrict__ shared_logit,
                       const bf16* __restrict__ act, int k, int H, int I, float* __restrict__ h,
-                      int Is, int logit_stride, int token_major, int prefetch) {
+                      int Is, int logit_stride, int token_major) {
   __shared__ float part[32][kQTileRows];
   // Batched: token blockIdx.y (its experts, weights, shared logit, act and residual rows).
   // token_major: grid (B, tiles), so the B tokens of one output tile are neighbours and share
@@ -129,29 +124,10 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32)
   shared_logit += size_t(tok) * logit_stride;
   act += size_t(tok) * (size_t(k) * I + Is);
   h += size_t(tok) * H;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  constexpr int PL = BITS / 4;
-  if (prefetch) {
-    // Before the wait, while gate_up runs: this block's tile of each slot's expert into L2 (codes
-    // G * PL * 512 bytes, scales G * 64, both contiguous). idx comes from the routing, which has
-    // ended: the gate_up kernel triggered this launch only after its own wait (late_trigger). Read
-    // through L2 (ld.global.cg), not a stale L1 line.
-    for (int j = warp; j <= k; j += warps) {
-      const bool routed = j < k;
-      // Fields selected by value (a reference to either parameter puts both in local memory).
-      const uint32_t* m_codes = routed ? down.codes : shared_down.codes;
-      const uint32_t* m_sb = routed ? down.sb : shared_down.sb;
-      const int G = (routed ? down.cols : shared_down.cols) / kQGroup;
-      const int mt = routed ? __ldcg(idx + j) * (H / kQTileRows) + tile : tile;
-      prefetch_chunks_l2(
-          reinterpret_cast<const uint4*>(m_codes + size_t(mt) * G * PL * kQBlockWords), 0,
-          G * PL * kQBlockWords / 4, lane);
-      prefetch_chunks_l2(reinterpret_cast<const uint4*>(m_sb + size_t(mt) * G * kQSbWords), 0,
-                         G * kQSbWords / 4, lane);
-    }
-  }
   pdl_launch_dependents();  // PDL (launch.h): idx, w and act come from the previous kernels
   pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  constexpr int PL = BITS / 4;
   for (int j = warp; j <= k; j += warps) {  // slot j (j == k: the shared expert)
     const bool routed = j < k;
     const uint32_t* m_codes = routed ? down.codes : shared_down.codes;
@@ -192,18 +168,11 @@ void check_dims(const char* what, int k, int H, int I, int Is) {
          H, I, Is);
 }
 
-bool down_prefetch_on(MoeDownPrefetch p) {
-  if (p != MoeDownPrefetch::automatic) return p == MoeDownPrefetch::on;
-  static const bool on =
-      env_enum<bool>("LILAC_MOE_DOWN_PREFETCH", false, {{"on", true}, {"off", false}});
-  return on;
-}
-
 }  // namespace
 
 void q_moe_gate_up_gemv(const QMatrix& gate_up, const QMatrix& shared_gate_up, const int32_t* idx,
                         int k, const bf16* x, int H, int I, int Is, bf16* act, cudaStream_t stream,
-                        int B, const int32_t* order, MoeDownPrefetch prefetch) {
+                        int B, const int32_t* order) {
   if (!idx || !x || !act) fail("cuda::q_moe_gate_up_gemv: null pointer");
   if (B < 1 || B > 65535) fail("cuda::q_moe_gate_up_gemv: B = {}", B);
   check_dims("q_moe_gate_up_gemv", k, H, I, Is);
@@ -223,13 +192,12 @@ void q_moe_gate_up_gemv(const QMatrix& gate_up, const QMatrix& shared_gate_up, c
   const int grid = ceil_div(units, kWarps / S);
   launch_kernel(true, gate_up.bits == 4 ? q_moe_gate_up_kernel<4> : q_moe_gate_up_kernel<8>,
                 dim3(grid, grid_y), dim3(kThreads), 0, stream, gate_up, shared_gate_up, idx, k, x,
-                I, Is, act, S, sps, order, B, down_prefetch_on(prefetch) ? 1 : 0);
+                I, Is, act, S, sps, order, B);
 }
 
 void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int32_t* idx,
                      const float* w, const float* shared_logit, const bf16* act, int k, int H,
-                     int I, int Is, float* h, cudaStream_t stream, int B, int logit_stride,
-                     MoeDownPrefetch prefetch) {
+                     int I, int Is, float* h, cudaStream_t stream, int B, int logit_stride) {
   if (!idx || !w || !shared_logit || !act || !h) fail("cuda::q_moe_down_gemv: null pointer");
   if (B < 1 || B > 65535) fail("cuda::q_moe_down_gemv: B = {}", B);
   check_dims("q_moe_down_gemv", k, H, I, Is);
@@ -245,7 +213,7 @@ void q_moe_down_gemv(const QMatrix& down, const QMatrix& shared_down, const int3
   launch_kernel(true, down.bits == 4 ? q_moe_down_kernel<4> : q_moe_down_kernel<8>,
                 token_major ? dim3(B, grid) : dim3(grid, B), dim3(threads), 0, stream, down,
                 shared_down, idx, w, shared_logit, act, k, H, I, h, Is, logit_stride,
-                token_major ? 1 : 0, down_prefetch_on(prefetch) ? 1 : 0);
+                token_major ? 1 : 0);
 }
 
 }  // namespace lilac::cuda
