@@ -29,14 +29,20 @@ namespace lilac::cuda::gdn_chunked {
 constexpr int kBT = 64;     // chunk length
 constexpr int kColsB = 32;  // value columns per state block
 
+// tf32(x) (cvt.rna.tf32.f32: to nearest, ties away from zero) for a finite x in two integer
+// operations: add half a tf32 ulp to the magnitude bits, clear the 13 low bits (an infinity maps
+// to itself). ptxas expands cvt.rna itself into these two plus an |x| < inf test and a select:
+// s29's ncu of gdn_state_kernel found those tests and selects at ~22% of its instructions
+// (FSETP 14.4%, SEL 7.2%), with the tensor-core instructions at 8%.
 __device__ __forceinline__ uint32_t tf32_bits(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
+// x = hi + lo. lo keeps its 13 low bits: mma.sync reads only the tf32 bits of a .tf32 operand, so
+// rounding lo needs only the add (ptxas's own expansion of cvt.rna feeds lo to the mma unmasked
+// the same way). For a finite x the mma sees the same operand bits as with cvt.rna.
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
   hi = tf32_bits(x);
-  lo = tf32_bits(x - __uint_as_float(hi));
+  lo = __float_as_uint(x - __uint_as_float(hi)) + 0x1000u;
 }
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
