@@ -20,6 +20,9 @@
 #   concurrency `lilac bench --synthetic --concurrency 1,2,4,8,16,32,64`, BF16 and 4-bit (JSON each)
 #   steps       the batched decode step on the GPU's timeline at c = 16 and 64 (tools/gpu-steps.sh:
 #               nsys or the CUPTI tracer, per-kernel exposed time; 4-bit, bf16 GDN state)
+#   prefill-ab  this build against a base build (the tarball $BASE_BUILD, made by tools/gpu-build.sh
+#               from the base commit and carried beside this one): lilac_cuda_bench_seq of each, then
+#               4-bit prefill at 256 / 512 / 1,024 / 4,096 tokens, three interleaved rounds
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -118,6 +121,22 @@ for s in $steps; do
       for w in bf16 q4; do
         run "concurrency-$w" 240 "$B/lilac" bench --synthetic --weights "$w" \
           --concurrency 1,2,4,8,16,32,64 --json "$OUT/concurrency-$w.json"
+      done ;;
+    prefill-ab)
+      if [ ! -f "${BASE_BUILD:-}" ]; then
+        echo "    prefill-ab: FAIL, \$BASE_BUILD (a tarball of the base build) not found" | tee -a "$OUT/summary.txt"
+        status=1
+        continue
+      fi
+      rm -rf /tmp/base && mkdir -p /tmp/base && tar -C /tmp/base -xJf "$BASE_BUILD"
+      BB=/tmp/base/.device-build
+      run prefill-ab-seq-base 120 env LD_LIBRARY_PATH="$BB/lib" "$BB/lilac_cuda_bench_seq"
+      run prefill-ab-seq-this 120 "$B/lilac_cuda_bench_seq"
+      for round in 1 2 3; do
+        run "prefill-ab-base-$round" 120 env LD_LIBRARY_PATH="$BB/lib" "$BB/lilac" bench --synthetic \
+          --weights q4 --lengths 256,512,1024,4096 --rounds 1 --decode 1 --sampling off
+        run "prefill-ab-this-$round" 120 "$B/lilac" bench --synthetic --weights q4 \
+          --lengths 256,512,1024,4096 --rounds 1 --decode 1 --sampling off
       done ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;
     serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;
