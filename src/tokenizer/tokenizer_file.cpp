@@ -13,8 +13,9 @@ namespace lilac::tok {
 
 std::string read_file_maybe_gz(const std::string& path) {
   // A regular file only (a FIFO would block forever, /dev/zero never ends), and a bounded
-  // inflated size (a gzip bomb): the real tokenizer.json is 11 MB.
-  constexpr size_t kMaxTokenizerBytes = size_t(256) << 20;
+  // inflated size (a gzip bomb): the real tokenizer.json is 11 MB, so 64 MiB leaves room for a
+  // larger vocabulary while a bomb is refused after a fraction of a second of inflating.
+  constexpr size_t kMaxTokenizerBytes = size_t(64) << 20;
   std::string raw = read_small_file(path, kMaxTokenizerBytes);
   if (raw.size() < 2 || uint8_t(raw[0]) != 0x1F || uint8_t(raw[1]) != 0x8B) return raw;
 
