@@ -85,10 +85,13 @@ void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, i
                                  const MoeRouting& r, bf16* act, cudaStream_t stream,
                                  QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive,
                                  const QMoeSharedPart* shared = nullptr);
+// down_jobs (rows32 only): column blocks of 128 outputs per block, 1 (one per block), 2 or 4 (the
+// down kernel's fixed part paid once per 2 / 4 of them, s30; the same bits); 0: the
+// LILAC_ROWS32_DOWN_JOBS switch, else 1.
 void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H,
                               const MoeRouting& r, float* y, cudaStream_t stream,
                               QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive,
-                              const QMoeSharedPart* shared = nullptr);
+                              const QMoeSharedPart* shared = nullptr, int down_jobs = 0);
 // The shared expert's gate_up (q_moe_shared_gate_up's contract) on the same wgmma kernel over T
 // dense rows in tiles of 128 (fixed128 / adaptive: the adaptive kernel), 64 or 32 rows (since s7;
 // 4-bit on compute capability 9.x), and on the mma.sync one.

@@ -62,12 +62,16 @@ namespace {
 // three kernels at 3 / 4 (then one switch): -1.5% to -2.7%.
 using Deep32 = qgemm_wgmma::QGemmV2Cfg<32, 12, 2>;
 
+int rows32_down_groups() {
+  static const int dn = env_choice("LILAC_ROWS32_DOWN_GROUPS", {2, 3, 4});
+  return dn ? dn : 2;
+}
+
 template <class Run>
 void with_rows32(Run run, bool gate_up) {
   using namespace qmoe_wgmma;
   static const int gu = env_choice("LILAC_ROWS32_GATE_UP_GROUPS", {2, 3, 4});
-  static const int dn = env_choice("LILAC_ROWS32_DOWN_GROUPS", {2, 3, 4});
-  const int groups = gate_up ? (gu ? gu : 4) : (dn ? dn : 2);
+  const int groups = gate_up ? (gu ? gu : 4) : rows32_down_groups();
   if (groups == 4) return run(Deep32{}, GroupLoop<4>{});
   if (groups == 3) return run(Deep32{}, GroupLoop<3>{});
   return run(Cfg32{}, PairLoop{});
@@ -123,7 +127,7 @@ void q_moe_shared_gate_up_wgmma(const bf16* x, int T, int H, const QMatrix& shar
 
 void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H,
                               const MoeRouting& r, float* y, cudaStream_t stream,
-                              QMoeWgmmaTile tile, const QMoeSharedPart* shared) {
+                              QMoeWgmmaTile tile, const QMoeSharedPart* shared, int down_jobs) {
   using namespace qmoe_wgmma;
   switch (tile) {
     case QMoeWgmmaTile::fixed128:
@@ -132,12 +136,24 @@ void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H
       return launch_down<Cfg128, true>(act, I, down, H, r, y, shared, stream);
     case QMoeWgmmaTile::rows64:
       return launch_down<Cfg64, true, PairLoop>(act, I, down, H, r, y, shared, stream);
-    case QMoeWgmmaTile::rows32:
+    case QMoeWgmmaTile::rows32: {
+      // Column blocks per block (down_jobs_kernel, s30): the argument, else
+      // LILAC_ROWS32_DOWN_JOBS=1|2|4, else 1; with the default pairs only, where K fits.
+      static const int env_jobs = env_choice("LILAC_ROWS32_DOWN_JOBS", {1, 2, 4});
+      const int jobs = down_jobs > 0 ? down_jobs : (env_jobs ? env_jobs : 1);
+      if (jobs != 1 && jobs != 2 && jobs != 4)
+        fail("q_moe_grouped_down_wgmma: {} column blocks per block (1, 2 or 4)", jobs);
+      const int Is = shared ? shared->down.cols : 0;
+      if (jobs > 1 && rows32_down_groups() == 2 && down_jobs_fit<Cfg32, 2>(I, Is)) {
+        if (jobs == 2) return launch_down_jobs<Cfg32, 2, 2>(act, I, down, H, r, y, shared, stream);
+        return launch_down_jobs<Cfg32, 2, 4>(act, I, down, H, r, y, shared, stream);
+      }
       return with_rows32(
           [&](auto cfg, auto loop) {
             launch_down<decltype(cfg), true, decltype(loop)>(act, I, down, H, r, y, shared, stream);
           },
           false);
+    }
   }
   fail("q_moe_grouped_down_wgmma: unknown tile form {}", int(tile));
 }

@@ -339,6 +339,63 @@ LILAC_CONFORMANCE_CASES(q4_moe) {
   return cases;
 }
 
+// The rows32 down kernel over 2 / 4 column blocks per block (down_jobs_kernel, s30) against one
+// per block: each output is the same chain of wgmmas, so the same bits, the shared expert's part
+// included. Shapes: the real one at 256 tokens (~8 rows per expert) and 1,200 (~38: two passes of
+// 32), H 320 (3 column blocks, the last with 4 of its 8 row tiles: a block of 2 jobs and one of
+// 1 at J = 2, one of 3 at J = 4), and Is 64 (one k-tile: not whole pairs, so the launch keeps one
+// column block per block). Every output is written (the poison is gone) and nothing past it.
+TEST(Q4Moe, DownOverColumnBlockJobsGivesTheSameBits) {
+  if (!cuda::q_moe_grouped_wgmma_available())
+    GTEST_SKIP() << "the wgmma expert kernels need a compute capability 9.x GPU";
+  struct Case {
+    Shape s;
+    int T;
+  };
+  for (const Case c :
+       {Case{{2048, 256, 8, 512, 512, 4}, 256}, Case{{2048, 256, 8, 512, 512, 4}, 1200},
+        Case{{320, 16, 4, 128, 128, 4}, 300}, Case{{192, 9, 3, 128, 64, 4}, 500}}) {
+    const Shape s = c.s;
+    const int T = c.T, P = T * s.k;
+    SCOPED_TRACE(testing::Message()
+                 << "H " << s.H << " E " << s.E << " I " << s.I << " Is " << s.Is << " T " << T);
+    QMoe m(s, 90 + uint64_t(T));
+    const DeviceRouting route(moe_router_logits(T, s.E, 91 + uint64_t(T)), T, s.E, s.k);
+    auto act = upload_bf16(random_bf16_bits(size_t(P) * s.I, 1.f, 92 + uint64_t(T)));
+    auto shared_act = upload_bf16(random_bf16_bits(size_t(T) * s.Is, 1.f, 93 + uint64_t(T)));
+    std::vector<float> y1, s1;
+    for (int jobs : {1, 2, 4}) {
+      cuda::DeviceBuffer<float> y(static_cast<size_t>(P) * s.H + 16);
+      cuda::DeviceBuffer<float> shared_out(static_cast<size_t>(T) * s.H + 16);
+      poison(y);
+      poison(shared_out);
+      const cuda::QMoeSharedPart part{m.sgu.q(), m.sdn.q(), shared_act.get(), shared_out.get()};
+      cuda::q_moe_grouped_down_wgmma(act.get(), s.I, m.dn.q(), s.H, route.r, y.get(), nullptr,
+                                     cuda::QMoeWgmmaTile::rows32, &part, jobs);
+      const std::vector<float> yg = download(y), sg = download(shared_out);
+      const std::string what = "jobs " + std::to_string(jobs);
+      EXPECT_TRUE(guard_untouched(yg, size_t(P) * s.H, what + " y"));
+      EXPECT_TRUE(guard_untouched(sg, size_t(T) * s.H, what + " shared out"));
+      if (jobs == 1) {
+        y1.assign(yg.begin(), yg.begin() + ptrdiff_t(P) * s.H);
+        s1.assign(sg.begin(), sg.begin() + ptrdiff_t(T) * s.H);
+        size_t unwritten = 0;
+        for (float v : y1) unwritten += std::isnan(v) ? 1 : 0;
+        for (float v : s1) unwritten += std::isnan(v) ? 1 : 0;
+        EXPECT_EQ(unwritten, 0u) << "outputs the one-job kernel left poisoned";
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(yg.data(), y1.data(), y1.size() * sizeof(float)), 0) << what << " y";
+      EXPECT_EQ(std::memcmp(sg.data(), s1.data(), s1.size() * sizeof(float)), 0)
+          << what << " shared out";
+    }
+  }
+  cuda::MoeRouting none;
+  EXPECT_THROW(cuda::q_moe_grouped_down_wgmma(nullptr, 512, cuda::QMatrix{}, 2048, none, nullptr,
+                                              nullptr, cuda::QMoeWgmmaTile::rows32, nullptr, 3),
+               Error);  // 3 column blocks per block
+}
+
 TEST(Q4Moe, BadArgumentsThrow) {
   cuda::QMatrix q{reinterpret_cast<const uint32_t*>(uintptr_t(256)),
                   reinterpret_cast<const uint32_t*>(uintptr_t(256)), 1024, 2048, 4};
