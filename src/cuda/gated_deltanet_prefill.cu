@@ -314,6 +314,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     // Forward substitution, one column of [diag(beta e^G) K | diag(beta) V] per thread:
     // x_r = rhs_r - sum_{s<r} A[r][s] x_s, in place, rows unrolled.
+    // Rows of v / U~ and of W are Hv Dv / Hv Dk floats apart: each row's address is the last
+    // one's plus the stride (s29's SASS recomputed a 64-bit product per row: ~9 instructions per
+    // load or store, a fifth of the kernel's code).
+    const size_t v_stride = size_t(Hv) * size_t(Dv), w_stride = size_t(Hv) * size_t(DK);
     for (int col = tid; col < DK + Dv; col += kThreads) {
       float x[kBT];
       float* vcol = vb + (size_t(t0) * Hv + v) * Dv + (col - DK);
@@ -321,8 +325,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int r = 0; r < kBT; ++r) x[r] = BG[r] * Ks[r * KP + col];
       } else {
+        const float* vp = vcol;
 #pragma unroll
-        for (int r = 0; r < kBT; ++r) x[r] = r < n ? Bs[r] * vcol[size_t(r) * Hv * Dv] : 0.f;
+        for (int r = 0; r < kBT; ++r, vp += v_stride) x[r] = r < n ? Bs[r] * *vp : 0.f;
       }
       // Two accumulators per row (groups of 4 alternate): the dependent chain of a row halves.
 #pragma unroll
@@ -342,16 +347,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int s = r & ~3; s < r; ++s) acc[0] -= a[s] * x[s];
         x[r] = acc[0] + acc[1];
       }
-      if (col < DK) {
-        float* wcol = Wb + (size_t(t0) * Hv + v) * DK + col;
+      float* out = col < DK ? Wb + (size_t(t0) * Hv + v) * DK + col : vcol;
+      const size_t out_stride = col < DK ? w_stride : v_stride;
 #pragma unroll
-        for (int r = 0; r < kBT; ++r)
-          if (r < n) wcol[size_t(r) * Hv * DK] = x[r];
-      } else {
-#pragma unroll
-        for (int r = 0; r < kBT; ++r)
-          if (r < n) vcol[size_t(r) * Hv * Dv] = x[r];
-      }
+      for (int r = 0; r < kBT; ++r, out += out_stride)
+        if (r < n) *out = x[r];
     }
   }
 }
