@@ -42,9 +42,12 @@
 // also has the shared expert's blocks after the routed ones (dense tiles of the form's rows over
 // its own matrices and buffers; job_of). Since s27 the three kernels launch with PDL (launch.h),
 // each waiting at its top before any read: the next one's blocks start under this one's tail.
+// Since s30 rows32 also has column-block job forms (q4_moe_prefill_jobs.cuh: a block takes 2 or
+// 4 column blocks of its tile, its fixed part paid once; the same bits; switches, default off).
 #include "cuda/q4_gemm.h"
 #include "cuda/q4_gemm_wgmma.cuh"
 #include "cuda/q4_moe.h"
+#include "cuda/q4_moe_prefill_jobs.cuh"
 #include "cuda/q4_moe_prefill_wgmma.cuh"
 #include "util/env_choice.h"
 #include "util/error.h"
@@ -66,12 +69,24 @@ int rows32_down_groups() {
   static const int dn = env_choice("LILAC_ROWS32_DOWN_GROUPS", {2, 3, 4});
   return dn ? dn : 2;
 }
+int rows32_gate_up_groups() {
+  static const int gu = env_choice("LILAC_ROWS32_GATE_UP_GROUPS", {2, 3, 4});
+  return gu ? gu : 4;
+}
+
+// Column blocks per block of rows32's job forms (q4_moe_prefill_jobs.cuh, s30): `arg` (1, 2 or
+// 4), else (arg 0) the switch's value `env_jobs` (0: unset), else 1.
+int rows32_jobs(int arg, int env_jobs, const char* what) {
+  if (arg == 0) return env_jobs ? env_jobs : 1;
+  if (arg != 1 && arg != 2 && arg != 4)
+    fail("{}: {} column blocks per block (1, 2 or 4)", what, arg);
+  return arg;
+}
 
 template <class Run>
 void with_rows32(Run run, bool gate_up) {
   using namespace qmoe_wgmma;
-  static const int gu = env_choice("LILAC_ROWS32_GATE_UP_GROUPS", {2, 3, 4});
-  const int groups = gate_up ? (gu ? gu : 4) : rows32_down_groups();
+  const int groups = gate_up ? rows32_gate_up_groups() : rows32_down_groups();
   if (groups == 4) return run(Deep32{}, GroupLoop<4>{});
   if (groups == 3) return run(Deep32{}, GroupLoop<3>{});
   return run(Cfg32{}, PairLoop{});
@@ -85,7 +100,8 @@ bool q_moe_grouped_wgmma_available() {
 
 void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, int I,
                                  const MoeRouting& r, bf16* act, cudaStream_t stream,
-                                 QMoeWgmmaTile tile, const QMoeSharedPart* shared) {
+                                 QMoeWgmmaTile tile, const QMoeSharedPart* shared,
+                                 int gate_up_jobs) {
   using namespace qmoe_wgmma;
   switch (tile) {
     case QMoeWgmmaTile::fixed128:
@@ -94,13 +110,22 @@ void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, i
       return launch_gate_up<Cfg128, true>(x, H, gate_up, I, r, act, shared, stream);
     case QMoeWgmmaTile::rows64:
       return launch_gate_up<Cfg64, true, PairLoop>(x, H, gate_up, I, r, act, shared, stream);
-    case QMoeWgmmaTile::rows32:
+    case QMoeWgmmaTile::rows32: {
+      // With the default 4 k-tiles per barrier only, where H is whole groups.
+      static const int env_jobs = env_choice("LILAC_ROWS32_GATE_UP_JOBS", {1, 2, 4});
+      const int jobs = rows32_jobs(gate_up_jobs, env_jobs, "q_moe_grouped_gate_up_wgmma");
+      if (jobs > 1 && rows32_gate_up_groups() == 4 && gate_up_jobs_fit<Deep32, 4>(H)) {
+        if (jobs == 2)
+          return launch_gate_up_jobs<Deep32, 4, 2>(x, H, gate_up, I, r, act, shared, stream);
+        return launch_gate_up_jobs<Deep32, 4, 4>(x, H, gate_up, I, r, act, shared, stream);
+      }
       return with_rows32(
           [&](auto cfg, auto loop) {
             launch_gate_up<decltype(cfg), true, decltype(loop)>(x, H, gate_up, I, r, act, shared,
                                                                 stream);
           },
           true);
+    }
   }
   fail("q_moe_grouped_gate_up_wgmma: unknown tile form {}", int(tile));
 }
@@ -137,12 +162,9 @@ void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H
     case QMoeWgmmaTile::rows64:
       return launch_down<Cfg64, true, PairLoop>(act, I, down, H, r, y, shared, stream);
     case QMoeWgmmaTile::rows32: {
-      // Column blocks per block (down_jobs_kernel, s30): the argument, else
-      // LILAC_ROWS32_DOWN_JOBS=1|2|4, else 1; with the default pairs only, where K fits.
+      // With the default pairs only, where K fits the stages.
       static const int env_jobs = env_choice("LILAC_ROWS32_DOWN_JOBS", {1, 2, 4});
-      const int jobs = down_jobs > 0 ? down_jobs : (env_jobs ? env_jobs : 1);
-      if (jobs != 1 && jobs != 2 && jobs != 4)
-        fail("q_moe_grouped_down_wgmma: {} column blocks per block (1, 2 or 4)", jobs);
+      const int jobs = rows32_jobs(down_jobs, env_jobs, "q_moe_grouped_down_wgmma");
       const int Is = shared ? shared->down.cols : 0;
       if (jobs > 1 && rows32_down_groups() == 2 && down_jobs_fit<Cfg32, 2>(I, Is)) {
         if (jobs == 2) return launch_down_jobs<Cfg32, 2, 2>(act, I, down, H, r, y, shared, stream);

@@ -396,6 +396,64 @@ TEST(Q4Moe, DownOverColumnBlockJobsGivesTheSameBits) {
                Error);  // 3 column blocks per block
 }
 
+// The same for rows32's gate_up over 2 / 4 column blocks of 64 act columns per block
+// (gate_up_jobs_kernel): act and the shared expert's act bit for bit against one per block.
+// Shapes: the real one at 256 and 1,200 tokens, H 256 with I 192 (3 column blocks: blocks of 2
+// and 1 at J = 2, one of 3 at J = 4) and Is 128, and H 192 (3 k-tiles: not whole groups of 4, so
+// the launch keeps one column block per block).
+TEST(Q4Moe, GateUpOverColumnBlockJobsGivesTheSameBits) {
+  if (!cuda::q_moe_grouped_wgmma_available())
+    GTEST_SKIP() << "the wgmma expert kernels need a compute capability 9.x GPU";
+  struct Case {
+    Shape s;
+    int T;
+  };
+  for (const Case c :
+       {Case{{2048, 256, 8, 512, 512, 4}, 256}, Case{{2048, 256, 8, 512, 512, 4}, 1200},
+        Case{{256, 16, 4, 192, 128, 4}, 300}, Case{{192, 9, 3, 128, 64, 4}, 500}}) {
+    const Shape s = c.s;
+    const int T = c.T, P = T * s.k;
+    SCOPED_TRACE(testing::Message()
+                 << "H " << s.H << " E " << s.E << " I " << s.I << " Is " << s.Is << " T " << T);
+    QMoe m(s, 95 + uint64_t(T));
+    const DeviceRouting route(moe_router_logits(T, s.E, 96 + uint64_t(T)), T, s.E, s.k);
+    auto x = upload_bf16(random_bf16_bits(size_t(T) * s.H, 1.f, 97 + uint64_t(T)));
+    std::vector<float> a1, s1;
+    for (int jobs : {1, 2, 4}) {
+      cuda::DeviceBuffer<cuda::bf16> act(static_cast<size_t>(P) * s.I + 16);
+      cuda::DeviceBuffer<cuda::bf16> shared_act(static_cast<size_t>(T) * s.Is + 16);
+      poison(act);
+      poison(shared_act);
+      const cuda::QMoeSharedPart part{m.sgu.q(), m.sdn.q(), shared_act.get(), nullptr};
+      cuda::q_moe_grouped_gate_up_wgmma(x.get(), s.H, m.gu.q(), s.I, route.r, act.get(), nullptr,
+                                        cuda::QMoeWgmmaTile::rows32, &part, jobs);
+      const std::vector<float> ag = download_bf16_as_f32(act),
+                               sg = download_bf16_as_f32(shared_act);
+      const std::string what = "jobs " + std::to_string(jobs);
+      for (size_t i = size_t(P) * s.I; i < ag.size(); ++i)
+        ASSERT_TRUE(std::isnan(ag[i])) << what << ": act written past its end at " << i;
+      for (size_t i = size_t(T) * s.Is; i < sg.size(); ++i)
+        ASSERT_TRUE(std::isnan(sg[i])) << what << ": shared act written past its end at " << i;
+      if (jobs == 1) {
+        a1.assign(ag.begin(), ag.begin() + ptrdiff_t(P) * s.I);
+        s1.assign(sg.begin(), sg.begin() + ptrdiff_t(T) * s.Is);
+        size_t unwritten = 0;
+        for (float v : a1) unwritten += std::isnan(v) ? 1 : 0;
+        for (float v : s1) unwritten += std::isnan(v) ? 1 : 0;
+        EXPECT_EQ(unwritten, 0u) << "outputs the one-job kernel left poisoned";
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(ag.data(), a1.data(), a1.size() * sizeof(float)), 0) << what << " act";
+      EXPECT_EQ(std::memcmp(sg.data(), s1.data(), s1.size() * sizeof(float)), 0)
+          << what << " shared act";
+    }
+  }
+  cuda::MoeRouting none;
+  EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(nullptr, 2048, cuda::QMatrix{}, 512, none, nullptr,
+                                                 nullptr, cuda::QMoeWgmmaTile::rows32, nullptr, 3),
+               Error);  // 3 column blocks per block
+}
+
 TEST(Q4Moe, BadArgumentsThrow) {
   cuda::QMatrix q{reinterpret_cast<const uint32_t*>(uintptr_t(256)),
                   reinterpret_cast<const uint32_t*>(uintptr_t(256)), 1024, 2048, 4};
