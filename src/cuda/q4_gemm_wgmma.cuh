@@ -311,6 +311,34 @@ __device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4]) 
     }
 }
 
+// One group's compute: the PARTS k-tiles of weights in W stages w0 .. w0 + PARTS - 1 dequantised
+// into the A registers a[0 .. PARTS), then their 4 PARTS wgmmas against x stages x0 .. x0 + PARTS
+// - 1 as one wgmma group, waited for (a group left in flight across the next block barrier makes
+// ptxas serialise the wgmmas: C7512).
+template <class C, int G, int PARTS, int N>
+__device__ __forceinline__ void group_mma(float (&acc)[C::NACC], uint32_t (&a)[G][4][4],
+                                          uint32_t sX, uint32_t sW, int w0, int x0) {
+#pragma unroll
+  for (int h = 0; h < PARTS; ++h) dequant_ktile(sW + uint32_t((w0 + h) * C::W_STAGE), a[h]);
+    // Pin the A registers (ktile_step: no dequantisation between the wgmmas).
+#pragma unroll
+  for (int h = 0; h < PARTS; ++h)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[h][kk][i])::"memory");
+  tile::wgmma_fence();
+#pragma unroll
+  for (int h = 0; h < PARTS; ++h) {
+    const uint64_t db = tile::sw128_desc(sX + uint32_t((x0 + h) * C::X_STAGE));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<N>(acc, a[h][kk], db + uint64_t(2 * kk));
+  }
+  tile::wgmma_commit();
+  tile::wgmma_wait<0>();
+  tile::fence_operands(acc);
+}
+
 // One k-tile of the main loop (see the file comment): `a` is this k-tile's A register buffer,
 // the other buffer belongs to the group still in flight. N: the wgmma n, the tokens computed
 // (C::BT, or fewer for a short tile whose other rows are zeros: q4_moe_prefill_wgmma.cu).
@@ -440,25 +468,7 @@ struct GroupLoop {
     __syncthreads();
     load_group<C>(xr, w, sX, sW, group + PG, KT);
     const int s0 = G * (group % SG);
-#pragma unroll
-    for (int h = 0; h < PARTS; ++h) dequant_ktile(sW + uint32_t((s0 + h) * C::W_STAGE), a[h]);
-      // Pin the A registers (q4_gemm_wgmma.cuh ktile_step: no dequantisation between the wgmmas).
-#pragma unroll
-    for (int h = 0; h < PARTS; ++h)
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[h][kk][i])::"memory");
-    tile::wgmma_fence();
-#pragma unroll
-    for (int h = 0; h < PARTS; ++h) {
-      const uint64_t db = tile::sw128_desc(sX + uint32_t((s0 + h) * C::X_STAGE));
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_rs<N>(acc, a[h][kk], db + uint64_t(2 * kk));
-    }
-    tile::wgmma_commit();
-    tile::wgmma_wait<0>();
-    tile::fence_operands(acc);
+    group_mma<C, G, PARTS, N>(acc, a, sX, sW, s0, s0);
   }
 
   // The last, partial group: `left` (1 .. G - 1) k-tiles, PARTS tried from 1 up (the last

@@ -16,38 +16,10 @@
 namespace lilac::cuda {
 namespace qmoe_wgmma {
 
-using qgemm_wgmma::dequant_ktile;
+using qgemm_wgmma::group_mma;
 using qgemm_wgmma::load_stage;
 using qgemm_wgmma::load_stage_w;
 using qgemm_wgmma::load_stage_x;
-using qgemm_wgmma::wgmma_rs;
-
-// One group's dequantisation and wgmmas: G k-tiles of weights from slot s0 .. s0 + G - 1 of the
-// W stages, against the x stages x_stage0 .. + G - 1; waits for them (a group left in flight
-// across the next barrier makes ptxas serialise the wgmmas: C7512).
-template <class C, int G, int N>
-__device__ __forceinline__ void group_mma(float (&acc)[C::NACC], uint32_t (&a)[G][4][4],
-                                          uint32_t sX, uint32_t sW, int s0, int x_stage0) {
-#pragma unroll
-  for (int h = 0; h < G; ++h) dequant_ktile(sW + uint32_t((s0 + h) * C::W_STAGE), a[h]);
-    // Pin the A registers (ktile_step: no dequantisation between the wgmmas).
-#pragma unroll
-  for (int h = 0; h < G; ++h)
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[h][kk][i])::"memory");
-  tile::wgmma_fence();
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    const uint64_t db = tile::sw128_desc(sX + uint32_t((x_stage0 + h) * C::X_STAGE));
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_rs<N>(acc, a[h][kk], db + uint64_t(2 * kk));
-  }
-  tile::wgmma_commit();
-  tile::wgmma_wait<0>();
-  tile::fence_operands(acc);
-}
 
 template <class C>
 __device__ __forceinline__ void zero_acc(float (&acc)[C::NACC]) {
@@ -116,7 +88,7 @@ __device__ __forceinline__ void down_jobs_pass(const tile::RowSet<C::X_LOADS>& x
     tile::fence_proxy_async_smem();
     __syncthreads();
     load_next(q + PG);  // into group q - 1's slot: read before the barrier above
-    group_mma<C, G, N>(acc, a, sX, sW, G * (q % SG), kt0);
+    group_mma<C, G, G, N>(acc, a, sX, sW, G * (q % SG), kt0);
     kt0 += G;
     if (kt0 == KT) {
       // Column block cb0 + job done: acc[4 jj + q] is y column 128 cb + 16 warp + g + 8 (q >> 1),
@@ -231,7 +203,7 @@ __device__ __forceinline__ void gate_up_jobs_pass(const tile::RowSet<C::X_LOADS>
     __syncthreads();
     load_next(q + PG);  // into group q - 1's slot: read before the barrier above
     const int s0 = G * (q % SG);
-    group_mma<C, G, N>(acc, a, sX, sW, s0, s0);
+    group_mma<C, G, G, N>(acc, a, sX, sW, s0, s0);
     if (++group == GPJ) {
       // Column block cb0 + job done: warpgroup 1 (up) -> xch -> warpgroup 0 (gate) writes act
       // (gate_up_kernel's epilogue). xch is next written a column block later, many barriers on.

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../moe_route_util.h"
@@ -339,22 +340,52 @@ LILAC_CONFORMANCE_CASES(q4_moe) {
   return cases;
 }
 
-// The rows32 down kernel over 2 / 4 column blocks per block (down_jobs_kernel, s30) against one
-// per block: each output is the same chain of wgmmas, so the same bits, the shared expert's part
-// included. Shapes: the real one at 256 tokens (~8 rows per expert) and 1,200 (~38: two passes of
-// 32), H 320 (3 column blocks, the last with 4 of its 8 row tiles: a block of 2 jobs and one of
+// The check of rows32's column-block job forms (q4_moe_prefill_jobs.cuh): `run(jobs)` launches
+// with 1, 2 or 4 column blocks per block on poisoned outputs and returns its two outputs as
+// floats, each with a 16-element guard past its n1 / n2 elements. The one-job launch writes every
+// output, no launch writes past them, and 2 and 4 give its bits.
+template <class Run>
+void expect_same_bits_over_jobs(Run run, size_t n1, size_t n2) {
+  std::vector<float> first1, first2;
+  for (int jobs : {1, 2, 4}) {
+    const auto [out1, out2] = run(jobs);
+    const std::string what = "jobs " + std::to_string(jobs);
+    for (size_t i = n1; i < out1.size(); ++i)
+      ASSERT_TRUE(std::isnan(out1[i])) << what << ": output 1 written past its end at " << i;
+    for (size_t i = n2; i < out2.size(); ++i)
+      ASSERT_TRUE(std::isnan(out2[i])) << what << ": output 2 written past its end at " << i;
+    if (jobs == 1) {
+      first1.assign(out1.begin(), out1.begin() + ptrdiff_t(n1));
+      first2.assign(out2.begin(), out2.begin() + ptrdiff_t(n2));
+      size_t unwritten = 0;
+      for (float v : first1) unwritten += std::isnan(v) ? 1 : 0;
+      for (float v : first2) unwritten += std::isnan(v) ? 1 : 0;
+      EXPECT_EQ(unwritten, 0u) << "outputs the one-job launch left poisoned";
+      continue;
+    }
+    EXPECT_EQ(std::memcmp(out1.data(), first1.data(), n1 * sizeof(float)), 0)
+        << what << " output 1";
+    EXPECT_EQ(std::memcmp(out2.data(), first2.data(), n2 * sizeof(float)), 0)
+        << what << " output 2";
+  }
+}
+
+struct JobsCase {
+  Shape s;
+  int T;
+};
+
+// rows32's down over 2 / 4 column blocks of 128 y columns per block (down_jobs_kernel): y and the
+// shared expert's out. Shapes: the real one at 256 tokens (~8 rows per expert) and 1,200 (~38:
+// two passes of 32), H 320 (3 column blocks, the last with 4 of its 8 row tiles: blocks of 2 and
 // 1 at J = 2, one of 3 at J = 4), and Is 64 (one k-tile: not whole pairs, so the launch keeps one
-// column block per block). Every output is written (the poison is gone) and nothing past it.
+// column block per block).
 TEST(Q4Moe, DownOverColumnBlockJobsGivesTheSameBits) {
   if (!cuda::q_moe_grouped_wgmma_available())
     GTEST_SKIP() << "the wgmma expert kernels need a compute capability 9.x GPU";
-  struct Case {
-    Shape s;
-    int T;
-  };
-  for (const Case c :
-       {Case{{2048, 256, 8, 512, 512, 4}, 256}, Case{{2048, 256, 8, 512, 512, 4}, 1200},
-        Case{{320, 16, 4, 128, 128, 4}, 300}, Case{{192, 9, 3, 128, 64, 4}, 500}}) {
+  for (const JobsCase c :
+       {JobsCase{{2048, 256, 8, 512, 512, 4}, 256}, JobsCase{{2048, 256, 8, 512, 512, 4}, 1200},
+        JobsCase{{320, 16, 4, 128, 128, 4}, 300}, JobsCase{{192, 9, 3, 128, 64, 4}, 500}}) {
     const Shape s = c.s;
     const int T = c.T, P = T * s.k;
     SCOPED_TRACE(testing::Message()
@@ -363,32 +394,18 @@ TEST(Q4Moe, DownOverColumnBlockJobsGivesTheSameBits) {
     const DeviceRouting route(moe_router_logits(T, s.E, 91 + uint64_t(T)), T, s.E, s.k);
     auto act = upload_bf16(random_bf16_bits(size_t(P) * s.I, 1.f, 92 + uint64_t(T)));
     auto shared_act = upload_bf16(random_bf16_bits(size_t(T) * s.Is, 1.f, 93 + uint64_t(T)));
-    std::vector<float> y1, s1;
-    for (int jobs : {1, 2, 4}) {
-      cuda::DeviceBuffer<float> y(static_cast<size_t>(P) * s.H + 16);
-      cuda::DeviceBuffer<float> shared_out(static_cast<size_t>(T) * s.H + 16);
-      poison(y);
-      poison(shared_out);
-      const cuda::QMoeSharedPart part{m.sgu.q(), m.sdn.q(), shared_act.get(), shared_out.get()};
-      cuda::q_moe_grouped_down_wgmma(act.get(), s.I, m.dn.q(), s.H, route.r, y.get(), nullptr,
-                                     cuda::QMoeWgmmaTile::rows32, &part, jobs);
-      const std::vector<float> yg = download(y), sg = download(shared_out);
-      const std::string what = "jobs " + std::to_string(jobs);
-      EXPECT_TRUE(guard_untouched(yg, size_t(P) * s.H, what + " y"));
-      EXPECT_TRUE(guard_untouched(sg, size_t(T) * s.H, what + " shared out"));
-      if (jobs == 1) {
-        y1.assign(yg.begin(), yg.begin() + ptrdiff_t(P) * s.H);
-        s1.assign(sg.begin(), sg.begin() + ptrdiff_t(T) * s.H);
-        size_t unwritten = 0;
-        for (float v : y1) unwritten += std::isnan(v) ? 1 : 0;
-        for (float v : s1) unwritten += std::isnan(v) ? 1 : 0;
-        EXPECT_EQ(unwritten, 0u) << "outputs the one-job kernel left poisoned";
-        continue;
-      }
-      EXPECT_EQ(std::memcmp(yg.data(), y1.data(), y1.size() * sizeof(float)), 0) << what << " y";
-      EXPECT_EQ(std::memcmp(sg.data(), s1.data(), s1.size() * sizeof(float)), 0)
-          << what << " shared out";
-    }
+    expect_same_bits_over_jobs(
+        [&](int jobs) {
+          cuda::DeviceBuffer<float> y(static_cast<size_t>(P) * s.H + 16);
+          cuda::DeviceBuffer<float> shared_out(static_cast<size_t>(T) * s.H + 16);
+          poison(y);
+          poison(shared_out);
+          const cuda::QMoeSharedPart part{m.sgu.q(), m.sdn.q(), shared_act.get(), shared_out.get()};
+          cuda::q_moe_grouped_down_wgmma(act.get(), s.I, m.dn.q(), s.H, route.r, y.get(), nullptr,
+                                         cuda::QMoeWgmmaTile::rows32, &part, jobs);
+          return std::pair(download(y), download(shared_out));
+        },
+        size_t(P) * s.H, size_t(T) * s.H);
   }
   cuda::MoeRouting none;
   EXPECT_THROW(cuda::q_moe_grouped_down_wgmma(nullptr, 512, cuda::QMatrix{}, 2048, none, nullptr,
@@ -396,21 +413,17 @@ TEST(Q4Moe, DownOverColumnBlockJobsGivesTheSameBits) {
                Error);  // 3 column blocks per block
 }
 
-// The same for rows32's gate_up over 2 / 4 column blocks of 64 act columns per block
-// (gate_up_jobs_kernel): act and the shared expert's act bit for bit against one per block.
-// Shapes: the real one at 256 and 1,200 tokens, H 256 with I 192 (3 column blocks: blocks of 2
-// and 1 at J = 2, one of 3 at J = 4) and Is 128, and H 192 (3 k-tiles: not whole groups of 4, so
-// the launch keeps one column block per block).
+// The same for gate_up over 2 / 4 column blocks of 64 act columns per block
+// (gate_up_jobs_kernel): act and the shared expert's act. Shapes: the real one at 256 and 1,200
+// tokens, H 256 with I 192 (3 column blocks: blocks of 2 and 1 at J = 2, one of 3 at J = 4) and
+// Is 128, and H 192 (3 k-tiles: not whole groups of 4, so the launch keeps one column block per
+// block).
 TEST(Q4Moe, GateUpOverColumnBlockJobsGivesTheSameBits) {
   if (!cuda::q_moe_grouped_wgmma_available())
     GTEST_SKIP() << "the wgmma expert kernels need a compute capability 9.x GPU";
-  struct Case {
-    Shape s;
-    int T;
-  };
-  for (const Case c :
-       {Case{{2048, 256, 8, 512, 512, 4}, 256}, Case{{2048, 256, 8, 512, 512, 4}, 1200},
-        Case{{256, 16, 4, 192, 128, 4}, 300}, Case{{192, 9, 3, 128, 64, 4}, 500}}) {
+  for (const JobsCase c :
+       {JobsCase{{2048, 256, 8, 512, 512, 4}, 256}, JobsCase{{2048, 256, 8, 512, 512, 4}, 1200},
+        JobsCase{{256, 16, 4, 192, 128, 4}, 300}, JobsCase{{192, 9, 3, 128, 64, 4}, 500}}) {
     const Shape s = c.s;
     const int T = c.T, P = T * s.k;
     SCOPED_TRACE(testing::Message()
@@ -418,35 +431,18 @@ TEST(Q4Moe, GateUpOverColumnBlockJobsGivesTheSameBits) {
     QMoe m(s, 95 + uint64_t(T));
     const DeviceRouting route(moe_router_logits(T, s.E, 96 + uint64_t(T)), T, s.E, s.k);
     auto x = upload_bf16(random_bf16_bits(size_t(T) * s.H, 1.f, 97 + uint64_t(T)));
-    std::vector<float> a1, s1;
-    for (int jobs : {1, 2, 4}) {
-      cuda::DeviceBuffer<cuda::bf16> act(static_cast<size_t>(P) * s.I + 16);
-      cuda::DeviceBuffer<cuda::bf16> shared_act(static_cast<size_t>(T) * s.Is + 16);
-      poison(act);
-      poison(shared_act);
-      const cuda::QMoeSharedPart part{m.sgu.q(), m.sdn.q(), shared_act.get(), nullptr};
-      cuda::q_moe_grouped_gate_up_wgmma(x.get(), s.H, m.gu.q(), s.I, route.r, act.get(), nullptr,
-                                        cuda::QMoeWgmmaTile::rows32, &part, jobs);
-      const std::vector<float> ag = download_bf16_as_f32(act),
-                               sg = download_bf16_as_f32(shared_act);
-      const std::string what = "jobs " + std::to_string(jobs);
-      for (size_t i = size_t(P) * s.I; i < ag.size(); ++i)
-        ASSERT_TRUE(std::isnan(ag[i])) << what << ": act written past its end at " << i;
-      for (size_t i = size_t(T) * s.Is; i < sg.size(); ++i)
-        ASSERT_TRUE(std::isnan(sg[i])) << what << ": shared act written past its end at " << i;
-      if (jobs == 1) {
-        a1.assign(ag.begin(), ag.begin() + ptrdiff_t(P) * s.I);
-        s1.assign(sg.begin(), sg.begin() + ptrdiff_t(T) * s.Is);
-        size_t unwritten = 0;
-        for (float v : a1) unwritten += std::isnan(v) ? 1 : 0;
-        for (float v : s1) unwritten += std::isnan(v) ? 1 : 0;
-        EXPECT_EQ(unwritten, 0u) << "outputs the one-job kernel left poisoned";
-        continue;
-      }
-      EXPECT_EQ(std::memcmp(ag.data(), a1.data(), a1.size() * sizeof(float)), 0) << what << " act";
-      EXPECT_EQ(std::memcmp(sg.data(), s1.data(), s1.size() * sizeof(float)), 0)
-          << what << " shared act";
-    }
+    expect_same_bits_over_jobs(
+        [&](int jobs) {
+          cuda::DeviceBuffer<cuda::bf16> act(static_cast<size_t>(P) * s.I + 16);
+          cuda::DeviceBuffer<cuda::bf16> shared_act(static_cast<size_t>(T) * s.Is + 16);
+          poison(act);
+          poison(shared_act);
+          const cuda::QMoeSharedPart part{m.sgu.q(), m.sdn.q(), shared_act.get(), nullptr};
+          cuda::q_moe_grouped_gate_up_wgmma(x.get(), s.H, m.gu.q(), s.I, route.r, act.get(),
+                                            nullptr, cuda::QMoeWgmmaTile::rows32, &part, jobs);
+          return std::pair(download_bf16_as_f32(act), download_bf16_as_f32(shared_act));
+        },
+        size_t(P) * s.I, size_t(T) * s.Is);
   }
   cuda::MoeRouting none;
   EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(nullptr, 2048, cuda::QMatrix{}, 512, none, nullptr,
