@@ -28,8 +28,7 @@ __device__ __forceinline__ void zero_acc(float (&acc)[C::NACC]) {
   tile::fence_operands(acc);
 }
 
-// ---- The down kernel over J column blocks per block (s30; LILAC_ROWS32_DOWN_JOBS, not yet
-// measured)
+// ---- down (LILAC_ROWS32_DOWN_JOBS)
 //
 // Why: the rows32 down kernel's blocks are short (K = I = 512: 8 k-tiles, 4 pairs) and each pays a
 // fixed part of ~400 instructions per warp (the routing-table reads that the weight copies wait
