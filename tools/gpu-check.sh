@@ -27,6 +27,10 @@
 #               s30): the kernel lab's production version (v11) under each, then 4-bit prefill at
 #               192 / 256 / 512 / 768 tokens for none / down 4 / down 2 / gate_up 2 / both, three
 #               interleaved rounds
+#   gdn-chunk-ab
+#               gdn_chunk at one block per SM against two (LILAC_GDN_CHUNK_BLOCKS = 1 | 2, s31):
+#               lilac_cuda_bench_seq under each, then 4-bit prefill at 256 / 512 / 1,024 / 4,096 /
+#               16,384 tokens, three interleaved rounds
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -153,6 +157,16 @@ for s in $steps; do
           # shellcheck disable=SC2086 # $e is one or two VAR=value words
           run "jobs-${e// /+}-$round" 120 env $e "$B/lilac" bench --synthetic --weights q4 \
             --lengths 192,256,512,768 --rounds 1 --decode 1 --sampling off
+        done
+      done ;;
+    gdn-chunk-ab)
+      for n in 1 2; do
+        run "gdn-chunk-seq-$n" 120 env LILAC_GDN_CHUNK_BLOCKS=$n "$B/lilac_cuda_bench_seq"
+      done
+      for round in 1 2 3; do
+        for n in 1 2; do
+          run "gdn-chunk-$n-$round" 180 env LILAC_GDN_CHUNK_BLOCKS=$n "$B/lilac" bench --synthetic \
+            --weights q4 --lengths 256,512,1024,4096,16384 --rounds 1 --decode 1 --sampling off
         done
       done ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;

@@ -22,11 +22,11 @@
 //  1. gdn_prep (grid T/TOK x C/128, TOK = 16 or 64 tokens): conv + SiLU over the C channels
 //     (rows before the chunk from conv_state), l2norm of q (x Dk^-0.5) and k, gates g and beta.
 //     Reads the 32 KiB qkv row and writes 32 KiB of q, k, v: DRAM-bound, ~15 ns/token.
-//  2. gdn_chunk (grid chunks x Hk, or chunks x Hv when those blocks fit one per SM; 256
-//     threads): K K^T and Q K^T of the key head (mma.sync, 3xTF32), then per value head (of
-//     that key head, or the block's one): G by a scan, A and P (P to the workspace), and W and U~
-//     by forward substitution on CUDA cores, one column per thread, 64 rows unrolled in registers
-//     (U~ overwrites v in place). ~20 ns/token.
+//  2. gdn_chunk (grid chunks x Hk, or chunks x Hv when those blocks fit one wave at two per SM;
+//     256 threads, 128 registers, two blocks per SM): K K^T and Q K^T of the key head (mma.sync,
+//     3xTF32), then per value head (of that key head, or the block's one): G by a scan, A and P (P
+//     to the workspace), and W and U~ by forward substitution on CUDA cores, one column per thread,
+//     64 rows unrolled in registers (U~ overwrites v in place). ~20 ns/token.
 //  3. gdn_state (grid Dv/32 x Hv = 128 blocks, 256 threads, ~197 KiB smem): the only sequential
 //     part. A block keeps S[:, 32 columns] in registers (mma accumulators) and walks the chunks:
 //     [W; Q] S, U = U~ - W S, O = e^G Q S + P U (written over U~), S = e^{G_L} S + K~^T U, all on
@@ -45,6 +45,7 @@
 #include "cuda/gated_deltanet_prefill.cuh"
 #include "cuda/gated_deltanet_step.cuh"
 #include "cuda/vec_util.cuh"
+#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -200,8 +201,17 @@ constexpr int chunk_smem_floats() {
   return 64 * (DK + 4) + 64 * std::max(DK + 4, 68) + 2 * 64 * 65 + 3 * 64 + 32;
 }
 
-template <int DK>
-__global__ void __launch_bounds__(kThreads, 1)
+// MINB: blocks per SM the launch bounds ask for. 2 (the default since s31): 128 registers, no
+// spills (ptxas -v, sm_90a, every DK), so two blocks (102 KB of shared memory each at Dk 128)
+// share an SM: 16 warps to hide the substitution's dependent FMA chains and instruction fetches.
+// 1 (LILAC_GDN_CHUNK_BLOCKS=1, the form up to s30): ptxas takes 254 registers and a block has
+// its SM to itself (8 warps). The same source, so the same operations in the same order: the
+// same bits (GdnPrefill.ChunkBlocksPerSmGiveTheSameBits). Measured (s31 runs 4-6, H100, 4-bit,
+// synthetic, uniform router, greedy, warm): the chunk stage per layer 303 -> 205 us at 4,096
+// tokens, 4,655 -> 3,109 at 65,536, 31 -> 29 at 512, 22 at 256 either way (the same grid);
+// prefill 43,315 -> 44,718 tok/s at 4,096, ten-length mean 32,224 -> 33,116 (+2.8%).
+template <int DK, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
     gdn_chunk_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
                      const float* __restrict__ gb, const float* __restrict__ bb, int T, int Hk,
                      int Hv, int Dv, float* __restrict__ vb, float* __restrict__ Wb,
@@ -545,13 +555,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Blocks per SM of gdn_chunk: `arg` (1 or 2), else (arg 0) LILAC_GDN_CHUNK_BLOCKS, else 2.
+int chunk_blocks_per_sm(int arg) {
+  if (arg == 0) {
+    static const int env = env_choice("LILAC_GDN_CHUNK_BLOCKS", {1, 2});
+    return env ? env : 2;
+  }
+  if (arg != 1 && arg != 2) fail("gdn_prefill: {} chunk blocks per SM (1 or 2)", arg);
+  return arg;
+}
+
 template <int DK, class ST, class Mark>
 void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state,
-                    cudaStream_t stream, const Mark& mark) {
+                    cudaStream_t stream, const Mark& mark, int chunk_blocks) {
   constexpr size_t smemA = chunk_smem_floats<DK>() * sizeof(float),
                    smemB = StateSmem<DK>::kFloats * sizeof(float);
   static const bool attr_set = [] {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_kernel<DK>,
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_kernel<DK, 1>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemA)));
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_kernel<DK, 2>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemA)));
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<DK, ST>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemB)));
@@ -559,12 +581,19 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state
   }();
   (void)attr_set;
   const int NC = (T + kBT - 1) / kBT;
-  // A block per (chunk, value head) where those blocks fit one per SM, else per (chunk, key head)
-  // (H200, s12 run 3, the chunk stage: T = 256 39 -> 29 us with 128 value-head blocks instead of
-  // 64 key-head blocks; T = 512 47 -> 58 us with 256, two per SM, against 128).
-  const int heads = int64_t(NC) * Hv <= sm_count() ? Hv : Hk;
-  gdn_chunk_kernel<DK><<<dim3(NC, heads), kThreads, smemA, stream>>>(w.qn, w.kn, w.gb, w.bb, T, Hk,
-                                                                     Hv, Dv, w.vb, w.W, w.Gc, w.P);
+  // A block per (chunk, value head) where those blocks fit one wave (one per SM, or two with
+  // chunk_blocks = 2), else per (chunk, key head) (H200, s12 run 3, the chunk stage: T = 256 39
+  // -> 29 us with 128 value-head blocks instead of 64 key-head blocks; T = 512 47 -> 58 us with
+  // 256, two per SM, against 128, when the kernel took fewer registers than today's 254).
+  const int per_sm = chunk_blocks_per_sm(chunk_blocks);
+  const int heads = int64_t(NC) * Hv <= int64_t(per_sm) * sm_count() ? Hv : Hk;
+  const dim3 grid(NC, heads);
+  if (per_sm == 2)
+    gdn_chunk_kernel<DK, 2><<<grid, kThreads, smemA, stream>>>(w.qn, w.kn, w.gb, w.bb, T, Hk, Hv,
+                                                               Dv, w.vb, w.W, w.Gc, w.P);
+  else
+    gdn_chunk_kernel<DK, 1><<<grid, kThreads, smemA, stream>>>(w.qn, w.kn, w.gb, w.bb, T, Hk, Hv,
+                                                               Dv, w.vb, w.W, w.Gc, w.P);
   LILAC_CUDA_LAUNCHED();
   mark(2);
   gdn_state_kernel<DK, ST><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
@@ -588,7 +617,8 @@ template <class ST>
 void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* conv_state,
                       const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                       ST* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                      bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events) {
+                      bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events,
+                      int chunk_blocks) {
   if (Hk <= 0 || Hv % Hk != 0)
     fail("gdn_prefill: {} value heads not a multiple of {} key heads", Hv, Hk);
   if (Dv <= 0 || Dv % kColsB != 0) fail("gdn_prefill: Dv {} not a multiple of {}", Dv, kColsB);
@@ -621,13 +651,13 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
   mark(1);
   switch (Dk) {
     case 32:
-      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
+      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark, chunk_blocks);
       break;
     case 64:
-      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
+      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark, chunk_blocks);
       break;
     default:
-      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark);
+      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark, chunk_blocks);
       break;
   }
   const int C = 2 * Hk * Dk + Hv * Dv;
@@ -642,17 +672,18 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events) {
+                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events,
+                 int chunk_blocks) {
   gdn_prefill_impl(proj, T, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv,
-                   Dk, Dv, K, eps, workspace, out, stream, stage_events);
+                   Dk, Dv, K, eps, workspace, out, stream, stage_events, chunk_blocks);
 }
 
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
                  int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                 cudaStream_t stream, const cudaEvent_t* stage_events) {
+                 cudaStream_t stream, const cudaEvent_t* stage_events, int chunk_blocks) {
   gdn_prefill_impl(proj, T, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv,
-                   Dk, Dv, K, eps, workspace, out, stream, stage_events);
+                   Dk, Dv, K, eps, workspace, out, stream, stage_events, chunk_blocks);
 }
 
 }  // namespace lilac::cuda

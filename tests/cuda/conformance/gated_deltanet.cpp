@@ -66,7 +66,8 @@ struct GpuGdn {
     return download_bf16_as_f32(out);
   }
 
-  std::vector<float> prefill(const std::vector<float>& proj, int T) {
+  // chunk_blocks: gdn_prefill's blocks per SM of the chunk kernel (0: its default).
+  std::vector<float> prefill(const std::vector<float>& proj, int T, int chunk_blocks = 0) {
     auto d_proj = upload(proj);
     cuda::DeviceBuffer<float> ws(cuda::gdn_prefill_workspace_floats(T, d.Hk, d.Hv, d.Dk, d.Dv));
     poison(ws);  // nothing read from the workspace may come from before the launch
@@ -75,11 +76,11 @@ struct GpuGdn {
     if (bf16_state())
       cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
                         dt_bias.get(), norm_w.get(), state16.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
-                        kGdnEps, ws.get(), out.get(), nullptr);
+                        kGdnEps, ws.get(), out.get(), nullptr, nullptr, chunk_blocks);
     else
       cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
                         dt_bias.get(), norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
-                        kGdnEps, ws.get(), out.get(), nullptr);
+                        kGdnEps, ws.get(), out.get(), nullptr, nullptr, chunk_blocks);
     return download_bf16_as_f32(out);
   }
 };
@@ -202,6 +203,33 @@ std::vector<PrefillCase> prefill_cases() {
   // Past 2,048 tokens: the prep kernel's 64-token tiles (16 below), the chunk kernel per key head.
   c.push_back({kGdnReal, 2100, 0.02f, false});
   return c;
+}
+
+// The chunk kernel at one block per SM and at two (its launch bounds, and so its registers, and
+// at some lengths its grid: value-head blocks up to two per SM) runs the same operations in the
+// same order: the outputs, the state (f32 and bf16) and the conv state bit for bit. Lengths where
+// the grid differs between the two (512: key-head blocks at one per SM, value-head at two) and
+// where it does not (100, 1,000, 4,096), at the real dims, plus tiny-a's.
+TEST(GdnPrefill, ChunkBlocksPerSmGiveTheSameBits) {
+  for (const GdnDims& d : {kGdnReal, kGdnTiny})
+    for (const int T : {100, 512, 1000, 4096})
+      for (const bool bf16_state : {false, true}) {
+        if (d.Hv != kGdnReal.Hv && T == 4096) continue;  // tiny-a: up to 1,000
+        const uint32_t seed = uint32_t(T * 7 + d.Dk);
+        const GdnParams w = make_gdn_params(d, 0.02f, seed);
+        GdnStart start = random_gdn_start(d, false, seed + 10);
+        if (bf16_state) start.state = bf16_round(start.state);
+        const std::vector<float> proj = random_floats(size_t(T) * d.P(), 1.f, seed + 20);
+        GpuGdn one(d, w, start.conv, start.state, bf16_state);
+        GpuGdn two(d, w, start.conv, start.state, bf16_state);
+        const auto out1 = one.prefill(proj, T, 1), out2 = two.prefill(proj, T, 2);
+        const std::string l = std::string(d.name) + " T " + std::to_string(T) +
+                              (bf16_state ? " bf16 state" : " f32 state");
+        EXPECT_TRUE(within(out2, out1, 0, 0, l + " out"));
+        EXPECT_TRUE(within(two.download_state(), one.download_state(), 0, 0, l + " state"));
+        EXPECT_TRUE(
+            within(download(two.conv_state), download(one.conv_state), 0, 0, l + " conv state"));
+      }
 }
 
 // ---- prefill in two calls, then decode: the state carried between launchers
