@@ -23,10 +23,6 @@
 #   prefill-ab  this build against a base build (the tarball $BASE_BUILD, made by tools/gpu-build.sh
 #               from the base commit and carried beside this one): lilac_cuda_bench_seq of each, then
 #               4-bit prefill at 256 / 512 / 1,024 / 4,096 tokens, three interleaved rounds
-#   jobs-ab     rows32's column-block job forms (LILAC_ROWS32_GATE_UP_JOBS / _DOWN_JOBS = 1 | 2 | 4,
-#               s30): the kernel lab's production version (v11) under each, then 4-bit prefill at
-#               192 / 256 / 512 / 768 tokens for none / down 4 / down 2 / gate_up 2 / both, three
-#               interleaved rounds
 #   gdn-chunk-ab
 #               gdn_chunk at one block per SM against two (LILAC_GDN_CHUNK_BLOCKS = 1 | 2, s31):
 #               lilac_cuda_bench_seq under each, then 4-bit prefill at 256 / 512 / 1,024 / 4,096 /
@@ -145,19 +141,6 @@ for s in $steps; do
           --weights q4 --lengths 256,512,1024,4096 --rounds 1 --decode 1 --sampling off
         run "prefill-ab-this-$round" 120 "$B/lilac" bench --synthetic --weights q4 \
           --lengths 256,512,1024,4096 --rounds 1 --decode 1 --sampling off
-      done ;;
-    jobs-ab)
-      for e in LILAC_NONE=1 LILAC_ROWS32_DOWN_JOBS=2 LILAC_ROWS32_DOWN_JOBS=4 \
-        LILAC_ROWS32_GATE_UP_JOBS=2 LILAC_ROWS32_GATE_UP_JOBS=4; do
-        run "jobs-lab-$e" 120 env "$e" "$B/lilac_cuda_bench_lab" --op q_moe_grouped --version 11
-      done
-      for round in 1 2 3; do
-        for e in "LILAC_NONE=1" "LILAC_ROWS32_DOWN_JOBS=4" "LILAC_ROWS32_DOWN_JOBS=2" \
-          "LILAC_ROWS32_GATE_UP_JOBS=2" "LILAC_ROWS32_GATE_UP_JOBS=2 LILAC_ROWS32_DOWN_JOBS=4"; do
-          # shellcheck disable=SC2086 # $e is one or two VAR=value words
-          run "jobs-${e// /+}-$round" 120 env $e "$B/lilac" bench --synthetic --weights q4 \
-            --lengths 192,256,512,768 --rounds 1 --decode 1 --sampling off
-        done
       done ;;
     gdn-chunk-ab)
       for n in 1 2; do

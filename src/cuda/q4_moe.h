@@ -81,14 +81,14 @@ struct QMoeSharedPart {
   float* out = nullptr;
 };
 bool q_moe_grouped_wgmma_available();
-// gate_up_jobs / down_jobs (rows32 only): column blocks (of 64 act columns / 128 y columns) per
-// block, 1 (one per block), 2 or 4 (the block's fixed part paid once per 2 / 4 of them, s30;
-// q4_moe_prefill_jobs.cuh; the same bits); 0: the switch LILAC_ROWS32_GATE_UP_JOBS /
-// LILAC_ROWS32_DOWN_JOBS, else 1.
 void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, int I,
                                  const MoeRouting& r, bf16* act, cudaStream_t stream,
                                  QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive,
-                                 const QMoeSharedPart* shared = nullptr, int gate_up_jobs = 0);
+                                 const QMoeSharedPart* shared = nullptr);
+// down_jobs (rows32 only): column blocks of 128 y columns per block, 1 or 2 (the block's fixed
+// part paid once per 2 of them, s30-s31; q4_moe_prefill_jobs.cuh; the same bits); 0: the switch
+// LILAC_ROWS32_DOWN_JOBS, else 2 up to 256 tokens and 1 above.
+
 void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H,
                               const MoeRouting& r, float* y, cudaStream_t stream,
                               QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive,

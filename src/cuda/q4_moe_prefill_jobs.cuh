@@ -1,12 +1,14 @@
-// The grouped 4-bit expert kernels' column-block job forms (s30; not yet measured on a GPU): a
-// block takes J consecutive column blocks of one routing tile (or shared tile) as one stream of
-// k-tile groups, so the block's fixed part (the job lookup, whose dependent loads come before any
-// weight copy, the pipeline's fill and drain, the x staging) is paid once per J column blocks and
-// the next column block's weights are in flight while this one's last group computes and its
-// outputs are stored. Each output is the same chain of wgmmas (k-tiles in order, the same n) as
-// in the one-column-block kernels of q4_moe_prefill_wgmma.cuh, so the results are the same bits
-// (tests/cuda/conformance/q4_moe.cpp). Why, and the prediction: docs/kernels.md, "Thirtieth
-// session". Included by q4_moe_prefill_wgmma.cu after q4_moe_prefill_wgmma.cuh.
+// The grouped 4-bit down kernel's column-block job form (s30; measured in s31): a block takes J
+// consecutive column blocks of one routing tile (or shared tile) as one stream of k-tile groups,
+// so the block's fixed part (the job lookup, whose dependent loads come before any weight copy,
+// the pipeline's fill and drain, the x staging) is paid once per J column blocks and the next
+// column block's weights are in flight while this one's last group computes and its outputs are
+// stored. Each output is the same chain of wgmmas (k-tiles in order, the same n) as in the
+// one-column-block kernel of q4_moe_prefill_wgmma.cuh, so the results are the same bits
+// (tests/cuda/conformance/q4_moe.cpp). Why, the prediction and the measurements (down 68.0 ->
+// 64.2 us per layer at 256 tokens, H100; the gate_up form and J = 4 lost and were removed):
+// docs/kernels.md, "Thirtieth session" and "Thirty-first session". Included by
+// q4_moe_prefill_wgmma.cu after q4_moe_prefill_wgmma.cuh.
 #pragma once
 
 #include <mutex>
@@ -144,135 +146,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #endif
 }
 
-// ---- gate_up (LILAC_ROWS32_GATE_UP_JOBS)
-//
-// K = H = 2,048: x does not stay resident (32 k-tiles), so each group copies its x k-tiles beside
-// its weights as GroupLoop does, and only the job lookup, the fill / drain and the act stores'
-// overlap are gained (s29: 13% of gate_up's stall samples before its main loop). The gate/up
-// exchange cannot borrow the stages (the next column block's groups are in them): it has its own
-// NACC x 128 floats after the W stages (C::SMEM_BYTES + kXchBytes<C>; at rows32's 12 stages two
-// blocks still fit an SM). Group q: column block q / GPJ, k-tiles G (q % GPJ) .. + G - 1, x and
-// weights in slot q % SG.
-template <class C>
-constexpr int kXchBytes = C::NACC * 128 * 4;
-
-template <class C, int G, int N>
-__device__ __forceinline__ void gate_up_jobs_pass(const tile::RowSet<C::X_LOADS>& xr, const Job& j,
-                                                  int H, int cb0, int jobs, uint32_t sX,
-                                                  uint32_t sW, float* xch, int p0, int p1) {
-  constexpr int SG = C::STAGES / G, PG = SG - 1;
-  const int tid = threadIdx.x, P = j.I / kQTileRows, Gq = j.W.groups(), KT = H / tile::kBK;
-  const int GPJ = KT / G, NP = jobs * GPJ;
-  // Warp v's row tile of column block cb: gate tile 4 cb + v (v < 4) or up tile 4 cb + v - 4 of
-  // expert e; the next column block's tiles are 4 further on.
-  auto tile_of = [&](int v) { return j.e * 2 * P + (v >> 2) * P + 4 * cb0 + (v & 3); };
-  WSrc wl;  // the copy sources of the next group to load (its column block's, at k-tile 0)
-  wl.codes_ok = wl.sb_ok = true;  // I % 64 == 0: every warp's tile exists
-  wl.codes = j.W.codes + size_t(tile_of(tid >> 5)) * size_t(Gq) * kQBlockWords + (tid & 31) * 4;
-  wl.sb = j.W.sb + size_t(tile_of((tid & 31) >> 2)) * size_t(Gq) * kQSbWords + (tid & 3) * 4;
-  const int c_step = 4 * Gq * kQBlockWords, s_step = 4 * Gq * kQSbWords;
-  int load_group = 0;  // the next group to load, in its column block
-  auto load_next = [&](int q) {
-    if (q < NP) {
-      const int s0 = G * (q % SG);
-#pragma unroll
-      for (int h = 0; h < G; ++h)
-        load_stage<C>(xr, wl, sX + uint32_t((s0 + h) * C::X_STAGE),
-                      sW + uint32_t((s0 + h) * C::W_STAGE), G * load_group + h);
-      if (++load_group == GPJ) {
-        load_group = 0;
-        wl.codes += c_step;
-        wl.sb += s_step;
-      }
-    }
-    tile::cp_async_commit();
-  };
-#pragma unroll
-  for (int q = 0; q < PG; ++q) load_next(q);
-
-  float acc[C::NACC];
-  zero_acc<C>(acc);
-  uint32_t a[G][4][4];
-  bf16* out = static_cast<bf16*>(j.out);
-  const int wt = tid & 127, lane = tid & 31;
-  int job = 0, group = 0;  // the group computed: its column block and group in it
-  for (int q = 0; q < NP; ++q) {
-    tile::cp_async_wait<PG - 1>();  // PG + q groups committed: group q landed
-    tile::fence_proxy_async_smem();
-    __syncthreads();
-    load_next(q + PG);  // into group q - 1's slot: read before the barrier above
-    const int s0 = G * (q % SG);
-    group_mma<C, G, G, N>(acc, a, sX, sW, s0, s0);
-    if (++group == GPJ) {
-      // Column block cb0 + job done: warpgroup 1 (up) -> xch -> warpgroup 0 (gate) writes act
-      // (gate_up_kernel's epilogue). xch is next written a column block later, many barriers on.
-      if (tid >= 128) {
-#pragma unroll
-        for (int i = 0; i < C::NACC; ++i) xch[i * 128 + wt] = acc[i];
-      }
-      __syncthreads();
-      if (tid < 128) {
-        // acc[4 jj + q]: act column 64 cb + 16 warp + g + 8 (q >> 1), token 8 jj + 2 t + (q & 1).
-        const int col0 = 64 * (cb0 + job) + 16 * (tid >> 5) + (lane >> 2);
-        const int t0 = p0 + 2 * (lane & 3);
-#pragma unroll
-        for (int jj = 0; jj < N / 8; ++jj)
-#pragma unroll
-          for (int qq = 0; qq < 4; ++qq) {
-            const int col = col0 + 8 * (qq >> 1), s = t0 + 8 * jj + (qq & 1);
-            if (s < p1) {
-              const float gv = acc[4 * jj + qq], uv = xch[(4 * jj + qq) * 128 + wt];
-              out[size_t(s) * size_t(j.I) + col] = __float2bfloat16_rn(silu(gv) * uv);
-            }
-          }
-      }
-      zero_acc<C>(acc);
-      group = 0;
-      ++job;
-    }
-  }
-  tile::cp_async_wait<0>();
-}
-
-// Block b: job block jb of its tile (job_of with ceil(I / 64 / J) and ceil(Is / 64 / J) for the
-// column blocks), column blocks J jb .. min(J jb + J, I / 64) - 1 (Is for the shared part). The
-// host (launch_gate_up_jobs) guarantees H / 64 a multiple of G.
-template <class C, int G, int J>
-__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
-    gate_up_jobs_kernel(const bf16* __restrict__ x, int H, QMatrix W, int I, Routed rt,
-                        bf16* __restrict__ act, Shared sh) {
-  pdl_launch_dependents();  // PDL (launch.h): the routing tables and x after the wait
-  pdl_wait();
-#if defined(LILAC_SM90A)
-  extern __shared__ __align__(1024) unsigned char smem[];
-  Job j;
-  if (!job_of<C>(int(blockIdx.x), rt, sh, W, I, (I / 64 + J - 1) / J, (sh.I / 64 + J - 1) / J,
-                 nullptr, act, j))
-    return;
-  const int cb0 = J * j.cb, jobs = min(J, j.I / 64 - cb0);
-  const uint32_t base = tile::smem_u32(smem);
-  const uint32_t sX = (base + 1023u) & ~1023u;
-  const uint32_t sW = sX + uint32_t(C::STAGES * C::X_STAGE);
-  float* xch = reinterpret_cast<float*>(smem + (sW + uint32_t(C::STAGES * C::W_STAGE) - base));
-  for (int pass = 0; pass < passes<C>(j.row0, j.row_end); ++pass) {
-    const int p0 = j.row0 + pass * C::BT, p1 = min(p0 + C::BT, j.row_end);
-    // Every warp is past the previous pass's reads of the stages and xch.
-    if (pass > 0) __syncthreads();
-    const tile::RowSet<C::X_LOADS> xr = token_rows<C>(x, H, j.gather, p0, p1);
-    if constexpr (C::BT > 16) {
-      if (p1 - p0 <= 16) {
-        gate_up_jobs_pass<C, G, 16>(xr, j, H, cb0, jobs, sX, sW, xch, p0, p1);
-        continue;
-      }
-    }
-    gate_up_jobs_pass<C, G, C::BT>(xr, j, H, cb0, jobs, sX, sW, xch, p0, p1);
-  }
-#else
-  (void)x, (void)H, (void)W, (void)I, (void)rt, (void)act, (void)sh;
-  __trap();
-#endif
-}
-
 // Whether down_jobs_kernel<C, G> takes a down of K = I (and Is, with a shared part): every
 // k-tile's x in its own stage, whole groups per column block.
 template <class C, int G>
@@ -299,36 +172,6 @@ void launch_down_jobs(const bf16* act, int I, const QMatrix& down, int H, const 
   if (blocks < 1 || blocks > 0x7fffffff) fail("{}: {} blocks", what, blocks);
   launch_kernel(pdl_enabled(), kernel, dim3(unsigned(blocks)), dim3(C::THREADS), C::SMEM_BYTES,
                 stream, act, I, down, H, routed_of(r), y, sh);
-}
-
-// Whether gate_up_jobs_kernel<C, G> takes a gate_up of K = H: whole groups.
-template <class C, int G>
-bool gate_up_jobs_fit(int H) {
-  return (H / 64) % G == 0;
-}
-
-// launch_gate_up's contract with J column blocks per block (gate_up_jobs_kernel); the caller
-// checks gate_up_jobs_fit first.
-template <class C, int G, int J>
-void launch_gate_up_jobs(const bf16* x, int H, const QMatrix& gate_up, int I, const MoeRouting& r,
-                         bf16* act, const QMoeSharedPart* shared, cudaStream_t stream) {
-  const char* what = "q_moe_grouped_gate_up (wgmma, column-block jobs)";
-  check(what, &r, gate_up, 2 * I, H, H, I, x, act);
-  const Shared sh = shared_of(what, shared, true, r.T, H);
-  if (!gate_up_jobs_fit<C, G>(H)) fail("{}: H {} is not whole groups of {} k-tiles", what, H, G);
-  constexpr int kSmem = C::SMEM_BYTES + kXchBytes<C>;
-  static_assert(C::MIN_BLOCKS * (kSmem + 1024) <= 233472, "the blocks still fit an SM");
-  auto kernel = gate_up_jobs_kernel<C, G, J>;
-  static std::once_flag once;
-  std::call_once(once, [&] {
-    LILAC_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  });
-  const int64_t blocks = int64_t(r.max_tiles) * ceil_div(I / 64, J) +
-                         int64_t(ceil_div(sh.T, C::BT)) * ceil_div(sh.I / 64, J);
-  if (blocks < 1 || blocks > 0x7fffffff) fail("{}: {} blocks", what, blocks);
-  launch_kernel(pdl_enabled(), kernel, dim3(unsigned(blocks)), dim3(C::THREADS), kSmem, stream, x,
-                H, gate_up, I, routed_of(r), act, sh);
 }
 
 }  // namespace qmoe_wgmma

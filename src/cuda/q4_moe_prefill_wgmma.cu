@@ -74,12 +74,19 @@ int rows32_gate_up_groups() {
   return gu ? gu : 4;
 }
 
-// Column blocks per block of rows32's job forms (q4_moe_prefill_jobs.cuh, s30): `arg` (1, 2 or
-// 4), else (arg 0) the switch's value `env_jobs` (0: unset), else 1.
-int rows32_jobs(int arg, int env_jobs, const char* what) {
-  if (arg == 0) return env_jobs ? env_jobs : 1;
-  if (arg != 1 && arg != 2 && arg != 4)
-    fail("{}: {} column blocks per block (1, 2 or 4)", what, arg);
+// Column blocks per block of rows32's down (q4_moe_prefill_jobs.cuh): `arg` (1 or 2), else (arg
+// 0) the switch LILAC_ROWS32_DOWN_JOBS, else 2 up to 256 tokens and 1 above. s31 (H100, 4-bit,
+// synthetic, greedy, warm; three interleaved rounds): the kernel lab's down at 256 / 512 tokens
+// 68.0 -> 64.2 / 73.6 -> 70.5 us, at 4,096 315 -> 318, skewed 1,000 103 -> 106; engine prefill at
+// 192 / 256 / 512 / 768 tokens +1.7 / +0.7 / +0.9 / +0.5% with the uniform router, +0.8 / +0.7 /
+// -0.1 / -0.9% with the zipf one. J = 4 was slower than 2 everywhere (2.8 waves at 256 tokens).
+int rows32_down_jobs(int arg, int T) {
+  if (arg == 0) {
+    static const int env = env_choice("LILAC_ROWS32_DOWN_JOBS", {1, 2});
+    return env ? env : T <= 256 ? 2 : 1;
+  }
+  if (arg != 1 && arg != 2)
+    fail("q_moe_grouped_down_wgmma: {} column blocks per block (1 or 2)", arg);
   return arg;
 }
 
@@ -100,8 +107,7 @@ bool q_moe_grouped_wgmma_available() {
 
 void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, int I,
                                  const MoeRouting& r, bf16* act, cudaStream_t stream,
-                                 QMoeWgmmaTile tile, const QMoeSharedPart* shared,
-                                 int gate_up_jobs) {
+                                 QMoeWgmmaTile tile, const QMoeSharedPart* shared) {
   using namespace qmoe_wgmma;
   switch (tile) {
     case QMoeWgmmaTile::fixed128:
@@ -110,22 +116,13 @@ void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, i
       return launch_gate_up<Cfg128, true>(x, H, gate_up, I, r, act, shared, stream);
     case QMoeWgmmaTile::rows64:
       return launch_gate_up<Cfg64, true, PairLoop>(x, H, gate_up, I, r, act, shared, stream);
-    case QMoeWgmmaTile::rows32: {
-      // With the default 4 k-tiles per barrier only, where H is whole groups.
-      static const int env_jobs = env_choice("LILAC_ROWS32_GATE_UP_JOBS", {1, 2, 4});
-      const int jobs = rows32_jobs(gate_up_jobs, env_jobs, "q_moe_grouped_gate_up_wgmma");
-      if (jobs > 1 && rows32_gate_up_groups() == 4 && gate_up_jobs_fit<Deep32, 4>(H)) {
-        if (jobs == 2)
-          return launch_gate_up_jobs<Deep32, 4, 2>(x, H, gate_up, I, r, act, shared, stream);
-        return launch_gate_up_jobs<Deep32, 4, 4>(x, H, gate_up, I, r, act, shared, stream);
-      }
+    case QMoeWgmmaTile::rows32:
       return with_rows32(
           [&](auto cfg, auto loop) {
             launch_gate_up<decltype(cfg), true, decltype(loop)>(x, H, gate_up, I, r, act, shared,
                                                                 stream);
           },
           true);
-    }
   }
   fail("q_moe_grouped_gate_up_wgmma: unknown tile form {}", int(tile));
 }
@@ -163,13 +160,10 @@ void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H
       return launch_down<Cfg64, true, PairLoop>(act, I, down, H, r, y, shared, stream);
     case QMoeWgmmaTile::rows32: {
       // With the default pairs only, where K fits the stages.
-      static const int env_jobs = env_choice("LILAC_ROWS32_DOWN_JOBS", {1, 2, 4});
-      const int jobs = rows32_jobs(down_jobs, env_jobs, "q_moe_grouped_down_wgmma");
+      const int jobs = rows32_down_jobs(down_jobs, r.T);
       const int Is = shared ? shared->down.cols : 0;
-      if (jobs > 1 && rows32_down_groups() == 2 && down_jobs_fit<Cfg32, 2>(I, Is)) {
-        if (jobs == 2) return launch_down_jobs<Cfg32, 2, 2>(act, I, down, H, r, y, shared, stream);
-        return launch_down_jobs<Cfg32, 2, 4>(act, I, down, H, r, y, shared, stream);
-      }
+      if (jobs == 2 && rows32_down_groups() == 2 && down_jobs_fit<Cfg32, 2>(I, Is))
+        return launch_down_jobs<Cfg32, 2, 2>(act, I, down, H, r, y, shared, stream);
       return with_rows32(
           [&](auto cfg, auto loop) {
             launch_down<decltype(cfg), true, decltype(loop)>(act, I, down, H, r, y, shared, stream);

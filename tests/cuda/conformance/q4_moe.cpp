@@ -340,14 +340,14 @@ LILAC_CONFORMANCE_CASES(q4_moe) {
   return cases;
 }
 
-// The check of rows32's column-block job forms (q4_moe_prefill_jobs.cuh): `run(jobs)` launches
-// with 1, 2 or 4 column blocks per block on poisoned outputs and returns its two outputs as
-// floats, each with a 16-element guard past its n1 / n2 elements. The one-job launch writes every
-// output, no launch writes past them, and 2 and 4 give its bits.
+// The check of rows32's column-block job form (q4_moe_prefill_jobs.cuh): `run(jobs)` launches
+// with 1 or 2 column blocks per block on poisoned outputs and returns its two outputs as floats,
+// each with a 16-element guard past its n1 / n2 elements. The one-job launch writes every
+// output, no launch writes past them, and 2 gives its bits.
 template <class Run>
 void expect_same_bits_over_jobs(Run run, size_t n1, size_t n2) {
   std::vector<float> first1, first2;
-  for (int jobs : {1, 2, 4}) {
+  for (int jobs : {1, 2}) {
     const auto [out1, out2] = run(jobs);
     const std::string what = "jobs " + std::to_string(jobs);
     for (size_t i = n1; i < out1.size(); ++i)
@@ -375,10 +375,10 @@ struct JobsCase {
   int T;
 };
 
-// rows32's down over 2 / 4 column blocks of 128 y columns per block (down_jobs_kernel): y and the
-// shared expert's out. Shapes: the real one at 256 tokens (~8 rows per expert) and 1,200 (~38:
-// two passes of 32), H 320 (3 column blocks, the last with 4 of its 8 row tiles: blocks of 2 and
-// 1 at J = 2, one of 3 at J = 4), and Is 64 (one k-tile: not whole pairs, so the launch keeps one
+// rows32's down over 2 column blocks of 128 y columns per block (down_jobs_kernel; the default up
+// to 256 tokens): y and the shared expert's out. Shapes: the real one at 256 tokens (~8 rows per
+// expert) and 1,200 (~38: two passes of 32), H 320 (3 column blocks, the last with 4 of its 8 row
+// tiles: blocks of 2 and 1), and Is 64 (one k-tile: not whole pairs, so the launch keeps one
 // column block per block).
 TEST(Q4Moe, DownOverColumnBlockJobsGivesTheSameBits) {
   if (!cuda::q_moe_grouped_wgmma_available())
@@ -409,45 +409,8 @@ TEST(Q4Moe, DownOverColumnBlockJobsGivesTheSameBits) {
   }
   cuda::MoeRouting none;
   EXPECT_THROW(cuda::q_moe_grouped_down_wgmma(nullptr, 512, cuda::QMatrix{}, 2048, none, nullptr,
-                                              nullptr, cuda::QMoeWgmmaTile::rows32, nullptr, 3),
-               Error);  // 3 column blocks per block
-}
-
-// The same for gate_up over 2 / 4 column blocks of 64 act columns per block
-// (gate_up_jobs_kernel): act and the shared expert's act. Shapes: the real one at 256 and 1,200
-// tokens, H 256 with I 192 (3 column blocks: blocks of 2 and 1 at J = 2, one of 3 at J = 4) and
-// Is 128, and H 192 (3 k-tiles: not whole groups of 4, so the launch keeps one column block per
-// block).
-TEST(Q4Moe, GateUpOverColumnBlockJobsGivesTheSameBits) {
-  if (!cuda::q_moe_grouped_wgmma_available())
-    GTEST_SKIP() << "the wgmma expert kernels need a compute capability 9.x GPU";
-  for (const JobsCase c :
-       {JobsCase{{2048, 256, 8, 512, 512, 4}, 256}, JobsCase{{2048, 256, 8, 512, 512, 4}, 1200},
-        JobsCase{{256, 16, 4, 192, 128, 4}, 300}, JobsCase{{192, 9, 3, 128, 64, 4}, 500}}) {
-    const Shape s = c.s;
-    const int T = c.T, P = T * s.k;
-    SCOPED_TRACE(testing::Message()
-                 << "H " << s.H << " E " << s.E << " I " << s.I << " Is " << s.Is << " T " << T);
-    QMoe m(s, 95 + uint64_t(T));
-    const DeviceRouting route(moe_router_logits(T, s.E, 96 + uint64_t(T)), T, s.E, s.k);
-    auto x = upload_bf16(random_bf16_bits(size_t(T) * s.H, 1.f, 97 + uint64_t(T)));
-    expect_same_bits_over_jobs(
-        [&](int jobs) {
-          cuda::DeviceBuffer<cuda::bf16> act(static_cast<size_t>(P) * s.I + 16);
-          cuda::DeviceBuffer<cuda::bf16> shared_act(static_cast<size_t>(T) * s.Is + 16);
-          poison(act);
-          poison(shared_act);
-          const cuda::QMoeSharedPart part{m.sgu.q(), m.sdn.q(), shared_act.get(), nullptr};
-          cuda::q_moe_grouped_gate_up_wgmma(x.get(), s.H, m.gu.q(), s.I, route.r, act.get(),
-                                            nullptr, cuda::QMoeWgmmaTile::rows32, &part, jobs);
-          return std::pair(download_bf16_as_f32(act), download_bf16_as_f32(shared_act));
-        },
-        size_t(P) * s.I, size_t(T) * s.Is);
-  }
-  cuda::MoeRouting none;
-  EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(nullptr, 2048, cuda::QMatrix{}, 512, none, nullptr,
-                                                 nullptr, cuda::QMoeWgmmaTile::rows32, nullptr, 3),
-               Error);  // 3 column blocks per block
+                                              nullptr, cuda::QMoeWgmmaTile::rows32, nullptr, 4),
+               Error);  // 4 column blocks per block (removed in s31)
 }
 
 TEST(Q4Moe, BadArgumentsThrow) {
