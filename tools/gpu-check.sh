@@ -27,6 +27,10 @@
 #               gdn_chunk at one block per SM against two (LILAC_GDN_CHUNK_BLOCKS = 1 | 2, s31):
 #               lilac_cuda_bench_seq under each, then 4-bit prefill at 256 / 512 / 1,024 / 4,096 /
 #               16,384 tokens, three interleaved rounds
+#   prefill-norm-ab
+#               prompt chunks' MoE combine writing the next layer's input norm
+#               (LILAC_PREFILL_COMBINE_NORM = 0 | 1, s31): its same-bits test, then 4-bit prefill at
+#               256 / 512 / 1,024 / 4,096 tokens under each, three interleaved rounds
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -150,6 +154,14 @@ for s in $steps; do
         for n in 1 2; do
           run "gdn-chunk-$n-$round" 180 env LILAC_GDN_CHUNK_BLOCKS=$n "$B/lilac" bench --synthetic \
             --weights q4 --lengths 256,512,1024,4096,16384 --rounds 1 --decode 1 --sampling off
+        done
+      done ;;
+    prefill-norm-ab)
+      run prefill-norm-test 300 "$B/lilac_cuda_tests" --gtest_filter='Q4Backend.PrefillCombineNormGivesTheSameBits'
+      for round in 1 2 3; do
+        for n in 0 1; do
+          run "prefill-norm-$n-$round" 120 env LILAC_PREFILL_COMBINE_NORM=$n "$B/lilac" bench \
+            --synthetic --weights q4 --lengths 256,512,1024,4096 --rounds 1 --decode 1 --sampling off
         done
       done ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;

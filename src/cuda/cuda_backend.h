@@ -84,6 +84,9 @@ struct CudaOptions {
   // Grouped batched passes: the MoE combine also writes the next layer's input norm (or the
   // final norm) in its blocks, bit for bit rms_norm's. LILAC_COMBINE_NORM=0: rms_norm (A/B).
   bool fused_combine_norm = true;
+  // The same in prompt chunks (s31, not yet run on a GPU: off until measured; the next layer's
+  // input norm only). LILAC_PREFILL_COMBINE_NORM=1: on.
+  bool prefill_combine_norm = false;
   // moe_route (one block), the grouped GEMMs and moe_combine launched with PDL (moe_prefill.h):
   // each then starts while the previous kernel ends. LILAC_MOE_PDL=0: plain launches (A/B).
   bool moe_pdl = true;
@@ -204,7 +207,10 @@ class CudaBackend : public Backend {
   // residual stream of row r is left in the workspace (ws.h row r).
   void prefill_segments(std::span<const PrefillSegment> segs, const int32_t* ids, int T,
                         Timer* timer);
-  void layer_prefill(std::span<const PrefillSegment> segs, int64_t layer, int T, Timer* timer);
+  // `normed`: the previous layer's combine already wrote this layer's input norm into ws.x.
+  // Returns whether this layer's combine wrote the next layer's.
+  bool layer_prefill(std::span<const PrefillSegment> segs, int64_t layer, int T, Timer* timer,
+                     bool normed);
   // Whether segments may start at any row: every per-row buffer a mixer kernel reads or writes at
   // a segment's offset stays 16-byte aligned.
   bool segments_aligned() const;

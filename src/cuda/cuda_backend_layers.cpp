@@ -32,8 +32,8 @@ PromptMoe prompt_moe_form(PromptMoe forced, int T, int small_max) {
 
 // The mixers (Gated DeltaNet, attention) run once per segment on its rows and its own state; the
 // rest (norms, projections, router, experts) over all T rows at once.
-void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li, int T,
-                                Timer* timer) {
+bool CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li, int T,
+                                Timer* timer, bool normed) {
   const ModelConfig& c = model_->config;
   const DeviceLayer& L = model_->layers[size_t(li)];
   Workspace& w = *ws_;
@@ -54,7 +54,8 @@ void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
   };
   if (trace_) h_before = download_f32(w.h.get(), size_t(T) * size_t(H), s);
 
-  timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), T, H, eps, s); });
+  if (!normed)
+    timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), T, H, eps, s); });
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
     timed(timer, "gemm.gdn_in_proj",
@@ -144,10 +145,18 @@ void CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
   }
   moe_experts(L, c, w, T, r, small_max, options_.small_moe_kernel, options_.fused_shared_expert,
               timer, s, tile);
-  timed(timer, "moe_combine", [&] {
-    moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s);
+  // The next layer's input norm in the combine's blocks (rms_norm's function: the same bits, and
+  // one launch and one read of h fewer per layer); not the final norm, which prefill_chunk runs
+  // on the rows it takes logits of.
+  const float* next_norm = li + 1 < c.layers ? model_->layers[size_t(li) + 1].input_norm : nullptr;
+  const bool fuse = next_norm && options_.prefill_combine_norm &&
+                    moe_combine_norm_supported(H, w.h.get(), next_norm, w.x.get());
+  timed(timer, fuse ? "moe_combine+rms_norm" : "moe_combine", [&] {
+    moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s,
+                fuse ? next_norm : nullptr, w.x.get(), eps);
   });
   if (trace_) trace_delta(tp + "moe_out");
+  return fuse;
 }
 
 void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) {
@@ -355,8 +364,9 @@ void CudaBackend::prefill_segments(std::span<const PrefillSegment> segs, const i
     trace_(name, host.data(), {rows, cols});
   };
   if (trace_) emit_rows("hidden.0", w.h.get(), T, H);
+  bool normed = false;  // ws.x already holds layer i's input norm
   for (int64_t i = 0; i < c.layers; ++i) {
-    layer_prefill(segs, i, T, timer);
+    normed = layer_prefill(segs, i, T, timer, normed);
     if (trace_) emit_rows(fmt::format("hidden.{}", i + 1), w.h.get(), T, H);
   }
   for (const PrefillSegment& g : segs) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -357,6 +358,40 @@ TEST(Q4Backend, SyntheticGreedyDecodeIsDeterministic) {
     return out;
   };
   EXPECT_EQ(once(), once());
+}
+
+// Prompt chunks: each layer's MoE combine writes the next layer's input norm in its blocks
+// (CudaOptions::prefill_combine_norm, s31) with rms_norm's own device function,
+// so the logits of a prompt are the same bits with the fusion on and off: BF16 and 4-bit, at
+// chunk lengths that take the small-M expert kernels (100), rows32 (300) and rows64 (1,000).
+TEST(Q4Backend, PrefillCombineNormGivesTheSameBits) {
+  LILAC_REQUIRE_GPU();
+  for (const bool q4 : {false, true}) {
+    cuda::CudaBackend backend(synthetic_eight_layers(11, q4));
+    const size_t V = size_t(backend.config().vocab);
+    auto logits_of = [&](bool fused) {
+      cuda::CudaOptions o = backend.options();
+      o.prefill_combine_norm = fused;
+      backend.set_options(o);
+      std::vector<float> all;
+      for (const int T : {100, 300, 1000}) {
+        auto seq = backend.new_sequence(T + 8);
+        std::vector<int32_t> prompt(static_cast<size_t>(T));
+        for (size_t i = 0; i < prompt.size(); ++i)
+          prompt[i] = int32_t((i * 2654435761u + uint32_t(T)) % kQwen36RealTokens);
+        std::vector<float> logits(V);
+        backend.forward(*seq, prompt, logits, false);
+        all.insert(all.end(), logits.begin(), logits.end());
+      }
+      return all;
+    };
+    const std::vector<float> plain = logits_of(false), fused = logits_of(true);
+    ASSERT_EQ(plain.size(), fused.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < plain.size(); ++i)
+      differ += std::memcmp(&plain[i], &fused[i], sizeof(float)) != 0 ? 1 : 0;
+    EXPECT_EQ(differ, 0u) << (q4 ? "4-bit" : "BF16") << ": logits that differ in their bits";
+  }
 }
 
 }  // namespace
