@@ -602,7 +602,7 @@ int chunk_blocks_per_sm(int arg) {
 
 template <int DK, class ST, class Mark>
 void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state,
-                    cudaStream_t stream, const Mark& mark, int chunk_blocks) {
+                    cudaStream_t stream, const Mark& mark, int per_sm) {
   constexpr size_t smemA = chunk_smem_floats<DK>() * sizeof(float),
                    smemB = StateSmem<DK>::kFloats * sizeof(float);
   static const bool attr_set = [] {
@@ -617,10 +617,9 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state
   (void)attr_set;
   const int NC = (T + kBT - 1) / kBT;
   // A block per (chunk, value head) where those blocks fit one wave (one per SM, or two with
-  // chunk_blocks = 2), else per (chunk, key head) (H200, s12 run 3, the chunk stage: T = 256 39
+  // per_sm = 2), else per (chunk, key head) (H200, s12 run 3, the chunk stage: T = 256 39
   // -> 29 us with 128 value-head blocks instead of 64 key-head blocks; T = 512 47 -> 58 us with
   // 256, two per SM, against 128, when the kernel took fewer registers than today's 254).
-  const int per_sm = chunk_blocks_per_sm(chunk_blocks);
   const int heads = int64_t(NC) * Hv <= int64_t(per_sm) * sm_count() ? Hv : Hk;
   const dim3 grid(NC, heads);
   if (per_sm == 2)
@@ -659,6 +658,7 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
   if (Dv <= 0 || Dv % kColsB != 0) fail("gdn_prefill: Dv {} not a multiple of {}", Dv, kColsB);
   if (Dk != 32 && Dk != 64 && Dk != 128) fail("gdn_prefill: Dk {} not supported (32, 64, 128)", Dk);
   if (K < 1 || K > 8) fail("gdn_prefill: conv kernel {} not supported (1..8)", K);
+  const int per_sm = chunk_blocks_per_sm(chunk_blocks);  // before any launch: it may refuse
   if (T <= 0) return;
   const PrefillWs w = carve(workspace, T, Hk, Hv, Dk, Dv);
   auto mark = [&](int i) {
@@ -686,13 +686,13 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
   mark(1);
   switch (Dk) {
     case 32:
-      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark, chunk_blocks);
+      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm);
       break;
     case 64:
-      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark, chunk_blocks);
+      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm);
       break;
     default:
-      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark, chunk_blocks);
+      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm);
       break;
   }
   const int C = 2 * Hk * Dk + Hv * Dv;

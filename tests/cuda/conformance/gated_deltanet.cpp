@@ -15,6 +15,7 @@
 #include "../twins/gated_deltanet_twin.h"
 #include "conformance.h"
 #include "cuda/gated_deltanet.h"
+#include "util/error.h"
 
 namespace lilac::test {
 namespace {
@@ -230,6 +231,13 @@ TEST(GdnPrefill, ChunkBlocksPerSmGiveTheSameBits) {
         EXPECT_TRUE(
             within(download(two.conv_state), download(one.conv_state), 0, 0, l + " conv state"));
       }
+  // Other counts are refused before any launch, the state untouched.
+  const GdnParams w = make_gdn_params(kGdnTiny, 1.f, 5);
+  const GdnStart start = random_gdn_start(kGdnTiny, false, 6);
+  GpuGdn gpu(kGdnTiny, w, start.conv, start.state);
+  const std::vector<float> proj = random_floats(size_t(10) * kGdnTiny.P(), 1.f, 7);
+  EXPECT_THROW(gpu.prefill(proj, 10, 3), Error);
+  EXPECT_TRUE(within(download(gpu.state), start.state, 0, 0, "state after the refused call"));
 }
 
 // ---- prefill in two calls, then decode: the state carried between launchers
