@@ -98,13 +98,12 @@ PrefillWs carve(float* ws, int T, int Hk, int Hv, int Dk, int Dv) {
 // tap is read once (version 1 read 4 proj rows and all taps per token: ~256 KB of L2 traffic per
 // token); the post-conv values go to shared memory [TOK][128], then one warp per (token, Dk-wide
 // channel group) l2-normalises a q or k head (or copies v). 128 % Dk == 0, so heads never straddle
-// blocks. DRAM: the 32 KiB of qkv per
+// blocks. Blocks with cs = 0 also compute the gates of their tokens. DRAM: the 32 KiB of qkv per
 // token read, 32 KiB written: ~64 KB/token, ~62 us at T = 4096. TOK = 64 tokens per block from T =
 // 2049; below, 16: at T = 256 the 64-token tiles made 256 blocks of 4 warps (8 warps per SM, each
 // lane 8 loads at a time: ~8 KB in flight per SM) and the stage took 30 us for ~16 MB; 16-token
 // tiles give 4x the blocks, each lane 2 rounds of 8 loads instead of 8 (the K-1 window rows before
-// a tile are read again: 3/16 more reads, from L2). The gates (g, beta) of a tile's tokens: a
-// (token, head) pair per thread over the tile's channel blocks.
+// a tile are read again: 3/16 more reads, from L2).
 constexpr int kPrepCh = 128;
 constexpr int kPrepSmallT = 2048;  // T up to this: 16-token tiles
 
@@ -147,16 +146,14 @@ __global__ void __launch_bounds__(kPrepCh)
       }
     }
   }
-  // The gates of the tile's n x Hv (token, head) pairs, spread over the tile's channel blocks
-  // (one pair per thread at the real shapes; s31): up to s30 the cs = 0 block computed all of
-  // them after its own channels, 4 (16-token tiles) to 16 (64-token) dependent rounds of loads
-  // and expf / log1pf while the other blocks had finished. The same expression per pair.
-  for (int e = int(blockIdx.y) * kPrepCh + tid; e < n * Hv; e += int(gridDim.y) * kPrepCh) {
-    const int tt = e / Hv, h = e % Hv;
-    const float* ba = proj + size_t(t0 + tt) * P + C + size_t(Hv) * Dv;  // b [Hv], then a [Hv]
-    bb[size_t(t0 + tt) * Hv + h] = sigmoid(ba[h]);
-    const float x = ba[Hv + h] + dt_bias[h];
-    gb[size_t(t0 + tt) * Hv + h] = neg_exp_A[h] * (x > 20.f ? x : log1pf(expf(x)));
+  if (blockIdx.y == 0) {
+    for (int e = tid; e < n * Hv; e += kPrepCh) {
+      const int tt = e / Hv, h = e % Hv;
+      const float* ba = proj + size_t(t0 + tt) * P + C + size_t(Hv) * Dv;  // b [Hv], then a [Hv]
+      bb[size_t(t0 + tt) * Hv + h] = sigmoid(ba[h]);
+      const float x = ba[Hv + h] + dt_bias[h];
+      gb[size_t(t0 + tt) * Hv + h] = neg_exp_A[h] * (x > 20.f ? x : log1pf(expf(x)));
+    }
   }
   __syncthreads();
   const int warp = tid >> 5, lane = tid & 31, groups = kPrepCh / Dk;
