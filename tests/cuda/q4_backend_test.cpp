@@ -361,7 +361,7 @@ TEST(Q4Backend, SyntheticGreedyDecodeIsDeterministic) {
 }
 
 // Prompt chunks: each layer's MoE combine writes the next layer's input norm in its blocks
-// (CudaOptions::prefill_combine_norm, s31) with rms_norm's own device function,
+// (CudaOptions::prefill_combine_norm, s31; default since s32) with rms_norm's own device function,
 // so the logits of a prompt are the same bits with the fusion on and off: BF16 and 4-bit, at
 // chunk lengths that take the small-M expert kernels (100), rows32 (300) and rows64 (1,000).
 TEST(Q4Backend, PrefillCombineNormGivesTheSameBits) {
@@ -391,6 +391,25 @@ TEST(Q4Backend, PrefillCombineNormGivesTheSameBits) {
     for (size_t i = 0; i < plain.size(); ++i)
       differ += std::memcmp(&plain[i], &fused[i], sizeof(float)) != 0 ? 1 : 0;
     EXPECT_EQ(differ, 0u) << (q4 ? "4-bit" : "BF16") << ": logits that differ in their bits";
+    // And the fusion happens: with it on, the prompt chunks of the kernel breakdown (256 and
+    // 4,096 tokens) run one fused combine per layer but the last; with it off, none.
+    const int L = int(backend.config().layers);
+    for (const bool fused : {true, false}) {
+      cuda::CudaOptions o = backend.options();
+      o.prefill_combine_norm = fused;
+      backend.set_options(o);
+      int chunks = 0, fused_lines = 0;
+      for (const std::string& line : backend.kernel_breakdown()) {
+        if (line.rfind("prefill chunk", 0) == 0) ++chunks;
+        if (chunks > 0 && line.find("moe_combine+rms_norm") != std::string::npos) {
+          ++fused_lines;
+          EXPECT_NE(line.find("(" + std::to_string(L - 1) + " launches)"), std::string::npos)
+              << line;
+        }
+      }
+      EXPECT_EQ(chunks, 2);
+      EXPECT_EQ(fused_lines, fused ? 2 : 0) << (q4 ? "4-bit" : "BF16") << ", fused " << fused;
+    }
   }
 }
 
