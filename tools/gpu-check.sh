@@ -29,8 +29,13 @@
 #               16,384 tokens, three interleaved rounds
 #   prefill-norm-ab
 #               prompt chunks' MoE combine writing the next layer's input norm
-#               (LILAC_PREFILL_COMBINE_NORM = 0 | 1, s31): its same-bits test, then 4-bit prefill at
-#               256 / 512 / 1,024 / 4,096 tokens under each, three interleaved rounds
+#               (LILAC_PREFILL_COMBINE_NORM = 0 | 1, s31; on by default since s32): its same-bits
+#               test, then 4-bit prefill at 256 / 512 / 1,024 / 4,096 tokens under each, three
+#               interleaved rounds
+#   tf32-split-ab
+#               the GDN state pass's 3xTF32 split rounded or truncated (LILAC_GDN_TF32_SPLIT =
+#               round | trunc, s32): its tolerance test, lilac_cuda_bench_seq under each, then
+#               4-bit prefill at 256 / 512 / 1,024 / 4,096 / 16,384 tokens, three interleaved rounds
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -153,6 +158,17 @@ for s in $steps; do
       for round in 1 2 3; do
         for n in 1 2; do
           run "gdn-chunk-$n-$round" 180 env LILAC_GDN_CHUNK_BLOCKS=$n "$B/lilac" bench --synthetic \
+            --weights q4 --lengths 256,512,1024,4096,16384 --rounds 1 --decode 1 --sampling off
+        done
+      done ;;
+    tf32-split-ab)
+      run tf32-split-test 300 "$B/lilac_cuda_tests" --gtest_filter='GdnPrefill.TruncatedTf32Split*'
+      for m in round trunc; do
+        run "tf32-split-seq-$m" 120 env LILAC_GDN_TF32_SPLIT=$m "$B/lilac_cuda_bench_seq"
+      done
+      for round in 1 2 3; do
+        for m in round trunc; do
+          run "tf32-split-$m-$round" 180 env LILAC_GDN_TF32_SPLIT=$m "$B/lilac" bench --synthetic \
             --weights q4 --lengths 256,512,1024,4096,16384 --rounds 1 --decode 1 --sampling off
         done
       done ;;

@@ -399,7 +399,7 @@ struct StateSmem {
 // 32) x 3 = 2.75 M MAC in 2688 mma.sync (~5400 cycles at ~512 tf32 MAC/clk/SM); L2 reads 120 KB.
 // ST: the recurrent state's element type (float, or bf16: model/state_format.h); the chunks carry
 // it in f32 registers, so a bf16 state is rounded once, at the final store.
-template <int DK, class ST>
+template <int DK, class ST, bool TRUNC>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_state_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
                      const float* __restrict__ Wb, const float* __restrict__ Pb,
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // 1. X^T partial = S^T [W; Q]^T over this Dk quarter: x[n] for rows 8n .. 8n+7 of [W; Q].
     float x[16][4];
-    state_partials<DK, 16, L::KPW>(s, WQ, dq, g, t, x);
+    state_partials<DK, 16, L::KPW, TRUNC>(s, WQ, dq, g, t, x);
     cp_async_wait<0>();  // P, K, U~, G of chunk c
 #pragma unroll
     for (int n = 0; n < 16; ++n)
@@ -489,13 +489,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int ks = 0; ks < 8; ++ks) {
       if (ks > 2 * dq + 1) continue;  // P[r][s] = 0 for s > r
       uint32_t ah[4], al[4];
-      a_from_acc(u[ks], ah, al);
+      a_from_acc<TRUNC>(u[ks], ah, al);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         if (ks > 2 * dq + i) continue;
         const float2 b =
             *reinterpret_cast<const float2*>(Ps + (16 * dq + 8 * i + g) * L::PP + 8 * ks + 2 * t);
-        mma3(o[i], ah, al, b.x, b.y);
+        mma3<TRUNC>(o[i], ah, al, b.x, b.y);
       }
     }
 #pragma unroll
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // 3. S^T = e^{G_L} S^T + (U e^{G_L - G})^T K[:, quarter].
-    update_state<DK, L::KPK>(s, u, Gs, Ks, GL, dq, g, t);
+    update_state<DK, L::KPK, TRUNC>(s, u, Gs, Ks, GL, dq, g, t);
     __syncthreads();  // every warp is done with P, K, U~, G and the partials
     if (c + 1 < NC) load_rest(c + 1);
     cp_async_commit();
@@ -597,9 +597,21 @@ int chunk_blocks_per_sm(int arg) {
   return arg;
 }
 
+// The state pass's 3xTF32 split (split_tf32): `arg` 1 rounded, 2 truncated; else (arg 0)
+// LILAC_GDN_TF32_SPLIT (round | trunc), else rounded. True: truncated.
+bool state_split_truncated(int arg) {
+  if (arg == 0) {
+    static const bool env =
+        env_enum("LILAC_GDN_TF32_SPLIT", false, {{"round", false}, {"trunc", true}});
+    return env;
+  }
+  if (arg != 1 && arg != 2) fail("gdn_prefill: tf32 split {} (1 rounded, 2 truncated)", arg);
+  return arg == 2;
+}
+
 template <int DK, class ST, class Mark>
 void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state,
-                    cudaStream_t stream, const Mark& mark, int per_sm) {
+                    cudaStream_t stream, const Mark& mark, int per_sm, bool trunc) {
   constexpr size_t smemA = chunk_smem_floats<DK>() * sizeof(float),
                    smemB = StateSmem<DK>::kFloats * sizeof(float);
   static const bool attr_set = [] {
@@ -607,7 +619,9 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemA)));
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_kernel<DK, 2>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemA)));
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<DK, ST>,
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<DK, ST, false>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemB)));
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<DK, ST, true>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemB)));
     return true;
   }();
@@ -627,8 +641,13 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state
                                                                Dv, w.vb, w.W, w.Gc, w.P);
   LILAC_CUDA_LAUNCHED();
   mark(2);
-  gdn_state_kernel<DK, ST><<<dim3(Dv / kColsB, Hv), kThreads, smemB, stream>>>(
-      w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, Dv);
+  const dim3 grid_s(Dv / kColsB, Hv);
+  if (trunc)
+    gdn_state_kernel<DK, ST, true><<<grid_s, kThreads, smemB, stream>>>(w.qn, w.kn, w.W, w.P, w.Gc,
+                                                                        w.vb, state, T, Hk, Hv, Dv);
+  else
+    gdn_state_kernel<DK, ST, false><<<grid_s, kThreads, smemB, stream>>>(
+        w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, Dv);
   LILAC_CUDA_LAUNCHED();
   mark(3);
 }
@@ -649,13 +668,14 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
                       const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                       ST* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
                       bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events,
-                      int chunk_blocks) {
+                      int chunk_blocks, int tf32_split) {
   if (Hk <= 0 || Hv % Hk != 0)
     fail("gdn_prefill: {} value heads not a multiple of {} key heads", Hv, Hk);
   if (Dv <= 0 || Dv % kColsB != 0) fail("gdn_prefill: Dv {} not a multiple of {}", Dv, kColsB);
   if (Dk != 32 && Dk != 64 && Dk != 128) fail("gdn_prefill: Dk {} not supported (32, 64, 128)", Dk);
   if (K < 1 || K > 8) fail("gdn_prefill: conv kernel {} not supported (1..8)", K);
-  const int per_sm = chunk_blocks_per_sm(chunk_blocks);  // before any launch: it may refuse
+  const int per_sm = chunk_blocks_per_sm(chunk_blocks);  // before any launch: they may refuse
+  const bool trunc = state_split_truncated(tf32_split);
   if (T <= 0) return;
   const PrefillWs w = carve(workspace, T, Hk, Hv, Dk, Dv);
   auto mark = [&](int i) {
@@ -683,13 +703,13 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
   mark(1);
   switch (Dk) {
     case 32:
-      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm);
+      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm, trunc);
       break;
     case 64:
-      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm);
+      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm, trunc);
       break;
     default:
-      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm);
+      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm, trunc);
       break;
   }
   const int C = 2 * Hk * Dk + Hv * Dv;
@@ -704,18 +724,19 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
-                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events,
-                 int chunk_blocks) {
+                 bf16* out, cudaStream_t stream, const cudaEvent_t* stage_events, int chunk_blocks,
+                 int tf32_split) {
   gdn_prefill_impl(proj, T, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv,
-                   Dk, Dv, K, eps, workspace, out, stream, stage_events, chunk_blocks);
+                   Dk, Dv, K, eps, workspace, out, stream, stage_events, chunk_blocks, tf32_split);
 }
 
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale, bf16* state,
                  int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace, bf16* out,
-                 cudaStream_t stream, const cudaEvent_t* stage_events, int chunk_blocks) {
+                 cudaStream_t stream, const cudaEvent_t* stage_events, int chunk_blocks,
+                 int tf32_split) {
   gdn_prefill_impl(proj, T, conv_taps, conv_state, neg_exp_A, dt_bias, norm_scale, state, Hk, Hv,
-                   Dk, Dv, K, eps, workspace, out, stream, stage_events, chunk_blocks);
+                   Dk, Dv, K, eps, workspace, out, stream, stage_events, chunk_blocks, tf32_split);
 }
 
 }  // namespace lilac::cuda

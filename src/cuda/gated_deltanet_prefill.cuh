@@ -40,9 +40,19 @@ __device__ __forceinline__ uint32_t tf32_bits(float x) {
 // x = hi + lo. lo keeps its 13 low bits: mma.sync reads only the tf32 bits of a .tf32 operand, so
 // rounding lo needs only the add (ptxas's own expansion of cvt.rna feeds lo to the mma unmasked
 // the same way). For a finite x the mma sees the same operand bits as with cvt.rna.
+// TRUNC (s32, the state pass behind LILAC_GDN_TF32_SPLIT=trunc): hi truncated instead of rounded.
+// x itself is then hi's operand (the mma drops its low 13 bits) and lo = x - (x with those bits
+// cleared), exact, passed unrounded: 2 instructions instead of 4. Different bits: |lo| < 2^-10 |x|
+// instead of 2^-11 and lo truncated by the mma, so a product's error is ~2^-20 of it, not ~2^-22.
+template <bool TRUNC = false>
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = tf32_bits(x);
-  lo = __float_as_uint(x - __uint_as_float(hi)) + 0x1000u;
+  if constexpr (TRUNC) {
+    hi = __float_as_uint(x);
+    lo = __float_as_uint(x - __uint_as_float(hi & 0xffffe000u));
+  } else {
+    hi = tf32_bits(x);
+    lo = __float_as_uint(x - __uint_as_float(hi)) + 0x1000u;
+  }
 }
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
@@ -52,19 +62,21 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // A operand (hi, lo) from an accumulator tile c[4] under the permutation above.
+template <bool TRUNC = false>
 __device__ __forceinline__ void a_from_acc(const float (&c)[4], uint32_t (&hi)[4],
                                            uint32_t (&lo)[4]) {
-  split_tf32(c[0], hi[0], lo[0]);
-  split_tf32(c[2], hi[1], lo[1]);
-  split_tf32(c[1], hi[2], lo[2]);
-  split_tf32(c[3], hi[3], lo[3]);
+  split_tf32<TRUNC>(c[0], hi[0], lo[0]);
+  split_tf32<TRUNC>(c[2], hi[1], lo[1]);
+  split_tf32<TRUNC>(c[1], hi[2], lo[2]);
+  split_tf32<TRUNC>(c[3], hi[3], lo[3]);
 }
 // d += A B in 3xTF32, B given as its two f32 values.
+template <bool TRUNC = false>
 __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
                                      const uint32_t (&al)[4], float b0, float b1) {
   uint32_t bh0, bl0, bh1, bl1;
-  split_tf32(b0, bh0, bl0);
-  split_tf32(b1, bh1, bl1);
+  split_tf32<TRUNC>(b0, bh0, bl0);
+  split_tf32<TRUNC>(b1, bh1, bl1);
   mma_tf32(d, al, bh0, bh1);
   mma_tf32(d, ah, bl0, bl1);
   mma_tf32(d, ah, bh0, bh1);
@@ -140,7 +152,7 @@ __device__ __forceinline__ void load_k_u_g(int tid, int c, int T, int NC, const 
 // Step 1 of a chunk: this lane's partial X^T = S^T B^T over its Dk quarter for the NT 8-row
 // tiles of B (the rows of W, then of Q where NT = 16; [8 NT][KPW] in shared memory): x[n] for B
 // rows 8n .. 8n+7, the accumulators of s as A operands (a_from_acc), B read as float2.
-template <int DK, int NT, int KPW>
+template <int DK, int NT, int KPW, bool TRUNC>
 __device__ __forceinline__ void state_partials(const float (&s)[DK / 32][4], const float* B, int dq,
                                                int g, int t, float (&x)[NT][4]) {
   constexpr int KQ = DK / 4;
@@ -149,12 +161,12 @@ __device__ __forceinline__ void state_partials(const float (&s)[DK / 32][4], con
 #pragma unroll
   for (int j = 0; j < DK / 32; ++j) {
     uint32_t ah[4], al[4];
-    a_from_acc(s[j], ah, al);
+    a_from_acc<TRUNC>(s[j], ah, al);
     const float* brow = B + g * KPW + KQ * dq + 8 * j + 2 * t;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       const float2 b = *reinterpret_cast<const float2*>(brow + 8 * n * KPW);
-      mma3(x[n], ah, al, b.x, b.y);
+      mma3<TRUNC>(x[n], ah, al, b.x, b.y);
     }
   }
 }
@@ -185,7 +197,7 @@ __device__ __forceinline__ void u_from_partials(const float4* part, int mt, int 
 
 // The chunk's state update, S^T = e^{G_L} S^T + (U e^{G_L - G})^T K~[:, quarter], from this lane's
 // U^T tiles u[n] (chunk rows 8n + (2t, 2t+1), columns colA, colB), G (Gs, GL = G_63) and K~ (Ks).
-template <int DK, int KPK>
+template <int DK, int KPK, bool TRUNC>
 __device__ __forceinline__ void update_state(float (&s)[DK / 32][4], const float (&u)[8][4],
                                              const float* Gs, const float* Ks, float GL, int dq,
                                              int g, int t) {
@@ -201,10 +213,10 @@ __device__ __forceinline__ void update_state(float (&s)[DK / 32][4], const float
     const float d0 = expf(GL - Gs[r]), d1 = expf(GL - Gs[r + 1]);
     const float ud[4] = {u[ks][0] * d0, u[ks][1] * d1, u[ks][2] * d0, u[ks][3] * d1};
     uint32_t ah[4], al[4];
-    a_from_acc(ud, ah, al);
+    a_from_acc<TRUNC>(ud, ah, al);
     const float* k0 = Ks + r * KPK + KQ * dq + g;
 #pragma unroll
-    for (int j = 0; j < DK / 32; ++j) mma3(s[j], ah, al, k0[8 * j], k0[KPK + 8 * j]);
+    for (int j = 0; j < DK / 32; ++j) mma3<TRUNC>(s[j], ah, al, k0[8 * j], k0[KPK + 8 * j]);
   }
 }
 

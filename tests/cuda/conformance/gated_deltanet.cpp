@@ -67,8 +67,10 @@ struct GpuGdn {
     return download_bf16_as_f32(out);
   }
 
-  // chunk_blocks: gdn_prefill's blocks per SM of the chunk kernel (0: its default).
-  std::vector<float> prefill(const std::vector<float>& proj, int T, int chunk_blocks = 0) {
+  // chunk_blocks, tf32_split: gdn_prefill's blocks per SM of the chunk kernel and the state
+  // pass's split (0: their defaults).
+  std::vector<float> prefill(const std::vector<float>& proj, int T, int chunk_blocks = 0,
+                             int tf32_split = 0) {
     auto d_proj = upload(proj);
     cuda::DeviceBuffer<float> ws(cuda::gdn_prefill_workspace_floats(T, d.Hk, d.Hv, d.Dk, d.Dv));
     poison(ws);  // nothing read from the workspace may come from before the launch
@@ -77,11 +79,11 @@ struct GpuGdn {
     if (bf16_state())
       cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
                         dt_bias.get(), norm_w.get(), state16.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
-                        kGdnEps, ws.get(), out.get(), nullptr, nullptr, chunk_blocks);
+                        kGdnEps, ws.get(), out.get(), nullptr, nullptr, chunk_blocks, tf32_split);
     else
       cuda::gdn_prefill(d_proj.get(), T, taps.get(), conv_state.get(), neg_exp_A.get(),
                         dt_bias.get(), norm_w.get(), state.get(), d.Hk, d.Hv, d.Dk, d.Dv, d.K,
-                        kGdnEps, ws.get(), out.get(), nullptr, nullptr, chunk_blocks);
+                        kGdnEps, ws.get(), out.get(), nullptr, nullptr, chunk_blocks, tf32_split);
     return download_bf16_as_f32(out);
   }
 };
@@ -237,6 +239,49 @@ TEST(GdnPrefill, ChunkBlocksPerSmGiveTheSameBits) {
   GpuGdn gpu(kGdnTiny, w, start.conv, start.state);
   const std::vector<float> proj = random_floats(size_t(10) * kGdnTiny.P(), 1.f, 7);
   EXPECT_THROW(gpu.prefill(proj, 10, 3), Error);
+  EXPECT_TRUE(within(download(gpu.state), start.state, 0, 0, "state after the refused call"));
+}
+
+// The state pass with its tf32 split truncated (tf32_split 2, LILAC_GDN_TF32_SPLIT=trunc: hi is x
+// itself, lo = x - hi's tf32 bits, both cut by the mma) holds the CPU twin's tolerances at the
+// real and tiny dims, with a fresh and a carried state; at 16,384 tokens it stays within them of
+// the rounded split's results (whose own match with the twin the cases above check) though not
+// bit for bit (so the switch is seen to act). Other values are refused before any launch.
+TEST(GdnPrefill, TruncatedTf32SplitHoldsTheTolerances) {
+  LILAC_REQUIRE_GPU();
+  for (const GdnDims& d : {kGdnReal, kGdnTiny})
+    for (const int T : {65, 1000, 2100}) {
+      const uint32_t seed = uint32_t(T * 13 + d.Dk);
+      const GdnParams w = make_gdn_params(d, 0.02f, seed);
+      GdnStart cpu = random_gdn_start(d, T == 65, seed + 10);
+      GpuGdn gpu(d, w, cpu.conv, cpu.state);
+      const std::vector<float> proj = random_floats(size_t(T) * d.P(), 1.f, seed + 20);
+      const auto out = gpu.prefill(proj, T, 0, 2);
+      const auto want = cpu_gdn(proj, T, d, w, cpu.conv, cpu.state);
+      const std::string l = tag(d, "truncated split, prefill T", T, 0.02f);
+      EXPECT_TRUE(out_close(out, want, l));
+      EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
+    }
+  {
+    const int T = 16384;
+    const GdnParams w = make_gdn_params(kGdnReal, 0.02f, 41);
+    const GdnStart start = random_gdn_start(kGdnReal, false, 42);
+    const std::vector<float> proj = random_floats(size_t(T) * kGdnReal.P(), 1.f, 43);
+    GpuGdn rounded(kGdnReal, w, start.conv, start.state),
+        truncated(kGdnReal, w, start.conv, start.state);
+    const auto out_r = rounded.prefill(proj, T, 0, 1), out_t = truncated.prefill(proj, T, 0, 2);
+    const auto state_r = download(rounded.state), state_t = download(truncated.state);
+    EXPECT_TRUE(out_close(out_t, out_r, "T 16384 truncated against rounded"));
+    EXPECT_TRUE(state_close(state_t, state_r, "T 16384 truncated against rounded"));
+    size_t differ = 0;
+    for (size_t i = 0; i < state_r.size(); ++i) differ += state_r[i] != state_t[i] ? 1 : 0;
+    EXPECT_GT(differ, state_r.size() / 100) << "the truncated split changed almost no bits";
+  }
+  const GdnParams w = make_gdn_params(kGdnTiny, 1.f, 5);
+  const GdnStart start = random_gdn_start(kGdnTiny, false, 6);
+  GpuGdn gpu(kGdnTiny, w, start.conv, start.state);
+  const std::vector<float> proj = random_floats(size_t(10) * kGdnTiny.P(), 1.f, 7);
+  EXPECT_THROW(gpu.prefill(proj, 10, 0, 3), Error);
   EXPECT_TRUE(within(download(gpu.state), start.state, 0, 0, "state after the refused call"));
 }
 
