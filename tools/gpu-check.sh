@@ -34,7 +34,7 @@
 #               interleaved rounds
 #   tf32-split-ab
 #               the GDN state pass's 3xTF32 split rounded or truncated (LILAC_GDN_TF32_SPLIT =
-#               round | trunc, s32): its tolerance test, lilac_cuda_bench_seq under each, then
+#               round | trunc, s32; trunc the default): its tolerance test, lilac_cuda_bench_seq under each, then
 #               4-bit prefill at 256 / 512 / 1,024 / 4,096 / 16,384 tokens, three interleaved rounds
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
@@ -162,7 +162,7 @@ for s in $steps; do
         done
       done ;;
     tf32-split-ab)
-      run tf32-split-test 300 "$B/lilac_cuda_tests" --gtest_filter='GdnPrefill.TruncatedTf32Split*'
+      run tf32-split-test 300 "$B/lilac_cuda_tests" --gtest_filter='GdnPrefill.BothTf32Splits*'
       for m in round trunc; do
         run "tf32-split-seq-$m" 120 env LILAC_GDN_TF32_SPLIT=$m "$B/lilac_cuda_bench_seq"
       done

@@ -242,25 +242,27 @@ TEST(GdnPrefill, ChunkBlocksPerSmGiveTheSameBits) {
   EXPECT_TRUE(within(download(gpu.state), start.state, 0, 0, "state after the refused call"));
 }
 
-// The state pass with its tf32 split truncated (tf32_split 2, LILAC_GDN_TF32_SPLIT=trunc: hi is x
-// itself, lo = x - hi's tf32 bits, both cut by the mma) holds the CPU twin's tolerances at the
-// real and tiny dims, with a fresh and a carried state; at 16,384 tokens it stays within them of
-// the rounded split's results (whose own match with the twin the cases above check) though not
-// bit for bit (so the switch is seen to act). Other values are refused before any launch.
-TEST(GdnPrefill, TruncatedTf32SplitHoldsTheTolerances) {
+// The state pass's two tf32 splits (tf32_split 1: hi rounded as cvt.rna; 2, the default since s32:
+// hi is x itself, lo = x - hi's tf32 bits, both cut by the mma; LILAC_GDN_TF32_SPLIT) each hold
+// the CPU twin's tolerances at the real and tiny dims, with a fresh and a carried state; at 16,384
+// tokens they stay within them of each other though not bit for bit (so the switch is seen to
+// act). Other values are refused before any launch.
+TEST(GdnPrefill, BothTf32SplitsHoldTheTolerances) {
   LILAC_REQUIRE_GPU();
   for (const GdnDims& d : {kGdnReal, kGdnTiny})
     for (const int T : {65, 1000, 2100}) {
       const uint32_t seed = uint32_t(T * 13 + d.Dk);
       const GdnParams w = make_gdn_params(d, 0.02f, seed);
       GdnStart cpu = random_gdn_start(d, T == 65, seed + 10);
-      GpuGdn gpu(d, w, cpu.conv, cpu.state);
+      GpuGdn rounded(d, w, cpu.conv, cpu.state), truncated(d, w, cpu.conv, cpu.state);
       const std::vector<float> proj = random_floats(size_t(T) * d.P(), 1.f, seed + 20);
-      const auto out = gpu.prefill(proj, T, 0, 2);
+      const auto out_r = rounded.prefill(proj, T, 0, 1), out_t = truncated.prefill(proj, T, 0, 2);
       const auto want = cpu_gdn(proj, T, d, w, cpu.conv, cpu.state);
-      const std::string l = tag(d, "truncated split, prefill T", T, 0.02f);
-      EXPECT_TRUE(out_close(out, want, l));
-      EXPECT_TRUE(state_close(download(gpu.state), cpu.state, l));
+      const std::string l = tag(d, "prefill T", T, 0.02f);
+      EXPECT_TRUE(out_close(out_r, want, l + " rounded split"));
+      EXPECT_TRUE(state_close(download(rounded.state), cpu.state, l + " rounded split"));
+      EXPECT_TRUE(out_close(out_t, want, l + " truncated split"));
+      EXPECT_TRUE(state_close(download(truncated.state), cpu.state, l + " truncated split"));
     }
   {
     const int T = 16384;
