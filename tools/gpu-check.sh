@@ -32,6 +32,9 @@
 #               (LILAC_PREFILL_COMBINE_NORM = 0 | 1, s31; on by default since s32): its same-bits
 #               test, then 4-bit prefill at 256 / 512 / 1,024 / 4,096 tokens under each, three
 #               interleaved rounds
+#   moe-y-ab    prompt chunks' routed expert outputs in bf16 instead of f32 (LILAC_PREFILL_MOE_Y_BF16
+#               = 0 | 1, s32): its tests, then 4-bit prefill at 256 / 512 / 1,024 / 4,096 / 16,384
+#               tokens under each, three interleaved rounds
 #   tf32-split-ab
 #               the GDN state pass's 3xTF32 split rounded or truncated (LILAC_GDN_TF32_SPLIT =
 #               round | trunc, s32; trunc the default): its tolerance test, lilac_cuda_bench_seq under each, then
@@ -169,6 +172,15 @@ for s in $steps; do
       for round in 1 2 3; do
         for m in round trunc; do
           run "tf32-split-$m-$round" 180 env LILAC_GDN_TF32_SPLIT=$m "$B/lilac" bench --synthetic \
+            --weights q4 --lengths 256,512,1024,4096,16384 --rounds 1 --decode 1 --sampling off
+        done
+      done ;;
+    moe-y-ab)
+      run moe-y-test 300 "$B/lilac_cuda_tests" \
+        --gtest_filter='Q4Moe.DownBf16RowsAreTheF32RowsRounded:Q4Backend.PrefillMoeYBf16*'
+      for round in 1 2 3; do
+        for n in 0 1; do
+          run "moe-y-$n-$round" 180 env LILAC_PREFILL_MOE_Y_BF16=$n "$B/lilac" bench --synthetic \
             --weights q4 --lengths 256,512,1024,4096,16384 --rounds 1 --decode 1 --sampling off
         done
       done ;;

@@ -87,6 +87,11 @@ struct CudaOptions {
   // The same in prompt chunks (the next layer's input norm only; s32, H100: prefill +0.5% at
   // 256 / 512 tokens, +0.6% at 4,096). LILAC_PREFILL_COMBINE_NORM=0: rms_norm (A/B).
   bool prefill_combine_norm = true;
+  // Prompt chunks on the fused 4-bit wgmma expert kernels: the routed experts' down outputs
+  // stored as bf16 (each rounded once) instead of f32, halving the chunk's largest write and
+  // read (268 MB each per layer at 4,096 tokens); moe_combine widens them back (s32, off until
+  // measured). LILAC_PREFILL_MOE_Y_BF16=1: on.
+  bool prefill_moe_y_bf16 = false;
   // moe_route (one block), the grouped GEMMs and moe_combine launched with PDL (moe_prefill.h):
   // each then starts while the previous kernel ends. LILAC_MOE_PDL=0: plain launches (A/B).
   bool moe_pdl = true;

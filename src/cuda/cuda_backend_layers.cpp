@@ -143,8 +143,9 @@ bool CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
     if (form == PromptMoe::rows64) tile = QMoeWgmmaTile::rows64;
     if (form == PromptMoe::rows32) tile = QMoeWgmmaTile::rows32;
   }
-  moe_experts(L, c, w, T, r, small_max, options_.small_moe_kernel, options_.fused_shared_expert,
-              timer, s, tile);
+  const bool y_bf16 =
+      moe_experts(L, c, w, T, r, small_max, options_.small_moe_kernel, options_.fused_shared_expert,
+                  timer, s, tile, options_.prefill_moe_y_bf16);
   // The next layer's input norm in the combine's blocks (rms_norm's function: the same bits, and
   // one launch and one read of h fewer per layer); not the final norm, which prefill_chunk runs
   // on the rows it takes logits of.
@@ -153,7 +154,7 @@ bool CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
                     moe_combine_norm_supported(H, w.h.get(), next_norm, w.x.get());
   timed(timer, fuse ? "moe_combine+rms_norm" : "moe_combine", [&] {
     moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s,
-                fuse ? next_norm : nullptr, w.x.get(), eps);
+                fuse ? next_norm : nullptr, w.x.get(), eps, y_bf16);
   });
   if (trace_) trace_delta(tp + "moe_out");
   return fuse;

@@ -351,10 +351,12 @@ inline bool small_moe(const DeviceLayer& L, int T, int max_tokens) {
 // (token tile `tile`) and BF16 ones the 128-token-tile grouped kernels, each with the shared
 // expert's tiles inside them (two launches); else those kernels, then the shared
 // expert on its own (gemv_rows or a GEMM). tile: the 4-bit grouped wgmma kernels' token tile.
-inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w, int T,
+// y_bf16: where the fused 4-bit wgmma kernels run, their routed rows of y in bf16
+// (q_moe_grouped_down_wgmma's y_bf16). Returns whether y holds bf16 rows (for moe_combine).
+inline bool moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w, int T,
                         const MoeRouting& r, int small_max_tokens, MoeSmallKernel small_kernel,
                         bool fused_shared, CudaBackend::Timer* timer, cudaStream_t s,
-                        QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive) {
+                        QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive, bool y_bf16 = false) {
   const int H = int(c.hidden), I = int(c.expert_intermediate), Is = int(c.shared_intermediate);
   if (small_moe(L, T, small_max_tokens)) {
     timed(timer, "moe_small_gate_up", [&] {
@@ -365,7 +367,7 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
       q_moe_small_down(w.act.get(), I, w.shared_act.get(), Is, L.down.q, L.shared_down.q, H, r,
                        w.y.get(), w.shared_out.get(), s, small_kernel);
     });
-    return;
+    return false;
   }
   if (fused_shared && L.gate_up.affine() && L.down.affine() && L.shared_gate_up.affine() &&
       L.shared_down.affine() && L.gate_up.q.bits == 4 && L.down.q.bits == 4 &&
@@ -378,9 +380,10 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
       q_moe_grouped_gate_up_wgmma(w.x.get(), H, L.gate_up.q, I, r, w.act.get(), s, tile, &shared);
     });
     timed(timer, "moe_grouped_down+shared", [&] {
-      q_moe_grouped_down_wgmma(w.act.get(), I, L.down.q, H, r, w.y.get(), s, tile, &shared);
+      q_moe_grouped_down_wgmma(w.act.get(), I, L.down.q, H, r, w.y.get(), s, tile, &shared, 0,
+                               y_bf16);
     });
-    return;
+    return y_bf16;
   }
   if (fused_shared && !L.gate_up.affine() && !L.down.affine() && !L.shared_gate_up.affine() &&
       !L.shared_down.affine() && Is == I) {
@@ -392,7 +395,7 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
     timed(timer, "moe_grouped_down+shared", [&] {
       moe_grouped_down(w.act.get(), I, L.down.dense, H, r, w.y.get(), s, true, &shared);
     });
-    return;
+    return false;
   }
   timed(timer, "moe_grouped_gate_up",
         [&] { moe_gate_up_prefill(L, w.x.get(), H, I, r, w.act.get(), s, tile); });
@@ -424,7 +427,7 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
         gemm(w.shared_act.get(), T, Is, L.shared_down.dense, H, w.shared_out.get(),
              GemmOut::StoreF32, s);
     });
-    return;
+    return false;
   }
   timed(timer, "moe_shared_gate_up",
         [&] { moe_shared_gate_up_prefill(L, w.x.get(), T, H, Is, w.shared_act.get(), s, tile); });
@@ -432,6 +435,7 @@ inline void moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
     proj_gemm(w.shared_act.get(), T, Is, L.shared_down, H, w.shared_out.get(), GemmOut::StoreF32,
               s);
   });
+  return false;
 }
 
 // Greedy without penalties or logprobs: the token is an argmax, one launch.

@@ -350,14 +350,25 @@ __device__ __forceinline__ float4 combined(float4 experts, float gate, const flo
   return o;
 }
 
+// Four columns of an expert row: f32, or bf16 widened (exactly) to f32.
+__device__ __forceinline__ float4 y4(const float* y, size_t row, size_t H, int c) {
+  return reinterpret_cast<const float4*>(y + row * H)[c];
+}
+__device__ __forceinline__ float4 y4(const bf16* y, size_t row, size_t H, int c) {
+  const uint2 u = reinterpret_cast<const uint2*>(y + row * H)[c];
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
 // Grid: a block per token row t (256 threads). KT > 0 (the model's k = 8 at H <= 2048): each
 // thread's PER columns (float4) and their KT expert rows, the shared row and h are all loaded
 // before the first sum, so a thread waits for one L2 round trip instead of one per column pass and
 // per few experts (the generic loop, KT = 0: k and the columns at run time). The same sums in the
 // same order either way (bit for bit).
-template <int KT, int PER>
+// Y: the expert rows' type (float, or bf16 under y_bf16).
+template <int KT, int PER, class Y>
 __global__ void __launch_bounds__(256)
-    moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w,
+    moe_combine_kernel(const Y* __restrict__ y, const float* __restrict__ w,
                        const int32_t* __restrict__ pos, int k, const float* __restrict__ logits,
                        int stride, int E, const float* __restrict__ shared, int H,
                        float* __restrict__ h, const float* __restrict__ norm_scale,
@@ -387,8 +398,7 @@ __global__ void __launch_bounds__(256)
       const int c = threadIdx.x + p * 256;
       if (c < H4) {
 #pragma unroll
-        for (int j = 0; j < KT; ++j)
-          v[p][j] = reinterpret_cast<const float4*>(y + size_t(sp[j]) * size_t(H))[c];
+        for (int j = 0; j < KT; ++j) v[p][j] = y4(y, size_t(sp[j]), size_t(H), c);
         sv[p] = sh[c];
         hv[p] = ht[c];
       }
@@ -405,8 +415,7 @@ __global__ void __launch_bounds__(256)
   } else {
     for (int c = threadIdx.x; c < H / 4; c += blockDim.x) {
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int j = 0; j < k; ++j)
-        add_scaled(acc, sw[j], reinterpret_cast<const float4*>(y + size_t(sp[j]) * size_t(H))[c]);
+      for (int j = 0; j < k; ++j) add_scaled(acc, sw[j], y4(y, size_t(sp[j]), size_t(H), c));
       const float4 sv = sh[c];
       ht[c] = combined(acc, gate, sv, ht[c]);
     }
@@ -572,18 +581,29 @@ void moe_shared_swiglu(const float* gu, int T, int Is, bf16* act, cudaStream_t s
 
 void moe_combine(const float* y, const MoeRouting& r, const float* logits, int stride,
                  const float* shared, int H, float* h, cudaStream_t stream, const float* norm_scale,
-                 bf16* norm_out, float eps) {
+                 bf16* norm_out, float eps, bool y_bf16) {
   check_routing(r, "moe_combine");
   if (H % 4 != 0 || stride <= r.E)
     fail("moe_combine: H {} (multiple of 4), stride {} (> E {})", H, stride, r.E);
+  if (y_bf16 && (H % 8 != 0 || !is_aligned(y, 16)))
+    fail("moe_combine: bf16 expert rows need H % 8 == 0 and a 16-byte aligned y (H {})", H);
   if (norm_scale && !moe_combine_norm_supported(H, h, norm_scale, norm_out))
     fail("moe_combine: the fused norm needs H % 8 == 0 and 16-byte aligned rows (H {})", H);
   static_assert(kRmsThreads == 256, "the combine's blocks run rms_norm_row");
   // The unrolled form at the model's k = 8 and H <= 2048 (two float4 columns per thread).
-  auto kernel = r.k == 8 && H <= 2 * 256 * 4 ? moe_combine_kernel<8, 2> : moe_combine_kernel<0, 1>;
-  launch_kernel(moe_pdl_enabled(), kernel, dim3(unsigned(r.T)), dim3(256), 0, stream, y,
-                r.topk_weight, r.pair_position, r.k, logits, stride, r.E, shared, H, h, norm_scale,
-                norm_out, eps);
+  const bool unrolled = r.k == 8 && H <= 2 * 256 * 4;
+  auto launch = [&](auto kernel, const auto* yv) {
+    launch_kernel(moe_pdl_enabled(), kernel, dim3(unsigned(r.T)), dim3(256), 0, stream, yv,
+                  r.topk_weight, r.pair_position, r.k, logits, stride, r.E, shared, H, h,
+                  norm_scale, norm_out, eps);
+  };
+  if (y_bf16) {
+    const bf16* y16 = reinterpret_cast<const bf16*>(y);
+    if (unrolled) return launch(moe_combine_kernel<8, 2, bf16>, y16);
+    return launch(moe_combine_kernel<0, 1, bf16>, y16);
+  }
+  if (unrolled) return launch(moe_combine_kernel<8, 2, float>, y);
+  launch(moe_combine_kernel<0, 1, float>, y);
 }
 
 bool moe_combine_norm_supported(int H, const float* h, const float* norm_scale,

@@ -104,9 +104,12 @@ void moe_shared_swiglu(const float* gu, int T, int Is, bf16* act, cudaStream_t s
 // With norm_scale, each block then also writes the next layer's norm of its new row:
 // norm_out [T, H] = rms_norm(h, norm_scale, eps) bit for bit (the same device function as
 // norm.h's rms_norm; saves that launch: s11). Needs moe_combine_norm_supported().
+// y_bf16: y's memory holds bf16 rows [T k, H] (q_moe_grouped_down_wgmma's y_bf16), each widened
+// to f32 before the same sums; H then a multiple of 8 and y 16-byte aligned.
 void moe_combine(const float* y, const MoeRouting& r, const float* logits, int stride,
                  const float* shared, int H, float* h, cudaStream_t stream,
-                 const float* norm_scale = nullptr, bf16* norm_out = nullptr, float eps = 0.f);
+                 const float* norm_scale = nullptr, bf16* norm_out = nullptr, float eps = 0.f,
+                 bool y_bf16 = false);
 bool moe_combine_norm_supported(int H, const float* h, const float* norm_scale,
                                 const bf16* norm_out);
 

@@ -89,10 +89,15 @@ void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, i
 // part paid once per 2 of them, s30-s31; q4_moe_prefill_jobs.cuh; the same bits); 0: the switch
 // LILAC_ROWS32_DOWN_JOBS, else 2 up to 256 tokens and 1 above.
 
+// y_bf16 (s32, CudaOptions::prefill_moe_y_bf16): the routed rows of y are stored as bf16 [T k, H]
+// in y's memory (each rounded once, to nearest even), for moe_combine(..., y_bf16 = true): half
+// the bytes of the largest write and read of a prompt chunk's MoE; the shared expert's out stays
+// f32.
 void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H,
                               const MoeRouting& r, float* y, cudaStream_t stream,
                               QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive,
-                              const QMoeSharedPart* shared = nullptr, int down_jobs = 0);
+                              const QMoeSharedPart* shared = nullptr, int down_jobs = 0,
+                              bool y_bf16 = false);
 // The shared expert's gate_up (q_moe_shared_gate_up's contract) on the same wgmma kernel over T
 // dense rows in tiles of 128 (fixed128 / adaptive: the adaptive kernel), 64 or 32 rows (since s7;
 // 4-bit on compute capability 9.x), and on the mma.sync one.

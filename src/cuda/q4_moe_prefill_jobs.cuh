@@ -81,7 +81,6 @@ __device__ __forceinline__ void down_jobs_pass(const tile::RowSet<C::X_LOADS>& x
   float acc[C::NACC];
   zero_acc<C>(acc);
   uint32_t a[G][4][4];
-  float* out = static_cast<float*>(j.out);
   const int s_lane = p0 + 2 * (lane & 3);
   int job = 0, kt0 = 0;  // the group computed: its column block and first k-tile
   for (int q = 0; q < NP; ++q) {
@@ -100,7 +99,7 @@ __device__ __forceinline__ void down_jobs_pass(const tile::RowSet<C::X_LOADS>& x
 #pragma unroll
         for (int qq = 0; qq < 4; ++qq) {
           const int c = c0 + 8 * (qq >> 1), s = s_lane + 8 * jj + (qq & 1);
-          if (s < p1 && c < H) out[size_t(s) * size_t(H) + c] = acc[4 * jj + qq];
+          if (s < p1 && c < H) store_y(j, size_t(s) * size_t(H) + c, acc[4 * jj + qq]);
         }
       zero_acc<C>(acc);
       kt0 = 0;
@@ -158,7 +157,8 @@ bool down_jobs_fit(int I, int Is) {
 // down_jobs_fit first.
 template <class C, int G, int J>
 void launch_down_jobs(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r,
-                      float* y, const QMoeSharedPart* shared, cudaStream_t stream) {
+                      float* y, const QMoeSharedPart* shared, cudaStream_t stream,
+                      bool y_bf16 = false) {
   const char* what = "q_moe_grouped_down (wgmma, column-block jobs)";
   check(what, &r, down, H, I, H, I, act, y);
   const Shared sh = shared_of(what, shared, false, r.T, H);
@@ -171,7 +171,7 @@ void launch_down_jobs(const bf16* act, int I, const QMatrix& down, int H, const 
   const int64_t blocks = (int64_t(r.max_tiles) + ceil_div(sh.T, C::BT)) * n_jb;
   if (blocks < 1 || blocks > 0x7fffffff) fail("{}: {} blocks", what, blocks);
   launch_kernel(pdl_enabled(), kernel, dim3(unsigned(blocks)), dim3(C::THREADS), C::SMEM_BYTES,
-                stream, act, I, down, H, routed_of(r), y, sh);
+                stream, act, I, down, H, routed_of(r, y_bf16), y, sh);
 }
 
 }  // namespace qmoe_wgmma

@@ -149,24 +149,26 @@ void q_moe_shared_gate_up_wgmma(const bf16* x, int T, int H, const QMatrix& shar
 
 void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H,
                               const MoeRouting& r, float* y, cudaStream_t stream,
-                              QMoeWgmmaTile tile, const QMoeSharedPart* shared, int down_jobs) {
+                              QMoeWgmmaTile tile, const QMoeSharedPart* shared, int down_jobs,
+                              bool y_bf16) {
   using namespace qmoe_wgmma;
   switch (tile) {
     case QMoeWgmmaTile::fixed128:
-      return launch_down<Cfg128, false>(act, I, down, H, r, y, shared, stream);
+      return launch_down<Cfg128, false>(act, I, down, H, r, y, shared, stream, y_bf16);
     case QMoeWgmmaTile::adaptive:
-      return launch_down<Cfg128, true>(act, I, down, H, r, y, shared, stream);
+      return launch_down<Cfg128, true>(act, I, down, H, r, y, shared, stream, y_bf16);
     case QMoeWgmmaTile::rows64:
-      return launch_down<Cfg64, true, PairLoop>(act, I, down, H, r, y, shared, stream);
+      return launch_down<Cfg64, true, PairLoop>(act, I, down, H, r, y, shared, stream, y_bf16);
     case QMoeWgmmaTile::rows32: {
       // With the default pairs only, where K fits the stages.
       const int jobs = rows32_down_jobs(down_jobs, r.T);
       const int Is = shared ? shared->down.cols : 0;
       if (jobs == 2 && rows32_down_groups() == 2 && down_jobs_fit<Cfg32, 2>(I, Is))
-        return launch_down_jobs<Cfg32, 2, 2>(act, I, down, H, r, y, shared, stream);
+        return launch_down_jobs<Cfg32, 2, 2>(act, I, down, H, r, y, shared, stream, y_bf16);
       return with_rows32(
           [&](auto cfg, auto loop) {
-            launch_down<decltype(cfg), true, decltype(loop)>(act, I, down, H, r, y, shared, stream);
+            launch_down<decltype(cfg), true, decltype(loop)>(act, I, down, H, r, y, shared, stream,
+                                                             y_bf16);
           },
           false);
     }

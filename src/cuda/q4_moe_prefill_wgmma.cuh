@@ -74,6 +74,7 @@ struct Routed {
   const int32_t* tile_row0;
   const int32_t* num_tiles;
   int max_tiles;  // 0: no routed blocks
+  bool y_bf16;    // down: the routed rows of y stored as bf16 [P, H] (s32), else f32
 };
 struct Shared {
   QMatrix W;       // gate_up [2 Is, H] or down [H, Is] (4-bit)
@@ -90,7 +91,16 @@ struct Job {
   const int32_t* gather;  // gate_up: x row of sorted row s (null: row s itself)
   const bf16* in;         // down: act rows
   void* out;
+  bool out_bf16;  // down: out is bf16 (the routed rows under Routed::y_bf16), else f32
 };
+
+// down's store of one output: y[s][c] as f32, or rounded to bf16 (out_bf16).
+__device__ __forceinline__ void store_y(const Job& j, size_t i, float v) {
+  if (j.out_bf16)
+    static_cast<bf16*>(j.out)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<float*>(j.out)[i] = v;
+}
 
 // Block b of a launch whose routed part has n_cb column blocks per tile and whose shared part
 // n_cb_s; false when the block has nothing to do. Routing tiles are up to kMoeTileRows rows.
@@ -111,6 +121,7 @@ __device__ __forceinline__ bool job_of(int b, const Routed& rt, const Shared& sh
     j.gather = rt.sorted_token;
     j.in = in;
     j.out = out;
+    j.out_bf16 = rt.y_bf16;
     return true;
   }
   b -= routed_blocks;
@@ -124,6 +135,7 @@ __device__ __forceinline__ bool job_of(int b, const Routed& rt, const Shared& sh
   j.gather = nullptr;
   j.in = sh.in;
   j.out = sh.out;
+  j.out_bf16 = false;
   return j.row0 < sh.T;
 }
 
@@ -243,7 +255,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   }
   const uint32_t sX = (tile::smem_u32(smem) + 1023u) & ~1023u;
   const uint32_t sW = sX + uint32_t(C::STAGES * C::X_STAGE);
-  float* out = static_cast<float*>(j.out);
   const int lane = tid & 31;
   const int c0 = C::BR * cb + 16 * (tid >> 5) + (lane >> 2);
   for (int pass = 0; pass < passes<C>(j.row0, j.row_end); ++pass) {
@@ -261,7 +272,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int c = c0 + 8 * (q >> 1), s = s0 + 8 * jj + (q & 1);
-        if (s < p1 && c < H) out[size_t(s) * size_t(H) + c] = acc[4 * jj + q];
+        if (s < p1 && c < H) store_y(j, size_t(s) * size_t(H) + c, acc[4 * jj + q]);
       }
   }
 #else
@@ -270,8 +281,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #endif
 }
 
-inline Routed routed_of(const MoeRouting& r) {
-  return {r.sorted_token, r.expert_offsets, r.tile_expert, r.tile_row0, r.num_tiles, r.max_tiles};
+inline Routed routed_of(const MoeRouting& r, bool y_bf16 = false) {
+  return {r.sorted_token, r.expert_offsets, r.tile_expert, r.tile_row0,
+          r.num_tiles,    r.max_tiles,      y_bf16};
 }
 
 template <class C, class Kernel>
@@ -327,9 +339,11 @@ void launch_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, const M
                 stream, x, H, gate_up, I, routed_of(r), act, sh);
 }
 
+// y_bf16: the routed rows of y stored as bf16 [P, H] in y's memory (the shared part's out stays
+// f32).
 template <class C, bool ADAPT, class Loop = KtileLoop>
 void launch_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRouting& r, float* y,
-                 const QMoeSharedPart* shared, cudaStream_t stream) {
+                 const QMoeSharedPart* shared, cudaStream_t stream, bool y_bf16 = false) {
   const char* what = "q_moe_grouped_down (wgmma)";
   check(what, &r, down, H, I, H, I, act, y);
   const Shared sh = shared_of(what, shared, false, r.T, H);
@@ -340,7 +354,7 @@ void launch_down(const bf16* act, int I, const QMatrix& down, int H, const MoeRo
   const int64_t blocks = (int64_t(r.max_tiles) + ceil_div(sh.T, C::BT)) * n_cb;
   if (blocks < 1 || blocks > 0x7fffffff) fail("{}: {} blocks", what, blocks);
   launch_kernel(pdl_enabled(), kernel, dim3(unsigned(blocks)), dim3(C::THREADS), C::SMEM_BYTES,
-                stream, act, I, down, H, routed_of(r), y, sh);
+                stream, act, I, down, H, routed_of(r, y_bf16), y, sh);
 }
 
 template <class C, class Loop = KtileLoop>
@@ -355,7 +369,7 @@ void launch_shared_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, 
   prepare<C>(kernel, once);
   const int64_t blocks = int64_t(ceil_div(T, C::BT)) * (Is / 64);
   if (blocks > 0x7fffffff) fail("{}: {} blocks", what, blocks);
-  const Routed none{nullptr, nullptr, nullptr, nullptr, nullptr, 0};
+  const Routed none{nullptr, nullptr, nullptr, nullptr, nullptr, 0, false};
   const Shared sh{gate_up, Is, T, nullptr, act};
   launch_kernel(pdl_enabled(), kernel, dim3(unsigned(blocks)), dim3(C::THREADS), C::SMEM_BYTES,
                 stream, x, H, gate_up, Is, none, act, sh);

@@ -413,5 +413,43 @@ TEST(Q4Backend, PrefillCombineNormGivesTheSameBits) {
   }
 }
 
+// Prompt chunks with the routed experts' down outputs stored as bf16 (CudaOptions::
+// prefill_moe_y_bf16, s32): each rounded once (relative error <= 2^-9) before the f32 combine.
+// At 300 and 1,000 tokens (the rows32 and rows64 wgmma kernels) the logits stay within the
+// bound the full-size layers hold against the CPU twin (5e-3 relative), and differ from the f32
+// path's (so the switch is seen to act); at 100 tokens (the small-M kernels, f32 only) they are
+// the same bits.
+TEST(Q4Backend, PrefillMoeYBf16StaysWithinTheTwinBound) {
+  LILAC_REQUIRE_GPU();
+  cuda::CudaBackend backend(synthetic_eight_layers(11, true));
+  const size_t V = size_t(backend.config().vocab);
+  auto logits_of = [&](bool y_bf16, int T) {
+    cuda::CudaOptions o = backend.options();
+    o.prefill_moe_y_bf16 = y_bf16;
+    backend.set_options(o);
+    auto seq = backend.new_sequence(T + 8);
+    std::vector<int32_t> prompt(static_cast<size_t>(T));
+    for (size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = int32_t((i * 2654435761u + uint32_t(T)) % kQwen36RealTokens);
+    std::vector<float> logits(V);
+    backend.forward(*seq, prompt, logits, false);
+    return logits;
+  };
+  for (const int T : {100, 300, 1000}) {
+    const std::vector<float> f32 = logits_of(false, T), b16 = logits_of(true, T);
+    size_t differ = 0;
+    for (size_t i = 0; i < V; ++i) differ += std::memcmp(&f32[i], &b16[i], 4) != 0 ? 1 : 0;
+    auto [rel, mx] = rel_and_max(b16, f32);
+    std::printf("  T %4d: bf16 rows against f32 rows: rel %.2e  max abs %.3e, %zu logits differ\n",
+                T, rel, mx, differ);
+    if (T == 100) {
+      EXPECT_EQ(differ, 0u) << "T 100 takes the small-M kernels, which keep f32 rows";
+      continue;
+    }
+    EXPECT_LT(rel, 5e-3) << "T " << T << " (max abs " << mx << ")";
+    EXPECT_GT(differ, 0u) << "T " << T << ": the switch changed no logit";
+  }
+}
+
 }  // namespace
 }  // namespace lilac::test

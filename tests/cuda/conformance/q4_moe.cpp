@@ -413,6 +413,72 @@ TEST(Q4Moe, DownOverColumnBlockJobsGivesTheSameBits) {
                Error);  // 4 column blocks per block (removed in s31)
 }
 
+// The routed rows of y in bf16 (q_moe_grouped_down_wgmma's y_bf16, s32): every tile form's
+// outputs are its f32 outputs rounded to nearest even, element for element, nothing written past
+// the P x H bf16 rows, and the shared expert's out (f32) the same bits; moe_combine over the bf16
+// rows gives, bit for bit, its sums over f32 rows holding the same values widened. Shapes: the
+// real one at 256 and 1,200 tokens, and H 320 (a partial column block) at 300.
+TEST(Q4Moe, DownBf16RowsAreTheF32RowsRounded) {
+  if (!cuda::q_moe_grouped_wgmma_available())
+    GTEST_SKIP() << "the wgmma expert kernels need a compute capability 9.x GPU";
+  for (const JobsCase c :
+       {JobsCase{{2048, 256, 8, 512, 512, 4}, 256}, JobsCase{{2048, 256, 8, 512, 512, 4}, 1200},
+        JobsCase{{320, 16, 4, 128, 128, 4}, 300}}) {
+    const Shape s = c.s;
+    const int T = c.T, P = T * s.k;
+    const size_t nY = size_t(P) * s.H, nS = size_t(T) * s.H;
+    QMoe m(s, 190 + uint64_t(T));
+    const std::vector<float> logits = moe_router_logits(T, s.E, 191 + uint64_t(T));
+    const DeviceRouting route(logits, T, s.E, s.k);
+    auto act = upload_bf16(random_bf16_bits(size_t(P) * s.I, 1.f, 192 + uint64_t(T)));
+    auto shared_act = upload_bf16(random_bf16_bits(size_t(T) * s.Is, 1.f, 193 + uint64_t(T)));
+    for (const auto& [tile, jobs] : {std::pair{cuda::QMoeWgmmaTile::fixed128, 0},
+                                     {cuda::QMoeWgmmaTile::adaptive, 0},
+                                     {cuda::QMoeWgmmaTile::rows64, 0},
+                                     {cuda::QMoeWgmmaTile::rows32, 1},
+                                     {cuda::QMoeWgmmaTile::rows32, 2}}) {
+      SCOPED_TRACE(testing::Message()
+                   << "H " << s.H << " T " << T << " tile " << int(tile) << " jobs " << jobs);
+      auto run = [&](bool y_bf16) {
+        cuda::DeviceBuffer<float> y(nY + 16), shared_out(nS + 16);
+        poison(y);
+        poison(shared_out);
+        const cuda::QMoeSharedPart part{m.sgu.q(), m.sdn.q(), shared_act.get(), shared_out.get()};
+        cuda::q_moe_grouped_down_wgmma(act.get(), s.I, m.dn.q(), s.H, route.r, y.get(), nullptr,
+                                       tile, &part, jobs, y_bf16);
+        return std::pair(download(y), download(shared_out));
+      };
+      const auto [y32, sh32] = run(false);
+      const auto [y16, sh16] = run(true);
+      EXPECT_EQ(std::memcmp(sh32.data(), sh16.data(), nS * sizeof(float)), 0) << "shared out";
+      std::vector<uint16_t> bits(nY);
+      std::memcpy(bits.data(), y16.data(), nY * 2);
+      size_t wrong = 0, first = nY;
+      for (size_t i = 0; i < nY; ++i)
+        if (bits[i] != f32_to_bf16(y32[i])) wrong += 1, first = std::min(first, i);
+      EXPECT_EQ(wrong, 0u) << "bf16 rows that are not the f32 rows rounded; first at " << first;
+      for (size_t i = nY / 2; i < y16.size(); ++i)
+        ASSERT_TRUE(std::isnan(y16[i])) << "written past the bf16 rows at float " << i;
+      // The combine over the bf16 rows and over their widened f32 values.
+      if (tile != cuda::QMoeWgmmaTile::adaptive) continue;
+      std::vector<float> widened(nY);
+      for (size_t i = 0; i < nY; ++i) widened[i] = bf16_to_f32(bits[i]);
+      auto d_logits = upload(logits);
+      auto d_shared = upload(sh32);
+      const std::vector<float> h0 = random_floats(nS, 1.f, uint32_t(194 + T));
+      auto combine = [&](const std::vector<float>& rows, bool y_bf16) {
+        auto d_y = upload(rows);
+        auto d_h = upload(h0);
+        cuda::moe_combine(d_y.get(), route.r, d_logits.get(), s.E + 1, d_shared.get(), s.H,
+                          d_h.get(), nullptr, nullptr, nullptr, 0.f, y_bf16);
+        return download(d_h);
+      };
+      const auto h16 = combine(y16, true), h32 = combine(widened, false);
+      EXPECT_EQ(std::memcmp(h16.data(), h32.data(), nS * sizeof(float)), 0) << "combine";
+    }
+  }
+}
+
 TEST(Q4Moe, BadArgumentsThrow) {
   cuda::QMatrix q{reinterpret_cast<const uint32_t*>(uintptr_t(256)),
                   reinterpret_cast<const uint32_t*>(uintptr_t(256)), 1024, 2048, 4};
