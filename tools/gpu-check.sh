@@ -37,7 +37,7 @@
 #               tokens under each, three interleaved rounds
 #   tf32-split-ab
 #               the GDN state pass's 3xTF32 split rounded or truncated (LILAC_GDN_TF32_SPLIT =
-#               round | trunc, s32; trunc the default): its tolerance test, lilac_cuda_bench_seq under each, then
+#               round | trunc, s32; round the default): its tolerance test, lilac_cuda_bench_seq under each, then
 #               4-bit prefill at 256 / 512 / 1,024 / 4,096 / 16,384 tokens, three interleaved rounds
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,

@@ -40,11 +40,10 @@ __device__ __forceinline__ uint32_t tf32_bits(float x) {
 // x = hi + lo. lo keeps its 13 low bits: mma.sync reads only the tf32 bits of a .tf32 operand, so
 // rounding lo needs only the add (ptxas's own expansion of cvt.rna feeds lo to the mma unmasked
 // the same way). For a finite x the mma sees the same operand bits as with cvt.rna.
-// TRUNC (s32, the state pass's default; LILAC_GDN_TF32_SPLIT=round: off): hi truncated, not
-// rounded. x itself is then hi's operand (the mma drops its low 13 bits) and lo = x - (x with those
-// bits cleared), exact, passed unrounded: 2 instructions instead of 4. Different bits: |lo| < 2^-10
-// |x| instead of 2^-11 and lo truncated by the mma, so a product's error is ~2^-20 of it, not
-// ~2^-22.
+// TRUNC (s32; the state pass under LILAC_GDN_TF32_SPLIT=trunc): hi truncated, not rounded. x
+// itself is then hi's operand (the mma drops its low 13 bits) and lo = x - (x with those bits
+// cleared), exact, passed unrounded: 2 instructions instead of 4. Different bits: |lo| < 2^-10 |x|
+// instead of 2^-11 and lo truncated by the mma, so a product's error is ~2^-20 of it, not ~2^-22.
 template <bool TRUNC = false>
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
   if constexpr (TRUNC) {

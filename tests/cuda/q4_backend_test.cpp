@@ -415,39 +415,56 @@ TEST(Q4Backend, PrefillCombineNormGivesTheSameBits) {
 
 // Prompt chunks with the routed experts' down outputs stored as bf16 (CudaOptions::
 // prefill_moe_y_bf16, s32): each rounded once (relative error <= 2^-9) before the f32 combine.
-// At 300 and 1,000 tokens (the rows32 and rows64 wgmma kernels) the logits stay within the
-// bound the full-size layers hold against the CPU twin (5e-3 relative), and differ from the f32
-// path's (so the switch is seen to act); at 100 tokens (the small-M kernels, f32 only) they are
-// the same bits.
-TEST(Q4Backend, PrefillMoeYBf16StaysWithinTheTwinBound) {
+// The first layer sees the same input either way, so its MoE output differs by that rounding
+// alone: at 300 and 1,000 tokens (the rows32 and rows64 wgmma kernels) layer 0's moe_out within
+// 2^-9 of the f32 path's (norm-wise: the rows' independent roundings do not add up to more than
+// one's bound) and not the same bits (the switch acts); at 100 tokens (the small-M kernels, f32
+// only) the same bits. (The end-to-end logits of the random 8-layer model are no measure: a
+// first version of this test found them 7e-2 apart, as far as the batched and single paths'.)
+TEST(Q4Backend, PrefillMoeYBf16RoundsOnlyTheExpertRows) {
   LILAC_REQUIRE_GPU();
   cuda::CudaBackend backend(synthetic_eight_layers(11, true));
   const size_t V = size_t(backend.config().vocab);
-  auto logits_of = [&](bool y_bf16, int T) {
+  auto layer0_of = [&](bool y_bf16, int T) {
     cuda::CudaOptions o = backend.options();
     o.prefill_moe_y_bf16 = y_bf16;
     backend.set_options(o);
+    std::map<std::string, std::vector<float>> trace;
+    backend.set_trace(
+        [&trace](const std::string& name, const float* d, const std::vector<int64_t>& shape) {
+          if (!name.starts_with("layer0.")) return;
+          int64_t n = 1;
+          for (auto x : shape) n *= x;
+          trace[name].assign(d, d + n);
+        });
     auto seq = backend.new_sequence(T + 8);
     std::vector<int32_t> prompt(static_cast<size_t>(T));
     for (size_t i = 0; i < prompt.size(); ++i)
       prompt[i] = int32_t((i * 2654435761u + uint32_t(T)) % kQwen36RealTokens);
     std::vector<float> logits(V);
     backend.forward(*seq, prompt, logits, false);
-    return logits;
+    backend.set_trace(nullptr);
+    return trace;
   };
   for (const int T : {100, 300, 1000}) {
-    const std::vector<float> f32 = logits_of(false, T), b16 = logits_of(true, T);
+    auto f32 = layer0_of(false, T), b16 = layer0_of(true, T);
+    ASSERT_EQ(f32.at("layer0.moe.topk_ids"), b16.at("layer0.moe.topk_ids")) << "T " << T;
+    const auto& a = f32.at("layer0.moe_out");
+    const auto& b = b16.at("layer0.moe_out");
+    ASSERT_EQ(a.size(), b.size());
     size_t differ = 0;
-    for (size_t i = 0; i < V; ++i) differ += std::memcmp(&f32[i], &b16[i], 4) != 0 ? 1 : 0;
-    auto [rel, mx] = rel_and_max(b16, f32);
-    std::printf("  T %4d: bf16 rows against f32 rows: rel %.2e  max abs %.3e, %zu logits differ\n",
-                T, rel, mx, differ);
+    for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], 4) != 0 ? 1 : 0;
+    auto [rel, mx] = rel_and_max(b, a);
+    std::printf(
+        "  T %4d: layer 0 moe_out, bf16 rows against f32: rel %.2e  max abs %.3e, %zu of "
+        "%zu differ\n",
+        T, rel, mx, differ, a.size());
     if (T == 100) {
       EXPECT_EQ(differ, 0u) << "T 100 takes the small-M kernels, which keep f32 rows";
       continue;
     }
-    EXPECT_LT(rel, 5e-3) << "T " << T << " (max abs " << mx << ")";
-    EXPECT_GT(differ, 0u) << "T " << T << ": the switch changed no logit";
+    EXPECT_LT(rel, 1.0 / 512) << "T " << T << " (max abs " << mx << ")";
+    EXPECT_GT(differ, 0u) << "T " << T << ": the switch changed nothing";
   }
 }
 

@@ -242,8 +242,8 @@ TEST(GdnPrefill, ChunkBlocksPerSmGiveTheSameBits) {
   EXPECT_TRUE(within(download(gpu.state), start.state, 0, 0, "state after the refused call"));
 }
 
-// The state pass's two tf32 splits (tf32_split 1: hi rounded as cvt.rna; 2, the default since s32:
-// hi is x itself, lo = x - hi's tf32 bits, both cut by the mma; LILAC_GDN_TF32_SPLIT) each hold
+// The state pass's two tf32 splits (tf32_split 1, the default: hi rounded as cvt.rna; 2, s32: hi
+// is x itself, lo = x - hi's tf32 bits, both cut by the mma; LILAC_GDN_TF32_SPLIT) each hold
 // the CPU twin's tolerances at the real and tiny dims, with a fresh and a carried state; at 16,384
 // tokens they stay within them of each other though not bit for bit (so the switch is seen to
 // act). Other values are refused before any launch.
