@@ -63,6 +63,22 @@ run() {  # name, timeout seconds, command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
 # The build's own commit (git describe at configure time; the device copy's .git can be stale).
 "$B/lilac" --version >>"$OUT/summary.txt" 2>&1 || true
+# An A/B over one environment switch: `switch_ab NAME VAR LENGTHS SEQ VALUE...`. With SEQ = 1,
+# lilac_cuda_bench_seq under each value first; then three interleaved rounds of 4-bit prefill at
+# LENGTHS under each value.
+switch_ab() {
+  local name=$1 var=$2 lengths=$3 seq=$4 v round
+  shift 4
+  if [ "$seq" = 1 ]; then
+    for v in "$@"; do run "$name-seq-$v" 120 env "$var=$v" "$B/lilac_cuda_bench_seq"; done
+  fi
+  for round in 1 2 3; do
+    for v in "$@"; do
+      run "$name-$v-$round" 180 env "$var=$v" "$B/lilac" bench --synthetic --weights q4 \
+        --lengths "$lengths" --rounds 1 --decode 1 --sampling off
+    done
+  done
+}
 # Serves the synthetic model in `$1` weights and runs the HTTP serving bench at each concurrency.
 serve_bench() {
   local w=$1 levels=$2 port=8091 pid
@@ -154,44 +170,17 @@ for s in $steps; do
         run "prefill-ab-this-$round" 120 "$B/lilac" bench --synthetic --weights q4 \
           --lengths 256,512,1024,4096 --rounds 1 --decode 1 --sampling off
       done ;;
-    gdn-chunk-ab)
-      for n in 1 2; do
-        run "gdn-chunk-seq-$n" 120 env LILAC_GDN_CHUNK_BLOCKS=$n "$B/lilac_cuda_bench_seq"
-      done
-      for round in 1 2 3; do
-        for n in 1 2; do
-          run "gdn-chunk-$n-$round" 180 env LILAC_GDN_CHUNK_BLOCKS=$n "$B/lilac" bench --synthetic \
-            --weights q4 --lengths 256,512,1024,4096,16384 --rounds 1 --decode 1 --sampling off
-        done
-      done ;;
+    gdn-chunk-ab) switch_ab gdn-chunk LILAC_GDN_CHUNK_BLOCKS 256,512,1024,4096,16384 1 1 2 ;;
     tf32-split-ab)
       run tf32-split-test 300 "$B/lilac_cuda_tests" --gtest_filter='GdnPrefill.BothTf32Splits*'
-      for m in round trunc; do
-        run "tf32-split-seq-$m" 120 env LILAC_GDN_TF32_SPLIT=$m "$B/lilac_cuda_bench_seq"
-      done
-      for round in 1 2 3; do
-        for m in round trunc; do
-          run "tf32-split-$m-$round" 180 env LILAC_GDN_TF32_SPLIT=$m "$B/lilac" bench --synthetic \
-            --weights q4 --lengths 256,512,1024,4096,16384 --rounds 1 --decode 1 --sampling off
-        done
-      done ;;
+      switch_ab tf32-split LILAC_GDN_TF32_SPLIT 256,512,1024,4096,16384 1 round trunc ;;
     moe-y-ab)
       run moe-y-test 300 "$B/lilac_cuda_tests" \
         --gtest_filter='Q4Moe.DownBf16RowsAreTheF32RowsRounded:Q4Backend.PrefillMoeYBf16*'
-      for round in 1 2 3; do
-        for n in 0 1; do
-          run "moe-y-$n-$round" 180 env LILAC_PREFILL_MOE_Y_BF16=$n "$B/lilac" bench --synthetic \
-            --weights q4 --lengths 256,512,1024,4096,16384 --rounds 1 --decode 1 --sampling off
-        done
-      done ;;
+      switch_ab moe-y LILAC_PREFILL_MOE_Y_BF16 256,512,1024,4096,16384 0 0 1 ;;
     prefill-norm-ab)
       run prefill-norm-test 300 "$B/lilac_cuda_tests" --gtest_filter='Q4Backend.PrefillCombineNormGivesTheSameBits'
-      for round in 1 2 3; do
-        for n in 0 1; do
-          run "prefill-norm-$n-$round" 120 env LILAC_PREFILL_COMBINE_NORM=$n "$B/lilac" bench \
-            --synthetic --weights q4 --lengths 256,512,1024,4096 --rounds 1 --decode 1 --sampling off
-        done
-      done ;;
+      switch_ab prefill-norm LILAC_PREFILL_COMBINE_NORM 256,512,1024,4096 0 0 1 ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;
     serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;
     serve-bf16) serve_bench bf16 "${SERVE_CONCURRENCY:-16}" ;;

@@ -440,9 +440,7 @@ TEST(CudaBackend, SyntheticGreedyDecodeIsDeterministic) {
     auto seq = backend.new_sequence(512);
     SamplingParams greedy;
     greedy.temperature = 0;
-    std::vector<int32_t> prompt(300);
-    for (size_t i = 0; i < prompt.size(); ++i)
-      prompt[i] = int32_t((i * 2654435761u) % kQwen36RealTokens);
+    const std::vector<int32_t> prompt = spread_prompt(300);
     backend.begin_sampling(*seq, prompt, greedy);
     std::vector<int32_t> out;
     StepResult r = backend.step(*seq, prompt, 0);

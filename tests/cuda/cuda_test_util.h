@@ -35,6 +35,15 @@ inline std::shared_ptr<cuda::DeviceModel> synthetic_eight_layers(uint32_t seed, 
   return std::shared_ptr<cuda::DeviceModel>(cuda::synthetic_device_model(cfg, seed, q4));
 }
 
+// T prompt ids spread over the real vocabulary (a multiplicative hash of the position, plus
+// `salt`): a prompt that routes like text, not like one repeated token.
+inline std::vector<int32_t> spread_prompt(int T, uint32_t salt = 0) {
+  std::vector<int32_t> prompt(static_cast<size_t>(T));
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = int32_t((i * 2654435761u + salt) % kQwen36RealTokens);
+  return prompt;
+}
+
 // A GPU test that finds no GPU fails: a run that was meant to test the kernels must not report
 // success without running them. LILAC_ALLOW_NO_GPU=1 in the environment excludes them explicitly
 // (they are then skipped, and the run says so).

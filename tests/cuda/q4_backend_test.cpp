@@ -345,9 +345,7 @@ TEST(Q4Backend, SyntheticGreedyDecodeIsDeterministic) {
     auto seq = backend.new_sequence(512);
     SamplingParams greedy;
     greedy.temperature = 0;
-    std::vector<int32_t> prompt(300);
-    for (size_t i = 0; i < prompt.size(); ++i)
-      prompt[i] = int32_t((i * 2654435761u) % kQwen36RealTokens);
+    const std::vector<int32_t> prompt = spread_prompt(300);
     backend.begin_sampling(*seq, prompt, greedy);
     std::vector<int32_t> out;
     StepResult r = backend.step(*seq, prompt, 0);
@@ -376,9 +374,7 @@ TEST(Q4Backend, PrefillCombineNormGivesTheSameBits) {
       std::vector<float> all;
       for (const int T : {100, 300, 1000}) {
         auto seq = backend.new_sequence(T + 8);
-        std::vector<int32_t> prompt(static_cast<size_t>(T));
-        for (size_t i = 0; i < prompt.size(); ++i)
-          prompt[i] = int32_t((i * 2654435761u + uint32_t(T)) % kQwen36RealTokens);
+        const std::vector<int32_t> prompt = spread_prompt(T, uint32_t(T));
         std::vector<float> logits(V);
         backend.forward(*seq, prompt, logits, false);
         all.insert(all.end(), logits.begin(), logits.end());
@@ -438,9 +434,7 @@ TEST(Q4Backend, PrefillMoeYBf16RoundsOnlyTheExpertRows) {
           trace[name].assign(d, d + n);
         });
     auto seq = backend.new_sequence(T + 8);
-    std::vector<int32_t> prompt(static_cast<size_t>(T));
-    for (size_t i = 0; i < prompt.size(); ++i)
-      prompt[i] = int32_t((i * 2654435761u + uint32_t(T)) % kQwen36RealTokens);
+    const std::vector<int32_t> prompt = spread_prompt(T, uint32_t(T));
     std::vector<float> logits(V);
     backend.forward(*seq, prompt, logits, false);
     backend.set_trace(nullptr);
