@@ -260,6 +260,19 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr) {
   return d;
 }
 
+// The same swizzle read as an MN-major operand (a B operand with wgmma's transpose bit: rows of
+// 64 N-contiguous elements, one per k): leading byte offset = the step from one 64-column slab
+// to the next along N, stride byte offset = the step from one group of 8 k rows to the next
+// (both multiples of 16). Checked on the GPU by tests/cuda/wgmma_layout_test.cu (s32).
+__device__ __forceinline__ uint64_t sw128_mn_desc(uint32_t smem_addr, uint32_t lead_bytes,
+                                                  uint32_t stride_bytes) {
+  uint64_t d = uint64_t((smem_addr & 0x3FFFFu) >> 4);
+  d |= uint64_t((lead_bytes >> 4) & 0x3FFFu) << 16;
+  d |= uint64_t((stride_bytes >> 4) & 0x3FFFu) << 32;
+  d |= uint64_t(1) << 62;
+  return d;
+}
+
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(LILAC_SM90A)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
