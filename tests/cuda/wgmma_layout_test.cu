@@ -168,7 +168,8 @@ bool wgmma_device() {
   return major == 9;
 }
 
-// got [M][N] against sum_k a[m][k] b(k, n) in double; bound 1e-5 of sum_k |a b| (+ 1e-30).
+// got [M][N] against sum_k a[m][k] b(k, n) in double; bound 1e-4 of sum_k |a b| (f32 sums of
+// K <= 256 exact products stay within K 2^-24 = 1.5e-5 of it; a wrong layout is off by O(1)).
 template <class B>
 void expect_product(const std::vector<float>& got, const std::vector<uint16_t>& a, int M, int K,
                     int N, B b, const char* what) {
@@ -184,7 +185,7 @@ void expect_product(const std::vector<float>& got, const std::vector<uint16_t>& 
       }
       const double err = std::fabs(double(got[size_t(m) * N + n]) - ref);
       worst = std::max(worst, err / (mag + 1e-30));
-      if (!(err <= 1e-5 * mag + 1e-30)) ++bad;
+      if (!(err <= 1e-4 * mag + 1e-30)) ++bad;
     }
   EXPECT_EQ(bad, 0) << what << ": outputs off (worst relative to sum |a b|: " << worst << ")";
 }
