@@ -124,8 +124,9 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint3
 
 // The n = 128 / 64 / 32 forms write d[0, n / 2) of an accumulator array of NA >= n / 2 (the
 // d[4 j + q] layout does not depend on n: a narrower wgmma computes the first n tokens of the same
-// tile, the other accumulators are left as they are).
-template <int NA>
+// tile, the other accumulators are left as they are). TRANS_B = 1: B is MN-major (wgmma's
+// transpose bit; gemm_tile.cuh's sw128_mn_desc), as attention's P V reads V (s32's layout test).
+template <int NA, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[NA], const uint32_t (&a)[4],
                                                     uint64_t desc_b) {
   static_assert(NA >= 64, "64 accumulators");
@@ -139,7 +140,7 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[NA], const uint32
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
@@ -151,7 +152,7 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[NA], const uint32
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
         "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B));
 #else
   (void)d;
   (void)a;

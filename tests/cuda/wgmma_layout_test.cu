@@ -3,9 +3,10 @@
 // a tile of R rows x C columns (C a multiple of 64) kept as C / 64 slabs of [R][64] bf16 in the
 // 128-byte swizzle (the 16-byte chunk c of row r at chunk c ^ (r % 8)), which is what
 // gemm_tile.cuh's sw128_desc describes for a K-major operand. Two products at attention's shapes:
-//  (1) S = Q K^T: SS wgmma m64n64k16 over 256 columns (16 k-steps crossing four slabs), Q (64 x
-//      256) and K (64 keys x 256) both K-major in slabs;
-//  (2) O = P V: RS wgmma m64n128k16, P (64 x 64) from registers, V (64 keys x 128) in the same
+//  (1) S = Q K^T: SS wgmma m64n128k16 (gemm_tile.cuh's) over 256 columns (16 k-steps crossing
+//      four slabs), Q (64 x 256) and K (128 keys x 256) both K-major in slabs;
+//  (2) O = P V: RS wgmma m64n128k16 (q4_gemm_wgmma.cuh's, TRANS_B = 1), P (64 x 64) from registers,
+//  V (64 keys x 128) in the same
 //      slabs read as an MN-major B operand (the transpose bit set; sw128_mn_desc: the leading
 //      byte offset steps from one 64-column slab to the next, the stride byte offset from one
 //      8-key group to the next).
@@ -20,74 +21,21 @@
 
 #include "cuda/common.h"
 #include "cuda/gemm_tile.cuh"
+#include "cuda/q4_gemm_wgmma.cuh"
 #include "cuda_test_util.h"
 
 namespace lilac::test {
 namespace {
 
+using cuda::qgemm_wgmma::wgmma_rs_m64n128k16;
 using cuda::tile::fence_operands;
 using cuda::tile::fence_proxy_async_smem;
 using cuda::tile::sw128_desc;
 using cuda::tile::sw128_mn_desc;
 using cuda::tile::wgmma_commit;
 using cuda::tile::wgmma_fence;
+using cuda::tile::wgmma_m64n128k16;
 using cuda::tile::wgmma_wait;
-
-// D (64 x 64, f32) += A (64 x 16, smem desc, K-major) . B (64 x 16, smem desc, K-major)^T.
-__device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t desc_a,
-                                                   uint64_t desc_b) {
-#if defined(LILAC_SM90A)
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
-#else
-  (void)d, (void)desc_a, (void)desc_b;
-#endif
-}
-
-// D (64 x 128, f32) += A (64 x 16, registers: each warp's m16n8k16 A fragment of rows 16 (warp %
-// 4) .. + 15) . B (16 x 128, smem desc, MN-major: the transpose bit set).
-__device__ __forceinline__ void wgmma_rs_m64n128k16_tb(float (&d)[64], const uint32_t (&a)[4],
-                                                       uint64_t desc_b) {
-#if defined(LILAC_SM90A)
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#else
-  (void)d, (void)a, (void)desc_b;
-#endif
-}
 
 // Byte offset of element (r, c) of an R-row tile in 64-column slabs with the 128-byte swizzle.
 __host__ __device__ inline uint32_t slab_offset(int R, int r, int c) {
@@ -100,7 +48,7 @@ __device__ void to_slabs(const uint16_t* src, int R, int C, unsigned char* s) {
     *reinterpret_cast<uint16_t*>(s + slab_offset(R, i / C, i % C)) = src[i];
 }
 
-// One warpgroup: s = q k^T, q [64][256], k [64][256] bf16 bits; s [64][64] f32.
+// One warpgroup: s = q k^T, q [64][256], k [128][256] bf16 bits; s [64][128] f32.
 // The dynamic shared memory's first 1024-byte boundary (the swizzle's atoms are 1024 bytes, so a
 // slab must start on one; launches ask for 1 KiB more than they use).
 __device__ unsigned char* aligned_smem() {
@@ -111,27 +59,28 @@ __device__ unsigned char* aligned_smem() {
 
 __global__ void qk_kernel(const uint16_t* q, const uint16_t* k, float* s) {
   unsigned char* sq = aligned_smem();  // 32 KiB: 4 slabs of [64][64]
-  unsigned char* sk = sq + 64 * 512;   // 32 KiB
+  unsigned char* sk = sq + 64 * 512;   // 64 KiB: 4 slabs of [128][64]
   to_slabs(q, 64, 256, sq);
-  to_slabs(k, 64, 256, sk);
+  to_slabs(k, 128, 256, sk);
   fence_proxy_async_smem();
   __syncthreads();
-  float d[32];
+  float d[64];
   for (float& x : d) x = 0.f;
   const uint32_t aq = cuda::tile::smem_u32(sq), ak = cuda::tile::smem_u32(sk);
-  for (int ks = 0; ks < 16; ++ks) {
-    const uint32_t off = uint32_t((ks / 4) * 64 * 128 + (ks % 4) * 32);
+  for (int ks = 0; ks < 16; ++ks) {  // k-step ks: slab ks / 4, 32 bytes per step inside it
+    const uint32_t col = uint32_t((ks % 4) * 32);
     wgmma_fence();
-    wgmma_ss_m64n64k16(d, sw128_desc(aq + off), sw128_desc(ak + off));
+    wgmma_m64n128k16(d, sw128_desc(aq + uint32_t((ks / 4) * 64 * 128) + col),
+                     sw128_desc(ak + uint32_t((ks / 4) * 128 * 128) + col));
     wgmma_commit();
   }
   wgmma_wait<0>();
   fence_operands(d);
   // d[4 j + q]: row 16 warp + g + 8 (q >> 1), column 8 j + 2 t + (q & 1).
   const int warp = int(threadIdx.x) >> 5, g = (int(threadIdx.x) & 31) >> 2, t = threadIdx.x & 3;
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < 16; ++j)
     for (int e = 0; e < 4; ++e)
-      s[(16 * warp + g + 8 * (e >> 1)) * 64 + 8 * j + 2 * t + (e & 1)] = d[4 * j + e];
+      s[(16 * warp + g + 8 * (e >> 1)) * 128 + 8 * j + 2 * t + (e & 1)] = d[4 * j + e];
 }
 
 // One warpgroup: o = p v, p [64][64] bf16 bits (A from registers), v [64 keys][128] bf16 bits
@@ -152,7 +101,7 @@ __global__ void pv_kernel(const uint16_t* p, const uint16_t* v, float* o) {
     const int r = 16 * warp + g, c = 16 * ks + 2 * t;
     const uint32_t a[4] = {pair(r, c), pair(r + 8, c), pair(r, c + 8), pair(r + 8, c + 8)};
     wgmma_fence();
-    wgmma_rs_m64n128k16_tb(d, a, sw128_mn_desc(av + uint32_t(ks * 16 * 128), 64 * 128, 1024));
+    wgmma_rs_m64n128k16<64, 1>(d, a, sw128_mn_desc(av + uint32_t(ks * 16 * 128), 64 * 128, 1024));
     wgmma_commit();
     wgmma_wait<0>();
   }
@@ -200,19 +149,19 @@ std::vector<uint16_t> random_bits(size_t n, uint32_t seed) {
 TEST(WgmmaLayout, QKTransposeOverSwizzledSlabs) {
   LILAC_REQUIRE_GPU();
   if (!wgmma_device()) GTEST_SKIP() << "wgmma needs a compute capability 9.x GPU";
-  const auto q = random_bits(64 * 256, 1), k = random_bits(64 * 256, 2);
+  const auto q = random_bits(64 * 256, 1), k = random_bits(128 * 256, 2);
   cuda::DeviceBuffer<uint16_t> dq(q.size()), dk(k.size());
   LILAC_CUDA_CHECK(cudaMemcpy(dq.get(), q.data(), q.size() * 2, cudaMemcpyHostToDevice));
   LILAC_CUDA_CHECK(cudaMemcpy(dk.get(), k.data(), k.size() * 2, cudaMemcpyHostToDevice));
-  cuda::DeviceBuffer<float> ds(64 * 64);
+  cuda::DeviceBuffer<float> ds(64 * 128);
   poison(ds);
   LILAC_CUDA_CHECK(
-      cudaFuncSetAttribute(qk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65 * 1024));
-  qk_kernel<<<1, 128, 65 * 1024>>>(dq.get(), dk.get(), ds.get());
+      cudaFuncSetAttribute(qk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 97 * 1024));
+  qk_kernel<<<1, 128, 97 * 1024>>>(dq.get(), dk.get(), ds.get());
   LILAC_CUDA_CHECK(cudaGetLastError());
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   expect_product(
-      download(ds), q, 64, 256, 64,
+      download(ds), q, 64, 256, 128,
       [&](int kk, int n) { return double(bf16_to_f32(k[size_t(n) * 256 + kk])); }, "S = Q K^T");
 }
 
