@@ -108,23 +108,30 @@ void bench_attention() {
     std::printf("qk_norm_rope_store T=%-6d %10.2f us %8.0f GB/s\n", T, us, bytes / us * 1e-3);
   }
 
-  // Prefill: causal, FLOPs = 4 hd heads sum_t (pos0 + t + 1).
-  std::printf("attention_prefill\n%8s %8s %12s %10s\n", "T", "pos0", "ms", "TFLOP/s");
+  // Prefill: causal, FLOPs = 4 hd heads sum_t (pos0 + t + 1). Version 1 (mma.sync) and, on a
+  // GPU that has it, version 2 (wgmma) at each shape, one after the other.
+  std::printf("attention_prefill\n%8s %8s %8s %12s %10s\n", "version", "T", "pos0", "ms",
+              "TFLOP/s");
   struct Case {
     int T, pos0;
   };
+  const bool v2 = attention_prefill_wgmma_supported(kHd);
   for (const Case c : {Case{512, 0}, Case{4096, 0}, Case{16384, 0}, Case{8192, kMaxCtx - 8192}}) {
     DeviceBuffer<bf16> qp(size_t(c.T) * kHeads * kHd), gp(qp.size()), op(qp.size());
     fill(qp.get(), qp.size(), 0.f, 1.7f);
     fill(gp.get(), gp.size(), 0.f, 1.7f);
-    const double us = time_us(
-        [&](int, cudaStream_t s) {
-          attention_prefill(qp.get(), gp.get(), kc[0].get(), vc[0].get(), c.pos0, c.T, kHeads, kKv,
-                            kHd, kMaxCtx, op.get(), s);
-        },
-        2, 20);
-    const double flops = 4.0 * kHd * kHeads * (double(c.T) * c.pos0 + double(c.T) * (c.T + 1) / 2);
-    std::printf("%8d %8d %12.3f %10.1f\n", c.T, c.pos0, us * 1e-3, flops / us * 1e-6);
+    for (int version = 1; version <= (v2 ? 2 : 1); ++version) {
+      const double us = time_us(
+          [&](int, cudaStream_t s) {
+            attention_prefill(qp.get(), gp.get(), kc[0].get(), vc[0].get(), c.pos0, c.T, kHeads,
+                              kKv, kHd, kMaxCtx, op.get(), s, version);
+          },
+          2, 20);
+      const double flops =
+          4.0 * kHd * kHeads * (double(c.T) * c.pos0 + double(c.T) * (c.T + 1) / 2);
+      std::printf("%8d %8d %8d %12.3f %10.1f\n", version, c.T, c.pos0, us * 1e-3,
+                  flops / us * 1e-6);
+    }
   }
 }
 

@@ -28,6 +28,7 @@
 #include "cuda/attention.h"
 #include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
+#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -238,11 +239,19 @@ void launch_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const 
   LILAC_CUDA_LAUNCHED();
 }
 
+// LILAC_ATTN_PREFILL: true = wgmma (version 2) where supported. Off by default until measured
+// (docs/kernels.md s33).
+bool env_wants_wgmma() {
+  static const bool on = env_enum("LILAC_ATTN_PREFILL", false, {{"mma", false}, {"wgmma", true}});
+  return on;
+}
+
 }  // namespace
 
 void attention_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
                        int pos0, int T, int heads, int kv_heads, int hd, int max_ctx, bf16* out,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int version) {
+  if (version < 0 || version > 2) fail("attention_prefill: version {} (0, 1 or 2)", version);
   if (hd != 64 && hd != 128 && hd != 256)
     fail("attention_prefill: head_dim {} not supported (64, 128, 256)", hd);
   if (kv_heads <= 0 || heads % kv_heads != 0)
@@ -253,6 +262,9 @@ void attention_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, con
   if (pos0 < 0 || pos0 + T > max_ctx)
     fail("attention_prefill: positions [{}, {}) outside the cache ({})", pos0, pos0 + T, max_ctx);
   if (T <= 0) return;
+  if (version == 2 || (version == 0 && env_wants_wgmma() && attention_prefill_wgmma_supported(hd)))
+    return attention_prefill_wgmma(q, gate, k_cache, v_cache, pos0, T, heads, kv_heads, hd, max_ctx,
+                                   out, stream);
   switch (hd) {
     case 64:
       launch_prefill<64>(q, gate, k_cache, v_cache, pos0, T, heads, kv_heads, max_ctx, out, stream);

@@ -75,7 +75,9 @@ __device__ __forceinline__ uint2 lds64(uint32_t addr) {
 }
 
 // D (64 x N, f32) += A (64 x 16, registers: this warp's m16n8k16 A fragment of rows 16 (warp % 4)
-// .. + 15) . B (N x 16, smem descriptor, K-major)^T.
+// .. + 15) . B (N x 16, smem descriptor, K-major)^T. TRANS_B = 1: B is MN-major instead (see the
+// n = 128 form below).
+template <int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint32_t (&a)[4],
                                                     uint64_t desc_b) {
 #if defined(LILAC_SM90A)
@@ -93,7 +95,7 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint3
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
       "%127"
-      "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
+      "}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
@@ -114,7 +116,7 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint3
         "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
         "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
         "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B));
 #else
   (void)d;
   (void)a;

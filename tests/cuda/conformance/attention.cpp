@@ -1,7 +1,8 @@
 // Conformance cases of the GPU attention kernels against the CPU twin (cpu/attention.cpp composed
 // as cpu_backend.cpp does): qk_norm_rope_store, attention_decode_qkv (the decode kernel; its
-// version 1, unfused, is in bench/lab), attention_prefill, and a prefill + decode chain. Real
-// shapes (heads 16, kv 2, hd 256, R 64) and tiny-a shapes (heads 4, kv 2, hd 64, R 16).
+// version 1, unfused, is in bench/lab), attention_prefill (its versions 1 and 2), and a prefill +
+// decode chain. Real shapes (heads 16, kv 2, hd 256, R 64) and tiny-a shapes (heads 4, kv 2, hd
+// 64, R 16); version 2 (hd 256 only) also at GQA groups 4, 2 and 1.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -178,8 +179,12 @@ void check_attention_decode_qkv(const DecodeCase& c) {
 
 // ---- attention_prefill --------------------------------------------------------------------------
 
-void check_attention_prefill(const RopeCase& c) {
+// version: attention_prefill's (1 mma.sync, 2 wgmma); a version-2 case on a GPU without wgmma
+// is skipped (the GPU suite runs on Hopper; other GPUs run version 1 only).
+void check_attention_prefill(const RopeCase& c, int version) {
   const auto [d, T, pos0] = c;
+  if (version == 2 && !cuda::attention_prefill_wgmma_supported(d.hd))
+    GTEST_SKIP() << "attention_prefill version 2 needs hd 256 on a compute capability 9.x GPU";
   const int n = pos0 + T, max_ctx = n + 7;
   const uint32_t seed = uint32_t(T * 313 + pos0 * 7 + d.hd);
   const std::vector<uint16_t> kbits = random_cache(d, max_ctx, n, seed),
@@ -193,7 +198,7 @@ void check_attention_prefill(const RopeCase& c) {
   cuda::DeviceBuffer<cuda::bf16> d_out(q.size());
   poison(d_out);
   cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos0, T, d.heads, d.kv,
-                          d.hd, max_ctx, d_out.get(), nullptr);
+                          d.hd, max_ctx, d_out.get(), nullptr, version);
   const auto out = download_bf16_as_f32(d_out);
 
   const auto want = cpu_gated_attention(q, gate, cpu_cache_from_gpu(kbits, d, max_ctx, n),
@@ -206,6 +211,23 @@ std::vector<RopeCase> prefill_cases() {
   for (const AttnDims& d : {kAttnReal, kAttnTiny})
     for (int T : {1, 3, 17, 64, 65, 200, 1000})
       for (int pos0 : {0, 5, 1000}) c.push_back({d, T, pos0});
+  return c;
+}
+
+// Version 2 (hd 256 only): the real dims at lengths that end mid-tile, mid-block and on either
+// side of a 64-key tile, a chunk far into the context, and GQA groups of 4, 2 and 1 (blocks of
+// 32, 64 and 128 queries: the causal edge inside a warpgroup's rows, and across the two).
+std::vector<RopeCase> prefill_wgmma_cases() {
+  std::vector<RopeCase> c;
+  for (int T : {1, 3, 16, 17, 63, 64, 65, 200})
+    for (int pos0 : {0, 5, 64, 1000}) c.push_back({kAttnReal, T, pos0});
+  c.push_back({kAttnReal, 1000, 0});
+  c.push_back({kAttnReal, 1000, 1000});
+  c.push_back({kAttnReal, 33, 20000});
+  for (const AttnDims& d : {AttnDims{"g4", 8, 2, 256, 64}, AttnDims{"g2", 4, 2, 256, 64},
+                            AttnDims{"g1", 2, 2, 256, 64}})
+    for (int T : {1, 70, 333})
+      for (int pos0 : {0, 37}) c.push_back({d, T, pos0});
   return c;
 }
 
@@ -297,7 +319,11 @@ LILAC_CONFORMANCE_CASES(attention) {
   for (const RopeCase& c : prefill_cases())
     cases.push_back({"attention_prefill",
                      dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0),
-                     "bf16", twin, [c] { check_attention_prefill(c); }});
+                     "bf16", twin, [c] { check_attention_prefill(c, 1); }});
+  for (const RopeCase& c : prefill_wgmma_cases())
+    cases.push_back({"attention_prefill_wgmma",
+                     dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0),
+                     "bf16", twin, [c] { check_attention_prefill(c, 2); }});
   // qkv rows -> prefill in two chunks (70, 59) -> 3 decode steps (the fused decode kernel).
   for (const ChainCase& c : {ChainCase{kAttnReal}, ChainCase{kAttnTiny}})
     cases.push_back({"attention_chain", dims_name(c.d) + "_T70_59_decode3_fused", "bf16", twin,
