@@ -61,17 +61,18 @@ void attention_decode_qkv_batch(const float* qkv, int B, const DecodeBatchRow* r
 // Causal flash attention for T queries (q, gate [T, heads*hd]) at positions pos0..pos0+T-1 over
 // cache rows [0, pos0 + T) (this chunk's keys already stored), GQA, softmax scale hd^-0.5; out [T,
 // heads*hd]. version: 1 = FlashAttention-2 on mma.sync (attention_prefill.cu, any supported
-// shape and GPU), 2 = on wgmma (attention_prefill_wgmma.cu: hd 256 on a compute capability 9.x
-// GPU, else it fails naming why); 0 = LILAC_ATTN_PREFILL (mma | wgmma; unset: mma), where
-// wgmma falls back to version 1 for shapes or GPUs it does not support.
+// shape and GPU), 2 = on wgmma, 3 = on wgmma with each tile's softmax overlapped with the previous
+// tile's P V (attention_prefill_wgmma.cu: hd 256 on a compute capability 9.x GPU, else they fail
+// naming why); 0 = LILAC_ATTN_PREFILL (mma | wgmma | wgmma-overlap; unset: mma), where the wgmma
+// forms fall back to version 1 for shapes or GPUs they do not support.
 void attention_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
                        int pos0, int T, int heads, int kv_heads, int hd, int max_ctx, bf16* out,
                        cudaStream_t stream, int version = 0);
 
-// Version 2's own entry points (attention_prefill checks shapes and positions before calling).
+// Versions 2 and 3's own entry points (attention_prefill checks shapes and positions first).
 bool attention_prefill_wgmma_supported(int hd);
 void attention_prefill_wgmma(const bf16* q, const bf16* gate, const bf16* k_cache,
                              const bf16* v_cache, int pos0, int T, int heads, int kv_heads, int hd,
-                             int max_ctx, bf16* out, cudaStream_t stream);
+                             int max_ctx, bf16* out, cudaStream_t stream, bool overlap);
 
 }  // namespace lilac::cuda

@@ -239,11 +239,12 @@ void launch_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const 
   LILAC_CUDA_LAUNCHED();
 }
 
-// LILAC_ATTN_PREFILL: true = wgmma (version 2) where supported. Off by default until measured
-// (docs/kernels.md s33).
-bool env_wants_wgmma() {
-  static const bool on = env_enum("LILAC_ATTN_PREFILL", false, {{"mma", false}, {"wgmma", true}});
-  return on;
+// LILAC_ATTN_PREFILL: the version it names (1 mma, 2 wgmma, 3 wgmma-overlap), 1 when unset.
+// Version 1 stays the default until the others are measured (docs/kernels.md s33).
+int env_version() {
+  static const int v =
+      env_enum("LILAC_ATTN_PREFILL", 1, {{"mma", 1}, {"wgmma", 2}, {"wgmma-overlap", 3}});
+  return v;
 }
 
 }  // namespace
@@ -251,7 +252,7 @@ bool env_wants_wgmma() {
 void attention_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
                        int pos0, int T, int heads, int kv_heads, int hd, int max_ctx, bf16* out,
                        cudaStream_t stream, int version) {
-  if (version < 0 || version > 2) fail("attention_prefill: version {} (0, 1 or 2)", version);
+  if (version < 0 || version > 3) fail("attention_prefill: version {} (0, 1, 2 or 3)", version);
   if (hd != 64 && hd != 128 && hd != 256)
     fail("attention_prefill: head_dim {} not supported (64, 128, 256)", hd);
   if (kv_heads <= 0 || heads % kv_heads != 0)
@@ -262,9 +263,13 @@ void attention_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, con
   if (pos0 < 0 || pos0 + T > max_ctx)
     fail("attention_prefill: positions [{}, {}) outside the cache ({})", pos0, pos0 + T, max_ctx);
   if (T <= 0) return;
-  if (version == 2 || (version == 0 && env_wants_wgmma() && attention_prefill_wgmma_supported(hd)))
+  if (version == 0) {
+    version = env_version();
+    if (version > 1 && !attention_prefill_wgmma_supported(hd)) version = 1;
+  }
+  if (version > 1)
     return attention_prefill_wgmma(q, gate, k_cache, v_cache, pos0, T, heads, kv_heads, hd, max_ctx,
-                                   out, stream);
+                                   out, stream, version == 3);
   switch (hd) {
     case 64:
       launch_prefill<64>(q, gate, k_cache, v_cache, pos0, T, heads, kv_heads, max_ctx, out, stream);

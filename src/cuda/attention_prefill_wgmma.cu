@@ -1,8 +1,9 @@
-// Attention prefill, version 2: causal flash attention on Hopper's warpgroup MMA (wgmma, sm_90a),
-// hd 256 only. The same work, block shape, masking, online softmax and output as version 1
-// (attention_prefill.cu, FlashAttention-2 on mma.sync), which stays the default and the path for
-// other head dims and GPUs; this file is picked by attention_prefill's `version` argument or
-// LILAC_ATTN_PREFILL=wgmma (docs/kernels.md, s33: "attention_prefill version 2").
+// Attention prefill, versions 2 and 3: causal flash attention on Hopper's warpgroup MMA (wgmma,
+// sm_90a), hd 256 only. The same work, block shape, masking, online softmax and output as version
+// 1 (attention_prefill.cu, FlashAttention-2 on mma.sync), which stays the default and the path
+// for other head dims and GPUs; this file is picked by attention_prefill's `version` argument or
+// LILAC_ATTN_PREFILL=wgmma | wgmma-overlap (docs/kernels.md, s33). Version 3 is version 2 with
+// one tile's softmax overlapped with the previous tile's P V (see the kernel).
 //
 // Why: version 1 runs ~290-320 TFLOP/s on an H100 (s32), bounded by shared memory: each of its 8
 // warps reads every K and V tile through ldmatrix for its own 16 rows. Here a warpgroup's wgmma
@@ -23,7 +24,7 @@
 // 128-byte swizzle: 16-byte chunk c of row r at c ^ (r % 8), what sw128_desc / sw128_mn_desc
 // describe): Q 4 slabs x [128][64] = 64 KiB, then 2 stages of K (4 x [64][64] = 32 KiB) and 2 of
 // V: 192 KiB. K / V tiles double-buffered by cp.async as version 1 (all 256 threads copy; no
-// producer warp, no overlap of one warpgroup's softmax with the other's MMAs: that is version 2b).
+// producer warp).
 //
 // Per 64-key tile and block: 2 x 128 x 64 x 256 x 2 = 8.4 MFLOP; shared-memory reads by wgmma:
 // S 2 x 16 x (2 + 2) KiB = 128 KiB (A re-read per n64 instruction), P V 2 x 4 x 8 KiB = 64 KiB.
@@ -60,157 +61,176 @@ __device__ __forceinline__ uint32_t slab_chunk(int row, int chunk, uint32_t slab
          uint32_t(((chunk & 7) ^ (row & 7)) << 4);
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
-    attn_prefill_wgmma_kernel(const bf16* __restrict__ q, const bf16* __restrict__ gate,
-                              const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-                              int pos0, int T, int heads, int group, int max_ctx,
-                              bf16* __restrict__ out) {
-#if defined(LILAC_SM90A)
-  extern __shared__ unsigned char smem_raw[];
-  const uint32_t sQ = (tile::smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sK = sQ + kQBytes, sV = sK + 2 * kKvTile;
+// What every thread of a block knows: the block's rows and keys, this thread's copy slot and rows.
+struct BlockCtx {
+  uint32_t sQ, sK, sV;  // shared memory: Q, K stages, V stages (1024-byte aligned)
+  int t0, QB, kvh, n_keys, ntiles;
+  int wg, wq, g, tq;  // warpgroup, warp in it, lane / 4, lane % 4
+  int row0;           // this thread's first row (64 wg + 16 wq + g; the second is row0 + 8)
+  int kmax0, kmax1;   // the last key each of its two rows sees (causal)
+  int kmax_block;     // the smallest of those over the block's rows
+  int ld_ch, ld_r0;   // its 16-byte chunk and first row in the copies
+  const bf16* kbase;  // this kv head's cache rows
+  const bf16* vbase;
+};
 
-  const int QB = kRows / group;                         // queries per block
+constexpr int kChunks = kHd / 8;                  // 16-byte chunks per row: 32
+constexpr int kRowsPerPass = kThreads / kChunks;  // rows a pass of the block's copies covers: 8
+
+__device__ __forceinline__ BlockCtx block_ctx(unsigned char* smem_raw, const bf16* k_cache,
+                                              const bf16* v_cache, int pos0, int T, int group,
+                                              int max_ctx) {
+  BlockCtx c;
+  c.sQ = (tile::smem_u32(smem_raw) + 1023u) & ~1023u;
+  c.sK = c.sQ + kQBytes;
+  c.sV = c.sK + 2 * kKvTile;
+  c.QB = kRows / group;                                 // queries per block
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // longest query tiles first
-  const int kvh = blockIdx.y;
-  const int t0 = qt * QB;
-  const int n_keys = pos0 + min(t0 + QB, T);  // keys [0, n_keys) are needed by this block
-  const int ntiles = (n_keys + kKeys - 1) / kKeys;
-  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
-  const int g = lane >> 2, tq = lane & 3;
+  c.kvh = blockIdx.y;
+  c.t0 = qt * c.QB;
+  c.n_keys = pos0 + min(c.t0 + c.QB, T);  // keys [0, n_keys) are needed by this block
+  c.ntiles = (c.n_keys + kKeys - 1) / kKeys;
+  const int tid = threadIdx.x, lane = tid & 31;
+  c.wg = tid >> 7, c.wq = (tid >> 5) & 3, c.g = lane >> 2, c.tq = lane & 3;
+  c.row0 = 64 * c.wg + 16 * c.wq + c.g;
+  c.kmax0 = pos0 + c.t0 + c.row0 / group;
+  c.kmax1 = pos0 + c.t0 + (c.row0 + 8) / group;
+  c.kmax_block = pos0 + c.t0;
+  c.ld_ch = tid % kChunks, c.ld_r0 = tid / kChunks;
+  c.kbase = k_cache + size_t(c.kvh) * max_ctx * kHd;
+  c.vbase = v_cache + size_t(c.kvh) * max_ctx * kHd;
+  return c;
+}
 
-  const bf16* kbase = k_cache + size_t(kvh) * max_ctx * kHd;
-  const bf16* vbase = v_cache + size_t(kvh) * max_ctx * kHd;
-  constexpr int kChunks = kHd / 8;                  // 16-byte chunks per row: 32
-  constexpr int kRowsPerPass = kThreads / kChunks;  // 8
-  const int ld_ch = tid % kChunks, ld_r0 = tid / kChunks;
-
-  // Q rows (zeros past T), in the same commit group as K / V tile 0.
+// The block's 128 Q rows (zeros past T) into the Q slabs.
+__device__ __forceinline__ void load_q(const BlockCtx& c, const bf16* q, int T, int heads,
+                                       int group) {
 #pragma unroll 1
   for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-    const int r = ld_r0 + i * kRowsPerPass, t = t0 + r / group;
+    const int r = c.ld_r0 + i * kRowsPerPass, t = c.t0 + r / group;
     const bool ok = t < T;
     const size_t off =
-        ok ? (size_t(t) * heads + size_t(kvh) * group + r % group) * kHd + ld_ch * 8 : 0;
-    attn::cp_async16(sQ + slab_chunk(r, ld_ch, kQSlab), q + off, ok ? 16 : 0);
+        ok ? (size_t(t) * heads + size_t(c.kvh) * group + r % group) * kHd + c.ld_ch * 8 : 0;
+    attn::cp_async16(c.sQ + slab_chunk(r, c.ld_ch, kQSlab), q + off, ok ? 16 : 0);
   }
-  auto load_kv = [&](int tile, int stage) {
-    const int key0 = tile * kKeys;
+}
+
+// Keys [64 tile, + 64) of `base` (K or V rows of this kv head; zeros from n_keys on) into the
+// stage at `stage_addr`.
+__device__ __forceinline__ void load_keys(const BlockCtx& c, const bf16* base, int tile,
+                                          uint32_t stage_addr) {
 #pragma unroll 1
-    for (int i = 0; i < kKeys / kRowsPerPass; ++i) {
-      const int r = ld_r0 + i * kRowsPerPass, key = key0 + r;
-      const bool ok = key < n_keys;
-      const size_t off = ok ? size_t(key) * kHd + ld_ch * 8 : 0;
-      const uint32_t so = uint32_t(stage) * kKvTile + slab_chunk(r, ld_ch, kKvSlab);
-      attn::cp_async16(sK + so, kbase + off, ok ? 16 : 0);
-      attn::cp_async16(sV + so, vbase + off, ok ? 16 : 0);
-    }
-  };
-  load_kv(0, 0);
-  attn::cp_async_commit();
-
-  const float sc = rsqrtf(float(kHd)) * 1.4426950408889634f;  // hd^-0.5 * log2(e)
-  // This thread's rows 64 wg + 16 wq + g and + 8: last visible key (causal).
-  const int row0 = 64 * wg + 16 * wq + g;
-  const int kmax0 = pos0 + t0 + row0 / group, kmax1 = pos0 + t0 + (row0 + 8) / group;
-  const int kmax_block = pos0 + t0;  // the smallest over the block's rows
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  const uint32_t sQw = sQ + uint32_t(wg) * 64u * 128u;  // this warpgroup's 64 rows of each slab
-
-  for (int jt = 0; jt < ntiles; ++jt) {
-    if (jt + 1 < ntiles) load_kv(jt + 1, (jt + 1) & 1);
-    attn::cp_async_commit();
-    attn::cp_async_wait<1>();  // Q and tile jt have landed (this thread's copies) ...
-    tile::fence_proxy_async_smem();
-    __syncthreads();  // ... and everyone's, visible to wgmma
-    const uint32_t kst = sK + uint32_t(jt & 1) * kKvTile, vst = sV + uint32_t(jt & 1) * kKvTile;
-
-    // S = Q K^T: k-step ks covers hd columns 16 ks .. + 15: slab ks / 4, 32 bytes per step in it.
-    float s[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.f;
-    tile::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4 * kSlabs; ++ks) {
-      const uint32_t col = uint32_t(ks & 3) * 32u;
-      tile::wgmma_m64n64k16(s, tile::sw128_desc(sQw + uint32_t(ks >> 2) * kQSlab + col),
-                            tile::sw128_desc(kst + uint32_t(ks >> 2) * kKvSlab + col));
-    }
-    tile::wgmma_commit();
-    tile::wgmma_wait<0>();
-    tile::fence_operands(s);
-
-    // Scale, causal mask (only tiles that cross the block's first position), online softmax.
-    const int key0 = jt * kKeys;
-    const bool masked = key0 + kKeys - 1 > kmax_block;
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = s[4 * j + e] * sc;
-        if (masked && key0 + 8 * j + 2 * tq + (e & 1) > (e < 2 ? kmax0 : kmax1)) v = -INFINITY;
-        s[4 * j + e] = v;
-      }
-      mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-      mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-    const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
-    m0 = mn0, m1 = mn1;
-    float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      s[4 * j] = exp2f(s[4 * j] - mu0), s[4 * j + 1] = exp2f(s[4 * j + 1] - mu0);
-      s[4 * j + 2] = exp2f(s[4 * j + 2] - mu1), s[4 * j + 3] = exp2f(s[4 * j + 3] - mu1);
-      rs0 += s[4 * j] + s[4 * j + 1], rs1 += s[4 * j + 2] + s[4 * j + 3];
-    }
-    l0 = l0 * al0 + rs0, l1 = l1 * al1 + rs1;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      o[4 * j] *= al0, o[4 * j + 1] *= al0, o[4 * j + 2] *= al1, o[4 * j + 3] *= al1;
-
-    // O += P V: k-step ks = keys 16 ks .. + 15 = S columns j = 2 ks, 2 ks + 1. V's slab rows are
-    // keys, so the k-step starts 16 rows (2 groups of 8, 2 KiB) into the stage; N = 256 crosses
-    // the 4 slabs (leading byte offset one slab), K = 16 the two 8-key groups (stride 1,024).
-    uint32_t pa[4][4];
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      pa[ks][0] = attn::pack_bf16(s[8 * ks], s[8 * ks + 1]);
-      pa[ks][1] = attn::pack_bf16(s[8 * ks + 2], s[8 * ks + 3]);
-      pa[ks][2] = attn::pack_bf16(s[8 * ks + 4], s[8 * ks + 5]);
-      pa[ks][3] = attn::pack_bf16(s[8 * ks + 6], s[8 * ks + 7]);
-    }
-    tile::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      qgemm_wgmma::wgmma_rs_m64n256k16<1>(
-          o, pa[ks], tile::sw128_mn_desc(vst + uint32_t(ks) * 2048u, kKvSlab, 1024u));
-    tile::wgmma_commit();
-    tile::wgmma_wait<0>();
-    tile::fence_operands(o);
-    __syncthreads();  // stage jt & 1 is refilled by the next iteration's prefetch
+  for (int i = 0; i < kKeys / kRowsPerPass; ++i) {
+    const int r = c.ld_r0 + i * kRowsPerPass, key = tile * kKeys + r;
+    const bool ok = key < c.n_keys;
+    const size_t off = ok ? size_t(key) * kHd + c.ld_ch * 8 : 0;
+    attn::cp_async16(stage_addr + slab_chunk(r, c.ld_ch, kKvSlab), base + off, ok ? 16 : 0);
   }
+}
 
-  // out = O / l * sigmoid(gate), rows past T skipped.
-  l0 += __shfl_xor_sync(kFull, l0, 1);
-  l0 += __shfl_xor_sync(kFull, l0, 2);
-  l1 += __shfl_xor_sync(kFull, l1, 1);
-  l1 += __shfl_xor_sync(kFull, l1, 2);
+// Issues S = Q_w K^T for the K stage at `kst` (not committed): k-step ks covers hd columns 16 ks
+// .. + 15, slab ks / 4, 32 bytes per step inside it.
+__device__ __forceinline__ void issue_s(const BlockCtx& c, float (&s)[32], uint32_t kst) {
+  const uint32_t sQw = c.sQ + uint32_t(c.wg) * 64u * 128u;  // this warpgroup's rows of each slab
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = 0.f;
+  tile::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4 * kSlabs; ++ks) {
+    const uint32_t col = uint32_t(ks & 3) * 32u;
+    tile::wgmma_m64n64k16(s, tile::sw128_desc(sQw + uint32_t(ks >> 2) * kQSlab + col),
+                          tile::sw128_desc(kst + uint32_t(ks >> 2) * kKvSlab + col));
+  }
+}
+
+// The running max and sum of this thread's two rows (log2 units).
+struct Softmax {
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+};
+
+// Scales S, masks keys past each row's last (only in tiles that cross the block's first
+// position), folds the tile into the running max / sum and leaves exp2(S - max) in s; returns
+// the factors (al0, al1) the rows' O must be scaled by. Version 1's arithmetic, value for value.
+__device__ __forceinline__ float2 softmax_tile(const BlockCtx& c, float (&s)[32], int jt,
+                                               Softmax& sm) {
+  const float sc = rsqrtf(float(kHd)) * 1.4426950408889634f;  // hd^-0.5 * log2(e)
+  const int key0 = jt * kKeys;
+  const bool masked = key0 + kKeys - 1 > c.kmax_block;
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = s[4 * j + e] * sc;
+      if (masked && key0 + 8 * j + 2 * c.tq + (e & 1) > (e < 2 ? c.kmax0 : c.kmax1)) v = -INFINITY;
+      s[4 * j + e] = v;
+    }
+    mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+    mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
+  const float mn0 = fmaxf(sm.m0, mx0), mn1 = fmaxf(sm.m1, mx1);
+  const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+  const float al0 = exp2f(sm.m0 - mu0), al1 = exp2f(sm.m1 - mu1);
+  sm.m0 = mn0, sm.m1 = mn1;
+  float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    s[4 * j] = exp2f(s[4 * j] - mu0), s[4 * j + 1] = exp2f(s[4 * j + 1] - mu0);
+    s[4 * j + 2] = exp2f(s[4 * j + 2] - mu1), s[4 * j + 3] = exp2f(s[4 * j + 3] - mu1);
+    rs0 += s[4 * j] + s[4 * j + 1], rs1 += s[4 * j + 2] + s[4 * j + 3];
+  }
+  sm.l0 = sm.l0 * al0 + rs0, sm.l1 = sm.l1 * al1 + rs1;
+  return make_float2(al0, al1);
+}
+
+__device__ __forceinline__ void scale_o(float (&o)[128], float2 al) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j)
+    o[4 * j] *= al.x, o[4 * j + 1] *= al.x, o[4 * j + 2] *= al.y, o[4 * j + 3] *= al.y;
+}
+
+// P (bf16) as the RS A fragments of the 4 k-steps of P V: k-step ks = keys 16 ks .. + 15 = S
+// columns j = 2 ks, 2 ks + 1 (version 1's pa0 .. pa3).
+__device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    pa[ks][0] = attn::pack_bf16(s[8 * ks], s[8 * ks + 1]);
+    pa[ks][1] = attn::pack_bf16(s[8 * ks + 2], s[8 * ks + 3]);
+    pa[ks][2] = attn::pack_bf16(s[8 * ks + 4], s[8 * ks + 5]);
+    pa[ks][3] = attn::pack_bf16(s[8 * ks + 6], s[8 * ks + 7]);
+  }
+}
+
+// Issues O += P V for the V stage at `vst` (not committed, no fence: the caller fences after its
+// last register write). V's slab rows are keys, so k-step ks starts 16 rows (two 8-key groups, 2
+// KiB) in; N = 256 crosses the 4 slabs (leading byte offset one slab), K = 16 the two groups
+// (stride 1,024).
+__device__ __forceinline__ void issue_pv(float (&o)[128], const uint32_t (&pa)[4][4],
+                                         uint32_t vst) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    qgemm_wgmma::wgmma_rs_m64n256k16<1>(
+        o, pa[ks], tile::sw128_mn_desc(vst + uint32_t(ks) * 2048u, kKvSlab, 1024u));
+}
+
+// out = O / l * sigmoid(gate) for this thread's two rows, rows past T skipped.
+__device__ __forceinline__ void store_out(const BlockCtx& c, const float (&o)[128], Softmax sm,
+                                          const bf16* gate, int T, int heads, int group,
+                                          bf16* out) {
+  sm.l0 += __shfl_xor_sync(kFull, sm.l0, 1);
+  sm.l0 += __shfl_xor_sync(kFull, sm.l0, 2);
+  sm.l1 += __shfl_xor_sync(kFull, sm.l1, 1);
+  sm.l1 += __shfl_xor_sync(kFull, sm.l1, 2);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = row0 + 8 * half, t = t0 + r / group;
+    const int r = c.row0 + 8 * half, t = c.t0 + r / group;
     if (t >= T) continue;
-    const float inv = 1.f / (half ? l1 : l0);
-    const size_t base = (size_t(t) * heads + size_t(kvh) * group + r % group) * kHd + 2 * tq;
+    const float inv = 1.f / (half ? sm.l1 : sm.l0);
+    const size_t base = (size_t(t) * heads + size_t(c.kvh) * group + r % group) * kHd + 2 * c.tq;
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       const __nv_bfloat162 gt = *reinterpret_cast<const __nv_bfloat162*>(gate + base + 8 * j);
@@ -219,6 +239,109 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<uint32_t*>(out + base + 8 * j) = attn::pack_bf16(v0, v1);
     }
   }
+}
+
+// OVERLAP = false (version 2): per tile, S, its softmax, then P V, each waited for; K and V tile
+// j + 1 copied during tile j.
+// OVERLAP = true (version 3): S of tile j and P V of tile j - 1 are issued together, and tile j's
+// softmax runs while the tensor cores do that P V (FlashAttention-3's overlap within a warpgroup);
+// O is rescaled after that P V retires. K runs one tile ahead of V: during iteration j the copies
+// bring K j + 1 (into the stage K j - 1 left) and V j (into V j - 2's). One barrier per tile.
+// Registers: S, P and O live together (32 + 16 + 128).
+template <bool OVERLAP>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_prefill_wgmma_kernel(const bf16* __restrict__ q, const bf16* __restrict__ gate,
+                              const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                              int pos0, int T, int heads, int group, int max_ctx,
+                              bf16* __restrict__ out) {
+#if defined(LILAC_SM90A)
+  extern __shared__ unsigned char smem_raw[];
+  const BlockCtx c = block_ctx(smem_raw, k_cache, v_cache, pos0, T, group, max_ctx);
+  auto kstage = [&](int tile) { return c.sK + uint32_t(tile & 1) * kKvTile; };
+  auto vstage = [&](int tile) { return c.sV + uint32_t(tile & 1) * kKvTile; };
+  Softmax sm;
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float s[32];
+  uint32_t pa[4][4];
+
+  if constexpr (!OVERLAP) {
+    load_q(c, q, T, heads, group);  // in the same commit group as K / V tile 0
+    load_keys(c, c.kbase, 0, kstage(0));
+    load_keys(c, c.vbase, 0, vstage(0));
+    attn::cp_async_commit();
+    for (int jt = 0; jt < c.ntiles; ++jt) {
+      if (jt + 1 < c.ntiles) {
+        load_keys(c, c.kbase, jt + 1, kstage(jt + 1));
+        load_keys(c, c.vbase, jt + 1, vstage(jt + 1));
+      }
+      attn::cp_async_commit();
+      attn::cp_async_wait<1>();  // Q and tile jt have landed (this thread's copies) ...
+      tile::fence_proxy_async_smem();
+      __syncthreads();  // ... and everyone's, visible to wgmma
+      issue_s(c, s, kstage(jt));
+      tile::wgmma_commit();
+      tile::wgmma_wait<0>();
+      tile::fence_operands(s);
+      scale_o(o, softmax_tile(c, s, jt, sm));
+      pack_p(s, pa);
+      tile::wgmma_fence();
+      issue_pv(o, pa, vstage(jt));
+      tile::wgmma_commit();
+      tile::wgmma_wait<0>();
+      tile::fence_operands(o);
+      __syncthreads();  // the stages of tile jt are refilled by the next iteration's copies
+    }
+  } else {
+    // Prologue: Q and K 0 (group 0); S 0 and its softmax while K 1 and V 0 load (group 1).
+    load_q(c, q, T, heads, group);
+    load_keys(c, c.kbase, 0, kstage(0));
+    attn::cp_async_commit();
+    attn::cp_async_wait<0>();
+    tile::fence_proxy_async_smem();
+    __syncthreads();
+    issue_s(c, s, kstage(0));
+    tile::wgmma_commit();
+    if (c.ntiles > 1) load_keys(c, c.kbase, 1, kstage(1));
+    load_keys(c, c.vbase, 0, vstage(0));
+    attn::cp_async_commit();
+    tile::wgmma_wait<0>();
+    tile::fence_operands(s);
+    softmax_tile(c, s, 0, sm);  // O is still zero: nothing to rescale
+    pack_p(s, pa);
+    for (int jt = 1; jt < c.ntiles; ++jt) {
+      // K jt and V jt - 1 have landed (this thread's, then everyone's); every warpgroup has
+      // retired S jt - 1 and P V jt - 2, so K jt - 1's and V jt - 2's stages can be refilled.
+      attn::cp_async_wait<0>();
+      tile::fence_proxy_async_smem();
+      __syncthreads();
+      if (jt + 1 < c.ntiles) load_keys(c, c.kbase, jt + 1, kstage(jt + 1));
+      load_keys(c, c.vbase, jt, vstage(jt));
+      attn::cp_async_commit();
+      issue_s(c, s, kstage(jt));  // fences: s zeroed, O rescaled and P packed since the last
+      tile::wgmma_commit();
+      issue_pv(o, pa, vstage(jt - 1));
+      tile::wgmma_commit();
+      tile::wgmma_wait<1>();  // S jt retired; P V jt - 1 may still run
+      tile::fence_operands(s);
+      const float2 al = softmax_tile(c, s, jt, sm);
+      tile::wgmma_wait<0>();  // P V jt - 1 retired: O and P's registers are free
+      tile::fence_operands(o);
+      scale_o(o, al);
+      pack_p(s, pa);
+    }
+    // The last tile's P V.
+    attn::cp_async_wait<0>();
+    tile::fence_proxy_async_smem();
+    __syncthreads();
+    tile::wgmma_fence();
+    issue_pv(o, pa, vstage(c.ntiles - 1));
+    tile::wgmma_commit();
+    tile::wgmma_wait<0>();
+    tile::fence_operands(o);
+  }
+  store_out(c, o, sm, gate, T, heads, group, out);
 #else
   (void)q, (void)gate, (void)k_cache, (void)v_cache, (void)pos0, (void)T, (void)heads, (void)group,
       (void)max_ctx, (void)out;
@@ -234,22 +357,25 @@ bool attention_prefill_wgmma_supported(int hd) {
 // The caller (attention_prefill) has checked the shapes and the positions.
 void attention_prefill_wgmma(const bf16* q, const bf16* gate, const bf16* k_cache,
                              const bf16* v_cache, int pos0, int T, int heads, int kv_heads, int hd,
-                             int max_ctx, bf16* out, cudaStream_t stream) {
+                             int max_ctx, bf16* out, cudaStream_t stream, bool overlap) {
   if (!attention_prefill_wgmma_supported(hd))
     fail(
-        "attention_prefill version 2 (wgmma): needs head_dim {} on a compute capability 9.x GPU "
-        "(head_dim {}, compute capability {})",
+        "attention_prefill versions 2 and 3 (wgmma): need head_dim {} on a compute capability 9.x "
+        "GPU (head_dim {}, compute capability {})",
         kHd, hd, device_compute_capability());
   static const bool attr_set = [] {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_wgmma_kernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    for (const void* k : {reinterpret_cast<const void*>(attn_prefill_wgmma_kernel<false>),
+                          reinterpret_cast<const void*>(attn_prefill_wgmma_kernel<true>)})
+      LILAC_CUDA_CHECK(
+          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
   (void)attr_set;
   const int group = heads / kv_heads, QB = kRows / group;
   const dim3 grid((T + QB - 1) / QB, kv_heads);
-  attn_prefill_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream>>>(q, gate, k_cache, v_cache, pos0,
-                                                                    T, heads, group, max_ctx, out);
+  auto kernel = overlap ? attn_prefill_wgmma_kernel<true> : attn_prefill_wgmma_kernel<false>;
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(q, gate, k_cache, v_cache, pos0, T, heads, group,
+                                                 max_ctx, out);
   LILAC_CUDA_LAUNCHED();
 }
 

@@ -1,8 +1,8 @@
 // Conformance cases of the GPU attention kernels against the CPU twin (cpu/attention.cpp composed
 // as cpu_backend.cpp does): qk_norm_rope_store, attention_decode_qkv (the decode kernel; its
-// version 1, unfused, is in bench/lab), attention_prefill (its versions 1 and 2), and a prefill +
+// version 1, unfused, is in bench/lab), attention_prefill (its versions 1-3), and a prefill +
 // decode chain. Real shapes (heads 16, kv 2, hd 256, R 64) and tiny-a shapes (heads 4, kv 2, hd
-// 64, R 16); version 2 (hd 256 only) also at GQA groups 4, 2 and 1.
+// 64, R 16); versions 2 and 3 (hd 256 only) also at GQA groups 4, 2 and 1.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -179,12 +179,14 @@ void check_attention_decode_qkv(const DecodeCase& c) {
 
 // ---- attention_prefill --------------------------------------------------------------------------
 
-// version: attention_prefill's (1 mma.sync, 2 wgmma); a version-2 case on a GPU without wgmma
-// is skipped (the GPU suite runs on Hopper; other GPUs run version 1 only).
+// version: attention_prefill's (1 mma.sync, 2 wgmma, 3 wgmma with the softmax overlapped); a
+// wgmma case on a GPU without wgmma is skipped (the GPU suite runs on Hopper; other GPUs run
+// version 1 only).
 void check_attention_prefill(const RopeCase& c, int version) {
   const auto [d, T, pos0] = c;
-  if (version == 2 && !cuda::attention_prefill_wgmma_supported(d.hd))
-    GTEST_SKIP() << "attention_prefill version 2 needs hd 256 on a compute capability 9.x GPU";
+  if (version > 1 && !cuda::attention_prefill_wgmma_supported(d.hd))
+    GTEST_SKIP() << "attention_prefill version " << version
+                 << " needs hd 256 on a compute capability 9.x GPU";
   const int n = pos0 + T, max_ctx = n + 7;
   const uint32_t seed = uint32_t(T * 313 + pos0 * 7 + d.hd);
   const std::vector<uint16_t> kbits = random_cache(d, max_ctx, n, seed),
@@ -214,9 +216,9 @@ std::vector<RopeCase> prefill_cases() {
   return c;
 }
 
-// Version 2 (hd 256 only): the real dims at lengths that end mid-tile, mid-block and on either
-// side of a 64-key tile, a chunk far into the context, and GQA groups of 4, 2 and 1 (blocks of
-// 32, 64 and 128 queries: the causal edge inside a warpgroup's rows, and across the two).
+// Versions 2 and 3 (hd 256 only): the real dims at lengths that end mid-tile, mid-block and on
+// either side of a 64-key tile, a chunk far into the context, and GQA groups of 4, 2 and 1 (blocks
+// of 32, 64 and 128 queries: the causal edge inside a warpgroup's rows, and across the two).
 std::vector<RopeCase> prefill_wgmma_cases() {
   std::vector<RopeCase> c;
   for (int T : {1, 3, 16, 17, 63, 64, 65, 200})
@@ -321,9 +323,11 @@ LILAC_CONFORMANCE_CASES(attention) {
                      dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0),
                      "bf16", twin, [c] { check_attention_prefill(c, 1); }});
   for (const RopeCase& c : prefill_wgmma_cases())
-    cases.push_back({"attention_prefill_wgmma",
-                     dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0),
-                     "bf16", twin, [c] { check_attention_prefill(c, 2); }});
+    for (const int version : {2, 3})
+      cases.push_back(
+          {version == 2 ? "attention_prefill_wgmma" : "attention_prefill_wgmma_overlap",
+           dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0), "bf16",
+           twin, [c, version] { check_attention_prefill(c, version); }});
   // qkv rows -> prefill in two chunks (70, 59) -> 3 decode steps (the fused decode kernel).
   for (const ChainCase& c : {ChainCase{kAttnReal}, ChainCase{kAttnTiny}})
     cases.push_back({"attention_chain", dims_name(c.d) + "_T70_59_decode3_fused", "bf16", twin,
