@@ -117,7 +117,7 @@ for s in $steps; do
   case $s in
     tests)
       from=$(($(wc -l 2>/dev/null <"$OUT/run.log" || echo 0) + 1))
-      run gpu-tests 300 "$B/lilac_cuda_tests" --gtest_brief=1
+      run gpu-tests 420 "$B/lilac_cuda_tests" --gtest_brief=1
       # Zero skips: a GPU test that skipped (no device, a path this GPU lacks) did not test
       # anything. gtest's summary says "[  SKIPPED ] N tests." (--gtest_brief) or "[  SKIPPED ] N
       # tests, listed below:" when N > 0, nothing when none skipped.
