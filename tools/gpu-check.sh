@@ -2,6 +2,9 @@
 # Runs ON THE GPU MACHINE over a copy of the repository with .device-build/ carried (see
 # tools/gpu-build.sh). Steps (default: tests logits bench):
 #   tests       GPU kernel and backend tests (lilac_cuda_tests, label gpu)
+#   tests-switches
+#               the same suite with the two prefill switches of s32 on (LILAC_GDN_TF32_SPLIT=trunc,
+#               LILAC_PREFILL_MOE_Y_BF16=1): what makes them the defaults if it passes
 #   logits      the tiny-a fixture through `lilac logits --device cuda` (both layouts, chunked)
 #   kernels     the kernel microbenchmarks (lilac_cuda_bench_*, the kernel lab among them)
 #   lab         the kernel lab alone (lilac_cuda_bench_lab: every version of each op in bench/lab,
@@ -113,21 +116,29 @@ serve_bench() {
   wait "$pid" 2>/dev/null
 }
 
+# The GPU suite (`gpu_tests NAME [env VAR=VALUE ...]`), which fails on any skip: a GPU test that
+# skipped (no device, a path this GPU lacks) did not test anything. gtest's summary says "[
+# SKIPPED ] N tests." (--gtest_brief) or "[  SKIPPED ] N tests, listed below:" when N > 0,
+# nothing when none skipped.
+gpu_tests() {
+  local name=$1 from skipped
+  shift
+  from=$(($(wc -l 2>/dev/null <"$OUT/run.log" || echo 0) + 1))
+  run "$name" 420 "$@" "$B/lilac_cuda_tests" --gtest_brief=1
+  skipped=$(tail -n +"$from" "$OUT/run.log" |
+    sed -n 's/^\[  SKIPPED \] \([0-9][0-9]*\) tests\{0,1\}[.,].*/\1/p' | tail -n 1)
+  echo "    $name: ${skipped:-0} skipped" | tee -a "$OUT/summary.txt"
+  if [ "${skipped:-0}" -ne 0 ]; then
+    echo "    $name: FAIL, $skipped GPU tests were skipped (see run.log)" | tee -a "$OUT/summary.txt"
+    status=1
+  fi
+}
+
 for s in $steps; do
   case $s in
-    tests)
-      from=$(($(wc -l 2>/dev/null <"$OUT/run.log" || echo 0) + 1))
-      run gpu-tests 420 "$B/lilac_cuda_tests" --gtest_brief=1
-      # Zero skips: a GPU test that skipped (no device, a path this GPU lacks) did not test
-      # anything. gtest's summary says "[  SKIPPED ] N tests." (--gtest_brief) or "[  SKIPPED ] N
-      # tests, listed below:" when N > 0, nothing when none skipped.
-      skipped=$(tail -n +"$from" "$OUT/run.log" |
-        sed -n 's/^\[  SKIPPED \] \([0-9][0-9]*\) tests\{0,1\}[.,].*/\1/p' | tail -n 1)
-      echo "    gpu-tests: ${skipped:-0} skipped" | tee -a "$OUT/summary.txt"
-      if [ "${skipped:-0}" -ne 0 ]; then
-        echo "    gpu-tests: FAIL, $skipped GPU tests were skipped (see run.log)" | tee -a "$OUT/summary.txt"
-        status=1
-      fi ;;
+    tests) gpu_tests gpu-tests ;;
+    tests-switches)
+      gpu_tests gpu-tests-switches env LILAC_GDN_TF32_SPLIT=trunc LILAC_PREFILL_MOE_Y_BF16=1 ;;
     logits)
       for m in tiny-a tiny-a-per-expert; do
         run "logits-$m" 60 "$B/lilac" logits --model "tests/data/$m" --prompt-from tests/data/tiny-a/reference.safetensors \
