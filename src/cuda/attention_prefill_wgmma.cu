@@ -34,12 +34,13 @@
 #include "cuda/attention.h"
 #include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
-#include "cuda/gemm_tile.cuh"
-#include "cuda/q4_gemm_wgmma.cuh"
+#include "cuda/wgmma.cuh"
 #include "util/error.h"
 
 namespace lilac::cuda {
-namespace {
+// A named namespace, not an anonymous one: in the compute_80 PTX pass (LILAC_CUDA_PTX) the kernel
+// body is empty and nvcc would warn about every unused internal device function.
+namespace attn_wgmma {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kHd = 256;                               // the only head dim of this version
@@ -81,7 +82,7 @@ __device__ __forceinline__ BlockCtx block_ctx(unsigned char* smem_raw, const bf1
                                               const bf16* v_cache, int pos0, int T, int group,
                                               int max_ctx) {
   BlockCtx c;
-  c.sQ = (tile::smem_u32(smem_raw) + 1023u) & ~1023u;
+  c.sQ = (attn::smem_addr(smem_raw) + 1023u) & ~1023u;
   c.sK = c.sQ + kQBytes;
   c.sV = c.sK + 2 * kKvTile;
   c.QB = kRows / group;                                 // queries per block
@@ -213,8 +214,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[128], const uint32_t (&pa)[4
                                          uint32_t vst) {
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
-    qgemm_wgmma::wgmma_rs_m64n256k16<1>(
-        o, pa[ks], tile::sw128_mn_desc(vst + uint32_t(ks) * 2048u, kKvSlab, 1024u));
+    tile::wgmma_rs_m64n256k16<1>(o, pa[ks],
+                                 tile::sw128_mn_desc(vst + uint32_t(ks) * 2048u, kKvSlab, 1024u));
 }
 
 // out = O / l * sigmoid(gate) for this thread's two rows, rows past T skipped.
@@ -348,16 +349,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-}  // namespace
+}  // namespace attn_wgmma
 
 bool attention_prefill_wgmma_supported(int hd) {
-  return hd == kHd && device_compute_capability() / 10 == 9;
+  return hd == attn_wgmma::kHd && device_compute_capability() / 10 == 9;
 }
 
 // The caller (attention_prefill) has checked the shapes and the positions.
 void attention_prefill_wgmma(const bf16* q, const bf16* gate, const bf16* k_cache,
                              const bf16* v_cache, int pos0, int T, int heads, int kv_heads, int hd,
                              int max_ctx, bf16* out, cudaStream_t stream, bool overlap) {
+  using namespace attn_wgmma;
   if (!attention_prefill_wgmma_supported(hd))
     fail(
         "attention_prefill versions 2 and 3 (wgmma): need head_dim {} on a compute capability 9.x "

@@ -2,14 +2,13 @@
 // "A plan for attention_prefill version 2"), checked on the GPU before any kernel rests on them:
 // a tile of R rows x C columns (C a multiple of 64) kept as C / 64 slabs of [R][64] bf16 in the
 // 128-byte swizzle (the 16-byte chunk c of row r at chunk c ^ (r % 8)), which is what
-// gemm_tile.cuh's sw128_desc describes for a K-major operand. Two products at attention's shapes:
-//  (1) S = Q K^T: SS wgmma m64n128k16 (gemm_tile.cuh's) over 256 columns (16 k-steps crossing
+// wgmma.cuh's sw128_desc describes for a K-major operand. Two products at attention's shapes:
+//  (1) S = Q K^T: SS wgmma m64n128k16 (wgmma.cuh's) over 256 columns (16 k-steps crossing
 //      four slabs), Q (64 x 256) and K (128 keys x 256) both K-major in slabs;
-//  (2) O = P V: RS wgmma m64n128k16 (q4_gemm_wgmma.cuh's, TRANS_B = 1), P (64 x 64) from registers,
-//  V (64 keys x 128) in the same
-//      slabs read as an MN-major B operand (the transpose bit set; sw128_mn_desc: the leading
-//      byte offset steps from one 64-column slab to the next, the stride byte offset from one
-//      8-key group to the next).
+//  (2) O = P V: RS wgmma m64n128k16 (wgmma.cuh's, TRANS_B = 1), P (64 x 64) from registers,
+//      V (64 keys x 128) in the same slabs read as an MN-major B operand (the transpose bit set;
+//      sw128_mn_desc: the leading byte offset steps from one 64-column slab to the next, the
+//      stride byte offset from one 8-key group to the next).
 // Each against double-precision sums on the host (bf16 products are exact in f32; the bound allows
 // the f32 accumulation), every output written.
 #include <cuda_runtime.h>
@@ -21,13 +20,12 @@
 
 #include "cuda/common.h"
 #include "cuda/gemm_tile.cuh"
-#include "cuda/q4_gemm_wgmma.cuh"
+#include "cuda/wgmma.cuh"
 #include "cuda_test_util.h"
 
 namespace lilac::test {
 namespace {
 
-using cuda::qgemm_wgmma::wgmma_rs_m64n128k16;
 using cuda::tile::fence_operands;
 using cuda::tile::fence_proxy_async_smem;
 using cuda::tile::sw128_desc;
@@ -35,6 +33,7 @@ using cuda::tile::sw128_mn_desc;
 using cuda::tile::wgmma_commit;
 using cuda::tile::wgmma_fence;
 using cuda::tile::wgmma_m64n128k16;
+using cuda::tile::wgmma_rs_m64n128k16;
 using cuda::tile::wgmma_wait;
 
 // Byte offset of element (r, c) of an R-row tile in 64-column slabs with the 128-byte swizzle.
