@@ -81,45 +81,62 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// ---- the instruction forms ------------------------------------------------------------------
+// Each form is one asm statement naming every accumulator register: LILAC_WGMMA_REGSn is the text
+// "%0, %1, .., %n-1" of the first n operands, LILAC_WGMMA_ACCn(d) their "+f" constraints on d[0,
+// n). The inputs follow them (their operand numbers are written out in each form); the scale-d
+// predicate is set from an "r"(1) input (accumulate); the two immediates after it are the A and B
+// scales (1: not negated), then for the SS forms the A and B transpose bits, for the RS forms B's.
+#define LILAC_WGMMA_REGS_0_7 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define LILAC_WGMMA_REGS_8_15 "%8, %9, %10, %11, %12, %13, %14, %15"
+#define LILAC_WGMMA_REGS_16_23 "%16, %17, %18, %19, %20, %21, %22, %23"
+#define LILAC_WGMMA_REGS_24_31 "%24, %25, %26, %27, %28, %29, %30, %31"
+#define LILAC_WGMMA_REGS_32_39 "%32, %33, %34, %35, %36, %37, %38, %39"
+#define LILAC_WGMMA_REGS_40_47 "%40, %41, %42, %43, %44, %45, %46, %47"
+#define LILAC_WGMMA_REGS_48_55 "%48, %49, %50, %51, %52, %53, %54, %55"
+#define LILAC_WGMMA_REGS_56_63 "%56, %57, %58, %59, %60, %61, %62, %63"
+#define LILAC_WGMMA_REGS_64_71 "%64, %65, %66, %67, %68, %69, %70, %71"
+#define LILAC_WGMMA_REGS_72_79 "%72, %73, %74, %75, %76, %77, %78, %79"
+#define LILAC_WGMMA_REGS_80_87 "%80, %81, %82, %83, %84, %85, %86, %87"
+#define LILAC_WGMMA_REGS_88_95 "%88, %89, %90, %91, %92, %93, %94, %95"
+#define LILAC_WGMMA_REGS_96_103 "%96, %97, %98, %99, %100, %101, %102, %103"
+#define LILAC_WGMMA_REGS_104_111 "%104, %105, %106, %107, %108, %109, %110, %111"
+#define LILAC_WGMMA_REGS_112_119 "%112, %113, %114, %115, %116, %117, %118, %119"
+#define LILAC_WGMMA_REGS_120_127 "%120, %121, %122, %123, %124, %125, %126, %127"
+#define LILAC_WGMMA_REGS8 LILAC_WGMMA_REGS_0_7
+#define LILAC_WGMMA_REGS16 LILAC_WGMMA_REGS8 ", " LILAC_WGMMA_REGS_8_15
+#define LILAC_WGMMA_REGS32 \
+  LILAC_WGMMA_REGS16 ", " LILAC_WGMMA_REGS_16_23 ", " LILAC_WGMMA_REGS_24_31
+#define LILAC_WGMMA_REGS64                                                   \
+  LILAC_WGMMA_REGS32 ", " LILAC_WGMMA_REGS_32_39 ", " LILAC_WGMMA_REGS_40_47 \
+                     ", " LILAC_WGMMA_REGS_48_55 ", " LILAC_WGMMA_REGS_56_63
+#define LILAC_WGMMA_REGS128                                                     \
+  LILAC_WGMMA_REGS64 ", " LILAC_WGMMA_REGS_64_71 ", " LILAC_WGMMA_REGS_72_79    \
+                     ", " LILAC_WGMMA_REGS_80_87 ", " LILAC_WGMMA_REGS_88_95    \
+                     ", " LILAC_WGMMA_REGS_96_103 ", " LILAC_WGMMA_REGS_104_111 \
+                     ", " LILAC_WGMMA_REGS_112_119 ", " LILAC_WGMMA_REGS_120_127
+#define LILAC_WGMMA_ACC8_AT(d, i)                                                             \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define LILAC_WGMMA_ACC16_AT(d, i) LILAC_WGMMA_ACC8_AT(d, i), LILAC_WGMMA_ACC8_AT(d, i + 8)
+#define LILAC_WGMMA_ACC32_AT(d, i) LILAC_WGMMA_ACC16_AT(d, i), LILAC_WGMMA_ACC16_AT(d, i + 16)
+#define LILAC_WGMMA_ACC8(d) LILAC_WGMMA_ACC8_AT(d, 0)
+#define LILAC_WGMMA_ACC16(d) LILAC_WGMMA_ACC16_AT(d, 0)
+#define LILAC_WGMMA_ACC32(d) LILAC_WGMMA_ACC32_AT(d, 0)
+#define LILAC_WGMMA_ACC64(d) LILAC_WGMMA_ACC32_AT(d, 0), LILAC_WGMMA_ACC32_AT(d, 32)
+#define LILAC_WGMMA_ACC128(d)                                                           \
+  LILAC_WGMMA_ACC32_AT(d, 0), LILAC_WGMMA_ACC32_AT(d, 32), LILAC_WGMMA_ACC32_AT(d, 64), \
+      LILAC_WGMMA_ACC32_AT(d, 96)
+
 // D (64 x N, f32) += A (64 x 16, smem desc) . B (N x 16, smem desc)^T; both operands K-major.
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a,
                                                  uint64_t desc_b) {
 #if defined(LILAC_SM90A)
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
-      "%127"
-      "}, %128, %129, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" LILAC_WGMMA_REGS128
+      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : LILAC_WGMMA_ACC128(d)
       : "l"(desc_a), "l"(desc_b), "r"(1));
 #else
   (void)d;
@@ -131,26 +148,10 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
 #if defined(LILAC_SM90A)
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LILAC_WGMMA_REGS64
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : LILAC_WGMMA_ACC64(d)
       : "l"(desc_a), "l"(desc_b), "r"(1));
 #else
   (void)d;
@@ -163,19 +164,10 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
 #if defined(LILAC_SM90A)
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" LILAC_WGMMA_REGS32
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : LILAC_WGMMA_ACC32(d)
       : "l"(desc_a), "l"(desc_b), "r"(1));
 #else
   (void)d;
@@ -200,40 +192,10 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint3
                                                     uint64_t desc_b) {
 #if defined(LILAC_SM90A)
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
-      "%127"
-      "}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" LILAC_WGMMA_REGS128
+      "}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
+      : LILAC_WGMMA_ACC128(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B));
 #else
   (void)d;
@@ -242,7 +204,7 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint3
 #endif
 }
 
-// The n = 128 / 64 / 32 forms write d[0, n / 2) of an accumulator array of NA >= n / 2 (the
+// The n = 128 / 64 / 32 / 16 forms write d[0, n / 2) of an accumulator array of NA >= n / 2 (the
 // d[4 j + q] layout does not depend on n: a narrower wgmma computes the first n tokens of the same
 // tile, the other accumulators are left as they are). TRANS_B = 1: B is MN-major (wgmma's
 // transpose bit; sw128_mn_desc above), as attention's P V reads V (s32's layout test).
@@ -252,26 +214,10 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[NA], const uint32
   static_assert(NA >= 64, "64 accumulators");
 #if defined(LILAC_SM90A)
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LILAC_WGMMA_REGS64
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+      : LILAC_WGMMA_ACC64(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B));
 #else
   (void)d;
@@ -286,19 +232,10 @@ __device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[NA], const uint32_
   static_assert(NA >= 32, "32 accumulators");
 #if defined(LILAC_SM90A)
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" LILAC_WGMMA_REGS32
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : LILAC_WGMMA_ACC32(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 #else
   (void)d;
@@ -313,16 +250,10 @@ __device__ __forceinline__ void wgmma_rs_m64n32k16(float (&d)[NA], const uint32_
   static_assert(NA >= 16, "16 accumulators");
 #if defined(LILAC_SM90A)
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" LILAC_WGMMA_REGS16
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : LILAC_WGMMA_ACC16(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 #else
   (void)d;
@@ -337,15 +268,10 @@ __device__ __forceinline__ void wgmma_rs_m64n16k16(float (&d)[NA], const uint32_
   static_assert(NA >= 8, "8 accumulators");
 #if defined(LILAC_SM90A)
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7"
-      "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7])
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {" LILAC_WGMMA_REGS8
+      "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : LILAC_WGMMA_ACC8(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 #else
   (void)d;
@@ -371,3 +297,33 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NA], const uint32_t (&a)[4],
 }
 
 }  // namespace lilac::cuda::tile
+
+#undef LILAC_WGMMA_REGS_0_7
+#undef LILAC_WGMMA_REGS_8_15
+#undef LILAC_WGMMA_REGS_16_23
+#undef LILAC_WGMMA_REGS_24_31
+#undef LILAC_WGMMA_REGS_32_39
+#undef LILAC_WGMMA_REGS_40_47
+#undef LILAC_WGMMA_REGS_48_55
+#undef LILAC_WGMMA_REGS_56_63
+#undef LILAC_WGMMA_REGS_64_71
+#undef LILAC_WGMMA_REGS_72_79
+#undef LILAC_WGMMA_REGS_80_87
+#undef LILAC_WGMMA_REGS_88_95
+#undef LILAC_WGMMA_REGS_96_103
+#undef LILAC_WGMMA_REGS_104_111
+#undef LILAC_WGMMA_REGS_112_119
+#undef LILAC_WGMMA_REGS_120_127
+#undef LILAC_WGMMA_REGS8
+#undef LILAC_WGMMA_REGS16
+#undef LILAC_WGMMA_REGS32
+#undef LILAC_WGMMA_REGS64
+#undef LILAC_WGMMA_REGS128
+#undef LILAC_WGMMA_ACC8_AT
+#undef LILAC_WGMMA_ACC16_AT
+#undef LILAC_WGMMA_ACC32_AT
+#undef LILAC_WGMMA_ACC8
+#undef LILAC_WGMMA_ACC16
+#undef LILAC_WGMMA_ACC32
+#undef LILAC_WGMMA_ACC64
+#undef LILAC_WGMMA_ACC128
