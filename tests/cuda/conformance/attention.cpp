@@ -16,6 +16,7 @@
 #include "../twins/attention_twin.h"
 #include "conformance.h"
 #include "cuda/attention.h"
+#include "util/error.h"
 
 namespace lilac::test {
 namespace {
@@ -333,6 +334,44 @@ LILAC_CONFORMANCE_CASES(attention) {
     cases.push_back({"attention_chain", dims_name(c.d) + "_T70_59_decode3_fused", "bf16", twin,
                      [c] { check_attention_chain(c); }});
   return cases;
+}
+
+// attention_prefill refuses, with an error naming the version, a version it does not have and a
+// wgmma version where wgmma cannot run (hd 64 anywhere; hd 256 off Hopper); version 0 falls back to
+// version 1 there instead. The output stays unwritten (poison) after each refusal.
+TEST(AttentionPrefill, RefusesAVersionItDoesNotHave) {
+  LILAC_REQUIRE_GPU();
+  const AttnDims d = kAttnTiny;
+  const int T = 4, max_ctx = 8;
+  cuda::DeviceBuffer<cuda::bf16> q(size_t(T) * d.heads * d.hd), gate(q.size()),
+      kc(size_t(max_ctx) * d.kv * d.hd), vc(kc.size()), out(q.size());
+  poison(out);
+  const auto call = [&](int hd, int version) {
+    cuda::attention_prefill(q.get(), gate.get(), kc.get(), vc.get(), 0, T, d.heads, d.kv, hd,
+                            max_ctx, out.get(), nullptr, version);
+  };
+  for (const int version : {-1, 4}) {
+    try {
+      call(d.hd, version);
+      ADD_FAILURE() << "version " << version << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("version " + std::to_string(version)), std::string::npos)
+          << e.what();
+    }
+  }
+  ASSERT_FALSE(cuda::attention_prefill_wgmma_supported(d.hd));
+  for (const int version : {2, 3}) {
+    try {
+      call(d.hd, version);
+      ADD_FAILURE() << "version " << version << " at head_dim " << d.hd << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("wgmma"), std::string::npos) << e.what();
+    }
+  }
+  const auto untouched = download_bf16_as_f32(out);
+  EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float v) {
+    return std::isnan(v);
+  })) << "a refused call wrote its output";
 }
 
 }  // namespace
