@@ -63,8 +63,9 @@ void attention_decode_qkv_batch(const float* qkv, int B, const DecodeBatchRow* r
 // heads*hd]. version: 1 = FlashAttention-2 on mma.sync (attention_prefill.cu, any supported
 // shape and GPU), 2 = on wgmma, 3 = on wgmma with each tile's softmax overlapped with the previous
 // tile's P V (attention_prefill_wgmma.cu: hd 256 on a compute capability 9.x GPU, else they fail
-// naming why); 0 = LILAC_ATTN_PREFILL (mma | wgmma | wgmma-overlap; unset: mma), where the wgmma
-// forms fall back to version 1 for shapes or GPUs they do not support.
+// naming why); 0 = LILAC_ATTN_PREFILL (mma | wgmma | wgmma-overlap; unset: wgmma-overlap, the
+// fastest: docs/kernels.md s34), where the wgmma forms fall back to version 1 for shapes or GPUs
+// they do not support.
 void attention_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
                        int pos0, int T, int heads, int kv_heads, int hd, int max_ctx, bf16* out,
                        cudaStream_t stream, int version = 0);

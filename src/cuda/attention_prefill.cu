@@ -239,11 +239,12 @@ void launch_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const 
   LILAC_CUDA_LAUNCHED();
 }
 
-// LILAC_ATTN_PREFILL: the version it names (1 mma, 2 wgmma, 3 wgmma-overlap), 1 when unset.
-// Version 1 stays the default until the others are measured (docs/kernels.md s33).
+// LILAC_ATTN_PREFILL: the version it names (1 mma, 2 wgmma, 3 wgmma-overlap), 3 when unset:
+// version 3 measured fastest at every length (s34, H200: 431 / 411 / 316 TFLOP/s for versions 3 /
+// 2 / 1 at 8,192 queries from position 122,880; docs/kernels.md s34).
 int env_version() {
   static const int v =
-      env_enum("LILAC_ATTN_PREFILL", 1, {{"mma", 1}, {"wgmma", 2}, {"wgmma-overlap", 3}});
+      env_enum("LILAC_ATTN_PREFILL", 3, {{"mma", 1}, {"wgmma", 2}, {"wgmma-overlap", 3}});
   return v;
 }
 

@@ -1,8 +1,8 @@
 // Attention prefill, versions 2 and 3: causal flash attention on Hopper's warpgroup MMA (wgmma,
 // sm_90a), hd 256 only. The same work, block shape, masking, online softmax and output as version
-// 1 (attention_prefill.cu, FlashAttention-2 on mma.sync), which stays the default and the path
-// for other head dims and GPUs; this file is picked by attention_prefill's `version` argument or
-// LILAC_ATTN_PREFILL=wgmma | wgmma-overlap (docs/kernels.md, s33). Version 3 is version 2 with
+// 1 (attention_prefill.cu, FlashAttention-2 on mma.sync), the path for other head dims and GPUs;
+// version 3 is the default on Hopper at hd 256 since s34 (LILAC_ATTN_PREFILL=mma | wgmma to pick
+// another; docs/kernels.md s33-s34). Version 3 is version 2 with
 // one tile's softmax overlapped with the previous tile's P V (see the kernel).
 //
 // Why: version 1 runs ~290-320 TFLOP/s on an H100 (s32), bounded by shared memory: each of its 8

@@ -89,9 +89,10 @@ struct CudaOptions {
   bool prefill_combine_norm = true;
   // Prompt chunks on the fused 4-bit wgmma expert kernels: the routed experts' down outputs
   // stored as bf16 (each rounded once) instead of f32, halving the chunk's largest write and
-  // read (268 MB each per layer at 4,096 tokens); moe_combine widens them back (s32, off until
-  // measured). LILAC_PREFILL_MOE_Y_BF16=1: on.
-  bool prefill_moe_y_bf16 = false;
+  // read (268 MB each per layer at 4,096 tokens); moe_combine widens them back (s32, H100:
+  // prefill +0.1 / +0.9 / +3.3 / +2.1 / +1.0% at 256-16,384 tokens; the default since s34, when
+  // the GPU suite passed with it). LILAC_PREFILL_MOE_Y_BF16=0: f32 (A/B).
+  bool prefill_moe_y_bf16 = true;
   // moe_route (one block), the grouped GEMMs and moe_combine launched with PDL (moe_prefill.h):
   // each then starts while the previous kernel ends. LILAC_MOE_PDL=0: plain launches (A/B).
   bool moe_pdl = true;

@@ -85,7 +85,7 @@ size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv);
 // each of the four (prep, chunk, state, out). chunk_blocks: blocks per SM of the chunk kernel (1
 // or 2: the same bits; 0: LILAC_GDN_CHUNK_BLOCKS, else 2). tf32_split: the state pass's 3xTF32
 // split, 1 rounded hi, 2 truncated hi (fewer instructions, other bits; 0: LILAC_GDN_TF32_SPLIT =
-// round | trunc, else rounded).
+// round | trunc, else truncated: the default since s34).
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,
