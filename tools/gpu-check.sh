@@ -40,13 +40,13 @@
 #               tokens under each, three interleaved rounds
 #   tf32-split-ab
 #               the GDN state pass's 3xTF32 split rounded or truncated (LILAC_GDN_TF32_SPLIT =
-#               round | trunc, s32; round the default): its tolerance test, lilac_cuda_bench_seq under each, then
+#               round | trunc, s32; trunc the default since s34): its tolerance test, lilac_cuda_bench_seq under each, then
 #               4-bit prefill at 256 / 512 / 1,024 / 4,096 / 16,384 tokens, three interleaved rounds
-#   attn-ab     attention_prefill versions 2 and 3 (wgmma; 3 with the softmax overlapped) against
-#               version 1 (LILAC_ATTN_PREFILL = mma | wgmma | wgmma-overlap, s33; mma the default):
-#               the layout test and every version's conformance cases, lilac_cuda_bench_seq (times
-#               each version), then 4-bit prefill at 4,096 / 16,384 / 65,536 tokens under each,
-#               three interleaved rounds
+#   attn-ab     attention_prefill versions 1-5 (LILAC_ATTN_PREFILL = mma | wgmma | wgmma-overlap |
+#               wgmma-ws | wgmma-pingpong; wgmma-overlap the default since s34): the layout test and
+#               every version's conformance cases, lilac_cuda_bench_seq (times each version), then
+#               4-bit prefill at 4,096 / 16,384 / 65,536 tokens under each but wgmma, three
+#               interleaved rounds
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -199,9 +199,9 @@ for s in $steps; do
       switch_ab prefill-norm LILAC_PREFILL_COMBINE_NORM 256,512,1024,4096 0 0 1 ;;
     attn-ab)
       run attn-test 300 "$B/lilac_cuda_tests" \
-        --gtest_filter='WgmmaLayout.*:*attention_prefill*:*attention_chain*'
+        --gtest_filter='WgmmaLayout.*:*attention_prefill*:*attention_chain*:AttentionPrefill.*'
       run attn-seq 120 "$B/lilac_cuda_bench_seq"
-      switch_ab attn LILAC_ATTN_PREFILL 4096,16384,65536 0 mma wgmma wgmma-overlap ;;
+      switch_ab attn LILAC_ATTN_PREFILL 4096,16384,65536 0 mma wgmma-overlap wgmma-ws wgmma-pingpong ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;
     serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;
     serve-bf16) serve_bench bf16 "${SERVE_CONCURRENCY:-16}" ;;

@@ -109,8 +109,8 @@ void bench_attention() {
   }
 
   // Prefill: causal, FLOPs = 4 hd heads sum_t (pos0 + t + 1). Version 1 (mma.sync) and, on a
-  // GPU that has them, versions 2 and 3 (wgmma; 3 with the softmax overlapped) at each shape, one
-  // after the other.
+  // GPU that has them, versions 2-4 (wgmma; 3 with the softmax overlapped, 4 warp-specialised, 5
+  // ping-pong) at each shape, one after the other.
   std::printf("attention_prefill\n%8s %8s %8s %12s %10s\n", "version", "T", "pos0", "ms",
               "TFLOP/s");
   struct Case {
@@ -121,7 +121,7 @@ void bench_attention() {
     DeviceBuffer<bf16> qp(size_t(c.T) * kHeads * kHd), gp(qp.size()), op(qp.size());
     fill(qp.get(), qp.size(), 0.f, 1.7f);
     fill(gp.get(), gp.size(), 0.f, 1.7f);
-    for (int version = 1; version <= (v2 ? 3 : 1); ++version) {
+    for (int version = 1; version <= (v2 ? 5 : 1); ++version) {
       const double us = time_us(
           [&](int, cudaStream_t s) {
             attention_prefill(qp.get(), gp.get(), kc[0].get(), vc[0].get(), c.pos0, c.T, kHeads,

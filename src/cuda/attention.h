@@ -62,18 +62,21 @@ void attention_decode_qkv_batch(const float* qkv, int B, const DecodeBatchRow* r
 // cache rows [0, pos0 + T) (this chunk's keys already stored), GQA, softmax scale hd^-0.5; out [T,
 // heads*hd]. version: 1 = FlashAttention-2 on mma.sync (attention_prefill.cu, any supported
 // shape and GPU), 2 = on wgmma, 3 = on wgmma with each tile's softmax overlapped with the previous
-// tile's P V (attention_prefill_wgmma.cu: hd 256 on a compute capability 9.x GPU, else they fail
-// naming why); 0 = LILAC_ATTN_PREFILL (mma | wgmma | wgmma-overlap; unset: wgmma-overlap, the
-// fastest: docs/kernels.md s34), where the wgmma forms fall back to version 1 for shapes or GPUs
-// they do not support.
+// tile's P V, 4 = version 3 warp-specialised (a TMA producer warp), 5 = version 4 with the two
+// warpgroups' MMAs taking turns (attention_prefill_wgmma.cu: 2-5 need hd 256 on a compute
+// capability 9.x GPU, else they fail naming why); 0 = LILAC_ATTN_PREFILL (mma | wgmma |
+// wgmma-overlap | wgmma-ws | wgmma-pingpong; unset: wgmma-pingpong, the fastest measured:
+// docs/kernels.md s34), where the wgmma forms fall back to version 1 for shapes or GPUs they do not
+// support.
 void attention_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
                        int pos0, int T, int heads, int kv_heads, int hd, int max_ctx, bf16* out,
                        cudaStream_t stream, int version = 0);
 
-// Versions 2 and 3's own entry points (attention_prefill checks shapes and positions first).
+// Versions 2-5's own entry points (attention_prefill checks shapes and positions first; version:
+// 2 .. 5).
 bool attention_prefill_wgmma_supported(int hd);
 void attention_prefill_wgmma(const bf16* q, const bf16* gate, const bf16* k_cache,
                              const bf16* v_cache, int pos0, int T, int heads, int kv_heads, int hd,
-                             int max_ctx, bf16* out, cudaStream_t stream, bool overlap);
+                             int max_ctx, bf16* out, cudaStream_t stream, int version);
 
 }  // namespace lilac::cuda

@@ -239,12 +239,14 @@ void launch_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const 
   LILAC_CUDA_LAUNCHED();
 }
 
-// LILAC_ATTN_PREFILL: the version it names (1 mma, 2 wgmma, 3 wgmma-overlap), 3 when unset:
-// version 3 measured fastest at every length (s34, H200: 431 / 411 / 316 TFLOP/s for versions 3 /
-// 2 / 1 at 8,192 queries from position 122,880; docs/kernels.md s34).
+// LILAC_ATTN_PREFILL: the version it names (1 mma, 2 wgmma, 3 wgmma-overlap, 4 wgmma-ws, 5
+// wgmma-pingpong), 5 when unset: the fastest at every length measured (s34 run 2, H100, 8,192
+// queries from position 122,880: 622 / 563 / 429 / 416 / 319 TFLOP/s for versions 5 / 4 / 3 / 2 /
+// 1; docs/kernels.md s34).
 int env_version() {
-  static const int v =
-      env_enum("LILAC_ATTN_PREFILL", 3, {{"mma", 1}, {"wgmma", 2}, {"wgmma-overlap", 3}});
+  static const int v = env_enum(
+      "LILAC_ATTN_PREFILL", 5,
+      {{"mma", 1}, {"wgmma", 2}, {"wgmma-overlap", 3}, {"wgmma-ws", 4}, {"wgmma-pingpong", 5}});
   return v;
 }
 
@@ -253,7 +255,7 @@ int env_version() {
 void attention_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, const bf16* v_cache,
                        int pos0, int T, int heads, int kv_heads, int hd, int max_ctx, bf16* out,
                        cudaStream_t stream, int version) {
-  if (version < 0 || version > 3) fail("attention_prefill: version {} (0, 1, 2 or 3)", version);
+  if (version < 0 || version > 5) fail("attention_prefill: version {} (0 .. 5)", version);
   if (hd != 64 && hd != 128 && hd != 256)
     fail("attention_prefill: head_dim {} not supported (64, 128, 256)", hd);
   if (kv_heads <= 0 || heads % kv_heads != 0)
@@ -270,7 +272,7 @@ void attention_prefill(const bf16* q, const bf16* gate, const bf16* k_cache, con
   }
   if (version > 1)
     return attention_prefill_wgmma(q, gate, k_cache, v_cache, pos0, T, heads, kv_heads, hd, max_ctx,
-                                   out, stream, version == 3);
+                                   out, stream, version);
   switch (hd) {
     case 64:
       launch_prefill<64>(q, gate, k_cache, v_cache, pos0, T, heads, kv_heads, max_ctx, out, stream);

@@ -33,7 +33,9 @@
 // 400-450 TFLOP/s at >= 16K tokens on an H100 against version 1's ~300.
 #include "cuda/attention.h"
 #include "cuda/attention_mma.cuh"
+#include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
+#include "cuda/tensor_map.h"
 #include "cuda/wgmma.cuh"
 #include "util/error.h"
 
@@ -349,6 +351,169 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// ---- version 4: warp-specialised ----------------------------------------------------------------
+// FlashAttention-3's block shape: a producer warpgroup whose one thread copies Q once and the K
+// and V tiles by TMA (tensor_map.h; the 128-byte swizzle is TMA's own, the layout above), and the
+// two consumer warpgroups of version 3 (S j and P V j - 1 issued together, softmax j under P V j -
+// 1), which no longer copy and never meet at a block barrier: each waits for its tiles on mbarriers
+// and hands a stage back when its wgmma has read it. Rows past T and keys past pos0 + T are the
+// tensor maps' zeros. setmaxnreg: the producer keeps 24 registers, each consumer 240 (version 3
+// needs 207).
+constexpr int kWsThreads = 384;  // producer warpgroup + two consumer warpgroups
+
+// One mbarrier per (tile kind, stage) and direction; after the data in shared memory.
+struct WsBarriers {
+  uint64_t q_full, k_full[2], v_full[2], k_empty[2], v_empty[2];
+};
+constexpr uint32_t kWsSmemBytes = kSmemBytes + 128;  // + the barriers
+
+__device__ __forceinline__ uint32_t bar_addr(const uint64_t& b) {
+  return attn::smem_addr(&b);
+}
+
+// Turn taking between the two consumer warpgroups (256 threads: one waits, the other arrives).
+// Barrier 1 + w is warpgroup w's turn; 0 is __syncthreads'.
+__device__ __forceinline__ void wait_turn(int wg) {
+  if (wg == 0)
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 256;" ::: "memory");
+}
+__device__ __forceinline__ void pass_turn(int wg) {
+  if (wg == 0)
+    asm volatile("bar.arrive 2, 256;" ::: "memory");
+  else
+    asm volatile("bar.arrive 1, 256;" ::: "memory");
+}
+
+// PINGPONG (version 5): FlashAttention-3's inter-warpgroup schedule on top: the consumers take
+// turns issuing their MMAs (named barriers 1 and 2: a warpgroup waits for its turn, issues S j and
+// P V j - 1, then passes the turn), so one's softmax, rescale and packing run while the other's
+// MMAs occupy the tensor cores, instead of both asking for them at once.
+template <bool PINGPONG>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    attn_prefill_ws_kernel(const __grid_constant__ CUtensorMap q_map,
+                           const __grid_constant__ CUtensorMap k_map,
+                           const __grid_constant__ CUtensorMap v_map, const bf16* __restrict__ gate,
+                           int pos0, int T, int heads, int group, bf16* __restrict__ out) {
+#if defined(LILAC_SM90A)
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = attn::smem_addr(smem_raw);
+  BlockCtx c{};
+  c.sQ = (raw + 1023u) & ~1023u;
+  c.sK = c.sQ + kQBytes;
+  c.sV = c.sK + 2 * kKvTile;
+  WsBarriers& bar = *reinterpret_cast<WsBarriers*>(smem_raw + (c.sQ - raw) + kSmemUsed);
+  c.QB = kRows / group;
+  c.t0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * c.QB;  // longest query tiles first
+  c.kvh = blockIdx.y;
+  c.n_keys = pos0 + min(c.t0 + c.QB, T);
+  c.ntiles = (c.n_keys + kKeys - 1) / kKeys;
+  const int tid = threadIdx.x;
+  auto kstage = [&](int tile) { return c.sK + uint32_t(tile & 1) * kKvTile; };
+  auto vstage = [&](int tile) { return c.sV + uint32_t(tile & 1) * kKvTile; };
+  if (tid == 0) {
+    bulk::init(&bar.q_full, 1);
+    for (int i = 0; i < 2; ++i) {
+      bulk::init(&bar.k_full[i], 1), bulk::init(&bar.v_full[i], 1);
+      bulk::init(&bar.k_empty[i], 2), bulk::init(&bar.v_empty[i], 2);  // one per consumer
+    }
+    bulk::fence_init();
+  }
+  __syncthreads();  // the only block barrier
+
+  if (tid < 128) {  // producer warpgroup: thread 0 copies, the rest leave
+    bulk::release_registers<24>();
+    if (tid != 0) return;
+    bulk::arrive_expect_tx(&bar.q_full, kQBytes);
+    for (int sl = 0; sl < kSlabs; ++sl)  // rows (query t0 + r / group, head kvh group + r % group)
+      bulk::copy_tensor_3d(c.sQ + uint32_t(sl) * kQSlab, &q_map, 64 * sl, c.kvh * group, c.t0,
+                           bar_addr(bar.q_full));
+    for (int jt = 0; jt < c.ntiles; ++jt) {
+      const int st = jt & 1;
+      const unsigned prev_round = unsigned((jt >> 1) - 1) & 1u;  // the round that last used st
+      if (jt >= 2) bulk::wait(&bar.k_empty[st], prev_round);
+      bulk::arrive_expect_tx(&bar.k_full[st], kKvTile);
+      for (int sl = 0; sl < kSlabs; ++sl)
+        bulk::copy_tensor_3d(kstage(jt) + uint32_t(sl) * kKvSlab, &k_map, 64 * sl, jt * kKeys,
+                             c.kvh, bar_addr(bar.k_full[st]));
+      if (jt >= 2) bulk::wait(&bar.v_empty[st], prev_round);
+      bulk::arrive_expect_tx(&bar.v_full[st], kKvTile);
+      for (int sl = 0; sl < kSlabs; ++sl)
+        bulk::copy_tensor_3d(vstage(jt) + uint32_t(sl) * kKvSlab, &v_map, 64 * sl, jt * kKeys,
+                             c.kvh, bar_addr(bar.v_full[st]));
+    }
+    return;
+  }
+
+  // Consumer warpgroups: rows 64 wg .. + 63 of the block, as version 3.
+  bulk::claim_registers<240>();  // 128 x 24 + 256 x 240 <= 65,536
+  const int ct = tid - 128, lane = ct & 31;
+  c.wg = ct >> 7, c.wq = (ct >> 5) & 3, c.g = lane >> 2, c.tq = lane & 3;
+  c.row0 = 64 * c.wg + 16 * c.wq + c.g;
+  c.kmax0 = pos0 + c.t0 + c.row0 / group;
+  c.kmax1 = pos0 + c.t0 + (c.row0 + 8) / group;
+  c.kmax_block = pos0 + c.t0;
+  const bool signals = (ct & 127) == 0;  // one arrival per warpgroup on the empty barriers
+  auto parity = [](int tile) { return unsigned(tile >> 1) & 1u; };
+  Softmax sm;
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float s[32];
+  uint32_t pa[4][4];
+
+  // Turns: each warpgroup has ntiles + 1 issue phases; warpgroup 0 gives itself the first turn,
+  // and warpgroup 1 does not pass the turn after its last phase (no one would take it).
+  if (PINGPONG && c.wg == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
+  bulk::wait(&bar.q_full, 0);
+  bulk::wait(&bar.k_full[0], 0);
+  if (PINGPONG) wait_turn(c.wg);
+  issue_s(c, s, kstage(0));
+  tile::wgmma_commit();
+  if (PINGPONG) pass_turn(c.wg);
+  tile::wgmma_wait<0>();
+  tile::fence_operands(s);
+  if (signals) bulk::arrive(&bar.k_empty[0]);
+  softmax_tile(c, s, 0, sm);  // O is still zero: nothing to rescale
+  pack_p(s, pa);
+  for (int jt = 1; jt < c.ntiles; ++jt) {
+    // V jt - 1 was copied before K jt; both waits before the MMAs, which then issue back to back
+    // (a wait between them made ptxas fence the registers again).
+    bulk::wait(&bar.v_full[(jt - 1) & 1], parity(jt - 1));
+    bulk::wait(&bar.k_full[jt & 1], parity(jt));
+    if (PINGPONG) wait_turn(c.wg);
+    issue_s(c, s, kstage(jt));  // fences: s zeroed, O rescaled and P packed since the last
+    tile::wgmma_commit();
+    issue_pv(o, pa, vstage(jt - 1));
+    tile::wgmma_commit();
+    if (PINGPONG) pass_turn(c.wg);
+    tile::wgmma_wait<1>();  // S jt retired: K jt's stage is free
+    tile::fence_operands(s);
+    if (signals) bulk::arrive(&bar.k_empty[jt & 1]);
+    const float2 al = softmax_tile(c, s, jt, sm);
+    tile::wgmma_wait<0>();  // P V jt - 1 retired: V jt - 1's stage, O and P's registers are free
+    tile::fence_operands(o);
+    if (signals) bulk::arrive(&bar.v_empty[(jt - 1) & 1]);
+    scale_o(o, al);
+    pack_p(s, pa);
+  }
+  const int last = c.ntiles - 1;
+  bulk::wait(&bar.v_full[last & 1], parity(last));
+  if (PINGPONG) wait_turn(c.wg);
+  tile::wgmma_fence();
+  issue_pv(o, pa, vstage(last));
+  tile::wgmma_commit();
+  if (PINGPONG && c.wg == 0) pass_turn(c.wg);
+  tile::wgmma_wait<0>();
+  tile::fence_operands(o);
+  store_out(c, o, sm, gate, T, heads, group, out);
+#else
+  (void)q_map, (void)k_map, (void)v_map, (void)gate, (void)pos0, (void)T, (void)heads, (void)group,
+      (void)out;
+#endif
+}
+
 }  // namespace attn_wgmma
 
 bool attention_prefill_wgmma_supported(int hd) {
@@ -358,11 +523,12 @@ bool attention_prefill_wgmma_supported(int hd) {
 // The caller (attention_prefill) has checked the shapes and the positions.
 void attention_prefill_wgmma(const bf16* q, const bf16* gate, const bf16* k_cache,
                              const bf16* v_cache, int pos0, int T, int heads, int kv_heads, int hd,
-                             int max_ctx, bf16* out, cudaStream_t stream, bool overlap) {
+                             int max_ctx, bf16* out, cudaStream_t stream, int version) {
   using namespace attn_wgmma;
+  if (version < 2 || version > 5) fail("attention_prefill_wgmma: version {} (2 .. 5)", version);
   if (!attention_prefill_wgmma_supported(hd))
     fail(
-        "attention_prefill versions 2 and 3 (wgmma): need head_dim {} on a compute capability 9.x "
+        "attention_prefill versions 2-4 (wgmma): need head_dim {} on a compute capability 9.x "
         "GPU (head_dim {}, compute capability {})",
         kHd, hd, device_compute_capability());
   static const bool attr_set = [] {
@@ -370,14 +536,35 @@ void attention_prefill_wgmma(const bf16* q, const bf16* gate, const bf16* k_cach
                           reinterpret_cast<const void*>(attn_prefill_wgmma_kernel<true>)})
       LILAC_CUDA_CHECK(
           cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    for (const void* k : {reinterpret_cast<const void*>(attn_prefill_ws_kernel<false>),
+                          reinterpret_cast<const void*>(attn_prefill_ws_kernel<true>)})
+      LILAC_CUDA_CHECK(
+          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes));
     return true;
   }();
   (void)attr_set;
   const int group = heads / kv_heads, QB = kRows / group;
   const dim3 grid((T + QB - 1) / QB, kv_heads);
-  auto kernel = overlap ? attn_prefill_wgmma_kernel<true> : attn_prefill_wgmma_kernel<false>;
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(q, gate, k_cache, v_cache, pos0, T, heads, group,
-                                                 max_ctx, out);
+  if (version >= 4) {
+    // q [T][heads][hd] in boxes of (64 columns, the group's heads, QB queries): 128 rows, query
+    // major; the caches [kv_heads][max_ctx][hd] seen as [kv_heads][pos0 + T][hd] (keys past the
+    // chunk read as zeros) in boxes of (64 columns, 64 keys, one kv head).
+    const uint64_t row = uint64_t(hd) * sizeof(bf16);
+    const CUtensorMap q_map =
+        bf16_tensor_map_3d(q, {uint64_t(hd), uint64_t(heads), uint64_t(T)},
+                           {row, row * uint64_t(heads)}, {64, uint32_t(group), uint32_t(QB)});
+    const uint64_t cache_dims[3] = {uint64_t(hd), uint64_t(pos0 + T), uint64_t(kv_heads)};
+    const uint64_t cache_strides[2] = {row, row * uint64_t(max_ctx)};
+    const CUtensorMap k_map = bf16_tensor_map_3d(k_cache, cache_dims, cache_strides, {64, 64, 1});
+    const CUtensorMap v_map = bf16_tensor_map_3d(v_cache, cache_dims, cache_strides, {64, 64, 1});
+    auto kernel = version == 5 ? attn_prefill_ws_kernel<true> : attn_prefill_ws_kernel<false>;
+    kernel<<<grid, kWsThreads, kWsSmemBytes, stream>>>(q_map, k_map, v_map, gate, pos0, T, heads,
+                                                       group, out);
+  } else {
+    auto kernel = version == 3 ? attn_prefill_wgmma_kernel<true> : attn_prefill_wgmma_kernel<false>;
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(q, gate, k_cache, v_cache, pos0, T, heads, group,
+                                                   max_ctx, out);
+  }
   LILAC_CUDA_LAUNCHED();
 }
 

@@ -114,4 +114,42 @@ __device__ __forceinline__ void copy(void* dst, const void* src, unsigned bytes,
 #endif
 }
 
+// Copies the box at coordinates {c0, c1, c2} (elements) of the tensor `tensor_map` describes
+// (a __grid_constant__ CUtensorMap kernel parameter's address; tensor_map.h) to shared memory at
+// byte address `dst` (1024-byte aligned for the 128-byte swizzle); the box's bytes, zeros outside
+// the tensor included, count against the barrier at shared address `bar`.
+__device__ __forceinline__ void copy_tensor_3d(uint32_t dst, const void* tensor_map, int c0, int c1,
+                                               int c2, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3, %4}], [%5];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Warp specialisation's register split (setmaxnreg; every warp of a warpgroup executes the same
+// one): a producer warpgroup gives registers back, the consumers take them. N: a multiple of 8 in
+// 24..256.
+template <int N>
+__device__ __forceinline__ void release_registers() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+#else
+  __trap();
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void claim_registers() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+#else
+  __trap();
+#endif
+}
+
 }  // namespace lilac::cuda::bulk

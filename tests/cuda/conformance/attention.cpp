@@ -1,8 +1,8 @@
 // Conformance cases of the GPU attention kernels against the CPU twin (cpu/attention.cpp composed
 // as cpu_backend.cpp does): qk_norm_rope_store, attention_decode_qkv (the decode kernel; its
-// version 1, unfused, is in bench/lab), attention_prefill (its versions 1-3), and a prefill +
+// version 1, unfused, is in bench/lab), attention_prefill (its versions 1-5), and a prefill +
 // decode chain. Real shapes (heads 16, kv 2, hd 256, R 64) and tiny-a shapes (heads 4, kv 2, hd
-// 64, R 16); versions 2 and 3 (hd 256 only) also at GQA groups 4, 2 and 1.
+// 64, R 16); versions 2-5 (hd 256 only) also at GQA groups 4, 2 and 1.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -180,7 +180,8 @@ void check_attention_decode_qkv(const DecodeCase& c) {
 
 // ---- attention_prefill --------------------------------------------------------------------------
 
-// version: attention_prefill's (1 mma.sync, 2 wgmma, 3 wgmma with the softmax overlapped); a
+// version: attention_prefill's (1 mma.sync, 2 wgmma, 3 wgmma with the softmax overlapped, 4 that
+// warp-specialised with TMA copies, 5 that with the warpgroups' MMAs taking turns); a
 // wgmma case on a GPU without wgmma is skipped (the GPU suite runs on Hopper; other GPUs run
 // version 1 only).
 void check_attention_prefill(const RopeCase& c, int version) {
@@ -324,9 +325,12 @@ LILAC_CONFORMANCE_CASES(attention) {
                      dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0),
                      "bf16", twin, [c] { check_attention_prefill(c, 1); }});
   for (const RopeCase& c : prefill_wgmma_cases())
-    for (const int version : {2, 3})
+    for (const int version : {2, 3, 4, 5})
       cases.push_back(
-          {version == 2 ? "attention_prefill_wgmma" : "attention_prefill_wgmma_overlap",
+          {version == 2   ? "attention_prefill_wgmma"
+           : version == 3 ? "attention_prefill_wgmma_overlap"
+           : version == 4 ? "attention_prefill_wgmma_ws"
+                          : "attention_prefill_wgmma_pingpong",
            dims_name(c.d) + "_T" + std::to_string(c.T) + "_pos" + std::to_string(c.pos0), "bf16",
            twin, [c, version] { check_attention_prefill(c, version); }});
   // qkv rows -> prefill in two chunks (70, 59) -> 3 decode steps (the fused decode kernel).
@@ -350,7 +354,7 @@ TEST(AttentionPrefill, RefusesAVersionItDoesNotHave) {
     cuda::attention_prefill(q.get(), gate.get(), kc.get(), vc.get(), 0, T, d.heads, d.kv, hd,
                             max_ctx, out.get(), nullptr, version);
   };
-  for (const int version : {-1, 4}) {
+  for (const int version : {-1, 6}) {
     try {
       call(d.hd, version);
       ADD_FAILURE() << "version " << version << " was accepted";
@@ -360,7 +364,7 @@ TEST(AttentionPrefill, RefusesAVersionItDoesNotHave) {
     }
   }
   ASSERT_FALSE(cuda::attention_prefill_wgmma_supported(d.hd));
-  for (const int version : {2, 3}) {
+  for (const int version : {2, 3, 4, 5}) {
     try {
       call(d.hd, version);
       ADD_FAILURE() << "version " << version << " at head_dim " << d.hd << " was accepted";

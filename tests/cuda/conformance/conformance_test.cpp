@@ -64,7 +64,7 @@ TEST(ConformanceRegistry, NamesAreUniqueAndCasesComplete) {
       "moe_route moe_prefill moe_shared_swiglu q_moe_decode q_moe_prefill q_moe_small "
       "qk_norm_rope_store "
       "attention_decode_qkv attention_prefill attention_prefill_wgmma "
-      "attention_prefill_wgmma_overlap "
+      "attention_prefill_wgmma_overlap attention_prefill_wgmma_ws attention_prefill_wgmma_pingpong "
       "attention_chain gdn_decode "
       "gdn_prefill gdn_chain argmax quantize_mlx repack_mlx");
   std::set<std::string> listed;
