@@ -378,5 +378,46 @@ TEST(AttentionPrefill, RefusesAVersionItDoesNotHave) {
   })) << "a refused call wrote its output";
 }
 
+// Versions 3, 4 and 5 issue the same MMAs on the same operands in the same order and run the same
+// softmax: only how K and V reach shared memory (cp.async by every thread, or TMA) and when each
+// warpgroup issues differ. So their outputs are the same bits (what makes version 5 the default
+// on version 3's backend-level test record; docs/kernels.md s34). Real dims, GQA groups 8 and 2,
+// chunks from 0 and far into the context, lengths off the 64-key tiles.
+TEST(AttentionPrefill, WarpSpecialisedVersionsGiveVersion3sBits) {
+  LILAC_REQUIRE_GPU();
+  if (!cuda::attention_prefill_wgmma_supported(kAttnReal.hd))
+    GTEST_SKIP() << "versions 3-5 need a compute capability 9.x GPU";
+  AttnDims g2 = kAttnReal;
+  g2.kv = 8;
+  for (const AttnDims& d : {kAttnReal, g2})
+    for (const auto& [T, pos0] : {std::pair{1, 0}, {77, 0}, {333, 1000}, {1000, 4000}}) {
+      const int n = pos0 + T, max_ctx = n + 5;
+      const uint32_t seed = uint32_t(T * 17 + pos0 + d.kv);
+      const auto kbits = random_cache(d, max_ctx, n, seed),
+                 vbits = random_cache(d, max_ctx, n, seed + 1);
+      std::vector<float> qf = random_floats(size_t(T) * d.heads * d.hd, 1.f, seed + 2),
+                         gf = random_floats(qf.size(), 1.f, seed + 3);
+      const auto qbits = to_bf16_rounding(qf), gbits = to_bf16_rounding(gf);
+      auto d_q = upload_bf16(qbits), d_gate = upload_bf16(gbits), d_kc = upload_bf16(kbits),
+           d_vc = upload_bf16(vbits);
+      std::vector<std::vector<float>> outs;
+      for (const int version : {3, 4, 5}) {
+        cuda::DeviceBuffer<cuda::bf16> d_out(qbits.size());
+        poison(d_out);
+        cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos0, T, d.heads,
+                                d.kv, d.hd, max_ctx, d_out.get(), nullptr, version);
+        outs.push_back(download_bf16_as_f32(d_out));
+      }
+      for (int v = 1; v < 3; ++v) {
+        size_t differ = 0;
+        for (size_t i = 0; i < outs[0].size(); ++i)
+          differ += std::memcmp(&outs[0][i], &outs[size_t(v)][i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << "version " << 3 + v << " against version 3: " << differ << " of "
+                              << outs[0].size() << " outputs differ (kv " << d.kv << ", T " << T
+                              << ", pos0 " << pos0 << ")";
+      }
+    }
+}
+
 }  // namespace
 }  // namespace lilac::test
