@@ -3,8 +3,11 @@
 # tools/gpu-build.sh). Steps (default: tests logits bench):
 #   tests       GPU kernel and backend tests (lilac_cuda_tests, label gpu)
 #   tests-switches
-#               the same suite with the two prefill switches of s32 on (LILAC_GDN_TF32_SPLIT=trunc,
-#               LILAC_PREFILL_MOE_Y_BF16=1): what makes them the defaults if it passes
+#               the same suite with LILAC_GDN_TF32_SPLIT=trunc LILAC_PREFILL_MOE_Y_BF16=1 set. Caveat
+#               (s34): a kernel switch read from the environment (the tf32 split) reaches every
+#               test, a CudaOptions one (y-bf16) only backends built from the environment's options,
+#               not the many tests that pass explicit CudaOptions: to judge a CudaOptions default,
+#               build with the default changed and run `tests`
 #   logits      the tiny-a fixture through `lilac logits --device cuda` (both layouts, chunked)
 #   kernels     the kernel microbenchmarks (lilac_cuda_bench_*, the kernel lab among them)
 #   lab         the kernel lab alone (lilac_cuda_bench_lab: every version of each op in bench/lab,
