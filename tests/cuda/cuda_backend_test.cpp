@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "model/qwen36.h"
 #include "model/sampling.h"
+#include "router_tie.h"
 #include "util/error.h"
 
 namespace lilac::test {
@@ -278,24 +279,28 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
     std::vector<float> h = gpu_trace.at("hidden." + std::to_string(i));
     cpu_backend.forward_layer(i, h.data(), T, *cs);
     const auto& want = gpu_trace.at("hidden." + std::to_string(i + 1));
+    // A prompt token whose experts differ by a near tie (router_tie.h) makes the layer's output
+    // incomparable; its input is the GPU's, so the next layers still are.
+    const std::string tp = "layer" + std::to_string(i) + ".moe.";
+    const ChunkRoutes routes =
+        compare_chunk_routes(gpu_trace.at(tp + "topk_ids"), cpu_trace.at(tp + "topk_ids"),
+                             gpu_trace.at(tp + "router_logits"), cpu_trace.at(tp + "router_logits"),
+                             size_t(cfg.experts_per_token));
     // Per-op report: the diagnosis when the check below fails.
     for (const auto& [name, g] : gpu_trace) {
       if (!name.starts_with("layer" + std::to_string(i) + ".")) continue;
       auto it = cpu_trace.find(name);
       if (it == cpu_trace.end() || it->second.size() != g.size()) continue;
       if (name.ends_with("topk_ids")) {
-        const size_t k = size_t(cfg.experts_per_token);
-        int differ = 0;
-        for (size_t t = 0; t < g.size() / k; ++t) {
-          std::vector<float> a(g.begin() + t * k, g.begin() + (t + 1) * k);
-          std::vector<float> b(it->second.begin() + t * k, it->second.begin() + (t + 1) * k);
-          std::sort(a.begin(), a.end());
-          std::sort(b.begin(), b.end());
-          differ += a != b;
-        }
-        std::printf("  %-28s %d of %zu tokens route differently\n", name.c_str(), differ,
-                    g.size() / k);
-        EXPECT_EQ(differ, 0) << name;
+        std::printf("  %-28s %d of %d tokens route differently%s\n", name.c_str(), routes.differ,
+                    routes.tokens, routes.differ ? " (near ties: the layer is not compared)" : "");
+        EXPECT_EQ(routes.not_tied, 0)
+            << name << ": experts differ without a near tie (router logits differ by up to "
+            << routes.logit_diff << ")";
+        // A tie is rare: one token per layer at most, and only where the router logits agree to
+        // a few 1e-3 (a wrong router differs by O(1) and would make anything look like a tie).
+        EXPECT_LE(routes.differ, 1) << name;
+        EXPECT_LT(routes.logit_diff, 5e-2) << name;
         continue;
       }
       auto [r, m] = rel_and_max(g, it->second);
@@ -303,7 +308,7 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
     }
     auto [rel, mx] = rel_and_max(want, h);
     std::printf("  hidden.%-20lld rel %.2e  max abs %.3e\n", (long long)(i + 1), rel, mx);
-    EXPECT_LT(rel, 5e-3) << "layer " << i << " (max abs " << mx << ")";
+    if (routes.differ == 0) EXPECT_LT(rel, 5e-3) << "layer " << i << " (max abs " << mx << ")";
   }
   cpu_backend.forward_head(&gpu_trace.at("hidden." + std::to_string(layers))[size_t((T - 1) * H)],
                            1, cpu_logits.data());
@@ -345,30 +350,16 @@ TEST(CudaBackend, SyntheticFullSizeFirstLayersMatchTheCpu) {
     // layer's output then says nothing about the kernels and is not compared (s32: the GDN
     // state's truncated tf32 split moved such a tie in layer 3).
     const std::string tp = "layer" + std::to_string(i) + ".moe.";
-    std::vector<float> gi = gpu_trace.at("decode." + tp + "topk_ids"),
-                       ci = cpu_trace.at(tp + "topk_ids");
-    std::sort(gi.begin(), gi.end());
-    std::sort(ci.begin(), ci.end());
-    if (gi != ci) {
-      const auto& gl = gpu_trace.at("decode." + tp + "router_logits");
-      const auto& cl = cpu_trace.at(tp + "router_logits");
-      ASSERT_EQ(gl.size(), cl.size());
-      double dl = 0;
-      for (size_t e = 0; e < cl.size(); ++e) dl = std::max(dl, std::fabs(double(gl[e]) - cl[e]));
-      float kth = INFINITY;
-      for (float e : ci) kth = std::min(kth, cl[size_t(e)]);
-      bool tie = true;
-      for (float e : gi)
-        if (!std::binary_search(ci.begin(), ci.end(), e))
-          tie = tie && std::fabs(double(cl[size_t(e)]) - kth) <= 10 * dl;
-      for (float e : ci)
-        if (!std::binary_search(gi.begin(), gi.end(), e))
-          tie = tie && std::fabs(double(cl[size_t(e)]) - kth) <= 10 * dl;
+    const RouteComparison rc = compare_routes(
+        gpu_trace.at("decode." + tp + "topk_ids"), cpu_trace.at(tp + "topk_ids"),
+        gpu_trace.at("decode." + tp + "router_logits"), cpu_trace.at(tp + "router_logits"));
+    if (rc.differ) {
       std::printf(
           "  decode layer %lld: the sides chose different experts (%s; router logits "
           "differ by up to %.3e)\n",
-          (long long)i, tie ? "a near tie" : "NOT a near tie", dl);
-      EXPECT_TRUE(tie) << "decode step, layer " << i << ": experts differ without a near tie";
+          (long long)i, rc.near_tie ? "a near tie" : "NOT a near tie", rc.logit_diff);
+      EXPECT_TRUE(rc.near_tie) << "decode step, layer " << i
+                               << ": experts differ without a near tie";
       continue;
     }
     EXPECT_LT(rd, 5e-3) << "decode step, layer " << i << " (max abs " << md << ")";

@@ -29,6 +29,7 @@
 #include "io/quantize.h"
 #include "io/safetensors.h"
 #include "model/qwen36.h"
+#include "router_tie.h"
 #include "util/thread_pool.h"
 
 namespace lilac::test {
@@ -289,24 +290,27 @@ TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
     std::vector<float> h = gpu_trace.at("hidden." + std::to_string(i));
     cpu_backend.forward_layer(i, h.data(), T, *cs);
     const auto& want = gpu_trace.at("hidden." + std::to_string(i + 1));
+    // A prompt token whose experts differ by a near tie (router_tie.h) makes the layer's output
+    // incomparable; its input is the GPU's, so the next layers still are.
+    const std::string tp = "layer" + std::to_string(i) + ".moe.";
+    const ChunkRoutes routes =
+        compare_chunk_routes(gpu_trace.at(tp + "topk_ids"), cpu_trace.at(tp + "topk_ids"),
+                             gpu_trace.at(tp + "router_logits"), cpu_trace.at(tp + "router_logits"),
+                             size_t(cfg.experts_per_token));
     for (const auto& [name, g] : gpu_trace) {
       if (!name.starts_with("layer" + std::to_string(i) + ".")) continue;
       auto it = cpu_trace.find(name);
       if (it == cpu_trace.end() || it->second.size() != g.size()) continue;
       if (name.ends_with("topk_ids")) {
-        const size_t k = size_t(cfg.experts_per_token);
-        int differ = 0;
-        for (size_t t = 0; t < g.size() / k; ++t) {
-          std::vector<float> a(g.begin() + ptrdiff_t(t * k), g.begin() + ptrdiff_t((t + 1) * k));
-          std::vector<float> b(it->second.begin() + ptrdiff_t(t * k),
-                               it->second.begin() + ptrdiff_t((t + 1) * k));
-          std::sort(a.begin(), a.end());
-          std::sort(b.begin(), b.end());
-          differ += a != b;
-        }
-        std::printf("  %-28s %d of %zu tokens route differently\n", name.c_str(), differ,
-                    g.size() / k);
-        EXPECT_EQ(differ, 0) << name;
+        std::printf("  %-28s %d of %d tokens route differently%s\n", name.c_str(), routes.differ,
+                    routes.tokens, routes.differ ? " (near ties: the layer is not compared)" : "");
+        EXPECT_EQ(routes.not_tied, 0)
+            << name << ": experts differ without a near tie (router logits differ by up to "
+            << routes.logit_diff << ")";
+        // A tie is rare: one token per layer at most, and only where the router logits agree to
+        // a few 1e-3 (a wrong router differs by O(1) and would make anything look like a tie).
+        EXPECT_LE(routes.differ, 1) << name;
+        EXPECT_LT(routes.logit_diff, 5e-2) << name;
         continue;
       }
       auto [r, m] = rel_and_max(g, it->second);
@@ -314,7 +318,7 @@ TEST(Q4Backend, SyntheticFullSizeFirstLayersMatchTheCpu) {
     }
     auto [rel, mx] = rel_and_max(want, h);
     std::printf("  hidden.%-20lld rel %.2e  max abs %.3e\n", (long long)(i + 1), rel, mx);
-    EXPECT_LT(rel, 5e-3) << "layer " << i << " (max abs " << mx << ")";
+    if (routes.differ == 0) EXPECT_LT(rel, 5e-3) << "layer " << i << " (max abs " << mx << ")";
   }
   cpu_backend.forward_head(&gpu_trace.at("hidden." + std::to_string(layers))[size_t((T - 1) * H)],
                            1, cpu_logits.data());
