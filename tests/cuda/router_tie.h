@@ -6,10 +6,14 @@
 // k-th largest chosen logit.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace lilac::test {
@@ -81,6 +85,18 @@ inline ChunkRoutes compare_chunk_routes(const std::vector<float>& got_ids,
     r.logit_diff = std::max(r.logit_diff, c.logit_diff);
   }
   return r;
+}
+
+// Prints a prompt chunk's routes (the per-op report line of `name`, a layer's topk_ids) and checks
+// them: differences only by near ties, and rare: one token per layer at most, where the router
+// logits agree to 5e-2 (a wrong router differs by O(1) and would make anything look like a tie).
+inline void expect_routes_tied(const std::string& name, const ChunkRoutes& routes) {
+  std::printf("  %-28s %d of %d tokens route differently%s\n", name.c_str(), routes.differ,
+              routes.tokens, routes.differ ? " (near ties: the layer is not compared)" : "");
+  EXPECT_EQ(routes.not_tied, 0) << name << ": experts differ without a near tie (router logits "
+                                << "differ by up to " << routes.logit_diff << ")";
+  EXPECT_LE(routes.differ, 1) << name;
+  EXPECT_LT(routes.logit_diff, 5e-2) << name;
 }
 
 }  // namespace lilac::test

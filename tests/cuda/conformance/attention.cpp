@@ -180,6 +180,40 @@ void check_attention_decode_qkv(const DecodeCase& c) {
 
 // ---- attention_prefill --------------------------------------------------------------------------
 
+// Random inputs of one attention_prefill call at dims d: T queries from position pos0 (q, gate
+// N(0, 1)), caches of max_ctx rows with rows >= pos0 + T NaN (never to be read); on the host and
+// the device.
+struct PrefillInputs {
+  AttnDims d;
+  int T, pos0, max_ctx;
+  std::vector<uint16_t> kbits, vbits;
+  std::vector<float> q, gate;
+  cuda::DeviceBuffer<cuda::bf16> d_q, d_gate, d_kc, d_vc;
+
+  PrefillInputs(const AttnDims& d_, int T_, int pos0_, int max_ctx_, uint32_t seed)
+      : d(d_),
+        T(T_),
+        pos0(pos0_),
+        max_ctx(max_ctx_),
+        kbits(random_cache(d, max_ctx, pos0 + T, seed)),
+        vbits(random_cache(d, max_ctx, pos0 + T, seed + 1)),
+        q(random_floats(size_t(T) * d.heads * d.hd, 1.f, seed + 2)),
+        gate(random_floats(q.size(), 1.f, seed + 3)),
+        d_q(upload_bf16(to_bf16_rounding(q))),
+        d_gate(upload_bf16(to_bf16_rounding(gate))),
+        d_kc(upload_bf16(kbits)),
+        d_vc(upload_bf16(vbits)) {}
+
+  // attention_prefill's output (version `version`) as f32, its buffer poisoned first.
+  std::vector<float> run(int version) const {
+    cuda::DeviceBuffer<cuda::bf16> d_out(q.size());
+    poison(d_out);
+    cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos0, T, d.heads, d.kv,
+                            d.hd, max_ctx, d_out.get(), nullptr, version);
+    return download_bf16_as_f32(d_out);
+  }
+};
+
 // version: attention_prefill's (1 mma.sync, 2 wgmma, 3 wgmma with the softmax overlapped, 4 that
 // warp-specialised with TMA copies, 5 that with the warpgroups' MMAs taking turns); a
 // wgmma case on a GPU without wgmma is skipped (the GPU suite runs on Hopper; other GPUs run
@@ -190,23 +224,10 @@ void check_attention_prefill(const RopeCase& c, int version) {
     GTEST_SKIP() << "attention_prefill version " << version
                  << " needs hd 256 on a compute capability 9.x GPU";
   const int n = pos0 + T, max_ctx = n + 7;
-  const uint32_t seed = uint32_t(T * 313 + pos0 * 7 + d.hd);
-  const std::vector<uint16_t> kbits = random_cache(d, max_ctx, n, seed),
-                              vbits = random_cache(d, max_ctx, n, seed + 1);
-  std::vector<float> q = random_floats(size_t(T) * d.heads * d.hd, 1.f, seed + 2),
-                     gate = random_floats(q.size(), 1.f, seed + 3);
-  const auto qbits = to_bf16_rounding(q), gbits = to_bf16_rounding(gate);
-
-  auto d_q = upload_bf16(qbits), d_gate = upload_bf16(gbits), d_kc = upload_bf16(kbits),
-       d_vc = upload_bf16(vbits);
-  cuda::DeviceBuffer<cuda::bf16> d_out(q.size());
-  poison(d_out);
-  cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos0, T, d.heads, d.kv,
-                          d.hd, max_ctx, d_out.get(), nullptr, version);
-  const auto out = download_bf16_as_f32(d_out);
-
-  const auto want = cpu_gated_attention(q, gate, cpu_cache_from_gpu(kbits, d, max_ctx, n),
-                                        cpu_cache_from_gpu(vbits, d, max_ctx, n), pos0, T, d);
+  const PrefillInputs in(d, T, pos0, max_ctx, uint32_t(T * 313 + pos0 * 7 + d.hd));
+  const auto out = in.run(version);
+  const auto want = cpu_gated_attention(in.q, in.gate, cpu_cache_from_gpu(in.kbits, d, max_ctx, n),
+                                        cpu_cache_from_gpu(in.vbits, d, max_ctx, n), pos0, T, d);
   EXPECT_TRUE(attn_close(out, want, d.hd, label(d, "prefill T/pos0", T, pos0)));
 }
 
@@ -391,23 +412,8 @@ TEST(AttentionPrefill, WarpSpecialisedVersionsGiveVersion3sBits) {
   g2.kv = 8;
   for (const AttnDims& d : {kAttnReal, g2})
     for (const auto& [T, pos0] : {std::pair{1, 0}, {77, 0}, {333, 1000}, {1000, 4000}}) {
-      const int n = pos0 + T, max_ctx = n + 5;
-      const uint32_t seed = uint32_t(T * 17 + pos0 + d.kv);
-      const auto kbits = random_cache(d, max_ctx, n, seed),
-                 vbits = random_cache(d, max_ctx, n, seed + 1);
-      std::vector<float> qf = random_floats(size_t(T) * d.heads * d.hd, 1.f, seed + 2),
-                         gf = random_floats(qf.size(), 1.f, seed + 3);
-      const auto qbits = to_bf16_rounding(qf), gbits = to_bf16_rounding(gf);
-      auto d_q = upload_bf16(qbits), d_gate = upload_bf16(gbits), d_kc = upload_bf16(kbits),
-           d_vc = upload_bf16(vbits);
-      std::vector<std::vector<float>> outs;
-      for (const int version : {3, 4, 5}) {
-        cuda::DeviceBuffer<cuda::bf16> d_out(qbits.size());
-        poison(d_out);
-        cuda::attention_prefill(d_q.get(), d_gate.get(), d_kc.get(), d_vc.get(), pos0, T, d.heads,
-                                d.kv, d.hd, max_ctx, d_out.get(), nullptr, version);
-        outs.push_back(download_bf16_as_f32(d_out));
-      }
+      const PrefillInputs in(d, T, pos0, pos0 + T + 5, uint32_t(T * 17 + pos0 + d.kv));
+      const std::vector<float> outs[3] = {in.run(3), in.run(4), in.run(5)};
       for (int v = 1; v < 3; ++v) {
         size_t differ = 0;
         for (size_t i = 0; i < outs[0].size(); ++i)
