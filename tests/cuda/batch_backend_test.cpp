@@ -308,14 +308,18 @@ void check_prefill_together(cuda::CudaBackend& b, Tolerance tol, const std::stri
     pieces.push_back(prompt_of(i, nv, lens[i]));
   }
   std::vector<BatchItem> items(7);
-  std::vector<StepResult> want(7);
+  std::vector<int32_t> want(7, -1);
+  std::vector<std::vector<float>> want_logits(7);  // the clone's logits where the piece samples
   for (int i = 0; i < 7; ++i) {
     const bool sample = i % 3 != 1;
     items[size_t(i)] = {seqs[size_t(i)].get(), pieces[size_t(i)], 0, sample, nullptr};
-    if (sample)
-      want[size_t(i)] = b.step(*alone[size_t(i)], pieces[size_t(i)], 0);
-    else
+    if (sample) {  // greedy: the clone's token is its logits' argmax
+      want_logits[size_t(i)].resize(V);
+      b.forward(*alone[size_t(i)], pieces[size_t(i)], want_logits[size_t(i)], false);
+      want[size_t(i)] = argmax_n(want_logits[size_t(i)], nv);
+    } else {
       b.forward(*alone[size_t(i)], pieces[size_t(i)], {}, false);
+    }
   }
   const int64_t chunks0 = b.batched_prefills();
   const auto res = b.step_batch(items);
@@ -323,13 +327,9 @@ void check_prefill_together(cuda::CudaBackend& b, Tolerance tol, const std::stri
   // 7, 64, 100 (171) | 120 (291 > 256: a new chunk) | 300 alone | 33 joins 120: two chunks.
   EXPECT_EQ(b.batched_prefills(), chunks0 + 2) << "the multi-sequence prefill did not run";
   std::vector<double> rels;
-  int differ = 0;
   for (int i = 0; i < 7; ++i) {
     SCOPED_TRACE("sequence " + std::to_string(i));
     EXPECT_EQ(seqs[size_t(i)]->position(), held[i] + lens[i]);
-    if (items[size_t(i)].sample && res[size_t(i)].token != want[size_t(i)].token)
-      std::printf("  %s: sequence %d sampled %d, alone %d\n", label.c_str(), i,
-                  res[size_t(i)].token, want[size_t(i)].token);
     const int32_t next = 1000 + i;
     std::vector<float> got(V), ref(V);
     b.forward(*seqs[size_t(i)], std::span(&next, 1), got, false);
@@ -339,12 +339,23 @@ void check_prefill_together(cuda::CudaBackend& b, Tolerance tol, const std::stri
     rels.push_back(rel);
     EXPECT_LT(rel, tol.max_tol) << "max abs " << mx;
     if (items[size_t(i)].sample) {
-      EXPECT_TRUE(res[size_t(i)].token >= 0 && res[size_t(i)].token < nv);
-      differ += res[size_t(i)].token != want[size_t(i)].token;
+      // The greedy token is the clone's, or a near tie in the clone's logits: within twice this
+      // sequence's largest logit difference (as check_batch judges the decode rows). Until s35 the
+      // test allowed one differing token of the five; the stream-K projections (q4_gemm_wgmma.cu)
+      // sum a tile's k pieces in an order that depends on the chunk's length, and on this random
+      // model two of the five sat on near ties (s35 run 2).
+      const int32_t got_tok = res[size_t(i)].token, want_tok = want[size_t(i)];
+      ASSERT_TRUE(got_tok >= 0 && got_tok < nv);
+      if (got_tok != want_tok) {
+        const auto& wl = want_logits[size_t(i)];
+        const double gap = double(wl[size_t(want_tok)]) - double(wl[size_t(got_tok)]);
+        std::printf("  %s: sequence %d sampled %d, alone %d (logit gap %.3g, max abs %.3g)\n",
+                    label.c_str(), i, got_tok, want_tok, gap, mx);
+        EXPECT_LE(gap, 2 * mx) << "id " << got_tok << " vs " << want_tok
+                               << " alone: not a near tie";
+      }
     }
   }
-  // Greedy tokens of 5 sampling pieces: a router near tie may flip one, not more.
-  EXPECT_LE(differ, 1) << "sampled tokens differing from the pieces run alone";
   expect_quantiles_below(rels, tol, label + " prefill together");
 }
 
