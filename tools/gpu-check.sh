@@ -50,6 +50,9 @@
 #               every version's conformance cases, lilac_cuda_bench_seq (times each version), then
 #               4-bit prefill at 4,096 / 16,384 / 65,536 tokens under each but wgmma, three
 #               interleaved rounds
+#   streamk-ab  q_gemm_wgmma's stream-K form (LILAC_Q4_GEMM_STREAMK = off | auto, s35; off the
+#               default, measured slower): its conformance cases first, then 4-bit prefill at 256 /
+#               512 / 1,024 / 4,096 tokens under each, three interleaved rounds
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -205,6 +208,9 @@ for s in $steps; do
         --gtest_filter='WgmmaLayout.*:*attention_prefill*:*attention_chain*:AttentionPrefill.*'
       run attn-seq 120 "$B/lilac_cuda_bench_seq"
       switch_ab attn LILAC_ATTN_PREFILL 4096,16384,65536 0 mma wgmma-overlap wgmma-ws wgmma-pingpong ;;
+    streamk-ab)
+      run streamk-test 300 "$B/lilac_cuda_tests" --gtest_filter='*q_gemm*streamk*:*q_gemm*scratch*:Q4Gemm.*'
+      switch_ab streamk LILAC_Q4_GEMM_STREAMK 256,512,1024,4096 0 off auto ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;
     serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;
     serve-bf16) serve_bench bf16 "${SERVE_CONCURRENCY:-16}" ;;

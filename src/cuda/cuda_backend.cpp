@@ -154,6 +154,11 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
   const int Hk = int(c.gdn_key_heads), Hv = int(c.gdn_value_heads), Dk = int(c.gdn_key_dim),
             Dv = int(c.gdn_value_dim);
   w.gdn_prefill_ws.resize(gdn_prefill_workspace_floats(w.max_T, Hk, Hv, Dk, Dv));
+  if (w.max_T > 64 && q_gemm_streamk_auto()) {  // prompt chunks of more than 64 tokens
+    w.gemm_scratch.resize(q_gemm_scratch_bytes());
+    if (w.gemm_scratch.bytes() > 0)
+      LILAC_CUDA_CHECK(cudaMemset(w.gemm_scratch.get(), 0, w.gemm_scratch.bytes()));
+  }
   w.router_ws.resize(moe_router_workspace_bytes());
   LILAC_CUDA_CHECK(cudaMemsetAsync(w.router_ws.get(), 0, w.router_ws.bytes(), stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));

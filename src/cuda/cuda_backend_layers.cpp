@@ -58,8 +58,10 @@ bool CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
     timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.input_norm, w.x.get(), T, H, eps, s); });
   if (L.type == LayerType::GatedDeltaNet) {
     const int cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
-    timed(timer, "gemm.gdn_in_proj",
-          [&] { proj_gemm(w.x.get(), T, H, L.in_proj, cols, w.proj.get(), GemmOut::StoreF32, s); });
+    timed(timer, "gemm.gdn_in_proj", [&] {
+      proj_gemm(w.x.get(), T, H, L.in_proj, cols, w.proj.get(), GemmOut::StoreF32, s,
+                gemm_scratch(w));
+    });
     const size_t vch = size_t(c.gdn_v_channels());
     timed(timer, "gdn_prefill", [&] {
       for (const PrefillSegment& g : segs)
@@ -77,12 +79,13 @@ bool CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
     }
     timed(timer, "gemm.gdn_out_proj", [&] {
       proj_gemm(w.mix.get(), T, int(c.gdn_v_channels()), L.out_proj, H, w.h.get(),
-                GemmOut::AccumulateF32, s);
+                GemmOut::AccumulateF32, s, gemm_scratch(w));
     });
   } else {
     const int cols = int(c.q_proj_rows() + 2 * c.kv_dim());
     timed(timer, "gemm.attn_qkv", [&] {
-      proj_gemm(w.x.get(), T, H, L.qkv_proj, cols, w.proj.get(), GemmOut::StoreF32, s);
+      proj_gemm(w.x.get(), T, H, L.qkv_proj, cols, w.proj.get(), GemmOut::StoreF32, s,
+                gemm_scratch(w));
     });
     const size_t qd = size_t(c.heads * c.head_dim);
     timed(timer, "qk_norm_rope_store", [&] {
@@ -110,7 +113,7 @@ bool CudaBackend::layer_prefill(std::span<const PrefillSegment> segs, int64_t li
     }
     timed(timer, "gemm.attn_o_proj", [&] {
       proj_gemm(w.mix.get(), T, int(c.heads * c.head_dim), L.o_proj, H, w.h.get(),
-                GemmOut::AccumulateF32, s);
+                GemmOut::AccumulateF32, s, gemm_scratch(w));
     });
   }
   if (trace_) trace_delta(tp + "mixer_out");

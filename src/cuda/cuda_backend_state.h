@@ -78,6 +78,8 @@ struct Workspace {
       router_ws;  // moe_router's counter (zeroed once, kept at zero by the kernel)
   DeviceBuffer<uint8_t> sample_ws;  // sample() workspace
   DeviceBuffer<uint8_t> argmax_ws;  // argmax() workspace (zeroed once; launches leave it zeroed)
+  // q_gemm's stream-K scratch (prompt chunks; zeroed once, launches leave it reusable)
+  DeviceBuffer<uint8_t> gemm_scratch;
   // Structured output (step_constrained): the token mask, (sampling vocab + 31) / 32 words.
   DeviceBuffer<uint32_t> mask;
   std::unique_ptr<PinnedWords> mask_host;
@@ -271,15 +273,20 @@ inline int slab_max_tokens(int bits) {
   return v ? v : kSlabMaxTokens8;
 }
 
+inline QGemmScratch gemm_scratch(Workspace& w) {
+  return {w.gemm_scratch.get(), w.gemm_scratch.bytes()};
+}
+
+// scratch: q_gemm's stream-K scratch (the workspace's; empty: no stream-K form).
 inline void proj_gemm(const bf16* A, int M, int K, const DeviceMatrix& w, int N, void* C,
-                      GemmOut mode, cudaStream_t s) {
+                      GemmOut mode, cudaStream_t s, const QGemmScratch& scratch = {}) {
   if (w.affine() && mode != GemmOut::StoreBF16 && N <= kSlabMaxRows &&
       M <= slab_max_tokens(w.q.bits) && !(w.q.bits == 4 && q_gemm_wgmma_available()) &&
       q_gemv_rows_available()) {
     const GemvOut out = mode == GemmOut::AccumulateF32 ? GemvOut::Accumulate : GemvOut::Store;
     q_gemv_rows(w.q, A, M, static_cast<float*>(C), out, s);  // 64-token slabs in one launch
   } else if (w.affine())
-    q_gemm(A, M, w.q, C, mode, s);
+    q_gemm(A, M, w.q, C, mode, s, scratch);
   else
     gemm(A, M, K, w.dense, N, C, mode, s);
 }

@@ -127,9 +127,10 @@ void dispatch(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cud
 
 }  // namespace
 
-void q_gemm(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaStream_t stream) {
+void q_gemm(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaStream_t stream,
+            const QGemmScratch& scratch) {
   if (W.bits == 4 && q_gemm_wgmma_available())
-    q_gemm_wgmma(A, M, W, C, mode, stream);
+    q_gemm_wgmma(A, M, W, C, mode, stream, 0, 0, scratch);
   else
     q_gemm_mma(A, M, W, C, mode, stream);
 }

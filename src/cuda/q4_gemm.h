@@ -12,11 +12,27 @@
 
 namespace lilac::cuda {
 
+// Device scratch for q_gemm_wgmma's stream-K form (q4_gemm_wgmma.cu): q_gemm_scratch_bytes()
+// bytes, 16-byte aligned, zeroed once before the first use (each launch leaves it reusable), used
+// by one stream at a time. Without it (ptr null) the form is never chosen.
+struct QGemmScratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+// 0 where q_gemm_wgmma is not available.
+size_t q_gemm_scratch_bytes();
+// Whether q_gemm's automatic choice may take the stream-K form (LILAC_Q4_GEMM_STREAMK=auto; off by
+// default: measured slower at 256-512 tokens, s35): the backend allocates a scratch only then.
+bool q_gemm_streamk_auto();
+// Whether a stream-K launch on this scratch gave up waiting for a block (synchronises; tests).
+bool q_gemm_scratch_failed(const QGemmScratch& scratch);
+
 // Any M >= 1; K = W.cols a positive multiple of 64; A bf16 [M, K] dense row-major, 16-byte
 // aligned; C dense [M, W.rows] (f32, or bf16 for StoreBF16). Never synchronises or allocates.
 // Twin: dequantize_row_bf16 + cpu::matmul (exactly the weights the kernel multiplies).
 // 4-bit weights on a compute capability 9.x GPU take q_gemm_wgmma, the rest q_gemm_mma.
-void q_gemm(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaStream_t stream);
+void q_gemm(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, cudaStream_t stream,
+            const QGemmScratch& scratch = {});
 
 // The mma.sync kernel (q4_gemm.cu; 256 rows x 128 tokens per block, 1 block per SM): q_gemm's path
 // for 8-bit weights (the router) and off Hopper; for 4-bit too until s6 (the kernel lab's q_gemm
@@ -31,9 +47,13 @@ void q_gemm_mma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, c
 // restricted to 4 bits. tokens_per_block 256, 128 (at M <= 64: s7's narrow form), 64, 32 or 16
 // (M <= that only) and splits 1, 2 or 4 (8 with 64 / 32 / 16) ((K / 64) % splits == 0); both 0
 // picks by estimated time (the kernel lab times every choice); one 0: 256 tokens, 1 split. The
-// split sums are added in rank order (deterministic).
+// split sums are added in rank order (deterministic). splits -1 (256-token tiles, `scratch`
+// given): the stream-K form, persistent blocks sharing the (tile, k-tile) iterations evenly, each
+// tile's pieces added in k order (deterministic); with q_gemm_streamk_auto() and a scratch the
+// automatic choice takes it where the tiles leave SMs idle (M > 64).
 void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
-                  cudaStream_t stream, int tokens_per_block = 0, int splits = 0);
+                  cudaStream_t stream, int tokens_per_block = 0, int splits = 0,
+                  const QGemmScratch& scratch = {});
 bool q_gemm_wgmma_available();
 // Clusters of (tokens_per_block, splits) blocks resident at once on this device (0: such a launch
 // cannot run; cudaOccupancyMaxActiveClusters).

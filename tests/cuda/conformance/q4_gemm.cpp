@@ -22,8 +22,11 @@ namespace {
 struct Case {
   int M, N, K, bits;
   cuda::GemmOut mode;
-  // q_gemm (the dispatch) when splits == 0, else q_gemm_wgmma with this tile and split of K.
+  // q_gemm (the dispatch) when splits == 0, else q_gemm_wgmma with this tile and split of K
+  // (-1: the stream-K form).
   int tokens_per_block = 0, splits = 0;
+  // With a stream-K scratch (always at splits -1): the dispatch may take the stream-K form.
+  bool scratch = false;
 };
 
 void check_case(const Case& c, uint64_t seed) {
@@ -33,8 +36,11 @@ void check_case(const Case& c, uint64_t seed) {
   SCOPED_TRACE(what);
   if (c.splits != 0 && !cuda::q_gemm_wgmma_available())
     GTEST_SKIP() << "q_gemm_wgmma needs a compute capability 9.x GPU";
-  if (c.splits != 0 && cuda::q_gemm_wgmma_max_clusters(c.tokens_per_block, c.splits) <= 0)
+  if (c.splits > 0 && cuda::q_gemm_wgmma_max_clusters(c.tokens_per_block, c.splits) <= 0)
     GTEST_SKIP() << "no cluster of " << c.splits << " such blocks fits on this GPU";
+  const bool with_scratch = c.scratch || c.splits == -1;
+  if (with_scratch && cuda::q_gemm_scratch_bytes() == 0)
+    GTEST_SKIP() << "q_gemm_wgmma's stream-K form needs a compute capability 9.x GPU";
   HostQ W(c.N, c.K, c.bits, std::sqrt(3.f / float(c.K)), seed);
   const std::vector<uint16_t> wb = W.dequant_bf16();
   const std::vector<uint16_t> ab = random_bf16_bits(size_t(c.M) * c.K, 1.f, seed + 1);
@@ -62,10 +68,32 @@ void check_case(const Case& c, uint64_t seed) {
     poison(cf);
   if (!c0.empty()) LILAC_CUDA_CHECK(cudaMemcpy(cf.get(), c0.data(), n * 4, cudaMemcpyHostToDevice));
   void* out = bf ? static_cast<void*>(cb.get()) : cf.get();
-  if (c.splits == 0)
-    cuda::q_gemm(da.get(), c.M, W.q(), out, c.mode, nullptr);
-  else
-    cuda::q_gemm_wgmma(da.get(), c.M, W.q(), out, c.mode, nullptr, c.tokens_per_block, c.splits);
+  // The stream-K scratch, zeroed once as the backend's is; poisoned around it would not do: its
+  // flags must start at zero.
+  cuda::DeviceBuffer<uint8_t> scratch(with_scratch ? cuda::q_gemm_scratch_bytes() : 0);
+  if (with_scratch) LILAC_CUDA_CHECK(cudaMemset(scratch.get(), 0, scratch.bytes()));
+  const cuda::QGemmScratch qs{scratch.get(), scratch.bytes()};
+  auto run = [&] {
+    if (c.splits == 0)
+      cuda::q_gemm(da.get(), c.M, W.q(), out, c.mode, nullptr, qs);
+    else
+      cuda::q_gemm_wgmma(da.get(), c.M, W.q(), out, c.mode, nullptr, c.tokens_per_block, c.splits,
+                         qs);
+  };
+  run();
+  if (with_scratch) {
+    EXPECT_FALSE(cuda::q_gemm_scratch_failed(qs)) << "a stream-K block gave up waiting";
+    // A second launch on the same scratch (its flags left at zero by the first) gives the same
+    // bits: the pieces of a tile are added in one fixed order.
+    if (c.mode != cuda::GemmOut::AccumulateF32) {
+      std::vector<uint8_t> first(bf ? cb.bytes() : cf.bytes()), second(first.size());
+      LILAC_CUDA_CHECK(cudaMemcpy(first.data(), out, first.size(), cudaMemcpyDeviceToHost));
+      run();
+      LILAC_CUDA_CHECK(cudaMemcpy(second.data(), out, second.size(), cudaMemcpyDeviceToHost));
+      EXPECT_TRUE(first == second) << "the stream-K form's second launch gave other bits";
+      EXPECT_FALSE(cuda::q_gemm_scratch_failed(qs));
+    }
+  }
   std::vector<float> got(n + guard);
   if (bf) {
     const auto g = download_bf16_as_f32(cb);
@@ -109,9 +137,11 @@ LILAC_CONFORMANCE_CASES(q4_gemm) {
     cases.push_back({"q_gemm",
                      role + std::string("M") + std::to_string(c.M) + "_N" + std::to_string(c.N) +
                          "_K" + std::to_string(c.K) + "_" + mode_name(c.mode) +
-                         (c.splits ? "_bt" + std::to_string(c.tokens_per_block) + "_s" +
-                                         std::to_string(c.splits)
-                                   : std::string()),
+                         (c.splits > 0 ? "_bt" + std::to_string(c.tokens_per_block) + "_s" +
+                                             std::to_string(c.splits)
+                          : c.splits < 0 ? std::string("_streamk")
+                          : c.scratch    ? std::string("_scratch")
+                                         : std::string()),
                      c.bits == 4 ? "q4" : "q8", "dequantize_row_bf16 + cpu::matmul",
                      [c, seed] { check_case(c, seed); }});
   };
@@ -142,6 +172,20 @@ LILAC_CONFORMANCE_CASES(q4_gemm) {
     add("wgmma_awkward_", {33, 17, 256, 4, O::AccumulateF32, bt, sp}, seed++);
     add("wgmma_bf16_", {200, 300, 512, 4, O::StoreBF16, bt, sp}, seed++);
   }
+  // The stream-K form (s35): in_proj at 256 tokens (97 tiles over the SMs: 2-3 pieces per tile),
+  // qkv at 512, out_proj += at 257 tokens (two token tiles, the second of one token; ~4 pieces
+  // per tile), one tile of 4 k-tiles (4 blocks: an owner and 3 contributors; element stores),
+  // bf16 output, one k-tile (every block a whole tile, no contributors); and the dispatch with a
+  // scratch at the real in_proj and qkv shapes (the stream-K form there under
+  // LILAC_Q4_GEMM_STREAMK=auto, else the one-block form).
+  add("streamk_in_proj_", {256, 12352, 2048, 4, O::StoreF32, 256, -1}, seed++);
+  add("streamk_qkv_", {512, 9216, 2048, 4, O::StoreF32, 256, -1}, seed++);
+  add("streamk_out_proj_", {257, 2048, 4096, 4, O::AccumulateF32, 256, -1}, seed++);
+  add("streamk_awkward_", {33, 17, 256, 4, O::AccumulateF32, 256, -1}, seed++);
+  add("streamk_bf16_", {200, 300, 512, 4, O::StoreBF16, 256, -1}, seed++);
+  add("streamk_one_ktile_", {300, 392, 64, 4, O::StoreF32, 256, -1}, seed++);
+  add("in_proj_", {256, 12352, 2048, 4, O::StoreF32, 0, 0, true}, seed++);
+  add("qkv_", {512, 9216, 2048, 4, O::StoreF32, 0, 0, true}, seed++);
   // The small-M form (64-token blocks, wgmma n = 16 / 32 / 64 by M) at each split of K, up to 8:
   // out_proj +=, 17 rows (element stores) with one k-tile per rank at 8, bf16 output, n = 16.
   for (int sp : {1, 2, 4, 8}) {
@@ -188,6 +232,13 @@ TEST(Q4Gemm, BadArgumentsThrow) {
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 17, q, c, f32, nullptr, 16, 1), Error);  // 16: M <= 16 only
   q.cols = 512;
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 4, q, c, f32, nullptr, 128, 8), Error);  // 8: 64 only
+  // The stream-K form: without a scratch, at a tile other than 256, an unaligned scratch.
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, -1), Error);
+  const cuda::QGemmScratch sk{reinterpret_cast<void*>(uintptr_t(256)), size_t(1) << 30};
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 128, -1, sk), Error);
+  const cuda::QGemmScratch odd{reinterpret_cast<void*>(uintptr_t(260)), size_t(1) << 30};
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, -1, odd), Error);
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, -2, sk), Error);
 }
 
 }  // namespace
