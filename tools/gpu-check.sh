@@ -53,6 +53,9 @@
 #   streamk-ab  q_gemm_wgmma's stream-K form (LILAC_Q4_GEMM_STREAMK = off | auto, s35; off the
 #               default, measured slower): its conformance cases first, then 4-bit prefill at 256 /
 #               512 / 1,024 / 4,096 tokens under each, three interleaved rounds
+#   ncu-proj    Nsight Compute (--set full) over the first 8 q_gemm_wgmma launches of a 256-token
+#               4-bit prefill (in_proj / out_proj of three GDN layers, qkv / o_proj of one attention
+#               layer): whether the token rows' L2 reads bound the projections (s35's inference)
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -211,6 +214,10 @@ for s in $steps; do
     streamk-ab)
       run streamk-test 300 "$B/lilac_cuda_tests" --gtest_filter='*q_gemm*streamk*:*q_gemm*scratch*:Q4Gemm.*'
       switch_ab streamk LILAC_Q4_GEMM_STREAMK 256,512,1024,4096 0 off auto ;;
+    ncu-proj)
+      run ncu-proj 300 ncu --set full --cache-control all --clock-control none \
+        -k 'regex:q_gemm_wgmma' --launch-count 8 "$B/lilac" bench --synthetic --weights q4 \
+        --lengths 256 --rounds 1 --decode 1 --sampling off ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;
     serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;
     serve-bf16) serve_bench bf16 "${SERVE_CONCURRENCY:-16}" ;;
