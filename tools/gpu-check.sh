@@ -55,8 +55,8 @@
 #               512 / 1,024 / 4,096 tokens under each, three interleaved rounds
 #   ncu-proj    Nsight Compute (--set full) over the first 8 q_gemm_wgmma launches of a 256-token
 #               4-bit prefill (in_proj / out_proj of three GDN layers, qkv / o_proj of one attention
-#               layer): what bounds the projections at short chunks (s35 run 6: latency inside each
-#               8-warp block, L2 at 26%)
+#               layer; with LILAC_Q4_GEMM_STREAMK=auto the stream-K kernel's, whose name contains
+#               q_gemm_wgmma): what bounds the projections at short chunks (s35 run 6)
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");

@@ -287,9 +287,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 // (S = 2, 4) cuts the k-tiles per block but not the waves' quantisation.
 // Measured (s35, H100): slower, 36.8 us per call at 256 tokens and 59.1 at 512 (-2.1% / -1.0%
 // prefill), so the automatic choice takes it only under LILAC_Q4_GEMM_STREAMK=auto (pick). The
-// idle SMs were not the limit: ncu of the one-block form's in_proj at 256 tokens (s35 run 6) has
-// L2 at 26%, 2 warps per scheduler with 0.34 eligible: each block is latency-bound, and the
-// stream-K blocks are the same blocks plus 2-3 pipeline restarts and the partials' adds.
+// premise held (ncu, s35 run 6: the one-block form's in_proj at 256 tokens leaves 35 SMs idle,
+// L2 at 26%, the busy SMs' tensor pipes ~63% full); the form's own cost (segment restarts, the
+// owners' waits, the partials) is not yet profiled (docs/kernels.md, s35).
 //
 // The form: P = (blocks resident per SM) x SMs persistent blocks share the U = tiles x KT
 // (tile, k-tile) iterations evenly, block b taking [U b / P, U (b + 1) / P) in order (U >= P: no
@@ -702,9 +702,8 @@ void pick(int M, int N, int KT, bool streamk_ok, int& bt, int& S) {
   // against 31.8 and 63.6), not out_proj at 256 (KT 64 over 16 tiles: ~10 segments per tile)
   // nor 1,024 and above (waves of 2.9 and 11.8). Measured (s35 runs 2-3, H100, the chunks'
   // timelines): 36.8 us per call at 256 tokens against the one-block form's 30.5, 59.1 at 512
-  // against 54.5; prefill -2.1% / -1.0% at 256 / 512, even at 1,024: the one-block form is
-  // latency-bound inside each block (ncu, s35 run 6), which more blocks do not shorten, and the
-  // estimate had not counted enough for the segments' pipeline restarts (docs/kernels.md, s35).
+  // against 54.5; prefill -2.1% / -1.0% at 256 / 512, even at 1,024; where the ~12-15 us per
+  // call go is not yet profiled (docs/kernels.md, s35).
   if (!streamk_ok || !q_gemm_streamk_auto()) return;
   const int64_t P = streamk_blocks();
   const int64_t U = int64_t(ceil_div(M, 256)) * row_blocks * KT;
