@@ -57,6 +57,13 @@
 #               4-bit prefill (in_proj / out_proj of three GDN layers, qkv / o_proj of one attention
 #               layer; with LILAC_Q4_GEMM_STREAMK=auto the stream-K kernel's, whose name contains
 #               q_gemm_wgmma): what bounds the projections at short chunks (s35 run 6)
+#   ncu-sk      Nsight Compute (--set full) over two launches of the stream-K form at 256 tokens
+#               (LILAC_Q4_GEMM_STREAMK=auto): details in run.log, the per-instruction SASS table
+#               with stall samples to $OUT/ncu-sk-sass.csv.xz, the report to $OUT/ncu-sk.ncu-rep
+#   prefill-short
+#               4-bit prefill at 256 / 512 tokens, 3 rounds (JSON prefill-short.json)
+#   concurrency-q4-bf16state
+#               the 4-bit concurrency sweep at c = 1, 16, 64 with the bf16 GDN state
 #   serve-q4, serve-bf16
 #               `lilac serve --synthetic` driven over HTTP by bench/serve_bench.mjs (1024 tokens in,
 #               1024 out, streaming) at each of $SERVE_CONCURRENCY (q4 default "1 16 64", bf16 "16");
@@ -219,6 +226,20 @@ for s in $steps; do
       run ncu-proj 300 ncu --set full --cache-control all --clock-control none \
         -k 'regex:q_gemm_wgmma' --launch-count 8 "$B/lilac" bench --synthetic --weights q4 \
         --lengths 256 --rounds 1 --decode 1 --sampling off ;;
+    ncu-sk)  # the stream-K form's own profile (s36): two launches (in_proj, qkv... as they come),
+      # the report, its details page in run.log and the per-instruction SASS table (stall samples)
+      run ncu-sk 300 env LILAC_Q4_GEMM_STREAMK=auto ncu --set full --cache-control all \
+        --clock-control none -k 'regex:streamk' --launch-count 2 -o "$OUT/ncu-sk" "$B/lilac" bench \
+        --synthetic --weights q4 --lengths 256 --rounds 1 --decode 1 --sampling off
+      run ncu-sk-details 60 ncu --import "$OUT/ncu-sk.ncu-rep" --page details
+      run ncu-sk-sass 120 sh -c "ncu --import '$OUT/ncu-sk.ncu-rep' --page source --csv \
+        --print-source sass | xz > '$OUT/ncu-sk-sass.csv.xz'" ;;
+    prefill-short)  # 4-bit prefill at 256 / 512 tokens (#11's short-prompt targets), three rounds
+      run prefill-short 180 "$B/lilac" bench --synthetic --weights q4 --lengths 256,512 --rounds 3 \
+        --decode 1 --sampling off --json "$OUT/prefill-short.json" ;;
+    concurrency-q4-bf16state)  # #11's c = 16 / 64 figures of record: 4-bit, bf16 GDN state
+      run concurrency-q4-bf16state 300 "$B/lilac" bench --synthetic --weights q4 --gdn-state bf16 \
+        --concurrency 1,16,64 --json "$OUT/concurrency-q4-bf16state.json" ;;
     steps) run steps 300 "$(dirname "$0")/gpu-steps.sh" 16 64 ;;
     serve-q4) serve_bench q4 "${SERVE_CONCURRENCY:-1 16 64}" ;;
     serve-bf16) serve_bench bf16 "${SERVE_CONCURRENCY:-16}" ;;

@@ -51,9 +51,13 @@ void q_gemm_mma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode, c
 // given): the stream-K form, persistent blocks sharing the (tile, k-tile) iterations evenly, each
 // tile's pieces added in k order (deterministic); with q_gemm_streamk_auto() and a scratch the
 // automatic choice takes it where the tiles leave SMs idle (M > 64).
+// whole_tiles (s36; with splits > 1, a multiple of splits): the first whole_tiles tiles computed
+// each by one block over all of K, the rest split; the automatic choice takes this where full waves
+// of whole tiles leave a part-empty last wave whose tiles, split, fit the GPU at once (in_proj and
+// qkv at 512 tokens).
 void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
                   cudaStream_t stream, int tokens_per_block = 0, int splits = 0,
-                  const QGemmScratch& scratch = {});
+                  const QGemmScratch& scratch = {}, int whole_tiles = 0);
 bool q_gemm_wgmma_available();
 // Clusters of (tokens_per_block, splits) blocks resident at once on this device (0: such a launch
 // cannot run; cudaOccupancyMaxActiveClusters).

@@ -230,18 +230,24 @@ __device__ __forceinline__ void tile_sources(const bf16* __restrict__ A, int M, 
 
 // NW: the wgmma n, the tokens the main loop computes (C::BT; 64 for the narrow form at M <= 64,
 // whose accumulators past token 64 stay 0 and are not stored).
+// whole (s36; a multiple of S, 0 with S = 1): blocks [0, whole) each compute tile blockIdx.x alone
+// over all of K, as the S = 1 kernel does (a cluster of them: S independent tiles), and the blocks
+// after them split tiles whole, whole + 1, ... S ways. The launcher fills the full waves with whole
+// tiles and splits only the last, part-empty wave's tiles (pick below).
 template <class C, int S, GemmOut MODE, int NW = C::BT>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     q_gemm_wgmma_kernel(const bf16* __restrict__ A, int M, int K, QMatrix W, void* __restrict__ out,
-                        int tiles_m, int tiles_n, bool vec) {
+                        int tiles_m, int tiles_n, bool vec, int whole) {
 #if defined(LILAC_SM90A)
   extern __shared__ __align__(1024) unsigned char smem[];
-  const int rank = S > 1 ? int(cluster::ctarank()) : 0;  // == blockIdx.x % S
+  const int b = int(blockIdx.x);
+  const bool alone = S == 1 || b < whole;  // a cluster is all alone or all split (whole % S == 0)
+  const int rank = alone ? 0 : int(cluster::ctarank());  // == blockIdx.x % S
   int tm, tn;
-  raster(int(blockIdx.x) / S, tiles_m, tiles_n, tm, tn);
+  raster(alone ? b : whole + (b - whole) / S, tiles_m, tiles_n, tm, tn);
   const int m0 = tm * C::BT, t0 = tn * (C::BR / kQTileRows);  // first token, first row tile
   // This rank's K range: groups [g0, g0 + KT) (the launcher checks (K / 64) % S == 0).
-  const int KT = K / tile::kBK / S, g0 = rank * KT, Kl = KT * tile::kBK;
+  const int KT = K / tile::kBK / (alone ? 1 : S), g0 = rank * KT, Kl = KT * tile::kBK;
   tile::RowSet<C::X_LOADS> xr;
   WSrc w;
   tile_sources<C>(A, M, K, W, m0, t0, g0, xr, w);
@@ -265,15 +271,19 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   stage_tile<C>(acc, smem, sX, warp, lane);
-  if constexpr (S > 1)
+  // (A cluster of whole tiles reads no other block's memory: its blocks synchronise alone.)
+  if (S > 1 && !alone)
     cluster::sync();  // every rank's tile staged and visible to the cluster
   else
     __syncthreads();
-  store_tile<C, S, MODE>(rank, m0, t0, M, W, out, vec, sX, warp, lane);
-  if constexpr (S > 1) cluster::sync();  // no block leaves while another still reads its tile
+  if (alone)
+    store_tile<C, 1, MODE>(0, m0, t0, M, W, out, vec, sX, warp, lane);
+  else
+    store_tile<C, S, MODE>(rank, m0, t0, M, W, out, vec, sX, warp, lane);
+  if (S > 1 && !alone) cluster::sync();  // no block leaves while another still reads its tile
 #else
   // Not built for this target (the host launches it only on compute capability 9.x).
-  (void)A, (void)M, (void)K, (void)W, (void)out, (void)tiles_m, (void)tiles_n;
+  (void)A, (void)M, (void)K, (void)W, (void)out, (void)tiles_m, (void)tiles_n, (void)whole;
   __trap();
 #endif
 }
@@ -441,16 +451,22 @@ bool q4_gemm_pdl() {
   return on;
 }
 
+// whole: the tiles computed alone before the split ones (the kernel's parameter; a multiple of S).
 template <class C, int S, GemmOut MODE, int NW>
-void launch(const bf16* A, int M, const QMatrix& W, void* out, bool vec, cudaStream_t stream) {
+void launch(const bf16* A, int M, const QMatrix& W, void* out, bool vec, int whole,
+            cudaStream_t stream) {
   set_smem<C, S, MODE, NW>();
   const int tiles_m = ceil_div(M, C::BT), tiles_n = ceil_div(W.rows, C::BR);
-  const int64_t blocks = int64_t(tiles_m) * tiles_n * S;
+  const int64_t tiles = int64_t(tiles_m) * tiles_n;
+  if (S == 1) whole = 0;
+  if (whole < 0 || whole % S != 0 || whole > tiles)
+    fail("q_gemm_wgmma: {} whole tiles of {} at splits {}", whole, tiles, S);
+  const int64_t blocks = whole + (tiles - whole) * S;
   if (blocks > 0x7fffffff) fail("q_gemm_wgmma: {} x {} needs {} blocks", M, W.rows, blocks);
   const dim3 cluster(unsigned(S), 1, 1);
   launch_with(S > 1 ? &cluster : nullptr, C::BT <= 64 && q4_gemm_pdl(),
               q_gemm_wgmma_kernel<C, S, MODE, NW>, dim3(unsigned(blocks)), dim3(C::THREADS),
-              size_t(C::SMEM_BYTES), stream, A, M, W.cols, W, out, tiles_m, tiles_n, vec);
+              size_t(C::SMEM_BYTES), stream, A, M, W.cols, W, out, tiles_m, tiles_n, vec, whole);
 }
 
 // ---- the stream-K form's host side ----
@@ -540,30 +556,32 @@ void dispatch_streamk(const bf16* A, int M, const QMatrix& W, void* out, GemmOut
 
 template <class C, int S, int NW>
 void dispatch_mode(const bf16* A, int M, const QMatrix& W, void* out, GemmOut mode, bool vec,
-                   cudaStream_t s) {
+                   int whole, cudaStream_t s) {
   switch (mode) {
     case GemmOut::StoreF32:
-      return launch<C, S, GemmOut::StoreF32, NW>(A, M, W, out, vec, s);
+      return launch<C, S, GemmOut::StoreF32, NW>(A, M, W, out, vec, whole, s);
     case GemmOut::StoreBF16:
-      return launch<C, S, GemmOut::StoreBF16, NW>(A, M, W, out, vec, s);
+      return launch<C, S, GemmOut::StoreBF16, NW>(A, M, W, out, vec, whole, s);
     case GemmOut::AccumulateF32:
-      return launch<C, S, GemmOut::AccumulateF32, NW>(A, M, W, out, vec, s);
+      return launch<C, S, GemmOut::AccumulateF32, NW>(A, M, W, out, vec, whole, s);
   }
 }
 
 template <class C, int NW = C::BT>
 void dispatch_splits(const bf16* A, int M, const QMatrix& W, void* out, GemmOut mode, bool vec,
-                     int S, cudaStream_t s) {
+                     int S, cudaStream_t s, int whole = 0) {
   switch (S) {
     case 1:
-      return dispatch_mode<C, 1, NW>(A, M, W, out, mode, vec, s);
+      return dispatch_mode<C, 1, NW>(A, M, W, out, mode, vec, 0, s);
     case 2:
-      return dispatch_mode<C, 2, NW>(A, M, W, out, mode, vec, s);
+      return dispatch_mode<C, 2, NW>(A, M, W, out, mode, vec, whole, s);
     case 4:
-      return dispatch_mode<C, 4, NW>(A, M, W, out, mode, vec, s);
+      return dispatch_mode<C, 4, NW>(A, M, W, out, mode, vec, whole, s);
     case 8:
-      // Only the small-M forms: their blocks (2-3 per SM) make clusters of 8 that fit a GPC.
-      if constexpr (C::BT <= 64) return dispatch_mode<C, 8, NW>(A, M, W, out, mode, vec, s);
+      // Only the small-M forms: their blocks (2-3 per SM) make clusters of 8 that fit a GPC (s36:
+      // of Cfg256's one-per-SM blocks, too few clusters of 8 fit an H100 for out_proj's 16 tiles
+      // at 256 tokens to run in one wave).
+      if constexpr (C::BT <= 64) return dispatch_mode<C, 8, NW>(A, M, W, out, mode, vec, whole, s);
       [[fallthrough]];
     default:
       fail("q_gemm_wgmma: splits {} (1, 2 or 4; 8 with 16-64 tokens per block)", S);
@@ -660,7 +678,8 @@ bool narrow_stages() {
   return on;
 }
 
-void pick(int M, int N, int KT, bool streamk_ok, int& bt, int& S) {
+void pick(int M, int N, int KT, bool streamk_ok, int& bt, int& S, int& whole) {
+  whole = 0;
   int64_t best = INT64_MAX;
   const int64_t row_blocks = ceil_div(N, 128);
   if (M <= 64) {
@@ -678,7 +697,7 @@ void pick(int M, int N, int KT, bool streamk_ok, int& bt, int& S) {
     }
     return;
   }
-  constexpr int kCand[][2] = {{256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}};
+  constexpr int kCand[][2] = {{256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}, {128, 4}};
   bt = 256;
   S = 1;
   for (const auto& c : kCand) {
@@ -688,11 +707,28 @@ void pick(int M, int N, int KT, bool streamk_ok, int& bt, int& S) {
     if (maxc <= 0) continue;
     const int64_t tiles = int64_t(ceil_div(M, b)) * row_blocks;
     const int64_t waves = ceil_div(tiles, maxc);
-    const int64_t cost = waves * (int64_t(KT / s) * (b == 256 ? 9 : 6) + (s > 1 ? 40 : 30));
+    const int64_t ktile = b == 256 ? 9 : 6, fixed = s > 1 ? 40 : 30;
+    const int64_t cost = waves * (int64_t(KT / s) * ktile + fixed);
     if (cost < best) {
       best = cost;
       bt = b;
       S = s;
+      whole = 0;
+    }
+    // s36: the full waves' tiles whole and only the last, part-empty wave's split s ways (one
+    // launch, the kernel's `whole`), when that wave's split tiles fit the GPU at once: in_proj at
+    // 512 tokens, 194 tiles, = 132 whole + 62 split 2 ways (124 blocks): 32 + 16 k-tiles per SM
+    // instead of 32 + 32 (the plain split: 3 waves of 16); qkv there, 144 tiles, = 128 whole + 16
+    // split 4 ways (clusters of 4 fill 128 of an H100's 132 SMs).
+    if (s > 1) {
+      const int64_t per_wave = maxc * s, full = tiles / per_wave, rest = tiles - full * per_wave;
+      const int64_t hybrid = full * (int64_t(KT) * ktile + 30) + int64_t(KT / s) * ktile + fixed;
+      if (full >= 1 && rest > 0 && rest * s <= per_wave && hybrid < best) {
+        best = hybrid;
+        bt = b;
+        S = s;
+        whole = int(full * per_wave);
+      }
     }
   }
   // The stream-K form (S = -1; only with LILAC_Q4_GEMM_STREAMK=auto): every block ~U / P k-tiles
@@ -743,7 +779,7 @@ bool q_gemm_scratch_failed(const QGemmScratch& scratch) {
 
 void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
                   cudaStream_t stream, int tokens_per_block, int splits,
-                  const QGemmScratch& scratch) {
+                  const QGemmScratch& scratch, int whole_tiles) {
   if (!A || !C || !W || !W.sb) fail("q_gemm_wgmma: null pointer");
   if (M < 1 || W.rows < 1 || W.cols < kQGroup || W.cols % kQGroup != 0 || W.bits != 4)
     fail(
@@ -753,10 +789,17 @@ void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
   // The 16-byte epilogue needs whole groups of 4 rows and an aligned C; else element stores.
   const bool vec = W.rows % 4 == 0 && reinterpret_cast<uintptr_t>(C) % 16 == 0;
   const int KT = W.cols / kQGroup;
-  int bt = tokens_per_block, S = splits;
+  int bt = tokens_per_block, S = splits, whole = whole_tiles;
+  if (whole_tiles != 0 &&
+      (splits < 2 || (bt != 256 && bt != 128) || whole_tiles < 0 || whole_tiles % splits != 0 ||
+       int64_t(whole_tiles) > int64_t(ceil_div(M, bt)) * ceil_div(W.rows, 128)))
+    fail(
+        "q_gemm_wgmma: {} whole tiles (a multiple of splits {} >= 2, at most the tiles of 256 or "
+        "128 tokens per block, {} here)",
+        whole_tiles, splits, bt);
   const bool streamk_ok = scratch.ptr != nullptr && M > 64;
   if (bt == 0 && S == 0) {
-    qgemm_wgmma::pick(M, W.rows, KT, streamk_ok, bt, S);
+    qgemm_wgmma::pick(M, W.rows, KT, streamk_ok, bt, S, whole);
   } else {
     if (bt == 0) bt = 256;
     if (S == 0) S = 1;
@@ -767,11 +810,11 @@ void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
   }
   if (S < 1 || KT % S != 0) fail("q_gemm_wgmma: {} k-tiles do not split {} ways", KT, S);
   if (bt == 256)
-    qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg256>(A, M, W, C, mode, vec, S, stream);
+    qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg256>(A, M, W, C, mode, vec, S, stream, whole);
   else if (bt == 128 && M <= 64)  // s7's narrow form: wgmma n = 64 (kept for the lab's A/B)
     qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128, 64>(A, M, W, C, mode, vec, S, stream);
   else if (bt == 128)
-    qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128>(A, M, W, C, mode, vec, S, stream);
+    qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128>(A, M, W, C, mode, vec, S, stream, whole);
   else if ((bt == 64 && M <= 64) || (bt == 32 && M <= 32) || (bt == 16 && M <= 16))
     qgemm_wgmma::dispatch_small(A, M, W, C, mode, vec, bt, S, stream);
   else

@@ -47,7 +47,7 @@ const Shape kShapes[] = {{"gdn_in_proj", 12352, 2048, false, false},
                          {"attn_qkv", 9216, 2048, false, false},
                          {"attn_o_proj (+= h)", 2048, 4096, true, false},
                          {"lm_head", 248320, 2048, false, true}};
-const int kTokens[] = {4096, 512, 1000};
+const int kTokens[] = {4096, 512, 1000, 256};
 // Version 4: the batched decode step's row counts (and one row, awkward 17 and 33 checked only).
 const int kSmallTokens[] = {16, 32, 64};
 const int kSmallChecked[] = {1, 17, 33};
@@ -69,7 +69,8 @@ std::vector<std::pair<std::string, Launch>> launches(int version) {
     // Auto, then each fixed (tokens per block, splits) the device can run (a cluster of 4 blocks
     // of ~220 KB needs 4 free SMs of one GPC).
     std::vector<std::pair<std::string, Launch>> ls;
-    const std::pair<int, int> kinds[] = {{0, 0}, {256, 1}, {128, 1}, {256, 2}, {128, 2}, {256, 4}};
+    const std::pair<int, int> kinds[] = {{0, 0},   {256, 1}, {128, 1}, {256, 2},
+                                         {128, 2}, {256, 4}, {128, 4}};
     for (const auto& [bt, sp] : kinds) {
       if (bt != 0 && cuda::q_gemm_wgmma_max_clusters(bt, sp) <= 0) {
         std::printf("  v3 [bt%d s%d]: no cluster of %d such blocks fits on this device; skipped\n",
@@ -328,7 +329,7 @@ Op q_gemm_op() {
   return Op{
       "q_gemm",
       "4-bit dense prefill GEMM C (=|+=) A W^T: in_proj 12352x2048, out_proj 2048x4096 (+=), qkv "
-      "9216x2048, o_proj 2048x4096 (+=); M 4096, 512, 1000 (v4: M 16, 32, 64 and lm_head "
+      "9216x2048, o_proj 2048x4096 (+=); M 4096, 512, 1000, 256 (v4: M 16, 32, 64 and lm_head "
       "248320x2048)",
       {{1, "mma_sync",
         "mma.sync m16n8k16, W as the A operand dequantised in registers from the tiled layout, 256 "

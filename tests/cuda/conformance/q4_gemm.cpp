@@ -27,6 +27,8 @@ struct Case {
   int tokens_per_block = 0, splits = 0;
   // With a stream-K scratch (always at splits -1): the dispatch may take the stream-K form.
   bool scratch = false;
+  // q_gemm_wgmma's whole_tiles (splits > 1): that many tiles alone, the rest split.
+  int whole = 0;
 };
 
 void check_case(const Case& c, uint64_t seed) {
@@ -78,7 +80,7 @@ void check_case(const Case& c, uint64_t seed) {
       cuda::q_gemm(da.get(), c.M, W.q(), out, c.mode, nullptr, qs);
     else
       cuda::q_gemm_wgmma(da.get(), c.M, W.q(), out, c.mode, nullptr, c.tokens_per_block, c.splits,
-                         qs);
+                         qs, c.whole);
   };
   run();
   if (with_scratch) {
@@ -138,7 +140,8 @@ LILAC_CONFORMANCE_CASES(q4_gemm) {
                      role + std::string("M") + std::to_string(c.M) + "_N" + std::to_string(c.N) +
                          "_K" + std::to_string(c.K) + "_" + mode_name(c.mode) +
                          (c.splits > 0 ? "_bt" + std::to_string(c.tokens_per_block) + "_s" +
-                                             std::to_string(c.splits)
+                                             std::to_string(c.splits) +
+                                             (c.whole ? "_w" + std::to_string(c.whole) : "")
                           : c.splits < 0 ? std::string("_streamk")
                           : c.scratch    ? std::string("_scratch")
                                          : std::string()),
@@ -172,6 +175,20 @@ LILAC_CONFORMANCE_CASES(q4_gemm) {
     add("wgmma_awkward_", {33, 17, 256, 4, O::AccumulateF32, bt, sp}, seed++);
     add("wgmma_bf16_", {200, 300, 512, 4, O::StoreBF16, bt, sp}, seed++);
   }
+  // The dispatch's pick at out_proj / o_proj's 256 tokens ((128, 4) since s36).
+  add("out_proj_256_", {256, 2048, 4096, 4, O::AccumulateF32}, seed++);
+  // Whole tiles first, the rest split (s36): in_proj at 512 tokens (194 tiles: 132 alone, 62 in
+  // pairs, the H100's pick), qkv at 512 (144: 128 alone, 16 in fours), out_proj += at 257
+  // tokens (32 tiles: 16 alone, 16 in fours), 3 tiles of bf16 output (2 alone, 1 in a pair), the
+  // 128-token tile (48 tiles: 16 alone), element stores (1 tile: 0 alone is the plain split); and
+  // the dispatch at in_proj / qkv's 512 tokens without a scratch.
+  add("wgmma_whole_in_proj_", {512, 12352, 2048, 4, O::StoreF32, 256, 2, false, 132}, seed++);
+  add("wgmma_whole_qkv_", {512, 9216, 2048, 4, O::StoreF32, 256, 4, false, 128}, seed++);
+  add("wgmma_whole_out_proj_", {257, 2048, 4096, 4, O::AccumulateF32, 256, 4, false, 16}, seed++);
+  add("wgmma_whole_bf16_", {200, 300, 512, 4, O::StoreBF16, 256, 2, false, 2}, seed++);
+  add("wgmma_whole_bt128_", {257, 2048, 4096, 4, O::AccumulateF32, 128, 2, false, 16}, seed++);
+  add("in_proj_512_", {512, 12352, 2048, 4, O::StoreF32}, seed++);
+  add("qkv_512_", {512, 9216, 2048, 4, O::StoreF32}, seed++);
   // The stream-K form (s35): in_proj at 256 tokens (97 tiles over the SMs: 2-3 pieces per tile),
   // qkv at 512, out_proj += at 257 tokens (two token tiles, the second of one token; ~4 pieces
   // per tile), one tile of 4 k-tiles (4 blocks: an owner and 3 contributors; element stores),
@@ -239,6 +256,12 @@ TEST(Q4Gemm, BadArgumentsThrow) {
   const cuda::QGemmScratch odd{reinterpret_cast<void*>(uintptr_t(260)), size_t(1) << 30};
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, -1, odd), Error);
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, -2, sk), Error);
+  // Whole tiles: with one split, not a multiple of the splits, more than the tiles (300 tokens x
+  // 16 rows at 256 tokens per block: 2 tiles), negative.
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, 1, {}, 2), Error);
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, 2, {}, 1), Error);
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, 2, {}, 4), Error);
+  EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, 2, {}, -2), Error);
 }
 
 }  // namespace
