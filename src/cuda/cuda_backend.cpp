@@ -59,7 +59,7 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* f = std::getenv("LILAC_PREFILL_COMBINE_NORM"))
     o.prefill_combine_norm = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_PREFILL_MOE_Y_BF16"))
-    o.prefill_moe_y_bf16 = std::string(f) == "1";
+    o.prefill_moe_y_bf16 = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_MOE_PDL")) o.moe_pdl = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_GEMV_ROWS_STAGED"))
     o.gemv_rows_staged = std::string(f) != "0";

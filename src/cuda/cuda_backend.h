@@ -90,11 +90,12 @@ struct CudaOptions {
   // Prompt chunks on the fused 4-bit wgmma expert kernels: the routed experts' down outputs
   // stored as bf16 (each rounded once) instead of f32, halving the chunk's largest write and
   // read (268 MB each per layer at 4,096 tokens); moe_combine widens them back (s32, H100:
-  // prefill +0.1 / +0.9 / +3.3 / +2.1 / +1.0% at 256-16,384 tokens). Off: as the default (s34
-  // run 2, H100) it moved two tests past their tolerances (a layer-3 router near tie flipped in
-  // Q4Backend.SyntheticFullSizeFirstLayersMatchTheCpu; BatchBackend.PromptPiecesPrefillTogetherQ4's
-  // median 9.5e-2 against 9e-2; docs/kernels.md s34). LILAC_PREFILL_MOE_Y_BF16=1: on.
-  bool prefill_moe_y_bf16 = false;
+  // prefill +0.1 / +0.9 / +3.3 / +2.1 / +1.0% at 256-16,384 tokens). Off until s36: as the
+  // default in s34 (run 2, H100) it moved two tests past their tolerances (a layer-3 router near
+  // tie flipped in Q4Backend.SyntheticFullSizeFirstLayersMatchTheCpu, which judges prompt chunks'
+  // near ties since; BatchBackend.PromptPiecesPrefillTogetherQ4's median; docs/kernels.md s34,
+  // s36). LILAC_PREFILL_MOE_Y_BF16=0: f32 rows (A/B).
+  bool prefill_moe_y_bf16 = true;
   // moe_route (one block), the grouped GEMMs and moe_combine launched with PDL (moe_prefill.h):
   // each then starts while the previous kernel ends. LILAC_MOE_PDL=0: plain launches (A/B).
   bool moe_pdl = true;

@@ -388,10 +388,16 @@ TEST(BatchBackend, PromptPiecesPrefillTogetherQ4OneForm) {
   check_prefill_together(*b, {0.5, 2e-2, 6e-2}, "q4 rows32");
 }
 
+// The median's bound: 9e-2 until s36 (s21: quartiles 0 / 6.24e-2 / 7.47e-2); with the routed
+// expert rows rounded to bf16 (prefill_moe_y_bf16, the default since s36) a row that runs another
+// kernel form than its clone sums in another order before a bf16 rounding, and over 8 random
+// layers that moved the rows that differ to 9.5e-2 / 1.16e-1 (s34 run 2, s36 run 5, H100: three
+// of the seven bit for bit). 0.15 keeps the bound far below a wrong row, state or position (~1,
+// and every row within 0.5); the forms' rounding itself is held to the twin in conformance.
 TEST(BatchBackend, PromptPiecesPrefillTogetherQ4) {
   LILAC_REQUIRE_GPU();
   auto b = synthetic_layers(true, 8, chunk_256());
-  check_prefill_together(*b, {0.5, 2e-2, 9e-2}, "q4");
+  check_prefill_together(*b, {0.5, 2e-2, 0.15}, "q4");
 }
 
 // One call with every kind of item: a prompt piece that samples nothing, a last prompt piece,
