@@ -51,6 +51,7 @@
 #include "cuda/q4_linear.h"
 #include "cuda/q4_tile.cuh"
 #include "cuda/vec_util.cuh"
+#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -363,6 +364,7 @@ void launch_nch(int nch, const QMatrix& W, const bf16* x, int T, float* y, int S
       if (Z > 1) return launch<BITS, 2, kAdd, true>(W, x, T, y, S, NG, grid, Z, stream);
       return launch<BITS, 2, kAdd>(W, x, T, y, S, NG, grid, Z, stream);
     case 4:
+      if (Z > 1) return launch<BITS, 4, kAdd, true>(W, x, T, y, S, NG, grid, Z, stream);
       return launch<BITS, 4, kAdd>(W, x, T, y, S, NG, grid, Z, stream);
     default:
       if (Z > 1) return launch<BITS, 8, kAdd, true>(W, x, T, y, S, NG, grid, Z, stream);
@@ -389,9 +391,28 @@ void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
   // Slabs of 64 tokens; or of 16 where even 8 ranks of 64-token slabs leave the GPU mostly idle
   // (the router: 3 row blocks, 24 blocks at 64 rows), so that the slabs run side by side and each
   // block's chunk loop is 2 long instead of 8 (its weights then come from L2 for all but one slab).
-  const int blocks64 = ceil_div(W.tiles(), kWarps) * ceil_div(T, kQGemvRowsMax) * kMaxRanks;
-  const bool narrow = T > 2 * kTok && blocks64 < 2 * sm_count();
-  const int slab = narrow ? 2 * kTok : kQGemvRowsMax;
+  // Above 64 tokens (s36: prompt chunks through the 8-bit router) the largest slab, 64 or 32
+  // tokens, whose blocks at 8 ranks reach 0.7 of a wave: each slab dequantises every weight of
+  // its rows again, so 16-token slabs did 4x the dequantisation of 64-token ones (the router at
+  // 256 / 512 tokens: 16 / 32 slabs of 16 until s36, now 8 of 32 / 8 of 64).
+  // LILAC_Q_GEMV_ROWS_SLAB=16|32|64 forces the slab above 16 tokens (A/B, tests).
+  const int grid_rows = ceil_div(W.tiles(), kWarps);
+  auto blocks_at = [&](int slab_tokens) {
+    return int64_t(grid_rows) * ceil_div(T, slab_tokens) * kMaxRanks;
+  };
+  const int64_t wave = 2LL * sm_count();
+  int slab = kQGemvRowsMax;
+  if (T > 2 * kTok && blocks_at(kQGemvRowsMax) < wave) {
+    slab = 2 * kTok;
+    if (T > kQGemvRowsMax) {
+      if (10 * blocks_at(kQGemvRowsMax) >= 7 * wave)
+        slab = kQGemvRowsMax;
+      else if (10 * blocks_at(4 * kTok) >= 7 * wave)
+        slab = 4 * kTok;
+    }
+  }
+  static const int forced = env_choice("LILAC_Q_GEMV_ROWS_SLAB", {16, 32, 64});
+  if (forced && T > 2 * kTok) slab = forced;
   const int Z = ceil_div(T, slab);
   const int chunks = (std::min(T, slab) + kTok - 1) / kTok;
   const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;

@@ -158,17 +158,19 @@ LILAC_CONFORMANCE_CASES(rows) {
                        [c] { check_gemv_rows(c); }});
     }
   // 4/8-bit: the model's shapes (in_proj, out_proj at 8 K-slices, the 8-bit router at 8 slices of
-  // 4 groups), then 3 groups (3 slices of 1), 1 group (no cluster), 12 groups of 8 bits (3 slices
-  // of 4), 64 groups of 8 bits (8 slices of two register sets), 65 groups of 4 bits (8 slices of
-  // 9: a second set per slice, a short last slice).
-  const std::vector<Shape> quant = {{"in_proj_", 12352, 2048, 4, {1, 9, 64}},
-                                    {"out_proj_", 2048, 4096, 4, {3, 16, 64}},
-                                    {"router_", 257, 2048, 8, {2, 33, 64, 256, 130}},
-                                    {"awkward_", 100, 192, 4, {1, 5, 8, 17, 64, 65}},
-                                    {"awkward_", 16, 64, 8, {1, 64}},
-                                    {"awkward_", 48, 768, 8, {7, 40}},
-                                    {"awkward_", 24, 4096, 8, {5, 64}},
-                                    {"awkward_", 40, 4160, 4, {8, 63}}};
+  // 4 groups; prompt chunks in slabs of 16 (130 tokens), 32 (256, 300) and 64 (512, 1,000) tokens
+  // on a 132-SM GPU), then 3 groups (3 slices of 1), 1 group (no cluster), 12 groups of 8 bits (3
+  // slices of 4), 64 groups of 8 bits (8 slices of two register sets), 65 groups of 4 bits (8
+  // slices of 9: a second set per slice, a short last slice).
+  const std::vector<Shape> quant = {
+      {"in_proj_", 12352, 2048, 4, {1, 9, 64}},
+      {"out_proj_", 2048, 4096, 4, {3, 16, 64}},
+      {"router_", 257, 2048, 8, {2, 33, 64, 256, 130, 300, 512, 1000}},
+      {"awkward_", 100, 192, 4, {1, 5, 8, 17, 64, 65}},
+      {"awkward_", 16, 64, 8, {1, 64}},
+      {"awkward_", 48, 768, 8, {7, 40}},
+      {"awkward_", 24, 4096, 8, {5, 64}},
+      {"awkward_", 40, 4160, 4, {8, 63}}};
   seed = 900;
   for (const Shape& s : quant)
     for (int T : s.T) {
