@@ -264,5 +264,29 @@ TEST(Q4Gemm, BadArgumentsThrow) {
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, 2, {}, -2), Error);
 }
 
+// The stream-K form's scratch checks that need the device (its block count sizes the scratch): one
+// byte short of what the form needs at the real in_proj shape is refused with a message, before
+// any launch; the exact size runs. (s35's leftover: untested without a GPU.)
+TEST(Q4Gemm, StreamKScratchTooSmallIsRefused) {
+  LILAC_REQUIRE_GPU();
+  if (!cuda::q_gemm_wgmma_available()) GTEST_SKIP() << "q_gemm_wgmma needs a 9.x GPU";
+  const size_t need = cuda::q_gemm_scratch_bytes();
+  ASSERT_GT(need, size_t(0));
+  HostQ W(12352, 2048, 4, std::sqrt(3.f / 2048.f), 5);
+  auto da = upload_bf16(random_bf16_bits(size_t(256) * 2048, 1.f, 6));
+  cuda::DeviceBuffer<float> out(size_t(256) * 12352);
+  cuda::DeviceBuffer<uint8_t> scratch(need);
+  LILAC_CUDA_CHECK(cudaMemset(scratch.get(), 0, need));
+  const cuda::QGemmScratch short_by_one{scratch.get(), need - 1};
+  EXPECT_THROW(cuda::q_gemm_wgmma(da.get(), 256, W.q(), out.get(), cuda::GemmOut::StoreF32, nullptr,
+                                  256, -1, short_by_one),
+               Error);
+  const cuda::QGemmScratch exact{scratch.get(), need};
+  cuda::q_gemm_wgmma(da.get(), 256, W.q(), out.get(), cuda::GemmOut::StoreF32, nullptr, 256, -1,
+                     exact);
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_FALSE(cuda::q_gemm_scratch_failed(exact));
+}
+
 }  // namespace
 }  // namespace lilac::test
