@@ -44,7 +44,8 @@
 //     the tile (rank r). M = 512 out_proj: 4 x 16 tiles of 128 tokens -> 128 blocks at S = 2
 //     (v2: 64 blocks on 132 SMs). The launcher picks (BT, S) by estimated time (pick below):
 //     out_proj M = 512 -> (256, 4) (or (128, 2) if 32 clusters of 4 do not fit), M = 1000 ->
-//     (256, 2), M = 4096 -> (256, 1); in_proj / qkv -> S = 1.
+//     (256, 2), M = 4096 -> (256, 1); in_proj / qkv -> S = 1, or since s36 whole tiles first and
+//     the last part-empty wave split (in_proj at 512 tokens: 132 whole + 62 in pairs).
 //  2. The epilogue through shared memory: each block writes its 128 x BT f32 partial tile into its
 //     own (now idle) pipeline memory, token-major [BT][132] (132 floats per token: the 8 lanes of
 //     a fragment row g and 4 of t hit 32 distinct banks), then (cluster barrier) rank r sums
@@ -298,8 +299,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 // Measured (s35, H100): slower, 36.8 us per call at 256 tokens and 59.1 at 512 (-2.1% / -1.0%
 // prefill), so the automatic choice takes it only under LILAC_Q4_GEMM_STREAMK=auto (pick). The
 // premise held (ncu, s35 run 6: the one-block form's in_proj at 256 tokens leaves 35 SMs idle,
-// L2 at 26%, the busy SMs' tensor pipes ~63% full); the form's own cost (segment restarts, the
-// owners' waits, the partials) is not yet profiled (docs/kernels.md, s35).
+// L2 at 26%, the busy SMs' tensor pipes ~63% full). Its own cost (s36 run 1, ncu of the form):
+// the k-tiles run at the one-block form's rate, but a block's second segment start and the two
+// epilogues (a 128 KB f32 partial written, fenced, read back and added) cost what the idle SMs
+// give, and ~20% of the time SMs wait for the slowest: with 256 x 128 tiles and ~1.4 blocks per
+// tile the form cannot win (docs/kernels.md, s36). The last part-empty wave is split instead (the
+// `whole` parameter of q_gemm_wgmma_kernel).
 //
 // The form: P = (blocks resident per SM) x SMs persistent blocks share the U = tiles x KT
 // (tile, k-tile) iterations evenly, block b taking [U b / P, U (b + 1) / P) in order (U >= P: no
