@@ -723,8 +723,8 @@ void pick(int M, int N, int KT, bool streamk_ok, int& bt, int& S, int& whole) {
     // s36: the full waves' tiles whole and only the last, part-empty wave's split s ways (one
     // launch, the kernel's `whole`), when that wave's split tiles fit the GPU at once: in_proj at
     // 512 tokens, 194 tiles, = 132 whole + 62 split 2 ways (124 blocks): 32 + 16 k-tiles per SM
-    // instead of 32 + 32 (the plain split: 3 waves of 16); qkv there, 144 tiles, = 128 whole + 16
-    // split 4 ways (clusters of 4 fill 128 of an H100's 132 SMs).
+    // instead of 32 + 32 (the plain split: 3 waves of 16); qkv there, 144 tiles, = a wave of
+    // whole tiles (as many as the clusters of 4 that fit the GPCs hold) + the rest split 4 ways.
     if (s > 1) {
       const int64_t per_wave = maxc * s, full = tiles / per_wave, rest = tiles - full * per_wave;
       const int64_t hybrid = full * (int64_t(KT) * ktile + 30) + int64_t(KT / s) * ktile + fixed;
