@@ -61,15 +61,17 @@
 // 45.1 -> 31.9 us; o_proj M = 4096 119.1 us; in_proj as v2 (353.0 / 59.9 / 91.1 us).
 // Shared memory: the pipeline (BT = 256: 6 stages, 219 KB + 1 KB; BT = 128: 8 stages, 168 KB +
 // 1 KB) reused for the staged tile (BT x 132 x 4 = 132 KB / 66 KB).
+// The staged epilogue lives in q4_gemm_wgmma_store.cuh, the stream-K form (s35, off by default) in
+// q4_gemm_wgmma_streamk.cu.
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
 
 #include "cuda/cluster.cuh"
 #include "cuda/gemm_tile.cuh"
-#include "cuda/persistent.cuh"
 #include "cuda/q4_gemm.h"
 #include "cuda/q4_gemm_wgmma.cuh"
+#include "cuda/q4_gemm_wgmma_store.cuh"
 #include "cuda/q4_tile.cuh"
 #include "cuda/vec_util.cuh"
 #include "util/env_choice.h"
@@ -80,154 +82,6 @@ namespace lilac::cuda {
 // A named namespace, not an anonymous one: in the compute_80 pass (LILAC_CUDA_PTX) the kernel
 // body is empty and nvcc would warn about every unused internal function and member.
 namespace qgemm_wgmma {
-
-constexpr int kPad = 132;  // floats per token of the staged tile (128 rows + 4: no bank conflicts)
-
-template <class C>
-constexpr int stage_bytes() {
-  return C::BT * kPad * 4;
-}
-static_assert(stage_bytes<Cfg256>() + 1024 <= Cfg256::SMEM_BYTES, "staged tile fits (BT 256)");
-static_assert(stage_bytes<Cfg128>() + 1024 <= Cfg128::SMEM_BYTES, "staged tile fits (BT 128)");
-static_assert(stage_bytes<Cfg64>() + 1024 <= Cfg64::SMEM_BYTES, "staged tile fits (BT 64)");
-static_assert(stage_bytes<Cfg32>() + 1024 <= Cfg32::SMEM_BYTES, "staged tile fits (BT 32)");
-static_assert(stage_bytes<Cfg16>() + 1024 <= Cfg16::SMEM_BYTES, "staged tile fits (BT 16)");
-
-// 16 bytes of rank `rank`'s staged tile at this block's shared address `a` (S = 1: this block).
-template <int S>
-__device__ __forceinline__ float4 ld_part(uint32_t a, int rank) {
-  float4 v;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (S > 1) {
-    const uint32_t ra = cluster::map(a, uint32_t(rank));
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(ra)
-                 : "memory");
-    return v;
-  }
-#endif
-  (void)rank;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(a)
-               : "memory");
-  return v;
-}
-
-// Stages the block's accumulators as [BT tokens][kPad] f32 at shared address sX. acc[4 j + q]: row
-// 16 warp + g + 8 (q >> 1) of the block, token 8 j + 2 t + (q & 1); for fixed (j, q) a warp's 32
-// stores hit banks (8 t + g + const) mod 32 (2 kPad = 264 = 8 mod 32): all distinct.
-template <class C>
-__device__ __forceinline__ void stage_tile(const float (&acc)[C::NACC], unsigned char* smem,
-                                           uint32_t sX, int warp, int lane) {
-  float* part = reinterpret_cast<float*>(smem + (sX - tile::smem_u32(smem)));
-  const int r0 = 16 * warp + (lane >> 2), k0 = 2 * (lane & 3);
-#pragma unroll
-  for (int j = 0; j < C::BT / 8; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      part[(8 * j + k0 + (q & 1)) * kPad + r0 + 8 * (q >> 1)] = acc[4 * j + q];
-}
-
-// The store pass over a staged tile (token tile m0, first row tile t0). Rank r writes tokens
-// [r TPR, (r + 1) TPR) of the tile: warp `warp` token 8 p + warp of pass p, lane `lane` rows 4 lane
-// .. 4 lane + 3: one 16-byte access when `vec` (N % 4 == 0: all four in or all out; C 16-byte
-// aligned), else element by element. The value is the sum of the S ranks' staged tiles in rank
-// order, then y += for AccumulateF32.
-// Fewer than 8 tokens per rank (16 / 32-token blocks split 4-8 ways): warps >= TPR idle.
-template <class C, int S, GemmOut MODE>
-__device__ __forceinline__ void store_tile(int rank, int m0, int t0, int M, const QMatrix& W,
-                                           void* __restrict__ out, bool vec, uint32_t sX, int warp,
-                                           int lane) {
-  constexpr int kBatch = 8;  // passes whose residual loads are issued together
-  constexpr int TPR = C::BT / S, PASSES = TPR >= 8 ? TPR / 8 : 1;
-  constexpr int BATCH = PASSES < kBatch ? PASSES : kBatch;
-  static_assert(C::BT % S == 0 && (TPR % 8 == 0 || TPR < 8) && PASSES % BATCH == 0, "whole passes");
-  const bool warp_ok = TPR >= 8 || warp < TPR;
-  const int N = W.rows;
-  const int row = t0 * kQTileRows + 4 * lane;
-  const bool row_ok = row < N;
-  const uint32_t pbase = sX + uint32_t(16 * lane);
-#pragma unroll 1
-  for (int b = 0; b < PASSES; b += BATCH) {
-    float4 old[BATCH];
-    if constexpr (MODE == GemmOut::AccumulateF32) {
-#pragma unroll
-      for (int i = 0; i < BATCH; ++i) {
-        const int tok = m0 + rank * TPR + 8 * (b + i) + warp;
-        old[i] = vec && row_ok && warp_ok && tok < M
-                     ? *reinterpret_cast<const float4*>(static_cast<const float*>(out) +
-                                                        (size_t(tok) * size_t(N) + size_t(row)))
-                     : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < BATCH; ++i) {
-      if (!warp_ok) continue;
-      const int tl = rank * TPR + 8 * (b + i) + warp, tok = m0 + tl;
-      const uint32_t a = pbase + uint32_t(tl * kPad * 4);
-      float4 v = ld_part<S>(a, 0);
-#pragma unroll
-      for (int r = 1; r < S; ++r) {
-        const float4 p = ld_part<S>(a, r);
-        v.x += p.x;
-        v.y += p.y;
-        v.z += p.z;
-        v.w += p.w;
-      }
-      if (!row_ok || tok >= M) continue;
-      const size_t off = size_t(tok) * size_t(N) + size_t(row);
-      if (!vec) {
-        const float e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (row + c < N) store_one<MODE>(out, off + size_t(c), e[c]);
-        continue;
-      }
-      if constexpr (MODE == GemmOut::StoreBF16) {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
-        uint2 u;
-        u.x = *reinterpret_cast<const uint32_t*>(&lo);
-        u.y = *reinterpret_cast<const uint32_t*>(&hi);
-        *reinterpret_cast<uint2*>(static_cast<bf16*>(out) + off) = u;
-      } else {
-        if constexpr (MODE == GemmOut::AccumulateF32) {
-          v.x = old[i].x + v.x;
-          v.y = old[i].y + v.y;
-          v.z = old[i].z + v.z;
-          v.w = old[i].w + v.w;
-        }
-        *reinterpret_cast<float4*>(static_cast<float*>(out) + off) = v;
-      }
-    }
-  }
-}
-
-// The x rows and weight tiles of output tile (m0, t0) from k-tile g0 on (q4_gemm_wgmma.cuh's
-// main-loop sources).
-template <class C>
-__device__ __forceinline__ void tile_sources(const bf16* __restrict__ A, int M, int K,
-                                             const QMatrix& W, int m0, int t0, int g0,
-                                             tile::RowSet<C::X_LOADS>& xr, WSrc& w) {
-  const int tid = threadIdx.x, n_tiles = W.tiles(), G = W.groups();
-  xr.valid = 0;
-#pragma unroll
-  for (int i = 0; i < C::X_LOADS; ++i) {
-    const int row = m0 + tile::load_row0() + i * C::ROW_STEP;
-    const bool ok = row < M;
-    xr.ptr[i] = A + size_t(ok ? row : 0) * size_t(K) + size_t(g0) * tile::kBK;
-    xr.valid |= uint32_t(ok) << i;
-  }
-  const int ct = t0 + (tid >> 5), st = t0 + ((tid & 31) >> 2);
-  w.codes_ok = ct < n_tiles;
-  w.sb_ok = st < n_tiles;
-  // Clamped to a valid tile: the address must be valid even when nothing is read.
-  w.codes = W.codes + (size_t(min(ct, n_tiles - 1)) * size_t(G) + size_t(g0)) * kQBlockWords +
-            (tid & 31) * 4;
-  w.sb = W.sb + (size_t(min(st, n_tiles - 1)) * size_t(G) + size_t(g0)) * kQSbWords + (tid & 3) * 4;
-}
 
 // NW: the wgmma n, the tokens the main loop computes (C::BT; 64 for the narrow form at M <= 64,
 // whose accumulators past token 64 stay 0 and are not stored).
@@ -289,134 +143,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #endif
 }
 
-// ---- Stream-K (s35) ---------------------------------------------------------------------------
-//
-// Why: at a few hundred tokens the wide projections have too few output tiles for the GPU. In_proj
-// at 256 tokens is 97 tiles of 256 tokens x 128 rows on 132 SMs (one Cfg256 block per SM): 35 SMs
-// idle for the whole 32 k-tiles (s35 run 1, H100: 30.5 us per call); qkv 72 tiles; at 512 tokens
-// 194 and 144 tiles, two waves of which the second is part-empty (54.5 us). The cluster split
-// (S = 2, 4) cuts the k-tiles per block but not the waves' quantisation.
-// Measured (s35, H100): slower, 36.8 us per call at 256 tokens and 59.1 at 512 (-2.1% / -1.0%
-// prefill), so the automatic choice takes it only under LILAC_Q4_GEMM_STREAMK=auto (pick). The
-// premise held (ncu, s35 run 6: the one-block form's in_proj at 256 tokens leaves 35 SMs idle,
-// L2 at 26%, the busy SMs' tensor pipes ~63% full). Its own cost (s36 run 1, ncu of the form):
-// the k-tiles run at the one-block form's rate, but a block's second segment start and the two
-// epilogues (a 128 KB f32 partial written, fenced, read back and added) cost what the idle SMs
-// give, and ~20% of the time SMs wait for the slowest: with 256 x 128 tiles and ~1.4 blocks per
-// tile the form cannot win (docs/kernels.md, s36). The last part-empty wave is split instead (the
-// `whole` parameter of q_gemm_wgmma_kernel).
-//
-// The form: P = (blocks resident per SM) x SMs persistent blocks share the U = tiles x KT
-// (tile, k-tile) iterations evenly, block b taking [U b / P, U (b + 1) / P) in order (U >= P: no
-// empty range). Its range cuts into segments, one per tile it touches: the main loop runs over
-// the segment's k-tiles, then
-//  * a segment that starts at k-tile 0 owns its tile: if it ends before k-tile KT, the blocks
-//    b + 1, b + 2, ... whose ranges start inside the tile ("contributors") hold the rest of it,
-//    each as its block's first segment. The owner stages its own partial tile, waits for each
-//    contributor's flag, and stores own + contributor b + 1 + contributor b + 2 + ... (k order:
-//    deterministic; a different f32 summation order from the one-block form's, within the same
-//    tolerance of the twin), then zeroes the flags it consumed (each launch leaves them zero);
-//  * a segment that starts past k-tile 0 (only a block's first) writes its partial tile to its
-//    block's slot of the scratch ([P][BT][128] f32) and raises its flag (persistent.cuh's
-//    release / acquire pattern; the owner reads the slot past L1).
-// A contributor's segment is at the start of its range and the owner's at the end of its own, so
-// the owner finds the partials ready rather than waiting. All P blocks are resident at once, so
-// an owner never waits on a block that cannot start (two stream-K launches on two streams at once
-// could starve each other: the backend runs one stream; the scratch belongs to one stream).
-// A wait that exceeds its spin limit sets the scratch's error word and stores anyway.
-struct StreamK {
-  float* parts;     // [P][BT][128] partial tiles, slot b = block b's first segment
-  unsigned* flags;  // [P]: 1 while slot b holds an unread partial
-  unsigned* error;  // set on a wait that gave up
-};
-
-template <class C, GemmOut MODE>
-__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
-    q_gemm_wgmma_streamk_kernel(const bf16* __restrict__ A, int M, int K, QMatrix W,
-                                void* __restrict__ out, int tiles_m, int tiles_n, bool vec,
-                                StreamK sk) {
-#if defined(LILAC_SM90A)
-  extern __shared__ __align__(1024) unsigned char smem[];
-  constexpr int kSlot = C::BT * C::BR;  // floats per partial tile
-  const int KT = K / tile::kBK, P = int(gridDim.x), b = int(blockIdx.x);
-  const int64_t U = int64_t(tiles_m) * tiles_n * KT;
-  auto start_of = [&](int blk) { return U * blk / P; };
-  const int64_t end = start_of(b + 1);
-  const uint32_t sX = (tile::smem_u32(smem) + 1023u) & ~1023u;
-  const uint32_t sW = sX + uint32_t(C::STAGES * C::X_STAGE);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int64_t it = start_of(b); it < end;) {
-    const int tile_id = int(it / KT), kb = int(it % KT);
-    const int ke = int(min(int64_t(KT), int64_t(kb) + (end - it)));
-    int tm, tn;
-    raster(tile_id, tiles_m, tiles_n, tm, tn);
-    const int m0 = tm * C::BT, t0 = tn * (C::BR / kQTileRows);
-    tile::RowSet<C::X_LOADS> xr;
-    WSrc w;
-    tile_sources<C>(A, M, K, W, m0, t0, kb, xr, w);
-    float acc[C::NACC];
-    mainloop<C, C::BT>(acc, xr, w, (ke - kb) * tile::kBK, sX, sW);
-    __syncthreads();  // both warpgroups' wgmmas retired, every copy landed: the stages are free
-    stage_tile<C>(acc, smem, sX, warp, lane);
-    __syncthreads();
-    if (kb > 0) {
-      // A contributor: the staged tile to slot b ([BT][128], a token's 128 rows contiguous).
-      const float* part = reinterpret_cast<const float*>(smem + (sX - tile::smem_u32(smem)));
-      float4* slot = reinterpret_cast<float4*>(sk.parts + size_t(b) * kSlot);
-      for (int i = int(threadIdx.x); i < kSlot / 4; i += C::THREADS) {
-        const int tl = i / (C::BR / 4), r = 4 * (i % (C::BR / 4));
-        slot[i] = *reinterpret_cast<const float4*>(part + tl * kPad + r);
-      }
-      persistent::signal<true>(sk.flags + b);
-    } else {
-      // The owner: contributors b + 1 .. b + nc (their ranges start inside this tile). Their
-      // partials are added into the staged tile in k order, 16 loads in flight per thread (s35 run
-      // 2: added inside the store pass, one L2 round trip per token and contributor, the form took
-      // 49 us per call at 256 tokens against the one-block form's 30), then the usual store pass.
-      int nc = 0;
-      if (ke < KT) {
-        const int64_t tile_end = int64_t(tile_id + 1) * KT;
-        while (b + 1 + nc < P && start_of(b + 1 + nc) < tile_end) ++nc;
-        for (int c = 0; c < nc; ++c) persistent::wait(sk.flags + b + 1 + c, 1u, sk.error);
-      }
-      float* part = reinterpret_cast<float*>(smem + (sX - tile::smem_u32(smem)));
-      constexpr int kBatch = 16, kPer = kSlot / 4 / C::THREADS;
-      static_assert(kPer % kBatch == 0, "whole batches of loads");
-      for (int c = 0; c < nc; ++c) {
-        const float4* slot = reinterpret_cast<const float4*>(sk.parts + size_t(b + 1 + c) * kSlot);
-#pragma unroll 1
-        for (int j0 = 0; j0 < kPer; j0 += kBatch) {
-          float4 p[kBatch];
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j)
-            p[j] = __ldcg(slot + (j0 + j) * C::THREADS + threadIdx.x);
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j) {
-            const int i = (j0 + j) * C::THREADS + int(threadIdx.x);
-            float4* d =
-                reinterpret_cast<float4*>(part + (i / (C::BR / 4)) * kPad + 4 * (i % (C::BR / 4)));
-            float4 v = *d;
-            v.x += p[j].x;
-            v.y += p[j].y;
-            v.z += p[j].z;
-            v.w += p[j].w;
-            *d = v;
-          }
-        }
-      }
-      if (nc > 0) __syncthreads();
-      store_tile<C, 1, MODE>(0, m0, t0, M, W, out, vec, sX, warp, lane);
-      if (threadIdx.x < nc) sk.flags[b + 1 + threadIdx.x] = 0u;  // read: the next launch's
-    }
-    __syncthreads();  // the staged tile read before the next segment's copies land on it
-    it += ke - kb;
-  }
-#else
-  (void)A, (void)M, (void)K, (void)W, (void)out, (void)tiles_m, (void)tiles_n, (void)vec, (void)sk;
-  __trap();
-#endif
-}
-
 template <class C, int S, GemmOut MODE, int NW = C::BT>
 void set_smem() {
   static std::once_flag once;
@@ -472,91 +198,6 @@ void launch(const bf16* A, int M, const QMatrix& W, void* out, bool vec, int who
   launch_with(S > 1 ? &cluster : nullptr, C::BT <= 64 && q4_gemm_pdl(),
               q_gemm_wgmma_kernel<C, S, MODE, NW>, dim3(unsigned(blocks)), dim3(C::THREADS),
               size_t(C::SMEM_BYTES), stream, A, M, W.cols, W, out, tiles_m, tiles_n, vec, whole);
-}
-
-// ---- the stream-K form's host side ----
-
-using SkCfg = Cfg256;  // the form's block: the prefill projections' 256-token tile
-
-// Stream-K blocks resident at once: the kernel's occupancy (one Cfg256 block per SM) x the SMs.
-int streamk_blocks() {
-  static const int n = [] {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(q_gemm_wgmma_streamk_kernel<SkCfg, GemmOut::StoreF32>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          SkCfg::SMEM_BYTES));
-    int c = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &c, q_gemm_wgmma_streamk_kernel<SkCfg, GemmOut::StoreF32>, SkCfg::THREADS,
-            SkCfg::SMEM_BYTES) != cudaSuccess) {
-      (void)cudaGetLastError();
-      c = 0;
-    }
-    return c * sm_count();
-  }();
-  return n;
-}
-
-// The scratch's layout for P blocks: parts [P][BT][128] f32, flags [P], error [1].
-constexpr size_t kSkSlotFloats = size_t(SkCfg::BT) * SkCfg::BR;
-size_t streamk_bytes(int P) {
-  return size_t(P) * kSkSlotFloats * 4 + (size_t(P) + 1) * 4;
-}
-StreamK streamk_of(const QGemmScratch& s, int P) {
-  auto* base = static_cast<unsigned char*>(s.ptr);
-  StreamK sk;
-  sk.parts = reinterpret_cast<float*>(base);
-  sk.flags = reinterpret_cast<unsigned*>(base + size_t(P) * kSkSlotFloats * 4);
-  sk.error = sk.flags + P;
-  return sk;
-}
-
-}  // namespace qgemm_wgmma
-
-// LILAC_Q4_GEMM_STREAMK=auto lets the automatic choice take the stream-K form (A/B); off by
-// default since s35: measured slower than the one-block form where it was meant to win (pick).
-bool q_gemm_streamk_auto() {
-  static const bool on =
-      env_enum<bool>("LILAC_Q4_GEMM_STREAMK", false, {{"auto", true}, {"off", false}});
-  return on;
-}
-
-namespace qgemm_wgmma {
-
-template <GemmOut MODE>
-void launch_streamk(const bf16* A, int M, const QMatrix& W, void* out, bool vec,
-                    const QGemmScratch& scratch, cudaStream_t stream) {
-  using C = SkCfg;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(q_gemm_wgmma_streamk_kernel<C, MODE>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          C::SMEM_BYTES));
-  });
-  if (!scratch.ptr) fail("q_gemm_wgmma: the stream-K form (splits -1) needs a scratch");
-  if (reinterpret_cast<uintptr_t>(scratch.ptr) % 16 != 0)
-    fail("q_gemm_wgmma: the stream-K scratch must be 16-byte aligned");
-  const int tiles_m = ceil_div(M, C::BT), tiles_n = ceil_div(W.rows, C::BR);
-  const int64_t U = int64_t(tiles_m) * tiles_n * (W.cols / kQGroup);
-  const int P = int(std::min<int64_t>(streamk_blocks(), U));
-  if (P < 1) fail("q_gemm_wgmma: the stream-K form cannot run on this GPU");
-  if (scratch.bytes < streamk_bytes(P))
-    fail("q_gemm_wgmma: the stream-K form needs {} bytes of scratch, given {}", streamk_bytes(P),
-         scratch.bytes);
-  launch_with(nullptr, false, q_gemm_wgmma_streamk_kernel<C, MODE>, dim3(unsigned(P)),
-              dim3(C::THREADS), size_t(C::SMEM_BYTES), stream, A, M, W.cols, W, out, tiles_m,
-              tiles_n, vec, streamk_of(scratch, P));
-}
-
-void dispatch_streamk(const bf16* A, int M, const QMatrix& W, void* out, GemmOut mode, bool vec,
-                      const QGemmScratch& scratch, cudaStream_t s) {
-  switch (mode) {
-    case GemmOut::StoreF32:
-      return launch_streamk<GemmOut::StoreF32>(A, M, W, out, vec, scratch, s);
-    case GemmOut::StoreBF16:
-      return launch_streamk<GemmOut::StoreBF16>(A, M, W, out, vec, scratch, s);
-    case GemmOut::AccumulateF32:
-      return launch_streamk<GemmOut::AccumulateF32>(A, M, W, out, vec, scratch, s);
-  }
 }
 
 template <class C, int S, int NW>
@@ -766,20 +407,6 @@ bool q_gemm_wgmma_available() {
 
 int q_gemm_wgmma_max_clusters(int tokens_per_block, int splits) {
   return qgemm_wgmma::max_clusters_of(tokens_per_block, splits);
-}
-
-size_t q_gemm_scratch_bytes() {
-  if (!q_gemm_wgmma_available()) return 0;
-  return qgemm_wgmma::streamk_bytes(qgemm_wgmma::streamk_blocks());
-}
-
-bool q_gemm_scratch_failed(const QGemmScratch& scratch) {
-  const int P = qgemm_wgmma::streamk_blocks();
-  if (!scratch.ptr || scratch.bytes < qgemm_wgmma::streamk_bytes(P)) return false;
-  unsigned e = 0;
-  LILAC_CUDA_CHECK(
-      cudaMemcpy(&e, qgemm_wgmma::streamk_of(scratch, P).error, 4, cudaMemcpyDeviceToHost));
-  return e != 0;
 }
 
 void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
