@@ -226,7 +226,7 @@ for s in $steps; do
       run ncu-proj 300 ncu --set full --cache-control all --clock-control none \
         -k 'regex:q_gemm_wgmma' --launch-count 8 "$B/lilac" bench --synthetic --weights q4 \
         --lengths 256 --rounds 1 --decode 1 --sampling off ;;
-    ncu-sk)  # the stream-K form's own profile (s36): two launches (in_proj, qkv... as they come),
+    ncu-sk)  # the stream-K form's own profile (s36): its first two launches of the prefill chunk,
       # the report, its details page in run.log and the per-instruction SASS table (stall samples)
       run ncu-sk 300 env LILAC_Q4_GEMM_STREAMK=auto ncu --set full --cache-control all \
         --clock-control none -k 'regex:streamk' --launch-count 2 -o "$OUT/ncu-sk" "$B/lilac" bench \

@@ -395,7 +395,8 @@ void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
   // tokens, whose blocks at 8 ranks reach 0.7 of a wave: each slab dequantises every weight of
   // its rows again, so 16-token slabs did 4x the dequantisation of 64-token ones (the router at
   // 256 / 512 tokens: 16 / 32 slabs of 16 until s36, now 8 of 32 / 8 of 64).
-  // LILAC_Q_GEMV_ROWS_SLAB=16|32|64 forces the slab above 16 tokens (A/B, tests).
+  // LILAC_Q_GEMV_ROWS_SLAB=16|32|64 forces the slab above 16 tokens (A/B; the batched decode
+  // step's 8-bit router rows too).
   const int grid_rows = ceil_div(W.tiles(), kWarps);
   auto blocks_at = [&](int slab_tokens) {
     return int64_t(grid_rows) * ceil_div(T, slab_tokens) * kMaxRanks;
