@@ -50,6 +50,9 @@
 #               every version's conformance cases, lilac_cuda_bench_seq (times each version), then
 #               4-bit prefill at 4,096 / 16,384 / 65,536 tokens under each but wgmma, three
 #               interleaved rounds
+#   route-ab    moe_route's one-cluster form for 65-256 rows (LILAC_MOE_ROUTE_CLUSTER = off | on,
+#               s37): the routing, MoE prefill, batch and prefill GPU tests, then 4-bit prefill at
+#               128 / 256 tokens under each (three interleaved rounds)
 #   streamk-ab  q_gemm_wgmma's stream-K form (LILAC_Q4_GEMM_STREAMK = off | auto, s35; off the
 #               default, measured slower): its conformance cases first, then 4-bit prefill at 256 /
 #               512 / 1,024 / 4,096 tokens under each, three interleaved rounds
@@ -58,6 +61,9 @@
 #               layer; with LILAC_Q4_GEMM_STREAMK=auto the stream-K kernel's, whose name contains
 #               q_gemm_wgmma): what bounds the projections at short chunks (s35 run 6)
 #   ncu-sk      Nsight Compute (--set full) over two launches of the stream-K form at 256 tokens
+#   ncu-route   Nsight Compute (--set full) over the routing chain of a 256-token 4-bit prompt chunk
+#               (moe_topk then the one-block rank / scan / scatter, two layers' launches each; and the
+#               one-cluster form), fine stall sampling: where their ~8.8 / ~10 us go (s37)
 #               (LILAC_Q4_GEMM_STREAMK=auto): details in run.log, the per-instruction SASS table
 #               with stall samples to $OUT/ncu-sk-sass.csv.xz, the report to $OUT/ncu-sk.ncu-rep
 #   prefill-short
@@ -101,6 +107,18 @@ switch_ab() {
     for v in "$@"; do
       run "$name-$v-$round" 180 env "$var=$v" "$B/lilac" bench --synthetic --weights q4 \
         --lengths "$lengths" --rounds 1 --decode 1 --sampling off
+    done
+  done
+}
+# moe_route's arms (s37), three interleaved rounds of `lilac bench --synthetic --weights q4 ARGS`:
+# the top-k kernel then one block (off), and the cluster (on). `route_arms NAME ARGS...`
+route_arms() {
+  local name=$1 round v
+  shift
+  for round in 1 2 3; do
+    for v in off on; do
+      run "$name-$v-$round" 200 env "LILAC_MOE_ROUTE_CLUSTER=$v" "$B/lilac" bench --synthetic \
+        --weights q4 "$@"
     done
   done
 }
@@ -219,6 +237,9 @@ for s in $steps; do
         --gtest_filter='WgmmaLayout.*:*attention_prefill*:*attention_chain*:AttentionPrefill.*'
       run attn-seq 120 "$B/lilac_cuda_bench_seq"
       switch_ab attn LILAC_ATTN_PREFILL 4096,16384,65536 0 mma wgmma-overlap wgmma-ws wgmma-pingpong ;;
+    route-ab)  # moe_route's cluster (s37) against the top-k kernel then the one-block sort
+      run route-test 300 "$B/lilac_cuda_tests" --gtest_filter='*moe_route*:*moe_prefill*:*Batch*:*Prefill*'
+      route_arms route --lengths 128,256 --rounds 1 --decode 1 --sampling off ;;
     streamk-ab)
       run streamk-test 300 "$B/lilac_cuda_tests" --gtest_filter='*q_gemm*streamk*:*q_gemm*scratch*:Q4Gemm.*'
       switch_ab streamk LILAC_Q4_GEMM_STREAMK 256,512,1024,4096 0 off auto ;;
@@ -234,6 +255,16 @@ for s in $steps; do
       run ncu-sk-details 60 ncu --import "$OUT/ncu-sk.ncu-rep" --page details
       run ncu-sk-sass 120 sh -c "ncu --import '$OUT/ncu-sk.ncu-rep' --page source --csv \
         --print-source sass | xz > '$OUT/ncu-sk-sass.csv.xz'" ;;
+    ncu-route)  # the routing kernels' own profile (s37): 256-token chunk, each form, fine sampling
+      for v in on off; do
+        run ncu-route-$v 300 env LILAC_MOE_ROUTE_CLUSTER=$v ncu --set full --warp-sampling-interval 0 \
+          --cache-control all --clock-control none -k 'regex:moe_route|moe_topk' --launch-skip 8 \
+          --launch-count 4 -o "$OUT/ncu-route-$v" "$B/lilac" bench --synthetic --weights q4 \
+          --lengths 256 --rounds 1 --decode 1 --sampling off
+        run ncu-route-$v-details 60 ncu --import "$OUT/ncu-route-$v.ncu-rep" --page details
+        run ncu-route-$v-sass 120 sh -c "ncu --import '$OUT/ncu-route-$v.ncu-rep' --page source \
+          --csv --print-source sass | xz > '$OUT/ncu-route-$v-sass.csv.xz'"
+      done ;;
     prefill-short)  # 4-bit prefill at 256 / 512 tokens (#11's short-prompt targets), three rounds
       run prefill-short 180 "$B/lilac" bench --synthetic --weights q4 --lengths 256,512 --rounds 3 \
         --decode 1 --sampling off --json "$OUT/prefill-short.json" ;;

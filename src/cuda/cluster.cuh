@@ -36,6 +36,16 @@ __device__ __forceinline__ float ld_f32(uint32_t a) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
   return v;
 }
+__device__ __forceinline__ int32_t ld_s32(uint32_t a) {
+  int32_t v;
+  asm volatile("ld.shared::cluster.s32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
+  return v;
+}
+// The split barrier's arrive (relaxed) once `dep` is computed: the asm takes it as an operand, so
+// the arrive is issued after every load `dep` depends on has returned.
+__device__ __forceinline__ void arrive_relaxed_after(int dep) {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::"r"(dep) : "memory");
+}
 // Full cluster barrier: shared-memory writes (local or remote) before it are visible after it.
 __device__ __forceinline__ void sync() {
   asm volatile(

@@ -23,13 +23,17 @@
 // launches (one up to 8 rows) instead of four. (s8 run 8 tried
 // the block's own top-k up to 1,024 pairs, its warps looping over the tokens: at 64 rows slower
 // than the four launches, 19 -> 26 us per layer; s17 split the top-k out instead: kOneBlockMaxT.)
-// The warp arg-max of step 1 is two redux reductions per round (s17: the one-block kernel at 16
-// rows 9.4 -> 7.0 us, the top-k kernel at 64 rows 5.8 -> 4.0 us, ncu durations of one graph
-// replay).
+// Prompt chunks of 65-256 rows on sm_90 (E <= 256) take one launch instead: a thread-block cluster
+// of up to 16 blocks, a warp per token, each block ranking its own pairs and the blocks' counts
+// exchanged through distributed shared memory (moe_route_cluster_kernel below; s37). The warp
+// arg-max of step 1 is two redux reductions per round (s17: the one-block kernel at 16 rows 9.4
+// -> 7.0 us, the top-k kernel at 64 rows 5.8 -> 4.0 us, ncu durations of one graph replay).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 
+#include "cuda/cluster.cuh"
 #include "cuda/common.cuh"
 #include "cuda/moe_prefill.h"
 #include "cuda/vec_util.cuh"
@@ -362,6 +366,166 @@ void launch_block(const float* logits, int stride, int T, int E, int k, const Mo
                 T, E, k, int(kMoeTileRows), r);
 }
 
+// ---- one cluster for prompt chunks of 65-256 rows (sm_90; E <= 256, k <= 32)
+//
+// The top-k kernel and the one-block sort above in one launch, without the one block: C =
+// ceil(T / R) blocks of R warps in one thread-block cluster, block b's warp w taking token t =
+// R b + w (topk_of_token). A token's k experts are distinct, so within a block the pairs need no
+// match: cnt[w][e] = 1 when warp w's token chose e, a prefix over the R warps (R / 8 threads per
+// expert, eight warps each) gives each pair its rank in the block, and the block's count per
+// expert goes to shared memory the cluster reads. After the cluster barrier each block sums the
+// counts of the blocks before it and of all (distributed shared memory), scans the totals
+// (offsets) and scatters its own pairs: pos = offsets[e] + (e's pairs in the blocks before) +
+// (rank in the block). Rank 0 writes the offsets and the tile table. The same tables as the paths
+// above, bit for bit (pair order is token order, and so is block, warp order).
+// Why (s37, ncu on an H100 at 256 tokens): the one-block sort ran 10.9 us for ~12,600 warp
+// instructions (IPC 0.74: its serial count rows, match and block scans on one SM), ~8.8 us exposed
+// per layer after the top-k kernel's ~4.1. The first form (R = 32, C <= 8: 12.5 us under ncu, ~10
+// us exposed) spent its time in the top-k's arg-max rounds (32 warps per SM: not selected, math)
+// and in the release of the cluster barrier (ERRBAR: waiting for the top-k's global stores);
+// hence R = 16 (C up to 16, a non-portable cluster size), the global stores after the barrier and
+// a relaxed arrive after the remote reads. Measured (s37, H100, three interleaved rounds each):
+// prefill at 256 tokens 18,551 -> 18,826 tok/s (+1.5%, run 5; the first form 18,751) and 18,565
+// -> 18,931 (+2.0%, run 6), at 128 tokens 10,346 -> 10,463 (+1.1%); the 256-token chunk's routing
+// 516 -> 296 us exposed (top-k + one block -> the cluster). At 16 rows (C = 1, the c = 16 step)
+// it lost, 2,948.7 -> 2,942.9 tok/s (-0.2%): batches keep the two launches (moe_route).
+constexpr int kClusterRows = 16;       // R: tokens per block, one per warp
+constexpr int kClusterMaxBlocks = 16;  // the largest cluster (non-portable past 8) on H100 / H200
+constexpr int kClusterMinT = 65;       // fewer rows (the batched step's) take the two launches
+
+template <int PER, int R = kClusterRows>
+__global__ void __launch_bounds__(R * 32)
+    moe_route_cluster_kernel(const float* __restrict__ logits, int stride, int T, int E, int k,
+                             int BM, MoeRouting r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int THREADS = R * 32, Q = R / 8;
+  static_assert(R % 8 == 0 && THREADS >= kBlockExperts, "R / 8 threads per expert");
+  __shared__ int32_t cnt[R][kBlockExperts];   // per warp: chose e (1), then its rank base
+  __shared__ int32_t part[Q][kBlockExperts];  // per eight warps: their count
+  __shared__ int32_t block_n[kBlockExperts];  // this block's pairs per expert (the cluster reads)
+  __shared__ int32_t base_s[kBlockExperts];   // offsets[e] + e's pairs in the blocks before
+  __shared__ int sh[32];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  for (int i = tid; i < R * kBlockExperts; i += THREADS) (&cnt[0][0])[i] = 0;
+  pdl_launch_dependents();  // PDL (moe_pdl_enabled): the logits are the previous kernel's
+  pdl_wait();
+  const int rank = int(cluster::ctarank()), blocks = int(gridDim.x);  // the grid is one cluster
+  const int t = rank * R + warp;
+  int my_e = -1;
+  float my_w = 0.f;
+  if (t < T) {
+    int idx;
+    const float w = topk_of_token<PER>(logits + size_t(t) * size_t(stride), E, k, idx);
+    if (lane < k) {
+      my_e = idx;
+      my_w = w;
+      cnt[warp][idx] = 1;
+    }
+  }
+  __syncthreads();
+  // Exclusive prefix over the warps, per expert: thread group q takes warps 8q .. 8q + 7.
+  const int e = tid % kBlockExperts, q = tid / kBlockExperts;
+  int run = 0;
+  if (e < E) {
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      const int c = cnt[8 * q + w][e];
+      cnt[8 * q + w][e] = run;
+      run += c;
+    }
+    part[q][e] = run;
+  }
+  __syncthreads();
+  if (e < E) {
+    int before = 0;
+    for (int i = 0; i < q; ++i) before += part[i][e];
+    if (before) {
+#pragma unroll
+      for (int w = 0; w < 8; ++w) cnt[8 * q + w][e] += before;
+    }
+    if (q == 0) {
+      int n_e = 0;
+#pragma unroll
+      for (int i = 0; i < Q; ++i) n_e += part[i][e];
+      block_n[e] = n_e;
+    }
+  }
+  // Every block's block_n written and visible. No global store is pending here: the barrier's
+  // release would wait for it (the first form's ERRBAR).
+  cluster::sync();
+  int n = 0, below = 0;
+  if (tid < E) {
+    const uint32_t a = uint32_t(__cvta_generic_to_shared(&block_n[tid]));
+    for (int b = 0; b < blocks; ++b) {
+      const int v = cluster::ld_s32(cluster::map(a, uint32_t(b)));
+      below += b < rank ? v : 0;
+      n += v;
+    }
+  }
+  // Done reading the other blocks' shared memory (their exit waits for this arrive; n depends on
+  // every remote load, so the arrive cannot pass them).
+  cluster::arrive_relaxed_after(n);
+  if (my_e >= 0) {
+    r.topk_idx[size_t(t) * k + lane] = my_e;
+    r.topk_weight[size_t(t) * k + lane] = my_w;
+  }
+  const int tiles = (n + BM - 1) / BM;
+  int pairs_total, tiles_total;
+  const int off = block_exclusive_scan(n, sh, pairs_total);
+  const int tile0 = block_exclusive_scan(tiles, sh, tiles_total);
+  if (tid < E) {
+    base_s[tid] = off + below;
+    if (rank == 0) {
+      r.expert_offsets[tid] = off;
+      for (int i = 0; i < tiles; ++i) {
+        r.tile_expert[tile0 + i] = tid;
+        r.tile_row0[tile0 + i] = off + i * BM;
+      }
+    }
+  }
+  if (rank == 0 && tid == 0) {
+    r.expert_offsets[E] = pairs_total;
+    *r.num_tiles = tiles_total;
+  }
+  __syncthreads();
+  if (my_e >= 0) {
+    const int pos = base_s[my_e] + cnt[warp][my_e];
+    r.sorted_token[pos] = t;
+    r.sorted_weight[pos] = my_w;
+    r.pair_position[size_t(t) * k + lane] = pos;
+  }
+  cluster::wait();  // no block leaves while another may still read its block_n
+#else
+  // Not built for this target (the host launches it only on compute capability 9.x).
+  (void)logits, (void)stride, (void)T, (void)E, (void)k, (void)BM, (void)r;
+  __trap();
+#endif
+}
+
+template <int PER>
+bool route_by_cluster(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
+                      cudaStream_t stream) {
+  constexpr int R = kClusterRows;
+  auto kernel = moe_route_cluster_kernel<PER>;
+  static const bool fits = [&] {
+    LILAC_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchAttribute attr[2];
+    const dim3 cluster(unsigned(kClusterMaxBlocks), 1, 1);
+    const cudaLaunchConfig_t cfg = launch_config(kernel, dim3(kClusterMaxBlocks), dim3(R * 32), 0,
+                                                 stream, &cluster, false, attr);
+    int clusters = 0;
+    LILAC_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+    return clusters >= 1;
+  }();
+  const int blocks = ceil_div(T, R);
+  if (blocks > kClusterMaxBlocks || (!fits && blocks > 8)) return false;
+  const dim3 cluster(unsigned(blocks), 1, 1);
+  launch_cluster_kernel(moe_pdl_enabled(), cluster, kernel, dim3(unsigned(blocks)), dim3(R * 32), 0,
+                        stream, logits, stride, T, E, k, int(kMoeTileRows), r);
+  return true;
+}
+
 // ---- host
 
 size_t align256(size_t n) {
@@ -397,12 +561,25 @@ void check_routing(const MoeRouting& r, const char* what) {
 // (A/B; 2 is the default).
 constexpr int kOneBlockMaxT = 8;
 
+// moe_route_cluster_kernel's switch (moe_prefill.h): the environment's answer until set.
+std::atomic<int> g_route_cluster{-1};
+
 int max_pairs_per_thread() {
   static const int forced = env_choice("LILAC_MOE_ROUTE_PPT", {1, 2});
   return forced ? forced : 2;
 }
 
 }  // namespace
+
+void set_moe_route_cluster(bool on) {
+  g_route_cluster = on ? 1 : 0;
+}
+bool moe_route_cluster_enabled() {
+  if (g_route_cluster < 0)
+    g_route_cluster =
+        env_enum<bool>("LILAC_MOE_ROUTE_CLUSTER", true, {{"on", true}, {"off", false}});
+  return g_route_cluster == 1 && device_compute_capability() / 10 == 9;
+}
 
 size_t moe_routing_workspace_bytes(int T, int E, int k) {
   const Sizes s = sizes_of(T, E, k);
@@ -462,6 +639,11 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
       launch_block<8, false, 1>(logits, stride, T, E, k, r, stream);
     return;
   }
+  // One launch for prompt chunks of 65-256 rows: a cluster of ceil(T / 16) blocks.
+  if (T >= kClusterMinT && E <= kBlockExperts && moe_route_cluster_enabled() &&
+      (E <= 128 ? route_by_cluster<4>(logits, stride, T, E, k, r, stream)
+                : route_by_cluster<8>(logits, stride, T, E, k, r, stream)))
+    return;
   const unsigned topk_blocks = unsigned(ceil_div(T, 8));
   const bool pdl = moe_pdl_enabled();
   if (E <= 128)
