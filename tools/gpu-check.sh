@@ -50,9 +50,9 @@
 #               every version's conformance cases, lilac_cuda_bench_seq (times each version), then
 #               4-bit prefill at 4,096 / 16,384 / 65,536 tokens under each but wgmma, three
 #               interleaved rounds
-#   route-ab    moe_route's one-cluster form for 65-256 rows (LILAC_MOE_ROUTE_CLUSTER = off | on,
+#   route-ab    moe_route's one-cluster form for 65-512 rows (LILAC_MOE_ROUTE_CLUSTER = off | on,
 #               s37): the routing, MoE prefill, batch and prefill GPU tests, then 4-bit prefill at
-#               128 / 256 tokens under each (three interleaved rounds)
+#               128 / 256 / 512 tokens under each (three interleaved rounds)
 #   streamk-ab  q_gemm_wgmma's stream-K form (LILAC_Q4_GEMM_STREAMK = off | auto, s35; off the
 #               default, measured slower): its conformance cases first, then 4-bit prefill at 256 /
 #               512 / 1,024 / 4,096 tokens under each, three interleaved rounds
@@ -239,7 +239,7 @@ for s in $steps; do
       switch_ab attn LILAC_ATTN_PREFILL 4096,16384,65536 0 mma wgmma-overlap wgmma-ws wgmma-pingpong ;;
     route-ab)  # moe_route's cluster (s37) against the top-k kernel then the one-block sort
       run route-test 300 "$B/lilac_cuda_tests" --gtest_filter='*moe_route*:*moe_prefill*:*Batch*:*Prefill*'
-      route_arms route --lengths 128,256 --rounds 1 --decode 1 --sampling off ;;
+      route_arms route --lengths 128,256,512 --rounds 1 --decode 1 --sampling off ;;
     streamk-ab)
       run streamk-test 300 "$B/lilac_cuda_tests" --gtest_filter='*q_gemm*streamk*:*q_gemm*scratch*:Q4Gemm.*'
       switch_ab streamk LILAC_Q4_GEMM_STREAMK 256,512,1024,4096 0 off auto ;;

@@ -29,7 +29,7 @@ constexpr int kMoeTileRows = 128;
 void set_moe_pdl_enabled(bool on);
 bool moe_pdl_enabled();
 
-// Whether moe_route takes 65-256 rows (E <= 256: prompt chunks) in one launch, a thread-block
+// Whether moe_route takes 65-512 rows (E <= 256: prompt chunks) in one launch, a thread-block
 // cluster doing the top-k, rank, scan and scatter (moe_route.cu), instead of the top-k kernel then
 // the one-block sort: on unless LILAC_MOE_ROUTE_CLUSTER=off, and only on compute capability 9.x.
 // The setter overrides the environment (tests and A/B runs compare both; the tables are the same

@@ -23,10 +23,11 @@
 // launches (one up to 8 rows) instead of four. (s8 run 8 tried
 // the block's own top-k up to 1,024 pairs, its warps looping over the tokens: at 64 rows slower
 // than the four launches, 19 -> 26 us per layer; s17 split the top-k out instead: kOneBlockMaxT.)
-// Prompt chunks of 65-256 rows on sm_90 (E <= 256) take one launch instead: a thread-block cluster
-// of up to 16 blocks, a warp per token, each block ranking its own pairs and the blocks' counts
-// exchanged through distributed shared memory (moe_route_cluster_kernel below; s37). The warp
-// arg-max of step 1 is two redux reductions per round (s17: the one-block kernel at 16 rows 9.4
+// Prompt chunks of 65-512 rows on sm_90 (E <= 256) take one launch instead: a thread-block cluster
+// of up to 16 blocks (16 rows each up to 256, 32 above), a warp per token, each block ranking its
+// own pairs and the blocks' counts exchanged through distributed shared memory
+// (moe_route_cluster_kernel below; s37). The warp arg-max of step 1 is two redux reductions per
+// round (s17: the one-block kernel at 16 rows 9.4
 // -> 7.0 us, the top-k kernel at 64 rows 5.8 -> 4.0 us, ncu durations of one graph replay).
 #include <algorithm>
 #include <atomic>
@@ -366,7 +367,7 @@ void launch_block(const float* logits, int stride, int T, int E, int k, const Mo
                 T, E, k, int(kMoeTileRows), r);
 }
 
-// ---- one cluster for prompt chunks of 65-256 rows (sm_90; E <= 256, k <= 32)
+// ---- one cluster for prompt chunks of 65-512 rows (sm_90; E <= 256, k <= 32)
 //
 // The top-k kernel and the one-block sort above in one launch, without the one block: C =
 // ceil(T / R) blocks of R warps in one thread-block cluster, block b's warp w taking token t =
@@ -388,10 +389,14 @@ void launch_block(const float* logits, int stride, int T, int E, int k, const Mo
 // prefill at 256 tokens 18,551 -> 18,826 tok/s (+1.5%, run 5; the first form 18,751) and 18,565
 // -> 18,931 (+2.0%, run 6), at 128 tokens 10,346 -> 10,463 (+1.1%); the 256-token chunk's routing
 // 516 -> 296 us exposed (top-k + one block -> the cluster). At 16 rows (C = 1, the c = 16 step)
-// it lost, 2,948.7 -> 2,942.9 tok/s (-0.2%): batches keep the two launches (moe_route).
+// it lost, 2,948.7 -> 2,942.9 tok/s (-0.2%): batches keep the two launches (moe_route). At
+// 257-512 rows (R = 32, C <= 16, in place of the four kernels; run 7): 512 tokens 29,707 -> 30,096
+// (+1.3%); the chunk's routing 569 -> 426 us exposed (s36 run 6's timeline against run 8's, two
+// H100s), ~120 launches fewer.
 constexpr int kClusterRows = 16;       // R: tokens per block, one per warp
 constexpr int kClusterMaxBlocks = 16;  // the largest cluster (non-portable past 8) on H100 / H200
 constexpr int kClusterMinT = 65;       // fewer rows (the batched step's) take the two launches
+constexpr int kClusterMaxT = 512;      // 16 blocks of 32 rows
 
 template <int PER, int R = kClusterRows>
 __global__ void __launch_bounds__(R * 32)
@@ -502,11 +507,13 @@ __global__ void __launch_bounds__(R * 32)
 #endif
 }
 
-template <int PER>
-bool route_by_cluster(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
-                      cudaStream_t stream) {
-  constexpr int R = kClusterRows;
-  auto kernel = moe_route_cluster_kernel<PER>;
+// Launches the cluster of ceil(T / R) blocks of R rows; false when T needs more blocks than this
+// GPU's largest cluster of them holds (the caller then routes otherwise). Clusters past 8 blocks
+// need the non-portable attribute, set once with the occupancy query.
+template <int PER, int R>
+bool launch_cluster(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
+                    cudaStream_t stream) {
+  auto kernel = moe_route_cluster_kernel<PER, R>;
   static const bool fits = [&] {
     LILAC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
@@ -524,6 +531,15 @@ bool route_by_cluster(const float* logits, int stride, int T, int E, int k, cons
   launch_cluster_kernel(moe_pdl_enabled(), cluster, kernel, dim3(unsigned(blocks)), dim3(R * 32), 0,
                         stream, logits, stride, T, E, k, int(kMoeTileRows), r);
   return true;
+}
+
+// 65-256 rows in blocks of 16, 257-512 in blocks of 32.
+template <int PER>
+bool route_by_cluster(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
+                      cudaStream_t stream) {
+  return T <= kClusterRows * kClusterMaxBlocks
+             ? launch_cluster<PER, kClusterRows>(logits, stride, T, E, k, r, stream)
+             : launch_cluster<PER, 2 * kClusterRows>(logits, stride, T, E, k, r, stream);
 }
 
 // ---- host
@@ -639,8 +655,8 @@ void moe_route(const float* logits, int stride, int T, int E, int k, const MoeRo
       launch_block<8, false, 1>(logits, stride, T, E, k, r, stream);
     return;
   }
-  // One launch for prompt chunks of 65-256 rows: a cluster of ceil(T / 16) blocks.
-  if (T >= kClusterMinT && E <= kBlockExperts && moe_route_cluster_enabled() &&
+  // One launch for prompt chunks of 65-512 rows: a cluster of ceil(T / 16) or ceil(T / 32) blocks.
+  if (T >= kClusterMinT && T <= kClusterMaxT && E <= kBlockExperts && moe_route_cluster_enabled() &&
       (E <= 128 ? route_by_cluster<4>(logits, stride, T, E, k, r, stream)
                 : route_by_cluster<8>(logits, stride, T, E, k, r, stream)))
     return;

@@ -159,13 +159,13 @@ std::vector<float> synthetic_logits(int T, int E, int k, int stride, bool skew, 
 struct RouteCase {
   int T, E, k, stride;
   bool skew;
-  bool cluster = true;  // moe_route_cluster_enabled (65-256 rows, E <= 256, sm_90: one cluster)
+  bool cluster = true;  // moe_route_cluster_enabled (65-512 rows, E <= 256, sm_90: one cluster)
 };
 
 void check_route(const RouteCase& c, uint64_t seed) {
   const std::string what = "T " + std::to_string(c.T) + " E " + std::to_string(c.E) + " k " +
                            std::to_string(c.k) + (c.skew ? " skewed" : " uniform") +
-                           (c.cluster ? "" : " one block");
+                           (c.cluster ? "" : " no cluster");
   const bool saved = cuda::moe_route_cluster_enabled();
   cuda::set_moe_route_cluster(c.cluster);
   struct Restore {
@@ -597,25 +597,28 @@ LILAC_CONFORMANCE_CASES(moe_prefill) {
       {512, 256, 8, 257, false},
       {512, 256, 8, 257, true},
       {513, 256, 8, 257, true},
-      // The cluster (65-256 rows, E <= 256 on sm_90: the cases of 65-256 rows above, again with
-      // the one-block sort below): 16 blocks with a last block of 15 rows, 15 blocks with one,
-      // k = 32 (every lane a pair), E not a multiple of 32, the smallest cluster's rows (65).
+      // The cluster (65-512 rows, E <= 256 on sm_90: the cases of 65-512 rows above, again
+      // without it below): 16 blocks with a last block of 15 rows, 15 blocks with one, k = 32
+      // (every lane a pair), E not a multiple of 32, the smallest cluster's rows (65), the first
+      // of 32 rows per block (257) and 13 of them with E = 100.
       {255, 256, 8, 257, false},
       {225, 256, 8, 257, true},
       {80, 64, 32, 64, true},
       {97, 33, 3, 40, false},
-      {65, 256, 8, 257, true}};
+      {65, 256, 8, 257, true},
+      {257, 256, 8, 257, false},
+      {400, 100, 6, 103, true}};
   uint64_t seed = 7;
   for (const RouteCase& c : routes) {
     const std::string name = "T" + std::to_string(c.T) + "_E" + std::to_string(c.E) + "_k" +
                              std::to_string(c.k) + (c.skew ? "_skewed" : "_uniform");
     cases.push_back({"moe_route", name, "f32", "cpu::router_top_k + counting sort",
                      [c, seed] { check_route(c, seed); }});
-    if (c.T >= 65 && c.T <= 256 && c.E <= 256) {  // the same rows through the top-k, one block
+    if (c.T >= 65 && c.T <= 512 && c.E <= 256) {  // the same rows without the cluster
       RouteCase b = c;
       b.cluster = false;
-      cases.push_back({"moe_route", name + "_one_block", "f32", "cpu::router_top_k + counting sort",
-                       [b, seed] { check_route(b, seed); }});
+      cases.push_back({"moe_route", name + "_no_cluster", "f32",
+                       "cpu::router_top_k + counting sort", [b, seed] { check_route(b, seed); }});
     }
     ++seed;
   }
