@@ -61,11 +61,11 @@
 #               layer; with LILAC_Q4_GEMM_STREAMK=auto the stream-K kernel's, whose name contains
 #               q_gemm_wgmma): what bounds the projections at short chunks (s35 run 6)
 #   ncu-sk      Nsight Compute (--set full) over two launches of the stream-K form at 256 tokens
+#               (LILAC_Q4_GEMM_STREAMK=auto): details in run.log, the per-instruction SASS table
+#               with stall samples to $OUT/ncu-sk-sass.csv.xz, the report to $OUT/ncu-sk.ncu-rep
 #   ncu-route   Nsight Compute (--set full) over the routing chain of a 256-token 4-bit prompt chunk
 #               (moe_topk then the one-block rank / scan / scatter, two layers' launches each; and the
 #               one-cluster form), fine stall sampling: where their ~8.8 / ~10 us go (s37)
-#               (LILAC_Q4_GEMM_STREAMK=auto): details in run.log, the per-instruction SASS table
-#               with stall samples to $OUT/ncu-sk-sass.csv.xz, the report to $OUT/ncu-sk.ncu-rep
 #   prefill-short
 #               4-bit prefill at 256 / 512 tokens, 3 rounds (JSON prefill-short.json)
 #   concurrency-q4-bf16state
@@ -107,18 +107,6 @@ switch_ab() {
     for v in "$@"; do
       run "$name-$v-$round" 180 env "$var=$v" "$B/lilac" bench --synthetic --weights q4 \
         --lengths "$lengths" --rounds 1 --decode 1 --sampling off
-    done
-  done
-}
-# moe_route's arms (s37), three interleaved rounds of `lilac bench --synthetic --weights q4 ARGS`:
-# the top-k kernel then one block (off), and the cluster (on). `route_arms NAME ARGS...`
-route_arms() {
-  local name=$1 round v
-  shift
-  for round in 1 2 3; do
-    for v in off on; do
-      run "$name-$v-$round" 200 env "LILAC_MOE_ROUTE_CLUSTER=$v" "$B/lilac" bench --synthetic \
-        --weights q4 "$@"
     done
   done
 }
@@ -239,7 +227,7 @@ for s in $steps; do
       switch_ab attn LILAC_ATTN_PREFILL 4096,16384,65536 0 mma wgmma-overlap wgmma-ws wgmma-pingpong ;;
     route-ab)  # moe_route's cluster (s37) against the top-k kernel then the one-block sort
       run route-test 300 "$B/lilac_cuda_tests" --gtest_filter='*moe_route*:*moe_prefill*:*Batch*:*Prefill*'
-      route_arms route --lengths 128,256,512 --rounds 1 --decode 1 --sampling off ;;
+      switch_ab route LILAC_MOE_ROUTE_CLUSTER 128,256,512 0 off on ;;
     streamk-ab)
       run streamk-test 300 "$B/lilac_cuda_tests" --gtest_filter='*q_gemm*streamk*:*q_gemm*scratch*:Q4Gemm.*'
       switch_ab streamk LILAC_Q4_GEMM_STREAMK 256,512,1024,4096 0 off auto ;;
