@@ -26,9 +26,10 @@
 // Prompt chunks of 65-512 rows on sm_90 (E <= 256) take one launch instead: a thread-block cluster
 // of up to 16 blocks (16 rows each up to 256, 32 above), a warp per token, each block ranking its
 // own pairs and the blocks' counts exchanged through distributed shared memory
-// (moe_route_cluster_kernel below; s37). The warp arg-max of step 1 is two redux reductions per
-// round (s17: the one-block kernel at 16 rows 9.4
-// -> 7.0 us, the top-k kernel at 64 rows 5.8 -> 4.0 us, ncu durations of one graph replay).
+// (moe_route_cluster_kernel below; s37).
+// The warp arg-max of step 1 is two redux reductions per round (s17: the one-block kernel at 16
+// rows 9.4 -> 7.0 us, the top-k kernel at 64 rows 5.8 -> 4.0 us, ncu durations of one graph
+// replay).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -509,20 +510,27 @@ __global__ void __launch_bounds__(R * 32)
 
 // Launches the cluster of ceil(T / R) blocks of R rows; false when T needs more blocks than this
 // GPU's largest cluster of them holds (the caller then routes otherwise). Clusters past 8 blocks
-// need the non-portable attribute, set once with the occupancy query.
+// need the non-portable attribute, set once with the occupancy query; should either call fail
+// (a GPU or driver without them), its error is cleared and only portable clusters are launched.
 template <int PER, int R>
 bool launch_cluster(const float* logits, int stride, int T, int E, int k, const MoeRouting& r,
                     cudaStream_t stream) {
   auto kernel = moe_route_cluster_kernel<PER, R>;
   static const bool fits = [&] {
-    LILAC_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
     cudaLaunchAttribute attr[2];
     const dim3 cluster(unsigned(kClusterMaxBlocks), 1, 1);
     const cudaLaunchConfig_t cfg = launch_config(kernel, dim3(kClusterMaxBlocks), dim3(R * 32), 0,
                                                  stream, &cluster, false, attr);
     int clusters = 0;
-    LILAC_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
     return clusters >= 1;
   }();
   const int blocks = ceil_div(T, R);
