@@ -49,7 +49,7 @@
 #include "cuda/cluster.cuh"
 #include "cuda/launch.h"
 #include "cuda/q4_linear.h"
-#include "cuda/q4_tile.cuh"
+#include "cuda/q4_rows.cuh"
 #include "cuda/vec_util.cuh"
 #include "util/env_choice.h"
 #include "util/error.h"
@@ -82,26 +82,6 @@ size_t smem_bytes(int bits, int nch) {
   return std::max(2 * stage_bytes(nch, stage_groups(bits, nch)), partial);
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Group `grp` of a tile into slot m of the register set (codes: the tile's block at group 0, plane
-// 0; sb: its scale/bias block). Volatile: issued where written (before pdl_wait for the first set,
-// in the middle of the previous set for the others), not sunk towards the first use.
-template <int BITS, int GS>
-__device__ __forceinline__ void load_group(cuda::qtile::QSet<BITS, 1, GS>& w, int m,
-                                           const uint32_t* codes, const uint32_t* sb, int grp) {
-  constexpr int P = BITS / 4;
-  const int lane = int(threadIdx.x & 31);
-#pragma unroll
-  for (int p = 0; p < P; ++p)
-    w.cw[0][m][p] =
-        cuda::ld_weights<true>(codes + (size_t(grp) * P + p) * cuda::kQBlockWords + lane * 4);
-  const uint32_t* q = sb + size_t(grp) * cuda::kQSbWords + 2 * (lane >> 2);
-  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];"
-               : "=r"(w.sbv[0][m].x), "=r"(w.sbv[0][m].y)
-               : "l"(q));
-}
-#endif
-
 // kSlabs: grid z runs 64-token slabs (kept out of the batched decode step's instantiations, whose
 // registers it would raise).
 template <int BITS, int NCH, bool kAdd, bool kSlabs>
@@ -119,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int LDX = 64 * XG + kXPad;  // bf16 per staged row
   constexpr uint32_t kStage = uint32_t(stage_bytes(NCH, XG));
   // 4 bits: A = 128 + q (no conversion), offset 128; 8 bits: A = q rebuilt exactly, offset 0.
-  constexpr float kOffset = P == 1 ? 128.f : 0.f;
+  constexpr float kOffset = qtile::kRowsOffset<BITS>;
   // Up to 16 tokens the group sums Sx come from MMAs with an all-ones A on the B fragments the
   // products load anyway (+4 MMAs per chunk and group), not from a pass over the staged x (half
   // the warps summing while all wait at a barrier: a fifth of in_proj's instructions in the s14
@@ -127,8 +107,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   // unchanged, out_proj +4% (one 4-group stage per rank); the 4-bit batched step ~-1%. At 32-64
   // tokens the pass stays (4-8 chunks would pay 16-32 MMAs per group).
   constexpr bool kMmaSums = NCH <= 2;
-  const uint32_t kOnes[4] = {qtile::kBf16x2One, qtile::kBf16x2One, qtile::kBf16x2One,
-                             qtile::kBf16x2One};
   pdl_launch_dependents();  // PDL (launch.h): x is the previous kernel's output
   if constexpr (kSlabs) {   // slab z: tokens [R z, R z + R) of x and y
     x += size_t(blockIdx.z) * R * size_t(W.cols);
@@ -153,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (active) {
 #pragma unroll
     for (int m = 0; m < GS; ++m)
-      if (m < ngb) load_group(w, m, codes, sb, gb + m);
+      if (m < ngb) qtile::load_group(w, m, codes, sb, gb + m);
   }
 
   const bf16* const xb = x + size_t(gb) * 64;  // x[0, the block's first group]
@@ -223,27 +201,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (m % XG == 0) begin_stage(j);            // every warp
       if (!active) continue;                      // warp-uniform
       uint32_t a[4][4];
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        const uint32_t lo = qtile::word_of(w.cw[0][m][0], kb);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if constexpr (P == 1) {
-            a[kb][i] = qtile::magic128(lo >> (4 * i));
-          } else {
-            const uint32_t hi = qtile::word_of(w.cw[0][m][P - 1], kb);
-            const uint32_t ql = qtile::fma_bf16x2(qtile::magic128(lo >> (4 * i)), qtile::kBf16x2One,
-                                                  qtile::kBf16x2Neg128);
-            const uint32_t qh = qtile::fma_bf16x2(qtile::magic128(hi >> (4 * i)),
-                                                  qtile::kBf16x2Sixteen, qtile::kBf16x2Neg2048);
-            a[kb][i] = qtile::fma_bf16x2(ql, qtile::kBf16x2One, qh);  // lo + 16 hi: exact
-          }
-        }
-      }
+      qtile::rows_group_a<BITS>(w.cw[0][m], a);
       const float s0 = bf16_lo(w.sbv[0][m].x), b0 = bf16_hi(w.sbv[0][m].x);  // row g
       const float s1 = bf16_lo(w.sbv[0][m].y), b1 = bf16_hi(w.sbv[0][m].y);  // row g + 8
       const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
-      if (m < nng) load_group(w, m, codes, sb, gb + nxt + m);  // a set ahead
+      if (m < nng) qtile::load_group(w, m, codes, sb, gb + nxt + m);  // a set ahead
       const uint32_t xaddr = lane_addr + uint32_t(j & 1) * kStage + uint32_t(mx * 128);
       const float* sxm =
           reinterpret_cast<const float*>(smem + (j & 1) * kStage + size_t(R) * LDX * 2) + mx * R +
@@ -251,28 +213,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int ch = 0; ch < NCH; ++ch) {
         if (ch * kTok >= T) break;  // warp-uniform
-        uint32_t b[2][4];
-        const uint32_t addr = xaddr + uint32_t(ch * kTok * LDX * 2);
-        tile::ldmatrix_x4(b[0], addr);
-        tile::ldmatrix_x4(b[1], addr + 64);  // k16 blocks 2, 3 (+32 columns)
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-        qtile::mma_bf16_16816(c, a[0], b[0][0], b[0][1]);
-        qtile::mma_bf16_16816(c, a[1], b[0][2], b[0][3]);
-        qtile::mma_bf16_16816(c, a[2], b[1][0], b[1][1]);
-        qtile::mma_bf16_16816(c, a[3], b[1][2], b[1][3]);
-        float2 sx;  // the group sums of tokens 2t, 2t + 1
-        if constexpr (kMmaSums) {
-          // An all-ones A: every row of D is the column sums of B, i.e. each token's sum of the
-          // group's 64 x values (as q4_tile.cuh's q_group_dot takes them).
-          float d[4] = {0.f, 0.f, 0.f, 0.f};
-          qtile::mma_bf16_16816(d, kOnes, b[0][0], b[0][1]);
-          qtile::mma_bf16_16816(d, kOnes, b[0][2], b[0][3]);
-          qtile::mma_bf16_16816(d, kOnes, b[1][0], b[1][1]);
-          qtile::mma_bf16_16816(d, kOnes, b[1][2], b[1][3]);
-          sx = make_float2(d[0], d[1]);
-        } else {
-          sx = *reinterpret_cast<const float2*>(sxm + ch * kTok);
-        }
+        float c[4] = {0.f, 0.f, 0.f, 0.f}, d[4] = {0.f, 0.f, 0.f, 0.f};
+        qtile::rows_group_mma<kMmaSums>(a, xaddr + uint32_t(ch * kTok * LDX * 2), c, d);
+        // The group sums of tokens 2t, 2t + 1: from the MMAs, or from the staged pass.
+        const float2 sx =
+            kMmaSums ? make_float2(d[0], d[1]) : *reinterpret_cast<const float2*>(sxm + ch * kTok);
         acc[ch][0] = fmaf(o0, sx.x, fmaf(s0, c[0], acc[ch][0]));
         acc[ch][1] = fmaf(o0, sx.y, fmaf(s0, c[1], acc[ch][1]));
         acc[ch][2] = fmaf(o1, sx.x, fmaf(s1, c[2], acc[ch][2]));
@@ -372,22 +317,11 @@ void launch_nch(int nch, const QMatrix& W, const bf16* x, int T, float* y, int S
   }
 }
 
-}  // namespace
-
-bool q_gemv_rows_available() {
-  return device_compute_capability() >= 90;  // thread-block clusters
-}
-
-void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
-                 cudaStream_t stream) {
-  if (!W || !W.sb || !x || !y) fail("cuda::q_gemv_rows: null pointer");
-  if (T < 1 || T > 65535 * kQGemvRowsMax) fail("cuda::q_gemv_rows: T = {}", T);
-  if (W.rows < 1 || W.cols < kQGroup || W.cols % kQGroup != 0 || W.cols > 65536 ||
-      (W.bits != 4 && W.bits != 8))
-    fail("cuda::q_gemv_rows: unsupported [{}, {}] at {} bits", W.rows, W.cols, W.bits);
-  if (reinterpret_cast<uintptr_t>(x) % 16 != 0)
-    fail("cuda::q_gemv_rows: x must be 16-byte aligned");
-  if (!q_gemv_rows_available()) fail("cuda::q_gemv_rows: needs thread-block clusters (sm_90)");
+// The launch of q_gemv_rows for T tokens: slabs, 8-token chunks per slab, ranks and their groups.
+struct Plan {
+  int Z, nch, S, NG, grid;
+};
+Plan plan_of(const QMatrix& W, int T) {
   // Slabs of 64 tokens; or of 16 where even 8 ranks of 64-token slabs leave the GPU mostly idle
   // (the router: 3 row blocks, 24 blocks at 64 rows), so that the slabs run side by side and each
   // block's chunk loop is 2 long instead of 8 (its weights then come from L2 for all but one slab).
@@ -414,29 +348,55 @@ void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
   }
   static const int forced = env_choice("LILAC_Q_GEMV_ROWS_SLAB", {16, 32, 64});
   if (forced && T > 2 * kTok) slab = forced;
-  const int Z = ceil_div(T, slab);
+  Plan p;
+  p.Z = ceil_div(T, slab);
   const int chunks = (std::min(T, slab) + kTok - 1) / kTok;
-  const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
+  p.nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
   // Ranks: the smallest power of two S (at most 8 and the number of register sets) for which the
   // grid x S x Z blocks reach ~0.7 of a wave of 2 blocks per SM; each rank takes NG groups, whole
   // sets, and S is recomputed so that every rank has at least one group.
   const int G = W.groups(), GS = kSetGroups / (W.bits / 4);
   const int sets = (G + GS - 1) / GS;
-  const int grid = ceil_div(W.tiles(), kWarps);
+  p.grid = ceil_div(W.tiles(), kWarps);
   const long long slots = 2LL * sm_count();
   const int max_s = std::min(kMaxRanks, sets);
   int S = 1;
-  while (S < max_s && 10LL * grid * S * Z < 7 * slots) S *= 2;
+  while (S < max_s && 10LL * p.grid * S * p.Z < 7 * slots) S *= 2;
   S = std::min(S, max_s);
-  const int NG = ceil_div(sets, S) * GS;
-  S = ceil_div(G, NG);
+  p.NG = ceil_div(sets, S) * GS;
+  p.S = ceil_div(G, p.NG);
+  return p;
+}
+
+}  // namespace
+
+QGemvRowsRanks q_gemv_rows_ranks(const QMatrix& W, int T) {
+  const Plan p = plan_of(W, T);
+  return {p.S, p.NG, p.nch <= 2};
+}
+
+bool q_gemv_rows_available() {
+  return device_compute_capability() >= 90;  // thread-block clusters
+}
+
+void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
+                 cudaStream_t stream) {
+  if (!W || !W.sb || !x || !y) fail("cuda::q_gemv_rows: null pointer");
+  if (T < 1 || T > 65535 * kQGemvRowsMax) fail("cuda::q_gemv_rows: T = {}", T);
+  if (W.rows < 1 || W.cols < kQGroup || W.cols % kQGroup != 0 || W.cols > 65536 ||
+      (W.bits != 4 && W.bits != 8))
+    fail("cuda::q_gemv_rows: unsupported [{}, {}] at {} bits", W.rows, W.cols, W.bits);
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    fail("cuda::q_gemv_rows: x must be 16-byte aligned");
+  if (!q_gemv_rows_available()) fail("cuda::q_gemv_rows: needs thread-block clusters (sm_90)");
+  const Plan p = plan_of(W, T);
   const bool add = mode == GemvOut::Accumulate;
   if (W.bits == 4)
-    add ? launch_nch<4, true>(nch, W, x, T, y, S, NG, grid, Z, stream)
-        : launch_nch<4, false>(nch, W, x, T, y, S, NG, grid, Z, stream);
+    add ? launch_nch<4, true>(p.nch, W, x, T, y, p.S, p.NG, p.grid, p.Z, stream)
+        : launch_nch<4, false>(p.nch, W, x, T, y, p.S, p.NG, p.grid, p.Z, stream);
   else
-    add ? launch_nch<8, true>(nch, W, x, T, y, S, NG, grid, Z, stream)
-        : launch_nch<8, false>(nch, W, x, T, y, S, NG, grid, Z, stream);
+    add ? launch_nch<8, true>(p.nch, W, x, T, y, p.S, p.NG, p.grid, p.Z, stream)
+        : launch_nch<8, false>(p.nch, W, x, T, y, p.S, p.NG, p.grid, p.Z, stream);
 }
 
 }  // namespace lilac::cuda
