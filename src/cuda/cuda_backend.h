@@ -86,7 +86,9 @@ struct CudaOptions {
   bool fused_combine_norm = true;
   // Grouped batched passes of up to 32 rows with an 8-bit router: the post norm, the router, the
   // top-k and the routing tables in one cluster launch (moe_router_batch.h), bit for bit the
-  // rms_norm, q_gemv_rows and moe_route launches it replaces. Off until it has run on a GPU (s38).
+  // rms_norm, q_gemv_rows and moe_route launches it replaces; and the one-row decode step's
+  // router the same way (its logits then q_gemv_rows' sums at one row, not q_gemv's), instead of
+  // rms_norm, q_gemv and router_topk. Off until it has run on a GPU (s38).
   // LILAC_MOE_ROUTER_ROUTE=1|0 (A/B).
   bool fused_router_route = false;
   // The same in prompt chunks (the next layer's input norm only; s32, H100: prefill +0.5% at

@@ -473,6 +473,32 @@ TEST(BatchBackend, FusedRouterRouteGivesTheSameBits) {
       EXPECT_EQ(route_lines, on ? 0 : 1) << "fused " << on;
     }
   }
+  // The one-row decode step takes it too (its logits are then q_gemv_rows' sums at one row, not
+  // q_gemv's: another f32 order, so within the batch tests' tolerance, ids equal but for near
+  // ties).
+  o.fused_router_route = false;
+  b->set_options(o);
+  const std::vector<int32_t> prompt = prompt_of(5, nv);
+  const Reference plain = run_alone(*b, prompt, int64_t(prompt.size()) + kSteps + 1);
+  o.fused_router_route = true;
+  b->set_options(o);
+  auto seq = b->new_sequence(int64_t(prompt.size()) + kSteps + 1);
+  std::vector<float> logits(size_t(b->config().vocab));
+  b->forward(*seq, prompt, logits, false);
+  for (int j = 0; j < kSteps; ++j) {  // teacher-forced with the plain run's ids
+    int32_t next = plain.feed[size_t(j)];
+    b->forward(*seq, std::span(&next, 1), logits, false);
+    const auto& want = plain.logits[size_t(j)];
+    double mx = 0;
+    EXPECT_LT(rel_err(logits, want, &mx), 0.5) << "step " << j << " (max abs " << mx << ")";
+    const int32_t a = argmax_n(logits, nv), w = argmax_n(want, nv);
+    EXPECT_TRUE(a == w || double(want[size_t(a)]) >= double(want[size_t(w)]) - 2 * mx)
+        << "step " << j << ": id " << a << " vs " << w;
+  }
+  int fused_lines = 0;
+  for (const std::string& line : b->kernel_breakdown())
+    if (line.find("moe_router_route") != std::string::npos) ++fused_lines;
+  EXPECT_GE(fused_lines, 1) << "the one-row step's breakdown has no moe_router_route";
 }
 
 // One call with every kind of item: a prompt piece that samples nothing, a last prompt piece,
