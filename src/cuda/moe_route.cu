@@ -242,22 +242,8 @@ __global__ void __launch_bounds__(kBlockPairs)
       cnt[row * kBlockExperts + tid] = n;
       n += c;
     }
-  const int tiles = (n + BM - 1) / BM;
-  int pairs_total, tiles_total;
-  const int off = block_exclusive_scan(n, sh, pairs_total);
-  const int tile0 = block_exclusive_scan(tiles, sh, tiles_total);
-  if (tid < E) {
-    off_s[tid] = off;
-    r.expert_offsets[tid] = off;
-    for (int i = 0; i < tiles; ++i) {
-      r.tile_expert[tile0 + i] = tid;
-      r.tile_row0[tile0 + i] = off + i * BM;
-    }
-  }
-  if (tid == 0) {
-    r.expert_offsets[E] = pairs_total;
-    *r.num_tiles = tiles_total;
-  }
+  const int off = route_tables(n, E, BM, true, r, sh);
+  if (tid < E) off_s[tid] = off;
   __syncthreads();
 #pragma unroll
   for (int q = 0; q < PPT; ++q) {
@@ -394,24 +380,8 @@ __global__ void __launch_bounds__(R * 32)
     r.topk_idx[size_t(t) * k + lane] = my_e;
     r.topk_weight[size_t(t) * k + lane] = my_w;
   }
-  const int tiles = (n + BM - 1) / BM;
-  int pairs_total, tiles_total;
-  const int off = block_exclusive_scan(n, sh, pairs_total);
-  const int tile0 = block_exclusive_scan(tiles, sh, tiles_total);
-  if (tid < E) {
-    base_s[tid] = off + below;
-    if (rank == 0) {
-      r.expert_offsets[tid] = off;
-      for (int i = 0; i < tiles; ++i) {
-        r.tile_expert[tile0 + i] = tid;
-        r.tile_row0[tile0 + i] = off + i * BM;
-      }
-    }
-  }
-  if (rank == 0 && tid == 0) {
-    r.expert_offsets[E] = pairs_total;
-    *r.num_tiles = tiles_total;
-  }
+  const int off = route_tables(n, E, BM, rank == 0, r, sh);
+  if (tid < E) base_s[tid] = off + below;
   __syncthreads();
   if (my_e >= 0) {
     const int pos = base_s[my_e] + cnt[warp][my_e];

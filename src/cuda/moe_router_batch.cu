@@ -121,15 +121,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // 1. This warp's tile, the rank's groups, before the wait (weights are no kernel's output).
   const bool active = warp < tiles;  // warp-uniform
-  const int tc = active ? warp : tiles - 1;
-  const uint32_t* const codes = W.codes + size_t(tc) * G * P * kQBlockWords;
-  const uint32_t* const sb = W.sb + size_t(tc) * G * kQSbWords;
+  const qtile::TileRef<BITS> ref(W, active ? warp : tiles - 1);
   qtile::QSet<BITS, 1, GS> w;
-  if (active) {
-#pragma unroll
-    for (int m = 0; m < GS; ++m)
-      if (m < ngb) qtile::load_group(w, m, codes, sb, gb + m);
-  }
+  if (active) qtile::load_set(w, ref, gb, ngb);
   for (int i = tid; i < L.R * kMaxExperts; i += kThreads) cnt[i] = 0;
   // x rows past B: zeros (the MMAs read them; their columns of the products are not used).
   for (int i = tid; i < (L.bt - B) * (L.ldx / 8); i += kThreads)
@@ -268,25 +262,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // Done reading the other blocks' shared memory (n depends on every remote load).
   cluster::arrive_relaxed_after(n);
-  const int BM = kMoeTileRows;
-  const int ntiles = (n + BM - 1) / BM;
-  int pairs_total, tiles_total;
-  const int off = block_exclusive_scan(n, sh, pairs_total);
-  const int tile0 = block_exclusive_scan(ntiles, sh, tiles_total);
-  if (tid < E) {
-    base_s[tid] = off + below;
-    if (rank == 0) {
-      r.expert_offsets[tid] = off;
-      for (int i = 0; i < ntiles; ++i) {
-        r.tile_expert[tile0 + i] = tid;
-        r.tile_row0[tile0 + i] = off + i * BM;
-      }
-    }
-  }
-  if (rank == 0 && tid == 0) {
-    r.expert_offsets[E] = pairs_total;
-    *r.num_tiles = tiles_total;
-  }
+  const int off = route_tables(n, E, kMoeTileRows, rank == 0, r, sh);
+  if (tid < E) base_s[tid] = off + below;
   __syncthreads();
 
   // 5. The stores: pairs, logits, x.

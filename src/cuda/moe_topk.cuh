@@ -1,13 +1,14 @@
 // Device pieces of the MoE routing shared by moe_route.cu (the routing of prompt chunks and
 // batches) and moe_router_batch.cu (the batched step's router with its routing in one launch): the
-// top-k of one token's logits by one warp, and a block-wide exclusive scan. Included by .cu files
-// only.
+// top-k of one token's logits by one warp, a block-wide exclusive scan and the routing tables from
+// the experts' counts. Included by .cu files only.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "cuda/moe_prefill.h"
 
 namespace lilac::cuda {
 
@@ -91,6 +92,32 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* sh, int& total) 
   total = sh[warps - 1];
   __syncthreads();  // sh may be reused
   return prefix + x - v;
+}
+
+// The routing tables from the experts' pair counts, block-wide (every thread calls it: it has
+// barriers; thread e < E holds expert e's total n): the exclusive scans of the counts (the expert
+// offsets) and of their tiles of BM sorted rows (the tile table). With `write`, the offsets, the
+// tile table and num_tiles go to r (one block of a cluster writes them). Returns expert e's
+// offset to thread e < E.
+__device__ __forceinline__ int route_tables(int n, int E, int BM, bool write, const MoeRouting& r,
+                                            int* sh) {
+  const int tid = int(threadIdx.x);
+  const int tiles = (n + BM - 1) / BM;
+  int pairs_total, tiles_total;
+  const int off = block_exclusive_scan(n, sh, pairs_total);
+  const int tile0 = block_exclusive_scan(tiles, sh, tiles_total);
+  if (write && tid < E) {
+    r.expert_offsets[tid] = off;
+    for (int i = 0; i < tiles; ++i) {
+      r.tile_expert[tile0 + i] = tid;
+      r.tile_row0[tile0 + i] = off + i * BM;
+    }
+  }
+  if (write && tid == 0) {
+    r.expert_offsets[E] = pairs_total;
+    *r.num_tiles = tiles_total;
+  }
+  return off;
 }
 
 }  // namespace lilac::cuda

@@ -122,17 +122,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int Rv = kTok * ((T + kTok - 1) / kTok);      // rows the MMAs read (<= R)
   const int tile = int(blockIdx.x) * kWarps + warp;
   const bool active = tile < tiles;  // warp-uniform
-  const int tc = active ? tile : tiles - 1;
-  const uint32_t* const codes = W.codes + size_t(tc) * G * P * kQBlockWords;
-  const uint32_t* const sb = W.sb + size_t(tc) * G * kQSbWords;
+  const qtile::TileRef<BITS> ref(W, active ? tile : tiles - 1);
 
   // 1. The first set's weights, before the wait.
   qtile::QSet<BITS, 1, GS> w;
-  if (active) {
-#pragma unroll
-    for (int m = 0; m < GS; ++m)
-      if (m < ngb) qtile::load_group(w, m, codes, sb, gb + m);
-  }
+  if (active) qtile::load_set(w, ref, gb, ngb);
 
   const bf16* const xb = x + size_t(gb) * 64;  // x[0, the block's first group]
   // Stage j: x [:, groups gb + XG j ...] into buffer j & 1 by cp.async (a warp per row, lanes
@@ -205,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const float s0 = bf16_lo(w.sbv[0][m].x), b0 = bf16_hi(w.sbv[0][m].x);  // row g
       const float s1 = bf16_lo(w.sbv[0][m].y), b1 = bf16_hi(w.sbv[0][m].y);  // row g + 8
       const float o0 = fmaf(-kOffset, s0, b0), o1 = fmaf(-kOffset, s1, b1);
-      if (m < nng) qtile::load_group(w, m, codes, sb, gb + nxt + m);  // a set ahead
+      if (m < nng) qtile::load_group(w, m, ref.codes, ref.sb, gb + nxt + m);  // a set ahead
       const uint32_t xaddr = lane_addr + uint32_t(j & 1) * kStage + uint32_t(mx * 128);
       const float* sxm =
           reinterpret_cast<const float*>(smem + (j & 1) * kStage + size_t(R) * LDX * 2) + mx * R +

@@ -28,6 +28,26 @@ __device__ __forceinline__ void load_group(QSet<BITS, 1, GS>& w, int m, const ui
                : "l"(q));
 }
 
+// A warp's 16-row tile of W: its code blocks (group 0, plane 0) and scale/bias blocks.
+template <int BITS>
+struct TileRef {
+  const uint32_t* codes;
+  const uint32_t* sb;
+  __device__ __forceinline__ TileRef(const QMatrix& W, int tile)
+      : codes(W.codes + size_t(tile) * W.groups() * (BITS / 4) * kQBlockWords),
+        sb(W.sb + size_t(tile) * W.groups() * kQSbWords) {}
+};
+
+// Groups [g0, g0 + ng) of a tile into slots 0 .. ng - 1 of a register set (ng <= GS), all
+// requested at once (a kernel's first set, before its wait).
+template <int BITS, int GS>
+__device__ __forceinline__ void load_set(QSet<BITS, 1, GS>& w, const TileRef<BITS>& t, int g0,
+                                         int ng) {
+#pragma unroll
+  for (int m = 0; m < GS; ++m)
+    if (m < ng) load_group(w, m, t.codes, t.sb, g0 + m);
+}
+
 // ---- the group step
 //
 // One group of a warp's 16-row tile against chunks of 8 tokens whose x rows (bf16) sit in shared

@@ -109,6 +109,14 @@ inline ::testing::AssertionResult within(const std::vector<float>& got,
 
 // The name the backend-level tests (cuda_backend_test, q4_backend_test, batch_kernels_test) call;
 // the same check as within(got, want, atol, rtol, what). New code calls within.
+// How many elements of two equally long vectors differ in their bytes (0: the same bits).
+inline size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0 ? 1 : 0;
+  return n;
+}
+
 inline ::testing::AssertionResult all_close(const std::vector<float>& got,
                                             const std::vector<float>& want, double atol,
                                             double rtol, const std::string& what) {

@@ -379,10 +379,8 @@ TEST(Q4Backend, PrefillCombineNormGivesTheSameBits) {
     };
     const std::vector<float> plain = logits_of(false), fused = logits_of(true);
     ASSERT_EQ(plain.size(), fused.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < plain.size(); ++i)
-      differ += std::memcmp(&plain[i], &fused[i], sizeof(float)) != 0 ? 1 : 0;
-    EXPECT_EQ(differ, 0u) << (q4 ? "4-bit" : "BF16") << ": logits that differ in their bits";
+    EXPECT_EQ(bits_differ(plain, fused), 0u)
+        << (q4 ? "4-bit" : "BF16") << ": logits that differ in their bits";
     // And the fusion happens: with it on, the prompt chunks of the kernel breakdown (256 and
     // 4,096 tokens) run one fused combine per layer but the last; with it off, none.
     const int L = int(backend.config().layers);

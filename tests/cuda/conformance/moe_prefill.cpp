@@ -74,13 +74,6 @@ RouteRef route_ref(const std::vector<float>& logits, int stride, int T, int E, i
   return r;
 }
 
-template <typename T>
-std::vector<T> download_n(const T* d, size_t n) {
-  std::vector<T> h(n);
-  LILAC_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
 ::testing::AssertionResult same_ints(const std::vector<int32_t>& got,
                                      const std::vector<int32_t>& want, const std::string& what) {
   if (got.size() != want.size())

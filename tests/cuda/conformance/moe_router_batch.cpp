@@ -31,13 +31,6 @@ struct RouterRouteCase {
 };
 
 template <typename T>
-std::vector<T> fetch(const T* d, size_t n) {
-  std::vector<T> h(n);
-  LILAC_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-template <typename T>
 ::testing::AssertionResult same_bytes(const std::vector<T>& got, const std::vector<T>& want,
                                       const std::string& what) {
   if (got.size() != want.size())
@@ -62,21 +55,23 @@ struct Routing {
 // the one-block paths nor the fused kernel write them).
 void expect_same_routing(const cuda::MoeRouting& got, const cuda::MoeRouting& want) {
   const size_t P = size_t(want.T) * want.k;
-  EXPECT_TRUE(same_bytes(fetch(got.topk_idx, P), fetch(want.topk_idx, P), "topk_idx"));
-  EXPECT_TRUE(same_bytes(fetch(got.topk_weight, P), fetch(want.topk_weight, P), "topk_weight"));
-  EXPECT_TRUE(same_bytes(fetch(got.expert_offsets, size_t(want.E) + 1),
-                         fetch(want.expert_offsets, size_t(want.E) + 1), "expert_offsets"));
-  EXPECT_TRUE(same_bytes(fetch(got.sorted_token, P), fetch(want.sorted_token, P), "sorted_token"));
+  EXPECT_TRUE(same_bytes(download_n(got.topk_idx, P), download_n(want.topk_idx, P), "topk_idx"));
   EXPECT_TRUE(
-      same_bytes(fetch(got.sorted_weight, P), fetch(want.sorted_weight, P), "sorted_weight"));
-  EXPECT_TRUE(
-      same_bytes(fetch(got.pair_position, P), fetch(want.pair_position, P), "pair_position"));
-  const int tiles = fetch(want.num_tiles, 1)[0];
-  ASSERT_EQ(fetch(got.num_tiles, 1)[0], tiles) << "num_tiles";
-  EXPECT_TRUE(same_bytes(fetch(got.tile_expert, size_t(tiles)),
-                         fetch(want.tile_expert, size_t(tiles)), "tile_expert"));
-  EXPECT_TRUE(same_bytes(fetch(got.tile_row0, size_t(tiles)), fetch(want.tile_row0, size_t(tiles)),
-                         "tile_row0"));
+      same_bytes(download_n(got.topk_weight, P), download_n(want.topk_weight, P), "topk_weight"));
+  EXPECT_TRUE(same_bytes(download_n(got.expert_offsets, size_t(want.E) + 1),
+                         download_n(want.expert_offsets, size_t(want.E) + 1), "expert_offsets"));
+  EXPECT_TRUE(same_bytes(download_n(got.sorted_token, P), download_n(want.sorted_token, P),
+                         "sorted_token"));
+  EXPECT_TRUE(same_bytes(download_n(got.sorted_weight, P), download_n(want.sorted_weight, P),
+                         "sorted_weight"));
+  EXPECT_TRUE(same_bytes(download_n(got.pair_position, P), download_n(want.pair_position, P),
+                         "pair_position"));
+  const int tiles = download_n(want.num_tiles, 1)[0];
+  ASSERT_EQ(download_n(got.num_tiles, 1)[0], tiles) << "num_tiles";
+  EXPECT_TRUE(same_bytes(download_n(got.tile_expert, size_t(tiles)),
+                         download_n(want.tile_expert, size_t(tiles)), "tile_expert"));
+  EXPECT_TRUE(same_bytes(download_n(got.tile_row0, size_t(tiles)),
+                         download_n(want.tile_row0, size_t(tiles)), "tile_row0"));
 }
 
 void check_router_route(const RouterRouteCase& c) {

@@ -99,6 +99,14 @@ std::vector<T> download(const cuda::DeviceBuffer<T>& d) {
   return h;
 }
 
+// n elements from a device pointer (a buffer's part, or a pointer into a workspace).
+template <typename T>
+std::vector<T> download_n(const T* d, size_t n) {
+  std::vector<T> h(n);
+  LILAC_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
 inline std::vector<float> download_bf16_as_f32(const cuda::DeviceBuffer<cuda::bf16>& d) {
   std::vector<uint16_t> bits(d.size());
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
