@@ -56,7 +56,7 @@
 #   router-route-ab
 #               the batched step's post norm, router and routing in one cluster launch
 #               (LILAC_MOE_ROUTER_ROUTE = 0 | 1, s38): its conformance cases and same-bits test, the
-#               batch tests, then under each value, three interleaved
+#               routing cases and the 4-bit batch tests, then under each value, three interleaved
 #               rounds: the 4-bit concurrency bench (bf16 GDN state) at c = 1, 2, 8, 16, 32 and
 #               4-bit decode at 256 context (the one-row step's router takes it too)
 #   streamk-ab  q_gemm_wgmma's stream-K form (LILAC_Q4_GEMM_STREAMK = off | auto, s35; off the
@@ -236,7 +236,7 @@ for s in $steps; do
       switch_ab route LILAC_MOE_ROUTE_CLUSTER 128,256,512 0 off on ;;
     router-route-ab)  # moe_router_route (s38) against rms_norm + q_gemv_rows + moe_route
       run router-route-test 300 env LILAC_MOE_ROUTER_ROUTE=1 "$B/lilac_cuda_tests" \
-        --gtest_filter='*moe_router_route*:*moe_route*:*q_gemv_rows*:BatchBackend.*:BatchKernels.*'
+        --gtest_filter='*moe_router_route*:*moe_route*:BatchBackend.FusedRouterRoute*:BatchBackend.SyntheticQ4*'
       for round in 1 2 3; do
         for v in 0 1; do
           run "router-route-$v-$round" 180 env LILAC_MOE_ROUTER_ROUTE=$v "$B/lilac" bench \
