@@ -88,8 +88,8 @@ struct CudaOptions {
   // top-k and the routing tables in one cluster launch (moe_router_batch.h), bit for bit the
   // rms_norm, q_gemv_rows and moe_route launches it replaces; and the one-row decode step's
   // router the same way (its logits then q_gemv_rows' sums at one row, not q_gemv's), instead of
-  // rms_norm, q_gemv and router_topk. Off until it has run on a GPU (s38).
-  // LILAC_MOE_ROUTER_ROUTE=1|0 (A/B).
+  // rms_norm, q_gemv and router_topk. Off: measured slower (s38 run 1, H100, three rounds: c = 16
+  // -5.5%, c = 8 / 32 -7%, one row -2.5%; docs/kernels.md). LILAC_MOE_ROUTER_ROUTE=1|0 (A/B).
   bool fused_router_route = false;
   // The same in prompt chunks (the next layer's input norm only; s32, H100: prefill +0.5% at
   // 256 / 512 tokens, +0.6% at 4,096). LILAC_PREFILL_COMBINE_NORM=0: rms_norm (A/B).

@@ -32,6 +32,11 @@
 //     token order is rank order).
 //  5. Every global store last (the logits, x for the expert kernels, the tables): a cluster
 //     barrier's release waits for the block's pending global stores (s37's ERRBAR stall).
+// The results are rms_norm + q_gemv_rows + moe_route's bit for bit (conformance moe_router_route
+// cases). Measured (s38 run 1, H100, three interleaved rounds, 4-bit, bf16 state): slower than
+// the four launches, c = 16 2,979 -> 2,814 tok/s (5.37 -> 5.69 ms per step: +7.8 us per layer),
+// c = 8 and 32 -7%, one row 477 -> 465; un-graphed, a launch took 15.9 us at one row. Not yet
+// profiled (no device time was left): off by default (CudaOptions::fused_router_route).
 // Shared memory (dynamic): x rows [8 NCH][64 NG + 8] bf16, partial logits [16 tiles][8 NCH], the
 // own tokens' logits [R][16 tiles], the norm's warp sums [8][8 NCH], count rows [R][256], pairs
 // [R k]: ~80 KB at 32 rows and S = 8.
