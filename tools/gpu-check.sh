@@ -53,12 +53,6 @@
 #   route-ab    moe_route's one-cluster form for 65-512 rows (LILAC_MOE_ROUTE_CLUSTER = off | on,
 #               s37): the routing, MoE prefill, batch and prefill GPU tests, then 4-bit prefill at
 #               128 / 256 / 512 tokens under each (three interleaved rounds)
-#   router-route-ab
-#               the batched step's post norm, router and routing in one cluster launch
-#               (LILAC_MOE_ROUTER_ROUTE = 0 | 1, s38): its conformance cases and same-bits test, the
-#               routing cases and the 4-bit batch tests, then under each value, three interleaved
-#               rounds: the 4-bit concurrency bench (bf16 GDN state) at c = 1, 2, 8, 16, 32 and
-#               4-bit decode at 256 context (the one-row step's router takes it too)
 #   streamk-ab  q_gemm_wgmma's stream-K form (LILAC_Q4_GEMM_STREAMK = off | auto, s35; off the
 #               default, measured slower): its conformance cases first, then 4-bit prefill at 256 /
 #               512 / 1,024 / 4,096 tokens under each, three interleaved rounds
@@ -234,17 +228,6 @@ for s in $steps; do
     route-ab)  # moe_route's cluster (s37) against the top-k kernel then the one-block sort
       run route-test 300 "$B/lilac_cuda_tests" --gtest_filter='*moe_route*:*moe_prefill*:*Batch*:*Prefill*'
       switch_ab route LILAC_MOE_ROUTE_CLUSTER 128,256,512 0 off on ;;
-    router-route-ab)  # moe_router_route (s38) against rms_norm + q_gemv_rows + moe_route
-      run router-route-test 300 env LILAC_MOE_ROUTER_ROUTE=1 "$B/lilac_cuda_tests" \
-        --gtest_filter='*moe_router_route*:*moe_route*:BatchBackend.FusedRouterRoute*:BatchBackend.SyntheticQ4*'
-      for round in 1 2 3; do
-        for v in 0 1; do
-          run "router-route-$v-$round" 180 env LILAC_MOE_ROUTER_ROUTE=$v "$B/lilac" bench \
-            --synthetic --weights q4 --gdn-state bf16 --concurrency 1,2,8,16,32
-          run "router-route-decode-$v-$round" 180 env LILAC_MOE_ROUTER_ROUTE=$v "$B/lilac" bench \
-            --synthetic --weights q4 --lengths 256 --rounds 1
-        done
-      done ;;
     streamk-ab)
       run streamk-test 300 "$B/lilac_cuda_tests" --gtest_filter='*q_gemm*streamk*:*q_gemm*scratch*:Q4Gemm.*'
       switch_ab streamk LILAC_Q4_GEMM_STREAMK 256,512,1024,4096 0 off auto ;;

@@ -56,8 +56,6 @@ CudaOptions CudaOptions::from_environment() {
     o.fused_shared_expert = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_COMBINE_NORM"))
     o.fused_combine_norm = std::string(f) != "0";
-  if (const char* f = std::getenv("LILAC_MOE_ROUTER_ROUTE"))
-    o.fused_router_route = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_PREFILL_COMBINE_NORM"))
     o.prefill_combine_norm = std::string(f) != "0";
   if (const char* f = std::getenv("LILAC_PREFILL_MOE_Y_BF16"))

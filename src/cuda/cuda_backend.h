@@ -84,13 +84,6 @@ struct CudaOptions {
   // Grouped batched passes: the MoE combine also writes the next layer's input norm (or the
   // final norm) in its blocks, bit for bit rms_norm's. LILAC_COMBINE_NORM=0: rms_norm (A/B).
   bool fused_combine_norm = true;
-  // Grouped batched passes of up to 32 rows with an 8-bit router: the post norm, the router, the
-  // top-k and the routing tables in one cluster launch (moe_router_batch.h), bit for bit the
-  // rms_norm, q_gemv_rows and moe_route launches it replaces; and the one-row decode step's
-  // router the same way (its logits then q_gemv_rows' sums at one row, not q_gemv's), instead of
-  // rms_norm, q_gemv and router_topk. Off: measured slower (s38 run 1, H100, three rounds: c = 16
-  // -5.5%, c = 8 / 32 -7%, one row -2.5%; docs/kernels.md). LILAC_MOE_ROUTER_ROUTE=1|0 (A/B).
-  bool fused_router_route = false;
   // The same in prompt chunks (the next layer's input norm only; s32, H100: prefill +0.5% at
   // 256 / 512 tokens, +0.6% at 4,096). LILAC_PREFILL_COMBINE_NORM=0: rms_norm (A/B).
   bool prefill_combine_norm = true;
@@ -243,7 +236,6 @@ class CudaBackend : public Backend {
   void sample_launches(CudaSequenceState& st, Timer* timer);
   // The batched decode pass (cuda_backend_batch.cpp).
   bool batch_layer(int64_t layer, int B, bool grouped_moe, bool normed, Timer* timer);
-  bool moe_block(int64_t layer, int B, const MoeRouting& r, Timer* timer);
   void batch_launches(int B, bool grouped_moe, Timer* timer);
   bool batch_grouped_moe(int B) const;
   bool batched_pass_available() const;

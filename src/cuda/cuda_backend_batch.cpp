@@ -23,7 +23,6 @@
 #include "cuda/gated_deltanet.h"
 #include "cuda/gemv_rows.h"
 #include "cuda/launch.h"
-#include "cuda/moe_router_batch.h"
 #include "cuda/position.h"
 
 namespace lilac::cuda {
@@ -152,18 +151,6 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
-  // The post norm, the router and (grouped) its routing: one cluster launch where it applies (an
-  // 8-bit router, which q_gemv_rows would run; moe_router_batch.h), else three or four launches.
-  const bool router_route = grouped_moe && options_.fused_router_route && L.router.affine() &&
-                            L.router.q.bits == 8 && moe_router_route_supported(L.router.q, B, E, k);
-  if (router_route) {
-    MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
-    timed(timer, "moe_router_route", [&] {
-      moe_router_route(L.router.q, w.h.get(), L.post_norm, eps, B, E, k, w.router.get(), w.x.get(),
-                       r, s);
-    });
-    return moe_block(li, B, r, timer);
-  }
   timed(timer, "rms_norm", [&] { rms_norm(w.h.get(), L.post_norm, w.x.get(), B, H, eps, s); });
   timed(timer, "proj.router", [&] {
     rows_proj(w.x.get(), B, H, L.router, E + 1, w.router.get(), false, options_.q4_wgmma_min_rows,
@@ -172,7 +159,18 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
   if (grouped_moe) {  // as prefill: tokens grouped by expert, each touched expert read once
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
     timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
-    return moe_block(li, B, r, timer);
+    moe_experts(L, c, w, B, r, options_.small_moe_max_tokens, options_.small_moe_kernel,
+                options_.fused_shared_expert, timer, s);
+    // The next norm (the next layer's input norm, or the final one) in the combine's blocks.
+    const float* next_norm =
+        li + 1 < c.layers ? model_->layers[size_t(li) + 1].input_norm : model_->final_norm;
+    const bool fuse = options_.fused_combine_norm &&
+                      moe_combine_norm_supported(H, w.h.get(), next_norm, w.x.get());
+    timed(timer, fuse ? "moe_combine+rms_norm" : "moe_combine", [&] {
+      moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s,
+                  fuse ? next_norm : nullptr, w.x.get(), eps);
+    });
+    return fuse;
   }
   timed(timer, "router_topk", [&] {
     router_topk(w.router.get(), E + 1, B, E, k, bw.topk_idx.get(), bw.topk_w.get(), s);
@@ -204,28 +202,6 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
                     w.router.get() + E, bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
     });
   return false;
-}
-
-// The grouped experts of a batched layer after its routing r (q_moe_small or the grouped BF16
-// kernels, the shared expert inside them) and the combine into h, which also writes the next
-// norm (the next layer's input norm, or the final one) where it can; returns whether it did.
-bool CudaBackend::moe_block(int64_t li, int B, const MoeRouting& r, Timer* timer) {
-  const ModelConfig& c = model_->config;
-  const DeviceLayer& L = model_->layers[size_t(li)];
-  Workspace& w = *ws_;
-  const int H = int(c.hidden), E = int(c.experts);
-  cudaStream_t s = stream_;
-  moe_experts(L, c, w, B, r, options_.small_moe_max_tokens, options_.small_moe_kernel,
-              options_.fused_shared_expert, timer, s);
-  const float* next_norm =
-      li + 1 < c.layers ? model_->layers[size_t(li) + 1].input_norm : model_->final_norm;
-  const bool fuse =
-      options_.fused_combine_norm && moe_combine_norm_supported(H, w.h.get(), next_norm, w.x.get());
-  timed(timer, fuse ? "moe_combine+rms_norm" : "moe_combine", [&] {
-    moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s,
-                fuse ? next_norm : nullptr, w.x.get(), c.rms_eps);
-  });
-  return fuse;
 }
 
 void CudaBackend::batch_launches(int B, bool grouped_moe, Timer* timer) {

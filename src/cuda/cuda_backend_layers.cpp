@@ -9,7 +9,6 @@
 #include "cuda/cuda_backend_state.h"
 #include "cuda/gated_deltanet.h"
 #include "cuda/launch.h"
-#include "cuda/moe_router_batch.h"
 #include "cuda/position.h"
 
 namespace lilac::cuda {
@@ -220,22 +219,7 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   }
   const int E = int(c.experts), k = int(c.experts_per_token), I = int(c.expert_intermediate);
   const int Is = int(c.shared_intermediate);
-  // The experts' routing: the top-k ids and weights of this row.
-  const int32_t* topk_idx = w.topk_idx.get();
-  const float* topk_w = w.topk_w.get();
-  if (options_.fused_router_route && L.router.affine() && L.router.q.bits == 8 &&
-      moe_router_route_supported(L.router.q, 1, E, k)) {
-    // The batched step's fused router at one row (moe_router_batch.h; its routing tables for one
-    // row are a by-product): the post norm, the router and the top-k in one cluster launch
-    // instead of rms_norm, q_gemv and router_topk.
-    const MoeRouting r = moe_routing_layout(w.routing.get(), 1, E, k);
-    timed(timer, "moe_router_route", [&] {
-      moe_router_route(L.router.q, w.h.get(), L.post_norm, eps, 1, E, k, w.router.get(), w.x.get(),
-                       r, s);
-    });
-    topk_idx = r.topk_idx;
-    topk_w = r.topk_weight;
-  } else if (L.router.format == DeviceFormat::Bf16) {
+  if (L.router.format == DeviceFormat::Bf16) {
     // A BF16 router: the post norm, the router GEMV (E + 1 rows: the shared gate logit last) and
     // the top-k in one launch (moe_router); it also leaves the normalised x for the experts'
     // gate/up. A 4/8-bit router (below): rms_norm, q_gemv, router_topk.
@@ -253,16 +237,16 @@ void CudaBackend::layer_decode(CudaSequenceState& st, int64_t li, Timer* timer) 
   }
   if (trace_) {  // the routing, to tell a near-tie flip from a wrong step (tests)
     const std::string tp = fmt::format("decode.layer{}.", li);
-    auto ids = download_f32(topk_idx, size_t(k), s);
+    auto ids = download_f32(w.topk_idx.get(), size_t(k), s);
     trace_(tp + "moe.topk_ids", ids.data(), {1, k});
     auto logits = download_f32(w.router.get(), size_t(E), s);
     trace_(tp + "moe.router_logits", logits.data(), {1, E});
   }
   timed(timer, "moe_gate_up_gemv",
-        [&] { moe_gate_up_decode(L, topk_idx, k, w.x.get(), H, I, Is, w.act.get(), s); });
+        [&] { moe_gate_up_decode(L, w.topk_idx.get(), k, w.x.get(), H, I, Is, w.act.get(), s); });
   timed(timer, "moe_down_gemv", [&] {
-    moe_down_decode(L, topk_idx, topk_w, w.router.get() + E, w.act.get(), k, H, I, Is, w.h.get(),
-                    s);
+    moe_down_decode(L, w.topk_idx.get(), w.topk_w.get(), w.router.get() + E, w.act.get(), k, H, I,
+                    Is, w.h.get(), s);
   });
 }
 

@@ -1,7 +1,6 @@
-// Device pieces of the MoE routing shared by moe_route.cu (the routing of prompt chunks and
-// batches) and moe_router_batch.cu (the batched step's router with its routing in one launch): the
-// top-k of one token's logits by one warp, a block-wide exclusive scan and the routing tables from
-// the experts' counts. Included by .cu files only.
+// Device pieces of the MoE routing shared by moe_route.cu's kernels (the routing of prompt chunks
+// and batches): the top-k of one token's logits by one warp, a block-wide exclusive scan and the
+// routing tables from the experts' counts. Included by .cu files only.
 #pragma once
 
 #include <cmath>

@@ -311,11 +311,22 @@ void launch_nch(int nch, const QMatrix& W, const bf16* x, int T, float* y, int S
   }
 }
 
-// The launch of q_gemv_rows for T tokens: slabs, 8-token chunks per slab, ranks and their groups.
-struct Plan {
-  int Z, nch, S, NG, grid;
-};
-Plan plan_of(const QMatrix& W, int T) {
+}  // namespace
+
+bool q_gemv_rows_available() {
+  return device_compute_capability() >= 90;  // thread-block clusters
+}
+
+void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
+                 cudaStream_t stream) {
+  if (!W || !W.sb || !x || !y) fail("cuda::q_gemv_rows: null pointer");
+  if (T < 1 || T > 65535 * kQGemvRowsMax) fail("cuda::q_gemv_rows: T = {}", T);
+  if (W.rows < 1 || W.cols < kQGroup || W.cols % kQGroup != 0 || W.cols > 65536 ||
+      (W.bits != 4 && W.bits != 8))
+    fail("cuda::q_gemv_rows: unsupported [{}, {}] at {} bits", W.rows, W.cols, W.bits);
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    fail("cuda::q_gemv_rows: x must be 16-byte aligned");
+  if (!q_gemv_rows_available()) fail("cuda::q_gemv_rows: needs thread-block clusters (sm_90)");
   // Slabs of 64 tokens; or of 16 where even 8 ranks of 64-token slabs leave the GPU mostly idle
   // (the router: 3 row blocks, 24 blocks at 64 rows), so that the slabs run side by side and each
   // block's chunk loop is 2 long instead of 8 (its weights then come from L2 for all but one slab).
@@ -342,55 +353,29 @@ Plan plan_of(const QMatrix& W, int T) {
   }
   static const int forced = env_choice("LILAC_Q_GEMV_ROWS_SLAB", {16, 32, 64});
   if (forced && T > 2 * kTok) slab = forced;
-  Plan p;
-  p.Z = ceil_div(T, slab);
+  const int Z = ceil_div(T, slab);
   const int chunks = (std::min(T, slab) + kTok - 1) / kTok;
-  p.nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
+  const int nch = chunks <= 1 ? 1 : chunks <= 2 ? 2 : chunks <= 4 ? 4 : 8;
   // Ranks: the smallest power of two S (at most 8 and the number of register sets) for which the
   // grid x S x Z blocks reach ~0.7 of a wave of 2 blocks per SM; each rank takes NG groups, whole
   // sets, and S is recomputed so that every rank has at least one group.
   const int G = W.groups(), GS = kSetGroups / (W.bits / 4);
   const int sets = (G + GS - 1) / GS;
-  p.grid = ceil_div(W.tiles(), kWarps);
+  const int grid = ceil_div(W.tiles(), kWarps);
   const long long slots = 2LL * sm_count();
   const int max_s = std::min(kMaxRanks, sets);
   int S = 1;
-  while (S < max_s && 10LL * p.grid * S * p.Z < 7 * slots) S *= 2;
+  while (S < max_s && 10LL * grid * S * Z < 7 * slots) S *= 2;
   S = std::min(S, max_s);
-  p.NG = ceil_div(sets, S) * GS;
-  p.S = ceil_div(G, p.NG);
-  return p;
-}
-
-}  // namespace
-
-QGemvRowsRanks q_gemv_rows_ranks(const QMatrix& W, int T) {
-  const Plan p = plan_of(W, T);
-  return {p.S, p.NG, p.nch <= 2};
-}
-
-bool q_gemv_rows_available() {
-  return device_compute_capability() >= 90;  // thread-block clusters
-}
-
-void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
-                 cudaStream_t stream) {
-  if (!W || !W.sb || !x || !y) fail("cuda::q_gemv_rows: null pointer");
-  if (T < 1 || T > 65535 * kQGemvRowsMax) fail("cuda::q_gemv_rows: T = {}", T);
-  if (W.rows < 1 || W.cols < kQGroup || W.cols % kQGroup != 0 || W.cols > 65536 ||
-      (W.bits != 4 && W.bits != 8))
-    fail("cuda::q_gemv_rows: unsupported [{}, {}] at {} bits", W.rows, W.cols, W.bits);
-  if (reinterpret_cast<uintptr_t>(x) % 16 != 0)
-    fail("cuda::q_gemv_rows: x must be 16-byte aligned");
-  if (!q_gemv_rows_available()) fail("cuda::q_gemv_rows: needs thread-block clusters (sm_90)");
-  const Plan p = plan_of(W, T);
+  const int NG = ceil_div(sets, S) * GS;
+  S = ceil_div(G, NG);
   const bool add = mode == GemvOut::Accumulate;
   if (W.bits == 4)
-    add ? launch_nch<4, true>(p.nch, W, x, T, y, p.S, p.NG, p.grid, p.Z, stream)
-        : launch_nch<4, false>(p.nch, W, x, T, y, p.S, p.NG, p.grid, p.Z, stream);
+    add ? launch_nch<4, true>(nch, W, x, T, y, S, NG, grid, Z, stream)
+        : launch_nch<4, false>(nch, W, x, T, y, S, NG, grid, Z, stream);
   else
-    add ? launch_nch<8, true>(p.nch, W, x, T, y, p.S, p.NG, p.grid, p.Z, stream)
-        : launch_nch<8, false>(p.nch, W, x, T, y, p.S, p.NG, p.grid, p.Z, stream);
+    add ? launch_nch<8, true>(nch, W, x, T, y, S, NG, grid, Z, stream)
+        : launch_nch<8, false>(nch, W, x, T, y, S, NG, grid, Z, stream);
 }
 
 }  // namespace lilac::cuda

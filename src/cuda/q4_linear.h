@@ -47,16 +47,6 @@ void q_gemv_rows(const QMatrix& W, const bf16* x, int T, float* y, GemvOut mode,
                  cudaStream_t stream);
 // Whether the current device runs q_gemv_rows (thread-block clusters: compute capability >= 9).
 bool q_gemv_rows_available();
-// How q_gemv_rows splits K for T tokens: S ranks (a cluster per row block) of NG groups each
-// (the last rank may have fewer), every rank's groups summed in order and the ranks' partials in
-// rank order; the tokens' group sums from MMAs (up to two 8-token chunks per slab) or from a pass
-// over the staged x. moe_router_route (moe_router_batch.h) splits the router the same way, so that
-// its logits are these bits.
-struct QGemvRowsRanks {
-  int S, NG;
-  bool mma_sums;
-};
-QGemvRowsRanks q_gemv_rows_ranks(const QMatrix& W, int T);
 // The same with a bf16 store (round to nearest even).
 void q_gemv_bf16out(const QMatrix& W, const bf16* x, bf16* y, cudaStream_t stream);
 

@@ -1,7 +1,5 @@
-// Device pieces of the rows kernels (q4_gemv_rows.cu: the 4/8-bit projections over a batch's
-// token rows; moe_router_batch.cu: the batched step's router with its norm and routing), over
-// q4_tile.cuh's register sets: both call these, so their products agree bit for bit. Included by
-// .cu files only.
+// Device pieces of the rows kernel (q4_gemv_rows.cu: the 4/8-bit projections over a batch's token
+// rows), over q4_tile.cuh's register sets. Included by .cu files only.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +11,7 @@ namespace lilac::cuda::qtile {
 // Group `grp` of a tile into slot m of a one-tile register set (codes: the tile's block at group 0,
 // plane 0; sb: its scale/bias block). Volatile: issued where written (before pdl_wait for a
 // kernel's first set, in the middle of the previous set for the others), not sunk towards the
-// first use. The rows kernels' (q4_gemv_rows.cu, moe_router_batch.cu) way to load.
+// first use. The rows kernel's (q4_gemv_rows.cu) way to load.
 template <int BITS, int GS>
 __device__ __forceinline__ void load_group(QSet<BITS, 1, GS>& w, int m, const uint32_t* codes,
                                            const uint32_t* sb, int grp) {
@@ -52,10 +50,9 @@ __device__ __forceinline__ void load_set(QSet<BITS, 1, GS>& w, const TileRef<BIT
 //
 // One group of a warp's 16-row tile against chunks of 8 tokens whose x rows (bf16) sit in shared
 // memory, read by ldmatrix.x4: the A fragments rebuilt once per group, then per chunk four product
-// MMAs and, where the caller takes the group sums from MMAs, four with an all-ones A. Both kernels
-// call these, so their products agree bit for bit.
+// MMAs and, where the caller takes the group sums from MMAs, four with an all-ones A.
 
-// The offset the rows kernels remove per group with the tokens' group sums: the 4-bit A is 128 + q
+// The offset the rows kernel removes per group with the tokens' group sums: the 4-bit A is 128 + q
 // (no conversion), the 8-bit A is q itself.
 template <int BITS>
 constexpr float kRowsOffset = BITS == 4 ? 128.f : 0.f;

@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -399,103 +398,6 @@ TEST(BatchBackend, PromptPiecesPrefillTogetherQ4) {
   LILAC_REQUIRE_GPU();
   auto b = synthetic_layers(true, 8, chunk_256());
   check_prefill_together(*b, {0.5, 2e-2, 0.15}, "q4");
-}
-
-// The batched step's post norm, router, top-k and routing tables in one launch
-// (CudaOptions::fused_router_route, moe_router_batch.h: the 4-bit model's 8-bit router, grouped
-// MoE, up to 32 rows) give the step's logits bit for bit as the rms_norm, q_gemv_rows and
-// moe_route launches do, at 2, 16 and 32 rows; and the fused launch is what runs (once per layer
-// in the pass's kernel breakdown), the three others not.
-TEST(BatchBackend, FusedRouterRouteGivesTheSameBits) {
-  LILAC_REQUIRE_GPU();
-  auto b = synthetic_layers(true, 4);
-  const int layers = int(b->config().layers);
-  cuda::CudaOptions o = b->options();
-  o.batch_min_rows = 1;
-  o.batch_grouped_moe_min_rows = 1;
-  const int32_t nv = b->sampling_vocab();
-  SamplingParams greedy;
-  greedy.temperature = 0;
-  for (const int B : {2, 16, 32}) {
-    SCOPED_TRACE("B = " + std::to_string(B));
-    auto new_batch = [&] {
-      std::vector<std::unique_ptr<SequenceState>> seqs;
-      for (int i = 0; i < B; ++i) {
-        const std::vector<int32_t> prompt = prompt_of(i, nv);
-        seqs.push_back(b->new_sequence(int64_t(prompt.size()) + 4));
-        b->forward(*seqs.back(), prompt, {}, false);
-        b->begin_sampling(*seqs.back(), prompt, greedy);
-      }
-      return seqs;
-    };
-    auto logits_of = [&](bool fused) {
-      o.fused_router_route = fused;
-      b->set_options(o);
-      auto seqs = new_batch();
-      std::vector<int32_t> next(static_cast<size_t>(B));
-      std::vector<BatchItem> items(static_cast<size_t>(B));
-      for (int i = 0; i < B; ++i) {
-        next[size_t(i)] = int32_t((uint64_t(i) * 7919u + 11u) % uint64_t(nv));
-        items[size_t(i)].state = seqs[size_t(i)].get();
-        items[size_t(i)].ids = std::span(&next[size_t(i)], 1);
-      }
-      b->step_batch(items);
-      std::vector<float> all;
-      for (int i = 0; i < B; ++i) {
-        const std::vector<float> l = b->last_batch_logits(i);
-        all.insert(all.end(), l.begin(), l.end());
-      }
-      return all;
-    };
-    const std::vector<float> plain = logits_of(false), fused = logits_of(true);
-    ASSERT_EQ(plain.size(), fused.size());
-    EXPECT_EQ(bits_differ(plain, fused), 0u) << "logits that differ in their bits";
-    for (const bool on : {true, false}) {
-      o.fused_router_route = on;
-      b->set_options(o);
-      auto seqs = new_batch();
-      std::vector<SequenceState*> ptrs;
-      for (auto& s : seqs) ptrs.push_back(s.get());
-      int fused_lines = 0, route_lines = 0;
-      for (const std::string& line : b->batch_kernel_breakdown(ptrs)) {
-        if (line.find("moe_router_route") != std::string::npos) {
-          ++fused_lines;
-          EXPECT_NE(line.find("(" + std::to_string(layers) + " launches)"), std::string::npos)
-              << line;
-        } else if (line.find(" moe_route ") != std::string::npos) {
-          ++route_lines;
-        }
-      }
-      EXPECT_EQ(fused_lines, on ? 1 : 0) << "fused " << on;
-      EXPECT_EQ(route_lines, on ? 0 : 1) << "fused " << on;
-    }
-  }
-  // The one-row decode step takes it too (its logits are then q_gemv_rows' sums at one row, not
-  // q_gemv's: another f32 order, so within the batch tests' tolerance, ids equal but for near
-  // ties).
-  o.fused_router_route = false;
-  b->set_options(o);
-  const std::vector<int32_t> prompt = prompt_of(5, nv);
-  const Reference plain = run_alone(*b, prompt, int64_t(prompt.size()) + kSteps + 1);
-  o.fused_router_route = true;
-  b->set_options(o);
-  auto seq = b->new_sequence(int64_t(prompt.size()) + kSteps + 1);
-  std::vector<float> logits(size_t(b->config().vocab));
-  b->forward(*seq, prompt, logits, false);
-  for (int j = 0; j < kSteps; ++j) {  // teacher-forced with the plain run's ids
-    int32_t next = plain.feed[size_t(j)];
-    b->forward(*seq, std::span(&next, 1), logits, false);
-    const auto& want = plain.logits[size_t(j)];
-    double mx = 0;
-    EXPECT_LT(rel_err(logits, want, &mx), 0.5) << "step " << j << " (max abs " << mx << ")";
-    const int32_t a = argmax_n(logits, nv), w = argmax_n(want, nv);
-    EXPECT_TRUE(a == w || double(want[size_t(a)]) >= double(want[size_t(w)]) - 2 * mx)
-        << "step " << j << ": id " << a << " vs " << w;
-  }
-  int fused_lines = 0;
-  for (const std::string& line : b->kernel_breakdown())
-    if (line.find("moe_router_route") != std::string::npos) ++fused_lines;
-  EXPECT_GE(fused_lines, 1) << "the one-row step's breakdown has no moe_router_route";
 }
 
 // One call with every kind of item: a prompt piece that samples nothing, a last prompt piece,

@@ -107,8 +107,6 @@ inline ::testing::AssertionResult within(const std::vector<float>& got,
   return within(got, want, tol, what);
 }
 
-// The name the backend-level tests (cuda_backend_test, q4_backend_test, batch_kernels_test) call;
-// the same check as within(got, want, atol, rtol, what). New code calls within.
 // How many elements of two equally long vectors differ in their bytes (0: the same bits).
 inline size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
   size_t n = 0;
@@ -117,6 +115,8 @@ inline size_t bits_differ(const std::vector<float>& a, const std::vector<float>&
   return n;
 }
 
+// The name the backend-level tests (cuda_backend_test, q4_backend_test, batch_kernels_test) call;
+// the same check as within(got, want, atol, rtol, what). New code calls within.
 inline ::testing::AssertionResult all_close(const std::vector<float>& got,
                                             const std::vector<float>& want, double atol,
                                             double rtol, const std::string& what) {
