@@ -215,23 +215,19 @@ __device__ __forceinline__ void ktile_step(float (&acc)[C::NACC], uint32_t (&a)[
 // into a step comes from the other buffer's step, so no path redefines a buffer whose group may be
 // in flight, else ptxas serialises the wgmmas: C7513), and the drain. Leaves no wgmma or cp.async
 // in flight; does not synchronise the block at the end. N < C::BT: only tokens [0, N) computed.
-// pdl (s39; WidePdl): the kernel may run under programmatic dependent launch (x is the previous
-// kernel's output), in one of three prologues (A/B): kWeightsFirst, the PREFETCH stages' weight
-// copies, then griddepcontrol.wait, then the x copies one commit per stage (GroupLoop's PDL
-// prologue, s23; group 0 then carries every stage's weights); kWaitFirst, the wait, then the
-// prologue as without PDL; kL2First, the PREFETCH stages' weights into L2 (one bulk prefetch per
-// warp for its tile's codes, one per lane of warp 0 with a tile's scales), the wait, then the
-// prologue as without PDL (its weight copies then hit L2). kNone: the prologue alone.
-enum class WidePdl : int { kNone = 0, kWeightsFirst = 1, kWaitFirst = 2, kL2First = 3 };
-
+// pdl (s39): the kernel may run under programmatic dependent launch (x is the previous kernel's
+// output): the prologue's weight copies first (no kernel writes them), then griddepcontrol.wait,
+// then the x copies, one commit per stage (group 0 also carries the later stages' weights: waiting
+// for it waits for more than it needs, never less); GroupLoop's PDL_WAIT prologue, for the wide
+// forms. Off: every stage's x and weights together, as before.
 template <class C, int N = C::BT>
 __device__ __forceinline__ void mainloop(float (&acc)[C::NACC], const tile::RowSet<C::X_LOADS>& xr,
                                          const WSrc& w, int K, uint32_t sX, uint32_t sW,
-                                         WidePdl pdl = WidePdl::kNone) {
+                                         bool pdl = false) {
 #pragma unroll
   for (int i = 0; i < C::NACC; ++i) acc[i] = 0.f;
   const int KT = K / tile::kBK;
-  if (pdl == WidePdl::kWeightsFirst) {  // block-uniform
+  if (pdl) {  // block-uniform
 #pragma unroll
     for (int s = 0; s < C::PREFETCH; ++s)
       if (s < KT) load_stage_w<C>(w, sW + uint32_t(s * C::W_STAGE), s);
@@ -242,16 +238,6 @@ __device__ __forceinline__ void mainloop(float (&acc)[C::NACC], const tile::RowS
       tile::cp_async_commit();
     }
   } else {
-    if (pdl == WidePdl::kL2First) {
-      const int n = min(KT, C::PREFETCH), lane = threadIdx.x & 31;
-      // A warp's codes for k-tiles [0, n) are one run of n 512-byte blocks (tile-major layout).
-      if (w.codes_ok)
-        prefetch_chunks_l2(reinterpret_cast<const uint4*>(w.codes - lane * 4), 0,
-                           n * kQBlockWords / 4, lane);
-      if (threadIdx.x < 32 && (lane & 3) == 0 && w.sb_ok)  // tile t0 + lane / 4's scales
-        prefetch_chunks_l2(reinterpret_cast<const uint4*>(w.sb), 0, n * kQSbWords / 4, 0);
-    }
-    if (pdl != WidePdl::kNone) pdl_wait();
 #pragma unroll
     for (int s = 0; s < C::PREFETCH; ++s) {
       if (s < KT)
