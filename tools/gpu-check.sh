@@ -56,10 +56,6 @@
 #   streamk-ab  q_gemm_wgmma's stream-K form (LILAC_Q4_GEMM_STREAMK = off | auto, s35; off the
 #               default, measured slower): its conformance cases first, then 4-bit prefill at 256 /
 #               512 / 1,024 / 4,096 tokens under each, three interleaved rounds
-#   wide-pdl-ab the wide q_gemm_wgmma forms (prompt chunks' dense projections) under PDL
-#               (LILAC_Q4_GEMM_WIDE_PDL = off | on, s39): the q_gemm, prefill and Q4Backend GPU
-#               tests with it on, then 4-bit prefill at 256 / 512 / 1,024 / 4,096 tokens under each,
-#               three interleaved rounds
 #   ncu-proj    Nsight Compute (--set full) over the first 8 q_gemm_wgmma launches of a 256-token
 #               4-bit prefill (in_proj / out_proj of three GDN layers, qkv / o_proj of one attention
 #               layer; with LILAC_Q4_GEMM_STREAMK=auto the stream-K kernel's, whose name contains
@@ -235,10 +231,6 @@ for s in $steps; do
     streamk-ab)
       run streamk-test 300 "$B/lilac_cuda_tests" --gtest_filter='*q_gemm*streamk*:*q_gemm*scratch*:Q4Gemm.*'
       switch_ab streamk LILAC_Q4_GEMM_STREAMK 256,512,1024,4096 0 off auto ;;
-    wide-pdl-ab)  # the wide q_gemm forms under PDL (LILAC_Q4_GEMM_WIDE_PDL = off | on, s39)
-      run wide-pdl-test 300 env LILAC_Q4_GEMM_WIDE_PDL=on "$B/lilac_cuda_tests" \
-        --gtest_filter='*q_gemm*:Q4Gemm.*:*Prefill*:Q4Backend.*'
-      switch_ab wide-pdl LILAC_Q4_GEMM_WIDE_PDL 256,512,1024,4096 0 off on ;;
     ncu-proj)
       run ncu-proj 300 ncu --set full --cache-control all --clock-control none \
         -k 'regex:q_gemm_wgmma' --launch-count 8 "$B/lilac" bench --synthetic --weights q4 \

@@ -92,7 +92,7 @@ namespace qgemm_wgmma {
 template <class C, int S, GemmOut MODE, int NW = C::BT>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     q_gemm_wgmma_kernel(const bf16* __restrict__ A, int M, int K, QMatrix W, void* __restrict__ out,
-                        int tiles_m, int tiles_n, bool vec, int whole, bool wide_pdl) {
+                        int tiles_m, int tiles_n, bool vec, int whole) {
 #if defined(LILAC_SM90A)
   extern __shared__ __align__(1024) unsigned char smem[];
   const int b = int(blockIdx.x);
@@ -120,10 +120,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     GroupLoop<2>::run<C, NW, true>(acc, xr, w, Kl, sX, sW);
     pdl_launch_dependents();
   } else {
-    // The wide forms (prompt chunks) under PDL only with q4_gemm_wide_pdl (s39, A/B): the
-    // prologue's weight copies before the wait, the successor free to schedule after the loop.
-    mainloop<C, NW>(acc, xr, w, Kl, sX, sW, wide_pdl);
-    if (wide_pdl) pdl_launch_dependents();
+    mainloop<C, NW>(acc, xr, w, Kl, sX, sW);
   }
   __syncthreads();  // both warpgroups' wgmmas retired, every copy landed: the stages are free
 
@@ -142,7 +139,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #else
   // Not built for this target (the host launches it only on compute capability 9.x).
   (void)A, (void)M, (void)K, (void)W, (void)out, (void)tiles_m, (void)tiles_n, (void)whole;
-  (void)wide_pdl;
   __trap();
 #endif
 }
@@ -180,22 +176,9 @@ cudaLaunchConfig_t cluster_config(int S, int64_t blocks, cudaStream_t stream,
 // ~80 launches per step): their blocks may become resident while the previous kernel finishes and
 // start their weight copies before griddepcontrol.wait (GroupLoop's PDL_WAIT prologue). On with
 // the process-wide PDL setting (launch.h); LILAC_Q4_GEMM_PDL=off launches them as before (A/B).
-// The wide forms (prompt chunks: BT 128 / 256, one block per SM) have their own switch,
-// q4_gemm_wide_pdl.
+// The wide forms (prefill: one launch per tens of microseconds) do not wait and never use it.
 bool q4_gemm_pdl() {
   static const bool on = env_enum<bool>("LILAC_Q4_GEMM_PDL", true, {{"on", true}, {"off", false}});
-  return on;
-}
-
-// PDL for the wide forms (s39): a prompt chunk's ~80 dense projections (in_proj, out_proj, qkv,
-// o_proj) were its only expert-free kernels left waiting for full completion of the kernel before
-// with no overlap (the GDN and attention kernels measured slower under it, s27: launch.h). With it
-// each block issues its first PREFETCH stages' weight copies before griddepcontrol.wait, and
-// triggers its successor after the main loop. LILAC_Q4_GEMM_WIDE_PDL=on|off (A/B; off the default
-// until measured).
-bool q4_gemm_wide_pdl() {
-  static const bool on =
-      env_enum<bool>("LILAC_Q4_GEMM_WIDE_PDL", false, {{"on", true}, {"off", false}});
   return on;
 }
 
@@ -212,11 +195,9 @@ void launch(const bf16* A, int M, const QMatrix& W, void* out, bool vec, int who
   const int64_t blocks = whole + (tiles - whole) * S;
   if (blocks > 0x7fffffff) fail("q_gemm_wgmma: {} x {} needs {} blocks", M, W.rows, blocks);
   const dim3 cluster(unsigned(S), 1, 1);
-  const bool wide_pdl = C::BT > 64 && q4_gemm_wide_pdl();
-  launch_with(S > 1 ? &cluster : nullptr, C::BT <= 64 ? q4_gemm_pdl() : wide_pdl,
+  launch_with(S > 1 ? &cluster : nullptr, C::BT <= 64 && q4_gemm_pdl(),
               q_gemm_wgmma_kernel<C, S, MODE, NW>, dim3(unsigned(blocks)), dim3(C::THREADS),
-              size_t(C::SMEM_BYTES), stream, A, M, W.cols, W, out, tiles_m, tiles_n, vec, whole,
-              wide_pdl);
+              size_t(C::SMEM_BYTES), stream, A, M, W.cols, W, out, tiles_m, tiles_n, vec, whole);
 }
 
 template <class C, int S, int NW>

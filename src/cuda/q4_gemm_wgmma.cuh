@@ -215,35 +215,17 @@ __device__ __forceinline__ void ktile_step(float (&acc)[C::NACC], uint32_t (&a)[
 // into a step comes from the other buffer's step, so no path redefines a buffer whose group may be
 // in flight, else ptxas serialises the wgmmas: C7513), and the drain. Leaves no wgmma or cp.async
 // in flight; does not synchronise the block at the end. N < C::BT: only tokens [0, N) computed.
-// pdl (s39): the kernel may run under programmatic dependent launch (x is the previous kernel's
-// output): the prologue's weight copies first (no kernel writes them), then griddepcontrol.wait,
-// then the x copies, one commit per stage (group 0 also carries the later stages' weights: waiting
-// for it waits for more than it needs, never less); GroupLoop's PDL_WAIT prologue, for the wide
-// forms. Off: every stage's x and weights together, as before.
 template <class C, int N = C::BT>
 __device__ __forceinline__ void mainloop(float (&acc)[C::NACC], const tile::RowSet<C::X_LOADS>& xr,
-                                         const WSrc& w, int K, uint32_t sX, uint32_t sW,
-                                         bool pdl = false) {
+                                         const WSrc& w, int K, uint32_t sX, uint32_t sW) {
 #pragma unroll
   for (int i = 0; i < C::NACC; ++i) acc[i] = 0.f;
   const int KT = K / tile::kBK;
-  if (pdl) {  // block-uniform
 #pragma unroll
-    for (int s = 0; s < C::PREFETCH; ++s)
-      if (s < KT) load_stage_w<C>(w, sW + uint32_t(s * C::W_STAGE), s);
-    pdl_wait();
-#pragma unroll
-    for (int s = 0; s < C::PREFETCH; ++s) {
-      if (s < KT) load_stage_x<C>(xr, sX + uint32_t(s * C::X_STAGE), s);
-      tile::cp_async_commit();
-    }
-  } else {
-#pragma unroll
-    for (int s = 0; s < C::PREFETCH; ++s) {
-      if (s < KT)
-        load_stage<C>(xr, w, sX + uint32_t(s * C::X_STAGE), sW + uint32_t(s * C::W_STAGE), s);
-      tile::cp_async_commit();
-    }
+  for (int s = 0; s < C::PREFETCH; ++s) {
+    if (s < KT)
+      load_stage<C>(xr, w, sX + uint32_t(s * C::X_STAGE), sW + uint32_t(s * C::W_STAGE), s);
+    tile::cp_async_commit();
   }
   tile::fence_operands(acc);
   int stage = 0, fill = C::PREFETCH % C::STAGES;
