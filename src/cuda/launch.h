@@ -11,7 +11,8 @@
 // other families are launched normally and wait for full completion as usual. Of a prompt chunk's
 // own kernels only the grouped wgmma expert kernels use it (s27: prefill +0.7-1.0% at 256-512
 // tokens); the GDN and attention prefill kernels measured slower or even under PDL (their early
-// blocks hold shared memory the kernel before them still needs; docs/kernels.md, s27).
+// blocks hold shared memory the kernel before them still needs; docs/kernels.md, s27), and so did
+// the wide dense projections (q_gemm_wgmma's 128 / 256-token forms) in three prologues (s39).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -176,7 +176,9 @@ cudaLaunchConfig_t cluster_config(int S, int64_t blocks, cudaStream_t stream,
 // ~80 launches per step): their blocks may become resident while the previous kernel finishes and
 // start their weight copies before griddepcontrol.wait (GroupLoop's PDL_WAIT prologue). On with
 // the process-wide PDL setting (launch.h); LILAC_Q4_GEMM_PDL=off launches them as before (A/B).
-// The wide forms (prefill: one launch per tens of microseconds) do not wait and never use it.
+// The wide forms (prefill: one launch per tens of microseconds) do not wait and never use it:
+// s39 measured them under PDL slower at 256 tokens (-0.7 to -1.2% with the weights' copies, an
+// L2 prefetch of them, or nothing before the wait; H100, docs/kernels.md).
 bool q4_gemm_pdl() {
   static const bool on = env_enum<bool>("LILAC_Q4_GEMM_PDL", true, {{"on", true}, {"off", false}});
   return on;
