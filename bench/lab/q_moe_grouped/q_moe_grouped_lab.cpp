@@ -62,6 +62,12 @@ Impl impl(int version) {
             [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
               cuda::q_moe_grouped_down_mma(act, kI, W, kH, r, y, s);
             }};
+  if (version >= 15 && version <= 18)  // v15_ws.cu: its gate_up, production's rows32 down
+    return {[version](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act,
+                      cudaStream_t s) { q_moe_grouped_ws_lab(version, x, kH, W, kI, r, act, s); },
+            [](const bf16* act, const QMatrix& W, const MoeRouting& r, float* y, cudaStream_t s) {
+              cuda::q_moe_grouped_down_wgmma(act, kI, W, kH, r, y, s, cuda::QMoeWgmmaTile::rows32);
+            }};
   if (version >= 4 && version != 11 && version != 12)  // v6_rows32_configs.cu
     return {
         [version](const bf16* x, const QMatrix& W, const MoeRouting& r, bf16* act, cudaStream_t s) {
@@ -330,6 +336,18 @@ Op q_moe_grouped_op() {
        {14, "wgmma_rows32_groups3",
         "the same with 3 k-tiles per barrier (GroupLoop<3>: 4 slots, 9 k-tiles ahead, 122 "
         "registers; 32 k-tiles end with a group of 2) (v6_rows32_configs.cu)",
+        false},
+       {15, "ws_rows32",
+        "rows32's gate_up with a producer warp: the weights' blocks by the bulk copy engine, the "
+        "token rows by cp.async, full / empty mbarriers per stage, 10 stages, 2 blocks per SM; the "
+        "8 consumer warps only wait, dequantise and multiply (no block barrier in the loop), one "
+        "k-tile per wgmma wait; down: production's rows32 (v15_ws.cu)",
+        false},
+       {16, "ws_rows32_pairs", "v15 with two k-tiles per wgmma group and wait (v15_ws.cu)", false},
+       {17, "ws_rows32_pairs6", "v16 with 6 stages (v15_ws.cu)", false},
+       {18, "ws_rows32_pairs_cp_async",
+        "v16 with the weights copied by the producer's lanes (cp.async, 9 x 16 bytes each per "
+        "stage) instead of 16 bulk copies (v15_ws.cu)",
         false}},
       run};
 }

@@ -1,0 +1,29 @@
+// The kernel lab's q_moe_grouped versions 15-17 (s40; README.md here): production's rows32
+// gate_up with a producer warp (src/cuda/q4_moe_prefill_ws.cuh; its file comment has the design)
+// at 10 stages with 1 or 2 k-tiles per wgmma wait, and at 6 stages with 2.
+#include "cuda/q4_moe_prefill_ws.cuh"
+#include "q_moe_grouped_lab.h"
+
+namespace lilac::lab {
+using namespace cuda;
+
+bool q_moe_grouped_ws_lab(int version, const bf16* x, int H, const QMatrix& gate_up, int I,
+                          const MoeRouting& r, bf16* act, cudaStream_t stream) {
+  switch (version) {
+    case 15:
+      qmoe_ws::launch_ws_gate_up<10, 1>(x, H, gate_up, I, r, act, nullptr, stream);
+      return true;
+    case 16:
+      qmoe_ws::launch_ws_gate_up<10, 2>(x, H, gate_up, I, r, act, nullptr, stream);
+      return true;
+    case 17:
+      qmoe_ws::launch_ws_gate_up<6, 2>(x, H, gate_up, I, r, act, nullptr, stream);
+      return true;
+    case 18:
+      qmoe_ws::launch_ws_gate_up<10, 2, false>(x, H, gate_up, I, r, act, nullptr, stream);
+      return true;
+  }
+  return false;
+}
+
+}  // namespace lilac::lab
