@@ -81,14 +81,10 @@ struct QMoeSharedPart {
   float* out = nullptr;
 };
 bool q_moe_grouped_wgmma_available();
-// gate_up_ws (rows32 only, s40): 1 or 2 runs the form with a producer warp per block
-// (q4_moe_prefill_ws.cuh: bulk copies and mbarriers, 1 or 2 k-tiles per wgmma wait; the same
-// bits), 0 the block-barrier form (GroupLoop); -1: the switch LILAC_ROWS32_GATE_UP_WS=1|2
-// (unset: 0).
 void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, int I,
                                  const MoeRouting& r, bf16* act, cudaStream_t stream,
                                  QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive,
-                                 const QMoeSharedPart* shared = nullptr, int gate_up_ws = -1);
+                                 const QMoeSharedPart* shared = nullptr);
 // down_jobs (rows32 only): column blocks of 128 y columns per block, 1 or 2 (the block's fixed
 // part paid once per 2 of them, s30-s31; q4_moe_prefill_jobs.cuh; the same bits); 0: the switch
 // LILAC_ROWS32_DOWN_JOBS, else 2 up to 256 tokens and 1 above.

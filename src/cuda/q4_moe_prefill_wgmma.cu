@@ -49,7 +49,6 @@
 #include "cuda/q4_moe.h"
 #include "cuda/q4_moe_prefill_jobs.cuh"
 #include "cuda/q4_moe_prefill_wgmma.cuh"
-#include "cuda/q4_moe_prefill_ws.cuh"
 #include "util/env_choice.h"
 #include "util/error.h"
 
@@ -70,16 +69,6 @@ int rows32_down_groups() {
   static const int dn = env_choice("LILAC_ROWS32_DOWN_GROUPS", {2, 3, 4});
   return dn ? dn : 2;
 }
-// The producer-warp gate_up (q4_moe_prefill_ws.cuh): `arg` (0, 1, 2), else (arg -1) the switch.
-int rows32_gate_up_ws(int arg) {
-  if (arg == -1) {
-    static const int env = env_choice("LILAC_ROWS32_GATE_UP_WS", {1, 2});
-    return env;
-  }
-  if (arg < 0 || arg > 2) fail("q_moe_grouped_gate_up_wgmma: gate_up_ws {} (-1, 0, 1 or 2)", arg);
-  return arg;
-}
-
 int rows32_gate_up_groups() {
   static const int gu = env_choice("LILAC_ROWS32_GATE_UP_GROUPS", {2, 3, 4});
   return gu ? gu : 4;
@@ -118,11 +107,8 @@ bool q_moe_grouped_wgmma_available() {
 
 void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, int I,
                                  const MoeRouting& r, bf16* act, cudaStream_t stream,
-                                 QMoeWgmmaTile tile, const QMoeSharedPart* shared, int gate_up_ws) {
+                                 QMoeWgmmaTile tile, const QMoeSharedPart* shared) {
   using namespace qmoe_wgmma;
-  const int ws = tile == QMoeWgmmaTile::rows32 ? rows32_gate_up_ws(gate_up_ws) : 0;
-  if (ws == 1) return qmoe_ws::launch_ws_gate_up<10, 1>(x, H, gate_up, I, r, act, shared, stream);
-  if (ws == 2) return qmoe_ws::launch_ws_gate_up<10, 2>(x, H, gate_up, I, r, act, shared, stream);
   switch (tile) {
     case QMoeWgmmaTile::fixed128:
       return launch_gate_up<Cfg128, false>(x, H, gate_up, I, r, act, shared, stream);

@@ -1,8 +1,9 @@
-// The kernel lab's q_moe_grouped versions 15-17 (s40; README.md here): production's rows32
-// gate_up with a producer warp (src/cuda/q4_moe_prefill_ws.cuh; its file comment has the design)
-// at 10 stages with 1 or 2 k-tiles per wgmma wait, and at 6 stages with 2.
-#include "cuda/q4_moe_prefill_ws.cuh"
+// The kernel lab's q_moe_grouped versions 15-18 (s40; README.md here): the rows32 gate_up with a
+// producer warp (ws_gate_up.cuh; its file comment has the design) at 10 stages with 1 or 2
+// k-tiles per wgmma wait, at 6 stages with 2, and (v18) at 10 with 2 and the weights copied by
+// cp.async instead of the bulk copy engine.
 #include "q_moe_grouped_lab.h"
+#include "ws_gate_up.cuh"
 
 namespace lilac::lab {
 using namespace cuda;

@@ -413,58 +413,6 @@ TEST(Q4Moe, DownOverColumnBlockJobsGivesTheSameBits) {
                Error);  // 4 column blocks per block (removed in s31)
 }
 
-// rows32's gate_up with a producer warp (q4_moe_prefill_ws.cuh, s40; gate_up_ws 1 and 2: 1 or 2
-// k-tiles per wgmma wait) against the block-barrier form (gate_up_ws 0): the same act and shared
-// act bits, nothing written past them. Shapes: the real one at 256 tokens (~8 rows per expert,
-// wgmma n 16) and 1,200 (~38: two passes of 32, n 32 then 16; the stage ring wraps across them),
-// E 16 at 300 (~75 rows: three passes), H 192 (3 k-tiles: the pairs' partial last group) with
-// I 128 and Is 64 (one shared column block).
-TEST(Q4Moe, GateUpWithProducerWarpGivesTheSameBits) {
-  if (!cuda::q_moe_grouped_wgmma_available())
-    GTEST_SKIP() << "the wgmma expert kernels need a compute capability 9.x GPU";
-  for (const JobsCase c :
-       {JobsCase{{2048, 256, 8, 512, 512, 4}, 256}, JobsCase{{2048, 256, 8, 512, 512, 4}, 1200},
-        JobsCase{{128, 16, 4, 64, 64, 4}, 300}, JobsCase{{192, 9, 3, 128, 64, 4}, 500}}) {
-    const Shape s = c.s;
-    const int T = c.T, P = T * s.k;
-    SCOPED_TRACE(testing::Message()
-                 << "H " << s.H << " E " << s.E << " I " << s.I << " Is " << s.Is << " T " << T);
-    QMoe m(s, 290 + uint64_t(T));
-    const DeviceRouting route(moe_router_logits(T, s.E, 291 + uint64_t(T)), T, s.E, s.k);
-    auto x = upload_bf16(random_bf16_bits(size_t(T) * s.H, 1.f, 292 + uint64_t(T)));
-    const size_t nA = size_t(P) * s.I, nS = size_t(T) * s.Is;
-    std::vector<float> first_a, first_s;
-    for (int ws : {0, 1, 2}) {
-      SCOPED_TRACE(testing::Message() << "gate_up_ws " << ws);
-      cuda::DeviceBuffer<cuda::bf16> act(nA + 16), shared_act(nS + 16);
-      poison(act);
-      poison(shared_act);
-      const cuda::QMoeSharedPart part{m.sgu.q(), m.sdn.q(), shared_act.get(), nullptr};
-      cuda::q_moe_grouped_gate_up_wgmma(x.get(), s.H, m.gu.q(), s.I, route.r, act.get(), nullptr,
-                                        cuda::QMoeWgmmaTile::rows32, &part, ws);
-      const auto a = download_bf16_as_f32(act), sa = download_bf16_as_f32(shared_act);
-      for (size_t i = nA; i < a.size(); ++i) ASSERT_TRUE(std::isnan(a[i])) << "act past its end";
-      for (size_t i = nS; i < sa.size(); ++i)
-        ASSERT_TRUE(std::isnan(sa[i])) << "shared act past its end";
-      if (ws == 0) {
-        first_a.assign(a.begin(), a.begin() + ptrdiff_t(nA));
-        first_s.assign(sa.begin(), sa.begin() + ptrdiff_t(nS));
-        size_t unwritten = 0;
-        for (float v : first_a) unwritten += std::isnan(v) ? 1 : 0;
-        for (float v : first_s) unwritten += std::isnan(v) ? 1 : 0;
-        EXPECT_EQ(unwritten, 0u) << "outputs the block-barrier form left poisoned";
-        continue;
-      }
-      EXPECT_EQ(std::memcmp(a.data(), first_a.data(), nA * sizeof(float)), 0) << "act";
-      EXPECT_EQ(std::memcmp(sa.data(), first_s.data(), nS * sizeof(float)), 0) << "shared act";
-    }
-  }
-  cuda::MoeRouting none;
-  EXPECT_THROW(cuda::q_moe_grouped_gate_up_wgmma(nullptr, 2048, cuda::QMatrix{}, 512, none, nullptr,
-                                                 nullptr, cuda::QMoeWgmmaTile::rows32, nullptr, 3),
-               Error);  // no such form
-}
-
 // The routed rows of y in bf16 (q_moe_grouped_down_wgmma's y_bf16, s32): every tile form's
 // outputs are its f32 outputs rounded to nearest even, element for element, nothing written past
 // the P x H bf16 rows, and the shared expert's out (f32) the same bits; moe_combine over the bf16

@@ -1,7 +1,8 @@
-// The rows32 grouped 4-bit gate_up with one producer warp per block (s40; the kernel lab's
-// q_moe_grouped versions 15-17, bench/lab/q_moe_grouped). Device code and launcher, included by
-// q4_moe_prefill_wgmma.cu (q_moe_grouped_gate_up_wgmma's `gate_up_ws`) and by the lab. .cu files
-// only. Production's short-tile gate_up (q4_moe_prefill_wgmma.cuh, rows32: QGemmV2Cfg<32, 12, 2>,
+// The kernel lab's q_moe_grouped versions 15-18 (s40; README.md here): the rows32 grouped 4-bit
+// gate_up with one producer warp per block, device code and launcher (v15_ws.cu instantiates it).
+// Measured 2x slower than production's (docs/kernels.md, s40); 939c972 had it in src/cuda behind
+// LILAC_ROWS32_GATE_UP_WS with a same-bits test against production's kernel (passed on an H100).
+// Production's short-tile gate_up (q4_moe_prefill_wgmma.cuh, rows32: QGemmV2Cfg<32, 12, 2>,
 // GroupLoop<4>) is issue-bound at 256 tokens (s21, s29, s30: ~105 instructions per warp and k-tile,
 // 67 of them the dequantisation at its floor, ~38 of bookkeeping: each thread's cp.async copies and
 // their 64-bit addresses and predicates, the cp.async wait, the proxy fence and the block barrier
@@ -14,11 +15,12 @@
 // `cp.async.mbarrier.arrive.noinc`. A consumer warp waits on a stage's `full` barrier, and releases
 // the stage (its `empty` barrier, one arrival per warp) once the wgmma group that read it retired;
 // no block barrier is left in the main loop. KG k-tiles per wgmma group and wait (1: v15; 2: v16,
-// v17); with a group left in flight across the next stage's wait (KtileLoop's wgmma_wait<1>) ptxas
-// serialises the wgmmas (C7512) at this block's register budget. Same arithmetic and summation
-// order as production's (one wgmma chain over the k-tiles in order), so the same act bits.
-// Prediction (H200, T = 256): ~85-90 instead of ~105 instructions per consumer warp and k-tile,
-// the warpgroups decoupled: gate_up 113.7 -> ~100 us per layer (v16); T = 512 about the same.
+// v17, v18; v18 copies the weights by the producer's cp.async instead of bulk copies); with a group
+// left in flight across the next stage's wait (KtileLoop's wgmma_wait<1>) ptxas serialises the
+// wgmmas (C7512) at this block's register budget. Same arithmetic and summation order as
+// production's (one wgmma chain over the k-tiles in order), so the same act bits. Prediction (H200,
+// T = 256): ~85-90 instead of ~105 instructions per consumer warp and k-tile, the warpgroups
+// decoupled: gate_up 113.7 -> ~100 us per layer (v16); T = 512 about the same.
 #pragma once
 
 #include <cstdint>
@@ -26,10 +28,14 @@
 
 #include "cuda/bulk_copy.cuh"
 #include "cuda/q4_moe_prefill_wgmma.cuh"
+#include "util/error.h"
 
-namespace lilac::cuda {
+namespace lilac::lab {
 
+// Named (not anonymous): in the compute_80 pass the kernel body is empty.
 namespace qmoe_ws {
+
+using namespace cuda;
 
 using C = qgemm_wgmma::QGemmV2Cfg<32, 8, 2>;  // BT 32, the stage sizes, NACC 16
 constexpr int kConsumerThreads = 256, kThreads = kConsumerThreads + 32;
@@ -278,4 +284,4 @@ void launch_ws_gate_up(const bf16* x, int H, const QMatrix& gate_up, int I, cons
 
 }  // namespace qmoe_ws
 
-}  // namespace lilac::cuda
+}  // namespace lilac::lab
