@@ -31,9 +31,9 @@ void q_moe_grouped_down_lab(int version, const cuda::bf16* act, int I, const cud
 
 // Versions 15-18 (v15_ws.cu, ws_gate_up.cuh; s40): rows32's gate_up with a producer warp (bulk
 // copies of the weights, cp.async of the token rows, mbarriers; 2 blocks per SM): 10 stages and 1
-// k-tile per wgmma wait, 10 and 2, 6 and 2, and 10 and 2 with the weights by cp.async (v18); false
-// for other versions. Their down is production's rows32.
-bool q_moe_grouped_ws_lab(int version, const cuda::bf16* x, int H, const cuda::QMatrix& gate_up,
+// k-tile per wgmma wait, 10 and 2, 6 and 2, and 10 and 2 with the weights by cp.async (v18); other
+// versions fail. Their down is production's rows32.
+void q_moe_grouped_ws_lab(int version, const cuda::bf16* x, int H, const cuda::QMatrix& gate_up,
                           int I, const cuda::MoeRouting& r, cuda::bf16* act, cudaStream_t stream);
 
 }  // namespace lilac::lab

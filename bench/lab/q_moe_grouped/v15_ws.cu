@@ -8,23 +8,23 @@
 namespace lilac::lab {
 using namespace cuda;
 
-bool q_moe_grouped_ws_lab(int version, const bf16* x, int H, const QMatrix& gate_up, int I,
+void q_moe_grouped_ws_lab(int version, const bf16* x, int H, const QMatrix& gate_up, int I,
                           const MoeRouting& r, bf16* act, cudaStream_t stream) {
   switch (version) {
     case 15:
       qmoe_ws::launch_ws_gate_up<10, 1>(x, H, gate_up, I, r, act, nullptr, stream);
-      return true;
+      return;
     case 16:
       qmoe_ws::launch_ws_gate_up<10, 2>(x, H, gate_up, I, r, act, nullptr, stream);
-      return true;
+      return;
     case 17:
       qmoe_ws::launch_ws_gate_up<6, 2>(x, H, gate_up, I, r, act, nullptr, stream);
-      return true;
+      return;
     case 18:
       qmoe_ws::launch_ws_gate_up<10, 2, false>(x, H, gate_up, I, r, act, nullptr, stream);
-      return true;
+      return;
   }
-  return false;
+  fail("q_moe_grouped lab: no version {} in v15_ws.cu (15-18)", version);
 }
 
 }  // namespace lilac::lab

@@ -63,9 +63,11 @@ __device__ __forceinline__ void wait_full(uint64_t* bar, unsigned parity) {
   uint32_t done = 0;
   do {
     asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, "
-        "0, "
-        "p;\n}\n"
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
         : "=r"(done)
         : "r"(bulk::smem_addr(bar)), "r"(parity)
         : "memory");
