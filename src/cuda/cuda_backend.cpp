@@ -74,6 +74,7 @@ CudaOptions CudaOptions::from_environment() {
   o.small_moe_kernel = env_enum("LILAC_SMALL_MOE_KERNEL", o.small_moe_kernel,
                                 {{"registers", MoeSmallKernel::registers},
                                  {"streamed", MoeSmallKernel::streamed},
+                                 {"chained", MoeSmallKernel::chained},
                                  {"auto", MoeSmallKernel::automatic},
                                  {"automatic", MoeSmallKernel::automatic}});
   o.prompt_moe = env_enum("LILAC_PROMPT_MOE", o.prompt_moe,

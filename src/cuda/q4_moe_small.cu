@@ -32,6 +32,7 @@
 // which the launchers take for prompt chunks (T > 64). The kernel lab times both
 // (bench/lab/q_moe_small).
 #include <algorithm>
+#include <vector>
 
 #include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
@@ -88,13 +89,75 @@ __device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT
   }
 }
 
+// ---- The chained pair (MoeSmallKernel::chained, s41; 4-bit, the register kernels) ----
+//
+// Why: at 16 batched rows gate_up is ~816 blocks on 528 slots (132 SMs x 4): its second wave runs
+// a little over half full, and down (whose blocks become resident under PDL once every gate_up
+// block has started) waits in griddepcontrol.wait for the whole gate_up grid. Chained, down's
+// blocks of tile x (a routed tile's row of the grid, or a shared-expert x-block) wait only for
+// gate_up's blocks of the same x: gate_up's block adds 1 to g_small_moe_chain[x] once its stores
+// are done (released at gpu scope), down's block polls it (acquire) until it holds gate_up's blocks
+// per x (Y Z), counts itself on [kChainCap + x], and the last of down's blocks of x resets both to
+// 0 for the next pair. Both kernels take their blocks in tile order (y fastest, then z, then x:
+// block_pos) so that gate_up's tiles end in order and down's first blocks find theirs done: down
+// fills the slots gate_up's last wave leaves. Arithmetic unchanged (the same bits as `registers`).
+// Only for paired launches on one stream (the engine's: each gate_up is followed by its down on
+// the same routing); a down whose gate_up never came traps after ~2^24 polls instead of hanging.
+constexpr int kChainCap = 4096;  // x-blocks per launch (grid_x); larger grids are not chained
+__device__ int32_t g_small_moe_chain[2 * kChainCap];
+
+struct BlockPos {
+  int x, y, z, Z;
+};
+template <bool CHAIN>
+__device__ __forceinline__ BlockPos block_pos() {
+  if constexpr (!CHAIN) {
+    return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), int(gridDim.z)};
+  } else {
+    const int Y = int(gridDim.y), Z = int(gridDim.z);
+    const int b = int(blockIdx.x) + int(gridDim.x) * (int(blockIdx.y) + Y * int(blockIdx.z));
+    return {b / (Y * Z), b % Y, (b / Y) % Z, Z};
+  }
+}
+
+// gate_up's block of x is done: every thread's stores, then one release add.
+__device__ __forceinline__ void chain_signal(int x) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(&g_small_moe_chain[x], 1);
+  }
+}
+
+// down's block of x: waits for gate_up's `want` blocks of x (acquire), counts itself among x's
+// `waiters`, the last resetting both counts; then the block may read x's routing and act rows.
+__device__ __forceinline__ void chain_wait(int x, int want, int waiters) {
+  if (threadIdx.x == 0) {
+    for (int polls = 0;; ++polls) {
+      int v;
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];"
+                   : "=r"(v)
+                   : "l"(&g_small_moe_chain[x])
+                   : "memory");
+      if (v >= want) break;
+      if (polls > (1 << 24)) __trap();  // no gate_up before this down: fail rather than hang
+      __nanosleep(64);
+    }
+    if (atomicAdd(&g_small_moe_chain[kChainCap + x], 1) == waiters - 1) {
+      atomicExch(&g_small_moe_chain[x], 0);
+      atomicExch(&g_small_moe_chain[kChainCap + x], 0);
+    }
+  }
+  __syncthreads();
+}
+
 // MINB: resident blocks per SM asked of ptxas. The 4-bit kernel runs at 4 (118 registers) up to 32
 // rows and at 5 (96 registers, 8 bytes of spills) above: more warps in flight at 64 rows (~2.3
 // tokens per touched expert), more register pressure per warp at 16. s19 run 5 (engine, bf16 state,
 // two runs each, ms per step at c = 16 / 32 / 64): 4 blocks 4.900-4.906 / 6.679-6.689 /
 // 9.144-9.183, 5 blocks 4.965-4.966 / 6.687-6.693 / 9.041-9.065. LILAC_MOE_GATE_UP_BLOCKS=4|5
 // forces one (A/B).
-template <int BITS, int MINB = kGateUpMinBlocks<BITS>>
+template <int BITS, int MINB = kGateUpMinBlocks<BITS>, bool CHAIN = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     q_moe_small_gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
                                QMatrix shared_gate_up, int Is, Tiles tiles,
@@ -107,15 +170,16 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int G = H / kQGroup;
   constexpr int PL = BITS / 4;
+  const BlockPos bp = block_pos<CHAIN>();
   Segment seg;
-  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
+  for (PassIter it(tiles, E, T, bp.x, bp.z, bp.Z); it.segment(seg); it.pass += it.step) {
     const bool shared = it.e == E;
     stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
     const uint32_t* const wc = shared ? shared_gate_up.codes : gate_up.codes;
     const uint32_t* const ws = shared ? shared_gate_up.sb : gate_up.sb;
     const int n = shared ? Is : I;  // outputs per token
     const int P = n / kQTileRows;   // output tiles
-    const int p = blockIdx.y * kWarps + warp;
+    const int p = bp.y * kWarps + warp;
     if (p < P) {  // warp-uniform
       const int gate_tile = (shared ? 0 : it.e * 2 * P) + p;
       const uint32_t* const codes[2] = {wc + size_t(gate_tile) * G * PL * kQBlockWords,
@@ -139,6 +203,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
     __syncthreads();  // the staged x is re-used by the next pass
   }
+  if constexpr (CHAIN) chain_signal(bp.x);
 }
 
 // J: output tiles per warp, one after another (no loads across them: the registers stay at one
@@ -152,27 +217,33 @@ __global__ void __launch_bounds__(kThreads, MINB)
 // registers, no spills) and 6 (80 registers, 32 bytes stored and loaded), picked by
 // LILAC_MOE_DOWN_BLOCKS=4|5|6 (unset: 5; q_moe_small_down): to A/B 4 blocks without spills against
 // 5 and 6 (not measured yet).
-template <int BITS, int J, int MINB = kDownMinBlocks<BITS>>
+// CHAIN: the chained pair's down (above): waits for gate_up's chain_want blocks of its x instead of
+// the whole gate_up grid.
+template <int BITS, int J, int MINB = kDownMinBlocks<BITS>, bool CHAIN = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     q_moe_small_down_kernel(const bf16* __restrict__ act, int I,
                             const bf16* __restrict__ shared_act, int Is, QMatrix down,
                             QMatrix shared_down, int H, Tiles tiles, int E, int T,
-                            float* __restrict__ y, float* __restrict__ shared_out) {
+                            float* __restrict__ y, float* __restrict__ shared_out, int chain_want) {
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_launch_dependents();
-  pdl_wait();
+  const BlockPos bp = block_pos<CHAIN>();
+  if constexpr (CHAIN)
+    chain_wait(bp.x, chain_want, int(gridDim.y * gridDim.z));
+  else
+    pdl_wait();
   bf16* xs = reinterpret_cast<bf16*>(smem);
   const int TH = H / kQTileRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int PL = BITS / 4;
   Segment seg;
-  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
+  for (PassIter it(tiles, E, T, bp.x, bp.z, bp.Z); it.segment(seg); it.pass += it.step) {
     const bool shared = it.e == E;
     const int K = shared ? Is : I;
     stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
 #pragma unroll 1
     for (int j = 0; j < J; ++j) {
-      const int th = (int(blockIdx.y) * J + j) * kWarps + warp;
+      const int th = (bp.y * J + j) * kWarps + warp;
       if (th >= TH) break;  // warp-uniform
       const uint32_t* const wc = shared ? shared_down.codes : down.codes;
       const uint32_t* const ws = shared ? shared_down.sb : down.sb;
@@ -550,7 +621,29 @@ int down_tiles_per_warp(int T) {
   return forced ? forced : T <= 16 ? 2 : 4;
 }
 
+int forced_down_blocks() {
+  static const int forced = env_choice("LILAC_MOE_DOWN_BLOCKS", {4, 5, 6});
+  return forced;
+}
+
+// Whether this pair runs chained (both launchers ask, with the same answers): `chained` asked, the
+// 4-bit register kernels taken, down at J = 2 or 4 and its default blocks per SM (the forms built
+// chained), and a grid within the counters.
+bool use_chain(MoeSmallKernel kernel, int bits, const MoeRouting& r) {
+  if (kernel != MoeSmallKernel::chained || bits != 4 || use_streamed(kernel, bits, r.T))
+    return false;
+  const int J = down_tiles_per_warp(r.T);
+  return (J == 2 || J == 4) && forced_down_blocks() == 0 &&
+         grid_x(r, grid_passes(r.T, r.E, r.k)) <= unsigned(kChainCap);
+}
+
 }  // namespace
+
+bool q_moe_small_chain_idle() {
+  std::vector<int32_t> counts(2 * kChainCap);
+  LILAC_CUDA_CHECK(cudaMemcpyFromSymbol(counts.data(), g_small_moe_chain, counts.size() * 4));
+  return std::all_of(counts.begin(), counts.end(), [](int32_t v) { return v == 0; });
+}
 
 bool q_moe_small_streamed_available(int bits) {
   return bits == 4 && device_compute_capability() / 10 == 9;
@@ -588,9 +681,11 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_gate_up: {} bits", bits);
   static const int forced = env_choice("LILAC_MOE_GATE_UP_BLOCKS", {4, 5});
   const bool five = forced ? forced == 5 : T > 32;
-  auto fn = bits == 8 ? q_moe_small_gate_up_kernel<8>
-            : five    ? q_moe_small_gate_up_kernel<4, 5>
-                      : q_moe_small_gate_up_kernel<4>;
+  const bool chain = use_chain(kernel, bits, r);
+  auto fn =
+      bits == 8 ? q_moe_small_gate_up_kernel<8>
+      : five ? (chain ? q_moe_small_gate_up_kernel<4, 5, true> : q_moe_small_gate_up_kernel<4, 5>)
+             : (chain ? q_moe_small_gate_up_kernel<4, 4, true> : q_moe_small_gate_up_kernel<4>);
   allow_smem(fn, smem);
   launch_kernel(moe_pdl_enabled(), fn, grid, dim3(kThreads), smem, stream, x, H, gate_up, I,
                 shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
@@ -616,8 +711,9 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   const int J = down_tiles_per_warp(r.T);
   // The 4-bit kernel's blocks per SM at J = 2 and 4 (q_moe_small_down_kernel's MINB): 5 unless
   // LILAC_MOE_DOWN_BLOCKS=4|5|6 says otherwise (A/B). The 8-bit kernel keeps its 4.
-  static const int forced_blocks = env_choice("LILAC_MOE_DOWN_BLOCKS", {4, 5, 6});
+  const int forced_blocks = forced_down_blocks();
   const int minb = forced_blocks ? forced_blocks : kDownMinBlocks<4>;
+  const bool chain = use_chain(kernel, bits, r);
   const int Z = grid_passes(r.T, r.E, r.k);
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps * J)), unsigned(Z));
   const size_t smem = staged_x_bytes(std::max(I, Is));
@@ -632,12 +728,14 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
       break;
     case 2:
       fn = bits == 8   ? q_moe_small_down_kernel<8, 2>
+           : chain     ? q_moe_small_down_kernel<4, 2, kDownMinBlocks<4>, true>
            : minb == 4 ? q_moe_small_down_kernel<4, 2, 4>
            : minb == 6 ? q_moe_small_down_kernel<4, 2, 6>
                        : q_moe_small_down_kernel<4, 2>;
       break;
     case 4:
       fn = bits == 8   ? q_moe_small_down_kernel<8, 4>
+           : chain     ? q_moe_small_down_kernel<4, 4, kDownMinBlocks<4>, true>
            : minb == 4 ? q_moe_small_down_kernel<4, 4, 4>
            : minb == 6 ? q_moe_small_down_kernel<4, 4, 6>
                        : q_moe_small_down_kernel<4, 4>;
@@ -646,8 +744,10 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
       fn = bits == 4 ? q_moe_small_down_kernel<4, 8> : q_moe_small_down_kernel<8, 8>;
   }
   allow_smem(fn, smem);
+  // Chained: gate_up's blocks per x (its grid's y x z), which this grid's blocks of x wait for.
+  const int chain_want = int(ceil_div(std::max(I, Is) / kQTileRows, kWarps)) * Z;
   launch_kernel(moe_pdl_enabled(), fn, grid, dim3(kThreads), smem, stream, act, I, shared_act, Is,
-                down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out);
+                down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out, chain_want);
 }
 
 }  // namespace lilac::cuda

@@ -51,19 +51,22 @@ inline Tiles tiles_of(const MoeRouting& r) {
 template <int PT = kPassTokens>
 struct PassIterT {
   int e = 0, row0 = 0, m = 0, pass = 0, step = 0;
-  __device__ __forceinline__ PassIterT(const Tiles& t, int E, int T) {
-    const int Z = int(gridDim.z), x = int(blockIdx.x);
+  __device__ __forceinline__ PassIterT(const Tiles& t, int E, int T)
+      : PassIterT(t, E, T, int(blockIdx.x), int(blockIdx.z), int(gridDim.z)) {}
+  // The same for the block at grid position (x, z) of Z (the chained kernels take their blocks in
+  // another order than the hardware's).
+  __device__ __forceinline__ PassIterT(const Tiles& t, int E, int T, int x, int z, int Z) {
     if (x < t.max_tiles) {
       if (x < *t.num_tiles) {
         e = t.tile_expert[x];
         row0 = t.tile_row0[x];
         m = min(kMoeTileRows, t.offsets[e + 1] - row0);
       }  // else an unused tile: m = 0, no passes
-      pass = int(blockIdx.z);
+      pass = z;
       step = Z;
     } else {
       e = E, m = T;
-      pass = (x - t.max_tiles) * Z + int(blockIdx.z);
+      pass = (x - t.max_tiles) * Z + z;
       step = 1 << 24;  // one pass: pass * 8 stays far above T (<= 2^19) and far below 2^31
     }
   }

@@ -88,6 +88,7 @@ TEST(CudaOptions, FromEnvironmentReadsTheKernelChoices) {
   expect_spellings("LILAC_SMALL_MOE_KERNEL", &cuda::CudaOptions::small_moe_kernel,
                    {{"registers", cuda::MoeSmallKernel::registers},
                     {"streamed", cuda::MoeSmallKernel::streamed},
+                    {"chained", cuda::MoeSmallKernel::chained},
                     {"auto", cuda::MoeSmallKernel::automatic}},
                    "Registers");
   EXPECT_EQ(defaults.prompt_moe, cuda::PromptMoe::automatic);

@@ -131,6 +131,8 @@ struct Kernels {
   MoeSmallKernel kernel;
   int slots;        // 0: production's gate_up; 2 / 3: lab version 3 (and 5) / 4
   bool down_slots;  // the lab's down of version 5
+  unsigned long long* stamps = nullptr;  // version 6: both kernels stamped (4 words a block)
+  mutable size_t blocks = 0;             // the last stamped launch's grid
   void gate_up(const Inputs& in, bf16* act, bf16* sact, cudaStream_t st) const;
   void down(const Inputs& in, const bf16* act, const bf16* sact, float* y, float* sout,
             cudaStream_t st) const;
@@ -139,7 +141,10 @@ struct Kernels {
 void Kernels::gate_up(const Inputs& in, bf16* act, bf16* sact, cudaStream_t st) const {
   const test::QMoeExperts& m = experts();
   const Shared& s = shared();
-  if (slots)
+  if (stamps)
+    blocks = q_moe_small_gate_up_stamped(in.d_x.get(), in.T, kH, m.gu.q(), kI, s.gu.q(), kI, in.r,
+                                         act, sact, stamps, st);
+  else if (slots)
     q_moe_small_gate_up_slots(slots, in.d_x.get(), in.T, kH, m.gu.q(), kI, s.gu.q(), kI, in.r, act,
                               sact, st);
   else
@@ -151,7 +156,10 @@ void Kernels::down(const Inputs& in, const bf16* act, const bf16* sact, float* y
                    cudaStream_t st) const {
   const test::QMoeExperts& m = experts();
   const Shared& s = shared();
-  if (down_slots)
+  if (stamps)
+    blocks = q_moe_small_down_stamped(act, kI, sact, kI, m.dn.q(), s.dn.q(), kH, in.r, y, sout,
+                                      stamps, st);
+  else if (down_slots)
     q_moe_small_down_slots(act, kI, sact, kI, m.dn.q(), s.dn.q(), kH, in.r, y, sout, st);
   else
     cuda::q_moe_small_down(act, kI, sact, kI, m.dn.q(), s.dn.q(), kH, in.r, y, sout, st, kernel);
@@ -256,12 +264,87 @@ void time_case(const Options& opt, const Kernels& kernel, int T) {
   std::fflush(stdout);
 }
 
+// Version 6: where a launch's time goes between its blocks, from the stamps of one launch (4
+// words a block: start ns, end ns, SM, passes). Prints the blocks that ran passes (the rest exit at
+// once), the span from the first start to the last end, the working blocks' durations, when 50 /
+// 90 / 100% of them had ended, and the mean number of working blocks resident in each tenth of
+// the span against the grid's slots (SMs x blocks per SM: the waves and the tail).
+void report_stamps(const char* name, int T, const std::vector<unsigned long long>& w, size_t n,
+                   int per_sm) {
+  std::vector<double> st, en, dur;
+  unsigned long long t0 = ~0ull, t1 = 0, tick = ~0ull;
+  int sms = 0;
+  for (size_t b = 0; b < n; ++b) {
+    t0 = std::min(t0, w[4 * b]);
+    t1 = std::max(t1, w[4 * b + 1]);
+    sms = std::max(sms, int(w[4 * b + 2]) + 1);
+  }
+  for (size_t b = 0; b < n; ++b) {
+    if (w[4 * b + 3] == 0) continue;
+    st.push_back(double(w[4 * b] - t0) * 1e-3);
+    en.push_back(double(w[4 * b + 1] - t0) * 1e-3);
+    dur.push_back(en.back() - st.back());
+  }
+  std::vector<unsigned long long> starts;
+  for (size_t b = 0; b < n; ++b) starts.push_back(w[4 * b]);
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 1; i < starts.size(); ++i)
+    if (starts[i] != starts[i - 1]) tick = std::min(tick, starts[i] - starts[i - 1]);
+  if (dur.empty()) return;
+  const double span = double(t1 - t0) * 1e-3;
+  auto q = [](std::vector<double> v, double f) {
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, size_t(f * double(v.size())))];
+  };
+  std::printf(
+      "  stamps %s T=%d: %zu blocks (%zu ran passes) on %d SMs, %d slots; span %.2f us (timer "
+      "step %llu ns)\n    durations p10 / p50 / p90 / max %.2f / %.2f / %.2f / %.2f us; starts "
+      "p50 / p90 %.2f / %.2f; 50 / 90 / 100%% ended by %.2f / %.2f / %.2f us\n    resident "
+      "working blocks per tenth of the span:",
+      name, T, n, dur.size(), sms, sms * per_sm, span, tick == ~0ull ? 0ull : tick, q(dur, 0.1),
+      q(dur, 0.5), q(dur, 0.9), q(dur, 1.0), q(st, 0.5), q(st, 0.9), q(en, 0.5), q(en, 0.9),
+      q(en, 1.0));
+  for (int i = 0; i < 10; ++i) {
+    const double a = span * i / 10, b = span * (i + 1) / 10;
+    double busy = 0;
+    for (size_t j = 0; j < dur.size(); ++j)
+      busy += std::max(0.0, std::min(b, en[j]) - std::max(a, st[j]));
+    std::printf(" %.0f", busy / (b - a));
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// Version 6: one warm launch of each kernel at T with the stamps, reported.
+void stamps_case(const Kernels& kernel, int T) {
+  const Inputs& in = get_inputs(T);
+  const size_t P = size_t(in.P), Tz = size_t(T);
+  DeviceBuffer<bf16> act(P * kI), sact(Tz * kI);
+  DeviceBuffer<float> y(P * kH), sout(Tz * kH);
+  for (int rep = 0; rep < 3; ++rep) {  // three back-to-back pairs first: warm
+    kernel.gate_up(in, act.get(), sact.get(), nullptr);
+    kernel.down(in, act.get(), sact.get(), y.get(), sout.get(), nullptr);
+  }
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int which = 0; which < 2; ++which) {
+    if (which == 0)
+      kernel.gate_up(in, act.get(), sact.get(), nullptr);
+    else
+      kernel.down(in, act.get(), sact.get(), y.get(), sout.get(), nullptr);
+    LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<unsigned long long> w(4 * kernel.blocks);
+    LILAC_CUDA_CHECK(cudaMemcpy(w.data(), kernel.stamps, w.size() * 8, cudaMemcpyDeviceToHost));
+    report_stamps(which == 0 ? "gate_up" : "down", T, w, kernel.blocks, which == 0 ? 4 : 5);
+  }
+}
+
 bool run(const Options& opt, const Version& v) {
   // Versions 3 / 4: the slots form of gate_up (2 / 3 slots per warp), production's register down;
   // version 5: version 3's gate_up and the slots form of down.
   const int slots = v.number == 3 || v.number == 5 ? 2 : v.number == 4 ? 3 : 0;
+  DeviceBuffer<unsigned long long> stamps(v.number == 6 ? size_t(4) << 20 : 0);
   const Kernels kernel{v.number == 2 ? MoeSmallKernel::streamed : MoeSmallKernel::registers, slots,
-                       v.number == 5};
+                       v.number == 5, v.number == 6 ? stamps.get() : nullptr};
   if (kernel.kernel == MoeSmallKernel::streamed && !cuda::q_moe_small_streamed_available(4)) {
     std::printf("  not available here (the bulk copy engine: a compute capability 9.x GPU)\n");
     return true;
@@ -269,6 +352,8 @@ bool run(const Options& opt, const Version& v) {
   bool ok = true;
   for (int T : kCases) ok = check(kernel, T) && ok;
   for (int T : kCases) time_case(opt, kernel, T);
+  if (kernel.stamps)
+    for (int T : kCases) stamps_case(kernel, T);
   return ok;
 }
 
@@ -299,6 +384,10 @@ Op q_moe_small_op() {
              {5, "slots2_down",
               "version 3 and a down with J = 4 tiles per warp, tile j + 1's weights copied into "
               "the warp's second slot while tile j is computed (s22)",
+              true},
+             {6, "stamps",
+              "version 1's kernels with a time stamp per block (start, end, SM): the waves, the "
+              "tail and the spread of block durations of one launch (s41)",
               true}},
             run};
 }

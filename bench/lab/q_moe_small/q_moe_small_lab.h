@@ -27,4 +27,18 @@ void q_moe_small_down_slots(const cuda::bf16* act, int I, const cuda::bf16* shar
                             const cuda::MoeRouting& r, float* y, float* shared_out,
                             cudaStream_t stream);
 
+// Version 6 (s41, v6_stamps.cu), 4-bit only: production's register gate_up and down kernels
+// (version 1) with a time stamp per block: stamps[4 b .. 4 b + 3] = start ns, end ns
+// (%globaltimer), SM, passes run, for block b = x + X (y + Y z) (sized by the return value: the
+// grid's blocks).
+size_t q_moe_small_gate_up_stamped(const cuda::bf16* x, int T, int H, const cuda::QMatrix& gate_up,
+                                   int I, const cuda::QMatrix& shared_gate_up, int Is,
+                                   const cuda::MoeRouting& r, cuda::bf16* act,
+                                   cuda::bf16* shared_act, unsigned long long* stamps,
+                                   cudaStream_t stream);
+size_t q_moe_small_down_stamped(const cuda::bf16* act, int I, const cuda::bf16* shared_act, int Is,
+                                const cuda::QMatrix& down, const cuda::QMatrix& shared_down, int H,
+                                const cuda::MoeRouting& r, float* y, float* shared_out,
+                                unsigned long long* stamps, cudaStream_t stream);
+
 }  // namespace lilac::lab

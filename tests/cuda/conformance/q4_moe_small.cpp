@@ -47,6 +47,7 @@ std::vector<float> crafted_logits(int T, int E, int k, uint64_t seed,
 const char* kernel_name(cuda::MoeSmallKernel kernel) {
   return kernel == cuda::MoeSmallKernel::streamed    ? "streamed"
          : kernel == cuda::MoeSmallKernel::registers ? "registers"
+         : kernel == cuda::MoeSmallKernel::chained   ? "chained"
                                                      : "automatic";
 }
 
@@ -146,6 +147,7 @@ LILAC_CONFORMANCE_CASES(q4_moe_small) {
     // runs there, so a GPU without it fails the case rather than skipping it).
     std::vector<cuda::MoeSmallKernel> kernels = {cuda::MoeSmallKernel::registers};
     if (s.bits == 4) kernels.push_back(cuda::MoeSmallKernel::streamed);
+    if (s.bits == 4 && T <= 64) kernels.push_back(cuda::MoeSmallKernel::chained);
     for (cuda::MoeSmallKernel kernel : kernels)
       cases.push_back({"q_moe_small",
                        "H" + std::to_string(s.H) + "_E" + std::to_string(s.E) + "_k" +
@@ -193,6 +195,7 @@ TEST(Q4MoeSmall, AwkwardTokensPerExpert) {
     const auto logits = crafted_logits(T, s.E, s.k, 91, choice);
     check_small(s, T, 700, &logits, cuda::MoeSmallKernel::registers);
     check_small(s, T, 700, &logits, cuda::MoeSmallKernel::streamed);
+    if (T <= 64) check_small(s, T, 700, &logits, cuda::MoeSmallKernel::chained);
   }
 }
 
@@ -251,6 +254,87 @@ TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
         differ += std::memcmp(&outs[0][o][i], &outs[1][o][i], sizeof(float)) != 0;
       EXPECT_EQ(differ, 0u) << names[o] << ": " << differ << " of " << outs[0][o].size()
                             << " values differ";
+    }
+  }
+}
+
+// The chained pair (down's blocks wait for gate_up's blocks of their own tile through device
+// counters) gives the registers kernels' bits, pair after pair on one stream under PDL with no
+// synchronisation between the pairs (the inputs alternate, so a down that ran ahead of its gate_up
+// would read the other pair's act), and leaves every counter at zero. Real shape at T 1, 16, 64
+// (grid z 1 and 2), the tiny shape with several passes per expert (T 37, z 4) and a wider shared
+// expert (Is 192).
+TEST(Q4MoeSmall, ChainedEqualsRegistersBitForBit) {
+  LILAC_REQUIRE_GPU();
+  struct Case {
+    Shape s;
+    int T;
+  };
+  for (const Case& c : {Case{{2048, 256, 8, 512, 512, 4}, 1}, Case{{2048, 256, 8, 512, 512, 4}, 16},
+                        Case{{2048, 256, 8, 512, 512, 4}, 64}, Case{{128, 16, 4, 64, 64, 4}, 37},
+                        Case{{256, 16, 4, 64, 192, 4}, 20}}) {
+    const Shape& s = c.s;
+    const int T = c.T, P = T * s.k;
+    SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(s.H));
+    HostQ gu(int64_t(s.E) * 2 * s.I, s.H, 4, std::sqrt(3.f / float(s.H)), 41);
+    HostQ dn(int64_t(s.E) * s.H, s.I, 4, std::sqrt(3.f / float(s.I)), 42);
+    HostQ sgu(2 * s.Is, s.H, 4, std::sqrt(3.f / float(s.H)), 43);
+    HostQ sdn(s.H, s.Is, 4, std::sqrt(3.f / float(s.Is)), 44);
+    std::vector<float> logits(size_t(T) * size_t(s.E + 1));
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = hash_uniform(45, i, 3.f);
+    const DeviceRouting route(logits, T, s.E, s.k);
+    cuda::DeviceBuffer<cuda::bf16> dx[2] = {
+        upload_bf16(random_bf16_bits(size_t(T) * size_t(s.H), 1.f, 46)),
+        upload_bf16(random_bf16_bits(size_t(T) * size_t(s.H), 1.f, 47))};
+    struct Out {
+      cuda::DeviceBuffer<cuda::bf16> act, sact;
+      cuda::DeviceBuffer<float> y, sout;
+    };
+    auto make = [&] {
+      Out o{cuda::DeviceBuffer<cuda::bf16>(size_t(P) * size_t(s.I)),
+            cuda::DeviceBuffer<cuda::bf16>(size_t(T) * size_t(s.Is)),
+            cuda::DeviceBuffer<float>(size_t(P) * size_t(s.H)),
+            cuda::DeviceBuffer<float>(size_t(T) * size_t(s.H))};
+      poison(o.act);
+      poison(o.sact);
+      poison(o.y);
+      poison(o.sout);
+      return o;
+    };
+    cudaStream_t st;
+    LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    auto pair = [&](const cuda::bf16* x, Out& o, cuda::MoeSmallKernel kernel) {
+      cuda::q_moe_small_gate_up(x, T, s.H, gu.q(), s.I, sgu.q(), s.Is, route.r, o.act.get(),
+                                o.sact.get(), st, kernel);
+      cuda::q_moe_small_down(o.act.get(), s.I, o.sact.get(), s.Is, dn.q(), sdn.q(), s.H, route.r,
+                             o.y.get(), o.sout.get(), st, kernel);
+    };
+    Out want[2] = {make(), make()};
+    for (int i = 0; i < 2; ++i) pair(dx[i].get(), want[i], cuda::MoeSmallKernel::registers);
+    constexpr int kPairs = 6;
+    std::vector<Out> got;
+    for (int i = 0; i < kPairs; ++i) got.push_back(make());
+    LILAC_CUDA_CHECK(cudaStreamSynchronize(st));
+    for (int i = 0; i < kPairs; ++i)
+      pair(dx[i % 2].get(), got[size_t(i)], cuda::MoeSmallKernel::chained);
+    LILAC_CUDA_CHECK(cudaStreamSynchronize(st));
+    LILAC_CUDA_CHECK(cudaStreamDestroy(st));
+    EXPECT_TRUE(cuda::q_moe_small_chain_idle()) << "counts left behind after the pairs";
+    auto bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+      size_t differ = a.size() == b.size() ? 0 : a.size() + b.size();
+      for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+        differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+      return differ;
+    };
+    for (int i = 0; i < kPairs; ++i) {
+      const Out& w = want[i % 2];
+      const Out& g = got[size_t(i)];
+      EXPECT_EQ(bits(download_bf16_as_f32(g.act), download_bf16_as_f32(w.act)), 0u)
+          << "act, pair " << i;
+      EXPECT_EQ(bits(download_bf16_as_f32(g.sact), download_bf16_as_f32(w.sact)), 0u)
+          << "shared_act, pair " << i;
+      EXPECT_EQ(bits(download(g.y), download(w.y)), 0u) << "y, pair " << i;
+      EXPECT_EQ(bits(download(g.sout), download(w.sout)), 0u) << "shared_out, pair " << i;
     }
   }
 }

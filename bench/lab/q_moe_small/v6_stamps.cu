@@ -1,0 +1,210 @@
+// Kernel lab q_moe_small version 6 (s41): production's register kernels (version 1: gate_up at 4
+// blocks per SM, down with J tiles per warp at 5) with a time stamp per block, to see where the
+// time of a batched step's expert kernels goes between the blocks: the waves (at 16 rows gate_up
+// is ~816 blocks on 132 SMs x 4 = 528 slots, 1.55 waves), the tail, the spread of block durations.
+//
+// Each block's thread 0 writes, for block b (x + X (y + Y z)): stamps[4 b] the %globaltimer
+// (ns) at its start (after the PDL wait), stamps[4 b + 1] at its end (after its last pass's block
+// barrier), stamps[4 b + 2] its SM (%smid), stamps[4 b + 3] the passes it ran (0: a block past the
+// used tiles, which exits at once). The arithmetic is version 1's (q4_moe_small.cu): the same
+// set_dot_staged calls in the same order, so act and y are its bits; the lab checks them as it
+// checks every version. Only the stamps differ, a few instructions per block.
+#include <algorithm>
+
+#include "cuda/q4_moe_small.cuh"
+#include "cuda/q4_tile.cuh"
+#include "q_moe_small_lab.h"
+#include "util/error.h"
+
+namespace lilac::lab {
+namespace {
+
+using namespace cuda::qmoe_small;
+using cuda::bf16;
+using cuda::QMatrix;
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned sm_id() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+__device__ __forceinline__ unsigned long long* block_stamps(unsigned long long* stamps) {
+  const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  return stamps + 4 * size_t(b);
+}
+
+// q4_moe_small.cu's set_dot_staged (4-bit), unchanged.
+template <int NT, int GS>
+__device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT],
+                                               const uint32_t* const (&sb)[NT], int G, int set,
+                                               const uint32_t* xs, int stride, int count,
+                                               float (&y)[NT][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int grp0 = set * GS;
+  const int ng = min(GS, G - grp0);
+  cuda::qtile::QSet<4, NT, GS> w;
+  cuda::qtile::load_qset(w, codes, sb, grp0, ng);
+  const bool has = g < count;
+  const uint32_t* xr = xs + g * stride + grp0 * 32;
+#pragma unroll
+  for (int m = 0; m < GS; ++m) {
+    if (m >= ng) continue;  // warp-uniform
+    uint32_t X[4][2];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      X[kb][0] = has ? xr[m * 32 + 8 * kb + t] : 0u;
+      X[kb][1] = has ? xr[m * 32 + 8 * kb + t + 4] : 0u;
+    }
+    cuda::qtile::q_group_dot(w, m, X, y);
+  }
+}
+
+// q4_moe_small.cu's q_moe_small_gate_up_kernel<4> (4 blocks per SM), with the stamps.
+__global__ void __launch_bounds__(kThreads, 4)
+    gate_up_stamped_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
+                           QMatrix shared_gate_up, int Is, Tiles tiles,
+                           const int32_t* __restrict__ sorted_token, int E, int T,
+                           bf16* __restrict__ act, bf16* __restrict__ shared_act,
+                           unsigned long long* stamps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const unsigned long long start = global_ns();
+  bf16* xs = reinterpret_cast<bf16*>(smem);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int G = H / cuda::kQGroup;
+  int passes = 0;
+  Segment seg;
+  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
+    ++passes;
+    const bool shared = it.e == E;
+    stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
+    const uint32_t* const wc = shared ? shared_gate_up.codes : gate_up.codes;
+    const uint32_t* const ws = shared ? shared_gate_up.sb : gate_up.sb;
+    const int n = shared ? Is : I;
+    const int P = n / cuda::kQTileRows;
+    const int p = blockIdx.y * kWarps + warp;
+    if (p < P) {
+      const int gate_tile = (shared ? 0 : it.e * 2 * P) + p;
+      const uint32_t* const codes[2] = {wc + size_t(gate_tile) * G * cuda::kQBlockWords,
+                                        wc + size_t(gate_tile + P) * G * cuda::kQBlockWords};
+      const uint32_t* const sb[2] = {ws + size_t(gate_tile) * G * cuda::kQSbWords,
+                                     ws + size_t(gate_tile + P) * G * cuda::kQSbWords};
+      float y[2][4] = {};
+      for (int set = 0; set * kGateUpSet < G; ++set)
+        set_dot_staged<2, kGateUpSet>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
+                                      (H + kXPad) / 2, seg.count, y);
+      bf16* out = shared ? shared_act : act;
+      const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int tok = 2 * t + (q & 1);
+        if (tok >= seg.count) continue;
+        const int i = p * cuda::kQTileRows + g + (q < 2 ? 0 : 8);
+        out[size_t(seg.row0 + tok) * size_t(n) + i] =
+            __float2bfloat16_rn(cuda::silu(y[0][q]) * y[1][q]);
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    unsigned long long* s = block_stamps(stamps);
+    s[0] = start, s[1] = global_ns(), s[2] = sm_id(), s[3] = unsigned(passes);
+  }
+}
+
+// q4_moe_small.cu's q_moe_small_down_kernel<4, J> (5 blocks per SM), with the stamps.
+template <int J>
+__global__ void __launch_bounds__(kThreads, 5)
+    down_stamped_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ shared_act,
+                        int Is, QMatrix down, QMatrix shared_down, int H, Tiles tiles, int E, int T,
+                        float* __restrict__ y, float* __restrict__ shared_out,
+                        unsigned long long* stamps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const unsigned long long start = global_ns();
+  bf16* xs = reinterpret_cast<bf16*>(smem);
+  const int TH = H / cuda::kQTileRows;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int passes = 0;
+  Segment seg;
+  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
+    ++passes;
+    const bool shared = it.e == E;
+    const int K = shared ? Is : I;
+    stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
+#pragma unroll 1
+    for (int j = 0; j < J; ++j) {
+      const int th = (int(blockIdx.y) * J + j) * kWarps + warp;
+      if (th >= TH) break;
+      const uint32_t* const wc = shared ? shared_down.codes : down.codes;
+      const uint32_t* const ws = shared ? shared_down.sb : down.sb;
+      const int G = K / cuda::kQGroup;
+      const int tile = (shared ? 0 : it.e * TH) + th;
+      const uint32_t* const codes[1] = {wc + size_t(tile) * G * cuda::kQBlockWords};
+      const uint32_t* const sb[1] = {ws + size_t(tile) * G * cuda::kQSbWords};
+      float acc[1][4] = {};
+      for (int set = 0; set * 8 < G; ++set)
+        set_dot_staged<1, 8>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
+                             (K + kXPad) / 2, seg.count, acc);
+      float* out = shared ? shared_out : y;
+      const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int tok = 2 * t + (q & 1);
+        if (tok >= seg.count) continue;
+        const int c = th * cuda::kQTileRows + g + (q < 2 ? 0 : 8);
+        out[size_t(seg.row0 + tok) * size_t(H) + c] = acc[0][q];
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    unsigned long long* s = block_stamps(stamps);
+    s[0] = start, s[1] = global_ns(), s[2] = sm_id(), s[3] = unsigned(passes);
+  }
+}
+
+template <typename Kernel, typename... Args>
+size_t launch_stamped(Kernel fn, size_t smem, unsigned grid_y, const cuda::MoeRouting& r,
+                      cudaStream_t stream, Args... args) {
+  LILAC_CUDA_CHECK(
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int Z = grid_passes(r.T, r.E, r.k);
+  const dim3 grid(grid_x(r, Z), grid_y, unsigned(Z));
+  fn<<<grid, kThreads, smem, stream>>>(args...);
+  LILAC_CUDA_LAUNCHED();
+  return size_t(grid.x) * grid.y * grid.z;
+}
+
+}  // namespace
+
+size_t q_moe_small_gate_up_stamped(const bf16* x, int T, int H, const QMatrix& gate_up, int I,
+                                   const QMatrix& shared_gate_up, int Is, const cuda::MoeRouting& r,
+                                   bf16* act, bf16* shared_act, unsigned long long* stamps,
+                                   cudaStream_t stream) {
+  if (gate_up.bits != 4 || shared_gate_up.bits != 4) fail("lab q_moe_small v6: 4-bit weights");
+  return launch_stamped(gate_up_stamped_kernel, staged_x_bytes(H),
+                        unsigned(cuda::ceil_div(std::max(I, Is) / cuda::kQTileRows, kWarps)), r,
+                        stream, x, H, gate_up, I, shared_gate_up, Is, tiles_of(r), r.sorted_token,
+                        r.E, T, act, shared_act, stamps);
+}
+
+size_t q_moe_small_down_stamped(const bf16* act, int I, const bf16* shared_act, int Is,
+                                const QMatrix& down, const QMatrix& shared_down, int H,
+                                const cuda::MoeRouting& r, float* y, float* shared_out,
+                                unsigned long long* stamps, cudaStream_t stream) {
+  if (down.bits != 4 || shared_down.bits != 4) fail("lab q_moe_small v6: 4-bit weights");
+  const size_t smem = staged_x_bytes(std::max(I, Is));
+  const int J = r.T <= 16 ? 2 : 4;  // production's down_tiles_per_warp
+  const unsigned gy = unsigned(cuda::ceil_div(H / cuda::kQTileRows, kWarps * J));
+  if (J == 2)
+    return launch_stamped(down_stamped_kernel<2>, smem, gy, r, stream, act, I, shared_act, Is, down,
+                          shared_down, H, tiles_of(r), r.E, r.T, y, shared_out, stamps);
+  return launch_stamped(down_stamped_kernel<4>, smem, gy, r, stream, act, I, shared_act, Is, down,
+                        shared_down, H, tiles_of(r), r.E, r.T, y, shared_out, stamps);
+}
+
+}  // namespace lilac::lab
