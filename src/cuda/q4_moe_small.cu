@@ -629,9 +629,13 @@ int forced_down_blocks() {
 // Whether this pair runs chained (both launchers ask, with the same answers): `chained` asked, the
 // 4-bit register kernels taken, down at J = 2 or 4 and its default blocks per SM (the forms built
 // chained), and a grid within the counters.
+// `automatic` chains too under LILAC_SMALL_MOE_CHAIN=1 (a process-wide switch, so that the whole
+// GPU suite can run with it: the tests that pass their own CudaOptions included).
 bool use_chain(MoeSmallKernel kernel, int bits, const MoeRouting& r) {
-  if (kernel != MoeSmallKernel::chained || bits != 4 || use_streamed(kernel, bits, r.T))
-    return false;
+  static const bool by_default = env_choice("LILAC_SMALL_MOE_CHAIN", {1}) == 1;
+  const bool asked =
+      kernel == MoeSmallKernel::chained || (kernel == MoeSmallKernel::automatic && by_default);
+  if (!asked || bits != 4 || use_streamed(kernel, bits, r.T)) return false;
   const int J = down_tiles_per_warp(r.T);
   return (J == 2 || J == 4) && forced_down_blocks() == 0 &&
          grid_x(r, grid_passes(r.T, r.E, r.k)) <= unsigned(kChainCap);
