@@ -100,9 +100,12 @@ __device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT
 // per x (Y Z), counts itself on [kChainCap + x], and the last of down's blocks of x resets both to
 // 0 for the next pair. Both kernels take their blocks in tile order (y fastest, then z, then x:
 // block_pos) so that gate_up's tiles end in order and down's first blocks find theirs done: down
-// fills the slots gate_up's last wave leaves. Arithmetic unchanged (the same bits as `registers`).
-// Only for paired launches on one stream (the engine's: each gate_up is followed by its down on
-// the same routing); a down whose gate_up never came traps after ~2^24 polls instead of hanging.
+// fills the slots gate_up's last wave leaves. A chained gate_up triggers its dependents after its
+// own griddepcontrol.wait, so that a pair's down is resident only once the last pair's down (and
+// its resets) has completed. Arithmetic unchanged (the same bits as `registers`). Measured (s41
+// run 1, H100, before that fix): c = 16 / 64 +1.8% / +3.1%. Only for paired launches on one stream
+// (the engine's: each gate_up is followed by its down on the same routing); a down whose gate_up
+// never came traps after ~2^24 polls instead of hanging.
 constexpr int kChainCap = 4096;  // x-blocks per launch (grid_x); larger grids are not chained
 __device__ int32_t g_small_moe_chain[2 * kChainCap];
 
@@ -164,8 +167,18 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                const int32_t* __restrict__ sorted_token, int E, int T,
                                bf16* __restrict__ act, bf16* __restrict__ shared_act) {
   extern __shared__ __align__(16) unsigned char smem[];
-  pdl_launch_dependents();  // PDL (moe_pdl_enabled): the routing tables and x come from the
-  pdl_wait();               // kernels before
+  // PDL (moe_pdl_enabled): the routing tables and x come from the kernels before. Chained, the
+  // trigger comes after the wait, so that down's blocks become resident only once the kernels
+  // before (the last pair's down among them, which resets the counters) have completed: triggered
+  // at the top, a gate_up whose blocks all fit beside the last pair's down let this pair's down
+  // read that pair's stale counts (s41 run 1: the six-pair test trapped at T = 1).
+  if constexpr (CHAIN) {
+    pdl_wait();
+    pdl_launch_dependents();
+  } else {
+    pdl_launch_dependents();
+    pdl_wait();
+  }
   bf16* xs = reinterpret_cast<bf16*>(smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int G = H / kQGroup;
