@@ -125,11 +125,11 @@ void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gat
 // into registers; any GPU) and `streamed` (a producer warp per block streams them into shared
 // memory with Hopper's bulk copy engine; 4-bit on cc 9.x). `automatic`: streamed for more than
 // 64 tokens (prompt chunks, where it is faster) where it runs, else registers. `chained` (s41, an
-// A/B form, LILAC_SMALL_MOE_KERNEL=chained; LILAC_SMALL_MOE_CHAIN=1 makes `automatic` chain
-// too): as automatic, but where the 4-bit register kernels
-// run, down's blocks wait through device counters for gate_up's blocks of their own tile rather
-// than for the whole gate_up grid (q4_moe_small.cu, "The chained pair"); the same bits. A chained
-// gate_up must be followed by its down on the same routing and stream before the next gate_up.
+// A/B form, LILAC_SMALL_MOE_KERNEL=chained; LILAC_SMALL_MOE_CHAIN=1 makes `automatic` chain too):
+// as automatic, but where the 4-bit register kernels run, down's blocks wait through device
+// counters for gate_up's blocks of their own tile rather than for the whole gate_up grid
+// (q4_moe_small.cu, "The chained pair"); the same bits. A chained gate_up must be followed by its
+// down on the same routing and stream before the next gate_up.
 enum class MoeSmallKernel { automatic, registers, streamed, chained };
 // Whether every counter of the chained pairs is back at zero (no pair is in flight): for tests.
 bool q_moe_small_chain_idle();
