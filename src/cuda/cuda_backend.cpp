@@ -150,6 +150,8 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
   w.logits.resize(size_t(w.logit_rows) * size_t(c.vocab));
   w.argmax_ws.resize(argmax_workspace_bytes(int(c.vocab)));
   LILAC_CUDA_CHECK(cudaMemset(w.argmax_ws.get(), 0, w.argmax_ws.bytes()));
+  w.small_moe_chain.resize(kMoeSmallChainCounts);
+  LILAC_CUDA_CHECK(cudaMemset(w.small_moe_chain.get(), 0, w.small_moe_chain.bytes()));
   w.sample_ws.resize(sample_workspace_bytes(int(c.vocab)));
   LILAC_CUDA_CHECK(cudaMemset(w.sample_ws.get(), 0, w.sample_ws.bytes()));
   const int Hk = int(c.gdn_key_heads), Hv = int(c.gdn_value_heads), Dk = int(c.gdn_key_dim),

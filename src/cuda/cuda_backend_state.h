@@ -78,6 +78,9 @@ struct Workspace {
       router_ws;  // moe_router's counter (zeroed once, kept at zero by the kernel)
   DeviceBuffer<uint8_t> sample_ws;  // sample() workspace
   DeviceBuffer<uint8_t> argmax_ws;  // argmax() workspace (zeroed once; launches leave it zeroed)
+  // The chained small-M expert pairs' counters (kMoeSmallChainCounts; zeroed once, every pair
+  // leaves them at zero)
+  DeviceBuffer<int32_t> small_moe_chain;
   // q_gemm's stream-K scratch (prompt chunks; zeroed once, launches leave it reusable)
   DeviceBuffer<uint8_t> gemm_scratch;
   // Structured output (step_constrained): the token mask, (sampling vocab + 31) / 32 words.
@@ -366,13 +369,18 @@ inline bool moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
                         QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive, bool y_bf16 = false) {
   const int H = int(c.hidden), I = int(c.expert_intermediate), Is = int(c.shared_intermediate);
   if (small_moe(L, T, small_max_tokens)) {
+    // The pair's counters only where `chained` is asked: until the chained pair has passed the
+    // whole GPU suite (s41's race fix and s42's per-backend counters are not yet run), automatic
+    // stays unchained (docs/kernels.md, "Forty-second session").
+    int32_t* const chain =
+        small_kernel == MoeSmallKernel::chained ? w.small_moe_chain.get() : nullptr;
     timed(timer, "moe_small_gate_up", [&] {
       q_moe_small_gate_up(w.x.get(), T, H, L.gate_up.q, I, L.shared_gate_up.q, Is, r, w.act.get(),
-                          w.shared_act.get(), s, small_kernel);
+                          w.shared_act.get(), s, small_kernel, chain);
     });
     timed(timer, "moe_small_down", [&] {
       q_moe_small_down(w.act.get(), I, w.shared_act.get(), Is, L.down.q, L.shared_down.q, H, r,
-                       w.y.get(), w.shared_out.get(), s, small_kernel);
+                       w.y.get(), w.shared_out.get(), s, small_kernel, chain);
     });
     return false;
   }

@@ -124,15 +124,20 @@ void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gat
 // Two implementations, the same results bit for bit: `registers` (each warp loads its weights
 // into registers; any GPU) and `streamed` (a producer warp per block streams them into shared
 // memory with Hopper's bulk copy engine; 4-bit on cc 9.x). `automatic`: streamed for more than
-// 64 tokens (prompt chunks, where it is faster) where it runs, else registers. `chained` (s41, an
-// A/B form, LILAC_SMALL_MOE_KERNEL=chained; LILAC_SMALL_MOE_CHAIN=1 makes `automatic` chain too):
-// as automatic, but where the 4-bit register kernels run, down's blocks wait through device
-// counters for gate_up's blocks of their own tile rather than for the whole gate_up grid
-// (q4_moe_small.cu, "The chained pair"); the same bits. A chained gate_up must be followed by its
-// down on the same routing and stream before the next gate_up.
+// 64 tokens (prompt chunks, where it is faster) where it runs, else registers; given the pair's
+// counters (`chain`, below), chained where the 4-bit register kernels run: down's blocks wait
+// through those device counters for gate_up's blocks of their own tile rather than for the whole
+// gate_up grid (q4_moe_small.cu, "The chained pair"; s41-s42), the same bits. `chained`: as
+// automatic, failing without counters (the backend passes its counters only for `chained`, the
+// A/B arm LILAC_SMALL_MOE_KERNEL=chained, until the form has passed the GPU suite). A chained
+// gate_up must be followed by its down on the same routing, counters and stream before the next
+// gate_up on those counters.
 enum class MoeSmallKernel { automatic, registers, streamed, chained };
-// Whether every counter of the chained pairs is back at zero (no pair is in flight): for tests.
-bool q_moe_small_chain_idle();
+// int32 counters of a chained pair (`chain`): zeroed once by the owner; every pair leaves them at
+// zero. One set per stream that launches pairs (the backend's Workspace).
+constexpr int kMoeSmallChainCounts = 2 * 4096;
+// Whether every counter in `chain` is back at zero (no pair is in flight): for tests.
+bool q_moe_small_chain_idle(const int32_t* chain);
 bool q_moe_small_supported(const QMatrix& gate_up, const QMatrix& down,
                            const QMatrix& shared_gate_up, const QMatrix& shared_down);
 // Whether `streamed` runs for weights of `bits` on this GPU.
@@ -140,10 +145,11 @@ bool q_moe_small_streamed_available(int bits);
 void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, int I,
                          const QMatrix& shared_gate_up, int Is, const MoeRouting& r, bf16* act,
                          bf16* shared_act, cudaStream_t stream,
-                         MoeSmallKernel kernel = MoeSmallKernel::automatic);
+                         MoeSmallKernel kernel = MoeSmallKernel::automatic,
+                         int32_t* chain = nullptr);
 void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, const QMatrix& down,
                       const QMatrix& shared_down, int H, const MoeRouting& r, float* y,
                       float* shared_out, cudaStream_t stream,
-                      MoeSmallKernel kernel = MoeSmallKernel::automatic);
+                      MoeSmallKernel kernel = MoeSmallKernel::automatic, int32_t* chain = nullptr);
 
 }  // namespace lilac::cuda

@@ -95,19 +95,21 @@ __device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT
 // a little over half full, and down (whose blocks become resident under PDL once every gate_up
 // block has started) waits in griddepcontrol.wait for the whole gate_up grid. Chained, down's
 // blocks of tile x (a routed tile's row of the grid, or a shared-expert x-block) wait only for
-// gate_up's blocks of the same x: gate_up's block adds 1 to g_small_moe_chain[x] once its stores
-// are done (released at gpu scope), down's block polls it (acquire) until it holds gate_up's blocks
-// per x (Y Z), counts itself on [kChainCap + x], and the last of down's blocks of x resets both to
-// 0 for the next pair. Both kernels take their blocks in tile order (y fastest, then z, then x:
-// block_pos) so that gate_up's tiles end in order and down's first blocks find theirs done: down
-// fills the slots gate_up's last wave leaves. A chained gate_up triggers its dependents after its
-// own griddepcontrol.wait, so that a pair's down is resident only once the last pair's down (and
-// its resets) has completed. Arithmetic unchanged (the same bits as `registers`). Measured (s41
-// run 1, H100, before that fix): c = 16 / 64 +1.8% / +3.1%. Only for paired launches on one stream
-// (the engine's: each gate_up is followed by its down on the same routing); a down whose gate_up
-// never came traps after ~2^24 polls instead of hanging.
-constexpr int kChainCap = 4096;  // x-blocks per launch (grid_x); larger grids are not chained
-__device__ int32_t g_small_moe_chain[2 * kChainCap];
+// gate_up's blocks of the same x: gate_up's block adds 1 to chain[x] once its stores are done
+// (released at gpu scope), down's block polls it (acquire) until it holds gate_up's blocks per x
+// (Y Z), counts itself on chain[kChainCap + x], and the last of down's blocks of x resets both to
+// 0 for the next pair. The counters belong to the caller (kMoeSmallChainCounts int32, zeroed once:
+// the backend's Workspace), so that backends on different streams never share them. Both kernels
+// take their blocks in tile order (y fastest, then z, then x: block_pos) so that gate_up's tiles
+// end in order and down's first blocks find theirs done: down fills the slots gate_up's last wave
+// leaves. A chained gate_up triggers its dependents after its own griddepcontrol.wait, so that a
+// pair's down is resident only once the last pair's down (and its resets) has completed. Arithmetic
+// unchanged (the same bits as `registers`). Measured (s41 run 1, H100, before that fix): c = 16 /
+// 64 +1.8% / +3.1%. Only for paired launches on one stream (the engine's: each gate_up is followed
+// by its down on the same routing); a down whose gate_up never came traps after ~2^24 polls instead
+// of hanging.
+constexpr int kChainCap = kMoeSmallChainCounts / 2;  // x-blocks per launch (grid_x); larger grids
+                                                     // are not chained
 
 struct BlockPos {
   int x, y, z, Z;
@@ -124,31 +126,28 @@ __device__ __forceinline__ BlockPos block_pos() {
 }
 
 // gate_up's block of x is done: every thread's stores, then one release add.
-__device__ __forceinline__ void chain_signal(int x) {
+__device__ __forceinline__ void chain_signal(int32_t* chain, int x) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    atomicAdd(&g_small_moe_chain[x], 1);
+    atomicAdd(&chain[x], 1);
   }
 }
 
 // down's block of x: waits for gate_up's `want` blocks of x (acquire), counts itself among x's
 // `waiters`, the last resetting both counts; then the block may read x's routing and act rows.
-__device__ __forceinline__ void chain_wait(int x, int want, int waiters) {
+__device__ __forceinline__ void chain_wait(int32_t* chain, int x, int want, int waiters) {
   if (threadIdx.x == 0) {
     for (int polls = 0;; ++polls) {
       int v;
-      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];"
-                   : "=r"(v)
-                   : "l"(&g_small_moe_chain[x])
-                   : "memory");
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(&chain[x]) : "memory");
       if (v >= want) break;
       if (polls > (1 << 24)) __trap();  // no gate_up before this down: fail rather than hang
       __nanosleep(64);
     }
-    if (atomicAdd(&g_small_moe_chain[kChainCap + x], 1) == waiters - 1) {
-      atomicExch(&g_small_moe_chain[x], 0);
-      atomicExch(&g_small_moe_chain[kChainCap + x], 0);
+    if (atomicAdd(&chain[kChainCap + x], 1) == waiters - 1) {
+      atomicExch(&chain[x], 0);
+      atomicExch(&chain[kChainCap + x], 0);
     }
   }
   __syncthreads();
@@ -165,7 +164,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
     q_moe_small_gate_up_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
                                QMatrix shared_gate_up, int Is, Tiles tiles,
                                const int32_t* __restrict__ sorted_token, int E, int T,
-                               bf16* __restrict__ act, bf16* __restrict__ shared_act) {
+                               bf16* __restrict__ act, bf16* __restrict__ shared_act,
+                               int32_t* chain) {
   extern __shared__ __align__(16) unsigned char smem[];
   // PDL (moe_pdl_enabled): the routing tables and x come from the kernels before. Chained, the
   // trigger comes after the wait, so that down's blocks become resident only once the kernels
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
     __syncthreads();  // the staged x is re-used by the next pass
   }
-  if constexpr (CHAIN) chain_signal(bp.x);
+  if constexpr (CHAIN) chain_signal(chain, bp.x);
 }
 
 // J: output tiles per warp, one after another (no loads across them: the registers stay at one
@@ -230,19 +230,20 @@ __global__ void __launch_bounds__(kThreads, MINB)
 // registers, no spills) and 6 (80 registers, 32 bytes stored and loaded), picked by
 // LILAC_MOE_DOWN_BLOCKS=4|5|6 (unset: 5; q_moe_small_down): to A/B 4 blocks without spills against
 // 5 and 6 (not measured yet).
-// CHAIN: the chained pair's down (above): waits for gate_up's chain_want blocks of its x instead of
-// the whole gate_up grid.
+// CHAIN: the chained pair's down (above): waits for gate_up's chain_want blocks of its x (on
+// `chain`) instead of the whole gate_up grid.
 template <int BITS, int J, int MINB = kDownMinBlocks<BITS>, bool CHAIN = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     q_moe_small_down_kernel(const bf16* __restrict__ act, int I,
                             const bf16* __restrict__ shared_act, int Is, QMatrix down,
                             QMatrix shared_down, int H, Tiles tiles, int E, int T,
-                            float* __restrict__ y, float* __restrict__ shared_out, int chain_want) {
+                            float* __restrict__ y, float* __restrict__ shared_out, int32_t* chain,
+                            int chain_want) {
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_launch_dependents();
   const BlockPos bp = block_pos<CHAIN>();
   if constexpr (CHAIN)
-    chain_wait(bp.x, chain_want, int(gridDim.y * gridDim.z));
+    chain_wait(chain, bp.x, chain_want, int(gridDim.y * gridDim.z));
   else
     pdl_wait();
   bf16* xs = reinterpret_cast<bf16*>(smem);
@@ -639,16 +640,16 @@ int forced_down_blocks() {
   return forced;
 }
 
-// Whether this pair runs chained (both launchers ask, with the same answers): `chained` asked, the
-// 4-bit register kernels taken, down at J = 2 or 4 and its default blocks per SM (the forms built
-// chained), and a grid within the counters.
-// `automatic` chains too under LILAC_SMALL_MOE_CHAIN=1 (a process-wide switch, so that the whole
-// GPU suite can run with it: the tests that pass their own CudaOptions included).
-bool use_chain(MoeSmallKernel kernel, int bits, const MoeRouting& r) {
-  static const bool by_default = env_choice("LILAC_SMALL_MOE_CHAIN", {1}) == 1;
-  const bool asked =
-      kernel == MoeSmallKernel::chained || (kernel == MoeSmallKernel::automatic && by_default);
-  if (!asked || bits != 4 || use_streamed(kernel, bits, r.T)) return false;
+// Whether this pair runs chained (both launchers ask, with the same answers): counters given
+// (`chained` fails without them) and `automatic` or `chained`, the 4-bit register kernels taken,
+// down at J = 2 or 4 and its default blocks per SM (the forms built chained), and a grid within the
+// counters.
+bool use_chain(MoeSmallKernel kernel, int bits, const MoeRouting& r, const int32_t* chain,
+               const char* who) {
+  if (kernel == MoeSmallKernel::chained && !chain)
+    fail("cuda::{}: the chained kernels need the pair's counters (kMoeSmallChainCounts)", who);
+  const bool asked = kernel == MoeSmallKernel::chained || kernel == MoeSmallKernel::automatic;
+  if (!chain || !asked || bits != 4 || use_streamed(kernel, bits, r.T)) return false;
   const int J = down_tiles_per_warp(r.T);
   return (J == 2 || J == 4) && forced_down_blocks() == 0 &&
          grid_x(r, grid_passes(r.T, r.E, r.k)) <= unsigned(kChainCap);
@@ -656,9 +657,9 @@ bool use_chain(MoeSmallKernel kernel, int bits, const MoeRouting& r) {
 
 }  // namespace
 
-bool q_moe_small_chain_idle() {
-  std::vector<int32_t> counts(2 * kChainCap);
-  LILAC_CUDA_CHECK(cudaMemcpyFromSymbol(counts.data(), g_small_moe_chain, counts.size() * 4));
+bool q_moe_small_chain_idle(const int32_t* chain) {
+  std::vector<int32_t> counts(kMoeSmallChainCounts);
+  LILAC_CUDA_CHECK(cudaMemcpy(counts.data(), chain, counts.size() * 4, cudaMemcpyDeviceToHost));
   return std::all_of(counts.begin(), counts.end(), [](int32_t v) { return v == 0; });
 }
 
@@ -675,7 +676,8 @@ bool q_moe_small_supported(const QMatrix& gate_up, const QMatrix& down,
 
 void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, int I,
                          const QMatrix& shared_gate_up, int Is, const MoeRouting& r, bf16* act,
-                         bf16* shared_act, cudaStream_t stream, MoeSmallKernel kernel) {
+                         bf16* shared_act, cudaStream_t stream, MoeSmallKernel kernel,
+                         int32_t* chain) {
   check_sizes("q_moe_small_gate_up", r, H, I, Is);
   if (T != r.T) fail("cuda::q_moe_small_gate_up: {} tokens, routing laid out for {}", T, r.T);
   const int bits = gate_up.bits;
@@ -698,19 +700,20 @@ void q_moe_small_gate_up(const bf16* x, int T, int H, const QMatrix& gate_up, in
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_gate_up: {} bits", bits);
   static const int forced = env_choice("LILAC_MOE_GATE_UP_BLOCKS", {4, 5});
   const bool five = forced ? forced == 5 : T > 32;
-  const bool chain = use_chain(kernel, bits, r);
+  const bool chained = use_chain(kernel, bits, r, chain, "q_moe_small_gate_up");
   auto fn =
       bits == 8 ? q_moe_small_gate_up_kernel<8>
-      : five ? (chain ? q_moe_small_gate_up_kernel<4, 5, true> : q_moe_small_gate_up_kernel<4, 5>)
-             : (chain ? q_moe_small_gate_up_kernel<4, 4, true> : q_moe_small_gate_up_kernel<4>);
+      : five ? (chained ? q_moe_small_gate_up_kernel<4, 5, true> : q_moe_small_gate_up_kernel<4, 5>)
+             : (chained ? q_moe_small_gate_up_kernel<4, 4, true> : q_moe_small_gate_up_kernel<4>);
   allow_smem(fn, smem);
   launch_kernel(moe_pdl_enabled(), fn, grid, dim3(kThreads), smem, stream, x, H, gate_up, I,
-                shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act);
+                shared_gate_up, Is, tiles_of(r), r.sorted_token, r.E, T, act, shared_act, chain);
 }
 
 void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, const QMatrix& down,
                       const QMatrix& shared_down, int H, const MoeRouting& r, float* y,
-                      float* shared_out, cudaStream_t stream, MoeSmallKernel kernel) {
+                      float* shared_out, cudaStream_t stream, MoeSmallKernel kernel,
+                      int32_t* chain) {
   check_sizes("q_moe_small_down", r, H, I, Is);
   const int bits = down.bits;
   check_matrix("q_moe_small_down", down, int64_t(r.E) * H, I, bits);
@@ -730,7 +733,7 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   // LILAC_MOE_DOWN_BLOCKS=4|5|6 says otherwise (A/B). The 8-bit kernel keeps its 4.
   const int forced_blocks = forced_down_blocks();
   const int minb = forced_blocks ? forced_blocks : kDownMinBlocks<4>;
-  const bool chain = use_chain(kernel, bits, r);
+  const bool chained = use_chain(kernel, bits, r, chain, "q_moe_small_down");
   const int Z = grid_passes(r.T, r.E, r.k);
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps * J)), unsigned(Z));
   const size_t smem = staged_x_bytes(std::max(I, Is));
@@ -745,14 +748,14 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
       break;
     case 2:
       fn = bits == 8   ? q_moe_small_down_kernel<8, 2>
-           : chain     ? q_moe_small_down_kernel<4, 2, kDownMinBlocks<4>, true>
+           : chained   ? q_moe_small_down_kernel<4, 2, kDownMinBlocks<4>, true>
            : minb == 4 ? q_moe_small_down_kernel<4, 2, 4>
            : minb == 6 ? q_moe_small_down_kernel<4, 2, 6>
                        : q_moe_small_down_kernel<4, 2>;
       break;
     case 4:
       fn = bits == 8   ? q_moe_small_down_kernel<8, 4>
-           : chain     ? q_moe_small_down_kernel<4, 4, kDownMinBlocks<4>, true>
+           : chained   ? q_moe_small_down_kernel<4, 4, kDownMinBlocks<4>, true>
            : minb == 4 ? q_moe_small_down_kernel<4, 4, 4>
            : minb == 6 ? q_moe_small_down_kernel<4, 4, 6>
                        : q_moe_small_down_kernel<4, 4>;
@@ -764,7 +767,7 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
   // Chained: gate_up's blocks per x (its grid's y x z), which this grid's blocks of x wait for.
   const int chain_want = int(ceil_div(std::max(I, Is) / kQTileRows, kWarps)) * Z;
   launch_kernel(moe_pdl_enabled(), fn, grid, dim3(kThreads), smem, stream, act, I, shared_act, Is,
-                down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out, chain_want);
+                down, shared_down, H, tiles_of(r), r.E, r.T, y, shared_out, chain, chain_want);
 }
 
 }  // namespace lilac::cuda

@@ -266,8 +266,8 @@ TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequencesBf16State) {
 }
 
 // The chained small-M expert pair (MoeSmallKernel::chained: down's blocks wait for gate_up's
-// blocks of their own tile through device counters, under PDL inside the step's graphs): the
-// batch's rows against the same sequences alone, as above (the kernels' own bits against the
+// blocks of their own tile through the backend's counters, under PDL inside the step's graphs):
+// the batch's rows against the same sequences alone, as above (the kernels' own bits against the
 // register pair: Q4MoeSmall.ChainedEqualsRegistersBitForBit).
 TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequencesChainedExperts) {
   LILAC_REQUIRE_GPU();

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../moe_route_util.h"
@@ -43,6 +44,13 @@ std::vector<float> crafted_logits(int T, int E, int k, uint64_t seed,
   }
   return logits;
 }
+
+// A chained pair's counters, zeroed (as the backend's Workspace holds them).
+struct ChainCounts {
+  cuda::DeviceBuffer<int32_t> buf{size_t(cuda::kMoeSmallChainCounts)};
+  ChainCounts() { LILAC_CUDA_CHECK(cudaMemset(buf.get(), 0, buf.bytes())); }
+  int32_t* get() const { return buf.get(); }
+};
 
 const char* kernel_name(cuda::MoeSmallKernel kernel) {
   return kernel == cuda::MoeSmallKernel::streamed    ? "streamed"
@@ -86,11 +94,13 @@ void check_small(Shape s, int T, uint64_t seed, const std::vector<float>* given_
   poison(shared_act);
   poison(y);
   poison(shared_out);
+  const ChainCounts chain;
   cuda::q_moe_small_gate_up(dx.get(), T, s.H, gu.q(), s.I, sgu.q(), s.Is, r, act.get(),
-                            shared_act.get(), nullptr, kernel);
+                            shared_act.get(), nullptr, kernel, chain.get());
   cuda::q_moe_small_down(act.get(), s.I, shared_act.get(), s.Is, dn.q(), sdn.q(), s.H, r, y.get(),
-                         shared_out.get(), nullptr, kernel);
+                         shared_out.get(), nullptr, kernel, chain.get());
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(cuda::q_moe_small_chain_idle(chain.get())) << "counts left behind after the pair";
   const auto act_got = download_bf16_as_f32(act), shared_act_got = download_bf16_as_f32(shared_act);
   const auto y_got = download(y), shared_out_got = download(shared_out);
   EXPECT_TRUE(guard_untouched(y_got, size_t(P) * size_t(s.H), what + " y"));
@@ -199,6 +209,79 @@ TEST(Q4MoeSmall, AwkwardTokensPerExpert) {
   }
 }
 
+// The same-bits tests' inputs: a shape's four 4-bit expert matrices, T tokens' routing and two
+// inputs x (seeds from `seed`), and one pair's outputs, poisoned.
+struct PairInputs {
+  Shape s;
+  int T;
+  HostQ gu, dn, sgu, sdn;
+  DeviceRouting route;
+  cuda::DeviceBuffer<cuda::bf16> x[2];
+
+  static std::vector<float> logits(int T, int E, uint64_t seed) {
+    std::vector<float> l(size_t(T) * size_t(E + 1));
+    for (size_t i = 0; i < l.size(); ++i) l[i] = hash_uniform(seed, i, 3.f);
+    return l;
+  }
+  PairInputs(Shape shape, int tokens, uint64_t seed)
+      : s(shape),
+        T(tokens),
+        gu(int64_t(s.E) * 2 * s.I, s.H, 4, std::sqrt(3.f / float(s.H)), seed),
+        dn(int64_t(s.E) * s.H, s.I, 4, std::sqrt(3.f / float(s.I)), seed + 1),
+        sgu(2 * s.Is, s.H, 4, std::sqrt(3.f / float(s.H)), seed + 2),
+        sdn(s.H, s.Is, 4, std::sqrt(3.f / float(s.Is)), seed + 3),
+        route(logits(T, s.E, seed + 4), T, s.E, s.k),
+        x{upload_bf16(random_bf16_bits(size_t(T) * size_t(s.H), 1.f, seed + 5)),
+          upload_bf16(random_bf16_bits(size_t(T) * size_t(s.H), 1.f, seed + 6))} {}
+
+  struct Out {
+    cuda::DeviceBuffer<cuda::bf16> act, sact;
+    cuda::DeviceBuffer<float> y, sout;
+  };
+  Out outputs() const {
+    const size_t P = size_t(T) * size_t(s.k);
+    Out o{cuda::DeviceBuffer<cuda::bf16>(P * size_t(s.I)),
+          cuda::DeviceBuffer<cuda::bf16>(size_t(T) * size_t(s.Is)),
+          cuda::DeviceBuffer<float>(P * size_t(s.H)),
+          cuda::DeviceBuffer<float>(size_t(T) * size_t(s.H))};
+    poison(o.act);
+    poison(o.sact);
+    poison(o.y);
+    poison(o.sout);
+    return o;
+  }
+  // gate_up then down on input x[i] into o, on `st` (no synchronisation).
+  void pair(int i, Out& o, cudaStream_t st, cuda::MoeSmallKernel kernel, int32_t* chain) const {
+    cuda::q_moe_small_gate_up(x[i].get(), T, s.H, gu.q(), s.I, sgu.q(), s.Is, route.r, o.act.get(),
+                              o.sact.get(), st, kernel, chain);
+    cuda::q_moe_small_down(o.act.get(), s.I, o.sact.get(), s.Is, dn.q(), sdn.q(), s.H, route.r,
+                           o.y.get(), o.sout.get(), st, kernel, chain);
+  }
+};
+
+// Every output of `got` against `want` bit for bit (after the stream's work is done).
+void expect_same_bits(const PairInputs::Out& got, const PairInputs::Out& want,
+                      const std::string& what) {
+  auto differ = [](const std::vector<float>& a, const std::vector<float>& b) {
+    size_t n = a.size() == b.size() ? 0 : a.size() + b.size();
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+      n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return n;
+  };
+  EXPECT_EQ(differ(download_bf16_as_f32(got.act), download_bf16_as_f32(want.act)), 0u)
+      << "act values differ, " << what;
+  EXPECT_EQ(differ(download_bf16_as_f32(got.sact), download_bf16_as_f32(want.sact)), 0u)
+      << "shared_act values differ, " << what;
+  EXPECT_EQ(differ(download(got.y), download(want.y)), 0u) << "y values differ, " << what;
+  EXPECT_EQ(differ(download(got.sout), download(want.sout)), 0u)
+      << "shared_out values differ, " << what;
+}
+
+struct SameBitsCase {
+  Shape s;
+  int T;
+};
+
 // The streamed kernels do the registers kernels' arithmetic in the same order: their outputs agree
 // bit for bit (so the batch-equals-single tests hold whichever runs). Real shape at decode and
 // prompt sizes (8-, 16- and 32-token passes: T 16 and 64, 256, 512), the tiny shape's partial
@@ -207,54 +290,18 @@ TEST(Q4MoeSmall, AwkwardTokensPerExpert) {
 TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
   LILAC_REQUIRE_GPU();
   ASSERT_TRUE(cuda::q_moe_small_streamed_available(4)) << "the streamed kernels need a cc 9.x GPU";
-  struct Case {
-    Shape s;
-    int T;
-  };
-  for (const Case& c :
-       {Case{{2048, 256, 8, 512, 512, 4}, 16}, Case{{2048, 256, 8, 512, 512, 4}, 64},
-        Case{{2048, 256, 8, 512, 512, 4}, 256}, Case{{2048, 256, 8, 512, 512, 4}, 512},
-        Case{{128, 16, 4, 64, 64, 4}, 37}, Case{{128, 16, 4, 64, 64, 4}, 300},
-        Case{{256, 16, 4, 64, 192, 4}, 70}}) {
-    const Shape& s = c.s;
-    const int T = c.T, P = T * s.k;
-    SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(s.H));
-    HostQ gu(int64_t(s.E) * 2 * s.I, s.H, 4, std::sqrt(3.f / float(s.H)), 31);
-    HostQ dn(int64_t(s.E) * s.H, s.I, 4, std::sqrt(3.f / float(s.I)), 32);
-    HostQ sgu(2 * s.Is, s.H, 4, std::sqrt(3.f / float(s.H)), 33);
-    HostQ sdn(s.H, s.Is, 4, std::sqrt(3.f / float(s.Is)), 34);
-    std::vector<float> logits(size_t(T) * size_t(s.E + 1));
-    for (size_t i = 0; i < logits.size(); ++i) logits[i] = hash_uniform(35, i, 3.f);
-    const DeviceRouting route(logits, T, s.E, s.k);
-    auto dx = upload_bf16(random_bf16_bits(size_t(T) * size_t(s.H), 1.f, 36));
-    std::vector<float> outs[2][4];
-    for (int v = 0; v < 2; ++v) {
-      const auto kernel = v == 0 ? cuda::MoeSmallKernel::registers : cuda::MoeSmallKernel::streamed;
-      cuda::DeviceBuffer<cuda::bf16> act(size_t(P) * size_t(s.I)), sact(size_t(T) * size_t(s.Is));
-      cuda::DeviceBuffer<float> y(size_t(P) * size_t(s.H)), sout(size_t(T) * size_t(s.H));
-      poison(act);
-      poison(sact);
-      poison(y);
-      poison(sout);
-      cuda::q_moe_small_gate_up(dx.get(), T, s.H, gu.q(), s.I, sgu.q(), s.Is, route.r, act.get(),
-                                sact.get(), nullptr, kernel);
-      cuda::q_moe_small_down(act.get(), s.I, sact.get(), s.Is, dn.q(), sdn.q(), s.H, route.r,
-                             y.get(), sout.get(), nullptr, kernel);
-      LILAC_CUDA_CHECK(cudaDeviceSynchronize());
-      outs[v][0] = download_bf16_as_f32(act);
-      outs[v][1] = download_bf16_as_f32(sact);
-      outs[v][2] = download(y);
-      outs[v][3] = download(sout);
-    }
-    const char* names[4] = {"act", "shared_act", "y", "shared_out"};
-    for (int o = 0; o < 4; ++o) {
-      ASSERT_EQ(outs[0][o].size(), outs[1][o].size());
-      size_t differ = 0;
-      for (size_t i = 0; i < outs[0][o].size(); ++i)
-        differ += std::memcmp(&outs[0][o][i], &outs[1][o][i], sizeof(float)) != 0;
-      EXPECT_EQ(differ, 0u) << names[o] << ": " << differ << " of " << outs[0][o].size()
-                            << " values differ";
-    }
+  const Shape real{2048, 256, 8, 512, 512, 4}, tiny{128, 16, 4, 64, 64, 4};
+  for (const SameBitsCase& c :
+       {SameBitsCase{real, 16}, SameBitsCase{real, 64}, SameBitsCase{real, 256},
+        SameBitsCase{real, 512}, SameBitsCase{tiny, 37}, SameBitsCase{tiny, 300},
+        SameBitsCase{{256, 16, 4, 64, 192, 4}, 70}}) {
+    SCOPED_TRACE("T " + std::to_string(c.T) + " H " + std::to_string(c.s.H));
+    const PairInputs in(c.s, c.T, 31);
+    PairInputs::Out registers = in.outputs(), streamed = in.outputs();
+    in.pair(0, registers, nullptr, cuda::MoeSmallKernel::registers, nullptr);
+    in.pair(0, streamed, nullptr, cuda::MoeSmallKernel::streamed, nullptr);
+    LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+    expect_same_bits(streamed, registers, "streamed against registers");
   }
 }
 
@@ -266,76 +313,29 @@ TEST(Q4MoeSmall, StreamedEqualsRegistersBitForBit) {
 // expert (Is 192).
 TEST(Q4MoeSmall, ChainedEqualsRegistersBitForBit) {
   LILAC_REQUIRE_GPU();
-  struct Case {
-    Shape s;
-    int T;
-  };
-  for (const Case& c : {Case{{2048, 256, 8, 512, 512, 4}, 1}, Case{{2048, 256, 8, 512, 512, 4}, 16},
-                        Case{{2048, 256, 8, 512, 512, 4}, 64}, Case{{128, 16, 4, 64, 64, 4}, 37},
-                        Case{{256, 16, 4, 64, 192, 4}, 20}}) {
-    const Shape& s = c.s;
-    const int T = c.T, P = T * s.k;
-    SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(s.H));
-    HostQ gu(int64_t(s.E) * 2 * s.I, s.H, 4, std::sqrt(3.f / float(s.H)), 41);
-    HostQ dn(int64_t(s.E) * s.H, s.I, 4, std::sqrt(3.f / float(s.I)), 42);
-    HostQ sgu(2 * s.Is, s.H, 4, std::sqrt(3.f / float(s.H)), 43);
-    HostQ sdn(s.H, s.Is, 4, std::sqrt(3.f / float(s.Is)), 44);
-    std::vector<float> logits(size_t(T) * size_t(s.E + 1));
-    for (size_t i = 0; i < logits.size(); ++i) logits[i] = hash_uniform(45, i, 3.f);
-    const DeviceRouting route(logits, T, s.E, s.k);
-    cuda::DeviceBuffer<cuda::bf16> dx[2] = {
-        upload_bf16(random_bf16_bits(size_t(T) * size_t(s.H), 1.f, 46)),
-        upload_bf16(random_bf16_bits(size_t(T) * size_t(s.H), 1.f, 47))};
-    struct Out {
-      cuda::DeviceBuffer<cuda::bf16> act, sact;
-      cuda::DeviceBuffer<float> y, sout;
-    };
-    auto make = [&] {
-      Out o{cuda::DeviceBuffer<cuda::bf16>(size_t(P) * size_t(s.I)),
-            cuda::DeviceBuffer<cuda::bf16>(size_t(T) * size_t(s.Is)),
-            cuda::DeviceBuffer<float>(size_t(P) * size_t(s.H)),
-            cuda::DeviceBuffer<float>(size_t(T) * size_t(s.H))};
-      poison(o.act);
-      poison(o.sact);
-      poison(o.y);
-      poison(o.sout);
-      return o;
-    };
+  const Shape real{2048, 256, 8, 512, 512, 4};
+  for (const SameBitsCase& c :
+       {SameBitsCase{real, 1}, SameBitsCase{real, 16}, SameBitsCase{real, 64},
+        SameBitsCase{{128, 16, 4, 64, 64, 4}, 37}, SameBitsCase{{256, 16, 4, 64, 192, 4}, 20}}) {
+    SCOPED_TRACE("T " + std::to_string(c.T) + " H " + std::to_string(c.s.H));
+    const PairInputs in(c.s, c.T, 41);
     cudaStream_t st;
     LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    auto pair = [&](const cuda::bf16* x, Out& o, cuda::MoeSmallKernel kernel) {
-      cuda::q_moe_small_gate_up(x, T, s.H, gu.q(), s.I, sgu.q(), s.Is, route.r, o.act.get(),
-                                o.sact.get(), st, kernel);
-      cuda::q_moe_small_down(o.act.get(), s.I, o.sact.get(), s.Is, dn.q(), sdn.q(), s.H, route.r,
-                             o.y.get(), o.sout.get(), st, kernel);
-    };
-    Out want[2] = {make(), make()};
-    for (int i = 0; i < 2; ++i) pair(dx[i].get(), want[i], cuda::MoeSmallKernel::registers);
+    const ChainCounts chain;
+    PairInputs::Out want[2] = {in.outputs(), in.outputs()};
+    for (int i = 0; i < 2; ++i)
+      in.pair(i, want[i], st, cuda::MoeSmallKernel::registers, chain.get());
     constexpr int kPairs = 6;
-    std::vector<Out> got;
-    for (int i = 0; i < kPairs; ++i) got.push_back(make());
+    std::vector<PairInputs::Out> got;
+    for (int i = 0; i < kPairs; ++i) got.push_back(in.outputs());
     LILAC_CUDA_CHECK(cudaStreamSynchronize(st));
     for (int i = 0; i < kPairs; ++i)
-      pair(dx[i % 2].get(), got[size_t(i)], cuda::MoeSmallKernel::chained);
+      in.pair(i % 2, got[size_t(i)], st, cuda::MoeSmallKernel::chained, chain.get());
     LILAC_CUDA_CHECK(cudaStreamSynchronize(st));
     LILAC_CUDA_CHECK(cudaStreamDestroy(st));
-    EXPECT_TRUE(cuda::q_moe_small_chain_idle()) << "counts left behind after the pairs";
-    auto bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-      size_t differ = a.size() == b.size() ? 0 : a.size() + b.size();
-      for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-        differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-      return differ;
-    };
-    for (int i = 0; i < kPairs; ++i) {
-      const Out& w = want[i % 2];
-      const Out& g = got[size_t(i)];
-      EXPECT_EQ(bits(download_bf16_as_f32(g.act), download_bf16_as_f32(w.act)), 0u)
-          << "act, pair " << i;
-      EXPECT_EQ(bits(download_bf16_as_f32(g.sact), download_bf16_as_f32(w.sact)), 0u)
-          << "shared_act, pair " << i;
-      EXPECT_EQ(bits(download(g.y), download(w.y)), 0u) << "y, pair " << i;
-      EXPECT_EQ(bits(download(g.sout), download(w.sout)), 0u) << "shared_out, pair " << i;
-    }
+    EXPECT_TRUE(cuda::q_moe_small_chain_idle(chain.get())) << "counts left behind after the pairs";
+    for (int i = 0; i < kPairs; ++i)
+      expect_same_bits(got[size_t(i)], want[i % 2], "pair " + std::to_string(i));
   }
 }
 
@@ -350,22 +350,27 @@ TEST(Q4MoeSmall, BadArgumentsThrow) {
   auto* a = reinterpret_cast<cuda::bf16*>(uintptr_t(256));
   EXPECT_THROW(cuda::q_moe_small_gate_up(x, 4, 2048, q, 512, q, 512, none, a, a, nullptr),
                Error);  // routing not laid out
-  // The streamed kernels asked for 8-bit weights: refused before any launch (the routing and the
-  // matrices are well formed, so the refusal is the kernel choice's).
+  // The streamed kernels asked for 8-bit weights, the chained ones without the pair's counters:
+  // refused before any launch (the routing and the matrices are well formed, so the refusal is the
+  // kernel choice's).
   LILAC_REQUIRE_GPU();
   auto* i32 = reinterpret_cast<int32_t*>(uintptr_t(256));
   cuda::MoeRouting r;
   r.T = 4, r.E = 256, r.k = 8, r.max_tiles = 32;
   r.expert_offsets = r.sorted_token = r.tile_expert = r.tile_row0 = r.num_tiles = i32;
-  cuda::QMatrix q8{q.codes, q.sb, 256 * 1024, 2048, 8}, s8{q.codes, q.sb, 1024, 2048, 8};
-  cuda::QMatrix d8{q.codes, q.sb, 256 * 2048, 512, 8}, sd8{q.codes, q.sb, 2048, 512, 8};
   auto* f = reinterpret_cast<float*>(uintptr_t(256));
-  EXPECT_THROW(cuda::q_moe_small_gate_up(x, 4, 2048, q8, 512, s8, 512, r, a, a, nullptr,
-                                         cuda::MoeSmallKernel::streamed),
-               Error);
-  EXPECT_THROW(cuda::q_moe_small_down(a, 512, a, 512, d8, sd8, 2048, r, f, f, nullptr,
-                                      cuda::MoeSmallKernel::streamed),
-               Error);
+  for (const auto [bits, kernel] : {std::pair{8, cuda::MoeSmallKernel::streamed},
+                                    std::pair{4, cuda::MoeSmallKernel::chained}}) {
+    SCOPED_TRACE(kernel_name(kernel));
+    const cuda::QMatrix gu{q.codes, q.sb, 256 * 1024, 2048, bits},
+        sgu{q.codes, q.sb, 1024, 2048, bits};
+    const cuda::QMatrix dn{q.codes, q.sb, 256 * 2048, 512, bits},
+        sdn{q.codes, q.sb, 2048, 512, bits};
+    EXPECT_THROW(cuda::q_moe_small_gate_up(x, 4, 2048, gu, 512, sgu, 512, r, a, a, nullptr, kernel),
+                 Error);
+    EXPECT_THROW(cuda::q_moe_small_down(a, 512, a, 512, dn, sdn, 2048, r, f, f, nullptr, kernel),
+                 Error);
+  }
 }
 
 }  // namespace
