@@ -99,6 +99,10 @@ std::vector<std::pair<std::string, Launch>> launches(int version) {
                     bt, sp, sp);
         continue;
       }
+      // How many fit at once (in_proj's 97 row blocks run in one wave only if >= 97 do).
+      if (bt != 0)
+        std::printf("  v4 [bt%d s%d]: %d clusters resident at once\n", bt, sp,
+                    cuda::q_gemm_wgmma_max_clusters(bt, sp));
       ls.emplace_back(
           bt == 0 ? std::string() : " [bt" + std::to_string(bt) + " s" + std::to_string(sp) + "]",
           [bt, sp](const bf16* A, int M, const QMatrix& W, void* C, GemmOut m, cudaStream_t s) {
