@@ -71,7 +71,7 @@
 #   chained-ab  the chained small-M expert pair (LILAC_SMALL_MOE_KERNEL = registers | chained,
 #               s41-s43; unchained the default until this step passes): its kernel and backend
 #               tests, then 4-bit c = 16 / 64 (bf16 GDN state) under each, three interleaved rounds
-#               (JSON chained-ab-ARM-ROUND.json). To judge the default flipped, build with it
+#               (their JSONs in chained-ab.tar.xz). To judge the default flipped, build with it
 #               flipped and run `tests` (the tests-switches caveat)
 #   concurrency-q4-bf16state
 #               the 4-bit concurrency sweep at c = 1, 16, 64 with the bf16 GDN state
@@ -264,12 +264,15 @@ for s in $steps; do
     chained-ab)  # the chained pair (s41-s43): its tests, then c = 16 / 64 under each arm
       run chained-tests 240 "$B/lilac_cuda_tests" --gtest_brief=1 \
         --gtest_filter='*Chained*:*chained*:Q4MoeSmall.*:CudaOptions*'
+      mkdir -p "$OUT/chained-ab"
       for round in 1 2 3; do
         for v in registers chained; do
           run "chained-ab-$v-$round" 120 env LILAC_SMALL_MOE_KERNEL=$v "$B/lilac" bench --synthetic \
-            --weights q4 --gdn-state bf16 --concurrency 16,64 --json "$OUT/chained-ab-$v-$round.json"
+            --weights q4 --gdn-state bf16 --concurrency 16,64 --json "$OUT/chained-ab/$v-$round.json"
         done
-      done ;;
+      done
+      # One file for the six JSONs (the device tool brings back at most 8).
+      tar -C "$OUT" -cJf "$OUT/chained-ab.tar.xz" chained-ab && rm -rf "$OUT/chained-ab" ;;
     concurrency-q4-bf16state)  # #11's c = 16 / 64 figures of record: 4-bit, bf16 GDN state
       run concurrency-q4-bf16state 300 "$B/lilac" bench --synthetic --weights q4 --gdn-state bf16 \
         --concurrency 1,16,64 --json "$OUT/concurrency-q4-bf16state.json" ;;
