@@ -58,9 +58,10 @@ struct CudaOptions {
   int small_moe_max_tokens = 64;
   int small_moe_prefill_max_tokens = 512;
   // Which implementation of the small-M kernels (q4_moe.h): automatic = streamed (bulk copies
-  // into shared memory) for 4-bit prompt chunks on Hopper, else registers; chained = automatic
-  // with the register pair chained per tile through the backend's counters (s41-s42; not the
-  // default until run). LILAC_SMALL_MOE_KERNEL=registers|streamed|chained|auto (A/B runs).
+  // into shared memory) for 4-bit prompt chunks on Hopper, else the register pair chained per
+  // tile through the backend's counters (s41-s44); registers = the register pair unchained
+  // everywhere; chained = automatic, failing without counters.
+  // LILAC_SMALL_MOE_KERNEL=registers|streamed|chained|auto (A/B runs).
   MoeSmallKernel small_moe_kernel = MoeSmallKernel::automatic;
   // The 4-bit experts of a prompt chunk of at least 64 tokens on Hopper (q4_moe.h): the small-M
   // kernels (up to small_moe_prefill_max_tokens), or the grouped wgmma kernels with 128-row

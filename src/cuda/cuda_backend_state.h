@@ -369,11 +369,12 @@ inline bool moe_experts(const DeviceLayer& L, const ModelConfig& c, Workspace& w
                         QMoeWgmmaTile tile = QMoeWgmmaTile::adaptive, bool y_bf16 = false) {
   const int H = int(c.hidden), I = int(c.expert_intermediate), Is = int(c.shared_intermediate);
   if (small_moe(L, T, small_max_tokens)) {
-    // The pair's counters only where `chained` is asked: until the chained pair has passed the
-    // whole GPU suite (s41's race fix and s42's per-backend counters are not yet run), automatic
-    // stays unchained (docs/kernels.md, "Forty-second session").
+    // The pair's counters for automatic and chained: the register pair runs chained per tile
+    // (s41-s44; docs/kernels.md, "Forty-fourth session"); `registers` and `streamed` never chain.
     int32_t* const chain =
-        small_kernel == MoeSmallKernel::chained ? w.small_moe_chain.get() : nullptr;
+        small_kernel == MoeSmallKernel::automatic || small_kernel == MoeSmallKernel::chained
+            ? w.small_moe_chain.get()
+            : nullptr;
     timed(timer, "moe_small_gate_up", [&] {
       q_moe_small_gate_up(w.x.get(), T, H, L.gate_up.q, I, L.shared_gate_up.q, Is, r, w.act.get(),
                           w.shared_act.get(), s, small_kernel, chain);

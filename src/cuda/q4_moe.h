@@ -128,8 +128,8 @@ void q_moe_shared_gate_up(const bf16* x, int T, int H, const QMatrix& shared_gat
 // counters (`chain`, below), chained where the 4-bit register kernels run: down's blocks wait
 // through those device counters for gate_up's blocks of their own tile rather than for the whole
 // gate_up grid (q4_moe_small.cu, "The chained pair"; s41-s42), the same bits. `chained`: as
-// automatic, failing without counters (the backend passes its counters only for `chained`, the
-// A/B arm LILAC_SMALL_MOE_KERNEL=chained, until the form has passed the GPU suite). A chained
+// automatic, failing without counters (the backend passes its counters for both; `registers`
+// is the unchained A/B arm, LILAC_SMALL_MOE_KERNEL=registers). A chained
 // gate_up must be followed by its down on the same routing, counters and stream before the next
 // gate_up on those counters.
 enum class MoeSmallKernel { automatic, registers, streamed, chained };

@@ -265,18 +265,18 @@ TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequencesBf16State) {
               "q4 bf16 state");
 }
 
-// The chained small-M expert pair (MoeSmallKernel::chained: down's blocks wait for gate_up's
-// blocks of their own tile through the backend's counters, under PDL inside the step's graphs):
-// the batch's rows against the same sequences alone, as above (the kernels' own bits against the
-// register pair: Q4MoeSmall.ChainedEqualsRegistersBitForBit).
-TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequencesChainedExperts) {
+// The unchained register pair (MoeSmallKernel::registers; automatic chains it per tile through
+// the backend's counters since s44, so the tests above run the chained pair): the batch's rows
+// against the same sequences alone, as above (the two forms' bits against each other:
+// Q4MoeSmall.ChainedEqualsRegistersBitForBit).
+TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequencesUnchainedExperts) {
   LILAC_REQUIRE_GPU();
   cuda::CudaOptions o;
   o.gdn_state = GdnStateFormat::bf16;
-  o.small_moe_kernel = cuda::MoeSmallKernel::chained;
+  o.small_moe_kernel = cuda::MoeSmallKernel::registers;
   auto b = synthetic_layers(true, 8, o);
   check_sizes(*b, {1, 3, 16, 64}, {2, 16, 33, 64}, {0.5, 2e-2, 6e-2}, {0.5, 2e-2, 6e-2},
-              "q4 chained experts");
+              "q4 unchained experts");
 }
 
 TEST(BatchBackend, TinyARowsMatchSingleSequences) {
