@@ -68,6 +68,10 @@
 #               one-cluster form), fine stall sampling: where their ~8.8 / ~10 us go (s37)
 #   prefill-short
 #               4-bit prefill at 256 / 512 tokens, 3 rounds (JSON prefill-short.json)
+#   ncu-c16     Nsight Compute (--set full) over the batched 16-row decode step's small-M
+#               kernels: the 16-token q_gemm_wgmma form (in_proj, out_proj) and the chained expert
+#               pair, two layers' launches each, fine stall sampling: details in run.log, the
+#               per-instruction SASS table with stall samples to $OUT/ncu-c16-sass.csv.xz (s44)
 #   chained-ab  the chained small-M expert pair (LILAC_SMALL_MOE_KERNEL = registers | chained,
 #               s41-s43; unchained the default until this step passes): its kernel and backend
 #               tests, then 4-bit c = 16 / 64 (bf16 GDN state) under each, three interleaved rounds
@@ -258,6 +262,14 @@ for s in $steps; do
         run ncu-route-$v-sass 120 sh -c "ncu --import '$OUT/ncu-route-$v.ncu-rep' --page source \
           --csv --print-source sass | xz > '$OUT/ncu-route-$v-sass.csv.xz'"
       done ;;
+    ncu-c16)  # the c = 16 step's small-M projections and expert pair (s44)
+      run ncu-c16 300 ncu --set full --warp-sampling-interval 0 --cache-control all \
+        --clock-control none --kernel-name-base demangled \
+        -k 'regex:QGemmV2Cfg<16, ?8, ?3>|q_moe_small_(gate_up|down)_kernel' --launch-count 8 \
+        -o "$OUT/ncu-c16" "$B/lilac" bench --synthetic --weights q4 --gdn-state bf16 --concurrency 16
+      run ncu-c16-details 60 ncu --import "$OUT/ncu-c16.ncu-rep" --page details
+      run ncu-c16-sass 120 sh -c "ncu --import '$OUT/ncu-c16.ncu-rep' --page source --csv \
+        --print-source sass | xz > '$OUT/ncu-c16-sass.csv.xz'" ;;
     prefill-short)  # 4-bit prefill at 256 / 512 tokens (#11's short-prompt targets), three rounds
       run prefill-short 180 "$B/lilac" bench --synthetic --weights q4 --lengths 256,512 --rounds 3 \
         --decode 1 --sampling off --json "$OUT/prefill-short.json" ;;

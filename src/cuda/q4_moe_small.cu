@@ -226,10 +226,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
 // blocks per SM) lost; here the registers and the 5 blocks per SM stay as at J = 1.
 // MINB: resident blocks per SM asked of ptxas, as for the gate_up kernel (kDownMinBlocks: 4-bit 5,
 // 8-bit 4). At 5 the 4-bit kernel gets 96 registers and, at J = 2 and 4, spills (ptxas, sm_90a:
-// 36 bytes stored, 28 loaded; none at J = 1). For J = 2 and 4 it is also built at MINB = 4 (110
-// registers, no spills) and 6 (80 registers, 32 bytes stored and loaded), picked by
-// LILAC_MOE_DOWN_BLOCKS=4|5|6 (unset: 5; q_moe_small_down): to A/B 4 blocks without spills against
-// 5 and 6 (not measured yet).
+// 36 bytes stored, 28 loaded; none at J = 1). s44 run 2 (H100, c = 16, register pair unchained,
+// two rounds) measured the J = 2 kernel at 4 blocks (110 registers, no spills) and 6 (80, 32 bytes
+// of spills) against 5: 2,988-3,003 and 2,955-2,963 tok/s against 3,006-3,022; both removed.
 // CHAIN: the chained pair's down (above): waits for gate_up's chain_want blocks of its x (on
 // `chain`) instead of the whole gate_up grid.
 template <int BITS, int J, int MINB = kDownMinBlocks<BITS>, bool CHAIN = false>
@@ -635,15 +634,9 @@ int down_tiles_per_warp(int T) {
   return forced ? forced : T <= 16 ? 2 : 4;
 }
 
-int forced_down_blocks() {
-  static const int forced = env_choice("LILAC_MOE_DOWN_BLOCKS", {4, 5, 6});
-  return forced;
-}
-
 // Whether this pair runs chained (both launchers ask, with the same answers): counters given
 // (`chained` fails without them) and `automatic` or `chained`, the 4-bit register kernels taken,
-// down at J = 2 or 4 and its default blocks per SM (the forms built chained), and a grid within the
-// counters.
+// down at J = 2 or 4 (the forms built chained), and a grid within the counters.
 bool use_chain(MoeSmallKernel kernel, int bits, const MoeRouting& r, const int32_t* chain,
                const char* who) {
   if (kernel == MoeSmallKernel::chained && !chain)
@@ -651,8 +644,7 @@ bool use_chain(MoeSmallKernel kernel, int bits, const MoeRouting& r, const int32
   const bool asked = kernel == MoeSmallKernel::chained || kernel == MoeSmallKernel::automatic;
   if (!chain || !asked || bits != 4 || use_streamed(kernel, bits, r.T)) return false;
   const int J = down_tiles_per_warp(r.T);
-  return (J == 2 || J == 4) && forced_down_blocks() == 0 &&
-         grid_x(r, grid_passes(r.T, r.E, r.k)) <= unsigned(kChainCap);
+  return (J == 2 || J == 4) && grid_x(r, grid_passes(r.T, r.E, r.k)) <= unsigned(kChainCap);
 }
 
 }  // namespace
@@ -729,36 +721,25 @@ void q_moe_small_down(const bf16* act, int I, const bf16* shared_act, int Is, co
     return;
   }
   const int J = down_tiles_per_warp(r.T);
-  // The 4-bit kernel's blocks per SM at J = 2 and 4 (q_moe_small_down_kernel's MINB): 5 unless
-  // LILAC_MOE_DOWN_BLOCKS=4|5|6 says otherwise (A/B). The 8-bit kernel keeps its 4.
-  const int forced_blocks = forced_down_blocks();
-  const int minb = forced_blocks ? forced_blocks : kDownMinBlocks<4>;
   const bool chained = use_chain(kernel, bits, r, chain, "q_moe_small_down");
   const int Z = grid_passes(r.T, r.E, r.k);
   const dim3 grid(grid_x(r, Z), unsigned(ceil_div(H / kQTileRows, kWarps * J)), unsigned(Z));
   const size_t smem = staged_x_bytes(std::max(I, Is));
   if (bits != 4 && bits != 8) fail("cuda::q_moe_small_down: {} bits", bits);
-  if (bits == 4 && minb != kDownMinBlocks<4> && J != 2 && J != 4)
-    fail("LILAC_MOE_DOWN_BLOCKS={}: built for J = 2 and 4 only, not J = {} (LILAC_MOE_DOWN_TILES)",
-         minb, J);
   auto fn = q_moe_small_down_kernel<4, 1>;
   switch (J) {
     case 1:
       fn = bits == 4 ? q_moe_small_down_kernel<4, 1> : q_moe_small_down_kernel<8, 1>;
       break;
     case 2:
-      fn = bits == 8   ? q_moe_small_down_kernel<8, 2>
-           : chained   ? q_moe_small_down_kernel<4, 2, kDownMinBlocks<4>, true>
-           : minb == 4 ? q_moe_small_down_kernel<4, 2, 4>
-           : minb == 6 ? q_moe_small_down_kernel<4, 2, 6>
-                       : q_moe_small_down_kernel<4, 2>;
+      fn = bits == 8 ? q_moe_small_down_kernel<8, 2>
+           : chained ? q_moe_small_down_kernel<4, 2, kDownMinBlocks<4>, true>
+                     : q_moe_small_down_kernel<4, 2>;
       break;
     case 4:
-      fn = bits == 8   ? q_moe_small_down_kernel<8, 4>
-           : chained   ? q_moe_small_down_kernel<4, 4, kDownMinBlocks<4>, true>
-           : minb == 4 ? q_moe_small_down_kernel<4, 4, 4>
-           : minb == 6 ? q_moe_small_down_kernel<4, 4, 6>
-                       : q_moe_small_down_kernel<4, 4>;
+      fn = bits == 8 ? q_moe_small_down_kernel<8, 4>
+           : chained ? q_moe_small_down_kernel<4, 4, kDownMinBlocks<4>, true>
+                     : q_moe_small_down_kernel<4, 4>;
       break;
     default:
       fn = bits == 4 ? q_moe_small_down_kernel<4, 8> : q_moe_small_down_kernel<8, 8>;
