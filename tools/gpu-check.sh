@@ -73,10 +73,9 @@
 #               pair, two layers' launches each, fine stall sampling: details in run.log, the
 #               per-instruction SASS table with stall samples to $OUT/ncu-c16-sass.csv.xz (s44)
 #   chained-ab  the chained small-M expert pair (LILAC_SMALL_MOE_KERNEL = registers | chained,
-#               s41-s43; unchained the default until this step passes): its kernel and backend
-#               tests, then 4-bit c = 16 / 64 (bf16 GDN state) under each, three interleaved rounds
-#               (their JSONs in chained-ab.tar.xz). To judge the default flipped, build with it
-#               flipped and run `tests` (the tests-switches caveat)
+#               s41-s44; chained the default since s44): its kernel and backend tests, then 4-bit
+#               c = 16 / 64 (bf16 GDN state) under each, three interleaved rounds (their JSONs in
+#               chained-ab.tar.xz)
 #   concurrency-q4-bf16state
 #               the 4-bit concurrency sweep at c = 1, 16, 64 with the bf16 GDN state
 #   serve-q4, serve-bf16
@@ -262,10 +261,11 @@ for s in $steps; do
         run ncu-route-$v-sass 120 sh -c "ncu --import '$OUT/ncu-route-$v.ncu-rep' --page source \
           --csv --print-source sass | xz > '$OUT/ncu-route-$v-sass.csv.xz'"
       done ;;
-    ncu-c16)  # the c = 16 step's small-M projections and expert pair (s44)
+    ncu-c16)  # the c = 16 step's small-M projections and expert pair (s44). Demangled names read
+      # "QGemmV2Cfg<(int)16, (int)8, (int)3>" (s44 run 6: a pattern without the casts matched none)
       run ncu-c16 300 ncu --set full --warp-sampling-interval 0 --cache-control all \
         --clock-control none --kernel-name-base demangled \
-        -k 'regex:QGemmV2Cfg<16, ?8, ?3>|q_moe_small_(gate_up|down)_kernel' --launch-count 8 \
+        -k 'regex:QGemmV2Cfg<.int.16|q_moe_small_(gate_up|down)_kernel' --launch-count 8 \
         -o "$OUT/ncu-c16" "$B/lilac" bench --synthetic --weights q4 --gdn-state bf16 --concurrency 16
       run ncu-c16-details 60 ncu --import "$OUT/ncu-c16.ncu-rep" --page details
       run ncu-c16-sass 120 sh -c "ncu --import '$OUT/ncu-c16.ncu-rep' --page source --csv \
