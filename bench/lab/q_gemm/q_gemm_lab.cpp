@@ -8,7 +8,9 @@
 // spanning the token tiles (0, 1, 127, 128, 255, 256, ..., M - 1), and every output finite (the
 // store shapes start poisoned with NaN). Then timed: a CUDA graph of launches, median per launch,
 // TFLOP/s of 2 M N K, with cuda::gemm (the BF16 path, tile Auto: the wgmma kernel on an H200) on
-// the dequantised bf16 weights as the reference rate.
+// the dequantised bf16 weights as the reference rate. The 4-bit launches rotate over copies of the
+// matrix (at least 128 MB of them: get_copies), so they read from DRAM as in the engine (since
+// s44; earlier runs timed a matrix left in L2).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -155,6 +157,40 @@ const Weights& get_weights(int i) {
   return cache.emplace(i, std::move(w)).first->second;
 }
 
+// Device copies of shape i's 4-bit matrix, enough that the timed launches, rotating over them,
+// read at least kColdBytes of weights between two reads of one copy: more than the L2 (50 MB on
+// H100 / H200), so every launch reads its weights from DRAM, as the engine's projections do (a
+// layer's experts evict them). Until s44 the lab timed one matrix launch after launch: in_proj
+// (12.6 MB) stayed in L2, and at 16 rows its S = 1 form timed 9.87 us against S = 2's 10.39 where
+// the step's timeline, from DRAM, shows S = 1 at ~20 us exposed per call against S = 2's 10.9 (s44
+// runs 2, 8, 9). Copy 0 is the matrix itself.
+constexpr size_t kColdBytes = size_t(128) << 20;
+struct Copies {
+  std::vector<DeviceBuffer<uint32_t>> codes, sb;
+  std::vector<QMatrix> q;
+};
+const std::vector<QMatrix>& get_copies(int i) {
+  static std::map<int, Copies> cache;
+  auto it = cache.find(i);
+  if (it != cache.end()) return it->second.q;
+  const QMatrix& q0 = get_weights(i).q->q();
+  const size_t cw = q0.code_words(), sw = q0.sb_words(), bytes = (cw + sw) * 4;
+  const size_t n = std::max<size_t>(1, (kColdBytes + bytes - 1) / bytes);
+  Copies c;
+  c.q.push_back(q0);
+  for (size_t j = 1; j < n; ++j) {
+    c.codes.emplace_back(cw);
+    c.sb.emplace_back(sw);
+    LILAC_CUDA_CHECK(cudaMemcpy(c.codes.back().get(), q0.codes, cw * 4, cudaMemcpyDeviceToDevice));
+    LILAC_CUDA_CHECK(cudaMemcpy(c.sb.back().get(), q0.sb, sw * 4, cudaMemcpyDeviceToDevice));
+    QMatrix q = q0;
+    q.codes = c.codes.back().get();
+    q.sb = c.sb.back().get();
+    c.q.push_back(q);
+  }
+  return cache.emplace(i, std::move(c)).first->second.q;
+}
+
 const Acts& get_acts(int K, int M) {
   static std::map<std::pair<int, int>, Acts> cache;
   auto it = cache.find({K, M});
@@ -268,12 +304,13 @@ bool check(const Launch& launch, const std::string& tag, int i, int M) {
       label(s, M) + tag + ", " + std::to_string(tw.toks.size()) + " tokens, all finite", e);
 }
 
+// launch(stream, j): the j-th launch of the graph (j < reps), which reads weight copy j % copies.
 void time_one(const Options& opt, const std::string& what, int M, const Shape& s,
-              const std::function<void(cudaStream_t)>& launch) {
+              const std::function<void(cudaStream_t, int)>& launch) {
   cudaStream_t st;
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int reps = M >= 2048 ? 4 : 16;
-  const double us = graph_us(st, opt.runs, reps, [&](int) { launch(st); });
+  const double us = graph_us(st, opt.runs, reps, [&](int j) { launch(st, j); });
   LILAC_CUDA_CHECK(cudaStreamDestroy(st));
   const double tf = 2.0 * M * double(s.rows) * s.cols / us * 1e-6;
   std::printf("  time %-46s %9.2f us  %6.1f TFLOP/s (%4.1f%% of %.0f)\n", what.c_str(), us, tf,
@@ -285,6 +322,7 @@ void time_case(const Options& opt, const std::vector<std::pair<std::string, Laun
                int M) {
   const Shape& s = kShapes[i];
   const Weights& w = get_weights(i);
+  const std::vector<QMatrix>& qs = get_copies(i);
   const Acts& x = get_acts(s.cols, M);
   DeviceBuffer<float> c(size_t(M) * size_t(s.rows));
   LILAC_CUDA_CHECK(cudaMemset(c.get(), 0, c.bytes()));
@@ -292,9 +330,11 @@ void time_case(const Options& opt, const std::vector<std::pair<std::string, Laun
   const GemmOut mode = s.accumulate ? GemmOut::AccumulateF32 : GemmOut::StoreF32;
   for (const auto& [tag, launch] : ls)
     if (runs_at(tag, M))
-      time_one(opt, label(s, M) + tag, M, s,
-               [&](cudaStream_t st) { launch(x.d_a.get(), M, w.q->q(), c.get(), mode, st); });
-  time_one(opt, label(s, M) + " [bf16 gemm ref]", M, s, [&](cudaStream_t st) {
+      time_one(opt, label(s, M) + tag, M, s, [&](cudaStream_t st, int j) {
+        launch(x.d_a.get(), M, qs[size_t(j) % qs.size()], c.get(), mode, st);
+      });
+  // One bf16 copy (in L2 where it fits: in_proj's 50 MB does not).
+  time_one(opt, label(s, M) + " [bf16 gemm ref]", M, s, [&](cudaStream_t st, int) {
     cuda::gemm(x.d_a.get(), M, s.cols, w.d_wb.get(), s.rows, c.get(), mode, st);
   });
 }
