@@ -8,7 +8,8 @@
 # Usage: tools/gpu-steps.sh [item ...]   (default 16 64; 4-bit weights, bf16 GDN state)
 #   an item is a concurrency (the batched decode step; 1 is the single-stream step) or p<N>, a
 #   prompt chunk of N tokens (the prefill bench at that length, its chunks' timeline)
-#   -> $OUT/steps<item>.txt, $OUT/trace<item>.log
+#   -> $OUT/steps<item>.txt (with the step's first $STEPS_SEQUENCE kernels in order, default 30:
+#   nsys_steps.py --sequence), $OUT/trace<item>.log
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 TOOLS="$PWD/tools"
@@ -49,5 +50,6 @@ for c in "$@"; do
       >"$OUT/trace$c.log" 2>&1
     echo "cupti trace c=$c rc=$? ($(wc -l <"$TRACE") kernels)"
   fi
-  python3 "$TOOLS/nsys_steps.py" "$TRACE" --top 40 "${pick[@]}" | tee "$OUT/steps$c.txt"
+  python3 "$TOOLS/nsys_steps.py" "$TRACE" --top 40 --sequence "${STEPS_SEQUENCE:-30}" "${pick[@]}" |
+    tee "$OUT/steps$c.txt"
 done

@@ -18,6 +18,12 @@ of it had all ended (under PDL: its blocks resident, mostly waiting, in the prev
 tail; a window for work that does not depend on that kernel). Only steps whose kernel count is
 the most common one are used (one batch size), or with --largest the largest count seen at
 least 3 times (a prompt chunk of a prefill bench). A malformed .tsv line is named and refused.
+
+--sequence N then lists the step's first N kernels in launch order (the steps used all run the
+same kernels in the same order), each position's means over the steps: start after the step's
+first kernel started, duration, exposed and early time. Where the table above says a kernel
+costs more, this says next to what: the kernel before it, and whether its blocks started early
+(s44: in_proj at one split ran ~9 us longer inside the step than alone).
 """
 import argparse
 import collections
@@ -75,6 +81,8 @@ def main():
     ap.add_argument("--largest", action="store_true",
                     help="the largest step size seen at least 3 times (a prompt chunk) instead of "
                     "the most common one (a decode step)")
+    ap.add_argument("--sequence", type=int, default=0,
+                    help="then the step's first N kernels in order, per position")
     a = ap.parse_args()
 
     rows = read_tsv(a.db) if a.db.endswith(".tsv") else read_sqlite(a.db)
@@ -103,16 +111,22 @@ def main():
     dur = collections.Counter()
     exposed = collections.Counter()
     early = collections.Counter()
+    # per position in the step: start offset, duration, exposed, early (sums over the steps)
+    pos = [[0, 0, 0, 0] for _ in range(size)]
     wall = gaps = 0
     for s in use:
         covered = s[0][0]
-        for start, end, n in s:
+        for i, (start, end, n) in enumerate(s):
             calls[n] += 1
             dur[n] += end - start
             if start > covered:
                 gaps += start - covered
-            exposed[n] += max(0, end - max(start, covered))
-            early[n] += max(0, min(covered, end) - start)
+            e = max(0, end - max(start, covered))
+            b = max(0, min(covered, end) - start)
+            exposed[n] += e
+            early[n] += b
+            for j, v in enumerate((start - s[0][0], end - start, e, b)):
+                pos[i][j] += v
             covered = max(covered, end)
         wall += covered - s[0][0]
     k = len(use)
@@ -125,6 +139,14 @@ def main():
         print("%-48s %7.1f %10.2f %12.1f %6.1f%% %9.2f" %
               (n[:48], calls[n] / k, dur[n] / calls[n] / 1e3, e / k / 1e3, 100.0 * e / wall,
                early[n] / calls[n] / 1e3))
+    if a.sequence > 0:
+        print("the step's first %d kernels in order (means over the steps)" %
+              min(a.sequence, size))
+        print("%4s %-48s %9s %9s %9s %9s" %
+              ("pos", "kernel", "start us", "dur us", "exposed", "early us"))
+        for i in range(min(a.sequence, size)):
+            print("%4d %-48s %9.2f %9.2f %9.2f %9.2f" %
+                  ((i, use[0][i][2][:48]) + tuple(v / k / 1e3 for v in pos[i])))
 
 
 if __name__ == "__main__":

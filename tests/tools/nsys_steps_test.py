@@ -70,6 +70,21 @@ class NsysStepsTest(unittest.TestCase):
         self.assertEqual(rows["q_gemm_kernel<Cfg<16,8,3>,2>"][5], "2.00")
         self.assertEqual(rows["moe_kernel<4>"][5], "0.00")
 
+    def test_sequence_lists_each_position_in_order(self):
+        # The third step's moe starts 4 us later (gap 9): the position means are over the two
+        # steps used (gaps 5 and 9: the moe starts at 27 us on average).
+        rc, out = run(step(0) + step(100) + step(200, gap=9), "--skip", "1", "--sequence", "5")
+        self.assertEqual(rc, 0, out)
+        lines = out.splitlines()
+        i = lines.index([l for l in lines if l.startswith("the step's first")][0])
+        self.assertEqual(lines[i], "the step's first 3 kernels in order (means over the steps)")
+        rows = [l.split() for l in lines[i + 2:i + 5]]
+        self.assertEqual([r[1] for r in rows],
+                         ["q_embed_kernel", "q_gemm_kernel<Cfg<16,8,3>,2>", "moe_kernel<4>"])
+        self.assertEqual(rows[1][2:], ["8.00", "12.00", "10.00", "2.00"])
+        self.assertEqual(rows[2][2:], ["27.00", "20.00", "20.00", "0.00"])
+        self.assertEqual(len(lines), i + 5)  # N beyond the step's size: its kernels only
+
     def test_cupti_trace_tsv_reads_like_the_export(self):
         kernels = step(0) + step(100) + step(200)
         rc, out = run(kernels, "--skip", "1", fmt="tsv")
