@@ -68,6 +68,13 @@
 #               one-cluster form), fine stall sampling: where their ~8.8 / ~10 us go (s37)
 #   prefill-short
 #               4-bit prefill at 256 / 512 tokens, 3 rounds (JSON prefill-short.json)
+#   split-ab    the small-M projections' split pick and placement (s44, not yet run): 4-bit c = 8 /
+#               16 / 32 (bf16 GDN state) under LILAC_Q4_SMALL_COST = block (default) | sm, each with
+#               and without LILAC_Q4_GEMM_PDL=off, and sm with LILAC_Q4_SMALL_SPREAD=on (one block
+#               per SM for un-clustered launches of at most one block per SM), three interleaved
+#               rounds (JSONs in split-ab.tar.xz); then the 16-row step's timeline under block, sm
+#               and sm + spread (steps16-<arm>.txt, the first 30 kernels in order)
+#   tests-split the GPU suite under LILAC_Q4_SMALL_COST=sm LILAC_Q4_SMALL_SPREAD=on
 #   ncu-c16     Nsight Compute (--set full) over the batched 16-row decode step's small-M
 #               kernels: the 16-token q_gemm_wgmma form (in_proj, out_proj) and the chained expert
 #               pair, two layers' launches each, fine stall sampling: details in run.log, the
@@ -168,6 +175,8 @@ gpu_tests() {
 for s in $steps; do
   case $s in
     tests) gpu_tests gpu-tests ;;
+    tests-split)
+      gpu_tests gpu-tests-split env LILAC_Q4_SMALL_COST=sm LILAC_Q4_SMALL_SPREAD=on ;;
     tests-switches)
       gpu_tests gpu-tests-switches env LILAC_GDN_TF32_SPLIT=trunc LILAC_PREFILL_MOE_Y_BF16=1 ;;
     logits)
@@ -260,6 +269,26 @@ for s in $steps; do
         run ncu-route-$v-details 60 ncu --import "$OUT/ncu-route-$v.ncu-rep" --page details
         run ncu-route-$v-sass 120 sh -c "ncu --import '$OUT/ncu-route-$v.ncu-rep' --page source \
           --csv --print-source sass | xz > '$OUT/ncu-route-$v-sass.csv.xz'"
+      done ;;
+    split-ab)  # the small-M split pick per SM and one block per SM under PDL (s44, item 6)
+      mkdir -p "$OUT/split-ab"
+      arms="block sm block-nopdl sm-nopdl sm-spread"
+      for round in 1 2 3; do
+        for v in $arms; do
+          e=(LILAC_Q4_SMALL_COST=${v%%-*})
+          [ "${v#*-}" = nopdl ] && e+=(LILAC_Q4_GEMM_PDL=off)
+          [ "${v#*-}" = spread ] && e+=(LILAC_Q4_SMALL_SPREAD=on)
+          run "split-ab-$v-$round" 120 env "${e[@]}" "$B/lilac" bench --synthetic --weights q4 \
+            --gdn-state bf16 --concurrency 8,16,32 --json "$OUT/split-ab/$v-$round.json"
+        done
+      done
+      tar -C "$OUT" -cJf "$OUT/split-ab.tar.xz" split-ab && rm -rf "$OUT/split-ab"
+      for v in block sm sm-spread; do
+        e=(LILAC_Q4_SMALL_COST=${v%%-*})
+        [ "${v#*-}" = spread ] && e+=(LILAC_Q4_SMALL_SPREAD=on)
+        run "split-steps-$v" 120 env "${e[@]}" "$(dirname "$0")/gpu-steps.sh" 16
+        mv "$OUT/steps16.txt" "$OUT/steps16-$v.txt"
+        rm -f "$OUT/trace16.log"
       done ;;
     ncu-c16)  # the c = 16 step's small-M projections and expert pair (s44). Demangled names read
       # "QGemmV2Cfg<(int)16, (int)8, (int)3>" (s44 run 6: a pattern without the casts matched none)

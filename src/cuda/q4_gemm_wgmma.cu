@@ -143,13 +143,31 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #endif
 }
 
+// LILAC_Q4_SMALL_SPREAD=on (A/B, s44; not yet run): a small-M launch without clusters whose
+// blocks are no more than the SMs asks for more than half an SM's shared memory per block, so
+// that each block gets an SM of its own even when it becomes resident under PDL while the kernel
+// before still holds some SMs (which would otherwise let up to three of these blocks stack on the
+// SMs free at that moment: docs/kernels.md, "Forty-fourth session", item 6). The extra shared
+// memory is not used.
+constexpr int kSpreadSmemBytes = 116 * 1024;  // 2 x (116 + 1) KB > 228 KB per SM
+bool small_spread() {
+  static const bool on =
+      env_enum<bool>("LILAC_Q4_SMALL_SPREAD", false, {{"on", true}, {"off", false}});
+  return on;
+}
+template <class C>
+constexpr int spread_smem_bytes() {
+  return C::SMEM_BYTES > kSpreadSmemBytes ? C::SMEM_BYTES : kSpreadSmemBytes;
+}
+
 template <class C, int S, GemmOut MODE, int NW = C::BT>
 void set_smem() {
   static std::once_flag once;
   std::call_once(once, [] {
+    const bool spread = S == 1 && C::BT <= 64 && small_spread();
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(q_gemm_wgmma_kernel<C, S, MODE, NW>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          C::SMEM_BYTES));
+                                          spread ? spread_smem_bytes<C>() : C::SMEM_BYTES));
   });
 }
 
@@ -197,9 +215,11 @@ void launch(const bf16* A, int M, const QMatrix& W, void* out, bool vec, int who
   const int64_t blocks = whole + (tiles - whole) * S;
   if (blocks > 0x7fffffff) fail("q_gemm_wgmma: {} x {} needs {} blocks", M, W.rows, blocks);
   const dim3 cluster(unsigned(S), 1, 1);
+  const bool spread = S == 1 && C::BT <= 64 && small_spread() && blocks <= sm_count();
+  const size_t smem = size_t(spread ? spread_smem_bytes<C>() : C::SMEM_BYTES);
   launch_with(S > 1 ? &cluster : nullptr, C::BT <= 64 && q4_gemm_pdl(),
-              q_gemm_wgmma_kernel<C, S, MODE, NW>, dim3(unsigned(blocks)), dim3(C::THREADS),
-              size_t(C::SMEM_BYTES), stream, A, M, W.cols, W, out, tiles_m, tiles_n, vec, whole);
+              q_gemm_wgmma_kernel<C, S, MODE, NW>, dim3(unsigned(blocks)), dim3(C::THREADS), smem,
+              stream, A, M, W.cols, W, out, tiles_m, tiles_n, vec, whole);
 }
 
 template <class C, int S, int NW>
@@ -321,8 +341,18 @@ int max_clusters_of(int bt, int S) {
 // us for 32 k-tiles) and the fixed part as 3 us + 1 us per doubling of the cluster (the reduce
 // reads S partial tiles). M <= 16 / <= 32 take the narrow-stage forms (16 / 32-token blocks, 3 per
 // SM) with the same estimate; LILAC_Q4_SMALL_TOKENS=64 keeps them on the 64-token form (A/B).
+// LILAC_Q4_SMALL_COST=sm (A/B, s44): the narrow forms' k-tile cost per SM instead (blocks that
+// share an SM share its issue and loads: times the blocks on the fullest SM of a wave), which
+// picks S = 1 instead of 2 for in_proj at 1-32 rows and leaves every other pick. Measured (s44
+// run 8, H100): c = 16 -3.8% (in_proj 20 us exposed per call against 10.9), though alone it is
+// faster (lab from DRAM, 16 rows: 11.18 against 11.40 us); see small_spread.
 bool narrow_stages() {
   static const bool on = env_choice("LILAC_Q4_SMALL_TOKENS", {64}) != 64;
+  return on;
+}
+bool cost_per_sm() {
+  static const bool on =
+      env_enum<bool>("LILAC_Q4_SMALL_COST", false, {{"sm", true}, {"block", false}});
   return on;
 }
 
@@ -337,7 +367,12 @@ void pick(int M, int N, int KT, bool streamk_ok, int& bt, int& S, int& whole) {
       if (KT % s != 0) continue;
       const int64_t maxc = max_clusters_of(bt, s);
       if (maxc <= 0) continue;
-      const int64_t cost = ceil_div(row_blocks, maxc) * (int64_t(KT / s) * 5 + 30 + 10 * lg);
+      // Blocks on the fullest SM in the fullest wave (LILAC_Q4_SMALL_COST=sm; else 1).
+      const int64_t share = bt < 64 && cost_per_sm()
+                                ? ceil_div(std::min(row_blocks, maxc) * s, int64_t(sm_count()))
+                                : 1;
+      const int64_t cost =
+          ceil_div(row_blocks, maxc) * (int64_t(KT / s) * 5 * share + 30 + 10 * lg);
       if (cost < best) {
         best = cost;
         S = s;
