@@ -75,6 +75,10 @@
 #               rounds (JSONs in split-ab.tar.xz); then the 16-row step's timeline under block, sm
 #               and sm + spread (steps16-<arm>.txt, the first 30 kernels in order)
 #   tests-split the GPU suite under LILAC_Q4_SMALL_COST=sm LILAC_Q4_SMALL_SPREAD=on
+#   persistent-lab
+#               kernel lab q_moe_small version 7 (s44, not yet run): the expert pair as one
+#               persistent launch, checked, and timed as pairs against production's unchained and
+#               chained pairs at T = 16, 64, 256, 512
 #   ncu-c16     Nsight Compute (--set full) over the batched 16-row decode step's small-M
 #               kernels: the 16-token q_gemm_wgmma form (in_proj, out_proj) and the chained expert
 #               pair, two layers' launches each, fine stall sampling: details in run.log, the
@@ -270,6 +274,7 @@ for s in $steps; do
         run ncu-route-$v-sass 120 sh -c "ncu --import '$OUT/ncu-route-$v.ncu-rep' --page source \
           --csv --print-source sass | xz > '$OUT/ncu-route-$v-sass.csv.xz'"
       done ;;
+    persistent-lab) run persistent-lab 240 "$B/lilac_cuda_bench_lab" --op q_moe_small --version 7 ;;
     split-ab)  # the small-M split pick per SM and one block per SM under PDL (s44, item 6)
       mkdir -p "$OUT/split-ab"
       arms="block sm block-nopdl sm-nopdl sm-spread"

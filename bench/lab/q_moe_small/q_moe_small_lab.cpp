@@ -133,9 +133,13 @@ struct Kernels {
   bool down_slots;  // the lab's down of version 5
   unsigned long long* stamps = nullptr;  // version 6: both kernels stamped (4 words a block)
   mutable size_t blocks = 0;             // the last stamped launch's grid
+  int32_t* chain = nullptr;              // production's chained pair: its counters
+  int32_t* persistent = nullptr;         // version 7: the pair in one launch, its counters
   void gate_up(const Inputs& in, bf16* act, bf16* sact, cudaStream_t st) const;
   void down(const Inputs& in, const bf16* act, const bf16* sact, float* y, float* sout,
             cudaStream_t st) const;
+  // gate_up then down, or version 7's one launch.
+  void pair(const Inputs& in, bf16* act, bf16* sact, float* y, float* sout, cudaStream_t st) const;
 };
 
 void Kernels::gate_up(const Inputs& in, bf16* act, bf16* sact, cudaStream_t st) const {
@@ -149,7 +153,7 @@ void Kernels::gate_up(const Inputs& in, bf16* act, bf16* sact, cudaStream_t st) 
                               sact, st);
   else
     cuda::q_moe_small_gate_up(in.d_x.get(), in.T, kH, m.gu.q(), kI, s.gu.q(), kI, in.r, act, sact,
-                              st, kernel);
+                              st, kernel, chain);
 }
 
 void Kernels::down(const Inputs& in, const bf16* act, const bf16* sact, float* y, float* sout,
@@ -162,7 +166,20 @@ void Kernels::down(const Inputs& in, const bf16* act, const bf16* sact, float* y
   else if (down_slots)
     q_moe_small_down_slots(act, kI, sact, kI, m.dn.q(), s.dn.q(), kH, in.r, y, sout, st);
   else
-    cuda::q_moe_small_down(act, kI, sact, kI, m.dn.q(), s.dn.q(), kH, in.r, y, sout, st, kernel);
+    cuda::q_moe_small_down(act, kI, sact, kI, m.dn.q(), s.dn.q(), kH, in.r, y, sout, st, kernel,
+                           chain);
+}
+
+void Kernels::pair(const Inputs& in, bf16* act, bf16* sact, float* y, float* sout,
+                   cudaStream_t st) const {
+  if (!persistent) {
+    gate_up(in, act, sact, st);
+    return down(in, act, sact, y, sout, st);
+  }
+  const test::QMoeExperts& m = experts();
+  const Shared& s = shared();
+  blocks = q_moe_small_pair_persistent(in.d_x.get(), in.T, kH, m.gu.q(), kI, s.gu.q(), kI, m.dn.q(),
+                                       s.dn.q(), in.r, act, sact, y, sout, persistent, st);
 }
 
 Outputs run_once(const Kernels& kernel, const Inputs& in) {
@@ -173,8 +190,7 @@ Outputs run_once(const Kernels& kernel, const Inputs& in) {
   test::poison(sact);
   test::poison(y);
   test::poison(sout);
-  kernel.gate_up(in, act.get(), sact.get(), nullptr);
-  kernel.down(in, act.get(), sact.get(), y.get(), sout.get(), nullptr);
+  kernel.pair(in, act.get(), sact.get(), y.get(), sout.get(), nullptr);
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   return {download_bf16_as_f32(act), download_bf16_as_f32(sact), download(y), download(sout)};
 }
@@ -264,6 +280,28 @@ void time_case(const Options& opt, const Kernels& kernel, int T) {
   std::fflush(stdout);
 }
 
+// Version 7: the pair as the step runs it, gate_up and down (or version 7's one launch) back to
+// back in one graph of 16 pairs, median per pair; GB/s on both kernels' weight bytes.
+void time_pair(const Options& opt, const Kernels& kernel, int T, const char* what) {
+  const Inputs& in = get_inputs(T);
+  const size_t P = size_t(in.P), Tz = size_t(T);
+  DeviceBuffer<bf16> act(P * kI), sact(Tz * kI);
+  DeviceBuffer<float> y(P * kH), sout(Tz * kH);
+  LILAC_CUDA_CHECK(cudaMemset(act.get(), 0, act.bytes()));
+  LILAC_CUDA_CHECK(cudaMemset(sact.get(), 0, sact.bytes()));
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t st;
+  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const double us = graph_us(st, opt.runs, 16, [&](int) {
+    kernel.pair(in, act.get(), sact.get(), y.get(), sout.get(), st);
+  });
+  LILAC_CUDA_CHECK(cudaStreamDestroy(st));
+  const double gb = (weight_bytes(in, true) + weight_bytes(in, false)) / us * 1e-3;
+  std::printf("  pair T=%-4d %-28s %8.2f us (%5.0f GB/s)  x40 layers %.2f ms\n", T, what, us, gb,
+              40 * us * 1e-3);
+  std::fflush(stdout);
+}
+
 // Version 6: where a launch's time goes between its blocks, from the stamps of one launch (4
 // words a block: start ns, end ns, SM, passes). Prints the blocks that ran passes (the rest exit at
 // once), the span from the first start to the last end, the working blocks' durations, when 50 /
@@ -343,14 +381,35 @@ bool run(const Options& opt, const Version& v) {
   // version 5: version 3's gate_up and the slots form of down.
   const int slots = v.number == 3 || v.number == 5 ? 2 : v.number == 4 ? 3 : 0;
   DeviceBuffer<unsigned long long> stamps(v.number == 6 ? size_t(4) << 20 : 0);
-  const Kernels kernel{v.number == 2 ? MoeSmallKernel::streamed : MoeSmallKernel::registers, slots,
-                       v.number == 5, v.number == 6 ? stamps.get() : nullptr};
+  Kernels kernel{v.number == 2 ? MoeSmallKernel::streamed : MoeSmallKernel::registers, slots,
+                 v.number == 5, v.number == 6 ? stamps.get() : nullptr};
+  // Version 7: its counters, and production's chained pair's (each zeroed once).
+  DeviceBuffer<int32_t> pair_counters(v.number == 7 ? kPairCounters : 0),
+      chain(v.number == 7 ? cuda::kMoeSmallChainCounts : 0);
+  if (v.number == 7) {
+    LILAC_CUDA_CHECK(cudaMemset(pair_counters.get(), 0, pair_counters.bytes()));
+    LILAC_CUDA_CHECK(cudaMemset(chain.get(), 0, chain.bytes()));
+    kernel.persistent = pair_counters.get();
+  }
   if (kernel.kernel == MoeSmallKernel::streamed && !cuda::q_moe_small_streamed_available(4)) {
     std::printf("  not available here (the bulk copy engine: a compute capability 9.x GPU)\n");
     return true;
   }
   bool ok = true;
   for (int T : kCases) ok = check(kernel, T) && ok;
+  if (kernel.persistent) {
+    // Against production's pair as the step runs it: unchained, and chained (the default).
+    Kernels unchained{MoeSmallKernel::registers, 0, false};
+    Kernels chained{MoeSmallKernel::chained, 0, false};
+    chained.chain = chain.get();
+    for (int T : kCases) {
+      time_pair(opt, unchained, T, "production, unchained");
+      time_pair(opt, chained, T, "production, chained");
+      time_pair(opt, kernel, T, "v7 persistent");
+      std::printf("    v7 launched %zu blocks\n", kernel.blocks);
+    }
+    return ok;
+  }
   for (int T : kCases) time_case(opt, kernel, T);
   if (kernel.stamps)
     for (int T : kCases) stamps_case(kernel, T);
@@ -388,6 +447,12 @@ Op q_moe_small_op() {
              {6, "stamps",
               "version 1's kernels with a time stamp per block (start, end, SM): the waves, the "
               "tail and the spread of block durations of one launch (s41)",
+              true},
+             {7, "persistent",
+              "version 1's gate_up and down as one persistent launch (4 blocks per SM) taking "
+              "production's blocks of both grids as units from a counter, down's units waiting "
+              "for their tile's gate_up units: the SMs full to the end of the pair; timed as pairs "
+              "against production's unchained and chained pairs (s44, not yet run)",
               true}},
             run};
 }

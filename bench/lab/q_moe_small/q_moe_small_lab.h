@@ -5,6 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+
 #include "cuda/moe_prefill.h"
 #include "cuda/q4_gemm.h"
 
@@ -40,5 +43,18 @@ size_t q_moe_small_down_stamped(const cuda::bf16* act, int I, const cuda::bf16* 
                                 const cuda::QMatrix& down, const cuda::QMatrix& shared_down, int H,
                                 const cuda::MoeRouting& r, float* y, float* shared_out,
                                 unsigned long long* stamps, cudaStream_t stream);
+
+// Version 7 (s44, v7_persistent.cu), 4-bit only: version 1's gate_up and down as one persistent
+// launch (what fits at once, 4 blocks per SM) whose blocks take production's blocks of both grids
+// as units from a counter, gate_up's first, a down unit waiting for its tile's gate_up units:
+// act, shared_act, y and shared_out as versions 1 and 6 write them. `counters`: kPairCounters
+// int32, zeroed once, left at zero by every launch. Returns the blocks launched.
+constexpr int kPairCounters = 4096;
+size_t q_moe_small_pair_persistent(const cuda::bf16* x, int T, int H, const cuda::QMatrix& gate_up,
+                                   int I, const cuda::QMatrix& shared_gate_up, int Is,
+                                   const cuda::QMatrix& down, const cuda::QMatrix& shared_down,
+                                   const cuda::MoeRouting& r, cuda::bf16* act,
+                                   cuda::bf16* shared_act, float* y, float* shared_out,
+                                   int32_t* counters, cudaStream_t stream);
 
 }  // namespace lilac::lab

@@ -14,6 +14,7 @@
 #include "cuda/q4_moe_small.cuh"
 #include "cuda/q4_tile.cuh"
 #include "q_moe_small_lab.h"
+#include "staged_dot.cuh"
 #include "util/error.h"
 
 namespace lilac::lab {
@@ -36,32 +37,6 @@ __device__ __forceinline__ unsigned sm_id() {
 __device__ __forceinline__ unsigned long long* block_stamps(unsigned long long* stamps) {
   const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   return stamps + 4 * size_t(b);
-}
-
-// q4_moe_small.cu's set_dot_staged (4-bit), unchanged.
-template <int NT, int GS>
-__device__ __forceinline__ void set_dot_staged(const uint32_t* const (&codes)[NT],
-                                               const uint32_t* const (&sb)[NT], int G, int set,
-                                               const uint32_t* xs, int stride, int count,
-                                               float (&y)[NT][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int grp0 = set * GS;
-  const int ng = min(GS, G - grp0);
-  cuda::qtile::QSet<4, NT, GS> w;
-  cuda::qtile::load_qset(w, codes, sb, grp0, ng);
-  const bool has = g < count;
-  const uint32_t* xr = xs + g * stride + grp0 * 32;
-#pragma unroll
-  for (int m = 0; m < GS; ++m) {
-    if (m >= ng) continue;  // warp-uniform
-    uint32_t X[4][2];
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      X[kb][0] = has ? xr[m * 32 + 8 * kb + t] : 0u;
-      X[kb][1] = has ? xr[m * 32 + 8 * kb + t + 4] : 0u;
-    }
-    cuda::qtile::q_group_dot(w, m, X, y);
-  }
 }
 
 // q4_moe_small.cu's q_moe_small_gate_up_kernel<4> (4 blocks per SM), with the stamps.
