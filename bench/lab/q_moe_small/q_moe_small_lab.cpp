@@ -255,24 +255,38 @@ bool check(const Kernels& kernel, int T) {
   return ok_a && ok_y;
 }
 
+// A case's outputs on the device, act and sact zeroed (a timed launch reads whatever act holds),
+// and a stream for the timed graphs.
+struct Timed {
+  const Inputs& in;
+  DeviceBuffer<bf16> act, sact;
+  DeviceBuffer<float> y, sout;
+  cudaStream_t st = nullptr;
+  explicit Timed(int T)
+      : in(get_inputs(T)),
+        act(size_t(in.P) * kI),
+        sact(size_t(T) * kI),
+        y(size_t(in.P) * kH),
+        sout(size_t(T) * kH) {
+    LILAC_CUDA_CHECK(cudaMemset(act.get(), 0, act.bytes()));
+    LILAC_CUDA_CHECK(cudaMemset(sact.get(), 0, sact.bytes()));
+    LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+    LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  }
+  ~Timed() { cudaStreamDestroy(st); }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+};
+
 void time_case(const Options& opt, const Kernels& kernel, int T) {
-  const Inputs& in = get_inputs(T);
-  const size_t P = size_t(in.P), Tz = size_t(T);
-  DeviceBuffer<bf16> act(P * kI), sact(Tz * kI);
-  DeviceBuffer<float> y(P * kH), sout(Tz * kH);
-  LILAC_CUDA_CHECK(cudaMemset(act.get(), 0, act.bytes()));
-  LILAC_CUDA_CHECK(cudaMemset(sact.get(), 0, sact.bytes()));
-  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaStream_t st;
-  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const double gu_us =
-      graph_us(st, opt.runs, 16, [&](int) { kernel.gate_up(in, act.get(), sact.get(), st); });
-  const double dn_us = graph_us(st, opt.runs, 16, [&](int) {
-    kernel.down(in, act.get(), sact.get(), y.get(), sout.get(), st);
+  Timed b(T);
+  const double gu_us = graph_us(
+      b.st, opt.runs, 16, [&](int) { kernel.gate_up(b.in, b.act.get(), b.sact.get(), b.st); });
+  const double dn_us = graph_us(b.st, opt.runs, 16, [&](int) {
+    kernel.down(b.in, b.act.get(), b.sact.get(), b.y.get(), b.sout.get(), b.st);
   });
-  LILAC_CUDA_CHECK(cudaStreamDestroy(st));
-  const double gb_gu = weight_bytes(in, true) / gu_us * 1e-3;
-  const double gb_dn = weight_bytes(in, false) / dn_us * 1e-3;
+  const double gb_gu = weight_bytes(b.in, true) / gu_us * 1e-3;
+  const double gb_dn = weight_bytes(b.in, false) / dn_us * 1e-3;
   std::printf(
       "  time T=%-4d gate_up %8.2f us (%5.0f GB/s)  down %8.2f us (%5.0f GB/s)  "
       "x40 layers %.2f ms\n",
@@ -283,20 +297,11 @@ void time_case(const Options& opt, const Kernels& kernel, int T) {
 // Version 7: the pair as the step runs it, gate_up and down (or version 7's one launch) back to
 // back in one graph of 16 pairs, median per pair; GB/s on both kernels' weight bytes.
 void time_pair(const Options& opt, const Kernels& kernel, int T, const char* what) {
-  const Inputs& in = get_inputs(T);
-  const size_t P = size_t(in.P), Tz = size_t(T);
-  DeviceBuffer<bf16> act(P * kI), sact(Tz * kI);
-  DeviceBuffer<float> y(P * kH), sout(Tz * kH);
-  LILAC_CUDA_CHECK(cudaMemset(act.get(), 0, act.bytes()));
-  LILAC_CUDA_CHECK(cudaMemset(sact.get(), 0, sact.bytes()));
-  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaStream_t st;
-  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const double us = graph_us(st, opt.runs, 16, [&](int) {
-    kernel.pair(in, act.get(), sact.get(), y.get(), sout.get(), st);
+  Timed b(T);
+  const double us = graph_us(b.st, opt.runs, 16, [&](int) {
+    kernel.pair(b.in, b.act.get(), b.sact.get(), b.y.get(), b.sout.get(), b.st);
   });
-  LILAC_CUDA_CHECK(cudaStreamDestroy(st));
-  const double gb = (weight_bytes(in, true) + weight_bytes(in, false)) / us * 1e-3;
+  const double gb = (weight_bytes(b.in, true) + weight_bytes(b.in, false)) / us * 1e-3;
   std::printf("  pair T=%-4d %-28s %8.2f us (%5.0f GB/s)  x40 layers %.2f ms\n", T, what, us, gb,
               40 * us * 1e-3);
   std::fflush(stdout);

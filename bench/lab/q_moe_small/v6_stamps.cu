@@ -14,7 +14,7 @@
 #include "cuda/q4_moe_small.cuh"
 #include "cuda/q4_tile.cuh"
 #include "q_moe_small_lab.h"
-#include "staged_dot.cuh"
+#include "register_pair.cuh"
 #include "util/error.h"
 
 namespace lilac::lab {
@@ -41,50 +41,11 @@ __device__ __forceinline__ unsigned long long* block_stamps(unsigned long long* 
 
 // q4_moe_small.cu's q_moe_small_gate_up_kernel<4> (4 blocks per SM), with the stamps.
 __global__ void __launch_bounds__(kThreads, 4)
-    gate_up_stamped_kernel(const bf16* __restrict__ x, int H, QMatrix gate_up, int I,
-                           QMatrix shared_gate_up, int Is, Tiles tiles,
-                           const int32_t* __restrict__ sorted_token, int E, int T,
-                           bf16* __restrict__ act, bf16* __restrict__ shared_act,
-                           unsigned long long* stamps) {
+    gate_up_stamped_kernel(RegisterPair a, unsigned long long* stamps) {
   extern __shared__ __align__(16) unsigned char smem[];
   const unsigned long long start = global_ns();
-  bf16* xs = reinterpret_cast<bf16*>(smem);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int G = H / cuda::kQGroup;
-  int passes = 0;
-  Segment seg;
-  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
-    ++passes;
-    const bool shared = it.e == E;
-    stage_x(x, H, shared ? nullptr : sorted_token, seg, xs);
-    const uint32_t* const wc = shared ? shared_gate_up.codes : gate_up.codes;
-    const uint32_t* const ws = shared ? shared_gate_up.sb : gate_up.sb;
-    const int n = shared ? Is : I;
-    const int P = n / cuda::kQTileRows;
-    const int p = blockIdx.y * kWarps + warp;
-    if (p < P) {
-      const int gate_tile = (shared ? 0 : it.e * 2 * P) + p;
-      const uint32_t* const codes[2] = {wc + size_t(gate_tile) * G * cuda::kQBlockWords,
-                                        wc + size_t(gate_tile + P) * G * cuda::kQBlockWords};
-      const uint32_t* const sb[2] = {ws + size_t(gate_tile) * G * cuda::kQSbWords,
-                                     ws + size_t(gate_tile + P) * G * cuda::kQSbWords};
-      float y[2][4] = {};
-      for (int set = 0; set * kGateUpSet < G; ++set)
-        set_dot_staged<2, kGateUpSet>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
-                                      (H + kXPad) / 2, seg.count, y);
-      bf16* out = shared ? shared_act : act;
-      const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int tok = 2 * t + (q & 1);
-        if (tok >= seg.count) continue;
-        const int i = p * cuda::kQTileRows + g + (q < 2 ? 0 : 8);
-        out[size_t(seg.row0 + tok) * size_t(n) + i] =
-            __float2bfloat16_rn(cuda::silu(y[0][q]) * y[1][q]);
-      }
-    }
-    __syncthreads();
-  }
+  const int passes = gate_up_unit(a, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z),
+                                  reinterpret_cast<bf16*>(smem));
   if (threadIdx.x == 0) {
     unsigned long long* s = block_stamps(stamps);
     s[0] = start, s[1] = global_ns(), s[2] = sm_id(), s[3] = unsigned(passes);
@@ -94,48 +55,11 @@ __global__ void __launch_bounds__(kThreads, 4)
 // q4_moe_small.cu's q_moe_small_down_kernel<4, J> (5 blocks per SM), with the stamps.
 template <int J>
 __global__ void __launch_bounds__(kThreads, 5)
-    down_stamped_kernel(const bf16* __restrict__ act, int I, const bf16* __restrict__ shared_act,
-                        int Is, QMatrix down, QMatrix shared_down, int H, Tiles tiles, int E, int T,
-                        float* __restrict__ y, float* __restrict__ shared_out,
-                        unsigned long long* stamps) {
+    down_stamped_kernel(RegisterPair a, unsigned long long* stamps) {
   extern __shared__ __align__(16) unsigned char smem[];
   const unsigned long long start = global_ns();
-  bf16* xs = reinterpret_cast<bf16*>(smem);
-  const int TH = H / cuda::kQTileRows;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int passes = 0;
-  Segment seg;
-  for (PassIter it(tiles, E, T); it.segment(seg); it.pass += it.step) {
-    ++passes;
-    const bool shared = it.e == E;
-    const int K = shared ? Is : I;
-    stage_x(shared ? shared_act : act, K, nullptr, seg, xs);
-#pragma unroll 1
-    for (int j = 0; j < J; ++j) {
-      const int th = (int(blockIdx.y) * J + j) * kWarps + warp;
-      if (th >= TH) break;
-      const uint32_t* const wc = shared ? shared_down.codes : down.codes;
-      const uint32_t* const ws = shared ? shared_down.sb : down.sb;
-      const int G = K / cuda::kQGroup;
-      const int tile = (shared ? 0 : it.e * TH) + th;
-      const uint32_t* const codes[1] = {wc + size_t(tile) * G * cuda::kQBlockWords};
-      const uint32_t* const sb[1] = {ws + size_t(tile) * G * cuda::kQSbWords};
-      float acc[1][4] = {};
-      for (int set = 0; set * 8 < G; ++set)
-        set_dot_staged<1, 8>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
-                             (K + kXPad) / 2, seg.count, acc);
-      float* out = shared ? shared_out : y;
-      const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int tok = 2 * t + (q & 1);
-        if (tok >= seg.count) continue;
-        const int c = th * cuda::kQTileRows + g + (q < 2 ? 0 : 8);
-        out[size_t(seg.row0 + tok) * size_t(H) + c] = acc[0][q];
-      }
-    }
-    __syncthreads();
-  }
+  const int passes = down_unit<J>(a, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z),
+                                  reinterpret_cast<bf16*>(smem));
   if (threadIdx.x == 0) {
     unsigned long long* s = block_stamps(stamps);
     s[0] = start, s[1] = global_ns(), s[2] = sm_id(), s[3] = unsigned(passes);
@@ -161,10 +85,26 @@ size_t q_moe_small_gate_up_stamped(const bf16* x, int T, int H, const QMatrix& g
                                    bf16* act, bf16* shared_act, unsigned long long* stamps,
                                    cudaStream_t stream) {
   if (gate_up.bits != 4 || shared_gate_up.bits != 4) fail("lab q_moe_small v6: 4-bit weights");
+  const RegisterPair a{x,
+                       H,
+                       gate_up,
+                       I,
+                       shared_gate_up,
+                       Is,
+                       tiles_of(r),
+                       r.sorted_token,
+                       r.E,
+                       T,
+                       act,
+                       shared_act,
+                       {},
+                       {},
+                       nullptr,
+                       nullptr,
+                       grid_passes(r.T, r.E, r.k)};
   return launch_stamped(gate_up_stamped_kernel, staged_x_bytes(H),
                         unsigned(cuda::ceil_div(std::max(I, Is) / cuda::kQTileRows, kWarps)), r,
-                        stream, x, H, gate_up, I, shared_gate_up, Is, tiles_of(r), r.sorted_token,
-                        r.E, T, act, shared_act, stamps);
+                        stream, a, stamps);
 }
 
 size_t q_moe_small_down_stamped(const bf16* act, int I, const bf16* shared_act, int Is,
@@ -175,11 +115,26 @@ size_t q_moe_small_down_stamped(const bf16* act, int I, const bf16* shared_act, 
   const size_t smem = staged_x_bytes(std::max(I, Is));
   const int J = r.T <= 16 ? 2 : 4;  // production's down_tiles_per_warp
   const unsigned gy = unsigned(cuda::ceil_div(H / cuda::kQTileRows, kWarps * J));
-  if (J == 2)
-    return launch_stamped(down_stamped_kernel<2>, smem, gy, r, stream, act, I, shared_act, Is, down,
-                          shared_down, H, tiles_of(r), r.E, r.T, y, shared_out, stamps);
-  return launch_stamped(down_stamped_kernel<4>, smem, gy, r, stream, act, I, shared_act, Is, down,
-                        shared_down, H, tiles_of(r), r.E, r.T, y, shared_out, stamps);
+  // down only reads act and shared_act (the struct holds them writable, for gate_up).
+  const RegisterPair a{nullptr,
+                       H,
+                       {},
+                       I,
+                       {},
+                       Is,
+                       tiles_of(r),
+                       nullptr,
+                       r.E,
+                       r.T,
+                       const_cast<bf16*>(act),
+                       const_cast<bf16*>(shared_act),
+                       down,
+                       shared_down,
+                       y,
+                       shared_out,
+                       grid_passes(r.T, r.E, r.k)};
+  if (J == 2) return launch_stamped(down_stamped_kernel<2>, smem, gy, r, stream, a, stamps);
+  return launch_stamped(down_stamped_kernel<4>, smem, gy, r, stream, a, stamps);
 }
 
 }  // namespace lilac::lab

@@ -25,7 +25,7 @@
 #include "cuda/q4_tile.cuh"
 #include "cuda/vec_util.cuh"
 #include "q_moe_small_lab.h"
-#include "staged_dot.cuh"
+#include "register_pair.cuh"
 #include "util/error.h"
 
 namespace lilac::lab {
@@ -38,99 +38,10 @@ using cuda::QMatrix;
 constexpr int kBlocksPerSm = 4;
 
 struct PairArgs {
-  const bf16* x;
-  int H;
-  QMatrix gate_up;
-  int I;
-  QMatrix shared_gate_up;
-  int Is;
-  Tiles tiles;
-  const int32_t* sorted_token;
-  int E, T;
-  bf16* act;
-  bf16* shared_act;
-  QMatrix down, shared_down;
-  float* y;
-  float* shared_out;
-  int X, Y1, Y2, Z;  // the two grids: X x Y1 x Z (gate_up) and X x Y2 x Z (down)
+  RegisterPair p;
+  int X, Y1, Y2;  // the two grids: X x Y1 x Z (gate_up) and X x Y2 x Z (down), Z = p.Z
   int32_t* counters;
 };
-
-// Production's q_moe_small_gate_up_kernel<4> body for its block (x, y, z) of Z passes.
-__device__ __forceinline__ void gate_up_unit(const PairArgs& a, int x, int y, int z, bf16* xs) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int G = a.H / cuda::kQGroup;
-  Segment seg;
-  for (PassIter it(a.tiles, a.E, a.T, x, z, a.Z); it.segment(seg); it.pass += it.step) {
-    const bool shared = it.e == a.E;
-    stage_x(a.x, a.H, shared ? nullptr : a.sorted_token, seg, xs);
-    const uint32_t* const wc = shared ? a.shared_gate_up.codes : a.gate_up.codes;
-    const uint32_t* const ws = shared ? a.shared_gate_up.sb : a.gate_up.sb;
-    const int n = shared ? a.Is : a.I;
-    const int P = n / cuda::kQTileRows;
-    const int p = y * kWarps + warp;
-    if (p < P) {  // warp-uniform
-      const int gate_tile = (shared ? 0 : it.e * 2 * P) + p;
-      const uint32_t* const codes[2] = {wc + size_t(gate_tile) * G * cuda::kQBlockWords,
-                                        wc + size_t(gate_tile + P) * G * cuda::kQBlockWords};
-      const uint32_t* const sb[2] = {ws + size_t(gate_tile) * G * cuda::kQSbWords,
-                                     ws + size_t(gate_tile + P) * G * cuda::kQSbWords};
-      float acc[2][4] = {};
-      for (int set = 0; set * kGateUpSet < G; ++set)
-        set_dot_staged<2, kGateUpSet>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
-                                      (a.H + kXPad) / 2, seg.count, acc);
-      bf16* out = shared ? a.shared_act : a.act;
-      const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int tok = 2 * t + (q & 1);
-        if (tok >= seg.count) continue;
-        const int i = p * cuda::kQTileRows + g + (q < 2 ? 0 : 8);
-        out[size_t(seg.row0 + tok) * size_t(n) + i] =
-            __float2bfloat16_rn(cuda::silu(acc[0][q]) * acc[1][q]);
-      }
-    }
-    __syncthreads();  // the staged x is re-used by the next pass
-  }
-}
-
-// Production's q_moe_small_down_kernel<4, J> body for its block (x, y, z).
-template <int J>
-__device__ __forceinline__ void down_unit(const PairArgs& a, int x, int y, int z, bf16* xs) {
-  const int TH = a.H / cuda::kQTileRows;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  Segment seg;
-  for (PassIter it(a.tiles, a.E, a.T, x, z, a.Z); it.segment(seg); it.pass += it.step) {
-    const bool shared = it.e == a.E;
-    const int K = shared ? a.Is : a.I;
-    stage_x(shared ? a.shared_act : a.act, K, nullptr, seg, xs);
-#pragma unroll 1
-    for (int j = 0; j < J; ++j) {
-      const int th = (y * J + j) * kWarps + warp;
-      if (th >= TH) break;  // warp-uniform
-      const uint32_t* const wc = shared ? a.shared_down.codes : a.down.codes;
-      const uint32_t* const ws = shared ? a.shared_down.sb : a.down.sb;
-      const int G = K / cuda::kQGroup;
-      const int tile = (shared ? 0 : it.e * TH) + th;
-      const uint32_t* const codes[1] = {wc + size_t(tile) * G * cuda::kQBlockWords};
-      const uint32_t* const sb[1] = {ws + size_t(tile) * G * cuda::kQSbWords};
-      float acc[1][4] = {};
-      for (int set = 0; set * 8 < G; ++set)
-        set_dot_staged<1, 8>(codes, sb, G, set, reinterpret_cast<const uint32_t*>(xs),
-                             (K + kXPad) / 2, seg.count, acc);
-      float* out = shared ? a.shared_out : a.y;
-      const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int tok = 2 * t + (q & 1);
-        if (tok >= seg.count) continue;
-        const int c = th * cuda::kQTileRows + g + (q < 2 ? 0 : 8);
-        out[size_t(seg.row0 + tok) * size_t(a.H) + c] = acc[0][q];
-      }
-    }
-    __syncthreads();
-  }
-}
 
 template <int J>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) pair_persistent_kernel(PairArgs a) {
@@ -140,7 +51,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) pair_persistent_kernel
   int32_t* const next = a.counters;
   int32_t* const finished = a.counters + 1;
   int32_t* const done = a.counters + 2;
-  const int U1 = a.X * a.Y1 * a.Z, U2 = a.X * a.Y2 * a.Z;
+  const int Z = a.p.Z, U1 = a.X * a.Y1 * Z, U2 = a.X * a.Y2 * Z;
   for (;;) {
     if (threadIdx.x == 0) unit_s = atomicAdd(next, 1);
     __syncthreads();
@@ -148,17 +59,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) pair_persistent_kernel
     __syncthreads();  // every thread has read unit_s before thread 0 takes the next unit
     if (u >= U1 + U2) break;
     if (u < U1) {
-      const int x = u / (a.Y1 * a.Z), y = u % a.Y1, z = (u / a.Y1) % a.Z;
-      gate_up_unit(a, x, y, z, xs);  // ends with a block barrier after its stores
+      const int x = u / (a.Y1 * Z), y = u % a.Y1, z = (u / a.Y1) % Z;
+      gate_up_unit(a.p, x, y, z, xs);  // ends with a block barrier after its stores
       if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(&done[x], 1);
       }
     } else {
       const int v = u - U1;
-      const int x = v / (a.Y2 * a.Z), y = v % a.Y2, z = (v / a.Y2) % a.Z;
+      const int x = v / (a.Y2 * Z), y = v % a.Y2, z = (v / a.Y2) % Z;
       if (threadIdx.x == 0) {
-        const int want = a.Y1 * a.Z;
+        const int want = a.Y1 * Z;
         for (int polls = 0;; ++polls) {
           int c;
           asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(c) : "l"(&done[x]) : "memory");
@@ -168,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) pair_persistent_kernel
         }
       }
       __syncthreads();
-      down_unit<J>(a, x, y, z, xs);
+      down_unit<J>(a.p, x, y, z, xs);
     }
   }
   // The last block out resets the counters (no block reads them after its own final take).
@@ -188,7 +99,7 @@ size_t launch_pair(const PairArgs& a, size_t smem, cudaStream_t stream) {
   int per_sm = 0;
   LILAC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem));
   if (per_sm < 1) fail("lab q_moe_small v7: no block fits an SM");
-  const int units = a.X * (a.Y1 + a.Y2) * a.Z;
+  const int units = a.X * (a.Y1 + a.Y2) * a.p.Z;
   const int blocks = std::min(units, per_sm * cuda::sm_count());
   fn<<<blocks, kThreads, smem, stream>>>(a);
   LILAC_CUDA_LAUNCHED();
@@ -207,27 +118,13 @@ size_t q_moe_small_pair_persistent(const bf16* x, int T, int H, const QMatrix& g
   if (T != r.T) fail("lab q_moe_small v7: {} tokens, routing laid out for {}", T, r.T);
   const int Z = grid_passes(r.T, r.E, r.k);
   const int J = r.T <= 16 ? 2 : 4;  // production's down_tiles_per_warp
-  PairArgs a{x,
-             H,
-             gate_up,
-             I,
-             shared_gate_up,
-             Is,
-             tiles_of(r),
-             r.sorted_token,
-             r.E,
-             T,
-             act,
-             shared_act,
-             down,
-             shared_down,
-             y,
-             shared_out,
-             int(grid_x(r, Z)),
-             int(cuda::ceil_div(std::max(I, Is) / cuda::kQTileRows, kWarps)),
-             int(cuda::ceil_div(H / cuda::kQTileRows, kWarps * J)),
-             Z,
-             counters};
+  const RegisterPair p{
+      x,   H, gate_up, I,          shared_gate_up, Is,          tiles_of(r), r.sorted_token,
+      r.E, T, act,     shared_act, down,           shared_down, y,           shared_out,
+      Z};
+  const PairArgs a{p, int(grid_x(r, Z)),
+                   int(cuda::ceil_div(std::max(I, Is) / cuda::kQTileRows, kWarps)),
+                   int(cuda::ceil_div(H / cuda::kQTileRows, kWarps * J)), counters};
   if (a.X + 2 > kPairCounters)
     fail("lab q_moe_small v7: {} x-blocks, counters for {}", a.X, kPairCounters - 2);
   const size_t smem = std::max(staged_x_bytes(H), staged_x_bytes(std::max(I, Is)));
