@@ -68,15 +68,17 @@
 #               one-cluster form), fine stall sampling: where their ~8.8 / ~10 us go (s37)
 #   prefill-short
 #               4-bit prefill at 256 / 512 tokens, 3 rounds (JSON prefill-short.json)
-#   split-ab    the small-M projections' split pick and placement (s44, not yet run): 4-bit c = 8 /
-#               16 / 32 (bf16 GDN state) under LILAC_Q4_SMALL_COST = block (default) | sm, each with
-#               and without LILAC_Q4_GEMM_PDL=off, and sm with LILAC_Q4_SMALL_SPREAD=on (one block
-#               per SM for un-clustered launches of at most one block per SM), three interleaved
-#               rounds (JSONs in split-ab.tar.xz); then the 16-row step's timeline under block, sm
-#               and sm + spread (steps16-<arm>.txt, the first 30 kernels in order)
-#   tests-split the GPU suite under LILAC_Q4_SMALL_COST=sm LILAC_Q4_SMALL_SPREAD=on
+#   split-ab    the small-M projections' split pick and placement (s44; run in s45): 4-bit c = 8 /
+#               16 / 32 (bf16 GDN state) under LILAC_Q4_SMALL_COST = block | sm, each with and
+#               without LILAC_Q4_GEMM_PDL=off, all with LILAC_Q4_SMALL_SPREAD=off, and sm with the
+#               spread (one block per SM for un-clustered launches of at most one block per SM; sm +
+#               spread the default since s45), three interleaved rounds (JSONs in split-ab.tar.xz);
+#               then the 16-row step's timeline under block, sm and sm + spread (steps16-<arm>.txt,
+#               the first 30 kernels in order)
+#   tests-split the GPU suite under the pre-s45 small-M pick (LILAC_Q4_SMALL_COST=block
+#               LILAC_Q4_SMALL_SPREAD=off), the A/B arm
 #   persistent-lab
-#               kernel lab q_moe_small version 7 (s44, not yet run): the expert pair as one
+#               kernel lab q_moe_small version 7 (s44; run in s45: lost): the expert pair as one
 #               persistent launch, checked, and timed as pairs against production's unchained and
 #               chained pairs at T = 16, 64, 256, 512
 #   ncu-c16     Nsight Compute (--set full) over the batched 16-row decode step's small-M
@@ -180,7 +182,7 @@ for s in $steps; do
   case $s in
     tests) gpu_tests gpu-tests ;;
     tests-split)
-      gpu_tests gpu-tests-split env LILAC_Q4_SMALL_COST=sm LILAC_Q4_SMALL_SPREAD=on ;;
+      gpu_tests gpu-tests-split env LILAC_Q4_SMALL_COST=block LILAC_Q4_SMALL_SPREAD=off ;;
     tests-switches)
       gpu_tests gpu-tests-switches env LILAC_GDN_TF32_SPLIT=trunc LILAC_PREFILL_MOE_Y_BF16=1 ;;
     logits)
@@ -280,7 +282,7 @@ for s in $steps; do
       arms="block sm block-nopdl sm-nopdl sm-spread"
       for round in 1 2 3; do
         for v in $arms; do
-          e=(LILAC_Q4_SMALL_COST=${v%%-*})
+          e=(LILAC_Q4_SMALL_COST=${v%%-*} LILAC_Q4_SMALL_SPREAD=off)
           [ "${v#*-}" = nopdl ] && e+=(LILAC_Q4_GEMM_PDL=off)
           [ "${v#*-}" = spread ] && e+=(LILAC_Q4_SMALL_SPREAD=on)
           run "split-ab-$v-$round" 120 env "${e[@]}" "$B/lilac" bench --synthetic --weights q4 \
@@ -289,7 +291,7 @@ for s in $steps; do
       done
       tar -C "$OUT" -cJf "$OUT/split-ab.tar.xz" split-ab && rm -rf "$OUT/split-ab"
       for v in block sm sm-spread; do
-        e=(LILAC_Q4_SMALL_COST=${v%%-*})
+        e=(LILAC_Q4_SMALL_COST=${v%%-*} LILAC_Q4_SMALL_SPREAD=off)
         [ "${v#*-}" = spread ] && e+=(LILAC_Q4_SMALL_SPREAD=on)
         run "split-steps-$v" 120 env "${e[@]}" "$(dirname "$0")/gpu-steps.sh" 16
         mv "$OUT/steps16.txt" "$OUT/steps16-$v.txt"

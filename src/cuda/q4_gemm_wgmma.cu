@@ -143,16 +143,19 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #endif
 }
 
-// LILAC_Q4_SMALL_SPREAD=on (A/B, s44; not yet run): a small-M launch without clusters whose
-// blocks are no more than the SMs asks for more than half an SM's shared memory per block, so
-// that each block gets an SM of its own even when it becomes resident under PDL while the kernel
-// before still holds some SMs (which would otherwise let up to three of these blocks stack on the
-// SMs free at that moment: docs/kernels.md, "Forty-fourth session", item 6). The extra shared
-// memory is not used.
+// One block per SM for small-M launches (s45 default; LILAC_Q4_SMALL_SPREAD=off is the A/B arm): a
+// launch without clusters whose blocks are no more than the SMs asks for more than half an SM's
+// shared memory per block, so that each block gets an SM of its own even when it becomes resident
+// under PDL while the kernel before still holds some SMs (which would otherwise let up to three of
+// these blocks stack on the SMs free at that moment: docs/kernels.md, "Forty-fourth session", item
+// 6, and "Forty-fifth session"). The extra shared memory is not used. Measured with the per-SM
+// split pick (s45 runs 1-2, H100, 4-bit, bf16 state, against block cost and no spread): c = 2 / 4
+// / 8 / 16 / 32 +5.2 / +3.1 / +1.4 / +0.8 / +1.3%, c = 1 and 64 unchanged; in_proj at 16 rows
+// 10.9 -> 9.5 us exposed per call. PDL off instead (the other way to place them) lost 1%.
 constexpr int kSpreadSmemBytes = 116 * 1024;  // 2 x (116 + 1) KB > 228 KB per SM
 bool small_spread() {
   static const bool on =
-      env_enum<bool>("LILAC_Q4_SMALL_SPREAD", false, {{"on", true}, {"off", false}});
+      env_enum<bool>("LILAC_Q4_SMALL_SPREAD", true, {{"on", true}, {"off", false}});
   return on;
 }
 template <class C>
@@ -341,18 +344,20 @@ int max_clusters_of(int bt, int S) {
 // us for 32 k-tiles) and the fixed part as 3 us + 1 us per doubling of the cluster (the reduce
 // reads S partial tiles). M <= 16 / <= 32 take the narrow-stage forms (16 / 32-token blocks, 3 per
 // SM) with the same estimate; LILAC_Q4_SMALL_TOKENS=64 keeps them on the 64-token form (A/B).
-// LILAC_Q4_SMALL_COST=sm (A/B, s44): the narrow forms' k-tile cost per SM instead (blocks that
-// share an SM share its issue and loads: times the blocks on the fullest SM of a wave), which
-// picks S = 1 instead of 2 for in_proj at 1-32 rows and leaves every other pick. Measured (s44
-// run 8, H100): c = 16 -3.8% (in_proj 20 us exposed per call against 10.9), though alone it is
-// faster (lab from DRAM, 16 rows: 11.18 against 11.40 us); see small_spread.
+// The narrow forms' k-tile cost is per SM (s45 default; LILAC_Q4_SMALL_COST=block, the A/B arm,
+// counts it per block): blocks that share an SM share its issue and loads, so the cost is times
+// the blocks on the fullest SM of a wave. It picks S = 1 instead of 2 for in_proj at 1-32 rows and
+// leaves every other pick. Alone (s44 run 8) it lost in the engine (c = 16 -3.8%: in_proj 20 us
+// exposed per call against 10.9, though faster alone in the lab from DRAM, 16 rows: 11.18 against
+// 11.40 us): its 1-block-per-tile launches stacked on the SMs PDL left free. With the spread
+// placement (small_spread) it wins: see there.
 bool narrow_stages() {
   static const bool on = env_choice("LILAC_Q4_SMALL_TOKENS", {64}) != 64;
   return on;
 }
 bool cost_per_sm() {
   static const bool on =
-      env_enum<bool>("LILAC_Q4_SMALL_COST", false, {{"sm", true}, {"block", false}});
+      env_enum<bool>("LILAC_Q4_SMALL_COST", true, {{"sm", true}, {"block", false}});
   return on;
 }
 
@@ -367,7 +372,7 @@ void pick(int M, int N, int KT, bool streamk_ok, int& bt, int& S, int& whole) {
       if (KT % s != 0) continue;
       const int64_t maxc = max_clusters_of(bt, s);
       if (maxc <= 0) continue;
-      // Blocks on the fullest SM in the fullest wave (LILAC_Q4_SMALL_COST=sm; else 1).
+      // Blocks on the fullest SM in the fullest wave (1 under LILAC_Q4_SMALL_COST=block).
       const int64_t share = bt < 64 && cost_per_sm()
                                 ? ceil_div(std::min(row_blocks, maxc) * s, int64_t(sm_count()))
                                 : 1;
