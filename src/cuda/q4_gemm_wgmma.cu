@@ -355,12 +355,10 @@ bool narrow_stages() {
   static const bool on = env_choice("LILAC_Q4_SMALL_TOKENS", {64}) != 64;
   return on;
 }
-// The forms counted per SM: 0 none (block), 1 the narrow ones (sm, the default), 2 the 64-token
-// form too (sm64: an A/B arm, s45).
-int cost_per_sm() {
-  static const int level =
-      env_enum<int>("LILAC_Q4_SMALL_COST", 1, {{"block", 0}, {"sm", 1}, {"sm64", 2}});
-  return level;
+bool cost_per_sm() {
+  static const bool on =
+      env_enum<bool>("LILAC_Q4_SMALL_COST", true, {{"sm", true}, {"block", false}});
+  return on;
 }
 
 void pick(int M, int N, int KT, bool streamk_ok, int& bt, int& S, int& whole) {
@@ -375,7 +373,7 @@ void pick(int M, int N, int KT, bool streamk_ok, int& bt, int& S, int& whole) {
       const int64_t maxc = max_clusters_of(bt, s);
       if (maxc <= 0) continue;
       // Blocks on the fullest SM in the fullest wave (1 under LILAC_Q4_SMALL_COST=block).
-      const int64_t share = cost_per_sm() > (bt < 64 ? 0 : 1)
+      const int64_t share = bt < 64 && cost_per_sm()
                                 ? ceil_div(std::min(row_blocks, maxc) * s, int64_t(sm_count()))
                                 : 1;
       const int64_t cost =
