@@ -62,5 +62,11 @@ bool q_gemm_wgmma_available();
 // Clusters of (tokens_per_block, splits) blocks resident at once on this device (0: such a launch
 // cannot run; cudaOccupancyMaxActiveClusters).
 int q_gemm_wgmma_max_clusters(int tokens_per_block, int splits);
+// The small-M forms' placement (s45): whether an un-clustered launch of at most one block per SM
+// takes an SM per block (LILAC_Q4_SMALL_SPREAD, on by default), and how many blocks of that launch
+// (tokens_per_block 16, 32 or 64) fit one SM at the shared memory it asks for: 1 under the spread,
+// 2-3 without (0: no such form, or none fits).
+bool q_gemm_wgmma_small_spread();
+int q_gemm_wgmma_small_blocks_per_sm(int tokens_per_block);
 
 }  // namespace lilac::cuda

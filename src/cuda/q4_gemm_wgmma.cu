@@ -317,6 +317,21 @@ int max_clusters_at(int S) {
   }
 }
 
+// Blocks per SM of a small-M form's un-clustered launch of at most one block per SM, at the shared
+// memory that launch asks for (the spread's when small_spread(); 0 when none fits).
+template <class C>
+int spread_blocks_per_sm() {
+  set_smem<C, 1, GemmOut::StoreF32>();
+  const int smem = small_spread() ? spread_smem_bytes<C>() : C::SMEM_BYTES;
+  int c = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &c, q_gemm_wgmma_kernel<C, 1, GemmOut::StoreF32>, C::THREADS, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    c = 0;
+  }
+  return c;
+}
+
 int max_clusters_of(int bt, int S) {
   switch (bt) {
     case 16:
@@ -449,6 +464,24 @@ bool q_gemm_wgmma_available() {
 
 int q_gemm_wgmma_max_clusters(int tokens_per_block, int splits) {
   return qgemm_wgmma::max_clusters_of(tokens_per_block, splits);
+}
+
+bool q_gemm_wgmma_small_spread() {
+  return qgemm_wgmma::small_spread();
+}
+
+int q_gemm_wgmma_small_blocks_per_sm(int tokens_per_block) {
+  using namespace qgemm_wgmma;
+  switch (tokens_per_block) {
+    case 16:
+      return spread_blocks_per_sm<Cfg16>();
+    case 32:
+      return spread_blocks_per_sm<Cfg32>();
+    case 64:
+      return spread_blocks_per_sm<Cfg64>();
+    default:
+      return 0;
+  }
 }
 
 void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,

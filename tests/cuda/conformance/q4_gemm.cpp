@@ -267,6 +267,26 @@ TEST(Q4Gemm, BadArgumentsThrow) {
 // The stream-K form's scratch checks that need the device (its block count sizes the scratch): one
 // byte short of what the form needs at the real in_proj shape is refused with a message, before
 // any launch; the exact size runs. (s35's leftover: untested without a GPU.)
+// The small-M forms' placement (s45, docs/kernels.md "Forty-fifth session"): under the spread (the
+// default) an un-clustered launch of at most one block per SM asks for more than half an SM's
+// shared memory, so no two of its blocks can share an SM when they become resident under PDL
+// beside the kernel before; without it the forms fit 3 (16 / 32 tokens) or 2 (64) blocks per SM.
+// Fails where a GPU's shared memory per SM would let two spread blocks share one.
+TEST(Q4Gemm, SmallFormsSpreadTakeAnSmPerBlock) {
+  LILAC_REQUIRE_GPU();
+  if (!cuda::q_gemm_wgmma_available()) GTEST_SKIP() << "q_gemm_wgmma needs a 9.x GPU";
+  const bool spread = cuda::q_gemm_wgmma_small_spread();
+  for (int bt : {16, 32, 64}) {
+    SCOPED_TRACE("tokens per block " + std::to_string(bt));
+    const int per_sm = cuda::q_gemm_wgmma_small_blocks_per_sm(bt);
+    if (spread)
+      EXPECT_EQ(per_sm, 1);
+    else
+      EXPECT_EQ(per_sm, bt == 64 ? 2 : 3);
+  }
+  EXPECT_EQ(cuda::q_gemm_wgmma_small_blocks_per_sm(128), 0);  // not a small-M form
+}
+
 TEST(Q4Gemm, StreamKScratchTooSmallIsRefused) {
   LILAC_REQUIRE_GPU();
   if (!cuda::q_gemm_wgmma_available()) GTEST_SKIP() << "q_gemm_wgmma needs a 9.x GPU";
