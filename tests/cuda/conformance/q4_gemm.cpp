@@ -264,9 +264,6 @@ TEST(Q4Gemm, BadArgumentsThrow) {
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, 2, {}, -2), Error);
 }
 
-// The stream-K form's scratch checks that need the device (its block count sizes the scratch): one
-// byte short of what the form needs at the real in_proj shape is refused with a message, before
-// any launch; the exact size runs. (s35's leftover: untested without a GPU.)
 // The small-M forms' placement (s45, docs/kernels.md "Forty-fifth session"): under the spread (the
 // default) an un-clustered launch of at most one block per SM asks for more than half an SM's
 // shared memory, so no two of its blocks can share an SM when they become resident under PDL
@@ -287,6 +284,9 @@ TEST(Q4Gemm, SmallFormsSpreadTakeAnSmPerBlock) {
   EXPECT_EQ(cuda::q_gemm_wgmma_small_blocks_per_sm(128), 0);  // not a small-M form
 }
 
+// The stream-K form's scratch checks that need the device (its block count sizes the scratch): one
+// byte short of what the form needs at the real in_proj shape is refused with a message, before
+// any launch; the exact size runs. (s35's leftover: untested without a GPU.)
 TEST(Q4Gemm, StreamKScratchTooSmallIsRefused) {
   LILAC_REQUIRE_GPU();
   if (!cuda::q_gemm_wgmma_available()) GTEST_SKIP() << "q_gemm_wgmma needs a 9.x GPU";
