@@ -41,10 +41,6 @@
 #   moe-y-ab    prompt chunks' routed expert outputs in bf16 instead of f32 (LILAC_PREFILL_MOE_Y_BF16
 #               = 0 | 1, s32): its tests, then 4-bit prefill at 256 / 512 / 1,024 / 4,096 / 16,384
 #               tokens under each, three interleaved rounds
-#   out1-ab     the GDN state pass's output-only products (Q S, P U) in 1xTF32 against 3xTF32
-#               (LILAC_GDN_TF32_SPLIT = trunc | trunc-out1, s46): its tests, lilac_cuda_bench_seq
-#               under each, then 4-bit prefill at 256 / 512 / 1,024 / 4,096 / 16,384 tokens, three
-#               interleaved rounds
 #   tf32-split-ab
 #               the GDN state pass's 3xTF32 split rounded or truncated (LILAC_GDN_TF32_SPLIT =
 #               round | trunc, s32; trunc the default since s34): its tolerance test, lilac_cuda_bench_seq under each, then
@@ -240,11 +236,6 @@ for s in $steps; do
     tf32-split-ab)
       run tf32-split-test 300 "$B/lilac_cuda_tests" --gtest_filter='GdnPrefill.BothTf32Splits*'
       switch_ab tf32-split LILAC_GDN_TF32_SPLIT 256,512,1024,4096,16384 1 round trunc ;;
-    out1-ab)  # the state pass's output-only products in 1xTF32 (LILAC_GDN_TF32_SPLIT = trunc |
-      # trunc-out1, s46): its test and the split tests, the seq bench under each, then 4-bit
-      # prefill at 256 / 512 / 1,024 / 4,096 / 16,384 tokens, three interleaved rounds
-      run out1-test 300 "$B/lilac_cuda_tests" --gtest_filter='GdnPrefill.*Tf32*'
-      switch_ab out1 LILAC_GDN_TF32_SPLIT 256,512,1024,4096,16384 1 trunc trunc-out1 ;;
     moe-y-ab)
       run moe-y-test 300 "$B/lilac_cuda_tests" \
         --gtest_filter='Q4Moe.DownBf16RowsAreTheF32RowsRounded:Q4Backend.PrefillMoeYBf16*'

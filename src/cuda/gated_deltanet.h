@@ -84,10 +84,8 @@ size_t gdn_prefill_workspace_floats(int T, int Hk, int Hv, int Dk, int Dv);
 // stage_events (5 events; benchmarks), events 0..4 are recorded before the first launch and after
 // each of the four (prep, chunk, state, out). chunk_blocks: blocks per SM of the chunk kernel (1
 // or 2: the same bits; 0: LILAC_GDN_CHUNK_BLOCKS, else 2). tf32_split: the state pass's 3xTF32
-// split, 1 rounded hi, 2 truncated hi (fewer instructions, other bits), 3 truncated hi with the
-// output-only products (Q S, P U) in 1xTF32 (the state the same bits as 2, the output within the
-// bf16 tolerance); 0: LILAC_GDN_TF32_SPLIT = round | trunc | trunc-out1, else truncated (the
-// default since s34).
+// split, 1 rounded hi, 2 truncated hi (fewer instructions, other bits; 0: LILAC_GDN_TF32_SPLIT =
+// round | trunc, else truncated: the default since s34).
 void gdn_prefill(const float* proj, int T, const float* conv_taps, float* conv_state,
                  const float* neg_exp_A, const float* dt_bias, const float* norm_scale,
                  float* state, int Hk, int Hv, int Dk, int Dv, int K, float eps, float* workspace,

@@ -55,13 +55,11 @@ using attn::cp_async16;
 using attn::cp_async_commit;
 using attn::cp_async_wait;
 using attn::smem_addr;
-using gdn_chunked::a1_from_acc;
 using gdn_chunked::a_from_acc;
 using gdn_chunked::kBT;
 using gdn_chunked::kColsB;
 using gdn_chunked::load_k_u_g;
 using gdn_chunked::load_state_tiles;
-using gdn_chunked::mma1;
 using gdn_chunked::mma3;
 using gdn_chunked::split_tf32;
 using gdn_chunked::state_partials;
@@ -401,10 +399,7 @@ struct StateSmem {
 // 32) x 3 = 2.75 M MAC in 2688 mma.sync (~5400 cycles at ~512 tf32 MAC/clk/SM); L2 reads 120 KB.
 // ST: the recurrent state's element type (float, or bf16: model/state_format.h); the chunks carry
 // it in f32 registers, so a bf16 state is rounded once, at the final store.
-// OUT1 (with TRUNC; the tf32 split `trunc-out1`): Q S and P U, which feed only the chunk's output
-// O, in 1xTF32 (a third of their mma.sync, no lo splits); W S and K~^T U, the state's path, as
-// before, so the state is the same bits as under `trunc`.
-template <int DK, class ST, bool TRUNC, bool OUT1 = false>
+template <int DK, class ST, bool TRUNC>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_state_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
                      const float* __restrict__ Wb, const float* __restrict__ Pb,
@@ -463,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // 1. X^T partial = S^T [W; Q]^T over this Dk quarter: x[n] for rows 8n .. 8n+7 of [W; Q].
     float x[16][4];
-    state_partials<DK, 16, L::KPW, TRUNC, OUT1>(s, WQ, dq, g, t, x);
+    state_partials<DK, 16, L::KPW, TRUNC>(s, WQ, dq, g, t, x);
     cp_async_wait<0>();  // P, K, U~, G of chunk c
 #pragma unroll
     for (int n = 0; n < 16; ++n)
@@ -494,19 +489,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int ks = 0; ks < 8; ++ks) {
       if (ks > 2 * dq + 1) continue;  // P[r][s] = 0 for s > r
       uint32_t ah[4], al[4];
-      if constexpr (OUT1)
-        a1_from_acc(u[ks], ah);
-      else
-        a_from_acc<TRUNC>(u[ks], ah, al);
+      a_from_acc<TRUNC>(u[ks], ah, al);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         if (ks > 2 * dq + i) continue;
         const float2 b =
             *reinterpret_cast<const float2*>(Ps + (16 * dq + 8 * i + g) * L::PP + 8 * ks + 2 * t);
-        if constexpr (OUT1)
-          mma1(o[i], ah, b.x, b.y);
-        else
-          mma3<TRUNC>(o[i], ah, al, b.x, b.y);
+        mma3<TRUNC>(o[i], ah, al, b.x, b.y);
       }
     }
 #pragma unroll
@@ -608,31 +597,25 @@ int chunk_blocks_per_sm(int arg) {
   return arg;
 }
 
-// The state pass's tensor-core precision. `arg` 1: 3xTF32 with hi rounded; 2: 3xTF32 with hi
-// truncated; 3: as 2 for the state's path, the output-only products (Q S, P U) in 1xTF32 (s46);
-// else (arg 0) LILAC_GDN_TF32_SPLIT (round | trunc | trunc-out1), else truncated. Truncated
-// measured faster (s32, H100, three interleaved rounds: the state stage -9 to -11% at 256-65,536
-// tokens, prefill +0.8 / +1.3 / +1.1 / +1.7 / +0.7% at 256 / 512 / 1,024 / 4,096 / 16,384 tokens,
-// within the twin's tolerances); the default since s34, when the whole GPU suite passed with it
-// (H200; s32's failure was the old full-size test's, docs/kernels.md s32-s34).
-enum class StateSplit { round, trunc, trunc_out1 };
-StateSplit state_split_mode(int arg) {
+// The state pass's 3xTF32 split (split_tf32): `arg` 1 rounded, 2 truncated; else (arg 0)
+// LILAC_GDN_TF32_SPLIT (round | trunc), else truncated. Truncated measured faster (s32, H100, three
+// interleaved rounds: the state stage -9 to -11% at 256-65,536 tokens, prefill +0.8 / +1.3 /
+// +1.1 / +1.7 / +0.7% at 256 / 512 / 1,024 / 4,096 / 16,384 tokens, within the twin's
+// tolerances); the default since s34, when the whole GPU suite passed with it (H200; s32's
+// failure was the old full-size test's, docs/kernels.md s32-s34). True: truncated.
+bool state_split_truncated(int arg) {
   if (arg == 0) {
-    static const StateSplit env = env_enum("LILAC_GDN_TF32_SPLIT", StateSplit::trunc,
-                                           {{"round", StateSplit::round},
-                                            {"trunc", StateSplit::trunc},
-                                            {"trunc-out1", StateSplit::trunc_out1}});
+    static const bool env =
+        env_enum("LILAC_GDN_TF32_SPLIT", true, {{"round", false}, {"trunc", true}});
     return env;
   }
-  if (arg < 1 || arg > 3)
-    fail("gdn_prefill: tf32 split {} (1 rounded, 2 truncated, 3 truncated with 1xTF32 output)",
-         arg);
-  return arg == 1 ? StateSplit::round : arg == 2 ? StateSplit::trunc : StateSplit::trunc_out1;
+  if (arg != 1 && arg != 2) fail("gdn_prefill: tf32 split {} (1 rounded, 2 truncated)", arg);
+  return arg == 2;
 }
 
 template <int DK, class ST, class Mark>
 void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state,
-                    cudaStream_t stream, const Mark& mark, int per_sm, StateSplit split) {
+                    cudaStream_t stream, const Mark& mark, int per_sm, bool trunc) {
   constexpr size_t smemA = chunk_smem_floats<DK>() * sizeof(float),
                    smemB = StateSmem<DK>::kFloats * sizeof(float);
   static const bool attr_set = [] {
@@ -643,8 +626,6 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<DK, ST, false>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemB)));
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<DK, ST, true>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemB)));
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<DK, ST, true, true>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smemB)));
     return true;
   }();
@@ -665,10 +646,7 @@ void launch_chunked(const PrefillWs& w, int T, int Hk, int Hv, int Dv, ST* state
   LILAC_CUDA_LAUNCHED();
   mark(2);
   const dim3 grid_s(Dv / kColsB, Hv);
-  if (split == StateSplit::trunc_out1)
-    gdn_state_kernel<DK, ST, true, true><<<grid_s, kThreads, smemB, stream>>>(
-        w.qn, w.kn, w.W, w.P, w.Gc, w.vb, state, T, Hk, Hv, Dv);
-  else if (split == StateSplit::trunc)
+  if (trunc)
     gdn_state_kernel<DK, ST, true><<<grid_s, kThreads, smemB, stream>>>(w.qn, w.kn, w.W, w.P, w.Gc,
                                                                         w.vb, state, T, Hk, Hv, Dv);
   else
@@ -701,7 +679,7 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
   if (Dk != 32 && Dk != 64 && Dk != 128) fail("gdn_prefill: Dk {} not supported (32, 64, 128)", Dk);
   if (K < 1 || K > 8) fail("gdn_prefill: conv kernel {} not supported (1..8)", K);
   const int per_sm = chunk_blocks_per_sm(chunk_blocks);  // before any launch: they may refuse
-  const StateSplit split = state_split_mode(tf32_split);
+  const bool trunc = state_split_truncated(tf32_split);
   if (T <= 0) return;
   const PrefillWs w = carve(workspace, T, Hk, Hv, Dk, Dv);
   auto mark = [&](int i) {
@@ -729,13 +707,13 @@ void gdn_prefill_impl(const float* proj, int T, const float* conv_taps, float* c
   mark(1);
   switch (Dk) {
     case 32:
-      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm, split);
+      launch_chunked<32, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm, trunc);
       break;
     case 64:
-      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm, split);
+      launch_chunked<64, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm, trunc);
       break;
     default:
-      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm, split);
+      launch_chunked<128, ST>(w, T, Hk, Hv, Dv, state, stream, mark, per_sm, trunc);
       break;
   }
   const int C = 2 * Hk * Dk + Hv * Dv;

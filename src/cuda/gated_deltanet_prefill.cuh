@@ -2,13 +2,10 @@
 // carries, the 3xTF32 tensor-core helpers and the sequential loop's steps, used by
 // gdn_state_kernel (gated_deltanet_prefill.cu, whose header comment gives the chunked maths).
 //
-// mma.sync m16n8k8 tf32 (f32 accumulation). The products run as 3xTF32: x = hi + lo with
+// mma.sync m16n8k8 tf32 (f32 accumulation). Every product runs as 3xTF32: x = hi + lo with
 // hi = tf32(x), lo = tf32(x - hi), and A B ~ A_lo B_hi + A_hi B_lo + A_hi B_hi (the dropped
 // lo*lo term is ~2^-22 relative): f32-level accuracy, which the state needs (it is carried through
-// the whole sequence; the tests hold it to 1e-4 of its scale against the token recurrence). The
-// two products that feed only a chunk's output (Q S and P U) may run in 1xTF32 instead (OUT1,
-// s46): their error (~2^-11 relative per operand, rounded) stays below the bf16 rounding of the
-// output they feed (2^-9), and nothing of it reaches the state.
+// the whole sequence; the tests hold it to 1e-4 of its scale against the token recurrence).
 // Fragments (lane = 4 g + t):  A (16x8): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4],
 // a3 = A[g+8][t+4];  B (8x8): b0 = B[t][g], b1 = B[t+4][g];  C (16x8): c0 = C[g][2t],
 // c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1].
@@ -72,16 +69,6 @@ __device__ __forceinline__ void a_from_acc(const float (&c)[4], uint32_t (&hi)[4
   split_tf32<TRUNC>(c[2], hi[1], lo[1]);
   split_tf32<TRUNC>(c[1], hi[2], lo[2]);
   split_tf32<TRUNC>(c[3], hi[3], lo[3]);
-}
-// A operand of one rounded tf32 each (no lo) from an accumulator tile, under the same permutation:
-// for the products computed in 1xTF32 (OUT1 below).
-__device__ __forceinline__ void a1_from_acc(const float (&c)[4], uint32_t (&a)[4]) {
-  a[0] = tf32_bits(c[0]), a[1] = tf32_bits(c[2]), a[2] = tf32_bits(c[1]), a[3] = tf32_bits(c[3]);
-}
-// d += A B in 1xTF32, A and B rounded (cvt.rna): each operand within 2^-11 of itself, so a product
-// within ~2^-10 relative and the errors of a sum of them unbiased.
-__device__ __forceinline__ void mma1(float (&d)[4], const uint32_t (&a)[4], float b0, float b1) {
-  mma_tf32(d, a, tf32_bits(b0), tf32_bits(b1));
 }
 // d += A B in 3xTF32, B given as its two f32 values.
 template <bool TRUNC = false>
@@ -164,28 +151,22 @@ __device__ __forceinline__ void load_k_u_g(int tid, int c, int T, int NC, const 
 
 // Step 1 of a chunk: this lane's partial X^T = S^T B^T over its Dk quarter for the NT 8-row
 // tiles of B (the rows of W, then of Q where NT = 16; [8 NT][KPW] in shared memory): x[n] for B
-// rows 8n .. 8n+7, the accumulators of s as A operands (a_from_acc), B read as float2. OUT1
-// (NT = 16 only): the Q rows' tiles (n >= 8), which feed only the chunk's output, in 1xTF32.
-template <int DK, int NT, int KPW, bool TRUNC, bool OUT1 = false>
+// rows 8n .. 8n+7, the accumulators of s as A operands (a_from_acc), B read as float2.
+template <int DK, int NT, int KPW, bool TRUNC>
 __device__ __forceinline__ void state_partials(const float (&s)[DK / 32][4], const float* B, int dq,
                                                int g, int t, float (&x)[NT][4]) {
   constexpr int KQ = DK / 4;
-  static_assert(!OUT1 || NT == 16, "1xTF32 output rows: the Q half of [W; Q]");
 #pragma unroll
   for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.f;
 #pragma unroll
   for (int j = 0; j < DK / 32; ++j) {
-    uint32_t ah[4], al[4], a1[4];
+    uint32_t ah[4], al[4];
     a_from_acc<TRUNC>(s[j], ah, al);
-    if constexpr (OUT1) a1_from_acc(s[j], a1);
     const float* brow = B + g * KPW + KQ * dq + 8 * j + 2 * t;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       const float2 b = *reinterpret_cast<const float2*>(brow + 8 * n * KPW);
-      if (OUT1 && n >= 8)
-        mma1(x[n], a1, b.x, b.y);
-      else
-        mma3<TRUNC>(x[n], ah, al, b.x, b.y);
+      mma3<TRUNC>(x[n], ah, al, b.x, b.y);
     }
   }
 }
