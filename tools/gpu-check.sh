@@ -66,6 +66,11 @@
 #   ncu-route   Nsight Compute (--set full) over the routing chain of a 256-token 4-bit prompt chunk
 #               (moe_topk then the one-block rank / scan / scatter, two layers' launches each; and the
 #               one-cluster form), fine stall sampling: where their ~8.8 / ~10 us go (s37)
+#   ncu-short   Nsight Compute (--set full) over a 256-token 4-bit prompt chunk's attention prefill,
+#               rms_norm and moe_combine launches (s46: where attention's 25 us per layer go)
+#   prompt-moe-ab
+#               144 / 192 / 256-token prompts under LILAC_PROMPT_MOE = automatic | small (s46), three
+#               interleaved rounds
 #   prefill-short
 #               4-bit prefill at 256 / 512 tokens, 3 rounds (JSON prefill-short.json)
 #   split-ab    the small-M projections' split pick and placement (s44; run in s45): 4-bit c = 8 /
@@ -276,6 +281,22 @@ for s in $steps; do
         run ncu-route-$v-sass 120 sh -c "ncu --import '$OUT/ncu-route-$v.ncu-rep' --page source \
           --csv --print-source sass | xz > '$OUT/ncu-route-$v-sass.csv.xz'"
       done ;;
+    prompt-moe-ab)  # prompts of 144-256 tokens: the small-M expert pair (chained since s44) against
+      # rows32 (LILAC_PROMPT_MOE = automatic | small, s46; the rule's last measurement, s21,
+      # predates the chain), three interleaved rounds
+      for round in 1 2 3; do
+        for v in automatic small; do
+          run "prompt-moe-$v-$round" 120 env LILAC_PROMPT_MOE=$v "$B/lilac" bench --synthetic \
+            --weights q4 --lengths 144,192,256 --rounds 1 --decode 1 --sampling off
+        done
+      done ;;
+    ncu-short)  # a 256-token prompt chunk's short-T kernels (s46): attention prefill (25 us per
+      # layer on 32 blocks), the post-mixer rms_norm and the combine, two layers' launches each
+      run ncu-short 300 ncu --set full --cache-control all --clock-control none \
+        -k 'regex:attn_prefill|rms_norm|moe_combine' --launch-skip 12 --launch-count 6 \
+        -o "$OUT/ncu-short" "$B/lilac" bench --synthetic --weights q4 --lengths 256 --rounds 1 \
+        --decode 1 --sampling off
+      run ncu-short-details 60 ncu --import "$OUT/ncu-short.ncu-rep" --page details ;;
     persistent-lab) run persistent-lab 240 "$B/lilac_cuda_bench_lab" --op q_moe_small --version 7 ;;
     split-ab)  # the small-M split pick per SM and one block per SM under PDL (s44, item 6)
       mkdir -p "$OUT/split-ab"
