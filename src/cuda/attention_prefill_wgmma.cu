@@ -220,46 +220,26 @@ __device__ __forceinline__ void issue_pv(float (&o)[128], const uint32_t (&pa)[4
                                  tile::sw128_mn_desc(vst + uint32_t(ks) * 2048u, kKvSlab, 1024u));
 }
 
-// out = O / l * sigmoid(gate) for this thread's two rows, rows past T skipped. Column pair j of
-// both rows at a time, the gate values kPrefetch pairs ahead: o frees 4 registers a step, and the
-// loads overlap instead of each waiting out an L2 round trip (s47: a 256-token chunk's blocks
-// spent ~18 us each outside their tiles, 44% of the stalls on global loads).
+// out = O / l * sigmoid(gate) for this thread's two rows, rows past T skipped.
 __device__ __forceinline__ void store_out(const BlockCtx& c, const float (&o)[128], Softmax sm,
-                                          const bf16* __restrict__ gate, int T, int heads,
-                                          int group, bf16* __restrict__ out) {
-  constexpr int kPrefetch = 8;
+                                          const bf16* gate, int T, int heads, int group,
+                                          bf16* out) {
   sm.l0 += __shfl_xor_sync(kFull, sm.l0, 1);
   sm.l0 += __shfl_xor_sync(kFull, sm.l0, 2);
   sm.l1 += __shfl_xor_sync(kFull, sm.l1, 1);
   sm.l1 += __shfl_xor_sync(kFull, sm.l1, 2);
-  size_t base[2];
-  bool live[2];
-  float inv[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = c.row0 + 8 * half, t = c.t0 + r / group;
-    live[half] = t < T;
-    base[half] =
-        (size_t(live[half] ? t : 0) * heads + size_t(c.kvh) * group + r % group) * kHd + 2 * c.tq;
-    inv[half] = 1.f / (half ? sm.l1 : sm.l0);
-  }
-  auto load = [&](int half, int j) {
-    return live[half] ? *reinterpret_cast<const __nv_bfloat162*>(gate + base[half] + 8 * j)
-                      : __nv_bfloat162{};
-  };
-  __nv_bfloat162 gt[2][kPrefetch];
+    if (t >= T) continue;
+    const float inv = 1.f / (half ? sm.l1 : sm.l0);
+    const size_t base = (size_t(t) * heads + size_t(c.kvh) * group + r % group) * kHd + 2 * c.tq;
 #pragma unroll
-  for (int j = 0; j < kPrefetch; ++j) gt[0][j] = load(0, j), gt[1][j] = load(1, j);
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const __nv_bfloat162 g = gt[half][j % kPrefetch];
-      if (j + kPrefetch < 32) gt[half][j % kPrefetch] = load(half, j + kPrefetch);
-      if (!live[half]) continue;
-      const float v0 = o[4 * j + 2 * half] * inv[half] * sigmoid(__low2float(g));
-      const float v1 = o[4 * j + 2 * half + 1] * inv[half] * sigmoid(__high2float(g));
-      *reinterpret_cast<uint32_t*>(out + base[half] + 8 * j) = attn::pack_bf16(v0, v1);
+    for (int j = 0; j < 32; ++j) {
+      const __nv_bfloat162 gt = *reinterpret_cast<const __nv_bfloat162*>(gate + base + 8 * j);
+      const float v0 = o[4 * j + 2 * half] * inv * sigmoid(__low2float(gt));
+      const float v1 = o[4 * j + 2 * half + 1] * inv * sigmoid(__high2float(gt));
+      *reinterpret_cast<uint32_t*>(out + base + 8 * j) = attn::pack_bf16(v0, v1);
     }
   }
 }
