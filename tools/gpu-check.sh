@@ -66,8 +66,10 @@
 #   ncu-route   Nsight Compute (--set full) over the routing chain of a 256-token 4-bit prompt chunk
 #               (moe_topk then the one-block rank / scan / scatter, two layers' launches each; and the
 #               one-cluster form), fine stall sampling: where their ~8.8 / ~10 us go (s37)
-#   ncu-short   Nsight Compute (--set full) over a 256-token 4-bit prompt chunk's attention prefill,
-#               rms_norm and moe_combine launches (s46: where attention's 25 us per layer go)
+#   ncu-short   Nsight Compute (--set full, fine stall sampling) over a 256-token 4-bit prompt
+#               chunk's attention prefill, rms_norm and moe_combine launches (s46: where attention's
+#               25 us per layer go): details in run.log, the per-instruction SASS table with stall
+#               samples to $OUT/ncu-short-sass.csv.xz
 #   prompt-moe-ab
 #               144 / 192 / 256-token prompts under LILAC_PROMPT_MOE = automatic | small (s46), three
 #               interleaved rounds
@@ -292,11 +294,15 @@ for s in $steps; do
       done ;;
     ncu-short)  # a 256-token prompt chunk's short-T kernels (s46): attention prefill (25 us per
       # layer on 32 blocks), the post-mixer rms_norm and the combine, two layers' launches each
-      run ncu-short 300 ncu --set full --cache-control all --clock-control none \
-        -k 'regex:attn_prefill|rms_norm|moe_combine' --launch-skip 12 --launch-count 6 \
-        -o "$OUT/ncu-short" "$B/lilac" bench --synthetic --weights q4 --lengths 256 --rounds 1 \
-        --decode 1 --sampling off
-      run ncu-short-details 60 ncu --import "$OUT/ncu-short.ncu-rep" --page details ;;
+      # s47: the attention blocks spend ~15 us outside their key tiles (not the epilogue's gate
+      # loads, measured); fine stall sampling and the per-instruction table say where
+      run ncu-short 300 ncu --set full --warp-sampling-interval 0 --cache-control all \
+        --clock-control none -k 'regex:attn_prefill|rms_norm|moe_combine' --launch-skip 12 \
+        --launch-count 6 -o "$OUT/ncu-short" "$B/lilac" bench --synthetic --weights q4 \
+        --lengths 256 --rounds 1 --decode 1 --sampling off
+      run ncu-short-details 60 ncu --import "$OUT/ncu-short.ncu-rep" --page details
+      run ncu-short-sass 120 sh -c "ncu --import '$OUT/ncu-short.ncu-rep' --page source --csv \
+        --print-source sass | xz > '$OUT/ncu-short-sass.csv.xz'" ;;
     persistent-lab) run persistent-lab 240 "$B/lilac_cuda_bench_lab" --op q_moe_small --version 7 ;;
     split-ab)  # the small-M split pick per SM and one block per SM under PDL (s44, item 6)
       mkdir -p "$OUT/split-ab"
