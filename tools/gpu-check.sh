@@ -66,10 +66,10 @@
 #   ncu-route   Nsight Compute (--set full) over the routing chain of a 256-token 4-bit prompt chunk
 #               (moe_topk then the one-block rank / scan / scatter, two layers' launches each; and the
 #               one-cluster form), fine stall sampling: where their ~8.8 / ~10 us go (s37)
-#   ncu-short   Nsight Compute (--set full, fine stall sampling) over a 256-token 4-bit prompt
-#               chunk's attention prefill, rms_norm and moe_combine launches (s46: where attention's
-#               25 us per layer go): details in run.log, the per-instruction SASS table with stall
-#               samples to $OUT/ncu-short-sass.csv.xz
+#   ncu-short   Nsight Compute (--set full, fine stall sampling, caches not flushed) over a
+#               256-token 4-bit prompt chunk's attention prefill, rms_norm and moe_combine launches
+#               (s46: where attention's 25 us per layer go): details in run.log, the per-instruction
+#               SASS table with stall samples to $OUT/ncu-short-sass.csv.xz
 #   prompt-moe-ab
 #               144 / 192 / 256-token prompts under LILAC_PROMPT_MOE = automatic | small (s46), three
 #               interleaved rounds
@@ -294,9 +294,10 @@ for s in $steps; do
       done ;;
     ncu-short)  # a 256-token prompt chunk's short-T kernels (s46): attention prefill (25 us per
       # layer on 32 blocks), the post-mixer rms_norm and the combine, two layers' launches each
-      # s47: the attention blocks spend ~15 us outside their key tiles (not the epilogue's gate
-      # loads, measured); fine stall sampling and the per-instruction table say where
-      run ncu-short 300 ncu --set full --warp-sampling-interval 0 --cache-control all \
+      # s47: with the caches flushed (--cache-control all) 79% of attention's stall samples were
+      # its epilogue's serialised gate loads from DRAM, which the engine finds in L2 (pipelining
+      # them gained 2 us of ~26 warm); so warm caches, as the chunk runs, and the SASS table
+      run ncu-short 300 ncu --set full --warp-sampling-interval 0 --cache-control none \
         --clock-control none -k 'regex:attn_prefill|rms_norm|moe_combine' --launch-skip 12 \
         --launch-count 6 -o "$OUT/ncu-short" "$B/lilac" bench --synthetic --weights q4 \
         --lengths 256 --rounds 1 --decode 1 --sampling off
