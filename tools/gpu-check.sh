@@ -293,7 +293,7 @@ for s in $steps; do
         done
       done ;;
     ncu-short)  # a 256-token prompt chunk's short-T kernels (s46): attention prefill (25 us per
-      # layer on 32 blocks), the post-mixer rms_norm and the combine, two layers' launches each
+      # layer on 32 blocks), the post-mixer rms_norm and the combine, two layers' launches each.
       # s47: with the caches flushed (--cache-control all) 79% of attention's stall samples were
       # its epilogue's serialised gate loads from DRAM, which the engine finds in L2 (pipelining
       # them gained 2 us of ~26 warm); so warm caches, as the chunk runs, and the SASS table
