@@ -43,6 +43,10 @@ CudaOptions CudaOptions::from_environment() {
     o.pdl = std::string(p) != "0" && std::string(p) != "off";
   if (const char* b = std::getenv("LILAC_BATCH_DECODE")) o.batch_decode = std::string(b) != "0";
   if (const char* m = std::getenv("LILAC_BATCH_MIN")) o.batch_min_rows = std::max(1, std::atoi(m));
+  if (const char* l = std::getenv("LILAC_BATCH_LANES"))
+    o.batch_lanes = std::clamp(std::atoi(l), 1, 2);
+  if (const char* m = std::getenv("LILAC_BATCH_LANES_MIN"))
+    o.batch_lanes_min_rows = std::max(2, std::atoi(m));
   if (const char* b = std::getenv("LILAC_BATCH_PREFILL")) o.batch_prefill = std::string(b) != "0";
   if (const char* g = std::getenv("LILAC_BATCH_GROUPED_MOE"))
     o.batch_grouped_moe_min_rows = std::max(-1, std::atoi(g));
@@ -123,9 +127,13 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
       for (int splits : {1, 2, 4, 8}) (void)q_gemm_wgmma_max_clusters(bt, splits);
   }
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  init_workspace(*ws_, int(std::max<int64_t>(1, options_.prefill_chunk)));
+}
+
+void CudaBackend::init_workspace(Workspace& w, int max_T) {
+  const ModelConfig& c = model_->config;
   const int H = int(c.hidden);
-  Workspace& w = *ws_;
-  w.max_T = int(std::max<int64_t>(1, options_.prefill_chunk));
+  w.max_T = max_T;
   const int gdn_cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
   const int qkv_cols = int(c.q_proj_rows() + 2 * c.kv_dim());
   w.proj_cols = std::max(gdn_cols, qkv_cols);
@@ -179,6 +187,10 @@ void CudaBackend::set_options(const CudaOptions& o) {
 
 CudaBackend::~CudaBackend() {
   batch_.reset();  // its graphs and buffers first
+  lane_batch_.reset();
+  if (lane_stream_) cudaStreamDestroy(lane_stream_);
+  if (lane_fork_) cudaEventDestroy(lane_fork_);
+  if (lane_join_) cudaEventDestroy(lane_join_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 

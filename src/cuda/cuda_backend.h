@@ -39,6 +39,13 @@ struct CudaOptions {
   // batched pass off (A/B), LILAC_BATCH_MIN=n sets the threshold.
   bool batch_decode = true;
   int batch_min_rows = 2;
+  // step_batch: a batched pass of at least `batch_lanes_min_rows` rows split in two halves, each
+  // its own graph replayed on its own stream with its own workspace, so that one half's
+  // latency-bound kernels overlap the other's expert weight stream (s48; the micro-batch overlap
+  // of NanoFlow and SGLang's two-batch overlap, on one GPU). 1: one pass (the default);
+  // LILAC_BATCH_LANES=1|2, LILAC_BATCH_LANES_MIN=n (A/B).
+  int batch_lanes = 1;
+  int batch_lanes_min_rows = 8;
   // step_batch: the prompt pieces of several sequences (no constraint, at most prefill_chunk
   // tokens together) run as one forward over their concatenated tokens (the dense projections and
   // experts see all of them at once; the mixers run per sequence). LILAC_BATCH_PREFILL=0: one
@@ -247,6 +254,14 @@ class CudaBackend : public Backend {
   void decode_batch(std::span<CudaSequenceState* const> seqs, std::span<const int32_t> ids,
                     std::span<const uint64_t> sample_index, std::span<StepResult> out);
   BatchWorkspace& batch_ws();
+  // The workspace's buffers for chunks of up to max_T tokens (the constructor's, and the second
+  // lane's).
+  void init_workspace(Workspace& w, int max_T);
+  // The second lane of step_batch (CudaOptions::batch_lanes): made at its first use. LaneSwap
+  // (cuda_backend_batch.cpp) exchanges it with ws_ / batch_ / stream_ for the launches of its
+  // half, so the pass's code runs unchanged on either lane.
+  void ensure_lane();
+  friend struct LaneSwap;
 
   std::shared_ptr<DeviceModel> model_;
   CudaOptions options_;
@@ -254,6 +269,11 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   int64_t last_context_ = 0;
   std::unique_ptr<BatchWorkspace> batch_;
+  std::unique_ptr<Workspace> lane_ws_;
+  std::unique_ptr<BatchWorkspace> lane_batch_;
+  cudaStream_t lane_stream_ = nullptr;
+  cudaEvent_t lane_fork_ = nullptr, lane_join_ = nullptr;
+  int last_lane_split_ = 0;  // the last pass's first row on the second lane (0: one lane)
   int64_t batched_passes_ = 0;
   int64_t batched_prefills_ = 0;
 };

@@ -269,6 +269,32 @@ void CudaBackend::run_batch_graph(int B) {
   LILAC_CUDA_CHECK(cudaGraphLaunch(batch_graph(B), stream_));
 }
 
+// The second lane's workspace, batch buffers and stream in place of the first's for this scope:
+// the pass's code (upload_batch, batch_graph, run_batch_graph) then runs on the second lane.
+struct LaneSwap {
+  CudaBackend& b;
+  explicit LaneSwap(CudaBackend& backend) : b(backend) { swap(); }
+  ~LaneSwap() { swap(); }
+  LaneSwap(const LaneSwap&) = delete;
+  LaneSwap& operator=(const LaneSwap&) = delete;
+  void swap() {
+    std::swap(b.ws_, b.lane_ws_);
+    std::swap(b.batch_, b.lane_batch_);
+    std::swap(b.stream_, b.lane_stream_);
+  }
+};
+
+void CudaBackend::ensure_lane() {
+  if (lane_ws_) return;
+  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&lane_stream_, cudaStreamNonBlocking));
+  LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&lane_fork_, cudaEventDisableTiming));
+  LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&lane_join_, cudaEventDisableTiming));
+  auto w = std::make_unique<Workspace>();
+  LaneSwap lane(*this);  // init_workspace's memsets on the lane's stream
+  init_workspace(*w, kMaxBatchRows);
+  ws_ = std::move(w);
+}
+
 size_t CudaBackend::batch_graph_count() const {
   return batch_ ? batch_->graphs.size() : 0;
 }
@@ -345,9 +371,31 @@ void CudaBackend::decode_batch(std::span<CudaSequenceState* const> seqs,
   const ModelConfig& c = model_->config;
   const int B = int(seqs.size());
   const size_t V = size_t(c.vocab);
-  upload_batch(seqs, ids);
+  // Two lanes (CudaOptions::batch_lanes): rows [0, B0) on this stream, [B0, B) on the lane's,
+  // which first waits for everything before on this one (the sequences' prompts) and which this
+  // one waits for before the samplers and the read-back.
+  const bool lanes = options_.batch_lanes == 2 && B >= options_.batch_lanes_min_rows;
+  const int B0 = lanes ? (B + 1) / 2 : B;
+  last_lane_split_ = lanes ? B0 : 0;
+  upload_batch(seqs.first(size_t(B0)), ids.first(size_t(B0)));
   BatchWorkspace& bw = *batch_;
-  run_batch_graph(B);
+  BatchWorkspace* bw1 = nullptr;
+  const float* logits1 = nullptr;
+  if (lanes) {
+    ensure_lane();
+    LILAC_CUDA_CHECK(cudaEventRecord(lane_fork_, stream_));
+    {
+      LaneSwap lane(*this);
+      LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_fork_, 0));
+      upload_batch(seqs.subspan(size_t(B0)), ids.subspan(size_t(B0)));
+      run_batch_graph(B - B0);
+      LILAC_CUDA_CHECK(cudaEventRecord(lane_join_, stream_));
+      bw1 = batch_.get();
+      logits1 = ws_->logits.get();
+    }
+  }
+  run_batch_graph(B0);
+  if (lanes) LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_join_, 0));
   // Rows that need the full sampler: the per-sequence sampler on their logits row.
   std::vector<DeviceSampleResult> sampled(static_cast<size_t>(B));
   for (int b = 0; b < B; ++b) {
@@ -356,21 +404,27 @@ void CudaBackend::decode_batch(std::span<CudaSequenceState* const> seqs,
     LILAC_CUDA_CHECK(cudaMemcpyAsync(
         reinterpret_cast<uint8_t*>(st.sampler_params.get()) + offsetof(DeviceSamplingParams, step),
         &sample_index[size_t(b)], sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
-    sample(ws_->logits.get() + size_t(b) * V, sampling_vocab(), st.sampler_params.get(),
-           st.output_counts.get(), st.seen.get(), ws_->sample_ws.get(), st.sample_out.get(),
-           stream_, sampler_path(st.sampling.top_k));
+    const float* row_logits =
+        b < B0 ? ws_->logits.get() + size_t(b) * V : logits1 + size_t(b - B0) * V;
+    sample(row_logits, sampling_vocab(), st.sampler_params.get(), st.output_counts.get(),
+           st.seen.get(), ws_->sample_ws.get(), st.sample_out.get(), stream_,
+           sampler_path(st.sampling.top_k));
     LILAC_CUDA_CHECK(cudaMemcpyAsync(&sampled[size_t(b)], st.sample_out.get(),
                                      sizeof(DeviceSampleResult), cudaMemcpyDeviceToHost, stream_));
   }
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(bw.tokens_host, bw.tokens.get(), size_t(B) * sizeof(int32_t),
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(bw.tokens_host, bw.tokens.get(), size_t(B0) * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, stream_));
+  if (bw1)
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(bw1->tokens_host, bw1->tokens.get(),
+                                     size_t(B - B0) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                     stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   ++batched_passes_;
   for (int b = 0; b < B; ++b) {
     CudaSequenceState& st = *seqs[size_t(b)];
     StepResult& r = out[size_t(b)];
     if (argmax_only(st)) {
-      r.token = bw.tokens_host[b];
+      r.token = b < B0 ? bw.tokens_host[b] : bw1->tokens_host[b - B0];
     } else {
       const DeviceSampleResult& d = sampled[size_t(b)];
       r.token = d.token;
@@ -535,8 +589,10 @@ std::vector<float> CudaBackend::last_batch_logits(int row) {
   const size_t V = size_t(model_->config.vocab);
   if (!batch_ || row < 0 || row >= batch_->max_B) fail("last_batch_logits: row {}", row);
   std::vector<float> host(V);
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(host.data(), ws_->logits.get() + size_t(row) * V, V * 4,
-                                   cudaMemcpyDeviceToHost, stream_));
+  const int split = last_lane_split_;
+  const float* logits = split > 0 && row >= split ? lane_ws_->logits.get() + size_t(row - split) * V
+                                                  : ws_->logits.get() + size_t(row) * V;
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(host.data(), logits, V * 4, cudaMemcpyDeviceToHost, stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return host;
 }
