@@ -44,7 +44,7 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* b = std::getenv("LILAC_BATCH_DECODE")) o.batch_decode = std::string(b) != "0";
   if (const char* m = std::getenv("LILAC_BATCH_MIN")) o.batch_min_rows = std::max(1, std::atoi(m));
   if (const char* l = std::getenv("LILAC_BATCH_LANES"))
-    o.batch_lanes = std::clamp(std::atoi(l), 1, 2);
+    o.batch_lanes = std::clamp(std::atoi(l), 1, 3);
   if (const char* m = std::getenv("LILAC_BATCH_LANES_MIN"))
     o.batch_lanes_min_rows = std::max(2, std::atoi(m));
   if (const char* b = std::getenv("LILAC_BATCH_PREFILL")) o.batch_prefill = std::string(b) != "0";
@@ -191,6 +191,8 @@ CudaBackend::~CudaBackend() {
   if (lane_stream_) cudaStreamDestroy(lane_stream_);
   if (lane_fork_) cudaEventDestroy(lane_fork_);
   if (lane_join_) cudaEventDestroy(lane_join_);
+  for (cudaEvent_t e : lane_moe_)
+    if (e) cudaEventDestroy(e);
   if (stream_) cudaStreamDestroy(stream_);
 }
 

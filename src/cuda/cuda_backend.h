@@ -39,11 +39,13 @@ struct CudaOptions {
   // batched pass off (A/B), LILAC_BATCH_MIN=n sets the threshold.
   bool batch_decode = true;
   int batch_min_rows = 2;
-  // step_batch: a batched pass of at least `batch_lanes_min_rows` rows split in two halves, each
-  // its own graph replayed on its own stream with its own workspace, so that one half's
-  // latency-bound kernels overlap the other's expert weight stream (s48; the micro-batch overlap
-  // of NanoFlow and SGLang's two-batch overlap, on one GPU). 1: one pass (the default);
-  // LILAC_BATCH_LANES=1|2, LILAC_BATCH_LANES_MIN=n (A/B).
+  // step_batch: a batched pass of at least `batch_lanes_min_rows` rows split in two halves
+  // (lanes), each on its own stream with its own workspace, so that one half's latency-bound
+  // kernels overlap the other's expert weight stream (s48; the micro-batch overlap of NanoFlow
+  // and SGLang's two-batch overlap, on one GPU). 1: one pass (the default); 2: each lane its own
+  // graph, running free; 3: both in one graph with their MoE launches alternating (lane 1's
+  // experts of layer i after lane 0's, lane 0's of layer i + 1 after lane 1's).
+  // LILAC_BATCH_LANES=1|2|3, LILAC_BATCH_LANES_MIN=n (A/B).
   int batch_lanes = 1;
   int batch_lanes_min_rows = 8;
   // step_batch: the prompt pieces of several sequences (no constraint, at most prefill_chunk
@@ -244,8 +246,17 @@ class CudaBackend : public Backend {
   void layer_decode(CudaSequenceState& st, int64_t layer, Timer* timer);
   void sample_launches(CudaSequenceState& st, Timer* timer);
   // The batched decode pass (cuda_backend_batch.cpp).
-  bool batch_layer(int64_t layer, int B, bool grouped_moe, bool normed, Timer* timer);
+  // `around_moe` (may be null): called just before the layer's MoE launches (false) and just
+  // after them (true): the alternating lanes' waits and marks.
+  bool batch_layer(int64_t layer, int B, bool grouped_moe, bool normed, Timer* timer,
+                   const std::function<void(bool)>* around_moe = nullptr);
   void batch_launches(int B, bool grouped_moe, Timer* timer);
+  void batch_finish(int B, bool normed, Timer* timer);  // final norm, lm_head, argmax, positions
+  // Both lanes' passes (B0 rows on this stream, B1 on the second lane's), their MoE launches
+  // alternating: lane 1's layer i experts after lane 0's, lane 0's layer i + 1 after lane 1's
+  // layer i, so each lane's mixers run under the other's expert weight stream.
+  void lanes_launches(int B0, int B1);
+  cudaGraphExec_t lanes_graph(int B0, int B1);
   bool batch_grouped_moe(int B) const;
   bool batched_pass_available() const;
   cudaGraphExec_t batch_graph(int B);  // the batched pass's graph for B rows, captured once
@@ -272,7 +283,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<Workspace> lane_ws_;
   std::unique_ptr<BatchWorkspace> lane_batch_;
   cudaStream_t lane_stream_ = nullptr;
-  cudaEvent_t lane_fork_ = nullptr, lane_join_ = nullptr;
+  cudaEvent_t lane_fork_ = nullptr, lane_join_ = nullptr, lane_moe_[2] = {nullptr, nullptr};
   int last_lane_split_ = 0;  // the last pass's first row on the second lane (0: one lane)
   int64_t batched_passes_ = 0;
   int64_t batched_prefills_ = 0;

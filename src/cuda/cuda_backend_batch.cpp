@@ -105,7 +105,8 @@ BatchWorkspace& CudaBackend::batch_ws() {
 // `normed`: the previous layer's combine already wrote this layer's input norm into x. Returns
 // whether this layer's combine wrote the next one's (the next layer's input norm, or the final
 // norm after the last layer).
-bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, Timer* timer) {
+bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, Timer* timer,
+                              const std::function<void(bool)>* around_moe) {
   const ModelConfig& c = model_->config;
   const DeviceLayer& L = model_->layers[size_t(li)];
   Workspace& w = *ws_;
@@ -156,6 +157,7 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
     rows_proj(w.x.get(), B, H, L.router, E + 1, w.router.get(), false, options_.q4_wgmma_min_rows,
               s);
   });
+  if (around_moe) (*around_moe)(false);
   if (grouped_moe) {  // as prefill: tokens grouped by expert, each touched expert read once
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
     timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
@@ -170,6 +172,7 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
       moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s,
                   fuse ? next_norm : nullptr, w.x.get(), eps);
     });
+    if (around_moe) (*around_moe)(true);
     return fuse;
   }
   timed(timer, "router_topk", [&] {
@@ -201,6 +204,7 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
       moe_down_gemv(L.down.dense, L.shared_down.dense, bw.topk_idx.get(), bw.topk_w.get(),
                     w.router.get() + E, bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
     });
+  if (around_moe) (*around_moe)(true);
   return false;
 }
 
@@ -208,11 +212,19 @@ void CudaBackend::batch_launches(int B, bool grouped_moe, Timer* timer) {
   const ModelConfig& c = model_->config;
   Workspace& w = *ws_;
   BatchWorkspace& bw = *batch_;
-  const int H = int(c.hidden), V = int(c.vocab);
+  const int H = int(c.hidden);
   timed(timer, "embed",
         [&] { embed_rows(ids_of(bw.upload.get()), *model_, w.h.get(), B, H, stream_); });
   bool normed = false;
   for (int64_t i = 0; i < c.layers; ++i) normed = batch_layer(i, B, grouped_moe, normed, timer);
+  batch_finish(B, normed, timer);
+}
+
+void CudaBackend::batch_finish(int B, bool normed, Timer* timer) {
+  const ModelConfig& c = model_->config;
+  Workspace& w = *ws_;
+  BatchWorkspace& bw = *batch_;
+  const int H = int(c.hidden), V = int(c.vocab);
   if (!normed)
     timed(timer, "rms_norm",
           [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), B, H, c.rms_eps, stream_); });
@@ -289,10 +301,73 @@ void CudaBackend::ensure_lane() {
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&lane_stream_, cudaStreamNonBlocking));
   LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&lane_fork_, cudaEventDisableTiming));
   LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&lane_join_, cudaEventDisableTiming));
+  for (cudaEvent_t& e : lane_moe_)
+    LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   auto w = std::make_unique<Workspace>();
   LaneSwap lane(*this);  // init_workspace's memsets on the lane's stream
   init_workspace(*w, kMaxBatchRows);
   ws_ = std::move(w);
+}
+
+void CudaBackend::lanes_launches(int B0, int B1) {
+  const ModelConfig& c = model_->config;
+  const int H = int(c.hidden);
+  const bool g0 = batch_grouped_moe(B0), g1 = batch_grouped_moe(B1);
+  // The second lane's stream joins (a fork of this stream: in a capture it joins the graph).
+  LILAC_CUDA_CHECK(cudaEventRecord(lane_fork_, stream_));
+  LILAC_CUDA_CHECK(cudaStreamWaitEvent(lane_stream_, lane_fork_, 0));
+  auto embed = [&](int B) {
+    embed_rows(ids_of(batch_->upload.get()), *model_, ws_->h.get(), B, H, stream_);
+  };
+  embed(B0);
+  {
+    LaneSwap lane(*this);
+    embed(B1);
+  }
+  bool n0 = false, n1 = false;
+  for (int64_t i = 0; i < c.layers; ++i) {
+    // Lane 0's experts of layer i wait for lane 1's of layer i - 1; lane 1's for lane 0's of
+    // layer i. Each lane marks the end of its experts (the combine) in its own event.
+    const std::function<void(bool)> moe0 = [&, i](bool after) {
+      if (after)
+        LILAC_CUDA_CHECK(cudaEventRecord(lane_moe_[0], stream_));
+      else if (i > 0)
+        LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_moe_[1], 0));
+    };
+    const std::function<void(bool)> moe1 = [&](bool after) {
+      LILAC_CUDA_CHECK(after ? cudaEventRecord(lane_moe_[1], stream_)
+                             : cudaStreamWaitEvent(stream_, lane_moe_[0], 0));
+    };
+    n0 = batch_layer(i, B0, g0, n0, nullptr, &moe0);
+    LaneSwap lane(*this);
+    n1 = batch_layer(i, B1, g1, n1, nullptr, &moe1);
+  }
+  batch_finish(B0, n0, nullptr);
+  {
+    LaneSwap lane(*this);
+    batch_finish(B1, n1, nullptr);
+    LILAC_CUDA_CHECK(cudaEventRecord(lane_join_, stream_));
+  }
+  LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_join_, 0));
+}
+
+cudaGraphExec_t CudaBackend::lanes_graph(int B0, int B1) {
+  cudaGraphExec_t& exec = batch_->lane_graphs[{B0, B1}];
+  if (!exec) {
+    cudaGraph_t graph;
+    LILAC_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      lanes_launches(B0, B1);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      batch_->lane_graphs.erase({B0, B1});
+      throw;
+    }
+    LILAC_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    LILAC_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+  }
+  return exec;
 }
 
 size_t CudaBackend::batch_graph_count() const {
@@ -318,6 +393,20 @@ void CudaBackend::prepare_batches(int max_sequences) {
     const int hi = std::min(max_sequences, batch_ws().max_B);
     for (int B = std::max(2, options_.batch_min_rows); B <= hi; ++B)
       LILAC_CUDA_CHECK(cudaGraphUpload(batch_graph(B), stream_));
+    if (options_.batch_lanes >= 2 && hi >= options_.batch_lanes_min_rows) {
+      ensure_lane();
+      {
+        LaneSwap lane(*this);
+        batch_ws();
+        if (options_.batch_lanes == 2)  // the second lane's halves: B - (B + 1) / 2 rows
+          for (int B = options_.batch_lanes_min_rows / 2; B <= hi / 2; ++B)
+            LILAC_CUDA_CHECK(cudaGraphUpload(batch_graph(B), stream_));
+        LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      }
+      if (options_.batch_lanes == 3)
+        for (int B = options_.batch_lanes_min_rows; B <= hi; ++B)
+          LILAC_CUDA_CHECK(cudaGraphUpload(lanes_graph((B + 1) / 2, B / 2), stream_));
+    }
   }
   // One prefill chunk of pieces of up to 4 sequences, each sampling its next token; the
   // sequences' buffers come from the pool and go back to it.
@@ -374,7 +463,8 @@ void CudaBackend::decode_batch(std::span<CudaSequenceState* const> seqs,
   // Two lanes (CudaOptions::batch_lanes): rows [0, B0) on this stream, [B0, B) on the lane's,
   // which first waits for everything before on this one (the sequences' prompts) and which this
   // one waits for before the samplers and the read-back.
-  const bool lanes = options_.batch_lanes == 2 && B >= options_.batch_lanes_min_rows;
+  const bool lanes = options_.batch_lanes >= 2 && B >= options_.batch_lanes_min_rows;
+  const bool alternate = lanes && options_.batch_lanes == 3;
   const int B0 = lanes ? (B + 1) / 2 : B;
   last_lane_split_ = lanes ? B0 : 0;
   upload_batch(seqs.first(size_t(B0)), ids.first(size_t(B0)));
@@ -388,14 +478,21 @@ void CudaBackend::decode_batch(std::span<CudaSequenceState* const> seqs,
       LaneSwap lane(*this);
       LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_fork_, 0));
       upload_batch(seqs.subspan(size_t(B0)), ids.subspan(size_t(B0)));
-      run_batch_graph(B - B0);
+      if (!alternate) run_batch_graph(B - B0);
       LILAC_CUDA_CHECK(cudaEventRecord(lane_join_, stream_));
       bw1 = batch_.get();
       logits1 = ws_->logits.get();
     }
+    if (alternate) {  // both lanes from this stream, after the second lane's upload
+      LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_join_, 0));
+      if (options_.use_graphs)
+        LILAC_CUDA_CHECK(cudaGraphLaunch(lanes_graph(B0, B - B0), stream_));
+      else
+        lanes_launches(B0, B - B0);
+    }
   }
-  run_batch_graph(B0);
-  if (lanes) LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_join_, 0));
+  if (!alternate) run_batch_graph(B0);
+  if (lanes && !alternate) LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_join_, 0));
   // Rows that need the full sampler: the per-sequence sampler on their logits row.
   std::vector<DeviceSampleResult> sampled(static_cast<size_t>(B));
   for (int b = 0; b < B; ++b) {
