@@ -44,7 +44,7 @@ CudaOptions CudaOptions::from_environment() {
   if (const char* b = std::getenv("LILAC_BATCH_DECODE")) o.batch_decode = std::string(b) != "0";
   if (const char* m = std::getenv("LILAC_BATCH_MIN")) o.batch_min_rows = std::max(1, std::atoi(m));
   if (const char* l = std::getenv("LILAC_BATCH_LANES"))
-    o.batch_lanes = std::clamp(std::atoi(l), 1, 3);
+    o.batch_lanes = std::clamp(std::atoi(l), 1, 4);
   if (const char* m = std::getenv("LILAC_BATCH_LANES_MIN"))
     o.batch_lanes_min_rows = std::max(2, std::atoi(m));
   if (const char* b = std::getenv("LILAC_BATCH_PREFILL")) o.batch_prefill = std::string(b) != "0";
@@ -191,8 +191,10 @@ CudaBackend::~CudaBackend() {
   if (lane_stream_) cudaStreamDestroy(lane_stream_);
   if (lane_fork_) cudaEventDestroy(lane_fork_);
   if (lane_join_) cudaEventDestroy(lane_join_);
-  for (cudaEvent_t e : lane_moe_)
+  for (cudaEvent_t e : {lane_moe_[0], lane_moe_[1], lane_mix_[0], lane_mix_[1]})
     if (e) cudaEventDestroy(e);
+  for (cudaStream_t t : lane_hi_)
+    if (t) cudaStreamDestroy(t);
   if (stream_) cudaStreamDestroy(stream_);
 }
 

@@ -44,8 +44,9 @@ struct CudaOptions {
   // kernels overlap the other's expert weight stream (s48; the micro-batch overlap of NanoFlow
   // and SGLang's two-batch overlap, on one GPU). 1: one pass (the default); 2: each lane its own
   // graph, running free; 3: both in one graph with their MoE launches alternating (lane 1's
-  // experts of layer i after lane 0's, lane 0's of layer i + 1 after lane 1's).
-  // LILAC_BATCH_LANES=1|2|3, LILAC_BATCH_LANES_MIN=n (A/B).
+  // experts of layer i after lane 0's, lane 0's of layer i + 1 after lane 1's); 4: as 3 with
+  // the non-MoE launches on streams of the greatest priority.
+  // LILAC_BATCH_LANES=1|2|3|4, LILAC_BATCH_LANES_MIN=n (A/B).
   int batch_lanes = 1;
   int batch_lanes_min_rows = 8;
   // step_batch: the prompt pieces of several sequences (no constraint, at most prefill_chunk
@@ -283,8 +284,9 @@ class CudaBackend : public Backend {
   std::unique_ptr<Workspace> lane_ws_;
   std::unique_ptr<BatchWorkspace> lane_batch_;
   cudaStream_t lane_stream_ = nullptr;
-  cudaEvent_t lane_fork_ = nullptr, lane_join_ = nullptr, lane_moe_[2] = {nullptr, nullptr};
-  int last_lane_split_ = 0;  // the last pass's first row on the second lane (0: one lane)
+  cudaEvent_t lane_fork_ = nullptr, lane_join_ = nullptr, lane_moe_[2] = {}, lane_mix_[2] = {};
+  cudaStream_t lane_hi_[2] = {};  // batch_lanes 4: the lanes' non-MoE launches, greatest priority
+  int last_lane_split_ = 0;       // the last pass's first row on the second lane (0: one lane)
   int64_t batched_passes_ = 0;
   int64_t batched_prefills_ = 0;
 };

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <set>
 
 #include "cuda/attention.h"
@@ -157,7 +158,10 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
     rows_proj(w.x.get(), B, H, L.router, E + 1, w.router.get(), false, options_.q4_wgmma_min_rows,
               s);
   });
-  if (around_moe) (*around_moe)(false);
+  if (around_moe) {
+    (*around_moe)(false);
+    s = stream_;  // the hook may move the MoE launches to another stream (lanes_launches)
+  }
   if (grouped_moe) {  // as prefill: tokens grouped by expert, each touched expert read once
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
     timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
@@ -301,8 +305,12 @@ void CudaBackend::ensure_lane() {
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&lane_stream_, cudaStreamNonBlocking));
   LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&lane_fork_, cudaEventDisableTiming));
   LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&lane_join_, cudaEventDisableTiming));
-  for (cudaEvent_t& e : lane_moe_)
-    LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (cudaEvent_t* e : {&lane_moe_[0], &lane_moe_[1], &lane_mix_[0], &lane_mix_[1]})
+    LILAC_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  int least = 0, greatest = 0;
+  LILAC_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  for (cudaStream_t& t : lane_hi_)
+    LILAC_CUDA_CHECK(cudaStreamCreateWithPriority(&t, cudaStreamNonBlocking, greatest));
   auto w = std::make_unique<Workspace>();
   LaneSwap lane(*this);  // init_workspace's memsets on the lane's stream
   init_workspace(*w, kMaxBatchRows);
@@ -313,42 +321,57 @@ void CudaBackend::lanes_launches(int B0, int B1) {
   const ModelConfig& c = model_->config;
   const int H = int(c.hidden);
   const bool g0 = batch_grouped_moe(B0), g1 = batch_grouped_moe(B1);
-  // The second lane's stream joins (a fork of this stream: in a capture it joins the graph).
-  LILAC_CUDA_CHECK(cudaEventRecord(lane_fork_, stream_));
-  LILAC_CUDA_CHECK(cudaStreamWaitEvent(lane_stream_, lane_fork_, 0));
-  auto embed = [&](int B) {
-    embed_rows(ids_of(batch_->upload.get()), *model_, ws_->h.get(), B, H, stream_);
+  // Each lane's MoE launches go on its base stream (this one, the second lane's); its other
+  // launches on `mix`: the same stream, or (batch_lanes 4) one of the greatest priority, so that
+  // the block scheduler gives the SMs that the other lane's experts free to them first.
+  const bool prio = options_.batch_lanes == 4;
+  const cudaStream_t base[2] = {stream_, lane_stream_};
+  const cudaStream_t mix[2] = {prio ? lane_hi_[0] : base[0], prio ? lane_hi_[1] : base[1]};
+  auto join = [&](cudaStream_t to, cudaStream_t from, cudaEvent_t e) {
+    if (to == from) return;
+    LILAC_CUDA_CHECK(cudaEventRecord(e, from));
+    LILAC_CUDA_CHECK(cudaStreamWaitEvent(to, e, 0));
   };
-  embed(B0);
-  {
-    LaneSwap lane(*this);
-    embed(B1);
-  }
-  bool n0 = false, n1 = false;
-  for (int64_t i = 0; i < c.layers; ++i) {
-    // Lane 0's experts of layer i wait for lane 1's of layer i - 1; lane 1's for lane 0's of
-    // layer i. Each lane marks the end of its experts (the combine) in its own event.
-    const std::function<void(bool)> moe0 = [&, i](bool after) {
-      if (after)
-        LILAC_CUDA_CHECK(cudaEventRecord(lane_moe_[0], stream_));
-      else if (i > 0)
-        LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_moe_[1], 0));
-    };
-    const std::function<void(bool)> moe1 = [&](bool after) {
-      LILAC_CUDA_CHECK(after ? cudaEventRecord(lane_moe_[1], stream_)
-                             : cudaStreamWaitEvent(stream_, lane_moe_[0], 0));
-    };
-    n0 = batch_layer(i, B0, g0, n0, nullptr, &moe0);
-    LaneSwap lane(*this);
-    n1 = batch_layer(i, B1, g1, n1, nullptr, &moe1);
-  }
-  batch_finish(B0, n0, nullptr);
-  {
-    LaneSwap lane(*this);
-    batch_finish(B1, n1, nullptr);
-    LILAC_CUDA_CHECK(cudaEventRecord(lane_join_, stream_));
-  }
-  LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_join_, 0));
+  // The other streams fork from this one (in a capture they join the graph).
+  LILAC_CUDA_CHECK(cudaEventRecord(lane_fork_, stream_));
+  for (cudaStream_t t : {base[1], mix[0], mix[1]})
+    if (t != stream_) LILAC_CUDA_CHECK(cudaStreamWaitEvent(t, lane_fork_, 0));
+  // fn with lane l's workspaces and mix[l] as stream_ (both restored after).
+  auto on_lane = [&](int l, auto&& fn) {
+    std::optional<LaneSwap> swap;
+    if (l == 1) swap.emplace(*this);
+    const cudaStream_t keep = stream_;
+    stream_ = mix[l];
+    fn();
+    stream_ = keep;
+  };
+  for (int l : {0, 1})
+    on_lane(l, [&] {
+      embed_rows(ids_of(batch_->upload.get()), *model_, ws_->h.get(), l ? B1 : B0, H, stream_);
+    });
+  bool normed[2] = {false, false};
+  for (int64_t i = 0; i < c.layers; ++i)
+    for (int l : {0, 1}) {
+      // Lane 0's experts of layer i wait for lane 1's of layer i - 1; lane 1's for lane 0's of
+      // layer i. batch_layer launches the MoE on stream_ as the hook leaves it.
+      const std::function<void(bool)> around = [&, i, l](bool after) {
+        if (!after) {
+          join(base[l], mix[l], lane_mix_[l]);
+          if (l == 1 || i > 0) LILAC_CUDA_CHECK(cudaStreamWaitEvent(base[l], lane_moe_[1 - l], 0));
+          stream_ = base[l];
+        } else {
+          LILAC_CUDA_CHECK(cudaEventRecord(lane_moe_[l], base[l]));
+          if (mix[l] != base[l]) LILAC_CUDA_CHECK(cudaStreamWaitEvent(mix[l], lane_moe_[l], 0));
+          stream_ = mix[l];
+        }
+      };
+      on_lane(l, [&] {
+        normed[l] = batch_layer(i, l ? B1 : B0, l ? g1 : g0, normed[l], nullptr, &around);
+      });
+    }
+  for (int l : {0, 1}) on_lane(l, [&] { batch_finish(l ? B1 : B0, normed[l], nullptr); });
+  // Every stream joins this one again.
+  for (cudaStream_t t : {base[1], mix[0], mix[1]}) join(stream_, t, lane_join_);
 }
 
 cudaGraphExec_t CudaBackend::lanes_graph(int B0, int B1) {
@@ -364,7 +387,9 @@ cudaGraphExec_t CudaBackend::lanes_graph(int B0, int B1) {
       throw;
     }
     LILAC_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    LILAC_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    // batch_lanes 4: the kernels keep their streams' priorities (captured per node).
+    LILAC_CUDA_CHECK(cudaGraphInstantiate(
+        &exec, graph, options_.batch_lanes == 4 ? cudaGraphInstantiateFlagUseNodePriority : 0));
     cudaGraphDestroy(graph);
   }
   return exec;
@@ -403,7 +428,7 @@ void CudaBackend::prepare_batches(int max_sequences) {
             LILAC_CUDA_CHECK(cudaGraphUpload(batch_graph(B), stream_));
         LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
       }
-      if (options_.batch_lanes == 3)
+      if (options_.batch_lanes >= 3)
         for (int B = options_.batch_lanes_min_rows; B <= hi; ++B)
           LILAC_CUDA_CHECK(cudaGraphUpload(lanes_graph((B + 1) / 2, B / 2), stream_));
     }
@@ -464,7 +489,7 @@ void CudaBackend::decode_batch(std::span<CudaSequenceState* const> seqs,
   // which first waits for everything before on this one (the sequences' prompts) and which this
   // one waits for before the samplers and the read-back.
   const bool lanes = options_.batch_lanes >= 2 && B >= options_.batch_lanes_min_rows;
-  const bool alternate = lanes && options_.batch_lanes == 3;
+  const bool alternate = lanes && options_.batch_lanes >= 3;
   const int B0 = lanes ? (B + 1) / 2 : B;
   last_lane_split_ = lanes ? B0 : 0;
   upload_batch(seqs.first(size_t(B0)), ids.first(size_t(B0)));

@@ -284,14 +284,15 @@ TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequencesUnchainedExperts) {
 // alone, as above, with odd sizes (unequal halves) and the largest.
 TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequencesTwoLanes) {
   LILAC_REQUIRE_GPU();
-  for (int lanes : {2, 3}) {  // free-running, then in one graph with the experts alternating
+  // Free-running; in one graph with the experts alternating; the same with priorities.
+  for (int lanes : {2, 3, 4}) {
     cuda::CudaOptions o;
     o.gdn_state = GdnStateFormat::bf16;
     o.batch_lanes = lanes;
     o.batch_lanes_min_rows = 2;
     auto b = synthetic_layers(true, 8, o);
     check_sizes(*b, {2, 3, 16, 33, 64}, {2, 17, 64}, {0.5, 2e-2, 6e-2}, {0.5, 2e-2, 6e-2},
-                lanes == 2 ? "q4 lanes free" : "q4 lanes alt");
+                "q4 lanes " + std::to_string(lanes));
   }
 }
 
