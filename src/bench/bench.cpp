@@ -2,10 +2,7 @@
 
 #include <fmt/format.h>
 #include <algorithm>
-#include <barrier>
 #include <chrono>
-#include <exception>
-#include <thread>
 
 #include "model/cost.h"
 
@@ -238,7 +235,6 @@ std::vector<ConcurrencyRow> run_concurrency_bench(Backend& backend, const Concur
       for (int s = 0; s < N; ++s) last[size_t(s)] = res[size_t(s)].token;
     };
     for (int i = 0; i < o.warmup_steps; ++i) decode(i);
-    if (o.before_timed) o.before_timed();
     const auto t1 = clock::now();
     for (int i = 0; i < o.decode_steps; ++i) decode(o.warmup_steps + i);
     const double secs = std::chrono::duration<double>(clock::now() - t1).count();
@@ -253,47 +249,6 @@ std::vector<ConcurrencyRow> run_concurrency_bench(Backend& backend, const Concur
     rows.push_back(row);
   }
   return rows;
-}
-
-std::vector<ConcurrencyRow> run_concurrency_replicas(const std::vector<Backend*>& backends,
-                                                     const ConcurrencyOptions& o) {
-  const auto R = static_cast<ptrdiff_t>(backends.size());
-  std::barrier<> start(R);
-  std::vector<std::vector<ConcurrencyRow>> rows(backends.size());
-  std::vector<std::exception_ptr> errors(backends.size());
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < backends.size(); ++r)
-    threads.emplace_back([&, r] {
-      ConcurrencyOptions ro = o;
-      ro.before_timed = [&] { start.arrive_and_wait(); };
-      if (o.progress)
-        ro.progress = [&, r](const std::string& line) {
-          o.progress(fmt::format("replica {}: {}", r, line));
-        };
-      try {
-        rows[r] = run_concurrency_bench(*backends[r], ro);
-      } catch (...) {
-        errors[r] = std::current_exception();
-        start.arrive_and_drop();  // the others' barriers no longer wait for this replica
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  std::vector<ConcurrencyRow> out;
-  for (size_t i = 0; i < o.levels.size(); ++i) {
-    ConcurrencyRow row = rows[0][i];
-    row.concurrency = int(R) * rows[0][i].concurrency;
-    row.output_tok_s = 0;
-    for (const auto& rr : rows) {
-      row.output_tok_s += rr[i].output_tok_s;
-      row.step_ms = std::max(row.step_ms, rr[i].step_ms);
-      row.prefill_s = std::max(row.prefill_s, rr[i].prefill_s);
-    }
-    row.per_stream_tok_s = row.output_tok_s / row.concurrency;
-    out.push_back(row);
-  }
-  return out;
 }
 
 std::string concurrency_table(const std::vector<ConcurrencyRow>& rows) {

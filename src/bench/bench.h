@@ -68,9 +68,6 @@ struct ConcurrencyOptions {
   int warmup_steps = 2;
   int32_t n_real_tokens = 0;  // as in BenchOptions
   std::function<void(const std::string&)> progress;
-  // Called at each level after the warm-up steps, just before the timed ones (the replicas'
-  // barrier: their timed windows start together).
-  std::function<void()> before_timed;
 };
 
 struct ConcurrencyRow {
@@ -85,15 +82,6 @@ struct ConcurrencyRow {
 };
 
 std::vector<ConcurrencyRow> run_concurrency_bench(Backend& backend, const ConcurrencyOptions& o);
-
-// The same sweep on R independent backends at once (one host thread each; on CUDA each has its
-// own stream and weights), their timed windows started together at each level: what running R
-// batched steps of N sequences side by side on one GPU gives, against one step of R x N (the
-// question of a step split in overlapping micro-batches, docs/kernels.md, s48). Each returned row
-// is one level: concurrency R x N, output_tok_s summed over the replicas, step_ms their slowest,
-// first_digest replica 0's; `progress` also gets each replica's own line.
-std::vector<ConcurrencyRow> run_concurrency_replicas(const std::vector<Backend*>& backends,
-                                                     const ConcurrencyOptions& o);
 
 // The table printed on stdout and the JSON document written by `lilac bench --json`.
 std::string bench_table(const std::vector<BenchRow>& rows);

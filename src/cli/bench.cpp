@@ -25,7 +25,6 @@ struct BenchCliOptions {
   std::string router;                    // synthetic only: uniform (default) or zipf
   std::optional<std::string> gdn_state;  // --gdn-state f32 | bf16 (unset: the backend's default)
   int64_t prompt_tokens = 1024;
-  int replicas = 1;  // --replicas: the concurrency sweep on this many independent backends at once
   bool synthetic = false;
   int rounds = 3, decode = 64;
   int64_t prefill_chunk = 0;
@@ -57,7 +56,6 @@ int run_bench_cli(const BenchCliOptions& o) {
   const std::optional<GdnStateFormat> gdn_flag = runtime::parse_gdn_state_flag(o.gdn_state);
   std::unique_ptr<Model> model;
   std::unique_ptr<Backend> backend;
-  std::function<std::unique_ptr<Backend>()> open_another;  // a backend like `backend`
   std::string model_name;
   std::string weights;  // "bf16" or "q4": what the backend multiplies (the JSON's "weights")
   const runtime::WeightsChoice choice = runtime::parse_weights(o.weights);
@@ -84,10 +82,7 @@ int run_bench_cli(const BenchCliOptions& o) {
   if (o.sampling == "default" && !sampled.greedy()) bo.sampled = sampled;
   if (o.synthetic) {
     weights = runtime::synthetic_weights(choice);
-    open_another = [&] {
-      return runtime::open_synthetic_backend(o.device, weights, o.seed, router, gdn_flag);
-    };
-    backend = open_another();
+    backend = runtime::open_synthetic_backend(o.device, weights, o.seed, router, gdn_flag);
     model_name = router == SyntheticRouter::Zipf
                      ? "synthetic Qwen3.6-35B-A3B (random weights, zipf router: router rows "
                        "scaled by (expert rank + 1)^-0.25, Zipf-like skewed routing)"
@@ -100,10 +95,7 @@ int run_bench_cli(const BenchCliOptions& o) {
     // the GPU at load for cuda); a quantized checkpoint runs as it is.
     const runtime::WeightsPlan plan = runtime::plan_weights(choice, *model);
     weights = plan.four_bit ? "q4" : "bf16";
-    open_another = [&, plan] {
-      return runtime::open_backend(*model, o.device, plan.quantize_at_load, gdn_flag);
-    };
-    backend = open_another();
+    backend = runtime::open_backend(*model, o.device, plan.quantize_at_load, gdn_flag);
     model_name = o.model;
   }
   // --concurrency alone runs only the concurrency sweep; with --lengths, both.
@@ -119,9 +111,6 @@ int run_bench_cli(const BenchCliOptions& o) {
     co.levels.push_back(int(n));
   }
   if (o.prompt_tokens < 1) fail("--prompt-tokens must be >= 1");
-  if (o.replicas < 1 || o.replicas > 8) fail("--replicas {}: 1 to 8", o.replicas);
-  if (o.replicas > 1 && (co.levels.empty() || !bo.lengths.empty()))
-    fail("--replicas goes with --concurrency alone");
   co.prompt_tokens = o.prompt_tokens;
   co.decode_steps = o.decode;
   co.n_real_tokens = bo.n_real_tokens;
@@ -147,12 +136,7 @@ int run_bench_cli(const BenchCliOptions& o) {
   auto rows = run_bench(*backend, bo);
   if (o.synthetic) std::printf("router: %s\n", synthetic_router_name(router));
   if (!rows.empty()) std::printf("%s", bench_table(rows).c_str());
-  std::vector<std::unique_ptr<Backend>> replicas;  // --replicas: the others, the same weights
-  for (int r = 1; r < o.replicas; ++r) replicas.push_back(open_another());
-  std::vector<Backend*> all = {backend.get()};
-  for (auto& b : replicas) all.push_back(b.get());
-  auto crows =
-      o.replicas > 1 ? run_concurrency_replicas(all, co) : run_concurrency_bench(*backend, co);
+  auto crows = run_concurrency_bench(*backend, co);
   if (!crows.empty()) std::printf("%s", concurrency_table(crows).c_str());
   for (const auto& line : runtime::backend_report(*backend)) std::printf("%s\n", line.c_str());
   if (!o.json_out.empty()) {
@@ -169,7 +153,6 @@ int run_bench_cli(const BenchCliOptions& o) {
                              {"copy_bandwidth_bytes_s", bo.copy_bandwidth},
                              {"matmul_flops_s", bo.matmul_rate}};
     if (!crows.empty()) header["prompt_tokens"] = o.prompt_tokens;
-    if (o.replicas > 1) header["replicas"] = o.replicas;
     if (o.synthetic) header["router"] = synthetic_router_name(router);
     if (bo.sampled)
       header["sampling"] = {{"temperature", sampled.temperature},
@@ -212,11 +195,6 @@ const Command kBench{
                      "--decode batched decode steps over all N (alone: only this sweep)");
       app.add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for --concurrency")
           ->default_val(1024);
-      app.add_option("--replicas", o->replicas,
-                     "With --concurrency: run the sweep on this many independent "
-                     "backends at once (each its own weights and stream), N sequences each; the "
-                     "table sums them (an experiment: micro-batches side by side)")
-          ->default_val(1);
       app.add_option("--rounds", o->rounds, "Timed rounds per length (median)")->default_val(3);
       app.add_option("--decode", o->decode, "Decode steps per round")->default_val(64);
       app.add_option("--prefill-chunk", o->prefill_chunk, "Prefill in chunks of this many tokens");

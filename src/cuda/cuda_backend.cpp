@@ -43,10 +43,6 @@ CudaOptions CudaOptions::from_environment() {
     o.pdl = std::string(p) != "0" && std::string(p) != "off";
   if (const char* b = std::getenv("LILAC_BATCH_DECODE")) o.batch_decode = std::string(b) != "0";
   if (const char* m = std::getenv("LILAC_BATCH_MIN")) o.batch_min_rows = std::max(1, std::atoi(m));
-  if (const char* l = std::getenv("LILAC_BATCH_LANES"))
-    o.batch_lanes = std::clamp(std::atoi(l), 1, 4);
-  if (const char* m = std::getenv("LILAC_BATCH_LANES_MIN"))
-    o.batch_lanes_min_rows = std::max(2, std::atoi(m));
   if (const char* b = std::getenv("LILAC_BATCH_PREFILL")) o.batch_prefill = std::string(b) != "0";
   if (const char* g = std::getenv("LILAC_BATCH_GROUPED_MOE"))
     o.batch_grouped_moe_min_rows = std::max(-1, std::atoi(g));
@@ -127,13 +123,9 @@ CudaBackend::CudaBackend(std::shared_ptr<DeviceModel> model, CudaOptions options
       for (int splits : {1, 2, 4, 8}) (void)q_gemm_wgmma_max_clusters(bt, splits);
   }
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  init_workspace(*ws_, int(std::max<int64_t>(1, options_.prefill_chunk)));
-}
-
-void CudaBackend::init_workspace(Workspace& w, int max_T) {
-  const ModelConfig& c = model_->config;
   const int H = int(c.hidden);
-  w.max_T = max_T;
+  Workspace& w = *ws_;
+  w.max_T = int(std::max<int64_t>(1, options_.prefill_chunk));
   const int gdn_cols = int(c.gdn_conv_channels() + c.gdn_v_channels() + 2 * c.gdn_value_heads);
   const int qkv_cols = int(c.q_proj_rows() + 2 * c.kv_dim());
   w.proj_cols = std::max(gdn_cols, qkv_cols);
@@ -187,14 +179,6 @@ void CudaBackend::set_options(const CudaOptions& o) {
 
 CudaBackend::~CudaBackend() {
   batch_.reset();  // its graphs and buffers first
-  lane_batch_.reset();
-  if (lane_stream_) cudaStreamDestroy(lane_stream_);
-  if (lane_fork_) cudaEventDestroy(lane_fork_);
-  if (lane_join_) cudaEventDestroy(lane_join_);
-  for (cudaEvent_t e : {lane_moe_[0], lane_moe_[1], lane_mix_[0], lane_mix_[1]})
-    if (e) cudaEventDestroy(e);
-  for (cudaStream_t t : lane_hi_)
-    if (t) cudaStreamDestroy(t);
   if (stream_) cudaStreamDestroy(stream_);
 }
 

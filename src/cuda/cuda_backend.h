@@ -39,16 +39,6 @@ struct CudaOptions {
   // batched pass off (A/B), LILAC_BATCH_MIN=n sets the threshold.
   bool batch_decode = true;
   int batch_min_rows = 2;
-  // step_batch: a batched pass of at least `batch_lanes_min_rows` rows split in two halves
-  // (lanes), each on its own stream with its own workspace, so that one half's latency-bound
-  // kernels overlap the other's expert weight stream (s48; the micro-batch overlap of NanoFlow
-  // and SGLang's two-batch overlap, on one GPU). 1: one pass (the default); 2: each lane its own
-  // graph, running free; 3: both in one graph with their MoE launches alternating (lane 1's
-  // experts of layer i after lane 0's, lane 0's of layer i + 1 after lane 1's); 4: as 3 with
-  // the non-MoE launches on streams of the greatest priority.
-  // LILAC_BATCH_LANES=1|2|3|4, LILAC_BATCH_LANES_MIN=n (A/B).
-  int batch_lanes = 1;
-  int batch_lanes_min_rows = 8;
   // step_batch: the prompt pieces of several sequences (no constraint, at most prefill_chunk
   // tokens together) run as one forward over their concatenated tokens (the dense projections and
   // experts see all of them at once; the mixers run per sequence). LILAC_BATCH_PREFILL=0: one
@@ -247,17 +237,8 @@ class CudaBackend : public Backend {
   void layer_decode(CudaSequenceState& st, int64_t layer, Timer* timer);
   void sample_launches(CudaSequenceState& st, Timer* timer);
   // The batched decode pass (cuda_backend_batch.cpp).
-  // `around_moe` (may be null): called just before the layer's MoE launches (false) and just
-  // after them (true): the alternating lanes' waits and marks.
-  bool batch_layer(int64_t layer, int B, bool grouped_moe, bool normed, Timer* timer,
-                   const std::function<void(bool)>* around_moe = nullptr);
+  bool batch_layer(int64_t layer, int B, bool grouped_moe, bool normed, Timer* timer);
   void batch_launches(int B, bool grouped_moe, Timer* timer);
-  void batch_finish(int B, bool normed, Timer* timer);  // final norm, lm_head, argmax, positions
-  // Both lanes' passes (B0 rows on this stream, B1 on the second lane's), their MoE launches
-  // alternating: lane 1's layer i experts after lane 0's, lane 0's layer i + 1 after lane 1's
-  // layer i, so each lane's mixers run under the other's expert weight stream.
-  void lanes_launches(int B0, int B1);
-  cudaGraphExec_t lanes_graph(int B0, int B1);
   bool batch_grouped_moe(int B) const;
   bool batched_pass_available() const;
   cudaGraphExec_t batch_graph(int B);  // the batched pass's graph for B rows, captured once
@@ -266,14 +247,6 @@ class CudaBackend : public Backend {
   void decode_batch(std::span<CudaSequenceState* const> seqs, std::span<const int32_t> ids,
                     std::span<const uint64_t> sample_index, std::span<StepResult> out);
   BatchWorkspace& batch_ws();
-  // The workspace's buffers for chunks of up to max_T tokens (the constructor's, and the second
-  // lane's).
-  void init_workspace(Workspace& w, int max_T);
-  // The second lane of step_batch (CudaOptions::batch_lanes): made at its first use. LaneSwap
-  // (cuda_backend_batch.cpp) exchanges it with ws_ / batch_ / stream_ for the launches of its
-  // half, so the pass's code runs unchanged on either lane.
-  void ensure_lane();
-  friend struct LaneSwap;
 
   std::shared_ptr<DeviceModel> model_;
   CudaOptions options_;
@@ -281,12 +254,6 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   int64_t last_context_ = 0;
   std::unique_ptr<BatchWorkspace> batch_;
-  std::unique_ptr<Workspace> lane_ws_;
-  std::unique_ptr<BatchWorkspace> lane_batch_;
-  cudaStream_t lane_stream_ = nullptr;
-  cudaEvent_t lane_fork_ = nullptr, lane_join_ = nullptr, lane_moe_[2] = {}, lane_mix_[2] = {};
-  cudaStream_t lane_hi_[2] = {};  // batch_lanes 4: the lanes' non-MoE launches, greatest priority
-  int last_lane_split_ = 0;       // the last pass's first row on the second lane (0: one lane)
   int64_t batched_passes_ = 0;
   int64_t batched_prefills_ = 0;
 };

@@ -15,7 +15,6 @@
 #include <cstddef>
 #include <cstring>
 #include <new>
-#include <optional>
 #include <set>
 
 #include "cuda/attention.h"
@@ -106,8 +105,7 @@ BatchWorkspace& CudaBackend::batch_ws() {
 // `normed`: the previous layer's combine already wrote this layer's input norm into x. Returns
 // whether this layer's combine wrote the next one's (the next layer's input norm, or the final
 // norm after the last layer).
-bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, Timer* timer,
-                              const std::function<void(bool)>* around_moe) {
+bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, Timer* timer) {
   const ModelConfig& c = model_->config;
   const DeviceLayer& L = model_->layers[size_t(li)];
   Workspace& w = *ws_;
@@ -158,10 +156,6 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
     rows_proj(w.x.get(), B, H, L.router, E + 1, w.router.get(), false, options_.q4_wgmma_min_rows,
               s);
   });
-  if (around_moe) {
-    (*around_moe)(false);
-    s = stream_;  // the hook may move the MoE launches to another stream (lanes_launches)
-  }
   if (grouped_moe) {  // as prefill: tokens grouped by expert, each touched expert read once
     MoeRouting r = moe_routing_layout(w.routing.get(), B, E, k);
     timed(timer, "moe_route", [&] { moe_route(w.router.get(), E + 1, B, E, k, r, s); });
@@ -176,7 +170,6 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
       moe_combine(w.y.get(), r, w.router.get(), E + 1, w.shared_out.get(), H, w.h.get(), s,
                   fuse ? next_norm : nullptr, w.x.get(), eps);
     });
-    if (around_moe) (*around_moe)(true);
     return fuse;
   }
   timed(timer, "router_topk", [&] {
@@ -208,7 +201,6 @@ bool CudaBackend::batch_layer(int64_t li, int B, bool grouped_moe, bool normed, 
       moe_down_gemv(L.down.dense, L.shared_down.dense, bw.topk_idx.get(), bw.topk_w.get(),
                     w.router.get() + E, bw.act.get(), k, H, I, Is, w.h.get(), s, B, E + 1);
     });
-  if (around_moe) (*around_moe)(true);
   return false;
 }
 
@@ -216,19 +208,11 @@ void CudaBackend::batch_launches(int B, bool grouped_moe, Timer* timer) {
   const ModelConfig& c = model_->config;
   Workspace& w = *ws_;
   BatchWorkspace& bw = *batch_;
-  const int H = int(c.hidden);
+  const int H = int(c.hidden), V = int(c.vocab);
   timed(timer, "embed",
         [&] { embed_rows(ids_of(bw.upload.get()), *model_, w.h.get(), B, H, stream_); });
   bool normed = false;
   for (int64_t i = 0; i < c.layers; ++i) normed = batch_layer(i, B, grouped_moe, normed, timer);
-  batch_finish(B, normed, timer);
-}
-
-void CudaBackend::batch_finish(int B, bool normed, Timer* timer) {
-  const ModelConfig& c = model_->config;
-  Workspace& w = *ws_;
-  BatchWorkspace& bw = *batch_;
-  const int H = int(c.hidden), V = int(c.vocab);
   if (!normed)
     timed(timer, "rms_norm",
           [&] { rms_norm(w.h.get(), model_->final_norm, w.x.get(), B, H, c.rms_eps, stream_); });
@@ -285,116 +269,6 @@ void CudaBackend::run_batch_graph(int B) {
   LILAC_CUDA_CHECK(cudaGraphLaunch(batch_graph(B), stream_));
 }
 
-// The second lane's workspace, batch buffers and stream in place of the first's for this scope:
-// the pass's code (upload_batch, batch_graph, run_batch_graph) then runs on the second lane.
-struct LaneSwap {
-  CudaBackend& b;
-  explicit LaneSwap(CudaBackend& backend) : b(backend) { swap(); }
-  ~LaneSwap() { swap(); }
-  LaneSwap(const LaneSwap&) = delete;
-  LaneSwap& operator=(const LaneSwap&) = delete;
-  void swap() {
-    std::swap(b.ws_, b.lane_ws_);
-    std::swap(b.batch_, b.lane_batch_);
-    std::swap(b.stream_, b.lane_stream_);
-  }
-};
-
-void CudaBackend::ensure_lane() {
-  if (lane_ws_) return;
-  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&lane_stream_, cudaStreamNonBlocking));
-  LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&lane_fork_, cudaEventDisableTiming));
-  LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&lane_join_, cudaEventDisableTiming));
-  for (cudaEvent_t* e : {&lane_moe_[0], &lane_moe_[1], &lane_mix_[0], &lane_mix_[1]})
-    LILAC_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-  int least = 0, greatest = 0;
-  LILAC_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  for (cudaStream_t& t : lane_hi_)
-    LILAC_CUDA_CHECK(cudaStreamCreateWithPriority(&t, cudaStreamNonBlocking, greatest));
-  auto w = std::make_unique<Workspace>();
-  LaneSwap lane(*this);  // init_workspace's memsets on the lane's stream
-  init_workspace(*w, kMaxBatchRows);
-  ws_ = std::move(w);
-}
-
-void CudaBackend::lanes_launches(int B0, int B1) {
-  const ModelConfig& c = model_->config;
-  const int H = int(c.hidden);
-  const bool g0 = batch_grouped_moe(B0), g1 = batch_grouped_moe(B1);
-  // Each lane's MoE launches go on its base stream (this one, the second lane's); its other
-  // launches on `mix`: the same stream, or (batch_lanes 4) one of the greatest priority, so that
-  // the block scheduler gives the SMs that the other lane's experts free to them first.
-  const bool prio = options_.batch_lanes == 4;
-  const cudaStream_t base[2] = {stream_, lane_stream_};
-  const cudaStream_t mix[2] = {prio ? lane_hi_[0] : base[0], prio ? lane_hi_[1] : base[1]};
-  auto join = [&](cudaStream_t to, cudaStream_t from, cudaEvent_t e) {
-    if (to == from) return;
-    LILAC_CUDA_CHECK(cudaEventRecord(e, from));
-    LILAC_CUDA_CHECK(cudaStreamWaitEvent(to, e, 0));
-  };
-  // The other streams fork from this one (in a capture they join the graph).
-  LILAC_CUDA_CHECK(cudaEventRecord(lane_fork_, stream_));
-  for (cudaStream_t t : {base[1], mix[0], mix[1]})
-    if (t != stream_) LILAC_CUDA_CHECK(cudaStreamWaitEvent(t, lane_fork_, 0));
-  // fn with lane l's workspaces and mix[l] as stream_ (both restored after).
-  auto on_lane = [&](int l, auto&& fn) {
-    std::optional<LaneSwap> swap;
-    if (l == 1) swap.emplace(*this);
-    const cudaStream_t keep = stream_;
-    stream_ = mix[l];
-    fn();
-    stream_ = keep;
-  };
-  for (int l : {0, 1})
-    on_lane(l, [&] {
-      embed_rows(ids_of(batch_->upload.get()), *model_, ws_->h.get(), l ? B1 : B0, H, stream_);
-    });
-  bool normed[2] = {false, false};
-  for (int64_t i = 0; i < c.layers; ++i)
-    for (int l : {0, 1}) {
-      // Lane 0's experts of layer i wait for lane 1's of layer i - 1; lane 1's for lane 0's of
-      // layer i. batch_layer launches the MoE on stream_ as the hook leaves it.
-      const std::function<void(bool)> around = [&, i, l](bool after) {
-        if (!after) {
-          join(base[l], mix[l], lane_mix_[l]);
-          if (l == 1 || i > 0) LILAC_CUDA_CHECK(cudaStreamWaitEvent(base[l], lane_moe_[1 - l], 0));
-          stream_ = base[l];
-        } else {
-          LILAC_CUDA_CHECK(cudaEventRecord(lane_moe_[l], base[l]));
-          if (mix[l] != base[l]) LILAC_CUDA_CHECK(cudaStreamWaitEvent(mix[l], lane_moe_[l], 0));
-          stream_ = mix[l];
-        }
-      };
-      on_lane(l, [&] {
-        normed[l] = batch_layer(i, l ? B1 : B0, l ? g1 : g0, normed[l], nullptr, &around);
-      });
-    }
-  for (int l : {0, 1}) on_lane(l, [&] { batch_finish(l ? B1 : B0, normed[l], nullptr); });
-  // Every stream joins this one again.
-  for (cudaStream_t t : {base[1], mix[0], mix[1]}) join(stream_, t, lane_join_);
-}
-
-cudaGraphExec_t CudaBackend::lanes_graph(int B0, int B1) {
-  cudaGraphExec_t& exec = batch_->lane_graphs[{B0, B1}];
-  if (!exec) {
-    cudaGraph_t graph;
-    LILAC_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    try {
-      lanes_launches(B0, B1);
-    } catch (...) {
-      cudaStreamEndCapture(stream_, &graph);
-      batch_->lane_graphs.erase({B0, B1});
-      throw;
-    }
-    LILAC_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    // batch_lanes 4: the kernels keep their streams' priorities (captured per node).
-    LILAC_CUDA_CHECK(cudaGraphInstantiate(
-        &exec, graph, options_.batch_lanes == 4 ? cudaGraphInstantiateFlagUseNodePriority : 0));
-    cudaGraphDestroy(graph);
-  }
-  return exec;
-}
-
 size_t CudaBackend::batch_graph_count() const {
   return batch_ ? batch_->graphs.size() : 0;
 }
@@ -418,20 +292,6 @@ void CudaBackend::prepare_batches(int max_sequences) {
     const int hi = std::min(max_sequences, batch_ws().max_B);
     for (int B = std::max(2, options_.batch_min_rows); B <= hi; ++B)
       LILAC_CUDA_CHECK(cudaGraphUpload(batch_graph(B), stream_));
-    if (options_.batch_lanes >= 2 && hi >= options_.batch_lanes_min_rows) {
-      ensure_lane();
-      {
-        LaneSwap lane(*this);
-        batch_ws();
-        if (options_.batch_lanes == 2)  // the second lane's halves: B - (B + 1) / 2 rows
-          for (int B = options_.batch_lanes_min_rows / 2; B <= hi / 2; ++B)
-            LILAC_CUDA_CHECK(cudaGraphUpload(batch_graph(B), stream_));
-        LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      }
-      if (options_.batch_lanes >= 3)
-        for (int B = options_.batch_lanes_min_rows; B <= hi; ++B)
-          LILAC_CUDA_CHECK(cudaGraphUpload(lanes_graph((B + 1) / 2, B / 2), stream_));
-    }
   }
   // One prefill chunk of pieces of up to 4 sequences, each sampling its next token; the
   // sequences' buffers come from the pool and go back to it.
@@ -485,39 +345,9 @@ void CudaBackend::decode_batch(std::span<CudaSequenceState* const> seqs,
   const ModelConfig& c = model_->config;
   const int B = int(seqs.size());
   const size_t V = size_t(c.vocab);
-  // Two lanes (CudaOptions::batch_lanes): rows [0, B0) on this stream, [B0, B) on the lane's,
-  // which first waits for everything before on this one (the sequences' prompts) and which this
-  // one waits for before the samplers and the read-back.
-  const bool lanes = options_.batch_lanes >= 2 && B >= options_.batch_lanes_min_rows;
-  const bool alternate = lanes && options_.batch_lanes >= 3;
-  const int B0 = lanes ? (B + 1) / 2 : B;
-  last_lane_split_ = lanes ? B0 : 0;
-  upload_batch(seqs.first(size_t(B0)), ids.first(size_t(B0)));
+  upload_batch(seqs, ids);
   BatchWorkspace& bw = *batch_;
-  BatchWorkspace* bw1 = nullptr;
-  const float* logits1 = nullptr;
-  if (lanes) {
-    ensure_lane();
-    LILAC_CUDA_CHECK(cudaEventRecord(lane_fork_, stream_));
-    {
-      LaneSwap lane(*this);
-      LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_fork_, 0));
-      upload_batch(seqs.subspan(size_t(B0)), ids.subspan(size_t(B0)));
-      if (!alternate) run_batch_graph(B - B0);
-      LILAC_CUDA_CHECK(cudaEventRecord(lane_join_, stream_));
-      bw1 = batch_.get();
-      logits1 = ws_->logits.get();
-    }
-    if (alternate) {  // both lanes from this stream, after the second lane's upload
-      LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_join_, 0));
-      if (options_.use_graphs)
-        LILAC_CUDA_CHECK(cudaGraphLaunch(lanes_graph(B0, B - B0), stream_));
-      else
-        lanes_launches(B0, B - B0);
-    }
-  }
-  if (!alternate) run_batch_graph(B0);
-  if (lanes && !alternate) LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, lane_join_, 0));
+  run_batch_graph(B);
   // Rows that need the full sampler: the per-sequence sampler on their logits row.
   std::vector<DeviceSampleResult> sampled(static_cast<size_t>(B));
   for (int b = 0; b < B; ++b) {
@@ -526,27 +356,21 @@ void CudaBackend::decode_batch(std::span<CudaSequenceState* const> seqs,
     LILAC_CUDA_CHECK(cudaMemcpyAsync(
         reinterpret_cast<uint8_t*>(st.sampler_params.get()) + offsetof(DeviceSamplingParams, step),
         &sample_index[size_t(b)], sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
-    const float* row_logits =
-        b < B0 ? ws_->logits.get() + size_t(b) * V : logits1 + size_t(b - B0) * V;
-    sample(row_logits, sampling_vocab(), st.sampler_params.get(), st.output_counts.get(),
-           st.seen.get(), ws_->sample_ws.get(), st.sample_out.get(), stream_,
-           sampler_path(st.sampling.top_k));
+    sample(ws_->logits.get() + size_t(b) * V, sampling_vocab(), st.sampler_params.get(),
+           st.output_counts.get(), st.seen.get(), ws_->sample_ws.get(), st.sample_out.get(),
+           stream_, sampler_path(st.sampling.top_k));
     LILAC_CUDA_CHECK(cudaMemcpyAsync(&sampled[size_t(b)], st.sample_out.get(),
                                      sizeof(DeviceSampleResult), cudaMemcpyDeviceToHost, stream_));
   }
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(bw.tokens_host, bw.tokens.get(), size_t(B0) * sizeof(int32_t),
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(bw.tokens_host, bw.tokens.get(), size_t(B) * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, stream_));
-  if (bw1)
-    LILAC_CUDA_CHECK(cudaMemcpyAsync(bw1->tokens_host, bw1->tokens.get(),
-                                     size_t(B - B0) * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                     stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   ++batched_passes_;
   for (int b = 0; b < B; ++b) {
     CudaSequenceState& st = *seqs[size_t(b)];
     StepResult& r = out[size_t(b)];
     if (argmax_only(st)) {
-      r.token = b < B0 ? bw.tokens_host[b] : bw1->tokens_host[b - B0];
+      r.token = bw.tokens_host[b];
     } else {
       const DeviceSampleResult& d = sampled[size_t(b)];
       r.token = d.token;
@@ -711,10 +535,8 @@ std::vector<float> CudaBackend::last_batch_logits(int row) {
   const size_t V = size_t(model_->config.vocab);
   if (!batch_ || row < 0 || row >= batch_->max_B) fail("last_batch_logits: row {}", row);
   std::vector<float> host(V);
-  const int split = last_lane_split_;
-  const float* logits = split > 0 && row >= split ? lane_ws_->logits.get() + size_t(row - split) * V
-                                                  : ws_->logits.get() + size_t(row) * V;
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(host.data(), logits, V * 4, cudaMemcpyDeviceToHost, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(host.data(), ws_->logits.get() + size_t(row) * V, V * 4,
+                                   cudaMemcpyDeviceToHost, stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return host;
 }

@@ -113,12 +113,9 @@ struct BatchWorkspace {
   DeviceBuffer<uint8_t> argmax_ws;     // [max_B] slices of 256 bytes, zeroed once
   // (batch size, grouped MoE) -> forward + argmax + position advance
   std::map<std::pair<int, bool>, cudaGraphExec_t> graphs;
-  // (first lane's rows, second lane's) -> both lanes in one graph, experts alternating (s48)
-  std::map<std::pair<int, int>, cudaGraphExec_t> lane_graphs;
 
   ~BatchWorkspace() {
     for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
-    for (auto& [b, g] : lane_graphs) cudaGraphExecDestroy(g);
     if (upload_host) cudaFreeHost(upload_host);
     if (tokens_host) cudaFreeHost(tokens_host);
   }

@@ -70,29 +70,6 @@ TEST(CliBench, ConcurrencyAndLengthsTogether) {
   EXPECT_THAT(bad.output, HasSubstr("--concurrency: 'x' is not a positive integer"));
 }
 
-// --replicas: the sweep on two backends at once; each row is both replicas summed, and replica
-// 0's stream 0 reads the same prompt as alone, so it gives the same greedy tokens.
-TEST(CliBench, ReplicasSumTheirSweeps) {
-  const auto [alone, ja] = bench_demo("--concurrency 1,2 --prompt-tokens 24 --decode 4");
-  ASSERT_EQ(alone.status, 0) << alone.output;
-  const auto [r, j] = bench_demo("--concurrency 1,2 --prompt-tokens 24 --decode 4 --replicas 2");
-  ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("replica 1: concurrency   2"));
-  EXPECT_EQ(j["replicas"], 2);
-  const auto& rows = j["concurrency_results"];
-  ASSERT_EQ(rows.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(rows[i]["concurrency"], 2 * ja["concurrency_results"][i]["concurrency"].get<int>());
-    EXPECT_NEAR(rows[i]["output_tok_s"].get<double>(),
-                rows[i]["per_stream_tok_s"].get<double>() * rows[i]["concurrency"].get<int>(),
-                1e-6 * rows[i]["output_tok_s"].get<double>());
-    EXPECT_EQ(rows[i]["stream0_digest"], ja["concurrency_results"][i]["stream0_digest"]);
-  }
-  auto bad = run_lilac("bench --model " + demo() + " --device cpu --lengths 32 --replicas 2");
-  EXPECT_NE(bad.status, 0);
-  EXPECT_THAT(bad.output, HasSubstr("--replicas goes with --concurrency alone"));
-}
-
 // Sampled decode beside greedy: the demo's generation_config.json sets no sampling, so the
 // defaults (temperature 1) apply; the sampled tokens are seeded, so every round draws the same.
 TEST(CliBench, SampledDecodeBesideGreedy) {

@@ -279,23 +279,6 @@ TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequencesUnchainedExperts) {
               "q4 unchained experts");
 }
 
-// The pass in two lanes (CudaOptions::batch_lanes = 2: the rows in two halves, each its own graph
-// on its own stream and workspace, running side by side): every row against the same sequence
-// alone, as above, with odd sizes (unequal halves) and the largest.
-TEST(BatchBackend, SyntheticQ4RowsMatchSingleSequencesTwoLanes) {
-  LILAC_REQUIRE_GPU();
-  // Free-running; in one graph with the experts alternating; the same with priorities.
-  for (int lanes : {2, 3, 4}) {
-    cuda::CudaOptions o;
-    o.gdn_state = GdnStateFormat::bf16;
-    o.batch_lanes = lanes;
-    o.batch_lanes_min_rows = 2;
-    auto b = synthetic_layers(true, 8, o);
-    check_sizes(*b, {2, 3, 16, 33, 64}, {2, 17, 64}, {0.5, 2e-2, 6e-2}, {0.5, 2e-2, 6e-2},
-                "q4 lanes " + std::to_string(lanes));
-  }
-}
-
 TEST(BatchBackend, TinyARowsMatchSingleSequences) {
   LILAC_REQUIRE_GPU();
   auto model = load_model(data_path("tiny-a"));
