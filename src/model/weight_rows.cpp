@@ -130,13 +130,24 @@ uint16_t double_to_bf16(double v) {
   return f32_to_bf16(f);
 }
 
+// RNE_bf16(p + b) of the exact sum, p = s q exact in double (8 x 8 significant bits), b a bf16.
+// The double sum is exact unless b is more than ~40 binades below p (or p below b); then it is
+// the larger term, and the smaller one decides only where that term is a bf16 tie (p has up to
+// 16 significant bits: it can be one). TwoSum gives the lost part; the sum is moved one double
+// ulp towards it, onto a double that is neither a bf16 value nor a tie, which rounds as the exact
+// sum does. (s49: bias 2^-133 with s q on a tie; the GPU's fma rounds the exact sum.)
+static uint16_t sum_to_bf16(double p, double b) {
+  const double sum = p + b, bv = sum - p;
+  const double lost = (p - (sum - bv)) + (b - bv);
+  if (lost == 0) return double_to_bf16(sum);
+  return double_to_bf16(std::nextafter(sum, lost > 0 ? HUGE_VAL : -HUGE_VAL));
+}
+
 void dequantize_row_bf16(const void* codes, const uint16_t* scales, const uint16_t* biases,
                          int bits, int group_size, int64_t n, uint16_t* dst) {
-  // s q + b in double is exact (a bf16 times an integer below 256, plus a bf16), so the one
-  // rounding is double_to_bf16's.
   for_each_code(codes, scales, biases, bits, group_size, n,
                 [&](int64_t k, uint32_t q, float s, float b) {
-                  dst[k] = double_to_bf16(double(s) * double(q) + double(b));
+                  dst[k] = sum_to_bf16(double(s) * double(q), double(b));
                 });
 }
 

@@ -33,11 +33,11 @@ bool dequantize_row_vectorised();
 
 // The weights the GPU's 4-bit prefill kernels multiply (twin of their fma.rn.bf16x2
 // dequantisation): dst[k] = RNE_bf16(scale * q + bias) of the exact value, as bf16 bits. The
-// exact value is computed in double (scale and bias have 8 significant bits, q <= 255: it is
-// exact, or so far from a bf16 rounding boundary that double's rounding cannot matter), then
-// rounded once. Equals f32_to_bf16(dequantize_row's value) except when that f32 value lies
-// exactly on a bf16 tie the exact value does not (a double rounding), e.g. scale 1.0078125,
-// q 3, bias -2^-40.
+// exact value is computed in double (scale and bias have 8 significant bits, q <= 255: exact, or,
+// where one term is ~40 binades below the other, the lost part kept by TwoSum to break a bf16
+// tie), then rounded once. Equals f32_to_bf16(dequantize_row's value) except when that f32 value
+// lies exactly on a bf16 tie the exact value does not (a double rounding), e.g. scale 1.0078125, q
+// 3, bias -2^-40.
 void dequantize_row_bf16(const void* codes, const uint16_t* scales, const uint16_t* biases,
                          int bits, int group_size, int64_t n, uint16_t* dst);
 

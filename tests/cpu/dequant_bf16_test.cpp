@@ -96,6 +96,24 @@ TEST(DequantBf16, NoDoubleRoundingThroughF32) {
       << "the f32 route double-rounds (the reason for the twin)";
 }
 
+// A bias far below s q (here the smallest bf16 subnormal, 2^-133) is lost in the double sum, yet
+// decides where s q is a bf16 tie: scale 0x3A83 (0.00099945068359375 = 131 x 2^-17), q 3: s q =
+// 393 x 2^-17, between the bf16 values 392 and 394 x 2^-17, a tie; + 2^-133 rounds up (the GPU's
+// fma, which rounds the exact sum, found this: s49), - 2^-133 down, 0 to even (392).
+TEST(DequantBf16, ABiasLostInTheDoubleSumStillBreaksTheTie) {
+  const uint16_t s = 0x3A83;
+  ASSERT_EQ(double(bf16_to_f32(s)), 131 * std::ldexp(1.0, -17));
+  std::vector<uint32_t> codes(8, 0x33333333u);  // every code 3
+  std::vector<uint16_t> got(64);
+  const double below = 392 * std::ldexp(1.0, -17), above = 394 * std::ldexp(1.0, -17);
+  for (const auto& [b, want] :
+       {std::pair{uint16_t(0x0001), above}, std::pair{uint16_t(0x8001), below},
+        std::pair{uint16_t(0x0000), below}}) {
+    dequantize_row_bf16(codes.data(), &s, &b, 4, 64, 64, got.data());
+    EXPECT_EQ(double(bf16_to_f32(got[0])), want) << std::hex << "bias bits 0x" << b;
+  }
+}
+
 TEST(Q4Layout, PositionsAreABijectionInTheDocumentedOrder) {
   for (int bits : {4, 8}) {
     const int rows = 37, cols = 192, G = cols / 64, P = bits / 4;
