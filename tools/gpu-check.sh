@@ -73,6 +73,9 @@
 #   prompt-moe-ab
 #               144 / 192 / 256-token prompts under LILAC_PROMPT_MOE = automatic | small (s46), three
 #               interleaved rounds
+#   dequant-ab  the wgmma prefill kernels' dequantisation, one FMA per pair against two
+#               (LILAC_Q4_PREFILL_DEQUANT = two-fma | one-fma, s49): the seq bench under each, then
+#               4-bit prefill at 256 / 512 / 1,024 / 4,096 tokens, three interleaved rounds
 #   prefill-short
 #               4-bit prefill at 256 / 512 tokens, 3 rounds (JSON prefill-short.json)
 #   split-ab    the small-M projections' split pick and placement (s44; run in s45): 4-bit c = 8 /
@@ -283,6 +286,10 @@ for s in $steps; do
         run ncu-route-$v-sass 120 sh -c "ncu --import '$OUT/ncu-route-$v.ncu-rep' --page source \
           --csv --print-source sass | xz > '$OUT/ncu-route-$v-sass.csv.xz'"
       done ;;
+    dequant-ab)  # the wgmma prefill kernels' one-FMA dequantisation (s49) against the two-FMA
+      # form (LILAC_Q4_PREFILL_DEQUANT = two-fma | one-fma): the seq bench under each, then 4-bit
+      # prefill at 256 / 512 / 1,024 / 4,096 tokens, three interleaved rounds
+      switch_ab dequant LILAC_Q4_PREFILL_DEQUANT 256,512,1024,4096 1 two-fma one-fma ;;
     prompt-moe-ab)  # prompts of 144-256 tokens: the small-M expert pair (chained since s44) against
       # rows32 (LILAC_PROMPT_MOE = automatic | small, s46; the rule's last measurement, s21,
       # predates the chain), three interleaved rounds

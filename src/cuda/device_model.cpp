@@ -274,8 +274,9 @@ void finish_quantized(DeviceModel& dm, const Planned& t, Staging& st) {
   uint32_t* sb = reinterpret_cast<uint32_t*>(base + t.sb_offset);
   repack_mlx(st.codes.get(), st.scales.get(), st.biases.get(), t.rows, int(t.cols), t.bits, codes,
              sb, nullptr);
-  *t.matrix = DeviceMatrix{DeviceFormat::Affine, nullptr,
-                           QMatrix{codes, sb, int(t.rows), int(t.cols), t.bits}};
+  QMatrix q{codes, sb, int(t.rows), int(t.cols), t.bits};
+  q.small_scales = q_scales_below_half(sb, q.sb_words());
+  *t.matrix = DeviceMatrix{DeviceFormat::Affine, nullptr, q};
 }
 
 void allocate(DeviceModel& dm, std::vector<Planned>& p, size_t staging_bytes = 0) {

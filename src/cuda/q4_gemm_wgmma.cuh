@@ -89,6 +89,7 @@ struct WSrc {
   const uint32_t* codes;
   const uint32_t* sb;
   bool codes_ok, sb_ok;
+  bool small_scales = false;  // the matrix's QMatrix::small_scales (dequant_ktile)
 };
 
 // One stage's copies (k-tile kt): this thread's x chunks (tile::load_operand's geometry: chunk
@@ -126,14 +127,45 @@ __device__ __forceinline__ void load_stage(const tile::RowSet<C::X_LOADS>& xr, c
 
 // The 4 k16 A fragments of this warp's row tile for one k-tile, from the stage's codes and
 // scale/bias: a[kb][i] = bf16x2 of (row g + 8 (i & 1), columns 16 kb + 2t + 8 (i >> 1) + {0, 1}),
-// w = RNE_bf16(s q + b) (q4_tile.cuh dequant_frag, 4-bit).
-__device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4]) {
+// w = RNE_bf16(s q + b) (q4_tile.cuh dequant_frag, 4-bit). Two ways to the same bits:
+//  * small_scales (the matrix's every |s| < 1/2, QMatrix::small_scales): one FMA per pair. A
+//    nibble masked into bits [4, 8) of a bf16 is the number 16 q 2^-133 = q 2^-129 (exponent
+//    field 0 or 1: bf16's subnormals and first binade are one linear scale of the low 8 bits), so
+//    fma(q 2^-129, s 2^129, b) = RNE(s q + b) with one rounding, where s 2^129 is s times 2^64
+//    then 2^65 (both exact; finite for |s| < 1/2, hence the condition). fma.rn.bf16x2 keeps
+//    subnormal operands (PTX has no .ftz for bf16). Per k-tile: 16 LOP3 + 16 HFMA2 + 12 SHF +
+//    4 HMUL2 against the other way's 16 LOP3 + 32 HFMA2 + 12 SHF (s30: the dequantisation was
+//    ~2/3 of rows32's main loop instructions).
+//  * otherwise: 128 + q by the magic OR, 128 taken off exactly, then fma(q, s, b).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+constexpr uint32_t kBf16x2Two64 = 0x5F805F80u;  // (2^64, 2^64)
+constexpr uint32_t kBf16x2Two65 = 0x60006000u;  // (2^65, 2^65)
+
+__device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4], bool small_scales) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint4 c = lds128(sw + uint32_t(warp * 512 + lane * 16));
   const uint2 sb = lds64(sw + uint32_t(8 * kQBlockWords * 4 + warp * 64 + (lane >> 2) * 8));
-  const uint32_t s_lo = __byte_perm(sb.x, 0, 0x1010), b_lo = __byte_perm(sb.x, 0, 0x3232);
-  const uint32_t s_hi = __byte_perm(sb.y, 0, 0x1010), b_hi = __byte_perm(sb.y, 0, 0x3232);
+  uint32_t s_lo = __byte_perm(sb.x, 0, 0x1010), b_lo = __byte_perm(sb.x, 0, 0x3232);
+  uint32_t s_hi = __byte_perm(sb.y, 0, 0x1010), b_hi = __byte_perm(sb.y, 0, 0x3232);
   const uint32_t words[4] = {c.x, c.y, c.z, c.w};
+  if (small_scales) {
+    s_lo = mul_bf16x2(mul_bf16x2(s_lo, kBf16x2Two64), kBf16x2Two65);  // s 2^129, exact
+    s_hi = mul_bf16x2(mul_bf16x2(s_hi, kBf16x2Two64), kBf16x2Two65);
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // Nibble pair i (bits 4i and 16 + 4i) into bits [4, 8) and [20, 24).
+        const uint32_t w = i == 0 ? words[kb] << 4 : words[kb] >> (4 * (i - 1));
+        const uint32_t q = w & 0x00F000F0u;  // (q 2^-129, q' 2^-129)
+        a[kb][i] = (i & 1) ? qtile::fma_bf16x2(q, s_hi, b_hi) : qtile::fma_bf16x2(q, s_lo, b_lo);
+      }
+    return;
+  }
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb)
 #pragma unroll
@@ -150,9 +182,11 @@ __device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4]) 
 // ptxas serialise the wgmmas: C7512).
 template <class C, int G, int PARTS, int N>
 __device__ __forceinline__ void group_mma(float (&acc)[C::NACC], uint32_t (&a)[G][4][4],
-                                          uint32_t sX, uint32_t sW, int w0, int x0) {
+                                          uint32_t sX, uint32_t sW, int w0, int x0,
+                                          bool small_scales) {
 #pragma unroll
-  for (int h = 0; h < PARTS; ++h) dequant_ktile(sW + uint32_t((w0 + h) * C::W_STAGE), a[h]);
+  for (int h = 0; h < PARTS; ++h)
+    dequant_ktile(sW + uint32_t((w0 + h) * C::W_STAGE), a[h], small_scales);
     // Pin the A registers (ktile_step: no dequantisation between the wgmmas).
 #pragma unroll
   for (int h = 0; h < PARTS; ++h)
@@ -193,7 +227,7 @@ __device__ __forceinline__ void ktile_step(float (&acc)[C::NACC], uint32_t (&a)[
   tile::cp_async_commit();
   fill = fill + 1 == S ? 0 : fill + 1;
 
-  dequant_ktile(sW + uint32_t(stage * C::W_STAGE), a);
+  dequant_ktile(sW + uint32_t(stage * C::W_STAGE), a, w.small_scales);
   const uint64_t db = tile::sw128_desc(sX + uint32_t(stage * C::X_STAGE));
   // Pin the A registers here: the dequantisation must not sink between the wgmmas (ptxas would
   // then serialise every wgmma: C7513, "non wgmma instructions defining input registers").
@@ -301,7 +335,7 @@ struct GroupLoop {
     __syncthreads();
     load_group<C>(xr, w, sX, sW, group + PG, KT);
     const int s0 = G * (group % SG);
-    group_mma<C, G, PARTS, N>(acc, a, sX, sW, s0, s0);
+    group_mma<C, G, PARTS, N>(acc, a, sX, sW, s0, s0, w.small_scales);
   }
 
   // The last, partial group: `left` (1 .. G - 1) k-tiles, PARTS tried from 1 up (the last

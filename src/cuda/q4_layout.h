@@ -55,6 +55,10 @@ struct QMatrix {
   int rows = 0;  // logical rows (all experts of a stack together)
   int cols = 0;  // a multiple of 64
   int bits = 0;  // 4 or 8; 0: not quantized (this slot is unused)
+  // Every scale has |s| < 1/2 (q_scales_below_half, set where the matrix is built): the wgmma
+  // prefill kernels may rebuild its 4-bit weights with one FMA per pair (q4_gemm_wgmma.cuh
+  // dequant_ktile); false keeps the two-FMA form, which takes any scale. Same bits either way.
+  bool small_scales = false;
 
   LILAC_QHD explicit operator bool() const { return codes != nullptr; }
   LILAC_QHD int groups() const { return cols / kQGroup; }

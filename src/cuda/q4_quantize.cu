@@ -18,6 +18,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/q4_layout.h"
+#include "util/env_choice.h"
 #include "util/error.h"
 
 namespace lilac::cuda {
@@ -133,6 +134,16 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// Sets *large when a scale of sb [n_words] has |s| >= 1/2 (or is not finite).
+__global__ void __launch_bounds__(256)
+    scales_large_kernel(const uint32_t* __restrict__ sb, int64_t n_words, int* __restrict__ large) {
+  bool any = false;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words;
+       i += int64_t(gridDim.x) * blockDim.x)
+    any |= (sb[i] & 0x7FFFu) >= 0x3F00u;
+  if (__syncthreads_or(any) && threadIdx.x == 0) *large = 1;
+}
+
 void check_shape(const char* what, int64_t rows, int cols, int bits) {
   if (rows < 1 || cols < kQGroup || cols % kQGroup != 0 || (bits != 4 && bits != 8))
     fail("cuda::{}: unsupported [{}, {}] at {} bits (cols a positive multiple of 64; 4 or 8 bits)",
@@ -173,6 +184,22 @@ void repack_mlx(const uint32_t* codes, const uint16_t* scales, const uint16_t* b
   repack_sb_kernel<<<grid_for(n_sb, 256), 256, 0, stream>>>(scales, biases, rows, cols / kQGroup,
                                                             sb, n_sb);
   LILAC_CUDA_LAUNCHED();
+}
+
+bool q_scales_below_half(const uint32_t* sb, size_t sb_words) {
+  static const bool two_fma =
+      env_enum<bool>("LILAC_Q4_PREFILL_DEQUANT", false, {{"one-fma", false}, {"two-fma", true}});
+  if (two_fma) return false;
+  if (sb_words == 0) return true;
+  if (!sb) fail("cuda::q_scales_below_half: null pointer");
+  DeviceBuffer<int> large(1);
+  LILAC_CUDA_CHECK(cudaMemset(large.get(), 0, sizeof(int)));
+  scales_large_kernel<<<grid_for(int64_t(sb_words), 256), 256>>>(sb, int64_t(sb_words),
+                                                                 large.get());
+  LILAC_CUDA_LAUNCHED();
+  int host = 0;
+  LILAC_CUDA_CHECK(cudaMemcpy(&host, large.get(), sizeof(int), cudaMemcpyDeviceToHost));
+  return host == 0;
 }
 
 }  // namespace lilac::cuda

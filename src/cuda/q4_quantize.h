@@ -24,4 +24,11 @@ void quantize_mlx(const bf16* w, int64_t rows, int cols, int bits, uint32_t* cod
 void repack_mlx(const uint32_t* codes, const uint16_t* scales, const uint16_t* biases, int64_t rows,
                 int cols, int bits, uint32_t* tiled_codes, uint32_t* sb, cudaStream_t stream);
 
+// Whether every scale of a tiled sb array [sb_words] (the low bf16 of each word) has |s| < 1/2
+// (bits & 0x7FFF below 0x3F00; a NaN or infinite scale answers false): QMatrix::small_scales.
+// Reads the whole array and synchronises the device (a load-time check). With
+// LILAC_Q4_PREFILL_DEQUANT=two-fma in the environment it answers false without looking (the A/B
+// switch of dequant_ktile's two forms).
+bool q_scales_below_half(const uint32_t* sb, size_t sb_words);
+
 }  // namespace lilac::cuda

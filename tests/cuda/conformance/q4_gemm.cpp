@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -262,6 +263,53 @@ TEST(Q4Gemm, BadArgumentsThrow) {
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, 2, {}, 1), Error);
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, 2, {}, 4), Error);
   EXPECT_THROW(cuda::q_gemm_wgmma(a, 300, q, c, f32, nullptr, 256, 2, {}, -2), Error);
+}
+
+// dequant_ktile's two forms (q4_gemm_wgmma.cuh; QMatrix::small_scales picks the one-FMA form)
+// rebuild exactly the twin's weights, RNE_bf16(s q + b), at edge scales and biases: +-0, +-the
+// subnormals, the smallest normal, the largest |s| below 1/2, a bias of bf16's largest finite
+// value. x is the identity (token t = column t), so y[t][r] = w[r][t] with no rounding: the f32
+// sums add one product w * 1 to zeros. Through the 128-token form (a k-tile per barrier) over two
+// groups and the 64-token form (GroupLoop) over one.
+TEST(Q4Gemm, BothDequantisationsRebuildTheWeightsExactly) {
+  LILAC_REQUIRE_GPU();
+  if (!cuda::q_gemm_wgmma_available()) GTEST_SKIP() << "q_gemm_wgmma needs a 9.x GPU";
+  const int N = 64, K = 128;
+  HostQ W(N, K, 4, 1.f, 77);  // codes from the quantizer (every q in 0..15 occurs)
+  const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x807F, 0x0080, 0x3EFF,
+                             0xBEFF, 0x3A83, 0xBCCD, 0x3C00, 0x3D4D};
+  const uint16_t biases[] = {0x0000, 0x8000, 0x0001, 0x3E80, 0xC0E0, 0x7F7F, 0x3F80, 0xBA00};
+  for (int r = 0; r < N; ++r)
+    for (int g = 0; g < K / 64; ++g) {
+      W.scales[size_t(r * (K / 64) + g)] = scales[size_t(r * 2 + g) % std::size(scales)];
+      W.biases[size_t(r * (K / 64) + g)] = biases[size_t(r * 3 + 5 * g) % std::size(biases)];
+    }
+  W.upload_tiled();
+  ASSERT_TRUE(W.small_scales) << "every edge scale is below 1/2";
+  const std::vector<uint16_t> want = W.dequant_bf16();  // [N][K]
+  std::vector<uint16_t> eye(size_t(K) * K, 0);
+  for (int t = 0; t < K; ++t) eye[size_t(t) * K + size_t(t)] = 0x3F80;  // 1.0
+  auto dx = upload_bf16(eye);
+  for (const auto& [M, bt] : {std::pair{128, 128}, std::pair{64, 64}})
+    for (bool one_fma : {true, false}) {
+      SCOPED_TRACE(testing::Message()
+                   << M << " tokens per block " << bt << ", one FMA " << one_fma);
+      cuda::QMatrix q = W.q();
+      q.small_scales = one_fma;
+      cuda::DeviceBuffer<float> y(size_t(M) * N);
+      poison(y);
+      cuda::q_gemm_wgmma(dx.get(), M, q, y.get(), cuda::GemmOut::StoreF32, nullptr, bt, 1);
+      const std::vector<float> got = download(y);
+      size_t bad = 0;
+      for (int t = 0; t < M; ++t)
+        for (int r = 0; r < N; ++r) {
+          const float w = bf16_to_f32(want[size_t(r) * K + size_t(t)]);
+          const float g = got[size_t(t) * N + size_t(r)];
+          if (!(g == w) && bad++ < 8)
+            ADD_FAILURE() << "row " << r << " column " << t << ": " << g << ", twin " << w;
+        }
+      EXPECT_EQ(bad, 0u);
+    }
 }
 
 // The small-M forms' placement (s45, docs/kernels.md "Forty-fifth session"): under the spread (the

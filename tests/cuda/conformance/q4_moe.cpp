@@ -413,6 +413,60 @@ TEST(Q4Moe, DownOverColumnBlockJobsGivesTheSameBits) {
                Error);  // 4 column blocks per block (removed in s31)
 }
 
+// dequant_ktile's one-FMA form (QMatrix::small_scales, the engine's pick for every real and
+// synthetic matrix) gives the two-FMA form's bits in every grouped expert kernel: gate_up and down
+// (one and two column blocks per block) with the shared expert inside, for each tile form, at the
+// real shape at 256 and 1,200 tokens. Outputs poisoned; every one written.
+TEST(Q4Moe, OneFmaDequantisationGivesTheSameBits) {
+  if (!cuda::q_moe_grouped_wgmma_available())
+    GTEST_SKIP() << "the wgmma expert kernels need a compute capability 9.x GPU";
+  const Shape s{2048, 256, 8, 512, 512, 4};
+  QMoe m(s, 95);
+  for (const HostQ* q : {&m.gu, &m.dn, &m.sgu, &m.sdn}) ASSERT_TRUE(q->small_scales);
+  for (int T : {256, 1200}) {
+    const int P = T * s.k;
+    const DeviceRouting route(moe_router_logits(T, s.E, 96 + uint64_t(T)), T, s.E, s.k);
+    auto x = upload_bf16(random_bf16_bits(size_t(T) * s.H, 1.f, 97 + uint64_t(T)));
+    auto act_in = upload_bf16(random_bf16_bits(size_t(P) * s.I, 1.f, 98 + uint64_t(T)));
+    auto shared_in = upload_bf16(random_bf16_bits(size_t(T) * s.Is, 1.f, 99 + uint64_t(T)));
+    using Tile = cuda::QMoeWgmmaTile;
+    for (const auto& [tile, jobs] : {std::pair{Tile::rows32, 1}, std::pair{Tile::rows32, 2},
+                                     std::pair{Tile::rows64, 0}, std::pair{Tile::fixed128, 0}}) {
+      SCOPED_TRACE(testing::Message() << "T " << T << " tile " << int(tile) << " jobs " << jobs);
+      // act, the shared act, y and the shared out, as raw bytes.
+      auto run = [&](bool one_fma) {
+        cuda::QMatrix gu = m.gu.q(), dn = m.dn.q(), sgu = m.sgu.q(), sdn = m.sdn.q();
+        gu.small_scales = dn.small_scales = sgu.small_scales = sdn.small_scales = one_fma;
+        cuda::DeviceBuffer<cuda::bf16> act(size_t(P) * s.I), shared_act(size_t(T) * s.Is);
+        cuda::DeviceBuffer<float> y(size_t(P) * s.H), shared_out(size_t(T) * s.H);
+        poison(act);
+        poison(shared_act);
+        poison(y);
+        poison(shared_out);
+        const cuda::QMoeSharedPart gp{sgu, sdn, shared_act.get(), shared_out.get()};
+        cuda::q_moe_grouped_gate_up_wgmma(x.get(), s.H, gu, s.I, route.r, act.get(), nullptr, tile,
+                                          &gp);
+        const cuda::QMoeSharedPart dp{sgu, sdn, shared_in.get(), shared_out.get()};
+        cuda::q_moe_grouped_down_wgmma(act_in.get(), s.I, dn, s.H, route.r, y.get(), nullptr, tile,
+                                       &dp, jobs);
+        std::vector<std::vector<float>> out = {download_bf16_as_f32(act),
+                                               download_bf16_as_f32(shared_act), download(y),
+                                               download(shared_out)};
+        return out;
+      };
+      const auto two = run(false), one = run(true);
+      const char* names[] = {"act", "shared act", "y", "shared out"};
+      for (size_t i = 0; i < two.size(); ++i) {
+        size_t unwritten = 0;
+        for (float v : two[i]) unwritten += std::isnan(v) ? 1 : 0;
+        EXPECT_EQ(unwritten, 0u) << names[i] << " left poisoned";
+        EXPECT_EQ(std::memcmp(one[i].data(), two[i].data(), two[i].size() * sizeof(float)), 0)
+            << names[i] << ": the one-FMA form gave other bits";
+      }
+    }
+  }
+}
+
 // The routed rows of y in bf16 (q_moe_grouped_down_wgmma's y_bf16, s32): every tile form's
 // outputs are its f32 outputs rounded to nearest even, element for element, nothing written past
 // the P x H bf16 rows, and the shared expert's out (f32) the same bits; moe_combine over the bf16

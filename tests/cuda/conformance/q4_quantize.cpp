@@ -185,5 +185,28 @@ TEST(Q4Quantize, BadArgumentsThrow) {
   EXPECT_THROW(cuda::repack_mlx(c, h, h, 0, 128, 4, c, c, nullptr), Error);  // rows
 }
 
+// q_scales_below_half (QMatrix::small_scales): |s| < 1/2 passes, 1/2 itself, larger, infinite and
+// NaN scales fail, wherever in the array they are; the bias half of a word is not looked at.
+TEST(Q4Quantize, ScalesBelowHalfScan) {
+  LILAC_REQUIRE_GPU();
+  auto scan = [](std::vector<uint32_t> sb) {
+    auto d = upload(sb);
+    return cuda::q_scales_below_half(d.get(), sb.size());
+  };
+  // Scale bits in the low half: +-0, +-the smallest subnormal, the largest below 1/2 (0x3EFF),
+  // its negative, 2^-7; a NaN bias beside a small scale.
+  const std::vector<uint32_t> small = {0x0000u, 0x8000u, 0x0001u, 0x8001u,
+                                       0x3EFFu, 0xBEFFu, 0x3C00u, 0x7FC03C00u};
+  EXPECT_TRUE(scan(small));
+  EXPECT_TRUE(cuda::q_scales_below_half(nullptr, 0));
+  for (uint32_t bad : {0x3F00u, 0xBF00u, 0x3F80u, 0x7F80u, 0xFF80u, 0x7FC0u}) {
+    for (size_t at : {size_t(0), size_t(3), size_t(5000)}) {
+      std::vector<uint32_t> sb(6000, 0x3A83u);  // ~1e-3
+      sb[at] = bad | 0x3F800000u;               // bias 1.0
+      EXPECT_FALSE(scan(sb)) << std::hex << "scale bits 0x" << bad << " at " << std::dec << at;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lilac::test

@@ -56,10 +56,15 @@ struct HostQ {
     cuda::repack_mlx(dc.get(), ds.get(), db.get(), rows, int(cols), bits, d_codes.get(), d_sb.get(),
                      nullptr);
     LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+    small_scales = cuda::q_scales_below_half(d_sb.get(), d_sb.size());
   }
 
+  // As the engine builds it (device_model.cpp): small_scales from the scan of the scales.
+  bool small_scales = false;
   cuda::QMatrix q() const {
-    return cuda::QMatrix{d_codes.get(), d_sb.get(), int(rows), int(cols), bits};
+    cuda::QMatrix m{d_codes.get(), d_sb.get(), int(rows), int(cols), bits};
+    m.small_scales = small_scales;
+    return m;
   }
 
   // Rows [row0, row0 + n) as the CPU twins read them.
