@@ -21,9 +21,10 @@
 // Per k-tile every thread issues BT / 32 + 1 (+1 for threads < 32) 16-byte cp.async; each warp
 // reads its tile's 16 bytes of codes per lane (ld.shared.v4, a contiguous 512 B per warp) and its
 // rows' (scale, bias) pair (8 bytes, broadcast over the quad), dequantises the 4 k16 fragments
-// (16 registers: per code word 3 SHF + 4 LOP3 + 8 HFMA2, q4_tile.cuh's exact two-FMA form, so
-// w = RNE_bf16(s q + b) as q_gemm and its twin dequantize_row_bf16), then issues 4 wgmma (one
-// commit group). The A registers are double-buffered (the loop is unrolled by two k-tiles):
+// (16 registers: per code word 3 SHF + 4 LOP3 + 8 HFMA2, q4_tile.cuh's exact two-FMA form, or
+// since s50 one HFMA2 per pair where the matrix's scales allow: q4_gemm_wgmma.cuh dequant_ktile;
+// either way w = RNE_bf16(s q + b) as q_gemm and its twin dequantize_row_bf16), then issues 4 wgmma
+// (one commit group). The A registers are double-buffered (the loop is unrolled by two k-tiles):
 // k-tile kt + 1 is dequantised while group kt runs; wgmma_wait<1> retires group kt - 1.
 // Synchronisation is the BF16 wgmma main loop's (gemm_tile.cuh wgmma_mainloop): per k-tile wait
 // for its copies, fence.proxy.async, one __syncthreads (which also proves both warpgroups retired
@@ -516,12 +517,21 @@ void q_gemm_wgmma(const bf16* A, int M, const QMatrix& W, void* C, GemmOut mode,
     return qgemm_wgmma::dispatch_streamk(A, M, W, C, mode, vec, scratch, stream);
   }
   if (S < 1 || KT % S != 0) fail("q_gemm_wgmma: {} k-tiles do not split {} ways", KT, S);
-  if (bt == 256)
-    qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg256>(A, M, W, C, mode, vec, S, stream, whole);
+  // The prefill forms in dequant_ktile's one-FMA form where the scales allow (OneFma). The
+  // small-M forms below keep the two-FMA one (s50, H100: one FMA there gave the batched step at
+  // c = 16 / 64 only +0.5%; not yet worth doubling their instantiations).
+  using qgemm_wgmma::Cfg128, qgemm_wgmma::Cfg256, qgemm_wgmma::OneFma;
+  const bool one = W.small_scales;
+  if (bt == 256 && one)
+    qgemm_wgmma::dispatch_splits<OneFma<Cfg256>>(A, M, W, C, mode, vec, S, stream, whole);
+  else if (bt == 256)
+    qgemm_wgmma::dispatch_splits<Cfg256>(A, M, W, C, mode, vec, S, stream, whole);
   else if (bt == 128 && M <= 64)  // s7's narrow form: wgmma n = 64 (kept for the lab's A/B)
-    qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128, 64>(A, M, W, C, mode, vec, S, stream);
+    qgemm_wgmma::dispatch_splits<Cfg128, 64>(A, M, W, C, mode, vec, S, stream);
+  else if (bt == 128 && one)
+    qgemm_wgmma::dispatch_splits<OneFma<Cfg128>>(A, M, W, C, mode, vec, S, stream, whole);
   else if (bt == 128)
-    qgemm_wgmma::dispatch_splits<qgemm_wgmma::Cfg128>(A, M, W, C, mode, vec, S, stream, whole);
+    qgemm_wgmma::dispatch_splits<Cfg128>(A, M, W, C, mode, vec, S, stream, whole);
   else if ((bt == 64 && M <= 64) || (bt == 32 && M <= 32) || (bt == 16 && M <= 16))
     qgemm_wgmma::dispatch_small(A, M, W, C, mode, vec, bt, S, stream);
   else

@@ -19,12 +19,14 @@ namespace lilac::cuda {
 namespace qgemm_wgmma {
 
 // MIN_BLOCKS_: blocks per SM the launch bounds ask for (registers <= 65536 / (256 MIN_BLOCKS)).
-template <int BT_, int STAGES_, int MIN_BLOCKS_ = 1>
+// ONE_FMA_: dequant_ktile's one-FMA form (only for matrices with QMatrix::small_scales; OneFma).
+template <int BT_, int STAGES_, int MIN_BLOCKS_ = 1, bool ONE_FMA_ = false>
 struct QGemmV2Cfg {
   static constexpr int BR = 128;  // weight rows per block: 8 row tiles, warp w owns tile w
   static constexpr int BT = BT_;  // tokens per block: the wgmma n
   static constexpr int STAGES = STAGES_, INFLIGHT = 1, PREFETCH = STAGES - 1 - INFLIGHT;
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr bool ONE_FMA = ONE_FMA_;
   static constexpr int THREADS = 256;
   static constexpr int ROW_STEP = THREADS / 8;  // token rows per pass (tile::load_operand)
   // BT < ROW_STEP (16 tokens): one pass, and only the threads of rows < BT copy (X_PARTIAL).
@@ -58,6 +60,11 @@ using Cfg64 = QGemmV2Cfg<64, 8, 2>;
 // instead of 194 of 16 k-tiles on 62 SMs x 2 + 70 SMs x 1; s22 ncu of the 64-token form: the SMs
 // with two blocks issue-limited, 12 warps per SM on average).
 using Cfg16 = QGemmV2Cfg<16, 8, 3>;
+// The same block dequantising in one FMA per pair (dequant_ktile). A compile-time form, not a
+// flag: s49's uniform branch between the forms in every k-tile left the one-FMA form no faster
+// than main's two-FMA kernels; as separate instantiations it is +2.4% at 256 tokens (s50, H100).
+template <class C>
+using OneFma = QGemmV2Cfg<C::BT, C::STAGES, C::MIN_BLOCKS, true>;
 using Cfg32 = QGemmV2Cfg<32, 8, 3>;
 
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
@@ -89,7 +96,6 @@ struct WSrc {
   const uint32_t* codes;
   const uint32_t* sb;
   bool codes_ok, sb_ok;
-  bool small_scales = false;  // the matrix's QMatrix::small_scales (dequant_ktile)
 };
 
 // One stage's copies (k-tile kt): this thread's x chunks (tile::load_operand's geometry: chunk
@@ -128,7 +134,7 @@ __device__ __forceinline__ void load_stage(const tile::RowSet<C::X_LOADS>& xr, c
 // The 4 k16 A fragments of this warp's row tile for one k-tile, from the stage's codes and
 // scale/bias: a[kb][i] = bf16x2 of (row g + 8 (i & 1), columns 16 kb + 2t + 8 (i >> 1) + {0, 1}),
 // w = RNE_bf16(s q + b) (q4_tile.cuh dequant_frag, 4-bit). Two ways to the same bits:
-//  * small_scales (the matrix's every |s| < 1/2, QMatrix::small_scales): one FMA per pair. A
+//  * ONE_FMA (the matrix's every |s| < 1/2, QMatrix::small_scales): one FMA per pair. A
 //    nibble masked into bits [4, 8) of a bf16 is the number 16 q 2^-133 = q 2^-129 (exponent
 //    field 0 or 1: bf16's subnormals and first binade are one linear scale of the low 8 bits), so
 //    fma(q 2^-129, s 2^129, b) = RNE(s q + b) with one rounding, where s 2^129 is s times 2^64
@@ -145,14 +151,15 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 constexpr uint32_t kBf16x2Two64 = 0x5F805F80u;  // (2^64, 2^64)
 constexpr uint32_t kBf16x2Two65 = 0x60006000u;  // (2^65, 2^65)
 
-__device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4], bool small_scales) {
+template <bool ONE_FMA>
+__device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint4 c = lds128(sw + uint32_t(warp * 512 + lane * 16));
   const uint2 sb = lds64(sw + uint32_t(8 * kQBlockWords * 4 + warp * 64 + (lane >> 2) * 8));
   uint32_t s_lo = __byte_perm(sb.x, 0, 0x1010), b_lo = __byte_perm(sb.x, 0, 0x3232);
   uint32_t s_hi = __byte_perm(sb.y, 0, 0x1010), b_hi = __byte_perm(sb.y, 0, 0x3232);
   const uint32_t words[4] = {c.x, c.y, c.z, c.w};
-  if (small_scales) {
+  if constexpr (ONE_FMA) {
     s_lo = mul_bf16x2(mul_bf16x2(s_lo, kBf16x2Two64), kBf16x2Two65);  // s 2^129, exact
     s_hi = mul_bf16x2(mul_bf16x2(s_hi, kBf16x2Two64), kBf16x2Two65);
 #pragma unroll
@@ -164,16 +171,16 @@ __device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4], 
         const uint32_t q = w & 0x00F000F0u;  // (q 2^-129, q' 2^-129)
         a[kb][i] = (i & 1) ? qtile::fma_bf16x2(q, s_hi, b_hi) : qtile::fma_bf16x2(q, s_lo, b_lo);
       }
-    return;
+  } else {
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t q = qtile::fma_bf16x2(qtile::magic128(words[kb] >> (4 * i)),
+                                             qtile::kBf16x2One, qtile::kBf16x2Neg128);  // exact
+        a[kb][i] = (i & 1) ? qtile::fma_bf16x2(q, s_hi, b_hi) : qtile::fma_bf16x2(q, s_lo, b_lo);
+      }
   }
-#pragma unroll
-  for (int kb = 0; kb < 4; ++kb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t q = qtile::fma_bf16x2(qtile::magic128(words[kb] >> (4 * i)), qtile::kBf16x2One,
-                                           qtile::kBf16x2Neg128);  // exact
-      a[kb][i] = (i & 1) ? qtile::fma_bf16x2(q, s_hi, b_hi) : qtile::fma_bf16x2(q, s_lo, b_lo);
-    }
 }
 
 // One group's compute: the PARTS k-tiles of weights in W stages w0 .. w0 + PARTS - 1 dequantised
@@ -182,11 +189,10 @@ __device__ __forceinline__ void dequant_ktile(uint32_t sw, uint32_t (&a)[4][4], 
 // ptxas serialise the wgmmas: C7512).
 template <class C, int G, int PARTS, int N>
 __device__ __forceinline__ void group_mma(float (&acc)[C::NACC], uint32_t (&a)[G][4][4],
-                                          uint32_t sX, uint32_t sW, int w0, int x0,
-                                          bool small_scales) {
+                                          uint32_t sX, uint32_t sW, int w0, int x0) {
 #pragma unroll
   for (int h = 0; h < PARTS; ++h)
-    dequant_ktile(sW + uint32_t((w0 + h) * C::W_STAGE), a[h], small_scales);
+    dequant_ktile<C::ONE_FMA>(sW + uint32_t((w0 + h) * C::W_STAGE), a[h]);
     // Pin the A registers (ktile_step: no dequantisation between the wgmmas).
 #pragma unroll
   for (int h = 0; h < PARTS; ++h)
@@ -227,7 +233,7 @@ __device__ __forceinline__ void ktile_step(float (&acc)[C::NACC], uint32_t (&a)[
   tile::cp_async_commit();
   fill = fill + 1 == S ? 0 : fill + 1;
 
-  dequant_ktile(sW + uint32_t(stage * C::W_STAGE), a, w.small_scales);
+  dequant_ktile<C::ONE_FMA>(sW + uint32_t(stage * C::W_STAGE), a);
   const uint64_t db = tile::sw128_desc(sX + uint32_t(stage * C::X_STAGE));
   // Pin the A registers here: the dequantisation must not sink between the wgmmas (ptxas would
   // then serialise every wgmma: C7513, "non wgmma instructions defining input registers").
@@ -335,7 +341,7 @@ struct GroupLoop {
     __syncthreads();
     load_group<C>(xr, w, sX, sW, group + PG, KT);
     const int s0 = G * (group % SG);
-    group_mma<C, G, PARTS, N>(acc, a, sX, sW, s0, s0, w.small_scales);
+    group_mma<C, G, PARTS, N>(acc, a, sX, sW, s0, s0);
   }
 
   // The last, partial group: `left` (1 .. G - 1) k-tiles, PARTS tried from 1 up (the last

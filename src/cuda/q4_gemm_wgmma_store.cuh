@@ -162,7 +162,6 @@ __device__ __forceinline__ void tile_sources(const bf16* __restrict__ A, int M, 
   const int ct = t0 + (tid >> 5), st = t0 + ((tid & 31) >> 2);
   w.codes_ok = ct < n_tiles;
   w.sb_ok = st < n_tiles;
-  w.small_scales = W.small_scales;
   // Clamped to a valid tile: the address must be valid even when nothing is read.
   w.codes = W.codes + (size_t(min(ct, n_tiles - 1)) * size_t(G) + size_t(g0)) * kQBlockWords +
             (tid & 31) * 4;

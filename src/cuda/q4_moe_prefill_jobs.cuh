@@ -88,7 +88,7 @@ __device__ __forceinline__ void down_jobs_pass(const tile::RowSet<C::X_LOADS>& x
     tile::fence_proxy_async_smem();
     __syncthreads();
     load_next(q + PG);  // into group q - 1's slot: read before the barrier above
-    group_mma<C, G, G, N>(acc, a, sX, sW, G * (q % SG), kt0, j.W.small_scales);
+    group_mma<C, G, G, N>(acc, a, sX, sW, G * (q % SG), kt0);
     kt0 += G;
     if (kt0 == KT) {
       // Column block cb0 + job done: acc[4 jj + q] is y column 128 cb + 16 warp + g + 8 (q >> 1),

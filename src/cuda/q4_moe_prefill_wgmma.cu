@@ -90,13 +90,28 @@ int rows32_down_jobs(int arg, int T) {
   return arg;
 }
 
+// The block configuration C as the kernels get it: its one-FMA form (q4_gemm_wgmma.cuh
+// dequant_ktile, OneFma) when every matrix the launch reads has QMatrix::small_scales. A
+// compile-time form, not a flag: s50 measured s49's runtime flag slowing the other form ~4%.
+template <class C, class Run>
+void with_dequant(bool one_fma, Run run) {
+  if (one_fma) return run(qgemm_wgmma::OneFma<C>{});
+  return run(C{});
+}
+bool one_fma(const QMatrix& m, const QMatrix* shared) {
+  return m.small_scales && (!shared || shared->small_scales);
+}
+
 template <class Run>
-void with_rows32(Run run, bool gate_up) {
+void with_rows32(Run run, bool gate_up, bool one) {
   using namespace qmoe_wgmma;
   const int groups = gate_up ? rows32_gate_up_groups() : rows32_down_groups();
-  if (groups == 4) return run(Deep32{}, GroupLoop<4>{});
-  if (groups == 3) return run(Deep32{}, GroupLoop<3>{});
-  return run(Cfg32{}, PairLoop{});
+  auto with = [&](auto cfg, auto loop) {
+    with_dequant<decltype(cfg)>(one, [&](auto c) { run(c, loop); });
+  };
+  if (groups == 4) return with(Deep32{}, GroupLoop<4>{});
+  if (groups == 3) return with(Deep32{}, GroupLoop<3>{});
+  return with(Cfg32{}, PairLoop{});
 }
 
 }  // namespace
@@ -109,20 +124,27 @@ void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, i
                                  const MoeRouting& r, bf16* act, cudaStream_t stream,
                                  QMoeWgmmaTile tile, const QMoeSharedPart* shared) {
   using namespace qmoe_wgmma;
+  const bool one = one_fma(gate_up, shared ? &shared->gate_up : nullptr);
   switch (tile) {
     case QMoeWgmmaTile::fixed128:
-      return launch_gate_up<Cfg128, false>(x, H, gate_up, I, r, act, shared, stream);
+      return with_dequant<Cfg128>(one, [&](auto c) {
+        launch_gate_up<decltype(c), false>(x, H, gate_up, I, r, act, shared, stream);
+      });
     case QMoeWgmmaTile::adaptive:
-      return launch_gate_up<Cfg128, true>(x, H, gate_up, I, r, act, shared, stream);
+      return with_dequant<Cfg128>(one, [&](auto c) {
+        launch_gate_up<decltype(c), true>(x, H, gate_up, I, r, act, shared, stream);
+      });
     case QMoeWgmmaTile::rows64:
-      return launch_gate_up<Cfg64, true, PairLoop>(x, H, gate_up, I, r, act, shared, stream);
+      return with_dequant<Cfg64>(one, [&](auto c) {
+        launch_gate_up<decltype(c), true, PairLoop>(x, H, gate_up, I, r, act, shared, stream);
+      });
     case QMoeWgmmaTile::rows32:
       return with_rows32(
           [&](auto cfg, auto loop) {
             launch_gate_up<decltype(cfg), true, decltype(loop)>(x, H, gate_up, I, r, act, shared,
                                                                 stream);
           },
-          true);
+          true, one);
   }
   fail("q_moe_grouped_gate_up_wgmma: unknown tile form {}", int(tile));
 }
@@ -130,19 +152,24 @@ void q_moe_grouped_gate_up_wgmma(const bf16* x, int H, const QMatrix& gate_up, i
 void q_moe_shared_gate_up_wgmma(const bf16* x, int T, int H, const QMatrix& shared_gate_up, int Is,
                                 bf16* act, cudaStream_t stream, QMoeWgmmaTile tile) {
   using namespace qmoe_wgmma;
+  const bool one = one_fma(shared_gate_up, nullptr);
   switch (tile) {
     case QMoeWgmmaTile::fixed128:
     case QMoeWgmmaTile::adaptive:
-      return launch_shared_gate_up<Cfg128>(x, T, H, shared_gate_up, Is, act, stream);
+      return with_dequant<Cfg128>(one, [&](auto c) {
+        launch_shared_gate_up<decltype(c)>(x, T, H, shared_gate_up, Is, act, stream);
+      });
     case QMoeWgmmaTile::rows64:
-      return launch_shared_gate_up<Cfg64, PairLoop>(x, T, H, shared_gate_up, Is, act, stream);
+      return with_dequant<Cfg64>(one, [&](auto c) {
+        launch_shared_gate_up<decltype(c), PairLoop>(x, T, H, shared_gate_up, Is, act, stream);
+      });
     case QMoeWgmmaTile::rows32:
       return with_rows32(
           [&](auto cfg, auto loop) {
             launch_shared_gate_up<decltype(cfg), decltype(loop)>(x, T, H, shared_gate_up, Is, act,
                                                                  stream);
           },
-          true);
+          true, one);
   }
   fail("q_moe_shared_gate_up_wgmma: unknown tile form {}", int(tile));
 }
@@ -152,25 +179,34 @@ void q_moe_grouped_down_wgmma(const bf16* act, int I, const QMatrix& down, int H
                               QMoeWgmmaTile tile, const QMoeSharedPart* shared, int down_jobs,
                               bool y_bf16) {
   using namespace qmoe_wgmma;
+  const bool one = one_fma(down, shared ? &shared->down : nullptr);
   switch (tile) {
     case QMoeWgmmaTile::fixed128:
-      return launch_down<Cfg128, false>(act, I, down, H, r, y, shared, stream, y_bf16);
+      return with_dequant<Cfg128>(one, [&](auto c) {
+        launch_down<decltype(c), false>(act, I, down, H, r, y, shared, stream, y_bf16);
+      });
     case QMoeWgmmaTile::adaptive:
-      return launch_down<Cfg128, true>(act, I, down, H, r, y, shared, stream, y_bf16);
+      return with_dequant<Cfg128>(one, [&](auto c) {
+        launch_down<decltype(c), true>(act, I, down, H, r, y, shared, stream, y_bf16);
+      });
     case QMoeWgmmaTile::rows64:
-      return launch_down<Cfg64, true, PairLoop>(act, I, down, H, r, y, shared, stream, y_bf16);
+      return with_dequant<Cfg64>(one, [&](auto c) {
+        launch_down<decltype(c), true, PairLoop>(act, I, down, H, r, y, shared, stream, y_bf16);
+      });
     case QMoeWgmmaTile::rows32: {
       // With the default pairs only, where K fits the stages.
       const int jobs = rows32_down_jobs(down_jobs, r.T);
       const int Is = shared ? shared->down.cols : 0;
       if (jobs == 2 && rows32_down_groups() == 2 && down_jobs_fit<Cfg32, 2>(I, Is))
-        return launch_down_jobs<Cfg32, 2, 2>(act, I, down, H, r, y, shared, stream, y_bf16);
+        return with_dequant<Cfg32>(one, [&](auto c) {
+          launch_down_jobs<decltype(c), 2, 2>(act, I, down, H, r, y, shared, stream, y_bf16);
+        });
       return with_rows32(
           [&](auto cfg, auto loop) {
             launch_down<decltype(cfg), true, decltype(loop)>(act, I, down, H, r, y, shared, stream,
                                                              y_bf16);
           },
-          false);
+          false, one);
     }
   }
   fail("q_moe_grouped_down_wgmma: unknown tile form {}", int(tile));

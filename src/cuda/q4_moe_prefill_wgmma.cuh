@@ -184,7 +184,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   auto tile_of = [&](int v) { return e * 2 * P + (v >> 2) * P + 4 * cb + (v & 3); };
   WSrc w;
   w.codes_ok = w.sb_ok = true;  // I % 64 == 0: every warp's tile exists
-  w.small_scales = j.W.small_scales;
   w.codes = j.W.codes + size_t(tile_of(tid >> 5)) * size_t(G) * kQBlockWords + (tid & 31) * 4;
   w.sb = j.W.sb + size_t(tile_of((tid & 31) >> 2)) * size_t(G) * kQSbWords + (tid & 3) * 4;
   const uint32_t sX = (tile::smem_u32(smem) + 1023u) & ~1023u;
@@ -250,7 +249,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     const int ct = 8 * cb + (tid >> 5), st = 8 * cb + ((tid & 31) >> 2);
     w.codes_ok = ct < TH;
     w.sb_ok = st < TH;
-    w.small_scales = j.W.small_scales;
     w.codes =
         j.W.codes + size_t(e * TH + min(ct, TH - 1)) * size_t(G) * kQBlockWords + (tid & 31) * 4;
     w.sb = j.W.sb + size_t(e * TH + min(st, TH - 1)) * size_t(G) * kQSbWords + (tid & 3) * 4;

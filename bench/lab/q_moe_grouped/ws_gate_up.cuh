@@ -94,7 +94,7 @@ __device__ __forceinline__ void consume(float (&acc)[C::NACC], uint32_t (&a)[KG]
   for (int h = 0; h < PARTS; ++h) {
     const int s = (it + h) % S;
     wait_full(&full[s], unsigned((it + h) / S) & 1u);
-    qgemm_wgmma::dequant_ktile(sW + uint32_t(s * C::W_STAGE), a[h], false);
+    qgemm_wgmma::dequant_ktile<false>(sW + uint32_t(s * C::W_STAGE), a[h]);
   }
   tile::fence_proxy_async_smem();  // the token rows came by cp.async (generic proxy) -> wgmma
 #pragma unroll

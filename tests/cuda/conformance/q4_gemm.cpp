@@ -269,8 +269,9 @@ TEST(Q4Gemm, BadArgumentsThrow) {
 // rebuild exactly the twin's weights, RNE_bf16(s q + b), at edge scales and biases: +-0, +-the
 // subnormals, the smallest normal, the largest |s| below 1/2, a bias of bf16's largest finite
 // value. x is the identity (token t = column t), so y[t][r] = w[r][t] with no rounding: the f32
-// sums add one product w * 1 to zeros. Through the 128-token form (a k-tile per barrier) over two
-// groups and the 64-token form (GroupLoop) over one.
+// sums add one product w * 1 to zeros. Through the 128-token form (a k-tile per barrier; its
+// OneFma instantiation where small_scales) over two groups and the 64-token form (GroupLoop; a
+// small-M form: two FMAs whatever the flag, as it has no OneFma instantiation) over one.
 TEST(Q4Gemm, BothDequantisationsRebuildTheWeightsExactly) {
   LILAC_REQUIRE_GPU();
   if (!cuda::q_gemm_wgmma_available()) GTEST_SKIP() << "q_gemm_wgmma needs a 9.x GPU";
