@@ -60,12 +60,12 @@ using Cfg64 = QGemmV2Cfg<64, 8, 2>;
 // instead of 194 of 16 k-tiles on 62 SMs x 2 + 70 SMs x 1; s22 ncu of the 64-token form: the SMs
 // with two blocks issue-limited, 12 warps per SM on average).
 using Cfg16 = QGemmV2Cfg<16, 8, 3>;
+using Cfg32 = QGemmV2Cfg<32, 8, 3>;
 // The same block dequantising in one FMA per pair (dequant_ktile). A compile-time form, not a
 // flag: s49's uniform branch between the forms in every k-tile left the one-FMA form no faster
-// than main's two-FMA kernels; as separate instantiations it is +2.4% at 256 tokens (s50, H100).
+// than main's two-FMA kernels; as separate instantiations it is +2.3% at 256 tokens (s50, H100).
 template <class C>
 using OneFma = QGemmV2Cfg<C::BT, C::STAGES, C::MIN_BLOCKS, true>;
-using Cfg32 = QGemmV2Cfg<32, 8, 3>;
 
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;

@@ -92,7 +92,8 @@ int rows32_down_jobs(int arg, int T) {
 
 // The block configuration C as the kernels get it: its one-FMA form (q4_gemm_wgmma.cuh
 // dequant_ktile, OneFma) when every matrix the launch reads has QMatrix::small_scales. A
-// compile-time form, not a flag: s50 measured s49's runtime flag slowing the other form ~4%.
+// compile-time form, not a flag: with s49's flag inside every k-tile the one-FMA form was no
+// faster than main's two-FMA kernels (s50 run 1, H100); as its own instantiation, +2-3% (run 2).
 template <class C, class Run>
 void with_dequant(bool one_fma, Run run) {
   if (one_fma) return run(qgemm_wgmma::OneFma<C>{});
